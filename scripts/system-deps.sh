@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Debian packages the test suite needs: Chromium for the browser test, espeak-ng and sox to
+# regenerate the speech fixtures. Installs only what is missing (CI runs as root).
+set -euo pipefail
+missing=()
+command -v chromium >/dev/null || missing+=(chromium)
+command -v espeak-ng >/dev/null || missing+=(espeak-ng)
+command -v sox >/dev/null || missing+=(sox)
+command -v unshare >/dev/null || missing+=(util-linux)
+command -v ip >/dev/null || missing+=(iproute2)
+if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "missing Debian packages: ${missing[*]} (run as root, or: sudo apt-get install ${missing[*]})" >&2
+  exit 1
+fi
+apt-get update
+DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
