@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 def _default_cache_dir() -> Path:
     return Path.home() / ".cache" / "omni-rtc"
+
+
+def is_loopback_host(host: str) -> bool:
+    """True when binding ``host`` exposes the server to this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # any other hostname may resolve to a public address
+        return False
 
 
 class Settings(BaseSettings):
@@ -20,6 +31,11 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     log_level: str = "info"
+
+    # Auth: with an API key, placing a call takes `Authorization: Bearer <key or ek_ client secret>`.
+    api_key: SecretStr | None = None
+    # Binding to a non-loopback host without an API key is refused unless this is set.
+    allow_unauthenticated_public: bool = False
 
     # Model: a checkpoint directory or a Hugging Face id; None builds and uses the dev model.
     model: str | None = None
@@ -35,3 +51,15 @@ class Settings(BaseSettings):
 
     # Limits
     max_sessions: int = Field(16, ge=1)
+
+    @model_validator(mode="after")
+    def _refuse_open_public_bind(self) -> Settings:
+        if self.api_key is not None and not self.api_key.get_secret_value():
+            raise ValueError("api_key is empty: unset OMNI_RTC_API_KEY to run without auth, or give a key")
+        if self.api_key is None and not self.allow_unauthenticated_public and not is_loopback_host(self.host):
+            raise ValueError(
+                f"host {self.host!r} is reachable from other machines and no API key is set: "
+                "set OMNI_RTC_API_KEY (or --api-key), or pass --allow-unauthenticated-public "
+                "to let anyone who can reach the port place calls"
+            )
+        return self
