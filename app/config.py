@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 def _default_cache_dir() -> Path:
@@ -44,13 +45,31 @@ class Settings(BaseSettings):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     seed: int | None = None  # makes turns reproducible
 
-    # WebRTC
-    ice_servers: list[str] = Field(default_factory=list)  # stun:/turn: URLs
+    # WebRTC. List settings read from the environment as comma-separated values (or JSON lists).
+    ice_servers: Annotated[list[str], NoDecode] = Field(default_factory=list)  # stun:/turn: URLs
+    turn_username: str | None = None  # for the turn:/turns: URLs in ice_servers
+    turn_credential: SecretStr | None = None
     ice_loopback: bool = False  # gather on 127.0.0.1 only (tests, same-host clients)
-    cors_origins: list[str] = Field(default_factory=list)
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # A call whose peer was never connected after this long is dropped (an offer posted, then gone).
+    connect_timeout_s: float = Field(30.0, gt=0)
+    # A connected peer that sends no media for this long counts as disconnected and its call
+    # ends. Browsers send a 20 ms frame even when muted; aiortc alone notices a vanished
+    # peer only when ICE consent expires (6 missed checks x 5 s = ~30 s).
+    disconnect_timeout_s: float = Field(10.0, gt=0)
 
     # Limits
     max_sessions: int = Field(16, ge=1)
+
+    @field_validator("ice_servers", "cors_origins", mode="before")
+    @classmethod
+    def _split_comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = value.strip()
+            if value.startswith("["):
+                return json.loads(value)
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @model_validator(mode="after")
     def _refuse_open_public_bind(self) -> Settings:
