@@ -1,0 +1,235 @@
+"""Render a conversation into the Thinker's inputs: Qwen3-Omni's ChatML prompt plus audio features.
+
+The prompt follows Qwen3-Omni's chat template::
+
+    <|im_start|>system\\n{system}<|im_end|>\\n
+    <|im_start|>user\\n<|audio_start|><|audio_pad|><|audio_end|>{text}<|im_end|>\\n
+    <|im_start|>assistant\\n{text}<|im_end|>\\n
+    ...
+    <|im_start|>assistant\\n
+
+and, like ``Qwen3OmniMoeProcessor``, expands each ``<|audio_pad|>`` to the audio encoder's
+output length for its clip and extracts all clips' log-mel features in one Whisper call
+(padded to the longest clip, never truncated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import WhisperFeatureExtractor
+from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeConfig
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
+
+from pipeline.conversation import (
+    INPUT_SAMPLE_RATE,
+    AssistantText,
+    Conversation,
+    ConversationItem,
+    UserAudio,
+    UserText,
+)
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+AUDIO_START = "<|audio_start|>"
+AUDIO_END = "<|audio_end|>"
+AUDIO_PAD = "<|audio_pad|>"
+MEL_BINS = 128
+
+Turn = tuple[ConversationItem, ...]
+
+
+@dataclass(frozen=True)
+class ThinkerInputs:
+    input_ids: torch.Tensor  # [1, T] long
+    attention_mask: torch.Tensor  # [1, T] long
+    input_features: torch.Tensor | None  # [n_clips, 128, frames] float32, None when no audio
+    feature_attention_mask: torch.Tensor | None  # [n_clips, frames] long
+    text_tokens: int  # prompt tokens that are not <|audio_pad|>
+    audio_tokens: int  # expanded <|audio_pad|> tokens
+
+
+def split_turns(items: Sequence[ConversationItem]) -> tuple[list[Turn], Turn]:
+    """Past turns (user items up to and including the next assistant item) and the current one.
+
+    The current turn is the user items after the last assistant item: the turn being answered.
+    """
+    turns: list[Turn] = []
+    pending: list[ConversationItem] = []
+    for item in items:
+        pending.append(item)
+        if isinstance(item, AssistantText):
+            turns.append(tuple(pending))
+            pending = []
+    return turns, tuple(pending)
+
+
+def bound_history(conversation: Conversation) -> tuple[ConversationItem, ...]:
+    """The items one turn sees: the current turn plus as many whole past turns as the limits allow.
+
+    Past turns are taken newest first and the first one that would break a limit (turn count,
+    clip count or audio seconds) ends the history, so what is kept is always a contiguous,
+    answered stretch right before the current turn.
+    """
+    limits = conversation.limits
+    past, current = split_turns(conversation.items)
+    kept: list[Turn] = []
+    clips = 0
+    seconds = 0.0
+    for turn in reversed(past):
+        if len(kept) >= limits.max_turns:
+            break
+        audio = [item for item in turn if isinstance(item, UserAudio)]
+        clips += len(audio)
+        seconds += sum(clip.seconds for clip in audio)
+        if clips > limits.max_audio_clips or seconds > limits.max_audio_seconds:
+            break
+        kept.append(turn)
+    return tuple(item for turn in reversed(kept) for item in turn) + current
+
+
+@dataclass(frozen=True)
+class _AudioSlot:
+    """Where one clip's expanded ``<|audio_pad|>`` run goes in the prompt."""
+
+    clip: int
+
+
+_Piece = str | int | _AudioSlot  # text, a special token id, or an audio slot
+
+
+class PromptRenderer:
+    """Turns a ``Conversation`` into ``ThinkerInputs`` for one checkpoint's tokenizer and audio encoder."""
+
+    def __init__(self, tokenizer, feature_extractor: WhisperFeatureExtractor, *, n_window: int) -> None:
+        if feature_extractor.sampling_rate != INPUT_SAMPLE_RATE or feature_extractor.feature_size != MEL_BINS:
+            raise ValueError(
+                f"expected a {INPUT_SAMPLE_RATE} Hz, {MEL_BINS}-bin Whisper feature extractor, got "
+                f"{feature_extractor.sampling_rate} Hz, {feature_extractor.feature_size} bins"
+            )
+        self._tokenizer = tokenizer
+        self._feature_extractor = feature_extractor
+        self._n_window = n_window
+        self._special_ids = {token: self._token_id(token) for token in (IM_START, IM_END, AUDIO_START, AUDIO_END)}
+        self._audio_pad_id = self._token_id(AUDIO_PAD)
+        # torch.stft reflect-pads n_fft // 2 samples each side, so a lone clip needs a full window.
+        self._min_clip_samples = feature_extractor.n_fft
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path) -> PromptRenderer:
+        from pipeline.tokenizer import load_tokenizer
+
+        config = Qwen3OmniMoeConfig.from_pretrained(model_dir)
+        return cls(
+            load_tokenizer(model_dir),
+            WhisperFeatureExtractor.from_pretrained(model_dir),
+            n_window=config.thinker_config.audio_config.n_window,
+        )
+
+    @property
+    def audio_pad_id(self) -> int:
+        return self._audio_pad_id
+
+    def audio_token_count(self, frames: torch.Tensor) -> torch.Tensor:
+        """Audio encoder output length for each clip's valid feature frame count."""
+        return _get_feat_extract_output_lengths(frames, self._n_window)
+
+    def render(self, conversation: Conversation) -> ThinkerInputs:
+        items = bound_history(conversation)
+        clips = [item for item in items if isinstance(item, UserAudio)]
+        for index, clip in enumerate(clips):
+            if clip.pcm.ndim != 1 or len(clip.pcm) < self._min_clip_samples:
+                raise ValueError(
+                    f"audio clip {index} must be mono with at least {self._min_clip_samples} samples "
+                    f"({self._min_clip_samples * 1000 // INPUT_SAMPLE_RATE} ms at {INPUT_SAMPLE_RATE} Hz), "
+                    f"got shape {clip.pcm.shape}"
+                )
+
+        input_features = feature_attention_mask = None
+        pad_counts: list[int] = []
+        if clips:
+            # The same call Qwen3OmniMoeProcessor makes: one batch, padded to the longest clip.
+            features = self._feature_extractor(
+                [np.asarray(clip.pcm, dtype=np.float32) for clip in clips],
+                sampling_rate=INPUT_SAMPLE_RATE,
+                padding=True,
+                truncation=False,
+                return_attention_mask=True,
+                return_tensors="pt",
+            )
+            input_features = features["input_features"].to(torch.float32)
+            feature_attention_mask = features["attention_mask"].to(torch.long)
+            pad_counts = self.audio_token_count(feature_attention_mask.sum(-1)).tolist()
+
+        ids: list[int] = []
+        for piece in self._merge_text(self._pieces(conversation.system_prompt, items)):
+            if isinstance(piece, str):
+                # User and assistant text is data: "<|im_end|>" typed by a user stays plain text.
+                ids.extend(self._tokenizer.encode(piece, add_special_tokens=False, split_special_tokens=True))
+            elif isinstance(piece, _AudioSlot):
+                ids.extend([self._audio_pad_id] * pad_counts[piece.clip])
+            else:
+                ids.append(piece)
+
+        input_ids = torch.tensor([ids], dtype=torch.long)
+        audio_tokens = sum(pad_counts)
+        return ThinkerInputs(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            input_features=input_features,
+            feature_attention_mask=feature_attention_mask,
+            text_tokens=len(ids) - audio_tokens,
+            audio_tokens=audio_tokens,
+        )
+
+    def _token_id(self, token: str) -> int:
+        ids = self._tokenizer.convert_tokens_to_ids([token])
+        if not ids or ids[0] is None or ids[0] == self._tokenizer.unk_token_id:
+            raise ValueError(f"tokenizer has no {token} token")
+        return ids[0]
+
+    def _pieces(self, system_prompt: str, items: Sequence[ConversationItem]) -> Iterator[_Piece]:
+        im_start, im_end = self._special_ids[IM_START], self._special_ids[IM_END]
+        yield from (im_start, f"system\n{system_prompt}", im_end, "\n")
+        clip = 0
+        in_user_message = False
+        for item in items:
+            if isinstance(item, AssistantText):
+                if in_user_message:
+                    yield from (im_end, "\n")
+                    in_user_message = False
+                yield from (im_start, f"assistant\n{item.text}", im_end, "\n")
+                continue
+            if not in_user_message:
+                yield from (im_start, "user\n")
+                in_user_message = True
+            if isinstance(item, UserAudio):
+                yield from (self._special_ids[AUDIO_START], _AudioSlot(clip), self._special_ids[AUDIO_END])
+                clip += 1
+            elif isinstance(item, UserText):
+                yield item.text
+            else:
+                raise TypeError(f"not a conversation item: {item!r}")
+        if in_user_message:
+            yield from (im_end, "\n")
+        yield from (im_start, "assistant\n")
+
+    @staticmethod
+    def _merge_text(pieces: Iterator[_Piece]) -> Iterator[_Piece]:
+        """Join adjacent text so it is tokenized as the chat template's string would be."""
+        text: list[str] = []
+        for piece in pieces:
+            if isinstance(piece, str):
+                text.append(piece)
+                continue
+            if text:
+                yield "".join(text)
+                text = []
+            yield piece
+        if text:
+            yield "".join(text)
