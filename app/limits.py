@@ -1,0 +1,99 @@
+"""Limits on what one client may ask of the server, each answered with a clear error.
+
+Signaling limits raise :class:`app.auth.ApiError` (an HTTP status and OpenAI's error body);
+data-channel limits return a :class:`Rejection` that the session answers with an ``error``
+event, and the session goes on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiortc import sdp as aiortc_sdp
+
+from app.auth import ApiError
+
+# How long a client turned away for capacity should wait: about one short voice turn.
+CAPACITY_RETRY_AFTER_S = 30
+
+
+def check_offer_sdp(body: bytes, *, max_bytes: int) -> str:
+    """The offer as text, or :class:`ApiError` 413 (too big) / 400 (not an SDP offer we can read)."""
+    if len(body) > max_bytes:
+        raise ApiError(
+            413,
+            f"SDP offer is {len(body)} bytes; the limit is {max_bytes} (browser offers are 3-8 KB).",
+            code="sdp_too_large",
+        )
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError(400, "SDP offer is not UTF-8 text.", code="invalid_sdp") from None
+    if not text.lstrip().startswith("v=0"):
+        raise ApiError(400, "SDP offer must start with 'v=0' (RFC 8866).", code="invalid_sdp")
+    try:
+        description = aiortc_sdp.SessionDescription.parse(text)
+    # aiortc's parser signals malformed lines with whatever its unpacking hits (ValueError,
+    # AssertionError, IndexError, KeyError); all of them mean the same to the client.
+    except (ValueError, AssertionError, IndexError, KeyError, TypeError) as exc:
+        raise ApiError(400, f"SDP offer could not be parsed: {exc or type(exc).__name__}", code="invalid_sdp") from None
+    if not description.media:
+        raise ApiError(400, "SDP offer has no media sections (m= lines).", code="invalid_sdp")
+    return text
+
+
+def capacity_error(max_sessions: int) -> ApiError:
+    return ApiError(
+        429,
+        f"The server is serving its maximum of {max_sessions} sessions; try again shortly.",
+        type="rate_limit_error",
+        code="too_many_sessions",
+        headers={"Retry-After": str(CAPACITY_RETRY_AFTER_S)},
+    )
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why one client event was refused; the session answers with an ``error`` event."""
+
+    code: str
+    message: str
+
+
+class EventGate:
+    """Admits client events by size and by rate (a token bucket), before they are parsed."""
+
+    def __init__(
+        self,
+        *,
+        max_bytes: int,
+        per_second: float,
+        burst: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._max_bytes = max_bytes
+        self._per_second = per_second
+        self._burst = burst
+        self._clock = clock
+        self._tokens = float(burst)
+        self._refilled_at = clock()
+
+    def admit(self, raw: str | bytes) -> Rejection | None:
+        size = len(raw.encode() if isinstance(raw, str) else raw)
+        if size > self._max_bytes:
+            return Rejection(
+                "event_too_large", f"Event is {size} bytes; the limit is {self._max_bytes}."
+            )
+        now = self._clock()
+        self._tokens = min(self._burst, self._tokens + (now - self._refilled_at) * self._per_second)
+        self._refilled_at = now
+        if self._tokens < 1:
+            return Rejection(
+                "rate_limit_exceeded",
+                f"More than {self._per_second:g} events per second (bursts of {self._burst}); "
+                "this event was dropped.",
+            )
+        self._tokens -= 1
+        return None

@@ -1,0 +1,103 @@
+"""The limit checks on their own: SDP offers, capacity, event size and rate."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.auth import ApiError
+from app.limits import EventGate, capacity_error, check_offer_sdp
+
+OFFER = (
+    "v=0\r\n"
+    "o=- 4611731400430051336 2 IN IP4 127.0.0.1\r\n"
+    "s=-\r\n"
+    "t=0 0\r\n"
+    "a=group:BUNDLE 0\r\n"
+    "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\n"
+    "c=IN IP4 0.0.0.0\r\n"
+    "a=mid:0\r\n"
+    "a=sendrecv\r\n"
+    "a=rtpmap:111 opus/48000/2\r\n"
+    "a=ice-ufrag:abcd\r\n"
+    "a=ice-pwd:abcdefghijklmnopqrstuvwx\r\n"
+    "a=fingerprint:sha-256 "
+    + ":".join(["AB"] * 32)
+    + "\r\n"
+    "a=setup:actpass\r\n"
+)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_valid_offer_is_returned_as_text():
+    assert check_offer_sdp(OFFER.encode(), max_bytes=65_536) == OFFER
+
+
+def test_offer_over_the_limit_is_413():
+    with pytest.raises(ApiError) as raised:
+        check_offer_sdp(OFFER.encode(), max_bytes=100)
+    assert raised.value.status_code == 413
+    assert "limit is 100" in raised.value.message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"hello",
+        b"\xff\xfe\x00garbage",
+        b"v=0\r\n",
+        b"v=0\r\nm=audio x UDP/TLS/RTP/SAVPF 111\r\n",
+        b"v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=rtpmap:111\r\n",
+    ],
+)
+def test_garbage_offer_is_400_with_a_message(body):
+    with pytest.raises(ApiError) as raised:
+        check_offer_sdp(body, max_bytes=65_536)
+    assert raised.value.status_code == 400
+    assert raised.value.code == "invalid_sdp"
+    assert raised.value.message.startswith("SDP offer")
+
+
+def test_capacity_error_is_429_with_retry_after():
+    error = capacity_error(4)
+    assert error.status_code == 429
+    assert int(error.headers["Retry-After"]) > 0
+    assert error.to_response().status_code == 429
+    assert "4 sessions" in error.message
+
+
+def test_gate_admits_small_events():
+    gate = EventGate(max_bytes=100, per_second=10, burst=5, clock=FakeClock())
+    assert gate.admit('{"type": "response.create"}') is None
+
+
+def test_gate_rejects_oversized_event_by_bytes_not_characters():
+    gate = EventGate(max_bytes=10, per_second=10, burst=5, clock=FakeClock())
+    rejection = gate.admit("é" * 6)  # 6 characters, 12 bytes
+    assert rejection is not None
+    assert rejection.code == "event_too_large"
+
+
+def test_gate_rejects_past_the_burst_then_recovers_with_time():
+    clock = FakeClock()
+    gate = EventGate(max_bytes=100, per_second=10, burst=3, clock=clock)
+    assert [gate.admit("{}") for _ in range(3)] == [None, None, None]
+    rejection = gate.admit("{}")
+    assert rejection is not None
+    assert rejection.code == "rate_limit_exceeded"
+    clock.now += 0.15  # one and a half tokens at 10 per second
+    assert gate.admit("{}") is None
+    assert gate.admit("{}") is not None
+
+
+def test_gate_does_not_charge_oversized_events_to_the_rate():
+    gate = EventGate(max_bytes=2, per_second=10, burst=1, clock=FakeClock())
+    assert gate.admit("toolong") is not None
+    assert gate.admit("{}") is None
