@@ -58,8 +58,20 @@ class Settings(BaseSettings):
     # peer only when ICE consent expires (6 missed checks x 5 s = ~30 s).
     disconnect_timeout_s: float = Field(10.0, gt=0)
 
-    # Limits
-    max_sessions: int = Field(16, ge=1)
+    # Limits. Past each one the client gets a clear error (HTTP status, or an `error` event
+    # while the session goes on).
+    max_sessions: int = Field(16, ge=1)  # concurrent calls; the next offer gets 429 + Retry-After
+    max_sdp_bytes: int = Field(65_536, ge=1_024)  # offer body; browsers send 3-8 KB; past it 413
+    # One data-channel event. 256 KiB carries ~5 s of base64 PCM16 audio in conversation.item.create.
+    max_event_bytes: int = Field(262_144, ge=1_024)
+    max_events_per_second: float = Field(50.0, gt=0)  # sustained client event rate per session
+    max_event_burst: int = Field(100, ge=1)  # events accepted at once before the rate applies
+    # Characters in one text field of a client event (input_text, instructions); ~4k tokens.
+    max_text_chars: int = Field(16_000, ge=1)
+    max_session_s: float = Field(3_600.0, gt=0)  # a call ends after this long, as OpenAI's do at 60 min
+    # A response whose engine yields nothing for this long ends `failed` and the session serves the
+    # next turn. Queue wait counts: 16 sessions x ~2 s CPU dev-model turns stay well under.
+    turn_stall_timeout_s: float = Field(60.0, gt=0)
 
     @field_validator("ice_servers", "cors_origins", mode="before")
     @classmethod
