@@ -7,13 +7,17 @@ event, and the session goes on.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiortc import sdp as aiortc_sdp
 
 from app.auth import ApiError
+from pipeline.turn import Engine, EngineError, TurnEvent, TurnRequest
 
 # How long a client turned away for capacity should wait: about one short voice turn.
 CAPACITY_RETRY_AFTER_S = 30
@@ -97,3 +101,43 @@ class EventGate:
             )
         self._tokens -= 1
         return None
+
+
+class StallTimeoutEngine:
+    """An engine whose turns fail instead of hanging.
+
+    A turn that yields nothing for ``stall_timeout_s`` (queue wait included) is cancelled in
+    the wrapped engine and raises :class:`EngineError` with code ``engine_timeout``; the
+    session ends that response ``failed`` and serves the next turn. Everything else
+    (``alive``, ``restarts``, ``queue_depth``...) is the wrapped engine's.
+    """
+
+    def __init__(self, engine: Engine, *, stall_timeout_s: float) -> None:
+        self._engine = engine
+        self._stall_timeout_s = stall_timeout_s
+        self.name = engine.name
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def start(self) -> None:
+        await self._engine.start()
+
+    async def close(self) -> None:
+        await self._engine.close()
+
+    async def run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+        turn = self._engine.run_turn(request)
+        async with contextlib.aclosing(turn):  # type: ignore[type-var]
+            while True:
+                try:
+                    async with asyncio.timeout(self._stall_timeout_s):
+                        event = await anext(turn)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    raise EngineError(
+                        f"The engine produced nothing for {self._stall_timeout_s:g} s; the response was cancelled.",
+                        code="engine_timeout",
+                    ) from None
+                yield event

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from app.auth import ApiError
-from app.limits import EventGate, capacity_error, check_offer_sdp
+from app.limits import EventGate, StallTimeoutEngine, capacity_error, check_offer_sdp
+from pipeline.conversation import Conversation, UserText
+from pipeline.turn import EngineError, TextDelta, TurnDone, TurnRequest, Usage
 
 OFFER = (
     "v=0\r\n"
@@ -101,3 +105,72 @@ def test_gate_does_not_charge_oversized_events_to_the_rate():
     gate = EventGate(max_bytes=2, per_second=10, burst=1, clock=FakeClock())
     assert gate.admit("toolong") is not None
     assert gate.admit("{}") is None
+
+
+class ScriptedEngine:
+    """Yields ``events``; then stalls forever if ``stall``; records whether it was cancelled."""
+
+    name = "scripted"
+
+    def __init__(self, events: list, *, stall: bool = False, error: Exception | None = None) -> None:
+        self.events = events
+        self.stall = stall
+        self.error = error
+        self.cancelled = False
+        self.restarts = 3
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def run_turn(self, request: TurnRequest):
+        for event in self.events:
+            yield event
+        if self.error is not None:
+            raise self.error
+        if self.stall:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled = True
+                raise
+
+
+def request() -> TurnRequest:
+    return TurnRequest(conversation=Conversation(items=(UserText("hi"),)))
+
+
+DONE = TurnDone(text="hi", usage=Usage(1, 0, 1), finish_reason="stop")
+
+
+async def collect(engine) -> list:
+    return [event async for event in engine.run_turn(request())]
+
+
+async def test_stall_guard_passes_a_healthy_turn_through():
+    engine = StallTimeoutEngine(ScriptedEngine([TextDelta("hi"), DONE]), stall_timeout_s=5)
+    assert await collect(engine) == [TextDelta("hi"), DONE]
+
+
+async def test_stalled_turn_fails_with_engine_timeout_and_is_cancelled():
+    inner = ScriptedEngine([TextDelta("hi")], stall=True)
+    engine = StallTimeoutEngine(inner, stall_timeout_s=0.05)
+    seen = []
+    with pytest.raises(EngineError) as raised:
+        async for event in engine.run_turn(request()):
+            seen.append(event)
+    assert raised.value.code == "engine_timeout"
+    assert seen == [TextDelta("hi")]
+    assert inner.cancelled
+
+
+async def test_engine_error_passes_through_the_guard():
+    inner = ScriptedEngine([], error=EngineError("boom"))
+    with pytest.raises(EngineError, match="boom"):
+        await collect(StallTimeoutEngine(inner, stall_timeout_s=5))
+
+
+async def test_guard_exposes_the_wrapped_engine():
+    engine = StallTimeoutEngine(ScriptedEngine([]), stall_timeout_s=5)
+    assert engine.name == "scripted"
+    assert engine.restarts == 3
