@@ -1,0 +1,42 @@
+"""``GET /debug/resources``: what the server process holds, for soak tests and leak hunts.
+
+Answers only clients on loopback: the figures (open files, task count) help whoever
+probes for weaknesses, and a leak check runs on the server's own machine anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import psutil
+from fastapi import APIRouter, Request
+
+from app.auth import ApiError
+from app.config import is_loopback_host
+
+
+def process_resources() -> dict[str, Any]:
+    """RSS, threads, open file descriptors and asyncio tasks of this process, right now."""
+    process = psutil.Process()
+    return {
+        "rss_bytes": process.memory_info().rss,
+        "threads": threading.active_count(),
+        "os_threads": process.num_threads(),  # includes native pools (torch, onnxruntime, av)
+        "fds": process.num_fds(),
+        "asyncio_tasks": len(asyncio.all_tasks()),
+    }
+
+
+def debug_router() -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/debug/resources")
+    async def resources(request: Request) -> dict[str, Any]:
+        client = request.client
+        if client is None or not is_loopback_host(client.host):
+            raise ApiError(403, "/debug/resources answers loopback clients only.", code="forbidden")
+        return process_resources()
+
+    return router
