@@ -1,0 +1,243 @@
+"""Server VAD turn detection: speech probabilities in, committed utterances out.
+
+``TurnCommitBuffer`` is a synchronous state machine over (audio window, speech
+probability) pairs; ``VoiceActivityDetector`` feeds it from any-size 16 kHz chunks
+through a ``VadStream``. Every millisecond value counts from the first sample of the
+session's input stream (OpenAI Realtime semantics), and is exact: windows are whole
+samples, 16 per millisecond.
+
+The rules, with the defaults of OpenAI's ``server_vad``:
+- speech *onset* is the first window with probability >= ``threshold``;
+- speech is *confirmed* once it has lasted ``min_speech_ms`` without dropping below
+  the hysteresis threshold ``threshold - 0.15``; shorter bursts (clicks, coughs) are
+  dropped and never become turns. ``SpeechStarted`` is emitted at confirmation, with
+  the onset's position, not the confirmation's;
+- the utterance starts ``prefix_padding_ms`` before the onset (never before audio that
+  was already committed or reset away), so ``SpeechStarted.audio_start_ms`` is the first
+  sample the model gets, as in OpenAI's ``speech_started``;
+- after confirmation, ``silence_duration_ms`` of windows below the hysteresis threshold
+  (a window back at ``threshold`` or above cancels the wait) ends the utterance: it is
+  committed up to the end of the window that completed the wait, trailing silence
+  included, and ``SpeechStopped.audio_end_ms`` is that commit point;
+- an utterance reaching ``max_utterance_ms`` is committed with ``forced=True``; if the
+  person is still speaking, a new utterance starts at the very next sample (no prefix:
+  nothing is committed twice), announced by a new ``SpeechStarted``.
+Each ``UtteranceCommitted`` is therefore preceded by one ``SpeechStarted`` and one
+``SpeechStopped`` of its own.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from media.vad import SAMPLE_RATE, WINDOW_SAMPLES, SileroVad
+
+HYSTERESIS = 0.15  # speech ends below threshold - 0.15, as in silero's VADIterator
+_SAMPLES_PER_MS = SAMPLE_RATE // 1000
+
+
+@dataclass(frozen=True)
+class TurnDetectionParams:
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    min_speech_ms: int = 250
+    max_utterance_ms: int = 30_000
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.threshold < 1.0:
+            raise ValueError(f"threshold must be in (0, 1), got {self.threshold}")
+        for name in ("prefix_padding_ms", "silence_duration_ms", "min_speech_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_utterance_ms <= self.min_speech_ms:
+            raise ValueError(
+                f"max_utterance_ms ({self.max_utterance_ms}) must exceed min_speech_ms ({self.min_speech_ms})"
+            )
+
+    @property
+    def negative_threshold(self) -> float:
+        return max(self.threshold - HYSTERESIS, 0.0)
+
+
+@dataclass(frozen=True)
+class SpeechStarted:
+    audio_start_ms: int
+
+
+@dataclass(frozen=True)
+class SpeechStopped:
+    audio_end_ms: int
+
+
+@dataclass(frozen=True)
+class UtteranceCommitted:
+    pcm: np.ndarray  # float32, 16 kHz mono: exactly the input samples [audio_start_ms, audio_end_ms)
+    audio_start_ms: int
+    audio_end_ms: int
+    forced: bool  # True when max_utterance_ms cut the utterance, not silence
+
+
+TurnEvent = SpeechStarted | SpeechStopped | UtteranceCommitted
+
+
+class _State(enum.Enum):
+    IDLE = "idle"  # no speech; only the last prefix_padding_ms of audio is kept
+    PENDING = "pending"  # onset seen, min_speech_ms not yet reached
+    SPEECH = "speech"  # confirmed speech (SpeechStarted emitted), waiting for silence
+
+
+def _ms(samples: int) -> int:
+    return samples // _SAMPLES_PER_MS
+
+
+class TurnCommitBuffer:
+    """Turns (window, probability) pairs into speech events and committed utterances.
+
+    Windows may have any non-zero length (the VAD uses 512 samples); positions are
+    counted in samples, so no sample is lost or duplicated at any boundary.
+    """
+
+    def __init__(self, params: TurnDetectionParams) -> None:
+        self.params = params  # may be replaced between pushes (session.update)
+        self._state = _State.IDLE
+        self._position = 0  # samples pushed so far, since the stream started
+        self._chunks: list[np.ndarray] = []  # retained audio, contiguous, ends at _position
+        self._buffer_start = 0  # stream position of the first retained sample
+        self._onset = 0  # stream position where the current speech began
+        self._silence_start: int | None = None  # where the current trailing silence began
+
+    @property
+    def in_speech(self) -> bool:
+        """True between SpeechStarted and the commit (or reset) that ends the utterance."""
+        return self._state is _State.SPEECH
+
+    def reset(self) -> None:
+        """Drop buffered audio and speech state; positions keep counting from the stream start."""
+        self._state = _State.IDLE
+        self._chunks = []
+        self._buffer_start = self._position
+        self._silence_start = None
+
+    def push(self, window: np.ndarray, probability: float) -> list[TurnEvent]:
+        if window.ndim != 1 or window.size == 0:
+            raise ValueError(f"a window is a non-empty 1-D array, got shape {window.shape}")
+        params = self.params
+        window_start = self._position
+        self._position += window.size
+        self._chunks.append(np.asarray(window, dtype=np.float32))
+
+        if self._state is _State.IDLE:
+            if probability >= params.threshold:
+                # The buffer already holds just the prefix: the audio before this window was
+                # trimmed to prefix_padding_ms (or to the last commit/reset) as it came in.
+                self._state = _State.PENDING
+                self._onset = window_start
+            else:
+                self._trim_before(self._position - params.prefix_padding_ms * _SAMPLES_PER_MS)
+                return []
+
+        if self._state is _State.PENDING:
+            if probability < params.negative_threshold:
+                self._state = _State.IDLE  # too short: a click or a cough
+                self._trim_before(self._position - params.prefix_padding_ms * _SAMPLES_PER_MS)
+                return []
+            if self._position - self._onset < params.min_speech_ms * _SAMPLES_PER_MS:
+                return []
+            self._state = _State.SPEECH
+            self._silence_start = None
+            return [SpeechStarted(audio_start_ms=_ms(self._buffer_start))]
+
+        # _State.SPEECH
+        if probability >= params.threshold:
+            self._silence_start = None
+        elif probability < params.negative_threshold and self._silence_start is None:
+            self._silence_start = window_start
+        if (
+            self._silence_start is not None
+            and self._position - self._silence_start >= params.silence_duration_ms * _SAMPLES_PER_MS
+        ):
+            return self._commit(forced=False)
+        if self._position - self._buffer_start >= params.max_utterance_ms * _SAMPLES_PER_MS:
+            return self._commit(forced=True)
+        return []
+
+    def _commit(self, *, forced: bool) -> list[TurnEvent]:
+        start, end = self._buffer_start, self._position
+        pcm = np.concatenate(self._chunks)
+        events: list[TurnEvent] = [
+            SpeechStopped(audio_end_ms=_ms(end)),
+            UtteranceCommitted(pcm=pcm, audio_start_ms=_ms(start), audio_end_ms=_ms(end), forced=forced),
+        ]
+        self._chunks = []
+        self._buffer_start = end
+        if forced and self._silence_start is None:
+            # Still talking: the next utterance begins at the next sample, already confirmed.
+            events.append(SpeechStarted(audio_start_ms=_ms(end)))
+        else:
+            self._state = _State.IDLE
+            self._silence_start = None
+        return events
+
+    def _trim_before(self, position: int) -> None:
+        """Drop retained audio before ``position`` (never before what is already dropped)."""
+        drop = position - self._buffer_start
+        if drop <= 0:
+            return
+        self._buffer_start = position
+        while drop > 0:
+            head = self._chunks[0]
+            if head.size <= drop:
+                self._chunks.pop(0)
+                drop -= head.size
+            else:
+                self._chunks[0] = head[drop:]
+                drop = 0
+
+
+class VoiceActivityDetector:
+    """Any-size 16 kHz float32 chunks → 512-sample windows → silero VAD → TurnCommitBuffer.
+
+    One per session. Samples that do not fill a window wait for the next chunk.
+    """
+
+    def __init__(self, vad: SileroVad, params: TurnDetectionParams) -> None:
+        self._stream = vad.new_stream()
+        self._buffer = TurnCommitBuffer(params)
+        self._pending = np.zeros(0, dtype=np.float32)
+
+    @property
+    def params(self) -> TurnDetectionParams:
+        return self._buffer.params
+
+    @property
+    def in_speech(self) -> bool:
+        return self._buffer.in_speech
+
+    def update(self, params: TurnDetectionParams) -> None:
+        """New parameters apply from the next window; an utterance in progress carries on."""
+        self._buffer.params = params
+
+    def push(self, pcm: np.ndarray) -> list[TurnEvent]:
+        if pcm.ndim != 1 or not np.issubdtype(pcm.dtype, np.floating):
+            raise ValueError(f"expected 1-D float 16 kHz mono PCM, got {pcm.dtype} array of shape {pcm.shape}")
+        samples = np.concatenate([self._pending, pcm.astype(np.float32, copy=False)])
+        whole = samples.size - samples.size % WINDOW_SAMPLES
+        events: list[TurnEvent] = []
+        for start in range(0, whole, WINDOW_SAMPLES):
+            window = samples[start : start + WINDOW_SAMPLES]
+            events.extend(self._buffer.push(window, self._stream.probability(window)))
+        self._pending = samples[whole:]
+        return events
+
+    def reset(self) -> None:
+        """Drop buffered audio and speech state (input_audio_buffer.clear, half-duplex discard).
+
+        The VAD's recurrent state and the partial window are kept: they describe the
+        continuous input stream, and zeroing the model mid-stream makes its next
+        ~100 ms of probabilities unreliable.
+        """
+        self._buffer.reset()

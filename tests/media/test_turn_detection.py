@@ -1,0 +1,241 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from media.turn_detection import (
+    SpeechStarted,
+    SpeechStopped,
+    TurnCommitBuffer,
+    TurnDetectionParams,
+    UtteranceCommitted,
+    VoiceActivityDetector,
+)
+from media.vad import SileroVad
+from tests.media.conftest import load_fixture, silence
+
+W = 512  # window samples (32 ms)
+SPEECH, QUIET = 0.9, 0.0
+
+
+def feed(buffer: TurnCommitBuffer, probs: list[float], *, window: int = W) -> list[tuple[int, object]]:
+    """Push a sample-index ramp (sample i has value i) window by window; return (window index, event)."""
+    events = []
+    for i, probability in enumerate(probs):
+        ramp = np.arange(i * window, (i + 1) * window, dtype=np.float32)
+        events.extend((i, event) for event in buffer.push(ramp, probability))
+    return events
+
+
+def commits(events: list[tuple[int, object]]) -> list[UtteranceCommitted]:
+    return [event for _, event in events if isinstance(event, UtteranceCommitted)]
+
+
+def assert_ramp(pcm: np.ndarray, start: int, end: int) -> None:
+    np.testing.assert_array_equal(pcm, np.arange(start, end, dtype=np.float32))
+
+
+def test_commit_holds_prefix_speech_and_trailing_silence_exactly() -> None:
+    buffer = TurnCommitBuffer(TurnDetectionParams())
+    events = feed(buffer, [QUIET] * 20 + [SPEECH] * 20 + [QUIET] * 20)
+    # Onset at window 20 = sample 10240; 300 ms prefix = 4800 samples → start 5440 (340 ms).
+    # Silence from sample 20480; 500 ms = 8000 samples is complete at the end of window 55
+    # (16 windows = 8192 samples) → commit point 28672 (1792 ms).
+    (commit,) = commits(events)
+    assert_ramp(commit.pcm, 5440, 28672)
+    assert (commit.audio_start_ms, commit.audio_end_ms, commit.forced) == (340, 1792, False)
+    assert [event for _, event in events][:2] == [SpeechStarted(340), SpeechStopped(1792)]
+
+
+def test_speech_started_waits_for_min_speech_but_reports_the_onset() -> None:
+    buffer = TurnCommitBuffer(TurnDetectionParams(prefix_padding_ms=0))
+    events = feed(buffer, [QUIET] * 10 + [SPEECH] * 20)
+    # 250 ms = 4000 samples of speech are reached after 8 windows (4096), i.e. in window 17.
+    assert events == [(17, SpeechStarted(audio_start_ms=10 * W // 16))]
+
+
+def test_burst_shorter_than_min_speech_is_dropped() -> None:
+    buffer = TurnCommitBuffer(TurnDetectionParams())
+    events = feed(buffer, [QUIET] * 10 + [SPEECH] * 7 + [QUIET] * 40)  # 224 ms < 250 ms
+    assert events == []
+    assert not buffer.in_speech
+
+
+def test_probabilities_between_the_thresholds_neither_start_nor_end_silence() -> None:
+    between = 0.4  # below threshold 0.5, above the hysteresis threshold 0.35
+    buffer = TurnCommitBuffer(TurnDetectionParams())
+    events = feed(buffer, [SPEECH] * 10 + [between] * 100)
+    assert [event for _, event in events] == [SpeechStarted(0)]
+    assert buffer.in_speech
+
+
+def test_silence_wait_is_cancelled_only_by_speech_above_threshold() -> None:
+    params = TurnDetectionParams(prefix_padding_ms=0)
+    # Silence from window 10; a 0.4 window at 20 does not cancel it: commit after 16 windows (at 25).
+    buffer = TurnCommitBuffer(params)
+    events = feed(buffer, [SPEECH] * 10 + [QUIET] * 10 + [0.4] + [QUIET] * 30)
+    (commit,) = commits(events)
+    assert commit.audio_end_ms == 26 * W // 16
+    # A 0.6 window at 20 restarts the wait: commit 16 windows after window 21 (at 36).
+    buffer = TurnCommitBuffer(params)
+    events = feed(buffer, [SPEECH] * 10 + [QUIET] * 10 + [0.6] + [QUIET] * 30)
+    (commit,) = commits(events)
+    assert commit.audio_end_ms == 37 * W // 16
+
+
+def test_next_prefix_never_reaches_into_committed_audio() -> None:
+    buffer = TurnCommitBuffer(TurnDetectionParams())
+    # First commit at the end of window 25; speech resumes right away in window 26.
+    events = feed(buffer, [SPEECH] * 10 + [QUIET] * 16 + [SPEECH] * 10 + [QUIET] * 16)
+    first, second = commits(events)
+    assert_ramp(first.pcm, 0, 26 * W)
+    assert_ramp(second.pcm, 26 * W, 52 * W)
+
+
+def test_max_utterance_forces_contiguous_commits_while_speech_goes_on() -> None:
+    buffer = TurnCommitBuffer(TurnDetectionParams(prefix_padding_ms=0, max_utterance_ms=1000))
+    events = feed(buffer, [SPEECH] * 100 + [QUIET] * 16)
+    committed = commits(events)
+    # 1000 ms = 16000 samples is reached after 32 windows (16384 samples): cuts at 32, 64, 96 windows.
+    assert [c.forced for c in committed] == [True, True, True, False]
+    bounds = [0, 32 * W, 64 * W, 96 * W, 116 * W]
+    for commit, start, end in zip(committed, bounds, bounds[1:]):
+        assert_ramp(commit.pcm, start, end)
+    kinds = [type(event).__name__ for _, event in events]
+    assert kinds == ["SpeechStarted"] + ["SpeechStopped", "UtteranceCommitted", "SpeechStarted"] * 3 + [
+        "SpeechStopped",
+        "UtteranceCommitted",
+    ]
+
+
+def test_max_utterance_during_trailing_silence_ends_the_turn() -> None:
+    buffer = TurnCommitBuffer(TurnDetectionParams(prefix_padding_ms=0, max_utterance_ms=1000))
+    events = feed(buffer, [SPEECH] * 28 + [QUIET] * 40)
+    assert [type(event).__name__ for _, event in events] == ["SpeechStarted", "SpeechStopped", "UtteranceCommitted"]
+    (commit,) = commits(events)
+    assert commit.forced
+    assert not buffer.in_speech
+
+
+def test_reset_drops_the_utterance_and_keeps_counting_time() -> None:
+    buffer = TurnCommitBuffer(TurnDetectionParams())
+    feed(buffer, [SPEECH] * 10)
+    assert buffer.in_speech
+    buffer.reset()
+    assert not buffer.in_speech
+    events = []
+    for i in range(10, 50):  # the stream continues at sample 10 * 512
+        ramp = np.arange(i * W, (i + 1) * W, dtype=np.float32)
+        events.extend(buffer.push(ramp, SPEECH if i < 20 else QUIET))
+    (commit,) = [e for e in events if isinstance(e, UtteranceCommitted)]
+    assert_ramp(commit.pcm, 10 * W, 36 * W)  # the prefix stops at the reset point
+
+
+def test_new_params_apply_to_the_next_window() -> None:
+    buffer = TurnCommitBuffer(TurnDetectionParams(prefix_padding_ms=0))
+    feed(buffer, [SPEECH] * 10)
+    buffer.params = TurnDetectionParams(prefix_padding_ms=0, silence_duration_ms=2000)
+    events = feed(buffer, [QUIET] * 30)
+    assert commits(events) == []
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"threshold": 1.0}, {"threshold": 0.0}, {"silence_duration_ms": -1}, {"min_speech_ms": 500, "max_utterance_ms": 500}],
+)
+def test_invalid_params_are_rejected(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        TurnDetectionParams(**kwargs)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    # Runs of equal windows: (window samples, probability, how many windows).
+    st.lists(
+        st.tuples(st.integers(1, 700), st.sampled_from([0.0, 0.2, 0.4, 0.6, 0.95]), st.integers(1, 12)), max_size=60
+    ),
+    st.sampled_from([0, 100, 300]),
+    st.sampled_from([0, 250]),
+)
+def test_any_windows_commit_contiguous_non_overlapping_ramps(runs, prefix_ms, min_speech_ms) -> None:
+    params = TurnDetectionParams(
+        prefix_padding_ms=prefix_ms, silence_duration_ms=200, min_speech_ms=min_speech_ms, max_utterance_ms=700
+    )
+    buffer = TurnCommitBuffer(params)
+    position, events = 0, []
+    for size, probability, repeat in runs:
+        for _ in range(repeat):
+            events.extend(buffer.push(np.arange(position, position + size, dtype=np.float32), probability))
+            position += size
+
+    previous_end = 0
+    open_utterance = continues_forced_cut = False
+    previous = None
+    for event in events:
+        if isinstance(event, SpeechStarted):
+            assert not open_utterance
+            open_utterance = True
+            continues_forced_cut = isinstance(previous, UtteranceCommitted) and previous.forced
+            assert event.audio_start_ms >= previous_end // 16
+        elif isinstance(event, SpeechStopped):
+            assert open_utterance
+        else:
+            assert open_utterance
+            open_utterance = False
+            start = int(event.pcm[0])
+            assert start >= previous_end
+            if continues_forced_cut:  # speech went on through a forced cut: not one sample lost
+                assert start == previous_end
+            assert_ramp(event.pcm, start, start + event.pcm.size)
+            assert event.audio_start_ms == start // 16
+            previous_end = start + event.pcm.size
+            assert event.audio_end_ms == previous_end // 16
+        previous = event
+    assert buffer.in_speech == open_utterance
+
+
+# Real audio through the real VAD, in 20 ms (320-sample) chunks like inbound WebRTC frames.
+
+
+def detect(silero: SileroVad, pcm: np.ndarray, params: TurnDetectionParams | None = None) -> list:
+    detector = VoiceActivityDetector(silero, params or TurnDetectionParams())
+    events = []
+    for start in range(0, pcm.size, 320):
+        events.extend(detector.push(pcm[start : start + 320]))
+    return events
+
+
+def test_utterance_then_silence_commits_once(silero: SileroVad) -> None:
+    pcm = np.concatenate([silence(500), load_fixture("hello"), silence(1000)])
+    events = detect(silero, pcm)
+    assert [type(event) for event in events] == [SpeechStarted, SpeechStopped, UtteranceCommitted]
+    commit = events[2]
+    assert 150 <= commit.audio_start_ms <= 250  # onset near 500 ms, minus the 300 ms prefix
+    assert commit.audio_end_ms > 500 + 1400  # after the 1.4 s of speech
+    np.testing.assert_array_equal(commit.pcm, pcm[commit.audio_start_ms * 16 : commit.audio_end_ms * 16])
+
+
+def test_cough_never_becomes_a_turn(silero: SileroVad) -> None:
+    pcm = np.concatenate([silence(500), load_fixture("short_cough"), silence(1000)])
+    assert detect(silero, pcm) == []
+
+
+def test_two_utterances_commit_twice(silero: SileroVad) -> None:
+    pcm = np.concatenate([silence(300), load_fixture("hello"), silence(1000), load_fixture("weather"), silence(1000)])
+    committed = [event for event in detect(silero, pcm) if isinstance(event, UtteranceCommitted)]
+    assert len(committed) == 2
+    assert committed[0].audio_end_ms <= committed[1].audio_start_ms
+
+
+def test_long_silence_wait_holds_the_commit(silero: SileroVad) -> None:
+    pcm = np.concatenate([silence(300), load_fixture("hello"), silence(1000)])
+    events = detect(silero, pcm, TurnDetectionParams(silence_duration_ms=1500))
+    assert [type(event) for event in events] == [SpeechStarted]
+
+
+def test_detector_rejects_integer_pcm(silero: SileroVad) -> None:
+    detector = VoiceActivityDetector(silero, TurnDetectionParams())
+    with pytest.raises(ValueError, match="float"):
+        detector.push(np.zeros(320, dtype=np.int16))
