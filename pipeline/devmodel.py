@@ -1,0 +1,265 @@
+"""A tiny, randomly initialised Qwen3-Omni checkpoint with the real architecture, ids and files.
+
+Real weights need a GPU and cannot be downloaded here, so development, tests and CI run on
+this: the real ``Qwen3OmniMoeForConditionalGeneration`` class (thinker with audio encoder,
+talker with code predictor, code2wav), the real special-token and codec ids, the real
+tokenizer, a Whisper feature extractor and the ChatML template, all loaded through
+``from_pretrained(dir)`` exactly like a real checkpoint. Only the widths and depths are tiny;
+its words and sounds are noise.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import (
+    GenerationConfig,
+    Qwen3OmniMoeConfig,
+    Qwen3OmniMoeForConditionalGeneration,
+    WhisperFeatureExtractor,
+)
+
+from pipeline.tokenizer import build_tokenizer
+
+logger = logging.getLogger(__name__)
+
+DEV_MODEL_DIRNAME = "dev-model"
+
+# ensure_dev_model renames a finished build into place, so a target holding this is complete.
+_COMPLETE_MARKER = "config.json"
+
+# Widths are tiny; vocabularies, codebooks, ids and upsampling are the real model's.
+# With a 32-wide thinker the two 152,064-row matrices (embedding, lm_head) are ~39 MB of the
+# ~52 MB of float32 weights.
+_THINKER_HIDDEN = 32
+_TALKER_HIDDEN = 32
+_HEAD_DIM = 16
+# Multimodal RoPE splits head_dim / 2 = 8 rotary frequencies over (time, height, width);
+# the real model splits 64 as (24, 20, 20).
+_MROPE = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [4, 2, 2], "interleaved": True}
+
+SPEAKERS = {"chelsie": 2301, "ethan": 2302, "aiden": 2303}
+
+
+def dev_model_config() -> Qwen3OmniMoeConfig:
+    """The real Qwen3-Omni-30B-A3B-Instruct config with every width and depth shrunk."""
+    audio_config = {
+        "num_mel_bins": 128,
+        "encoder_layers": 1,
+        "encoder_attention_heads": 2,
+        "encoder_ffn_dim": 64,
+        "d_model": 32,
+        "downsample_hidden_size": 8,
+        "output_dim": _THINKER_HIDDEN,
+        "n_window": 50,
+        "n_window_infer": 800,
+        "conv_chunksize": 500,
+        "max_source_positions": 1500,
+    }
+    vision_config = {
+        "depth": 1,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_heads": 2,
+        "out_hidden_size": _THINKER_HIDDEN,
+        "deepstack_visual_indexes": [0],
+        "num_position_embeddings": 64,
+    }
+    thinker_text_config = {
+        "vocab_size": 152_064,
+        "hidden_size": _THINKER_HIDDEN,
+        "intermediate_size": 64,
+        "moe_intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": _HEAD_DIM,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "max_position_embeddings": 65_536,
+        "rope_parameters": dict(_MROPE),
+    }
+    thinker_config = {
+        "audio_config": audio_config,
+        "vision_config": vision_config,
+        "text_config": thinker_text_config,
+        "audio_token_id": 151675,
+        "audio_start_token_id": 151669,
+        "audio_end_token_id": 151670,
+        "image_token_id": 151655,
+        "video_token_id": 151656,
+        "vision_start_token_id": 151652,
+        "vision_end_token_id": 151653,
+        "user_token_id": 872,
+        "position_id_per_seconds": 13,
+        "seconds_per_chunk": 2,
+    }
+    talker_text_config = {
+        "vocab_size": 3072,
+        "hidden_size": _TALKER_HIDDEN,
+        "intermediate_size": 64,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": _HEAD_DIM,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "max_position_embeddings": 65_536,
+        "rope_parameters": dict(_MROPE),
+    }
+    code_predictor_config = {
+        "vocab_size": 2048,
+        "hidden_size": _TALKER_HIDDEN,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": _HEAD_DIM,
+        "num_code_groups": 16,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0},
+    }
+    talker_config = {
+        "text_config": talker_text_config,
+        "code_predictor_config": code_predictor_config,
+        "num_code_groups": 16,
+        "thinker_hidden_size": _THINKER_HIDDEN,
+        # The real model feeds layer 24 of 48 to the talker: the middle, as here (1 of 2).
+        "accept_hidden_layer": 1,
+        "codec_pad_id": 2148,
+        "codec_bos_id": 2149,
+        "codec_eos_token_id": 2150,
+        "codec_nothink_id": 2155,
+        "codec_think_bos_id": 2156,
+        "codec_think_eos_id": 2157,
+        "speaker_id": dict(SPEAKERS),
+        "audio_token_id": 151675,
+        "audio_start_token_id": 151669,
+        "audio_end_token_id": 151670,
+        "image_token_id": 151655,
+        "video_token_id": 151656,
+        "vision_start_token_id": 151652,
+        "spatial_merge_size": 2,
+        "position_id_per_seconds": 13,
+    }
+    code2wav_config = {
+        "codebook_size": 2048,
+        "num_quantizers": 16,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "sliding_window": 72,
+        # 8 * 5 * 4 * 3 * 2 * 2 = 1920 samples per codec frame: 80 ms at 24 kHz, as in the real model.
+        "upsample_rates": [8, 5, 4, 3],
+        "upsampling_ratios": [2, 2],
+        # Halved by each of the four decoder blocks: 32 -> 2 channels before the output conv.
+        "decoder_dim": 32,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10_000.0},
+    }
+    return Qwen3OmniMoeConfig(
+        thinker_config=thinker_config,
+        talker_config=talker_config,
+        code2wav_config=code2wav_config,
+        enable_audio_output=True,
+        im_start_token_id=151644,
+        im_end_token_id=151645,
+        tts_pad_token_id=151671,
+        tts_bos_token_id=151672,
+        tts_eos_token_id=151673,
+        system_token_id=8948,
+        user_token_id=872,
+        assistant_token_id=77091,
+    )
+
+
+def dev_generation_config() -> GenerationConfig:
+    """Thinker sampling as Qwen recommends for Instruct, talker sampling as ``generate()`` defaults."""
+    return GenerationConfig(
+        do_sample=True,
+        temperature=0.7,
+        top_p=0.8,
+        top_k=20,
+        repetition_penalty=1.05,
+        eos_token_id=[151645, 151643],
+        pad_token_id=151643,
+        talker_do_sample=True,
+        talker_temperature=0.9,
+        talker_top_k=50,
+        talker_top_p=1.0,
+        talker_repetition_penalty=1.05,
+    )
+
+
+def dev_feature_extractor() -> WhisperFeatureExtractor:
+    """Whisper-style log-mel features as Qwen3-Omni's audio encoder takes them: 128 bins at 16 kHz."""
+    return WhisperFeatureExtractor(
+        feature_size=128,
+        sampling_rate=16_000,
+        hop_length=160,
+        chunk_length=300,
+        n_fft=400,
+        padding_value=0.0,
+        return_attention_mask=True,
+    )
+
+
+def build_dev_model(
+    out_dir: Path, *, seed: int = 0, progress: Callable[[str], None] | None = None
+) -> Path:
+    """Write a complete dev checkpoint into ``out_dir`` (created; must not hold a checkpoint yet)."""
+    report = progress or logger.info
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    report("building the Qwen tokenizer from the dashscope BPE ranks")
+    tokenizer = build_tokenizer()
+    tokenizer.save_pretrained(out_dir)
+
+    report("writing the Whisper feature extractor config")
+    dev_feature_extractor().save_pretrained(out_dir)
+
+    report(f"initialising a tiny Qwen3OmniMoeForConditionalGeneration (seed {seed})")
+    torch.manual_seed(seed)
+    model = Qwen3OmniMoeForConditionalGeneration(dev_model_config())
+    model.generation_config = dev_generation_config()
+    parameters = sum(p.numel() for p in model.parameters())
+    report(f"saving {parameters / 1e6:.1f} M parameters")
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+def ensure_dev_model(cache_dir: Path, *, progress: Callable[[str], None] | None = None) -> Path:
+    """``cache_dir/dev-model``, built on first use (into a temp dir, then renamed), reused afterwards."""
+    report = progress or logger.info
+    cache_dir = Path(cache_dir)
+    target = cache_dir / DEV_MODEL_DIRNAME
+    if (target / _COMPLETE_MARKER).is_file():
+        report(f"using the dev model in {target}")
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    report(f"building the dev model into {target} (once; about 15 s)")
+    staging = Path(tempfile.mkdtemp(prefix=f".{DEV_MODEL_DIRNAME}-", dir=cache_dir))
+    staging.chmod(0o755)  # mkdtemp's 0700 would hide the checkpoint from other users
+    try:
+        build_dev_model(staging, progress=report)
+        try:
+            os.rename(staging, target)
+        except OSError:
+            # Another process finished first (rename onto a non-empty dir fails): use theirs.
+            if not (target / _COMPLETE_MARKER).is_file():
+                raise
+            report(f"another process built {target} first; using it")
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    report(f"dev model ready in {target}")
+    return target

@@ -1,0 +1,109 @@
+import json
+
+import torch
+from transformers import (
+    AutoConfig,
+    GenerationConfig,
+    Qwen3OmniMoeForConditionalGeneration,
+    WhisperFeatureExtractor,
+)
+
+import pipeline.devmodel
+from pipeline.devmodel import DEV_MODEL_DIRNAME, ensure_dev_model
+
+SAMPLES_PER_CODEC_FRAME = 1920  # 80 ms at 24 kHz
+
+
+def test_dev_model_loads_with_from_pretrained_as_the_real_class(dev_model_dir):
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(dev_model_dir)
+    assert type(model) is Qwen3OmniMoeForConditionalGeneration
+    assert model.has_talker
+    assert {"thinker", "talker", "code2wav"} <= {name for name, _ in model.named_children()}
+    assert model.thinker.model.audio_tower is not None
+    assert model.talker.code_predictor is not None
+
+
+def test_config_carries_the_real_token_ids(dev_model_dir):
+    config = AutoConfig.from_pretrained(dev_model_dir)
+    assert config.architectures == ["Qwen3OmniMoeForConditionalGeneration"]
+    assert (
+        config.im_start_token_id,
+        config.im_end_token_id,
+        config.tts_pad_token_id,
+        config.tts_bos_token_id,
+        config.tts_eos_token_id,
+        config.system_token_id,
+        config.user_token_id,
+        config.assistant_token_id,
+    ) == (151644, 151645, 151671, 151672, 151673, 8948, 872, 77091)
+    thinker = config.thinker_config
+    assert (thinker.audio_token_id, thinker.audio_start_token_id) == (151675, 151669)
+    assert thinker.text_config.vocab_size == 152_064
+    assert thinker.audio_config.num_mel_bins == 128
+
+
+def test_config_carries_the_real_codec_ids_and_speakers(dev_model_dir):
+    talker = AutoConfig.from_pretrained(dev_model_dir).talker_config
+    assert (
+        talker.codec_pad_id,
+        talker.codec_bos_id,
+        talker.codec_eos_token_id,
+        talker.codec_nothink_id,
+        talker.codec_think_bos_id,
+        talker.codec_think_eos_id,
+    ) == (2148, 2149, 2150, 2155, 2156, 2157)
+    assert talker.speaker_id == {"chelsie": 2301, "ethan": 2302, "aiden": 2303}
+    assert talker.num_code_groups == 16
+    assert talker.text_config.vocab_size > max(talker.speaker_id.values())
+
+
+def test_code2wav_upsamples_each_codec_frame_to_1920_samples(dev_model_dir):
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(dev_model_dir)
+    assert model.code2wav.total_upsample == SAMPLES_PER_CODEC_FRAME
+    codes = torch.randint(0, 2048, (1, 16, 10))
+    with torch.no_grad():
+        wav_10 = model.code2wav(codes)
+        wav_20 = model.code2wav(torch.cat([codes, codes], dim=-1))
+    # The causal transposed convolutions trim a fixed tail per call, so frames add 1920 each.
+    assert wav_20.shape[-1] - wav_10.shape[-1] == 10 * SAMPLES_PER_CODEC_FRAME
+
+
+def test_feature_extractor_is_whisper_128_bins_at_16_khz(dev_model_dir):
+    extractor = WhisperFeatureExtractor.from_pretrained(dev_model_dir)
+    assert (extractor.feature_size, extractor.sampling_rate) == (128, 16_000)
+    features = extractor([0.0] * 16_000, sampling_rate=16_000, return_tensors="pt", padding=True)
+    assert features["input_features"].shape[1] == 128
+
+
+def test_generation_config_holds_thinker_and_talker_sampling(dev_model_dir):
+    generation = GenerationConfig.from_pretrained(dev_model_dir)
+    assert generation.do_sample and generation.eos_token_id == [151645, 151643]
+    assert json.loads(generation.to_json_string())["talker_temperature"] == 0.9
+
+
+def test_dev_model_stays_a_few_tens_of_megabytes(dev_model_dir):
+    total = sum(path.stat().st_size for path in dev_model_dir.iterdir())
+    assert total < 100 * 2**20
+    assert (dev_model_dir / "model.safetensors").stat().st_size < 64 * 2**20
+
+
+def test_ensure_reuses_a_built_model_without_rebuilding(dev_model_dir, monkeypatch):
+    def refuse_to_build(*args, **kwargs):
+        raise AssertionError("ensure_dev_model rebuilt a model that was already there")
+
+    monkeypatch.setattr(pipeline.devmodel, "build_dev_model", refuse_to_build)
+    messages = []
+    assert ensure_dev_model(dev_model_dir.parent, progress=messages.append) == dev_model_dir
+    assert dev_model_dir.name == DEV_MODEL_DIRNAME
+    assert any("using" in message for message in messages)
+
+
+def test_ensure_builds_into_place_and_leaves_no_staging_dir(tmp_path, monkeypatch):
+    def build_config_only(out_dir, *, seed=0, progress=None):
+        (out_dir / "config.json").write_text("{}")
+        return out_dir
+
+    monkeypatch.setattr(pipeline.devmodel, "build_dev_model", build_config_only)
+    built = ensure_dev_model(tmp_path)
+    assert built == tmp_path / DEV_MODEL_DIRNAME
+    assert [path.name for path in tmp_path.iterdir()] == [DEV_MODEL_DIRNAME]
