@@ -1,0 +1,181 @@
+"""Prometheus metrics: one registry per app, fed by the call glue and an engine wrapper.
+
+Nothing here needs the session's cooperation. The numbers come from the two streams the
+glue already sees:
+
+- the server events a session sends (``response.done`` status, ``error`` type, the speech
+  and playback events whose wall-clock spacing is the user-facing latency), read by a
+  per-call :class:`CallObserver`;
+- the engine's own ``TurnDone.timings`` (queue wait, time to first Thinker token), read by
+  :class:`MeteredEngine`, which wraps the shared engine the sessions are given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from pipeline.turn import Engine, EngineError, TurnDone, TurnEvent, TurnRequest
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+# Seconds. Voice latency matters from ~100 ms (noticeable) to tens of seconds (CPU dev model
+# under load); turn durations run up to minutes for long answers.
+LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+DURATION_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+INPUT_SAMPLE_RATE = 16_000
+
+
+class Metrics:
+    """Every metric of one server; ``render()`` is the ``/metrics`` body."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.sessions_open = Gauge("omni_rtc_sessions_open", "Calls with an open session.", registry=r)
+        self.calls = Counter(
+            "omni_rtc_calls", "Calls ended, by why they ended.", ["reason"], registry=r
+        )
+        self.turns = Counter(
+            "omni_rtc_turns", "Responses finished, by response.done status.", ["status"], registry=r
+        )
+        self.errors = Counter(
+            "omni_rtc_errors", "Errors by type: error events sent, engine and signaling failures.",
+            ["type", "code"], registry=r,
+        )
+        self.end_of_utterance_delay = Histogram(
+            "omni_rtc_end_of_utterance_delay_seconds",
+            "Input audio received after the user stopped speaking until the server VAD said so "
+            "(silence wait plus processing).",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.time_to_first_audio = Histogram(
+            "omni_rtc_time_to_first_audio_seconds",
+            "From speech_stopped (or commit, or response.created for text turns) to the first "
+            "answer audio sent on the outbound track.",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.thinker_first_token = Histogram(
+            "omni_rtc_thinker_first_token_seconds",
+            "Engine: from turn submission to the first Thinker text token (includes queue wait).",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.engine_queue_wait = Histogram(
+            "omni_rtc_engine_queue_wait_seconds",
+            "Engine: time a turn waited for the engine before it started.",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.turn_duration = Histogram(
+            "omni_rtc_turn_duration_seconds",
+            "From response.created to response.done.",
+            buckets=DURATION_BUCKETS, registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def observer(self, clock: Callable[[], float] = time.monotonic) -> CallObserver:
+        return CallObserver(self, clock)
+
+
+class CallObserver:
+    """Reads one call's server events and inbound audio, and turns their timing into metrics."""
+
+    def __init__(self, metrics: Metrics, clock: Callable[[], float]) -> None:
+        self._metrics = metrics
+        self._clock = clock
+        self._input_samples = 0
+        self._turn_start: float | None = None  # wall clock the user-facing latency counts from
+        self._awaiting_first_audio = False
+        self._responses_created: dict[str, float] = {}
+
+    def on_input_audio(self, samples: int) -> None:
+        """16 kHz samples handed to the session so far feed the end-of-utterance delay."""
+        self._input_samples += samples
+
+    def on_server_event(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        now = self._clock()
+        if kind == "input_audio_buffer.speech_stopped":
+            received_ms = self._input_samples * 1000 / INPUT_SAMPLE_RATE
+            audio_end_ms = event.get("audio_end_ms")
+            if isinstance(audio_end_ms, int | float):
+                self._metrics.end_of_utterance_delay.observe(max(0.0, (received_ms - audio_end_ms) / 1000))
+            self._turn_start = now
+        elif kind == "input_audio_buffer.committed" and self._turn_start is None:
+            self._turn_start = now  # manual commit: no speech_stopped came first
+        elif kind == "response.created":
+            response_id = _response_id(event)
+            if response_id is not None:
+                self._responses_created[response_id] = now
+            if self._turn_start is None:
+                self._turn_start = now  # a text turn, or response.create after a manual commit
+            self._awaiting_first_audio = True
+        elif kind == "output_audio_buffer.started" and self._awaiting_first_audio:
+            if self._turn_start is not None:
+                self._metrics.time_to_first_audio.observe(now - self._turn_start)
+            self._awaiting_first_audio = False
+            self._turn_start = None
+        elif kind == "response.done":
+            response = event.get("response") or {}
+            self._metrics.turns.labels(status=str(response.get("status", "unknown"))).inc()
+            created = self._responses_created.pop(str(response.get("id")), None)
+            if created is not None:
+                self._metrics.turn_duration.observe(now - created)
+            if not self._awaiting_first_audio:
+                return
+            # A response that ended without audio (text only, failed, cancelled) has no
+            # first-audio figure; the next turn's clock starts afresh.
+            self._awaiting_first_audio = False
+            self._turn_start = None
+        elif kind == "error":
+            error = event.get("error") or {}
+            self._metrics.errors.labels(
+                type=str(error.get("type", "unknown")), code=str(error.get("code") or "")
+            ).inc()
+
+
+def _response_id(event: dict[str, Any]) -> str | None:
+    response = event.get("response") or {}
+    value = response.get("id")
+    return str(value) if value is not None else None
+
+
+class MeteredEngine:
+    """An :class:`~pipeline.turn.Engine` that records each finished turn's engine timings.
+
+    It owns nothing: ``start``/``close`` belong to whoever owns the wrapped engine, so they
+    are not forwarded. Closing a turn's iterator closes the wrapped one (the turn is cancelled).
+    """
+
+    def __init__(self, engine: Engine, metrics: Metrics) -> None:
+        self._engine = engine
+        self._metrics = metrics
+        self.name = engine.name
+
+    async def start(self) -> None:
+        """The wrapped engine is started by its owner."""
+
+    async def close(self) -> None:
+        """The wrapped engine is closed by its owner."""
+
+    async def run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+        try:
+            async with contextlib.aclosing(self._engine.run_turn(request)) as events:
+                async for event in events:
+                    if isinstance(event, TurnDone):
+                        self._observe(event)
+                    yield event
+        except EngineError as exc:
+            self._metrics.errors.labels(type="engine_error", code=exc.code).inc()
+            raise
+
+    def _observe(self, done: TurnDone) -> None:
+        timings = done.timings
+        self._metrics.engine_queue_wait.observe(timings.queue_wait)
+        if timings.first_text is not None:
+            self._metrics.thinker_first_token.observe(timings.first_text)
