@@ -33,6 +33,7 @@ from pipeline.conversation import (
     UserAudio,
     UserText,
 )
+from pipeline.tokenizer import load_tokenizer
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -117,27 +118,18 @@ class PromptRenderer:
         self._n_window = n_window
         self._special_ids = {token: self._token_id(token) for token in (IM_START, IM_END, AUDIO_START, AUDIO_END)}
         self._audio_pad_id = self._token_id(AUDIO_PAD)
-        # torch.stft reflect-pads n_fft // 2 samples each side, so a lone clip needs a full window.
+        # torch.stft reflect-pads n_fft // 2 = 200 samples each side and fails on shorter input;
+        # one full 400-sample (25 ms) analysis window is the least that makes a feature frame.
         self._min_clip_samples = feature_extractor.n_fft
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> PromptRenderer:
-        from pipeline.tokenizer import load_tokenizer
-
         config = Qwen3OmniMoeConfig.from_pretrained(model_dir)
         return cls(
             load_tokenizer(model_dir),
             WhisperFeatureExtractor.from_pretrained(model_dir),
             n_window=config.thinker_config.audio_config.n_window,
         )
-
-    @property
-    def audio_pad_id(self) -> int:
-        return self._audio_pad_id
-
-    def audio_token_count(self, frames: torch.Tensor) -> torch.Tensor:
-        """Audio encoder output length for each clip's valid feature frame count."""
-        return _get_feat_extract_output_lengths(frames, self._n_window)
 
     def render(self, conversation: Conversation) -> ThinkerInputs:
         items = bound_history(conversation)
@@ -164,7 +156,9 @@ class PromptRenderer:
             )
             input_features = features["input_features"].to(torch.float32)
             feature_attention_mask = features["attention_mask"].to(torch.long)
-            pad_counts = self.audio_token_count(feature_attention_mask.sum(-1)).tolist()
+            # The model's own formula: its position ids and audio tower use the same one.
+            frames = feature_attention_mask.sum(-1)
+            pad_counts = _get_feat_extract_output_lengths(frames, self._n_window).tolist()
 
         ids: list[int] = []
         for piece in self._merge_text(self._pieces(conversation.system_prompt, items)):
