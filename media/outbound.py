@@ -1,0 +1,176 @@
+"""Outbound audio: a paced WebRTC track that plays 24 kHz float32 audio written to it.
+
+Pacing follows aiortc's own ``AudioStreamTrack``: frame *n* is due at
+``start + n * 20 ms`` on one monotonic clock started by the first ``recv()``, so
+scheduling jitter never accumulates into drift (a frame that is a little late is
+followed by a shorter sleep). Unlike aiortc's track it does not catch up after a real
+stall (the event loop blocked longer than ``MAX_LATENESS_S``): sending the missed
+frames back to back would burst them into the peer's jitter buffer and make
+``played_samples`` run ahead of what the listener has heard. Instead the schedule is
+moved forward by the stall; pts stays continuous (pts = samples sent), so the peer
+simply sees the packets arrive late once.
+
+Resampling 24 → 48 kHz is one ``soxr.ResampleStream`` kept across writes, so chunk
+boundaries are seamless: the output equals resampling the whole answer in one piece.
+soxr withholds its filter delay (~760 input samples) until more input comes; when the
+queue cannot fill the next frame (the answer ended, or the engine fell behind) the
+stream is flushed, which is exactly resampling the audio followed by silence, and the
+next write starts a fresh stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from fractions import Fraction
+from typing import Protocol
+
+import av
+import numpy as np
+import soxr
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+logger = logging.getLogger(__name__)
+
+INPUT_RATE = 24_000  # Code2Wav's output rate
+OUTPUT_RATE = 48_000  # what aiortc's Opus encoder takes without resampling again
+FRAME_SAMPLES = 960  # 20 ms at 48 kHz, one Opus frame
+FRAME_SECONDS = FRAME_SAMPLES / OUTPUT_RATE
+TIME_BASE = Fraction(1, OUTPUT_RATE)
+# Lateness beyond which the schedule moves forward instead of catching up: 3 frames.
+# Ordinary event-loop jitter is a few ms; a stall this long is worth a late packet, not a burst.
+MAX_LATENESS_S = 0.06
+_UPSAMPLING = OUTPUT_RATE // INPUT_RATE
+
+
+class PlaybackListener(Protocol):
+    def on_playback_started(self) -> None: ...
+    def on_playback_stopped(self) -> None: ...
+
+
+class OutboundAudioTrack(MediaStreamTrack):
+    """Audio track fed by ``write()``; sends silence whenever nothing is queued.
+
+    Use from the event loop only: ``write``, ``clear`` and listener callbacks (made
+    synchronously from ``recv()``) all run there.
+    """
+
+    kind = "audio"
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        super().__init__()
+        self._clock = clock
+        self._sleep = sleep
+        self._start: float | None = None  # clock time of pts 0
+        self._pts = 0  # 48 kHz samples sent so far, silence included
+        self._resampler = soxr.ResampleStream(INPUT_RATE, OUTPUT_RATE, 1, dtype="float32", quality="HQ")
+        self._resampler_holds_audio = False
+        self._queue: deque[np.ndarray] = deque()  # 48 kHz float32 chunks not yet sent
+        self._queued = 0
+        self._sent_audio = 0  # 48 kHz samples of written audio sent so far
+        self._playing = False
+        self._listener: PlaybackListener | None = None
+
+    @property
+    def played_samples(self) -> int:
+        """24 kHz samples of written audio sent so far (cumulative; silence not counted)."""
+        return self._sent_audio // _UPSAMPLING
+
+    def set_listener(self, listener: PlaybackListener | None) -> None:
+        self._listener = listener
+
+    def write(self, pcm: np.ndarray) -> None:
+        """Queue 24 kHz mono float32 audio (samples in [-1, 1]) to play after what is queued."""
+        if pcm.ndim != 1 or not np.issubdtype(pcm.dtype, np.floating):
+            raise ValueError(f"expected 1-D float 24 kHz mono PCM, got {pcm.dtype} array of shape {pcm.shape}")
+        if not np.all(np.isfinite(pcm)):
+            raise ValueError("PCM contains NaN or infinite samples")
+        if pcm.size == 0:
+            return
+        self._resampler_holds_audio = True
+        self._enqueue(self._resampler.resample_chunk(pcm.astype(np.float32, copy=False)))
+
+    def clear(self) -> None:
+        """Drop all unplayed audio (barge-in); fires on_playback_stopped if audio was playing."""
+        self._queue.clear()
+        self._queued = 0
+        self._resampler.clear()
+        self._resampler_holds_audio = False
+        self._set_playing(False)
+
+    def stop(self) -> None:
+        super().stop()
+        self.clear()
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        await self._wait_until_due()
+        samples = self._take_frame()
+        pcm16 = np.clip(np.rint(samples * 32767.0), -32768, 32767).astype(np.int16)
+        frame = av.AudioFrame.from_ndarray(pcm16[np.newaxis, :], format="s16", layout="mono")
+        frame.sample_rate = OUTPUT_RATE
+        frame.pts = self._pts
+        frame.time_base = TIME_BASE
+        self._pts += FRAME_SAMPLES
+        return frame
+
+    async def _wait_until_due(self) -> None:
+        now = self._clock()
+        if self._start is None:
+            self._start = now
+            return
+        due = self._start + self._pts / OUTPUT_RATE
+        if now < due:
+            await self._sleep(due - now)
+        elif now - due > MAX_LATENESS_S:
+            logger.debug("outbound audio %.0f ms late: moving the schedule instead of bursting", (now - due) * 1e3)
+            self._start += now - due
+
+    def _take_frame(self) -> np.ndarray:
+        if self._queued < FRAME_SAMPLES and self._resampler_holds_audio:
+            # Nothing more to resample right now: release soxr's withheld tail (as if
+            # silence followed) so the end of an answer is never stuck in the filter.
+            self._enqueue(self._resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True))
+            self._resampler.clear()
+            self._resampler_holds_audio = False
+        frame = np.zeros(FRAME_SAMPLES, dtype=np.float32)
+        filled = 0
+        while filled < FRAME_SAMPLES and self._queue:
+            head = self._queue[0]
+            count = min(head.size, FRAME_SAMPLES - filled)
+            frame[filled : filled + count] = head[:count]
+            filled += count
+            if count == head.size:
+                self._queue.popleft()
+            else:
+                self._queue[0] = head[count:]
+        self._queued -= filled
+        self._sent_audio += filled
+        # "Started" with the first frame carrying audio; "stopped" with the first frame
+        # that has none, i.e. once the last audio frame has gone out and been played.
+        self._set_playing(filled > 0)
+        return frame
+
+    def _enqueue(self, pcm48: np.ndarray) -> None:
+        if pcm48.size:
+            self._queue.append(pcm48)
+            self._queued += pcm48.size
+
+    def _set_playing(self, playing: bool) -> None:
+        if playing == self._playing:
+            return
+        self._playing = playing
+        if self._listener is not None:
+            if playing:
+                self._listener.on_playback_started()
+            else:
+                self._listener.on_playback_stopped()
