@@ -173,6 +173,8 @@ async def _one_session(args: argparse.Namespace, index: int, utterances: list[tu
             timeout_s=args.timeout,
         ) as client:
             result["call"] = client.call_location
+            if not args.json:
+                print(f"session {index} connected: {client.call_location}", flush=True)
             for number, (path, pcm) in enumerate(utterances, start=1):
                 turn = await client.speak(pcm)
                 saved = out_dir / f"turn-{number}.wav"

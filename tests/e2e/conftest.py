@@ -1,0 +1,100 @@
+"""A real server for the end-to-end tests: ``omni-rtc serve`` on 127.0.0.1 with the dev model.
+
+It runs as a subprocess (its own event loop, engine process and logs, as deployed), gathers
+ICE candidates on 127.0.0.1 only (``--ice-loopback``), and ends calls whose peer has sent no
+media for ``DISCONNECT_TIMEOUT_S``. One server serves every e2e test of a run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Short, so a peer that vanishes is released quickly; every test client sends media
+# continuously (a paced microphone track, silence between utterances).
+DISCONNECT_TIMEOUT_S = 3.0
+# Start-up builds nothing (the dev model is built by the fixture) but imports torch twice
+# (server and engine process) and loads the model, on 2 shared cores.
+STARTUP_DEADLINE_S = 180.0
+SHUTDOWN_DEADLINE_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.load(response)
+
+
+def open_sessions(base_url: str) -> int:
+    return int(get_json(f"{base_url}/healthz")["sessions"])
+
+
+def wait_for_sessions(base_url: str, expected: int, *, deadline_s: float = 60.0) -> int:
+    """The open session count once it equals ``expected``, or the last count seen at the deadline."""
+    give_up = time.monotonic() + deadline_s
+    sessions = open_sessions(base_url)
+    while sessions != expected and time.monotonic() < give_up:
+        time.sleep(0.2)
+        sessions = open_sessions(base_url)
+    return sessions
+
+
+@pytest.fixture(scope="session")
+def server_url(dev_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    env = {
+        **os.environ,
+        "OMNI_RTC_DISCONNECT_TIMEOUT_S": str(DISCONNECT_TIMEOUT_S),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    }
+    command = [
+        sys.executable, "-m", "app.cli", "serve",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--model", str(dev_model_dir), "--device", "cpu", "--seed", "0",
+        "--ice-loopback", "--log-level", "info",
+    ]
+    base_url = f"http://127.0.0.1:{port}"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        _wait_until_healthy(base_url, process, log_path)
+        yield base_url
+    finally:
+        process.send_signal(signal.SIGINT)  # uvicorn's graceful shutdown: the lifespan closes every call
+        try:
+            process.wait(timeout=SHUTDOWN_DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            pytest.fail(f"the server did not shut down within {SHUTDOWN_DEADLINE_S:g} s; log: {log_path}")
+
+
+def _wait_until_healthy(base_url: str, process: subprocess.Popen, log_path: Path) -> None:
+    give_up = time.monotonic() + STARTUP_DEADLINE_S
+    while time.monotonic() < give_up:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with {process.returncode}:\n{log_path.read_text()[-4000:]}")
+        try:
+            if get_json(f"{base_url}/healthz")["status"] == "ok":
+                return
+        except (urllib.error.URLError, ConnectionError):
+            pass  # not listening yet
+        time.sleep(0.5)
+    raise RuntimeError(f"the server was not healthy within {STARTUP_DEADLINE_S:g} s:\n{log_path.read_text()[-4000:]}")

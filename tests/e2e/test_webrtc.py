@@ -1,0 +1,128 @@
+"""The real server and a real aiortc client over 127.0.0.1: spoken turns, history, release.
+
+One two-turn conversation is recorded once per module (each turn costs seconds of CPU) and
+each test checks one thing it shows. The client speaks the fixture WAVs in real time and lets
+the server's VAD end each utterance: nothing is committed by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from app.cli import read_utterance
+from app.client import RealtimeClient, TurnResult
+from tests.e2e.conftest import open_sessions, wait_for_sessions
+
+pytestmark = pytest.mark.e2e
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+UTTERANCES = ("hello.wav", "weather.wav")
+# The turn sequence of the protocol with server VAD (DESIGN.md §2), as a subsequence:
+# other events (deltas, output_item/content_part events) may come in between.
+VOICE_TURN_SEQUENCE = (
+    "input_audio_buffer.speech_started",
+    "input_audio_buffer.speech_stopped",
+    "input_audio_buffer.committed",
+    "conversation.item.added",
+    "conversation.item.done",
+    "response.created",
+    "response.output_audio_transcript.delta",
+    "output_audio_buffer.started",
+    "response.done",
+    "output_audio_buffer.stopped",
+)
+
+
+@dataclass(frozen=True)
+class Conversation:
+    turns: list[TurnResult]
+    sessions_after_hang_up: int
+
+
+@pytest.fixture(scope="module")
+async def conversation(server_url: str) -> Conversation:
+    async with RealtimeClient(server_url, ice_loopback=True) as client:
+        turns = [await client.speak(read_utterance(FIXTURES / name)) for name in UTTERANCES]
+    sessions = await asyncio.to_thread(wait_for_sessions, server_url, 0)
+    return Conversation(turns=turns, sessions_after_hang_up=sessions)
+
+
+def is_subsequence(wanted: tuple[str, ...], seen: list[str]) -> bool:
+    remaining = iter(seen)
+    return all(any(kind == want for kind in remaining) for want in wanted)
+
+
+@pytest.mark.parametrize("turn", [0, 1])
+def test_voice_turn_has_the_full_event_sequence(conversation: Conversation, turn: int) -> None:
+    seen = conversation.turns[turn].event_types()
+    assert is_subsequence(VOICE_TURN_SEQUENCE, seen), seen
+
+
+@pytest.mark.parametrize("turn", [0, 1])
+def test_voice_turn_completes(conversation: Conversation, turn: int) -> None:
+    assert conversation.turns[turn].status == "completed"
+
+
+@pytest.mark.parametrize("turn", [0, 1])
+def test_voice_turn_is_answered_with_half_a_second_of_audio_or_more(conversation: Conversation, turn: int) -> None:
+    assert conversation.turns[turn].audio_seconds >= 0.5
+
+
+@pytest.mark.parametrize("turn", [0, 1])
+def test_voice_turn_streams_a_transcript(conversation: Conversation, turn: int) -> None:
+    result = conversation.turns[turn]
+    deltas = "".join(e["delta"] for e in result.events if e["type"] == "response.output_audio_transcript.delta")
+    assert deltas
+    assert deltas == result.transcript
+
+
+def test_second_turn_prompt_holds_the_first_turn(conversation: Conversation) -> None:
+    first, second = (turn.usage for turn in conversation.turns)
+    # The first answer enters history as text: the second prompt carries it plus a new utterance.
+    assert second["input_tokens"] >= first["input_tokens"] + first["output_token_details"]["text_tokens"]
+
+
+def test_hang_up_leaves_no_open_session(conversation: Conversation) -> None:
+    assert conversation.sessions_after_hang_up == 0
+
+
+async def test_offer_without_candidates_connects_as_peer_reflexive(server_url: str) -> None:
+    async with RealtimeClient(server_url, ice_loopback=True, offer_candidates=False) as client:
+        created = await client.wait_for("session.created")
+    assert created["session"]["id"]
+
+
+async def test_session_from_the_offer_applies(server_url: str) -> None:
+    session = {"type": "realtime", "instructions": "Answer in one word."}
+    async with RealtimeClient(server_url, ice_loopback=True, session=session) as client:
+        created = await client.wait_for("session.created")
+    assert created["session"]["instructions"] == "Answer in one word."
+
+
+async def test_peer_that_vanishes_without_closing_is_released(server_url: str, tmp_path: Path) -> None:
+    assert await asyncio.to_thread(wait_for_sessions, server_url, 0) == 0
+    client = subprocess.Popen(
+        [
+            sys.executable, "-m", "app.cli", "call", server_url, "--ice-loopback",
+            "--wav", str(FIXTURES / "long_story.wav"), "--out", str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        connected = await asyncio.to_thread(client.stdout.readline)
+        assert "connected" in connected
+        assert open_sessions(server_url) == 1
+    finally:
+        # SIGKILL: no DTLS close, no SCTP abort, no BYE; the peer just stops.
+        client.send_signal(signal.SIGKILL)
+        client.wait()
+        client.stdout.close()
+    assert await asyncio.to_thread(wait_for_sessions, server_url, 0) == 0
