@@ -128,7 +128,7 @@ class TurnCommitBuffer:
         params = self.params
         window_start = self._position
         self._position += window.size
-        self._chunks.append(np.asarray(window, dtype=np.float32))
+        self._chunks.append(np.array(window, dtype=np.float32))  # a copy: callers may reuse their buffer
 
         if self._state is _State.IDLE:
             if probability >= params.threshold:
