@@ -239,3 +239,18 @@ def test_detector_rejects_integer_pcm(silero: SileroVad) -> None:
     detector = VoiceActivityDetector(silero, TurnDetectionParams())
     with pytest.raises(ValueError, match="float"):
         detector.push(np.zeros(320, dtype=np.int16))
+
+
+def test_chunk_sizes_do_not_change_the_result(silero: SileroVad) -> None:
+    pcm = np.concatenate([silence(300), load_fixture("weather"), silence(800)])
+    in_frames = detect(silero, pcm)
+    detector = VoiceActivityDetector(silero, TurnDetectionParams())
+    in_odd_chunks, start = [], 0
+    for size in np.random.default_rng(0).integers(1, 2000, size=pcm.size):
+        in_odd_chunks.extend(detector.push(pcm[start : start + size]))
+        start += size
+        if start >= pcm.size:
+            break
+    assert [type(event) for event in in_odd_chunks] == [SpeechStarted, SpeechStopped, UtteranceCommitted]
+    assert in_odd_chunks[:2] == in_frames[:2]
+    np.testing.assert_array_equal(in_odd_chunks[2].pcm, in_frames[2].pcm)
