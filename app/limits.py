@@ -45,6 +45,17 @@ def check_offer_sdp(body: bytes, *, max_bytes: int) -> str:
         raise ApiError(400, f"SDP offer could not be parsed: {exc or type(exc).__name__}", code="invalid_sdp") from None
     if not description.media:
         raise ApiError(400, "SDP offer has no media sections (m= lines).", code="invalid_sdp")
+    # RFC 8843: a BUNDLE group names m= sections by their mid. aiortc trusts it and would bundle
+    # the other sections onto the transport of a missing one (None), failing later with a 500.
+    mids = {media.rtp.muxId for media in description.media}
+    for group in description.group:
+        missing = [str(mid) for mid in group.items if str(mid) not in mids]
+        if missing:
+            raise ApiError(
+                400,
+                f"SDP offer's a=group:{group.semantic} names mid {', '.join(missing)}, which no m= section has.",
+                code="invalid_sdp",
+            )
     return text
 
 

@@ -69,6 +69,14 @@ def test_garbage_offer_is_400_with_a_message(body):
     assert raised.value.message.startswith("SDP offer")
 
 
+def test_bundle_group_naming_a_missing_mid_is_400():
+    offer = OFFER.replace("a=group:BUNDLE 0", "a=group:BUNDLE 1 0")
+    with pytest.raises(ApiError) as raised:
+        check_offer_sdp(offer.encode(), max_bytes=65_536)
+    assert raised.value.status_code == 400
+    assert "mid 1" in raised.value.message
+
+
 def test_capacity_error_is_429_with_retry_after():
     error = capacity_error(4)
     assert error.status_code == 429
