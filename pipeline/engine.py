@@ -1,0 +1,362 @@
+"""Runs Qwen3-Omni turns with ``transformers`` in a separate process, one turn at a time, FIFO.
+
+The model lives in a spawned engine process (:mod:`pipeline.worker`) so that the server's
+event loop, which paces WebRTC audio every 20 ms, never waits on model compute for the GIL.
+On this side nothing blocks the loop: a reader thread hands each message from the engine
+process to the loop with ``call_soon_threadsafe`` and a writer thread sends (and pickles)
+commands. Turns from all sessions wait in one FIFO; the next one is submitted only when the
+engine process reports the previous one over (done, failed or cancelled), so queue waits are
+real. If the engine process dies, the running turn fails with ``EngineError`` and a new
+process is started for the turns still waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import itertools
+import logging
+import multiprocessing
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from pipeline import worker
+from pipeline.turn import AudioChunk, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest, TurnTimings
+
+logger = logging.getLogger(__name__)
+
+# How long a stopping engine process gets to finish its current decoding step and exit
+# before it is killed; one step of the real model takes well under a second.
+_STOP_GRACE_S = 10.0
+
+
+@dataclass(eq=False)
+class _Turn:
+    id: int
+    request: TurnRequest
+    submitted: float
+    inbox: asyncio.Queue[TurnEvent | EngineError] = field(default_factory=asyncio.Queue)
+    started: float | None = None
+    first_text: float | None = None
+    first_audio: float | None = None
+    # The consumer went away: events are dropped, but the engine stays busy until the
+    # engine process confirms the turn stopped.
+    abandoned: bool = False
+
+    def timings(self, now: float) -> TurnTimings:
+        started = self.submitted if self.started is None else self.started
+        return TurnTimings(
+            queue_wait=started - self.submitted,
+            first_text=self.first_text,
+            first_audio=self.first_audio,
+            total=now - self.submitted,
+        )
+
+
+class _EngineProcess:
+    """One spawned engine process and the two threads that talk to it."""
+
+    def __init__(self, spec: worker.WorkerSpec, loop: asyncio.AbstractEventLoop, on_message, on_exit) -> None:
+        context = multiprocessing.get_context("spawn")
+        command_reader, self._commands = context.Pipe(duplex=False)
+        self._events, event_writer = context.Pipe(duplex=False)
+        self.process = context.Process(
+            target=worker.main, args=(spec, command_reader, event_writer), name="omni-rtc-engine", daemon=True
+        )
+        self._child_ends = (command_reader, event_writer)
+        self._loop = loop
+        self._on_message = on_message
+        self._on_exit = on_exit
+        self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._reader = threading.Thread(target=self._read, name="engine-events", daemon=True)
+        self._writer = threading.Thread(target=self._write, name="engine-commands", daemon=True)
+        self.ready: asyncio.Future[worker.Ready] = loop.create_future()
+
+    def start(self) -> None:
+        """Blocking (spawning starts an interpreter): call it in a thread."""
+        self.process.start()
+        # Our copies of the child's ends must go, or a dead child would never read as EOF.
+        for end in self._child_ends:
+            end.close()
+        self._reader.start()
+        self._writer.start()
+
+    def send(self, command: worker.Submit | worker.Cancel) -> None:
+        self._outbox.put(command)
+
+    def stop(self) -> None:
+        """Closing the command pipe tells the engine process to cancel its turn and exit."""
+        self._outbox.put(None)
+
+    def join(self, grace_s: float = _STOP_GRACE_S) -> None:
+        """Blocking: stop the process (killed after ``grace_s``), wait for it and for the threads."""
+        self.stop()
+        if self.process.pid is None:  # never started
+            return
+        self.process.join(grace_s)
+        if self.process.is_alive():
+            if grace_s > 0:
+                logger.warning("engine process %s did not stop within %.0f s; killing it", self.process.pid, grace_s)
+            self.process.kill()
+            self.process.join()
+        if self._reader.is_alive():
+            self._reader.join()
+        if self._writer.is_alive():
+            self._writer.join()
+
+    def _write(self) -> None:
+        try:
+            while (command := self._outbox.get()) is not None:
+                self._commands.send(command)
+        except OSError as exc:
+            # The process died; the reader reports that, and the turn fails there.
+            logger.debug("engine command pipe broke: %s", exc)
+        finally:
+            self._commands.close()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                message = self._events.recv()
+                self._loop.call_soon_threadsafe(self._on_message, self, message)
+        except (EOFError, OSError):
+            pass
+        finally:
+            self._events.close()
+        self.process.join()
+        try:
+            self._loop.call_soon_threadsafe(self._on_exit, self, self.process.exitcode)
+        except RuntimeError:
+            logger.debug("event loop closed before engine process %s exited", self.process.pid)
+
+
+class TransformersEngine:
+    """``pipeline.turn.Engine`` backed by ``Qwen3OmniMoeForConditionalGeneration`` in its own process.
+
+    ``model`` is a checkpoint directory or a Hugging Face id. ``device`` "auto" picks CUDA when
+    present; ``dtype`` "auto" is bfloat16 on GPU, float32 on CPU. ``seed`` makes every turn
+    reproducible. ``generation`` sets ``pipeline.generation.GenerationParams`` fields for every
+    turn (chunking, ``force_output_tokens``); the request sets voice, temperature and length.
+    ``threads`` bounds torch's CPU threads in the engine process (None: torch's default).
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        seed: int | None = None,
+        generation: dict[str, Any] | None = None,
+        threads: int | None = None,
+    ) -> None:
+        path = Path(model)
+        self.name = path.name if path.is_dir() else str(model)
+        self._spec = worker.WorkerSpec(
+            model=str(model),
+            device=device,
+            dtype=dtype,
+            seed=seed,
+            generation=dict(generation or {}),
+            threads=threads,
+            log_level=logging.getLogger().getEffectiveLevel(),
+        )
+        self._process: _EngineProcess | None = None
+        self._ready: worker.Ready | None = None
+        self._waiting: collections.deque[_Turn] = collections.deque()
+        self._running: _Turn | None = None
+        self._turn_ids = itertools.count(1)
+        self._restart_task: asyncio.Task[None] | None = None
+        self._started = False
+        self._closed = False
+        self.restarts = 0
+
+    @property
+    def alive(self) -> bool:
+        """True while an engine process is loaded and running."""
+        return self._ready is not None and self._process is not None and self._process.process.is_alive()
+
+    @property
+    def queue_depth(self) -> int:
+        """Turns waiting for the model, not counting the one it is running."""
+        return len(self._waiting)
+
+    @property
+    def pid(self) -> int | None:
+        """The engine process's id while it is loaded."""
+        return self._ready.pid if self._ready is not None else None
+
+    @property
+    def device(self) -> str | None:
+        return self._ready.device if self._ready is not None else None
+
+    async def start(self) -> None:
+        """Spawn the engine process and wait until the model is loaded (raises ``EngineError`` if it fails)."""
+        if self._closed:
+            raise EngineError("the engine is closed")
+        if self._started:
+            return
+        self._started = True
+        await self._spawn()
+
+    def run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+        return self._run_turn(request)
+
+    async def _run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+        if self._closed or not self._started:
+            raise EngineError("the engine is not running; call start() first")
+        turn = _Turn(id=next(self._turn_ids), request=request, submitted=time.monotonic())
+        self._waiting.append(turn)
+        self._submit_next()
+        finished = False
+        try:
+            while True:
+                item = await turn.inbox.get()
+                if isinstance(item, EngineError):
+                    finished = True
+                    raise item
+                if isinstance(item, TurnDone):
+                    finished = True
+                    yield item
+                    return
+                yield item
+        finally:
+            if not finished:
+                self._abandon(turn)
+
+    async def close(self) -> None:
+        """Fail waiting turns, stop the engine process and its threads; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._restart_task is not None:
+            self._restart_task.cancel()
+            try:
+                await self._restart_task
+            except asyncio.CancelledError:
+                pass
+        closed = EngineError("the engine was closed")
+        for turn in self._waiting:
+            turn.inbox.put_nowait(closed)
+        self._waiting.clear()
+        if self._running is not None:
+            self._running.inbox.put_nowait(closed)
+            self._running = None
+        process, was_ready = self._process, self._ready
+        self._process = self._ready = None
+        if process is not None:
+            # A process still loading its model only notices the closed pipe once loaded.
+            await asyncio.to_thread(process.join, _STOP_GRACE_S if was_ready else 0.0)
+
+    async def _spawn(self) -> None:
+        process = _EngineProcess(self._spec, asyncio.get_running_loop(), self._on_message, self._on_exit)
+        self._process = process
+        logger.info("starting the engine process for %s", self._spec.model)
+        started = time.monotonic()
+        try:
+            await asyncio.to_thread(process.start)
+            ready = await process.ready
+        except BaseException as exc:
+            if self._process is process:
+                self._process = None
+            # After a load failure the process exits by itself; when start() is cancelled it
+            # may be deep in loading weights, which it would not interrupt for a closed pipe.
+            await asyncio.to_thread(process.join, _STOP_GRACE_S if isinstance(exc, EngineError) else 0.0)
+            raise
+        self._ready = ready
+        logger.info(
+            "engine process %d ready on %s (%s) after %.1f s",
+            ready.pid,
+            ready.device,
+            ready.dtype,
+            time.monotonic() - started,
+        )
+        self._submit_next()
+
+    def _submit_next(self) -> None:
+        if self._running is not None or not self._waiting or self._ready is None or self._process is None:
+            return
+        turn = self._waiting.popleft()
+        turn.started = time.monotonic()
+        self._running = turn
+        self._process.send(worker.Submit(turn.id, turn.request))
+
+    def _abandon(self, turn: _Turn) -> None:
+        if turn is self._running:
+            turn.abandoned = True
+            if self._process is not None:
+                self._process.send(worker.Cancel(turn.id))
+        elif turn in self._waiting:
+            self._waiting.remove(turn)
+
+    def _on_message(self, process: _EngineProcess, message: object) -> None:
+        if isinstance(message, worker.Ready):
+            if not process.ready.done():
+                process.ready.set_result(message)
+            return
+        if isinstance(message, worker.LoadFailed):
+            if not process.ready.done():
+                process.ready.set_exception(EngineError(message.message, code="engine_load_failed"))
+            return
+        turn = self._running
+        if process is not self._process:
+            logger.debug("dropping a message from a stopped engine process: %r", message)
+            return
+        if turn is None or turn.id != getattr(message, "turn_id", None):
+            logger.error("dropping an engine message for no running turn: %r", message)
+            return
+        now = time.monotonic()
+        if isinstance(message, worker.TurnFailed):
+            self._finish(turn, EngineError(message.message))
+            return
+        if not isinstance(message, worker.TurnEventMessage):
+            logger.error("dropping an unknown engine message: %r", message)
+            return
+        event = message.event
+        if isinstance(event, TextDelta) and turn.first_text is None:
+            turn.first_text = now - turn.submitted
+        elif isinstance(event, AudioChunk) and turn.first_audio is None:
+            turn.first_audio = now - turn.submitted
+        if isinstance(event, TurnDone):
+            self._finish(turn, dataclasses.replace(event, timings=turn.timings(now)))
+        elif not turn.abandoned:
+            turn.inbox.put_nowait(event)
+
+    def _finish(self, turn: _Turn, last: TurnDone | EngineError) -> None:
+        self._running = None
+        if not turn.abandoned:
+            turn.inbox.put_nowait(last)
+        self._submit_next()
+
+    def _on_exit(self, process: _EngineProcess, exitcode: int | None) -> None:
+        if process is not self._process:
+            return
+        self._process, was_ready, self._ready = None, self._ready, None
+        error = EngineError(f"the engine process exited with code {exitcode}", code="engine_died")
+        if not process.ready.done():
+            process.ready.set_exception(error)
+        if self._running is not None:
+            self._finish(self._running, error)
+        if self._closed or was_ready is None:
+            return
+        logger.error("engine process %s exited with code %s; restarting it", process.process.pid, exitcode)
+        self._restart_task = asyncio.create_task(self._restart(process), name="engine-restart")
+
+    async def _restart(self, dead: _EngineProcess) -> None:
+        await asyncio.to_thread(dead.join)
+        self.restarts += 1
+        try:
+            await self._spawn()
+        except Exception as exc:
+            logger.exception("restarting the engine process failed")
+            error = exc if isinstance(exc, EngineError) else EngineError(f"restarting the engine failed: {exc}")
+            for turn in self._waiting:
+                turn.inbox.put_nowait(error)
+            self._waiting.clear()

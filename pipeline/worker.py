@@ -1,0 +1,235 @@
+"""The engine process: loads one checkpoint and runs turns one at a time, streaming events back.
+
+``TransformersEngine`` starts :func:`main` in a spawned process so that model compute never
+holds the server's GIL. Two one-way pipes join them: commands (``Submit``, ``Cancel``) arrive
+on one and are read by a command thread while the main thread computes; events
+(``Ready``, ``TurnEventMessage``, ``TurnFailed``) go back on the other, one message per event
+as soon as it is produced. Closing the command pipe stops the process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import queue
+import signal
+import threading
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+from pipeline.turn import TurnDone, TurnEvent, TurnRequest, Usage
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything the engine process needs to load its model (picklable)."""
+
+    model: str
+    device: str = "auto"
+    dtype: str = "auto"
+    seed: int | None = None
+    # GenerationParams fields applied to every turn, e.g. {"force_output_tokens": 64}.
+    generation: dict[str, Any] = field(default_factory=dict)
+    threads: int | None = None
+    log_level: int = logging.INFO
+
+
+# Parent -> engine process.
+@dataclass(frozen=True)
+class Submit:
+    turn_id: int
+    request: TurnRequest
+
+
+@dataclass(frozen=True)
+class Cancel:
+    turn_id: int
+
+
+# Engine process -> parent.
+@dataclass(frozen=True)
+class Ready:
+    pid: int
+    device: str
+    dtype: str
+
+
+@dataclass(frozen=True)
+class LoadFailed:
+    message: str
+
+
+@dataclass(frozen=True)
+class TurnEventMessage:
+    turn_id: int
+    event: TurnEvent
+
+
+@dataclass(frozen=True)
+class TurnFailed:
+    turn_id: int
+    message: str
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def resolve_dtype(dtype: str, device: str):
+    import torch
+
+    if dtype == "auto":
+        # bfloat16 is what the checkpoint ships in and what GPUs run fast; on CPU float32
+        # matmuls are several times faster than bfloat16 ones.
+        return torch.float32 if device == "cpu" else torch.bfloat16
+    return getattr(torch, dtype)
+
+
+def main(spec: WorkerSpec, commands: Connection, events: Connection) -> None:
+    """Entry point of the engine process."""
+    # Ctrl-C reaches the whole process group; the parent decides when this process stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(
+        level=spec.log_level, format=f"%(asctime)s %(levelname)s engine[{os.getpid()}] %(name)s: %(message)s"
+    )
+    try:
+        loaded = _load(spec)
+    except Exception as exc:
+        logger.exception("loading %s failed", spec.model)
+        events.send(LoadFailed(f"loading {spec.model} failed: {type(exc).__name__}: {exc}"))
+        return
+    events.send(Ready(pid=os.getpid(), device=loaded.device, dtype=str(loaded.dtype).removeprefix("torch.")))
+    _serve(loaded, commands, events)
+
+
+@dataclass
+class _Loaded:
+    model: Any
+    tokenizer: Any
+    renderer: Any
+    base_params: Any
+    device: str
+    dtype: Any
+
+
+def _load(spec: WorkerSpec) -> _Loaded:
+    import torch
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    from pipeline.generation import GenerationParams
+    from pipeline.prompt import PromptRenderer
+    from pipeline.tokenizer import load_tokenizer
+
+    if spec.threads is not None:
+        torch.set_num_threads(spec.threads)
+    unknown = set(spec.generation) - {f.name for f in dataclasses.fields(GenerationParams)}
+    if unknown:
+        raise ValueError(f"unknown generation options {sorted(unknown)}")
+    base_params = GenerationParams(**spec.generation)
+    if spec.seed is not None:
+        base_params = dataclasses.replace(base_params, seed=spec.seed)
+
+    device = resolve_device(spec.device)
+    dtype = resolve_dtype(spec.dtype, device)
+    logger.info("loading %s on %s as %s", spec.model, device, dtype)
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(spec.model, dtype=dtype, device_map=device)
+    model.eval()
+    loaded = _Loaded(
+        model=model,
+        tokenizer=load_tokenizer(spec.model),
+        renderer=PromptRenderer.from_pretrained(spec.model),
+        base_params=base_params,
+        device=device,
+        dtype=dtype,
+    )
+    logger.info("loaded %s", spec.model)
+    return loaded
+
+
+class _Commands:
+    """Reads commands on its own thread so that a cancel lands while a turn computes."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self.submitted: queue.SimpleQueue[Submit | None] = queue.SimpleQueue()
+        self._cancelled: set[int] = set()
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="engine-commands", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def is_cancelled(self, turn_id: int) -> bool:
+        if self._closed.is_set():
+            return True
+        with self._lock:
+            return turn_id in self._cancelled
+
+    def forget(self, turn_id: int) -> None:
+        with self._lock:
+            self._cancelled.discard(turn_id)
+
+    def _read(self) -> None:
+        try:
+            while True:
+                command = self._connection.recv()
+                if isinstance(command, Submit):
+                    self.submitted.put(command)
+                elif isinstance(command, Cancel):
+                    with self._lock:
+                        self._cancelled.add(command.turn_id)
+                else:
+                    logger.error("ignoring an unknown command %r", command)
+        except (EOFError, OSError):
+            # The parent closed the pipe (or died): finish the running turn as cancelled and exit.
+            logger.info("command pipe closed; stopping")
+        finally:
+            self._closed.set()
+            self.submitted.put(None)
+
+
+def _serve(loaded: _Loaded, commands_connection: Connection, events: Connection) -> None:
+    commands = _Commands(commands_connection)
+    commands.start()
+    while (submit := commands.submitted.get()) is not None:
+        try:
+            _run_turn(loaded, submit, commands, events)
+        finally:
+            commands.forget(submit.turn_id)
+
+
+def _run_turn(loaded: _Loaded, submit: Submit, commands: _Commands, events: Connection) -> None:
+    from pipeline.generation import stream_turn
+
+    turn_id = submit.turn_id
+    if commands.is_cancelled(turn_id):
+        events.send(TurnEventMessage(turn_id, TurnDone(text="", usage=Usage(0, 0, 0), finish_reason="cancelled")))
+        return
+    request = submit.request
+    params = dataclasses.replace(
+        loaded.base_params,
+        voice=request.voice,
+        temperature=request.temperature,
+        max_output_tokens=request.max_output_tokens,
+        output_audio=request.output_audio,
+    )
+    try:
+        inputs = loaded.renderer.render(request.conversation)
+        should_stop = lambda: commands.is_cancelled(turn_id)  # noqa: E731
+        for event in stream_turn(loaded.model, loaded.tokenizer, inputs, params, should_stop):
+            events.send(TurnEventMessage(turn_id, event))
+            if isinstance(event, TurnDone):
+                return
+        raise RuntimeError("stream_turn ended without a TurnDone")
+    except Exception as exc:
+        logger.exception("turn %d failed", turn_id)
+        events.send(TurnFailed(turn_id, f"{type(exc).__name__}: {exc}"))

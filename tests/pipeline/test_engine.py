@@ -1,0 +1,180 @@
+"""TransformersEngine on the dev checkpoint, in a real engine process."""
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+from pipeline.conversation import Conversation, UserAudio, UserText
+from pipeline.engine import TransformersEngine
+from pipeline.turn import OUTPUT_SAMPLE_RATE, AudioChunk, EngineError, TextDelta, TurnDone, TurnRequest
+
+# The engine lives on the session loop, so every test here runs on it too.
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+
+# A random Talker rarely says codec EOS; 20 frames (1.6 s) bound each turn's audio.
+MAX_AUDIO_FRAMES = 20
+# Generous bound for a turn that should follow a cancelled or crashed one: hitting it means the
+# engine never freed itself, not that it was slow.
+HANG_GUARD_S = 300
+
+
+def speech() -> np.ndarray:
+    pcm, rate = soundfile.read(FIXTURES / "hello.wav", dtype="float32")
+    assert rate == 16_000
+    return pcm
+
+
+def short_request(**overrides) -> TurnRequest:
+    fields = {"conversation": Conversation(items=(UserAudio(speech()),)), "max_output_tokens": 6}
+    return TurnRequest(**(fields | overrides))
+
+
+def long_request() -> TurnRequest:
+    # Unbounded text from a random Thinker runs to the engine's 4096-token cap: minutes on CPU.
+    return TurnRequest(conversation=Conversation(items=(UserText("Tell me a long story."),)), output_audio=False)
+
+
+async def collect(engine, request):
+    return [event async for event in engine.run_turn(request)]
+
+
+@pytest.fixture(scope="module")
+async def engine(dev_model_dir):
+    engine = TransformersEngine(
+        dev_model_dir, device="cpu", seed=0, threads=1, generation={"max_audio_frames": MAX_AUDIO_FRAMES}
+    )
+    await engine.start()
+    yield engine
+    await engine.close()
+
+
+async def test_speech_turn_streams_text_and_audio_and_ends_with_done(engine):
+    events = await collect(engine, short_request())
+    deltas = [event for event in events if isinstance(event, TextDelta)]
+    chunks = [event for event in events if isinstance(event, AudioChunk)]
+    assert deltas
+    assert sum(len(chunk.pcm) for chunk in chunks) >= OUTPUT_SAMPLE_RATE // 2
+    assert isinstance(events[-1], TurnDone)
+    assert not any(isinstance(event, TurnDone) for event in events[:-1])
+
+
+async def test_text_deltas_concatenate_to_the_done_text(engine):
+    events = await collect(engine, short_request(output_audio=False))
+    assert "".join(event.text for event in events if isinstance(event, TextDelta)) == events[-1].text
+
+
+async def test_done_reports_usage_and_timings(engine):
+    done = (await collect(engine, short_request()))[-1]
+    assert done.usage.input_audio_tokens > 0
+    assert done.usage.output_audio_tokens > 0
+    assert 0 <= done.timings.queue_wait <= done.timings.first_text <= done.timings.total
+    assert done.timings.first_audio <= done.timings.total
+
+
+async def test_max_output_tokens_reaches_the_thinker(engine):
+    done = (await collect(engine, short_request(max_output_tokens=3, output_audio=False)))[-1]
+    assert done.usage.output_text_tokens <= 3
+    assert done.finish_reason == "length"
+
+
+async def test_seeded_engine_repeats_a_turn_exactly(engine):
+    first = (await collect(engine, short_request(output_audio=False)))[-1]
+    second = (await collect(engine, short_request(output_audio=False)))[-1]
+    assert first.text == second.text
+
+
+async def test_closing_the_iterator_cancels_the_turn_and_frees_the_engine(engine):
+    turn = engine.run_turn(long_request())
+    assert isinstance(await anext(turn), TextDelta)
+    await turn.aclose()
+    events = await asyncio.wait_for(collect(engine, short_request()), HANG_GUARD_S)
+    assert isinstance(events[-1], TurnDone)
+    assert engine.restarts == 0
+
+
+async def test_cancelling_the_consuming_task_cancels_the_turn(engine):
+    started = asyncio.Event()
+
+    async def consume():
+        async for _ in engine.run_turn(long_request()):
+            started.set()
+
+    task = asyncio.create_task(consume())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    events = await asyncio.wait_for(collect(engine, short_request()), HANG_GUARD_S)
+    assert isinstance(events[-1], TurnDone)
+
+
+async def test_concurrent_turns_are_served_first_in_first_out(engine):
+    order = []
+
+    async def run(name):
+        async for event in engine.run_turn(short_request()):
+            order.append(name)
+            if isinstance(event, TurnDone):
+                return event
+
+    first = asyncio.create_task(run("first"))
+    second = asyncio.create_task(run("second"))
+    await asyncio.sleep(0)
+    assert engine.queue_depth == 1
+    _, second_done = await asyncio.gather(first, second)
+    assert order == sorted(order)  # every "first" event before any "second" one
+    assert order[0] == "first"
+    assert second_done.timings.queue_wait > 0
+
+
+async def test_a_failing_turn_raises_engine_error_and_the_next_turn_works(engine):
+    # 10 samples (0.6 ms) are too short for one feature frame: rendering raises in the engine process.
+    bad = TurnRequest(conversation=Conversation(items=(UserAudio(np.zeros(10, dtype=np.float32)),)))
+    with pytest.raises(EngineError, match="ValueError"):
+        await collect(engine, bad)
+    events = await collect(engine, short_request())
+    assert isinstance(events[-1], TurnDone)
+
+
+async def test_a_killed_engine_process_fails_its_turn_and_is_restarted(engine):
+    restarts = engine.restarts
+    turn = engine.run_turn(long_request())
+    assert isinstance(await anext(turn), TextDelta)
+    os.kill(engine.pid, signal.SIGKILL)
+    with pytest.raises(EngineError) as failure:
+        async for _ in turn:
+            pass
+    assert failure.value.code == "engine_died"
+    events = await asyncio.wait_for(collect(engine, short_request()), HANG_GUARD_S)
+    assert isinstance(events[-1], TurnDone)
+    assert engine.restarts == restarts + 1
+    assert engine.alive
+
+
+async def test_close_fails_waiting_turns_and_is_safe_twice(dev_model_dir):
+    engine = TransformersEngine(dev_model_dir, device="cpu", threads=1)
+    await engine.start()
+    assert engine.alive
+    running = asyncio.create_task(collect(engine, long_request()))
+    waiting = asyncio.create_task(collect(engine, short_request()))
+    await asyncio.sleep(0)
+    await engine.close()
+    await engine.close()
+    assert not engine.alive
+    for task in (running, waiting):
+        with pytest.raises(EngineError, match="closed"):
+            await task
+
+
+async def test_unknown_generation_option_fails_start_with_a_clear_error(dev_model_dir):
+    engine = TransformersEngine(dev_model_dir, device="cpu", threads=1, generation={"no_such_option": 1})
+    with pytest.raises(EngineError, match="no_such_option"):
+        await engine.start()
+    await engine.close()
