@@ -7,16 +7,23 @@ Used by the session tests and by any test that needs a whole server without a ch
   and 0 for quiet ones, so a test can write speech as a tone and silence as zeros.
 - ``VirtualAudioOutput``: an ``AudioOutput`` that plays only when told (``play()``), with the
   listener calls of ``media.outbound.OutboundAudioTrack``.
+- ``SessionHarness``: a ``RealtimeSession`` wired to those, recording every server event.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
+
+from app.protocol import server_event_adapter
+from app.session import RealtimeSession
+from app.session_config import SessionConfig
+from pipeline.turn import Engine
 
 from pipeline.turn import (
     OUTPUT_SAMPLE_RATE,
@@ -30,6 +37,7 @@ from pipeline.turn import (
 )
 
 CODEC_FRAME_SAMPLES = 1920  # one 80 ms Code2Wav frame at 24 kHz
+INPUT_CHUNK_SAMPLES = 320  # 20 ms at 16 kHz: what the inbound WebRTC track delivers
 
 
 class ScriptedEngine:
@@ -165,3 +173,58 @@ class VirtualAudioOutput:
 
     def play_seconds(self, seconds: float) -> int:
         return self.play(int(seconds * OUTPUT_SAMPLE_RATE))
+
+
+class SessionHarness:
+    """A RealtimeSession with a ``VirtualAudioOutput``, keeping every server event it sends.
+
+    Each event is checked on the way: JSON-ready, and a known server event with its fields.
+    """
+
+    def __init__(self, engine: Engine, vad: Any = None, config: SessionConfig | None = None) -> None:
+        self.engine = engine
+        self.output = VirtualAudioOutput()
+        self.events: list[dict[str, Any]] = []
+        self._new_event = asyncio.Event()
+        self.session = RealtimeSession(
+            engine=engine, vad=vad if vad is not None else EnergyVad(), output=self.output, send=self._record,
+            config=config,
+        )
+
+    def _record(self, event: dict[str, Any]) -> None:
+        json.dumps(event)
+        server_event_adapter.validate_python(event)
+        self.events.append(event)
+        self._new_event.set()
+
+    def types(self) -> list[str]:
+        return [event["type"] for event in self.events]
+
+    def of_type(self, event_type: str) -> list[dict[str, Any]]:
+        return [event for event in self.events if event["type"] == event_type]
+
+    def last(self, event_type: str) -> dict[str, Any]:
+        return self.of_type(event_type)[-1]
+
+    def push(self, pcm: np.ndarray) -> None:
+        """16 kHz input, in the 20 ms pieces a WebRTC track delivers."""
+        for start in range(0, pcm.size, INPUT_CHUNK_SAMPLES):
+            self.session.push_audio(pcm[start : start + INPUT_CHUNK_SAMPLES])
+
+    async def send(self, **event: Any) -> None:
+        await self.session.handle_message(json.dumps(event))
+
+    async def until(self, event_type: str, count: int = 1, *, timeout_s: float = 10.0) -> dict[str, Any]:
+        """Wait until ``count`` events of ``event_type`` were sent; returns the ``count``-th."""
+        async with asyncio.timeout(timeout_s):  # a guard against hangs, not a speed limit
+            while len(self.of_type(event_type)) < count:
+                self._new_event.clear()
+                await self._new_event.wait()
+        await asyncio.sleep(0)  # let done-callbacks of finished tasks run
+        return self.of_type(event_type)[count - 1]
+
+    async def turn_done(self, count: int = 1, *, timeout_s: float = 10.0) -> dict[str, Any]:
+        """Wait for the ``count``-th ``response.done``, then play out all queued audio."""
+        done = await self.until("response.done", count, timeout_s=timeout_s)
+        self.output.play()
+        return done

@@ -8,22 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
-from typing import Any
 
 import numpy as np
 import pytest
 import pytest_asyncio
 
-from app.protocol import server_event_adapter
-from app.session import ECHO_TAIL_MS, RealtimeSession
+from app.session import ECHO_TAIL_MS
 from app.session_config import SessionConfig, TurnDetection
-from app.testing import CODEC_FRAME_SAMPLES, EnergyVad, ScriptedEngine, VirtualAudioOutput
+from app.testing import CODEC_FRAME_SAMPLES, EnergyVad, ScriptedEngine, SessionHarness
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, AssistantText, HistoryLimits, UserAudio, UserText
 from pipeline.turn import EngineError
 
 RATE = 16_000
-CHUNK = 320  # 20 ms, what the inbound WebRTC track delivers
 
 
 def tone(ms: int, amplitude: float = 0.3) -> np.ndarray:
@@ -35,52 +31,14 @@ def silence(ms: int) -> np.ndarray:
     return np.zeros(ms * RATE // 1000, dtype=np.float32)
 
 
-class Harness:
+class Harness(SessionHarness):
     def __init__(self, config: SessionConfig | None = None, reply: str = "Hello there friend") -> None:
-        self.engine = ScriptedEngine(reply)
-        self.output = VirtualAudioOutput()
-        self.events: list[dict[str, Any]] = []
-        self.session = RealtimeSession(
-            engine=self.engine, vad=EnergyVad(), output=self.output, send=self._send, config=config
-        )
-
-    def _send(self, event: dict[str, Any]) -> None:
-        json.dumps(event)  # JSON-ready
-        server_event_adapter.validate_python(event)  # a known server event with the right fields
-        self.events.append(event)
-
-    def types(self) -> list[str]:
-        return [event["type"] for event in self.events]
-
-    def of_type(self, event_type: str) -> list[dict[str, Any]]:
-        return [event for event in self.events if event["type"] == event_type]
-
-    def last(self, event_type: str) -> dict[str, Any]:
-        return self.of_type(event_type)[-1]
-
-    def push(self, pcm: np.ndarray) -> None:
-        for start in range(0, pcm.size, CHUNK):
-            self.session.push_audio(pcm[start : start + CHUNK])
+        super().__init__(ScriptedEngine(reply), EnergyVad(), config)
 
     def utter(self, speech_ms: int = 600, silence_ms: int = 700) -> None:
         """One utterance: speech then enough silence for the VAD to commit (default wait 500 ms)."""
         self.push(tone(speech_ms))
         self.push(silence(silence_ms))
-
-    async def send(self, **event: Any) -> None:
-        await self.session.handle_message(json.dumps(event))
-
-    async def until(self, event_type: str, count: int = 1) -> dict[str, Any]:
-        async with asyncio.timeout(10):  # a guard against hangs, not a speed assertion
-            while len(self.of_type(event_type)) < count:
-                await asyncio.sleep(0)
-        await asyncio.sleep(0)  # let done-callbacks of finished tasks run
-        return self.of_type(event_type)[count - 1]
-
-    async def turn_done(self, count: int = 1) -> dict[str, Any]:
-        done = await self.until("response.done", count)
-        self.output.play()
-        return done
 
 
 @pytest_asyncio.fixture(loop_scope="function")
