@@ -45,6 +45,15 @@ def check_offer_sdp(body: bytes, *, max_bytes: int) -> str:
         raise ApiError(400, f"SDP offer could not be parsed: {exc or type(exc).__name__}", code="invalid_sdp") from None
     if not description.media:
         raise ApiError(400, "SDP offer has no media sections (m= lines).", code="invalid_sdp")
+    for index, media in enumerate(description.media):
+        section = f"m={media.kind} section #{index + 1}"
+        # aiortc dereferences these without checking; WebRTC offers always carry them (RFC 8829).
+        if media.ice is None or not media.ice.usernameFragment or not media.ice.password:
+            raise ApiError(400, f"SDP offer's {section} has no a=ice-ufrag / a=ice-pwd.", code="invalid_sdp")
+        if media.dtls is None or not media.dtls.fingerprints:
+            raise ApiError(
+                400, f"SDP offer's {section} has no a=fingerprint and a=setup (DTLS).", code="invalid_sdp"
+            )
     # RFC 8843: a BUNDLE group names m= sections by their mid. aiortc trusts it and would bundle
     # the other sections onto the transport of a missing one (None), failing later with a 500.
     mids = {media.rtp.muxId for media in description.media}

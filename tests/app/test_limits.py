@@ -77,6 +77,16 @@ def test_bundle_group_naming_a_missing_mid_is_400():
     assert "mid 1" in raised.value.message
 
 
+@pytest.mark.parametrize(
+    "line", ["a=setup:actpass\r\n", "a=ice-ufrag:abcd\r\n", "a=ice-pwd:abcdefghijklmnopqrstuvwx\r\n"]
+)
+def test_offer_without_ice_or_dtls_parameters_is_400(line):
+    with pytest.raises(ApiError) as raised:
+        check_offer_sdp(OFFER.replace(line, "").encode(), max_bytes=65_536)
+    assert raised.value.status_code == 400
+    assert "m=audio section #1" in raised.value.message
+
+
 def test_capacity_error_is_429_with_retry_after():
     error = capacity_error(4)
     assert error.status_code == 429
