@@ -32,6 +32,9 @@ from pipeline.turn import AudioChunk, EngineError, TextDelta, TurnDone, TurnEven
 
 logger = logging.getLogger(__name__)
 
+# A load can fail for passing reasons (a GPU briefly full); one that fails three times in a
+# row will not succeed on its own.
+_RESTART_ATTEMPTS = 3
 # How long a stopping engine process gets to finish its current decoding step and exit
 # before it is killed; one step of the real model takes well under a second.
 _STOP_GRACE_S = 10.0
@@ -174,7 +177,6 @@ class TransformersEngine:
         self._running: _Turn | None = None
         self._turn_ids = itertools.count(1)
         self._restart_task: asyncio.Task[None] | None = None
-        self._started = False
         self._closed = False
         self.restarts = 0
 
@@ -201,17 +203,19 @@ class TransformersEngine:
         """Spawn the engine process and wait until the model is loaded (raises ``EngineError`` if it fails)."""
         if self._closed:
             raise EngineError("the engine is closed")
-        if self._started:
+        if self._process is not None:
             return
-        self._started = True
         await self._spawn()
 
     def run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
         return self._run_turn(request)
 
     async def _run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
-        if self._closed or not self._started:
-            raise EngineError("the engine is not running; call start() first")
+        if self._closed:
+            raise EngineError("the engine was closed")
+        restarting = self._restart_task is not None and not self._restart_task.done()
+        if self._process is None and not restarting:
+            raise EngineError("the engine is not running", code="engine_unavailable")
         turn = _Turn(id=next(self._turn_ids), request=request, submitted=time.monotonic())
         self._waiting.append(turn)
         self._submit_next()
@@ -352,11 +356,14 @@ class TransformersEngine:
     async def _restart(self, dead: _EngineProcess) -> None:
         await asyncio.to_thread(dead.join)
         self.restarts += 1
-        try:
-            await self._spawn()
-        except Exception as exc:
-            logger.exception("restarting the engine process failed")
-            error = exc if isinstance(exc, EngineError) else EngineError(f"restarting the engine failed: {exc}")
-            for turn in self._waiting:
-                turn.inbox.put_nowait(error)
-            self._waiting.clear()
+        for attempt in range(1, _RESTART_ATTEMPTS + 1):
+            try:
+                await self._spawn()
+                return
+            except Exception as exc:
+                logger.exception("restarting the engine process failed (attempt %d of %d)", attempt, _RESTART_ATTEMPTS)
+                error = exc if isinstance(exc, EngineError) else EngineError(f"restarting the engine failed: {exc}")
+        # Turns submitted from now on fail at once with "engine_unavailable".
+        for turn in self._waiting:
+            turn.inbox.put_nowait(error)
+        self._waiting.clear()

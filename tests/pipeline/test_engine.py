@@ -178,3 +178,11 @@ async def test_unknown_generation_option_fails_start_with_a_clear_error(dev_mode
     with pytest.raises(EngineError, match="no_such_option"):
         await engine.start()
     await engine.close()
+
+
+async def test_a_turn_on_an_engine_that_was_never_started_fails_clearly(dev_model_dir):
+    engine = TransformersEngine(dev_model_dir, device="cpu")
+    with pytest.raises(EngineError, match="not running"):
+        await collect(engine, short_request())
+    assert not engine.alive
+    await engine.close()
