@@ -54,6 +54,11 @@ def check_offer_sdp(body: bytes, *, max_bytes: int) -> str:
             raise ApiError(
                 400, f"SDP offer's {section} has no a=fingerprint and a=setup (DTLS).", code="invalid_sdp"
             )
+        # RFC 8866 makes sendrecv the default, but aiortc's answer needs the attribute spelled out.
+        if media.kind != "application" and media.direction is None:
+            raise ApiError(
+                400, f"SDP offer's {section} has no direction (a=sendrecv, a=recvonly...).", code="invalid_sdp"
+            )
     # RFC 8843: a BUNDLE group names m= sections by their mid. aiortc trusts it and would bundle
     # the other sections onto the transport of a missing one (None), failing later with a 500.
     mids = {media.rtp.muxId for media in description.media}

@@ -78,9 +78,10 @@ def test_bundle_group_naming_a_missing_mid_is_400():
 
 
 @pytest.mark.parametrize(
-    "line", ["a=setup:actpass\r\n", "a=ice-ufrag:abcd\r\n", "a=ice-pwd:abcdefghijklmnopqrstuvwx\r\n"]
+    "line",
+    ["a=setup:actpass\r\n", "a=ice-ufrag:abcd\r\n", "a=ice-pwd:abcdefghijklmnopqrstuvwx\r\n", "a=sendrecv\r\n"],
 )
-def test_offer_without_ice_or_dtls_parameters_is_400(line):
+def test_offer_without_ice_dtls_or_direction_is_400(line):
     with pytest.raises(ApiError) as raised:
         check_offer_sdp(OFFER.replace(line, "").encode(), max_bytes=65_536)
     assert raised.value.status_code == 400
