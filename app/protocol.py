@@ -230,6 +230,10 @@ def parse_client_event(raw: str | bytes) -> ClientEvent:
         data = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProtocolError("invalid_json", f"The message is not valid JSON: {exc}") from None
+    # Valid JSON that Python refuses to hold: an integer over 4300 digits (ValueError, CPython's
+    # int_max_str_digits) or nesting deeper than the recursion limit (~1000 levels).
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError("invalid_json", f"The message cannot be decoded: {exc}") from None
     if not isinstance(data, dict):
         raise ProtocolError("invalid_json", "A client event must be a JSON object.")
     event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None
