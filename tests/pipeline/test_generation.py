@@ -1,0 +1,353 @@
+"""stream_turn: the same Thinker tokens, codec frames and waveform as generate(), only sooner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import Qwen3OmniMoeForConditionalGeneration
+
+from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
+from pipeline.generation import GenerationParams, _TextStream, stream_turn
+from pipeline.prompt import PromptRenderer
+from pipeline.tokenizer import load_tokenizer
+from pipeline.turn import AudioChunk, TextDelta, TurnDone
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+SAMPLES_PER_FRAME = 1920
+IM_END, END_OF_TEXT = 151645, 151643
+# Streamed audio vs. one Code2Wav decode of the same frames: chunks decoded with 25 frames of
+# left context miss attention to older frames inside Code2Wav's 72-frame window. On the dev
+# model the difference measures ~3e-10 (samples lie in [-1, 1]); 1e-6 leaves float headroom.
+WAVEFORM_ATOL = 1e-6
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def load_model(model_dir: Path) -> Qwen3OmniMoeForConditionalGeneration:
+    return Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir).eval()
+
+
+@pytest.fixture(scope="module")
+def model(dev_model_dir):
+    return load_model(dev_model_dir)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(dev_model_dir):
+    return load_tokenizer(dev_model_dir)
+
+
+@pytest.fixture(scope="module")
+def inputs(dev_model_dir):
+    """A two-turn conversation whose current turn is spoken audio."""
+    pcm, _ = sf.read(FIXTURES / "hello.wav", dtype="float32")
+    conversation = Conversation(items=(UserText("hi there"), AssistantText("hello!"), UserAudio(pcm)))
+    return PromptRenderer.from_pretrained(dev_model_dir).render(conversation)
+
+
+def never() -> bool:
+    return False
+
+
+def run(model, tokenizer, inputs, should_stop=never, **params):
+    return list(stream_turn(model, tokenizer, inputs, GenerationParams(**params), should_stop))
+
+
+def greedy(**params):
+    return {"temperature": 0, "talker_do_sample": False, **params}
+
+
+def pcm_of(events) -> np.ndarray:
+    return np.concatenate([event.pcm for event in events if isinstance(event, AudioChunk)])
+
+
+class Recorder:
+    """Records, through hooks, what reaches the Thinker (token ids), the Talker (input
+    embeddings: codec frame plus text, per step) and Code2Wav (codes)."""
+
+    def __init__(self, model) -> None:
+        self.fed_ids: list[int] = []
+        self.talker_inputs: list[torch.Tensor] = []
+        self.code_calls: list[torch.Tensor] = []
+        self._handles = [
+            model.thinker.register_forward_pre_hook(self._on_thinker, with_kwargs=True),
+            model.talker.register_forward_pre_hook(self._on_talker, with_kwargs=True),
+            model.code2wav.register_forward_pre_hook(self._on_code2wav),
+        ]
+
+    def _on_thinker(self, module, args, kwargs):
+        self.fed_ids += kwargs["input_ids"][0].tolist()
+
+    def _on_talker(self, module, args, kwargs):
+        self.talker_inputs.append(kwargs["inputs_embeds"].clone())
+
+    def _on_code2wav(self, module, args):
+        self.code_calls.append(args[0].clone())
+
+    def streamed_codes(self, left_context: int) -> torch.Tensor:
+        """Frames in order, dropping each chunk's left context (min(decoded so far, left_context))."""
+        frames, decoded = [], 0
+        for codes in self.code_calls:
+            context = min(decoded, left_context)
+            frames.append(codes[..., context:])
+            decoded += codes.shape[-1] - context
+        return torch.cat(frames, dim=-1)
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def reference(model, inputs, *, max_tokens: int, frames: int, eos_ids: list[int]):
+    """generate() with both stages greedy: (answer ids, fed ids, codes [1, 16, F], waveform)."""
+    recorder = Recorder(model)
+    try:
+        sequences, waveform = model.generate(
+            input_ids=inputs.input_ids,
+            attention_mask=inputs.attention_mask,
+            input_features=inputs.input_features,
+            feature_attention_mask=inputs.feature_attention_mask,
+            thinker_max_new_tokens=max_tokens,
+            thinker_do_sample=False,
+            thinker_repetition_penalty=model.generation_config.repetition_penalty,
+            thinker_eos_token_id=eos_ids,
+            talker_do_sample=False,
+            talker_max_new_tokens=frames + 1,  # the last sampled code never becomes a frame
+        )
+    finally:
+        recorder.close()
+    (codes,) = recorder.code_calls  # under 300 frames generate() decodes once
+    answer = sequences[0, inputs.input_ids.shape[1] :].tolist()
+    return answer, recorder, codes, waveform.reshape(-1).numpy()
+
+
+def streamed(model, tokenizer, inputs, **params):
+    recorder = Recorder(model)
+    try:
+        events = run(model, tokenizer, inputs, **params)
+    finally:
+        recorder.close()
+    left_context = GenerationParams(**params).left_context_frames
+    return events, recorder, recorder.streamed_codes(left_context)
+
+
+def assert_same_inputs(recorder: Recorder, reference_recorder: Recorder) -> None:
+    """The same prompt and answer tokens fed to the Thinker; the same embeddings, step by step, to the Talker."""
+    assert recorder.fed_ids == reference_recorder.fed_ids
+    # generate() runs one more Talker forward at the frame limit; the code it samples is dropped.
+    assert len(reference_recorder.talker_inputs) == len(recorder.talker_inputs) + 1
+    for step, (fed, expected) in enumerate(zip(recorder.talker_inputs, reference_recorder.talker_inputs)):
+        assert fed.shape == expected.shape, step
+        torch.testing.assert_close(fed, expected, rtol=0, atol=1e-6, msg=f"talker step {step}")
+
+
+def test_greedy_stream_computes_what_generate_computes(model, tokenizer, inputs):
+    answer, ref_recorder, ref_codes, ref_wave = reference(
+        model, inputs, max_tokens=12, frames=40, eos_ids=[IM_END, END_OF_TEXT]
+    )
+    events, recorder, codes = streamed(
+        model, tokenizer, inputs, **greedy(max_output_tokens=12, max_audio_frames=40)
+    )
+    done = events[-1]
+    assert len(answer) == 12 and done.finish_reason == "length"
+    assert_same_inputs(recorder, ref_recorder)
+    assert done.text == tokenizer.decode(answer, skip_special_tokens=True)
+    assert torch.equal(codes, ref_codes)
+    wave = pcm_of(events)
+    assert wave.shape == ref_wave.shape
+    np.testing.assert_allclose(wave, ref_wave, rtol=0, atol=WAVEFORM_ATOL)
+
+
+def test_greedy_stream_matches_generate_when_the_thinker_stops_by_itself(dev_model_dir, tokenizer, inputs):
+    model = load_model(dev_model_dir)
+    plain, _, _, _ = reference(model, inputs, max_tokens=12, frames=1, eos_ids=[IM_END, END_OF_TEXT])
+    # Make the greedy answer's 6th token a stop token: the answer ends there "by itself".
+    position = next(i for i in range(5, 12) if plain[i] not in plain[:i])
+    stop_id = plain[position]
+    model.generation_config.eos_token_id = [IM_END, END_OF_TEXT, stop_id]
+    answer, ref_recorder, ref_codes, ref_wave = reference(
+        model, inputs, max_tokens=12, frames=30, eos_ids=[IM_END, END_OF_TEXT, stop_id]
+    )
+    events, recorder, codes = streamed(model, tokenizer, inputs, **greedy(max_output_tokens=12, max_audio_frames=30))
+    done = events[-1]
+    assert answer == plain[: position + 1]
+    assert done.finish_reason == "stop"
+    assert done.usage.output_text_tokens == position  # the stop token is not counted
+    assert done.text == tokenizer.decode(plain[:position], skip_special_tokens=True)
+    assert_same_inputs(recorder, ref_recorder)
+    assert torch.equal(codes, ref_codes)
+    np.testing.assert_allclose(pcm_of(events), ref_wave, rtol=0, atol=WAVEFORM_ATOL)
+
+
+def test_audio_chunks_concatenate_to_one_decode_of_all_frames(model, tokenizer, inputs):
+    events, _, codes = streamed(model, tokenizer, inputs, **greedy(max_output_tokens=4, max_audio_frames=80))
+    assert events[-1].usage.output_audio_tokens == codes.shape[-1] == 80
+    with torch.inference_mode():
+        whole = model.code2wav(codes)[0, 0].numpy()
+    wave = pcm_of(events)
+    assert wave.shape == whole.shape
+    np.testing.assert_allclose(wave, whole, rtol=0, atol=WAVEFORM_ATOL)
+
+
+def test_first_chunk_holds_four_frames_then_chunks_hold_twenty_five(model, tokenizer, inputs):
+    events, _, codes = streamed(model, tokenizer, inputs, **greedy(max_output_tokens=4, max_audio_frames=60))
+    sizes = [len(event.pcm) for event in events if isinstance(event, AudioChunk)]
+    with torch.inference_mode():
+        first = model.code2wav(codes[..., :4])[0, 0]
+    # Each chunk holds only final samples: the first lacks the few that need frame 5.
+    assert sizes[0] == len(first) < 4 * SAMPLES_PER_FRAME
+    assert sizes[1:-1] == [25 * SAMPLES_PER_FRAME] * 2
+    assert sum(sizes) == len(model.code2wav(codes)[0, 0])
+
+
+def test_exact_waveform_with_left_context_covering_code2wav_attention(model, tokenizer, inputs):
+    events, _, codes = streamed(
+        model, tokenizer, inputs, **greedy(max_output_tokens=4, max_audio_frames=80, left_context_frames=72)
+    )
+    with torch.inference_mode():
+        whole = model.code2wav(codes)[0, 0].numpy()
+    np.testing.assert_allclose(pcm_of(events), whole, rtol=0, atol=1e-9)
+
+
+def test_first_audio_arrives_while_the_thinker_is_still_writing(model, tokenizer, inputs):
+    events = run(model, tokenizer, inputs, force_output_tokens=24, max_output_tokens=24, max_audio_frames=8, seed=3)
+    first_audio = next(i for i, event in enumerate(events) if isinstance(event, AudioChunk))
+    deltas_before = sum(isinstance(event, TextDelta) for event in events[:first_audio])
+    deltas_after = sum(isinstance(event, TextDelta) for event in events[first_audio:])
+    # Lockstep: the 4th frame needs answer token 5; 19 more tokens are still to come.
+    assert 1 <= deltas_before <= 5
+    assert deltas_after >= 10
+    assert events[-1].usage.output_text_tokens == 24
+
+
+def test_force_output_tokens_keeps_the_talker_speaking_until_the_text_is_used(model, tokenizer, inputs):
+    events = run(model, tokenizer, inputs, force_output_tokens=20, max_output_tokens=20, max_audio_frames=30, seed=1)
+    done = events[-1]
+    assert done.usage.output_text_tokens == 20
+    # The text fills Talker steps 0..18; codec EOS is held until then.
+    assert done.usage.output_audio_tokens >= 19
+
+
+def test_text_only_turn_never_runs_the_talker(model, tokenizer, inputs):
+    calls = []
+    handle = model.talker.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        events = run(model, tokenizer, inputs, output_audio=False, max_output_tokens=6, seed=0)
+    finally:
+        handle.remove()
+    assert not [event for event in events if isinstance(event, AudioChunk)]
+    assert events[-1].usage.output_audio_tokens == 0
+    assert events[-1].usage.output_text_tokens == 6
+    assert calls == []
+
+
+def test_deltas_concatenate_to_the_text_and_usage_counts_the_turn(model, tokenizer, inputs):
+    events = run(model, tokenizer, inputs, max_output_tokens=10, max_audio_frames=12, seed=5)
+    done = events[-1]
+    assert isinstance(done, TurnDone) and sum(isinstance(event, TurnDone) for event in events) == 1
+    assert "".join(event.text for event in events if isinstance(event, TextDelta)) == done.text
+    assert "<|im_end|>" not in done.text
+    assert done.usage.input_text_tokens == inputs.text_tokens
+    assert done.usage.input_audio_tokens == inputs.audio_tokens
+    assert done.usage.output_text_tokens == 10
+    assert done.usage.output_audio_tokens * SAMPLES_PER_FRAME >= len(pcm_of(events)) > 0
+
+
+def test_max_output_tokens_of_one_gives_text_without_audio(model, tokenizer, inputs):
+    events = run(model, tokenizer, inputs, max_output_tokens=1, seed=0)
+    assert not [event for event in events if isinstance(event, AudioChunk)]
+    assert events[-1].finish_reason == "length"
+    assert events[-1].usage.output_text_tokens == 1
+
+
+def test_seed_makes_a_sampled_turn_reproducible(model, tokenizer, inputs):
+    first = run(model, tokenizer, inputs, temperature=0.9, max_output_tokens=8, max_audio_frames=10, seed=7)
+    again = run(model, tokenizer, inputs, temperature=0.9, max_output_tokens=8, max_audio_frames=10, seed=7)
+    other = run(model, tokenizer, inputs, temperature=0.9, max_output_tokens=8, max_audio_frames=10, seed=8)
+    assert first[-1].text == again[-1].text != other[-1].text
+    np.testing.assert_array_equal(pcm_of(first), pcm_of(again))
+
+
+def test_greedy_turn_is_reproducible_without_a_seed(model, tokenizer, inputs):
+    first = run(model, tokenizer, inputs, temperature=0, max_output_tokens=6, max_audio_frames=8)
+    torch.manual_seed(12345)  # whatever state the process is in
+    again = run(model, tokenizer, inputs, temperature=0, max_output_tokens=6, max_audio_frames=8)
+    assert first[-1].text == again[-1].text
+    np.testing.assert_array_equal(pcm_of(first), pcm_of(again))
+
+
+def test_should_stop_is_polled_every_decoding_step(model, tokenizer, inputs):
+    polls = []
+    events = run(
+        model, tokenizer, inputs, lambda: polls.append(1) or False, max_output_tokens=8, max_audio_frames=12, seed=2
+    )
+    usage = events[-1].usage
+    assert len(polls) >= 1 + usage.output_text_tokens + usage.output_audio_tokens
+
+
+def test_cancel_while_the_thinker_writes_ends_the_turn_at_once(model, tokenizer, inputs):
+    stop = False
+    turn = stream_turn(model, tokenizer, inputs, GenerationParams(max_output_tokens=50, seed=0), lambda: stop)
+    seen = []
+    for event in turn:
+        seen.append(event)
+        if isinstance(event, TextDelta):
+            stop = True
+    done = seen[-1]
+    assert done.finish_reason == "cancelled"
+    assert done.usage.output_text_tokens == 1
+    assert not [event for event in seen if isinstance(event, AudioChunk)]
+
+
+def test_cancel_while_speaking_ends_the_turn_at_once(model, tokenizer, inputs):
+    stop = False
+    turn = stream_turn(
+        model, tokenizer, inputs, GenerationParams(max_output_tokens=3, max_audio_frames=200, seed=0), lambda: stop
+    )
+    seen = []
+    for event in turn:
+        seen.append(event)
+        if isinstance(event, AudioChunk):
+            stop = True
+    chunks = [event for event in seen if isinstance(event, AudioChunk)]
+    assert len(chunks) == 1 and isinstance(seen[-1], TurnDone)
+    assert seen[-1].finish_reason == "cancelled"
+    assert seen[-1].usage.output_audio_tokens == 4  # no Talker step after the first chunk
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"voice": "bob"},
+        {"max_output_tokens": 0},
+        {"force_output_tokens": 0},
+        {"first_chunk_frames": 0},
+        {"chunk_frames": 0},
+        {"left_context_frames": 0},
+        {"max_audio_frames": 0},
+    ],
+)
+def test_bad_generation_params_are_refused(bad):
+    with pytest.raises(ValueError):
+        GenerationParams(**bad)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("aé ü你好世界🙂👍🏽\nß€")), max_size=40))
+def test_text_stream_emits_only_whole_characters(tokenizer, text):
+    stream = _TextStream(tokenizer)
+    deltas = [stream.push(token) for token in tokenizer.encode(text)] + [stream.flush()]
+    assert all("\ufffd" not in delta for delta in deltas)
+    assert "".join(deltas) == text == stream.text
