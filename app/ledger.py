@@ -2,10 +2,13 @@
 
 The output (``media.outbound.OutboundAudioTrack`` or any ``AudioOutput``) counts
 ``played_samples``: 24 kHz samples of queued audio actually sent, cumulatively. The session
-writes each response's audio in order, one response at a time, so every item's audio is one
-contiguous stretch of that clock: ``[start, start + written)``. What has been heard of an item
-is then ``played_samples - start``, clamped, and after a ``clear()`` (which drops unplayed
-audio) whatever had been heard at that moment.
+writes each response's audio in order, one response at a time, so the audio of an item that
+is queued now is one contiguous stretch of that clock, ``[segment_start, segment_start +
+segment_written)``, and what has been heard of it is ``played_samples - segment_start``,
+clamped. When the output runs dry (``drained``), everything written so far has been played,
+whatever the clock says: the outbound track resamples 24 → 48 kHz and its count may differ
+from what was written by a sample or two. A ``clear()`` drops unplayed audio (``cut``): each
+item keeps what had been heard at that moment.
 """
 
 from __future__ import annotations
@@ -19,18 +22,28 @@ class Playback:
 
     item_id: str
     response_id: str
-    start: int  # output clock position of the item's first sample
-    written: int = 0  # samples queued so far
+    heard_before: int = 0  # samples played out before the output last ran dry
+    segment_start: int | None = None  # clock position of the first sample queued since then
+    segment_written: int = 0  # samples queued since the output last ran dry
     complete: bool = False  # the response has finished writing
-    limit: int | None = None  # samples that count after a cut or a client truncate
+    limit: int | None = None  # samples that count, after a cut or a client truncate
 
     @property
-    def end(self) -> int:
-        return self.start + self.written
+    def written(self) -> int:
+        return self.heard_before + self.segment_written
 
     def heard(self, played_samples: int) -> int:
-        heard = min(max(played_samples - self.start, 0), self.written)
+        segment = 0
+        if self.segment_start is not None:
+            segment = min(max(played_samples - self.segment_start, 0), self.segment_written)
+        heard = self.heard_before + segment
         return heard if self.limit is None else min(heard, self.limit)
+
+    def finished(self, played_samples: int) -> bool:
+        """All written, and all of it played."""
+        if not self.complete:
+            return False
+        return self.segment_start is None or played_samples >= self.segment_start + self.segment_written
 
 
 class PlaybackLedger:
@@ -53,11 +66,11 @@ class PlaybackLedger:
         """Record ``samples`` more of ``item_id``'s audio, queued right after everything before it."""
         playback = self._open.get(item_id)
         if playback is None:
-            # An idle output has played everything queued: both positions agree then.
-            playback = Playback(item_id, response_id, start=max(self._queue_end, played_samples))
-            self._open[item_id] = playback
-            self._queue_end = playback.start
-        playback.written += samples
+            playback = self._open[item_id] = Playback(item_id, response_id)
+        if playback.segment_start is None:
+            playback.segment_start = max(self._queue_end, played_samples)
+            self._queue_end = playback.segment_start
+        playback.segment_written += samples
         self._queue_end += samples
         return playback
 
@@ -66,6 +79,14 @@ class PlaybackLedger:
         playback = self._open.get(item_id)
         if playback is not None:
             playback.complete = True
+
+    def drained(self, played_samples: int) -> None:
+        """The output ran dry: everything written so far has been played."""
+        for playback in self._open.values():
+            playback.heard_before += playback.segment_written
+            playback.segment_written = 0
+            playback.segment_start = None
+        self._queue_end = played_samples
 
     def cut(self, played_samples: int) -> list[Playback]:
         """The output dropped everything unplayed: each open item keeps what was heard; all close."""
@@ -79,7 +100,7 @@ class PlaybackLedger:
 
     def pop_finished(self, played_samples: int) -> list[Playback]:
         """Items whose response has finished and whose audio has all been played, oldest first."""
-        finished = [p for p in self._open.values() if p.complete and played_samples >= p.end]
+        finished = [playback for playback in self._open.values() if playback.finished(played_samples)]
         for playback in finished:
             del self._open[playback.item_id]
         return finished

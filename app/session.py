@@ -319,6 +319,7 @@ class RealtimeSession:
         self._ledger = PlaybackLedger()
         self._speaking_response_id: str | None = None  # output_audio_buffer.started sent
         self._last_response_id: str | None = None
+        self._clearing = False  # inside output.clear(), whose stop callback is not a drain
         self._closed = False
         self._close_lock = asyncio.Lock()
         output.set_listener(self)
@@ -400,8 +401,10 @@ class RealtimeSession:
             self._emit(OutputAudioBufferStartedEvent(response_id=playback.response_id))
 
     def on_playback_stopped(self) -> None:
-        if not self._closed:
-            self._settle_playback()
+        if self._closed or self._clearing:
+            return  # a clear is accounted for by _clear_output itself
+        self._ledger.drained(self._output.played_samples)
+        self._settle_playback()
 
     # -- client events ---------------------------------------------------------------------
 
@@ -977,7 +980,11 @@ class RealtimeSession:
     def _clear_output(self, *, always_announce: bool) -> None:
         """Drop unplayed audio; items keep what was heard (``conversation.item.truncated``)."""
         had_audio = len(self._ledger) > 0
-        self._output.clear()
+        self._clearing = True
+        try:
+            self._output.clear()
+        finally:
+            self._clearing = False
         played = self._output.played_samples
         cut = self._ledger.cut(played)
         response_id = cut[0].response_id if cut else self._last_response_id
