@@ -40,8 +40,9 @@ def check_offer_sdp(body: bytes, *, max_bytes: int) -> str:
     try:
         description = aiortc_sdp.SessionDescription.parse(text)
     # aiortc's parser signals malformed lines with whatever its unpacking hits (ValueError,
-    # AssertionError, IndexError, KeyError); all of them mean the same to the client.
-    except (ValueError, AssertionError, IndexError, KeyError, TypeError) as exc:
+    # AssertionError, IndexError, KeyError, StopIteration for an a=fmtp without its a=rtpmap...);
+    # on untrusted input every one of them means the same: the offer is malformed.
+    except Exception as exc:
         raise ApiError(400, f"SDP offer could not be parsed: {exc or type(exc).__name__}", code="invalid_sdp") from None
     if not description.media:
         raise ApiError(400, "SDP offer has no media sections (m= lines).", code="invalid_sdp")

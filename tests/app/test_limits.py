@@ -59,6 +59,7 @@ def test_offer_over_the_limit_is_413():
         b"v=0\r\n",
         b"v=0\r\nm=audio x UDP/TLS/RTP/SAVPF 111\r\n",
         b"v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=rtpmap:111\r\n",
+        b"v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=fmtp:111 minptime=10\r\n",  # fmtp without rtpmap
     ],
 )
 def test_garbage_offer_is_400_with_a_message(body):
