@@ -510,6 +510,13 @@ class InputAudioBufferCommittedEvent(_ServerEventBase):
     previous_item_id: str | None
 
 
+class InputAudioBufferTimeoutTriggeredEvent(_ServerEventBase):
+    type: Literal["input_audio_buffer.timeout_triggered"] = "input_audio_buffer.timeout_triggered"
+    audio_start_ms: int
+    audio_end_ms: int
+    item_id: str
+
+
 class InputAudioBufferClearedEvent(_ServerEventBase):
     type: Literal["input_audio_buffer.cleared"] = "input_audio_buffer.cleared"
 
@@ -627,6 +634,7 @@ ServerEvent = Annotated[
     | InputAudioBufferSpeechStoppedEvent
     | InputAudioBufferCommittedEvent
     | InputAudioBufferClearedEvent
+    | InputAudioBufferTimeoutTriggeredEvent
     | ConversationItemAddedEvent
     | ConversationItemDoneEvent
     | ConversationItemTruncatedEvent

@@ -53,6 +53,7 @@ from app.protocol import (
     InputAudioBufferCommittedEvent,
     InputAudioBufferSpeechStartedEvent,
     InputAudioBufferSpeechStoppedEvent,
+    InputAudioBufferTimeoutTriggeredEvent,
     InputAudioContent,
     InputTextContent,
     InputTokenDetails,
@@ -141,6 +142,8 @@ ECHO_TAIL_MS = 400
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less than 100 ms of audio
 # Manual mode keeps at most this much uncommitted input audio (the oldest is dropped).
 MAX_MANUAL_BUFFER_MS = 60_000
+# What an idle user "said" when idle_timeout_ms triggers a response: a second of silence.
+IDLE_CLIP_MS = 1_000
 # User items not yet answered (created without a response) kept before the oldest is dropped.
 MAX_UNANSWERED_ITEMS = 16
 
@@ -314,6 +317,7 @@ class RealtimeSession:
         # Half-duplex: input is not acted on while this is set (see ECHO_TAIL_MS).
         self._deaf = False
         self._deaf_until_sample: int | None = None  # when listening may resume, once idle
+        self._idle_since_sample: int | None = None  # the assistant's audio ended here (idle_timeout_ms)
         self._response: _Response | None = None  # generating, or queued behind a cancelling one
         self._tasks: set[asyncio.Task[None]] = set()
         self._ledger = PlaybackLedger()
@@ -366,6 +370,7 @@ class RealtimeSession:
             elif isinstance(event, UtteranceCommitted):
                 self._on_utterance_committed(event, turn_detection)
         self._maybe_listen_again()
+        self._maybe_time_out(turn_detection)
 
     async def close(self) -> None:
         """Cancel the running response and await every task; safe to call twice."""
@@ -690,6 +695,7 @@ class RealtimeSession:
 
     def _on_speech_started(self, event: SpeechStarted, turn_detection: TurnDetection) -> None:
         self._user_speaking = True
+        self._idle_since_sample = None
         if self._deaf:
             return
         self._speech_item_id = new_id("item")
@@ -718,23 +724,50 @@ class RealtimeSession:
             logger.info("session %s: utterance %s committed while %s is responding; not answering it",
                         self.session_id, item_id, self._response.id)
             return
-        config = self._config
-        # The VAD committed when the silence wait ended; the input stream is there now (give or
+        # The VAD committed when the silence wait ended: the input stream is there now (give or
         # take the rest of this chunk, <= 20 ms from WebRTC).
         silence_wait_ms = 0.0 if event.forced else float(turn_detection.silence_duration_ms)
-        self._start_response(
-            _Response(
-                id=new_id("resp"),
-                modality=config.output_modality,
-                voice=config.voice,
-                temperature=config.temperature,
-                max_output_tokens=config.max_output_tokens,
-                instructions=config.instructions,
-                metadata=None,
-                started_at=committed_at,
-                silence_wait_ms=silence_wait_ms,
+        self._start_response(self._session_response(committed_at, silence_wait_ms))
+
+    def _session_response(self, started_at: float, silence_wait_ms: float = 0.0) -> _Response:
+        """A response the server starts by itself, with the session's settings."""
+        config = self._config
+        return _Response(
+            id=new_id("resp"),
+            modality=config.output_modality,
+            voice=config.voice,
+            temperature=config.temperature,
+            max_output_tokens=config.max_output_tokens,
+            instructions=config.instructions,
+            metadata=None,
+            started_at=started_at,
+            silence_wait_ms=silence_wait_ms,
+        )
+
+    def _maybe_time_out(self, turn_detection: TurnDetection) -> None:
+        """idle_timeout_ms: no speech for that long after the assistant's audio ended prompts a response.
+
+        Time is counted in input audio (WebRTC delivers 20 ms frames even from a muted mic), so
+        it needs no timer task and is exact in tests.
+        """
+        timeout_ms = turn_detection.idle_timeout_ms
+        idle_since = self._idle_since_sample
+        if timeout_ms is None or idle_since is None or self._busy() or self._user_speaking:
+            return
+        if self._input_samples - idle_since < timeout_ms * INPUT_SAMPLE_RATE // 1000:
+            return
+        self._idle_since_sample = None
+        item_id = new_id("item")
+        self._emit(
+            InputAudioBufferTimeoutTriggeredEvent(
+                audio_start_ms=idle_since * 1000 // INPUT_SAMPLE_RATE,
+                audio_end_ms=self._input_samples * 1000 // INPUT_SAMPLE_RATE,
+                item_id=item_id,
             )
         )
+        self._commit_user_audio(item_id, np.zeros(IDLE_CLIP_MS * INPUT_SAMPLE_RATE // 1000, dtype=np.float32))
+        if turn_detection.create_response and self._response is None:
+            self._start_response(self._session_response(time.monotonic()))
 
     def _commit_user_audio(self, item_id: str, pcm: np.ndarray) -> None:
         previous_id = self._entries[-1].id if self._entries else None
@@ -766,6 +799,7 @@ class RealtimeSession:
 
     def _on_idle(self) -> None:
         """The assistant has finished speaking (or answering without audio)."""
+        self._idle_since_sample = self._input_samples
         if self._deaf:
             self._deaf_until_sample = self._input_samples + ECHO_TAIL_MS * INPUT_SAMPLE_RATE // 1000
 
@@ -775,6 +809,7 @@ class RealtimeSession:
         previous = self._response.task if self._response is not None else None
         self._response = response
         self._last_response_id = response.id
+        self._idle_since_sample = None
         turn_detection = self._config.turn_detection
         if turn_detection is not None and not turn_detection.interrupt_response:
             self._deaf = True

@@ -60,7 +60,8 @@ class TurnDetection:
     # Half-duplex by default: with speakers (no headset) the assistant's own voice reaches the
     # microphone, and barge-in would let it interrupt itself.
     interrupt_response: bool = False
-    idle_timeout_ms: int | None = None  # accepted and reflected; no idle-timeout responses yet
+    # No speech for this long after the assistant's audio ended: the server prompts a response.
+    idle_timeout_ms: int | None = None
 
 
 @dataclass(frozen=True)

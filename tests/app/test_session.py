@@ -668,3 +668,54 @@ async def test_200_short_turns_leave_per_session_structures_bounded():
     last_request = h.engine.requests[-1].conversation.items
     assert [type(item) for item in last_request] == [UserAudio, AssistantText, UserAudio, AssistantText, UserAudio]
     await h.session.close()
+
+
+async def test_idle_timeout_prompts_a_response_after_the_answer_has_played():
+    h = await started(SessionConfig(turn_detection=TurnDetection(idle_timeout_ms=5_000)))
+    h.push(silence(6_000))  # no answer yet: nothing to time out from
+    assert "input_audio_buffer.timeout_triggered" not in h.types()
+    h.utter()
+    await h.turn_done()
+    played_out_ms = 6_000 + 600 + 700  # all input so far: the answer played out after it
+    h.push(silence(4_900))
+    assert "input_audio_buffer.timeout_triggered" not in h.types()
+    h.push(silence(200))
+    await h.turn_done(2)
+
+    triggered = h.last("input_audio_buffer.timeout_triggered")
+    assert triggered["audio_start_ms"] == played_out_ms
+    assert triggered["audio_end_ms"] - triggered["audio_start_ms"] >= 5_000
+    assert h.types()[h.types().index("input_audio_buffer.timeout_triggered") + 1:][:4] == [
+        "input_audio_buffer.committed", "conversation.item.added", "conversation.item.done", "response.created"]
+    assert h.last("input_audio_buffer.committed")["item_id"] == triggered["item_id"]
+    idle_clip = h.engine.requests[1].conversation.items[-1]
+    assert isinstance(idle_clip, UserAudio) and not idle_clip.pcm.any()
+    await h.session.close()
+
+
+async def test_speech_resets_the_idle_timeout():
+    h = await started(SessionConfig(turn_detection=TurnDetection(idle_timeout_ms=5_000, create_response=False)))
+    await h.send(type="response.create")
+    await h.turn_done()
+    h.push(silence(3_000))
+    h.utter()  # committed, not answered (create_response false): the user is there
+    h.push(silence(4_000))
+
+    assert "input_audio_buffer.timeout_triggered" not in h.types()
+    await h.session.close()
+
+
+async def test_a_whole_barge_in_utterance_in_one_push_waits_for_the_cancelled_response():
+    h = await started(SessionConfig(turn_detection=TurnDetection(interrupt_response=True)))
+    h.engine.hold = asyncio.Event()
+    h.utter()
+    await h.until("response.output_audio_transcript.delta")
+    h.engine.hold = None
+    h.session.push_audio(np.concatenate([tone(600), silence(700)]))  # speech start and commit at once
+    await h.turn_done(2)
+
+    types = h.types()
+    second_created = [i for i, t in enumerate(types) if t == "response.created"][1]
+    assert types.index("response.done") < second_created
+    assert [d["response"]["status"] for d in h.of_type("response.done")] == ["cancelled", "completed"]
+    await h.session.close()
