@@ -67,7 +67,7 @@ GREEDY_TURN_SEED = 0
 _TALKER_SAMPLING_DEFAULTS = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05}
 # generate() suppresses the top 1024 talker ids (special codec tokens) except codec EOS.
 _TALKER_SUPPRESSED_SPAN = 1024
-# generate()'s code predictor sampling (prepare_inputs_for_generation of the talker).
+# generate()'s code predictor sampling (the talker's prepare_inputs_for_generation).
 _CODE_PREDICTOR_TOP_K = 50
 _CODE_PREDICTOR_TOP_P = 0.8
 
@@ -379,6 +379,15 @@ class _TalkerDecoder:
             device=self._device,
             **sampling,
         )
+        # generate() samples the code predictor with top-k 50 / top-p 0.8 whenever the talker samples.
+        self._predictor_processors = _sampling_processors(
+            do_sample=self._do_sample,
+            temperature=None,
+            top_k=_CODE_PREDICTOR_TOP_K,
+            top_p=_CODE_PREDICTOR_TOP_P,
+            repetition_penalty=None,
+            device=self._device,
+        )
         # Benchmarks force long answers from random weights; keep the Talker from stopping
         # before it has spoken them (until it has consumed the <tts_eos> entry).
         self._hold_eos = params.force_output_tokens is not None
@@ -478,29 +487,14 @@ class _TalkerDecoder:
         with torch.inference_mode():
             last_code = self._generated[:, -1:]
             last_code_embed = talker.get_input_embeddings()(last_code)
-            predictor_kwargs = {"do_sample": self._do_sample}
-            if self._do_sample:
-                predictor_kwargs.update(top_k=_CODE_PREDICTOR_TOP_K, top_p=_CODE_PREDICTOR_TOP_P)
-            predicted = talker.code_predictor.generate(
-                inputs_embeds=torch.cat((self._last_hidden, last_code_embed), dim=1),
-                max_new_tokens=self._num_code_groups - 1,
-                output_hidden_states=True,
-                return_dict_in_generate=True,
-                **predictor_kwargs,
-            )
-            frame = torch.cat((last_code, predicted.sequences.to(self._device)), dim=-1)[0]
+            residual_codes, residual_embeds = self._predict_residual_codes(last_code_embed)
+            frame = torch.cat((last_code, residual_codes), dim=-1)[0]
             step = self.frames
             self.frames += 1
             if self.frames >= self._max_frames:
                 self.finished = True
                 return frame
-            residual_embeds = [hidden[0].to(self._device) for hidden in predicted.hidden_states[1:]]
-            last_residual_embed = talker.code_predictor.get_input_embeddings()[-1](
-                predicted.sequences[..., -1:]
-            ).to(self._device)
-            inputs_embeds = torch.cat([last_code_embed, *residual_embeds, last_residual_embed], dim=1).sum(
-                1, keepdim=True
-            )
+            inputs_embeds = torch.cat([last_code_embed, residual_embeds], dim=1).sum(1, keepdim=True)
             text_embed = self._trailing[step] if step < len(self._trailing) else self._tts_pad
             inputs_embeds = inputs_embeds + text_embed
             self._attention_mask = torch.cat([self._attention_mask, self._attention_mask.new_ones((1, 1))], dim=-1)
@@ -516,6 +510,27 @@ class _TalkerDecoder:
             )
         self._absorb(output, text_consumed_through=step)
         return frame
+
+    def _predict_residual_codes(self, last_code_embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The code predictor's 15 residual codes ([1, 15]) and their embeddings ([1, 15, hidden]).
+
+        What generate()'s ``code_predictor.generate(...)`` computes, as a plain loop: a
+        two-position prefill (last talker hidden state, first-layer code), then one code per
+        step, code ``k`` embedded by embedding table ``k - 1`` and scored by head ``k``.
+        """
+        predictor = self._talker.code_predictor
+        embeddings = predictor.get_input_embeddings()
+        output = predictor(inputs_embeds=torch.cat((self._last_hidden, last_code_embed), dim=1), use_cache=True)
+        codes = torch.empty((1, 0), dtype=torch.long, device=self._device)
+        residual_embeds = []
+        for group in range(1, self._num_code_groups):
+            scores = self._predictor_processors(codes, output.logits[:, -1, :].to(torch.float32))
+            code = _choose(scores, self._do_sample)
+            codes = torch.cat([codes, code], dim=-1)
+            residual_embeds.append(embeddings[group - 1](code))
+            if group < self._num_code_groups - 1:
+                output = predictor(input_ids=code, cache=output.cache, use_cache=True, generation_steps=group)
+        return codes, torch.cat(residual_embeds, dim=1)
 
     def _absorb(self, output, *, text_consumed_through: int = -1) -> None:
         """Keep the cache and last hidden state; sample the next first-layer code."""
