@@ -1,0 +1,177 @@
+"""Faults: what the server does when a peer, the engine or its process misbehaves.
+
+Two kinds of server here: the whole app in this process under uvicorn on 127.0.0.1 with a
+scripted engine (so a test can stall it, and see what it was asked and what was cancelled),
+and the shared dev-model server of ``conftest.py`` (for the engine process itself).
+Covered elsewhere and not repeated: a peer killed outright (test_webrtc), the paced track's
+clock through stalls (tests/media/test_outbound), engine errors in a session
+(tests/app/test_session), shutdown closing calls (tests/app/test_server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+import uvicorn
+
+from app.client import RealtimeClient
+from app.config import Settings
+from app.server import create_app
+from app.testing import ScriptedEngine
+from tests.e2e.conftest import free_port, get_json, wait_for_sessions
+
+pytestmark = pytest.mark.e2e
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+DEADLINE_S = 60.0  # a guard against hangs, not a speed limit
+
+
+@contextlib.asynccontextmanager
+async def serving(engine: Any, **overrides: Any) -> AsyncIterator[str]:
+    """The app with ``engine`` under uvicorn on 127.0.0.1; yields its base URL."""
+    port = free_port()
+    settings = Settings(port=port, ice_loopback=True, **overrides)
+    config = uvicorn.Config(create_app(settings, engine=engine), host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(), name="uvicorn")
+    try:
+        async with asyncio.timeout(DEADLINE_S):
+            while not server.started:
+                if task.done():
+                    task.result()  # start-up failed: raise its error
+                await asyncio.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def text_turn(client: RealtimeClient, text: str) -> dict[str, Any]:
+    """Asks for a response to ``text``; returns its response.done."""
+    start = len(client.events)
+    await client.send(
+        {"type": "conversation.item.create",
+         "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}
+    )
+    await client.send({"type": "response.create"})
+    return await client.wait_for("response.done", start=start, timeout_s=DEADLINE_S)
+
+
+async def test_stalled_engine_fails_the_response_and_the_session_serves_the_next_turn():
+    engine = ScriptedEngine("one two three")
+    engine.hold = asyncio.Event()  # every turn stops after its first word until released
+    async with serving(engine, turn_stall_timeout_s=0.5) as url:
+        async with RealtimeClient(url, ice_loopback=True, timeout_s=DEADLINE_S) as client:
+            stalled = await text_turn(client, "hello?")
+            engine.hold = None
+            served = await text_turn(client, "hello again?")
+    assert stalled["response"]["status"] == "failed"
+    assert stalled["response"]["status_details"]["error"]["code"] == "engine_timeout"
+    assert engine.cancelled_turns == 1  # the stalled turn was cancelled in the engine
+    assert served["response"]["status"] == "completed"
+
+
+async def test_stall_is_reported_as_an_error_event_too():
+    engine = ScriptedEngine("one two")
+    engine.hold = asyncio.Event()
+    async with serving(engine, turn_stall_timeout_s=0.3) as url:
+        async with RealtimeClient(url, ice_loopback=True, timeout_s=DEADLINE_S) as client:
+            await text_turn(client, "hello?")
+            error = await client.wait_for("error", timeout_s=DEADLINE_S)
+    assert error["error"]["code"] == "engine_timeout"
+
+
+async def test_peer_frozen_mid_response_is_released_and_its_engine_turn_cancelled(tmp_path: Path):
+    engine = ScriptedEngine("a long answer")
+    engine.hold = asyncio.Event()  # the answer is still being generated when the peer freezes
+    async with serving(engine, disconnect_timeout_s=1.0) as url:
+        caller = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "call", url, "--ice-loopback",
+             "--wav", str(FIXTURES / "hello.wav"), "--out", str(tmp_path)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        try:
+            async with asyncio.timeout(DEADLINE_S):
+                assert "connected" in await asyncio.to_thread(caller.stdout.readline)
+                while not engine.requests:  # the VAD heard the utterance; the turn is running
+                    await asyncio.sleep(0.05)
+            # SIGSTOP: a frozen tab or a dropped network. No close, no BYE, no more packets.
+            caller.send_signal(signal.SIGSTOP)
+            sessions = await asyncio.to_thread(wait_for_sessions, url, 0, deadline_s=DEADLINE_S)
+        finally:
+            caller.kill()
+            caller.wait()
+            caller.stdout.close()
+    assert sessions == 0
+    assert engine.cancelled_turns == 1
+
+
+class DeadEngine(ScriptedEngine):
+    """An engine whose process has died and is being restarted."""
+
+    alive = False
+    restarts = 2
+    queue_depth = 0
+
+
+async def test_healthz_reports_a_dead_engine_as_degraded_with_its_restarts():
+    app = create_app(Settings(ice_loopback=True), engine=DeadEngine())
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            response = await http.get("/healthz")
+    assert response.status_code == 503
+    assert response.json()["status"] == "degraded"
+    assert response.json()["engine"]["restarts"] == 2
+
+
+def engine_processes(server_url: str) -> list[psutil.Process]:
+    """The dev-model server's engine process(es): spawned children of the serving process."""
+    port = server_url.rsplit(":", 1)[1]
+    servers = [
+        process for process in psutil.Process().children(recursive=True)
+        if "serve" in process.cmdline() and port in process.cmdline()
+    ]
+    assert len(servers) == 1, servers
+    return [child for child in servers[0].children() if any("spawn_main" in part for part in child.cmdline())]
+
+
+def wait_for_health(server_url: str, restarts: int) -> dict[str, Any]:
+    give_up = time.monotonic() + 180.0  # the model reloads on 2 shared cores
+    while True:
+        try:
+            health = get_json(f"{server_url}/healthz")
+        except OSError:  # urllib raises HTTPError (an OSError) on the 503 while restarting
+            health = {}
+        if health.get("status") == "ok" and health["engine"]["restarts"] >= restarts:
+            return health
+        if time.monotonic() > give_up:
+            return health
+        time.sleep(0.5)
+
+
+async def test_killed_engine_process_is_restarted_and_reported(server_url: str):
+    before = get_json(f"{server_url}/healthz")["engine"]["restarts"]
+    [engine] = engine_processes(server_url)
+    engine.kill()
+    engine.wait(timeout=30)
+    health = await asyncio.to_thread(wait_for_health, server_url, before + 1)
+    assert health.get("status") == "ok", health
+    assert health["engine"]["restarts"] == before + 1
+    [restarted] = engine_processes(server_url)
+    assert restarted.pid != engine.pid
+    async with RealtimeClient(server_url, ice_loopback=True, timeout_s=120.0) as client:
+        await client.send({"type": "session.update", "session": {"output_modalities": ["text"], "max_output_tokens": 8}})
+        done = await text_turn(client, "still there?")
+    assert done["response"]["status"] in ("completed", "incomplete")
