@@ -168,6 +168,7 @@ class ResponseCreateParams(_ClientModel):
     voice: str | None = None  # beta name
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     conversation: Literal["auto"] | None = None  # out-of-band ("none") responses are not supported
+    input: list[Any] | None = None  # a custom context: rejected by the session
     metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(default=None, max_length=16)
     tools: list[Any] | None = None  # accepted and ignored: no tool calling
     tool_choice: Any = None

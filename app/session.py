@@ -349,6 +349,10 @@ class RealtimeSession:
             await self._dispatch(event)
         except ProtocolError as exc:
             self._emit(exc.to_event() if exc.event_id else exc.for_event(event_id).to_event())
+        except Exception as exc:  # a bug of ours: the client hears of it, the session goes on
+            logger.exception("session %s: handling a client event failed", self.session_id)
+            error = ProtocolError("server_error", f"{type(exc).__name__}: {exc}", event_id=event_id, type="server_error")
+            self._emit(error.to_event())
 
     def push_audio(self, pcm: np.ndarray) -> None:
         """16 kHz float32 mono input (from the inbound track); runs the VAD inline, never awaits."""
@@ -637,38 +641,29 @@ class RealtimeSession:
                 f"Conversation already has an active response in progress: {self._response.id}. "
                 "Wait until the response is finished before creating a new one.",
             )
+        response = self._session_response(time.monotonic())
         params = event.response
-        config = self._config
-        modality, voice = config.output_modality, config.voice
-        temperature, max_tokens, instructions = config.temperature, config.max_output_tokens, config.instructions
-        metadata = None
         if params is not None:
+            if params.input is not None:
+                raise ProtocolError(
+                    "invalid_value", "Responses always use the session's conversation; 'input' is not supported.",
+                    param="response.input",
+                )
             modalities = params.output_modalities or params.modalities
             if modalities:
-                modality = "audio" if "audio" in modalities else "text"
-            requested_voice = params.audio.output.voice if params.audio and params.audio.output else params.voice
-            if requested_voice is not None:
-                voice = read_voice(requested_voice, "response.audio.output.voice", voice)
+                response.modality = "audio" if "audio" in modalities else "text"
+            voice = params.audio.output.voice if params.audio and params.audio.output else params.voice
+            if voice is not None:
+                response.voice = read_voice(voice, "response.audio.output.voice", response.voice)
             if params.temperature is not None:
-                temperature = params.temperature
+                response.temperature = params.temperature
             for key in ("max_output_tokens", "max_response_output_tokens"):
                 if key in params.model_fields_set:
-                    max_tokens = read_max_output_tokens(getattr(params, key), f"response.{key}")
+                    response.max_output_tokens = read_max_output_tokens(getattr(params, key), f"response.{key}")
             if params.instructions is not None:
-                instructions = self._checked_text(params.instructions, "response.instructions")
-            metadata = params.metadata
-        self._start_response(
-            _Response(
-                id=new_id("resp"),
-                modality=modality,
-                voice=voice,
-                temperature=temperature,
-                max_output_tokens=max_tokens,
-                instructions=instructions,
-                metadata=metadata,
-                started_at=time.monotonic(),
-            )
-        )
+                response.instructions = self._checked_text(params.instructions, "response.instructions")
+            response.metadata = params.metadata
+        self._start_response(response)
 
     async def _cancel_response(self, event: ResponseCancelEvent) -> None:
         response = self._response
