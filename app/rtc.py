@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
-from aiortc.exceptions import InternalError, InvalidAccessError, InvalidStateError
+from aiortc.exceptions import InternalError, InvalidAccessError, InvalidStateError, OperationError
 
 from app.ice import loopback_candidates
 from app.metrics import CallObserver
@@ -139,8 +139,12 @@ class Call:
 
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
-        except (ValueError, KeyError, IndexError, TypeError, InvalidAccessError, InvalidStateError, InternalError) as exc:
-            # aiortc's SDP parser reports malformed input with whatever the failing line raised.
+        except (
+            ValueError, KeyError, IndexError, TypeError, InvalidAccessError, InvalidStateError, InternalError,
+            OperationError,
+        ) as exc:
+            # aiortc's SDP parser reports malformed input with whatever the failing line raised;
+            # OperationError: an m= section with no codec aiortc can use (found by fuzzing).
             raise OfferError(f"the SDP offer could not be parsed: {exc or type(exc).__name__}") from exc
         if not any(t.kind == "audio" for t in pc.getTransceivers()):
             raise OfferError("the SDP offer has no audio m-line; a call needs one (sendrecv or recvonly)")

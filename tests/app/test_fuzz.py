@@ -341,3 +341,13 @@ def test_the_unmutated_offer_is_answered(fuzz_server):
     [(status, text)] = fuzz_server.post_offers([(offer, "application/sdp")])
     assert status == 201, text
     assert text.startswith("v=0")
+
+
+def test_offer_whose_audio_has_no_usable_codec_is_400(fuzz_server):
+    """Found by fuzzing: the codecs' rtpmap lines moved to the data channel's section."""
+    codec_lines = ["a=fmtp:111 minptime=10;useinbandfec=1", "a=rtpmap:0 PCMU/8000", "a=rtpmap:111 opus/48000/2"]
+    lines = [line for line in OFFER_LINES if line not in codec_lines]
+    lines += codec_lines
+    [(status, text)] = fuzz_server.post_offers([(("\r\n".join(lines) + "\r\n").encode(), "application/sdp")])
+    assert status == 400, text
+    assert json.loads(text)["error"]["code"] == "invalid_sdp"
