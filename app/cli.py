@@ -28,6 +28,7 @@ SERVE_FLAGS = {
     "device": "device",
     "dtype": "dtype",
     "seed": "seed",
+    "max_audio_frames": "max_audio_frames",
     "cache_dir": "cache_dir",
     "ice_server": "ice_servers",
     "ice_loopback": "ice_loopback",
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--device", help="torch device: auto, cpu, cuda, cuda:1 ... (default auto)")
     serve.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
     serve.add_argument("--seed", type=int, help="make turns reproducible")
+    serve.add_argument("--max-audio-frames", type=int, help="cap on codec frames per answer, 12.5 per second (default 4096)")
     serve.add_argument("--cache-dir", type=Path, help="where the dev model is built (default ~/.cache/omni-rtc)")
     serve.add_argument(
         "--ice-server", action="append", metavar="URL", help="STUN/TURN server URL (stun:host:port, turn:host:port?transport=udp); repeatable"
@@ -84,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("--sessions", type=int, default=1, help="concurrent calls, each saying every WAV (default 1)")
     call.add_argument("--ice-loopback", action="store_true", help="gather ICE candidates on 127.0.0.1 only")
     call.add_argument("--ice-server", action="append", default=[], metavar="URL", help="STUN/TURN server URL; repeatable")
+    call.add_argument("--session", type=json.loads, metavar="JSON", help='session config sent with the offer, e.g. \'{"max_output_tokens": 64}\'')
     call.add_argument("--api-key", help="bearer token: the server's API key or an ek_ client secret")
     call.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS", help="for connecting and for each turn (default 120)")
     return parser
@@ -168,6 +171,7 @@ async def _one_session(args: argparse.Namespace, index: int, utterances: list[tu
         async with RealtimeClient(
             args.url,
             api_key=args.api_key,
+            session=args.session,
             ice_loopback=args.ice_loopback,
             ice_servers=args.ice_server,
             timeout_s=args.timeout,
@@ -197,7 +201,7 @@ async def _one_session(args: argparse.Namespace, index: int, utterances: list[tu
                         f"end of speech -> first audio {latency}: {turn.transcript!r}",
                         flush=True,
                     )
-                if turn.status != "completed":
+                if turn.status not in ("completed", "incomplete"):  # incomplete: max_output_tokens reached
                     raise ClientError(f"turn {number} ended {turn.status}: {turn.response.get('status_details')}")
         result["ok"] = True
     except (ClientError, OSError, TimeoutError, httpx.HTTPError) as exc:

@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     device: str = "auto"  # "auto" picks cuda when present, else cpu
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     seed: int | None = None  # makes turns reproducible
+    # Codec frames per answer (12.5 per second of speech); None keeps the engine's cap of 4096
+    # (5.5 min). A Talker that never says EOS (the random dev model) speaks until this cap.
+    max_audio_frames: int | None = Field(None, ge=1)
 
     # WebRTC. List settings read from the environment as comma-separated values (or JSON lists).
     ice_servers: Annotated[list[str], NoDecode] = Field(default_factory=list)  # stun:/turn: URLs

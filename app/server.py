@@ -39,8 +39,6 @@ logger = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 SDP_CONTENT_TYPE = "application/sdp"
-# The model name sessions report (OpenAI clients send any name in session.update; it is ignored).
-SESSION_MODEL = "qwen3-omni"
 
 
 @dataclass
@@ -89,7 +87,18 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 del app.state.runtime
 
     app = FastAPI(title="omni-rtc", lifespan=lifespan)
-    install_auth(app, authenticator, _resolve_session)
+
+    def resolve_session(partial: dict[str, Any] | None) -> dict[str, Any]:
+        """The effective session a client secret's call will start with (``ValueError`` when wrong)."""
+        try:
+            config = SessionConfig.from_session(partial or {})
+        except ProtocolError as exc:
+            raise ValueError(exc.message) from None
+        runtime = getattr(app.state, "runtime", None)
+        model = runtime.for_sessions.name if runtime is not None else "unknown"
+        return config.to_session_object(session_id="", model=model, expires_at=0).model_dump(mode="json")
+
+    install_auth(app, authenticator, resolve_session)
     app.include_router(debug_router())
     if settings.cors_origins:
         app.add_middleware(
@@ -243,15 +252,6 @@ def _session_config(partial: dict[str, Any]) -> SessionConfig:
         raise ApiError(400, f"Invalid session: {exc.message}", code=exc.code, param=param) from None
 
 
-def _resolve_session(partial: dict[str, Any] | None) -> dict[str, Any]:
-    """The effective session a client secret's call will start with (``ValueError`` when wrong)."""
-    try:
-        config = SessionConfig.from_session(partial or {})
-    except ProtocolError as exc:
-        raise ValueError(exc.message) from None
-    return config.to_session_object(session_id="", model=SESSION_MODEL, expires_at=0).model_dump(mode="json")
-
-
 async def _start_engine(settings: Settings) -> tuple[Engine, str]:
     # Imported here: the engine pulls in torch and transformers, which the CLI's other
     # commands and the client never need.
@@ -264,6 +264,9 @@ async def _start_engine(settings: Settings) -> tuple[Engine, str]:
         logger.info("no model given: using the dev model at %s", model_dir)
     else:
         model = settings.model
-    engine = TransformersEngine(model, device=settings.device, dtype=settings.dtype, seed=settings.seed)
+    generation = {} if settings.max_audio_frames is None else {"max_audio_frames": settings.max_audio_frames}
+    engine = TransformersEngine(
+        model, device=settings.device, dtype=settings.dtype, seed=settings.seed, generation=generation
+    )
     await engine.start()
     return engine, model
