@@ -274,7 +274,7 @@ def _format(value: Any, param: str) -> AudioFormatType:
 
 
 def _beta_format(value: Any, param: str) -> AudioFormatType:
-    if value not in _BETA_AUDIO_FORMATS:
+    if not isinstance(value, str) or value not in _BETA_AUDIO_FORMATS:  # a list or object is unhashable
         raise _invalid(param, "must be 'pcm16', 'g711_ulaw' or 'g711_alaw'")
     return _BETA_AUDIO_FORMATS[value]
 
@@ -290,7 +290,7 @@ def _turn_detection(value: Any, param: str) -> TurnDetection | None:
     changes: dict[str, Any] = {}
     if kind == "semantic_vad":
         eagerness = value.get("eagerness", "auto")
-        if eagerness not in SILENCE_MS_BY_EAGERNESS:
+        if not isinstance(eagerness, str) or eagerness not in SILENCE_MS_BY_EAGERNESS:
             raise _invalid(f"{param}.eagerness", "must be 'low', 'medium', 'high' or 'auto'")
         changes["silence_duration_ms"] = SILENCE_MS_BY_EAGERNESS[eagerness]
     elif kind == "server_vad":

@@ -23,13 +23,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.config import Settings
-from app.protocol import CLIENT_EVENT_TYPES
+from app.protocol import CLIENT_EVENT_TYPES, ProtocolError
 from app.server import create_app
+from app.session_config import SessionConfig
 from app.testing import ScriptedEngine, SessionHarness
 
 SESSION_EXAMPLES = 150  # event sequences through one session each (up to 12 events)
 BAD_EVENT_EXAMPLES = 150  # single malformed events, each must get an error
 SDP_EXAMPLES = 120  # offers posted to the signaling endpoint (1-3 per example)
+SESSION_CONFIG_EXAMPLES = 300  # session objects read as an offer's or client secret's session
 FUZZ_SETTINGS = settings(
     deadline=None,
     derandomize=True,
@@ -190,6 +192,57 @@ def test_every_malformed_event_gets_an_error(message):
     error = next(e for e in replies if e["type"] == "error")["error"]
     assert error["type"] == "invalid_request_error"
     assert error["message"]
+
+
+# -- session configs (session.update, the offer's session, client secrets) -----------------
+
+SESSION_KEYS = [
+    "type", "model", "instructions", "voice", "output_modalities", "modalities", "temperature",
+    "max_output_tokens", "max_response_output_tokens", "turn_detection", "input_audio_format",
+    "output_audio_format", "tools", "tracing", "audio",
+]
+TURN_DETECTION_KEYS = [
+    "type", "threshold", "prefix_padding_ms", "silence_duration_ms", "create_response",
+    "interrupt_response", "idle_timeout_ms", "eagerness",
+]
+
+
+@st.composite
+def session_objects(draw: st.DrawFn) -> dict[str, Any]:
+    """Session objects with known keys (GA nesting and beta names) holding hostile values."""
+    turn_detection = draw(
+        st.none() | hostile_values | st.fixed_dictionaries({}, optional={k: hostile_values for k in TURN_DETECTION_KEYS})
+    )
+    audio = draw(
+        hostile_values
+        | st.fixed_dictionaries(
+            {},
+            optional={
+                "input": st.fixed_dictionaries(
+                    {}, optional={"turn_detection": st.just(turn_detection), "format": hostile_values}
+                ) | hostile_values,
+                "output": st.fixed_dictionaries({}, optional={"voice": hostile_values, "format": hostile_values})
+                | hostile_values,
+            },
+        )
+    )
+    session = draw(st.fixed_dictionaries({}, optional={k: hostile_values for k in SESSION_KEYS}))
+    if draw(st.booleans()):
+        session["audio"] = audio
+    if draw(st.booleans()):
+        session["turn_detection"] = turn_detection
+    return session
+
+
+@settings(FUZZ_SETTINGS, max_examples=SESSION_CONFIG_EXAMPLES)
+@given(session=session_objects())
+def test_session_config_reader_raises_only_protocol_errors(session):
+    try:
+        config = SessionConfig.from_session(session)
+    except ProtocolError as exc:
+        assert exc.message and exc.code
+    else:
+        config.to_session_object(session_id="sess_1", model="m", expires_at=0).model_dump(mode="json")
 
 
 # -- signaling ----------------------------------------------------------------------------
