@@ -20,13 +20,24 @@ from app.config import is_loopback_host
 def process_resources() -> dict[str, Any]:
     """RSS, threads, open file descriptors and asyncio tasks of this process, right now."""
     process = psutil.Process()
+    children = process.children(recursive=True)
     return {
         "rss_bytes": process.memory_info().rss,
         "threads": threading.active_count(),
         "os_threads": process.num_threads(),  # includes native pools (torch, onnxruntime, av)
         "fds": process.num_fds(),
         "asyncio_tasks": len(asyncio.all_tasks()),
+        # The engine process (and multiprocessing's helpers): where the model's memory lives.
+        "child_processes": len(children),
+        "children_rss_bytes": sum(_rss(child) for child in children),
     }
+
+
+def _rss(process: psutil.Process) -> int:
+    try:
+        return process.memory_info().rss
+    except psutil.NoSuchProcess:  # ended between listing and reading (an engine restart)
+        return 0
 
 
 def debug_router() -> APIRouter:

@@ -26,7 +26,9 @@ async def test_loopback_client_gets_the_process_figures():
     response = await get_resources("127.0.0.1")
     assert response.status_code == 200
     figures = response.json()
-    assert set(figures) == {"rss_bytes", "threads", "os_threads", "fds", "asyncio_tasks"}
+    assert set(figures) == {
+        "rss_bytes", "threads", "os_threads", "fds", "asyncio_tasks", "child_processes", "children_rss_bytes"
+    }
     assert figures["rss_bytes"] > 0
     assert figures["fds"] > 0
     assert figures["asyncio_tasks"] >= 1  # the request's own task
