@@ -24,6 +24,7 @@ import pytest
 # Short, so a peer that vanishes is released quickly; every test client sends media
 # continuously (a paced microphone track, silence between utterances).
 DISCONNECT_TIMEOUT_S = 3.0
+MAX_AUDIO_FRAMES = 25  # 12.5 frames per second
 # Start-up builds nothing (the dev model is built by the fixture) but imports torch twice
 # (server and engine process) and loads the model, on 2 shared cores.
 STARTUP_DEADLINE_S = 180.0
@@ -62,6 +63,8 @@ def server_url(dev_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     env = {
         **os.environ,
         "OMNI_RTC_DISCONNECT_TIMEOUT_S": str(DISCONNECT_TIMEOUT_S),
+        # The random dev model's Talker never says EOS: cap each answer at 2 s of speech.
+        "OMNI_RTC_MAX_AUDIO_FRAMES": str(MAX_AUDIO_FRAMES),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
     }
     command = [

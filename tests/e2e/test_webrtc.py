@@ -24,6 +24,8 @@ pytestmark = pytest.mark.e2e
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 UTTERANCES = ("hello.wav", "weather.wav")
+# The random dev model rarely ends an answer by itself; 8 tokens keep each turn to seconds.
+SESSION = {"type": "realtime", "max_output_tokens": 8}
 # The turn sequence of the protocol with server VAD (DESIGN.md §2), as a subsequence:
 # other events (deltas, output_item/content_part events) may come in between.
 VOICE_TURN_SEQUENCE = (
@@ -33,7 +35,6 @@ VOICE_TURN_SEQUENCE = (
     "conversation.item.added",
     "conversation.item.done",
     "response.created",
-    "response.output_audio_transcript.delta",
     "output_audio_buffer.started",
     "response.done",
     "output_audio_buffer.stopped",
@@ -48,7 +49,7 @@ class Conversation:
 
 @pytest.fixture(scope="module")
 async def conversation(server_url: str) -> Conversation:
-    async with RealtimeClient(server_url, ice_loopback=True) as client:
+    async with RealtimeClient(server_url, ice_loopback=True, session=SESSION) as client:
         turns = [await client.speak(read_utterance(FIXTURES / name)) for name in UTTERANCES]
     sessions = await asyncio.to_thread(wait_for_sessions, server_url, 0)
     return Conversation(turns=turns, sessions_after_hang_up=sessions)
@@ -66,8 +67,11 @@ def test_voice_turn_has_the_full_event_sequence(conversation: Conversation, turn
 
 
 @pytest.mark.parametrize("turn", [0, 1])
-def test_voice_turn_completes(conversation: Conversation, turn: int) -> None:
-    assert conversation.turns[turn].status == "completed"
+def test_voice_turn_ends_completed_or_at_the_token_limit(conversation: Conversation, turn: int) -> None:
+    response = conversation.turns[turn].response
+    assert response["status"] in ("completed", "incomplete")
+    if response["status"] == "incomplete":
+        assert response["status_details"]["reason"] == "max_output_tokens"
 
 
 @pytest.mark.parametrize("turn", [0, 1])
@@ -85,7 +89,8 @@ def test_voice_turn_streams_a_transcript(conversation: Conversation, turn: int) 
 
 def test_second_turn_prompt_holds_the_first_turn(conversation: Conversation) -> None:
     first, second = (turn.usage for turn in conversation.turns)
-    # The first answer enters history as text: the second prompt carries it plus a new utterance.
+    # The first answer enters history as text (its audio tokens do not): the second prompt
+    # carries the first prompt, that text and a new utterance.
     assert second["input_tokens"] >= first["input_tokens"] + first["output_token_details"]["text_tokens"]
 
 
