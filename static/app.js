@@ -11,8 +11,9 @@
 //   window.omniRtc.state      the UI state: idle | connecting | listening | user-speaking |
 //                             thinking | speaking | reconnecting (also #status[data-state])
 //   window.omniRtc.latencies  one record per response, the browser's own measurements:
-//                             {responseId, from ("speech" | "text"), fromMs (end of speech
-//                             or text sent, performance.now()), firstAudioEventMs
+//                             {responseId, from ("speech" | "text"), fromMs (end of speech:
+//                             speech_stopped's arrival less the VAD's silence wait, or the
+//                             text sent; performance.now()), firstAudioEventMs
 //                             (output_audio_buffer.started arrived), firstAudioEnergyMs
 //                             (inbound-rtp totalAudioEnergy first grew)}
 
@@ -105,6 +106,7 @@ class Call {
     this.userSpeaking = false;
     this.awaitingAnswer = false;
     this.audioPlaying = false;
+    this.responseActive = false;  // between response.created and response.done
     // Latency bookkeeping: the moment the current turn's input ended, and per response.
     this.turnEndedAt = null;
     this.turnInput = "speech";    // what ended the turn: "speech" or "text"
@@ -234,7 +236,9 @@ class Call {
       case "input_audio_buffer.speech_stopped":
         this.userSpeaking = false;
         this.awaitingAnswer = true;
-        this.turnEndedAt = performance.now();
+        // The server says speech stopped once it has heard silence_duration_ms of silence, so
+        // the speech itself ended that long before (the server's latency counts it too).
+        this.turnEndedAt = performance.now() - silenceWaitMs();
         this.turnInput = "speech";
         break;
       case "input_audio_buffer.committed":
@@ -244,9 +248,12 @@ class Call {
       case "input_audio_buffer.cleared":
         this.userSpeaking = false;
         break;
+      case "response.output_item.added":
+        this.responses.get(event.response_id)?.itemIds.push(event.item.id);
+        renderItem(event.item);
+        break;
       case "conversation.item.added":
       case "conversation.item.done":
-      case "response.output_item.added":
       case "response.output_item.done":
         renderItem(event.item);
         break;
@@ -279,7 +286,7 @@ class Call {
         this.audioPlaying = false;
         break;
       case "response.done":
-        this.onResponseDone(event.response);
+        this.onResponseDone(event.response, event.latency);
         break;
       case "error":
         showError(describeServerError(event.error));
@@ -291,6 +298,7 @@ class Call {
 
   onResponseCreated(response) {
     this.awaitingAnswer = true;
+    this.responseActive = true;
     const latency = {
       responseId: response.id,
       from: this.turnInput,
@@ -299,13 +307,15 @@ class Call {
       firstAudioEnergyMs: null,
     };
     this.turnEndedAt = null;
-    this.responses.set(response.id, { latency });
+    this.responses.set(response.id, { latency, itemIds: [], serverLatency: null });
     this.pendingLatency = latency;
     hook.latencies.push(latency);
   }
 
-  onResponseDone(response) {
+  // `latency` is this server's extension of response.done (app/protocol.py ResponseLatency).
+  onResponseDone(response, latency) {
     this.awaitingAnswer = false;
+    this.responseActive = false;
     const itemIds = (response.output ?? []).map((item) => item.id);
     if (response.status === "cancelled") {
       for (const id of itemIds) markCutOff(id, "cut off");
@@ -317,8 +327,8 @@ class Call {
     }
     const record = this.responses.get(response.id);
     if (record) {
-      record.itemIds = itemIds;
-      record.timings = serverTimings(response);
+      if (itemIds.length) record.itemIds = itemIds;
+      record.serverLatency = latency ?? null;
       renderLatency(record);
     }
     if (this.pendingLatency?.responseId === response.id && !this.audioPlaying) {
@@ -546,6 +556,10 @@ function setConnectedControls(connected) {
 // Session settings ⇄ session.update
 // ---------------------------------------------------------------------------------------
 
+function silenceWaitMs() {
+  return session?.audio?.input?.turn_detection?.silence_duration_ms ?? 0;
+}
+
 function createsResponses() {
   const detection = session?.audio?.input?.turn_detection;
   return !detection || detection.create_response !== false;
@@ -597,6 +611,9 @@ function sendText(event) {
   event.preventDefault();
   const text = ui.textInput.value.trim();
   if (!text || !call) return;
+  // A typed message while the assistant is answering interrupts it, as speaking would: clearing
+  // the output also cancels the response (a second one cannot start while one is active).
+  if (call.audioPlaying || call.responseActive) call.send({ type: "output_audio_buffer.clear" });
   const sent = call.send({
     type: "conversation.item.create",
     item: { type: "message", role: "user", content: [{ type: "input_text", text }] },
@@ -670,7 +687,6 @@ function ensureItemElement(itemId, role) {
   meta.className = "meta";
   element.append(who, text, meta);
   ui.transcript.append(element);
-  followTranscript();
   return element;
 }
 
@@ -694,15 +710,24 @@ function renderItem(item) {
   if (item.status === "incomplete" && item.role === "assistant") markCutOff(item.id, "cut off");
 }
 
-// Keeps the newest words in view while the answer streams (the list scrolls on wide screens).
-function followTranscript() {
+// Keeps the newest words in view while the answer streams (the list scrolls on wide screens),
+// unless the person has scrolled up to read.
+let transcriptPinned = true;
+let autoScrollTop = -1;   // where the page last scrolled the list itself
+ui.transcript.addEventListener("scroll", () => {
+  const list = ui.transcript;
+  if (Math.abs(list.scrollTop - autoScrollTop) < 2) return;   // our own scroll, not the person's
+  transcriptPinned = list.scrollTop + list.clientHeight >= list.scrollHeight - 24;
+});
+new MutationObserver(() => {
+  if (!transcriptPinned) return;
   ui.transcript.scrollTop = ui.transcript.scrollHeight;
-}
+  autoScrollTop = ui.transcript.scrollTop;
+}).observe(ui.transcript, { childList: true, subtree: true, characterData: true });
 
 function appendItemText(itemId, delta) {
   const element = ensureItemElement(itemId, "assistant");
   element.querySelector(".text").textContent += delta;
-  followTranscript();
 }
 
 function setItemText(itemId, text) {
@@ -727,24 +752,30 @@ function addDivider(text) {
   ui.transcript.append(divider);
 }
 
-// The server's own per-turn breakdown, when it sends one (see app/session.py).
-function serverTimings(response) {
-  return null;
+// The server's own breakdown of end of speech → first audio, when response.done carries it.
+function describeServerLatency(latency) {
+  const ms = (value) => `${Math.round(value)} ms`;
+  const parts = [];
+  if (latency.silence_wait_ms > 0) parts.push(`${ms(latency.silence_wait_ms)} silence wait`);
+  if (latency.engine_first_audio_ms !== null && latency.engine_first_audio_ms !== undefined) {
+    const queue = latency.queue_wait_ms > 0 ? ` incl. ${ms(latency.queue_wait_ms)} queued` : "";
+    parts.push(`${ms(latency.engine_first_audio_ms)} model${queue}`);
+  }
+  parts.push(`${ms(latency.other_ms)} other`);
+  return `server: ${ms(latency.end_of_speech_to_first_audio_ms)} (${parts.join(", ")})`;
 }
 
 function renderLatency(record) {
   const { latency } = record;
-  const itemId = record.itemIds?.[0] ?? [...ui.transcript.querySelectorAll("li.assistant")].at(-1)?.dataset.itemId;
-  const element = itemElement(itemId);
-  if (!element || latency.fromMs === null) return;
+  const element = itemElement(record.itemIds[0]);
+  if (!element) return;
   const parts = [];
   const heard = latency.firstAudioEnergyMs ?? latency.firstAudioEventMs;
   const since = latency.from === "text" ? "sending" : "end of speech";
-  if (heard !== null) parts.push(`First sound ${Math.round(heard - latency.fromMs)} ms after ${since}`);
-  if (latency.firstAudioEventMs !== null && latency.firstAudioEnergyMs !== null) {
-    parts.push(`server began playback at ${Math.round(latency.firstAudioEventMs - latency.fromMs)} ms`);
+  if (heard !== null && latency.fromMs !== null) {
+    parts.push(`Answer began ${Math.round(heard - latency.fromMs)} ms after ${since} (measured here)`);
   }
-  if (record.timings) parts.push(record.timings);
+  if (record.serverLatency) parts.push(describeServerLatency(record.serverLatency));
   element.querySelector(".meta").textContent = parts.join(" · ");
 }
 
@@ -762,6 +793,14 @@ ui.reconnect.addEventListener("click", () => {
   connect();
 });
 ui.hangup.addEventListener("click", hangUp);
+// Enter in the access key field connects, like pressing Connect.
+$("access-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  if (!call) {
+    reconnectAttempt = 0;
+    connect();
+  }
+});
 ui.sessionForm.addEventListener("submit", applySession);
 ui.textForm.addEventListener("submit", sendText);
 ui.echoCancellation.addEventListener("change", () => {

@@ -1,0 +1,263 @@
+"""The page in static/, in headless Chromium, talking to the real server over WebRTC.
+
+A fake microphone plays two espeak utterances separated by silence, so the server's VAD commits
+two voice turns; then the test types a text turn and hangs up. One conversation is recorded
+once per module (a browser call costs seconds of CPU) and each test checks one thing it shows.
+The page's test hook, ``window.omniRtc`` (documented at the top of static/app.js), gives the
+server events the page received and its RTCPeerConnection for inbound-rtp stats.
+
+The test waits for each answer to *start* (text streaming, audio playing), never for it to
+end: the dev model's random weights rarely sample an end token, so its answers run long.
+Whatever is still playing is interrupted by the next utterance (barge-in), by the typed
+message, or by hanging up.
+
+A screenshot of the page mid-conversation is saved to ``test-output/`` (desktop and phone
+widths) for a person to look at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.async_api import Page, async_playwright
+
+from tests.e2e.browser_chromium import Silence, launch_chromium, write_fake_microphone
+from tests.e2e.conftest import wait_for_sessions
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+TEST_OUTPUT = Path(__file__).resolve().parents[2] / "test-output"
+TYPED_TEXT = "Please answer in one short sentence."
+# Generous deadline for the dev model with ~7 busy engineers on 2 cores; waiting is not
+# measured, an answer that never starts fails the wait.
+TURN_DEADLINE_MS = 120_000
+
+# Reads the page's events and its conversation in one go, so the two agree.
+SCRIPT_SNAPSHOT = """() => ({
+  events: window.omniRtc.events,
+  transcript: [...document.querySelectorAll("#transcript li.turn")].map((li) => ({
+    role: li.dataset.role,
+    itemId: li.dataset.itemId,
+    text: li.querySelector(".text").textContent,
+    meta: li.querySelector(".meta").textContent,
+    badge: li.querySelector(".badge")?.textContent ?? null,
+  })),
+  latencies: window.omniRtc.latencies,
+})"""
+SCRIPT_INBOUND_AUDIO = """async () => {
+  const inbound = [];
+  (await window.omniRtc.pc.getStats()).forEach((report) => {
+    if (report.type === "inbound-rtp" && report.kind === "audio") inbound.push(report);
+  });
+  return inbound.length !== 1 ? null : {
+    packetsReceived: inbound[0].packetsReceived,
+    totalSamplesReceived: inbound[0].totalSamplesReceived,
+    totalAudioEnergy: inbound[0].totalAudioEnergy,
+  };
+}"""
+# True once the answer to a user turn has streamed text and started playing audio. The turn is
+# the n-th committed utterance ({spoken: n}, 1-based) or the typed message ({typed: text}).
+SCRIPT_ANSWER_STARTED = """(turn) => {
+  const events = window.omniRtc.events;
+  let spoken = 0;
+  const start = events.findIndex((e) => turn.typed === undefined
+    ? e.type === "input_audio_buffer.committed" && ++spoken === turn.spoken
+    : e.type === "conversation.item.added" && e.item.content?.[0]?.text === turn.typed);
+  if (start < 0) return false;
+  const created = events.slice(start).find((e) => e.type === "response.created");
+  if (!created) return false;
+  const mine = events.filter((e) => e.response_id === created.response.id);
+  return mine.some((e) => e.type === "response.output_audio_transcript.delta")
+    && mine.some((e) => e.type === "output_audio_buffer.started");
+}"""
+
+
+@dataclass(frozen=True)
+class RecordedConversation:
+    events: list[dict[str, Any]]          # every server event the page received
+    transcript: list[dict[str, Any]]      # the conversation as the page shows it
+    latencies: list[dict[str, Any]]       # the page's own per-turn measurements
+    inbound_audio: dict[str, float]       # the audio inbound-rtp stats once both voice answers play
+    sessions_after_hang_up: int
+
+
+async def wait_for_answer(page: Page, turn: dict[str, Any]) -> None:
+    await page.wait_for_function(SCRIPT_ANSWER_STARTED, arg=turn, timeout=TURN_DEADLINE_MS)
+
+
+async def save_diagnostics(page: Page) -> None:
+    """What the page saw, for a person reading a failed run: its events and a screenshot."""
+    events = await page.evaluate("window.omniRtc.events")
+    (TEST_OUTPUT / "browser-failure-events.json").write_text(json.dumps(events, indent=1))
+    await page.screenshot(path=TEST_OUTPUT / "browser-failure.png", full_page=True)
+
+
+@pytest.fixture(scope="module")
+async def conversation(server_url: str, tmp_path_factory: pytest.TempPathFactory) -> RecordedConversation:
+    microphone = write_fake_microphone(
+        tmp_path_factory.mktemp("browser") / "microphone.wav",
+        [
+            # Leading silence covers getUserMedia → ICE/DTLS → data channel open.
+            Silence(3.0),
+            FIXTURES / "hello.wav",
+            # Room for the first answer to start; the second utterance then barges in.
+            Silence(6.0),
+            FIXTURES / "weather.wav",
+            Silence(1.0),  # then the capture device plays silence (%noloop)
+        ],
+    )
+    TEST_OUTPUT.mkdir(exist_ok=True)
+    async with async_playwright() as playwright:
+        browser = await launch_chromium(playwright, microphone=microphone)
+        page = await browser.new_page(viewport={"width": 1100, "height": 900})
+        try:
+            await page.goto(server_url)
+            await page.click("#connect")
+            await wait_for_answer(page, {"spoken": 2})
+            inbound_audio = await page.evaluate(SCRIPT_INBOUND_AUDIO)
+
+            await page.fill("#text-input", TYPED_TEXT)
+            await page.click("#text-send")
+            await wait_for_answer(page, {"typed": TYPED_TEXT})
+            await page.screenshot(path=TEST_OUTPUT / "browser-conversation.png", full_page=True)
+            await page.set_viewport_size({"width": 390, "height": 844})
+            await page.screenshot(path=TEST_OUTPUT / "browser-conversation-phone.png", full_page=True)
+            snapshot = await page.evaluate(SCRIPT_SNAPSHOT)
+            await page.click("#hangup")
+        except Exception:
+            await save_diagnostics(page)
+            raise
+        finally:
+            await browser.close()
+    return RecordedConversation(
+        events=snapshot["events"],
+        transcript=snapshot["transcript"],
+        latencies=snapshot["latencies"],
+        inbound_audio=inbound_audio,
+        sessions_after_hang_up=await asyncio.to_thread(wait_for_sessions, server_url, 0),
+    )
+
+
+def events_of(conversation: RecordedConversation, event_type: str) -> list[dict[str, Any]]:
+    return [event for event in conversation.events if event["type"] == event_type]
+
+
+def turns_of(conversation: RecordedConversation, role: str) -> list[dict[str, Any]]:
+    return [turn for turn in conversation.transcript if turn["role"] == role]
+
+
+def test_page_connects_and_receives_the_session(conversation: RecordedConversation) -> None:
+    assert conversation.events[0]["type"] == "session.created"
+    assert events_of(conversation, "session.updated"), "the page's session.update was not answered"
+
+
+def test_server_commits_both_spoken_utterances(conversation: RecordedConversation) -> None:
+    committed = [event["item_id"] for event in events_of(conversation, "input_audio_buffer.committed")]
+    assert len(committed) == 2
+    shown = {turn["itemId"]: turn["text"] for turn in turns_of(conversation, "user")}
+    assert [shown[item_id] for item_id in committed] == ["(voice message)", "(voice message)"]
+
+
+def test_assistant_text_appears_as_streamed(conversation: RecordedConversation) -> None:
+    expected: dict[str, str] = {}
+    for event in conversation.events:
+        if event["type"] == "response.output_audio_transcript.delta":
+            expected[event["item_id"]] = expected.get(event["item_id"], "") + event["delta"]
+        elif event["type"] == "response.output_audio_transcript.done":
+            expected[event["item_id"]] = event["transcript"]
+    assert len(expected) == 3, "three answers should have streamed text"
+    shown = {turn["itemId"]: turn["text"] for turn in turns_of(conversation, "assistant")}
+    assert {item_id: shown.get(item_id) for item_id in expected} == expected
+
+
+def test_browser_plays_the_answers_audio_track(conversation: RecordedConversation) -> None:
+    assert len(events_of(conversation, "output_audio_buffer.started")) >= 2
+    assert conversation.inbound_audio["packetsReceived"] > 0
+    assert conversation.inbound_audio["totalSamplesReceived"] > 0  # decoded for the <audio> element
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the dev model's random Code2Wav writes ~1e-7 of full scale (rms 1.4e-8): digital silence "
+    "once quantised to PCM16 for Opus. Remove this mark when pipeline/devmodel.py makes its noise audible.",
+)
+def test_browser_hears_the_spoken_answer(conversation: RecordedConversation) -> None:
+    assert conversation.inbound_audio["totalAudioEnergy"] > 0
+
+
+def answer_events(conversation: RecordedConversation, after: int) -> list[dict[str, Any]]:
+    """The events of the first response created after event index ``after``."""
+    created = next(event for event in conversation.events[after:] if event["type"] == "response.created")
+    return [event for event in conversation.events if event.get("response_id") == created["response"]["id"]]
+
+
+def test_second_voice_turn_is_answered(conversation: RecordedConversation) -> None:
+    second_commit = [
+        index for index, event in enumerate(conversation.events) if event["type"] == "input_audio_buffer.committed"
+    ][1]
+    kinds = {event["type"] for event in answer_events(conversation, second_commit)}
+    assert {"response.output_audio_transcript.delta", "output_audio_buffer.started"} <= kinds
+
+
+def test_text_turn_is_answered(conversation: RecordedConversation) -> None:
+    transcript = conversation.transcript
+    typed = [index for index, turn in enumerate(transcript) if turn["role"] == "user" and turn["text"] == TYPED_TEXT]
+    assert len(typed) == 1, "the typed message is not in the conversation"
+    answers_after = [turn for turn in transcript[typed[0] + 1 :] if turn["role"] == "assistant"]
+    assert answers_after and answers_after[0]["text"]
+
+
+def test_interrupted_answer_is_marked_cut_off(conversation: RecordedConversation) -> None:
+    # The typed message interrupts the second answer at least (it has only just started).
+    cancelled = [
+        item["id"]
+        for event in events_of(conversation, "response.done")
+        if event["response"]["status"] == "cancelled"
+        for item in event["response"]["output"]
+    ]
+    assert cancelled
+    badges = {turn["itemId"]: turn["badge"] for turn in turns_of(conversation, "assistant")}
+    assert all(badges[item_id] == "cut off" for item_id in cancelled)
+
+
+def test_page_shows_latency_measured_in_the_browser(conversation: RecordedConversation) -> None:
+    spoken = [latency for latency in conversation.latencies if latency["from"] == "speech"]
+    assert len(spoken) == 2
+    assert all(latency["firstAudioEventMs"] > latency["fromMs"] for latency in spoken)
+    metas = [turn["meta"] for turn in turns_of(conversation, "assistant")]
+    assert sum("ms after end of speech (measured here)" in meta for meta in metas) == 2
+
+
+def test_page_shows_the_servers_latency_breakdown(conversation: RecordedConversation) -> None:
+    with_latency = [event for event in events_of(conversation, "response.done") if event.get("latency")]
+    assert with_latency
+    metas = {turn["itemId"]: turn["meta"] for turn in turns_of(conversation, "assistant")}
+    for event in with_latency:
+        total = round(event["latency"]["end_of_speech_to_first_audio_ms"])
+        assert f"server: {total} ms (" in metas[event["response"]["output"][0]["id"]]
+
+
+def test_hang_up_leaves_no_session_on_the_server(conversation: RecordedConversation) -> None:
+    assert conversation.sessions_after_hang_up == 0
+
+
+async def test_refused_microphone_shows_a_clear_message(server_url: str) -> None:
+    async with async_playwright() as playwright:
+        browser = await launch_chromium(playwright, microphone=None)
+        try:
+            page = await browser.new_page()
+            await page.goto(server_url)
+            await page.click("#connect")
+            error = page.locator("#errors .error")
+            await error.wait_for(timeout=30_000)
+            assert "Microphone access was refused" in await error.inner_text()
+            assert await page.evaluate("window.omniRtc.state") == "idle"
+            assert await page.is_enabled("#connect")
+        finally:
+            await browser.close()
