@@ -15,10 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
+import uvicorn
 
 from app.cli import read_utterance
 from app.client import RealtimeClient, TurnResult
-from tests.e2e.conftest import open_sessions, wait_for_sessions
+from app.config import Settings
+from app.server import create_app
+from app.testing import ScriptedEngine
+from tests.e2e.conftest import free_port, open_sessions, wait_for_sessions
 
 pytestmark = pytest.mark.e2e
 
@@ -131,3 +136,31 @@ async def test_peer_that_vanishes_without_closing_is_released(server_url: str, t
         client.wait()
         client.stdout.close()
     assert await asyncio.to_thread(wait_for_sessions, server_url, 0) == 0
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def scripted_server_url(tmp_path: Path):
+    """The real server in this process with a scripted engine: audible answers, no model."""
+    port = free_port()
+    app = create_app(Settings(port=port, ice_loopback=True, cache_dir=tmp_path), engine=ScriptedEngine())
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    serving = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(30):
+            while not server.started:
+                await asyncio.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await serving
+
+
+async def test_a_scripted_answer_is_heard_whole(scripted_server_url: str) -> None:
+    """Independent of the model: the answer's audio crosses the whole path, and its timing is taken."""
+    async with RealtimeClient(scripted_server_url, ice_loopback=True) as client:
+        turn = await client.speak(read_utterance(FIXTURES / "hello.wav"))
+    assert turn.status == "completed"
+    assert turn.transcript == ScriptedEngine().reply
+    # 9 words, 80 ms of audio each: 0.72 s, give or take the edges of the ramps.
+    assert 0.6 <= turn.audio_seconds <= 0.8
+    assert turn.latency_s is not None and turn.latency_s > 0
