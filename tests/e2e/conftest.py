@@ -7,6 +7,8 @@ media for ``DISCONNECT_TIMEOUT_S``. One server serves every e2e test of a run.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -16,10 +18,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import uvicorn
+from fastapi import FastAPI
 
 # Short, so a peer that vanishes is released quickly; every test client sends media
 # continuously (a paced microphone track, silence between utterances).
@@ -54,6 +58,24 @@ def wait_for_sessions(base_url: str, expected: int, *, deadline_s: float = 60.0)
         time.sleep(0.2)
         sessions = open_sessions(base_url)
     return sessions
+
+
+@contextlib.asynccontextmanager
+async def serving_in_process(app: FastAPI) -> AsyncIterator[str]:
+    """Serves ``app`` with uvicorn on 127.0.0.1 in the running loop; yields its base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    serving = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(30):
+            while not server.started:
+                if serving.done():
+                    serving.result()  # start-up failed: raise why
+                await asyncio.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await serving
 
 
 @pytest.fixture(scope="session")

@@ -11,19 +11,19 @@ import asyncio
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
-import uvicorn
 
 from app.cli import read_utterance
 from app.client import RealtimeClient, TurnResult
 from app.config import Settings
 from app.server import create_app
 from app.testing import ScriptedEngine
-from tests.e2e.conftest import free_port, open_sessions, wait_for_sessions
+from tests.e2e.conftest import open_sessions, serving_in_process, wait_for_sessions
 
 pytestmark = pytest.mark.e2e
 
@@ -139,20 +139,11 @@ async def test_peer_that_vanishes_without_closing_is_released(server_url: str, t
 
 
 @pytest_asyncio.fixture(loop_scope="function")
-async def scripted_server_url(tmp_path: Path):
+async def scripted_server_url(tmp_path: Path) -> AsyncIterator[str]:
     """The real server in this process with a scripted engine: audible answers, no model."""
-    port = free_port()
-    app = create_app(Settings(port=port, ice_loopback=True, cache_dir=tmp_path), engine=ScriptedEngine())
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    serving = asyncio.create_task(server.serve())
-    try:
-        async with asyncio.timeout(30):
-            while not server.started:
-                await asyncio.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await serving
+    app = create_app(Settings(ice_loopback=True, cache_dir=tmp_path), engine=ScriptedEngine())
+    async with serving_in_process(app) as url:
+        yield url
 
 
 async def test_a_scripted_answer_is_heard_whole(scripted_server_url: str) -> None:
