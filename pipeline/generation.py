@@ -460,7 +460,10 @@ class _TalkerDecoder:
             assistant_starts = (input_ids[0, :-1] == config.im_start_token_id) & (
                 input_ids[0, 1:] == config.assistant_token_id
             )
-            assistant_start = int(torch.nonzero(assistant_starts).flatten()[-1].item())
+            starts = torch.nonzero(assistant_starts).flatten()
+            if starts.numel() == 0:
+                raise ValueError("the prompt has no '<|im_start|>assistant' for the Talker to speak from")
+            assistant_start = int(starts[-1].item())
             # The assistant preamble ends with the first answer token's embedding.
             embeds = torch.cat([prompt_embeds, thinker.embed(thinker.tokens[0]).to(self._device)], dim=1)
             assistant_embeds, assistant_ids, _ = model._get_talker_assistant_parts(
