@@ -339,7 +339,7 @@ class RealtimeClient:
                 spoken_at = await self._microphone.play(pcm48k)
                 done = await self._next_event("response.done", first_event)
                 response = done["response"]
-                if self._expects_playback(first_event):
+                if self._expects_playback(first_event, response):
                     await self._next_event(_playback_ended, first_event)
                     tail_from = len(self._received.chunks)
                     while len(self._received.chunks) - tail_from < PLAYOUT_TAIL_FRAMES:
@@ -355,9 +355,16 @@ class RealtimeClient:
             latency_s=None if first_audible_at is None else first_audible_at - spoken_at,
         )
 
-    def _expects_playback(self, first_event: int) -> bool:
-        """Whether the answer's audio started playing, so its stop is worth waiting for."""
-        return any(event.get("type") == "output_audio_buffer.started" for event in self.events[first_event:])
+    def _expects_playback(self, first_event: int, response: dict[str, Any]) -> bool:
+        """Whether the answer has audio to play out, so that its end is worth waiting for.
+
+        ``response.done`` may overtake ``output_audio_buffer.started``: an answer with audio
+        tokens plays even when its start has not been announced yet.
+        """
+        if any(event.get("type") == "output_audio_buffer.started" for event in self.events[first_event:]):
+            return True
+        details = (response.get("usage") or {}).get("output_token_details") or {}
+        return response.get("status") in ("completed", "incomplete") and bool(details.get("audio_tokens"))
 
     def _answer_audio(self, first_frame: int, *, after: float) -> tuple[np.ndarray, float | None]:
         chunks = self._received.chunks[first_frame:]
