@@ -15,6 +15,7 @@ import httpx
 import numpy as np
 import pytest
 from aiortc import RTCPeerConnection
+from pydantic import SecretStr
 
 from app.config import Settings
 from app.ice import loopback_candidates, rtc_configuration
@@ -232,3 +233,34 @@ async def test_page_is_served_at_the_root(settings):
         response = await http.get("/")
     assert response.status_code == 200
     assert "text/html" in response.headers["content-type"]
+
+
+async def test_with_an_api_key_an_offer_needs_it(settings):
+    settings = settings.model_copy(update={"api_key": SecretStr("sk-test")})
+    async with serving(settings) as http, offering_peer() as pc:
+        refused = await post_offer(http, pc.localDescription.sdp)
+        accepted = await http.post(
+            "/v1/realtime/calls",
+            content=pc.localDescription.sdp,
+            headers={"Content-Type": "application/sdp", "Authorization": "Bearer sk-test"},
+        )
+    assert refused.status_code == 401
+    assert accepted.status_code == 201
+
+
+async def test_a_client_secret_places_one_call_with_its_session(settings):
+    settings = settings.model_copy(update={"api_key": SecretStr("sk-test")})
+    async with serving(settings) as http, offering_peer() as pc:
+        minted = await http.post(
+            "/v1/realtime/client_secrets",
+            json={"session": {"type": "realtime", "instructions": "Be brief."}},
+            headers={"Authorization": "Bearer sk-test"},
+        )
+        assert minted.status_code == 200
+        assert minted.json()["session"]["instructions"] == "Be brief."
+        secret = minted.json()["value"]
+        headers = {"Content-Type": "application/sdp", "Authorization": f"Bearer {secret}"}
+        first = await http.post("/v1/realtime/calls", content=pc.localDescription.sdp, headers=headers)
+        again = await http.post("/v1/realtime/calls", content=pc.localDescription.sdp, headers=headers)
+    assert first.status_code == 201
+    assert again.status_code == 401
