@@ -96,7 +96,6 @@ class Call:
         self._loop = asyncio.get_running_loop()
         self._pc: RTCPeerConnection | None = None
         self._session: Session | None = None
-        self._output: OutboundAudioTrack | None = None
         self._inbound: InboundAudio | None = None
         self._channel: RTCDataChannel | None = None
         self._pending_events: deque[str] = deque()
@@ -110,10 +109,6 @@ class Call:
         self._released = False
         self.closed = asyncio.Event()
 
-    @property
-    def end_reason(self) -> str | None:
-        return self._end_reason
-
     async def answer(self, offer_sdp: str) -> str:
         """Accepts the offer and returns the SDP answer, its ICE candidates complete.
 
@@ -126,7 +121,6 @@ class Call:
         self._pc = pc
         self._resources.push_async_callback(pc.close)
         output = OutboundAudioTrack()
-        self._output = output
         self._resources.callback(output.stop)
         session = self._make_session(output, self._send)
         self._session = session

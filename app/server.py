@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aiortc import RTCConfiguration
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -55,11 +56,7 @@ class Runtime:
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     metrics = Metrics()
     authenticator = Authenticator(settings.api_key.get_secret_value() if settings.api_key else None)
-    configuration_kwargs = {
-        "username": settings.turn_username,
-        "credential": settings.turn_credential.get_secret_value() if settings.turn_credential else None,
-    }
-    rtc_configuration(settings.ice_servers, **configuration_kwargs)  # a bad URL fails at start-up, not per call
+    _rtc_configuration(settings)  # a bad ICE server URL fails here, at start-up, not per call
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -188,11 +185,7 @@ def _new_call(
 ) -> Call:
     return Call(
         make_session=make_session,
-        configuration=rtc_configuration(
-            settings.ice_servers,
-            username=settings.turn_username,
-            credential=settings.turn_credential.get_secret_value() if settings.turn_credential else None,
-        ),
+        configuration=_rtc_configuration(settings),
         ice_loopback=settings.ice_loopback,
         connect_timeout_s=settings.connect_timeout_s,
         disconnect_timeout_s=settings.disconnect_timeout_s,
@@ -200,6 +193,11 @@ def _new_call(
         observer=metrics.observer(),
         on_closed=on_closed,
     )
+
+
+def _rtc_configuration(settings: Settings) -> RTCConfiguration:
+    credential = settings.turn_credential.get_secret_value() if settings.turn_credential else None
+    return rtc_configuration(settings.ice_servers, username=settings.turn_username, credential=credential)
 
 
 def _runtime(request: Request) -> Runtime:
