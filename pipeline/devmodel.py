@@ -212,6 +212,91 @@ def dev_feature_extractor() -> WhisperFeatureExtractor:
     )
 
 
+def dev_model(*, seed: int = 0) -> Qwen3OmniMoeForConditionalGeneration:
+    """The dev model's weights: random from ``seed``, wired to end its turns (same seed, same weights)."""
+    torch.manual_seed(seed)
+    model = Qwen3OmniMoeForConditionalGeneration(dev_model_config())
+    _initialise_talker_experts(model)
+    _wire_turn_endings(model)
+    model.generation_config = dev_generation_config()
+    return model
+
+
+@torch.no_grad()
+def _initialise_talker_experts(model: Qwen3OmniMoeForConditionalGeneration) -> None:
+    """transformers 5.24's ``_init_weights`` covers the Thinker's MoE blocks but not the Talker's:
+    its experts keep ``torch.empty`` memory (seen: 1e29, denormals, NaN logits) and its router zeros."""
+    std = model.config.talker_config.initializer_range
+    for layer in model.talker.model.layers:
+        torch.nn.init.normal_(layer.mlp.experts.gate_up_proj, mean=0.0, std=std)
+        torch.nn.init.normal_(layer.mlp.experts.down_proj, mean=0.0, std=std)
+        torch.nn.init.normal_(layer.mlp.gate.weight, mean=0.0, std=std)
+
+
+# Random weights never say <|im_end|> or codec EOS, so every turn would run to its caps (4096
+# tokens, then minutes of speech). The dev model is wired to end like a trained one, through
+# marker channels that no layer writes to (zeroed output rows), read by one lm_head/codec_head row:
+# - the Thinker says <|im_end|> right after a token whose id is a multiple of 24 (a random
+#   Thinker samples effectively random ids): answers of 24 tokens on average, at least 2, since
+#   the prompt's last token "\n" (198) is not one;
+# - the Talker says codec EOS as soon as its text input is <tts_text_eod> or <tts_pad>, i.e.
+#   when the Thinker's text has been spoken: one codec frame (80 ms) per text token.
+THINKER_STOP_EVERY = 24
+_MARKER = 0  # the residual channel that carries a marker (thinker: stop token; talker: text done)
+_TEXT_DONE = 1  # the Thinker embedding channel that tells the Talker's text projection "text done"
+# Logit weight of a marker: the final RMSNorm scales a lone marker of 1 to sqrt(32) ~ 5.7, so
+# the stop logit is ~17 against random logits with a spread of ~0.1: stopping is certain.
+_STOP_LOGIT_WEIGHT = 3.0
+# text_projection's hidden unit that turns the Thinker's text-done channel into the Talker marker.
+_TEXT_DONE_GAIN = 8.0
+
+
+@torch.no_grad()
+def _wire_turn_endings(model: Qwen3OmniMoeForConditionalGeneration) -> None:
+    config = model.config
+    thinker_text = model.thinker.model.language_model
+    regular_ids = torch.arange(151_643)
+
+    embeddings = thinker_text.embed_tokens.weight
+    embeddings[:, _MARKER] = 0.0
+    embeddings[regular_ids[regular_ids % THINKER_STOP_EVERY == 0], _MARKER] = 1.0
+    embeddings[:, _TEXT_DONE] = 0.0
+    embeddings[[config.tts_eos_token_id, config.tts_pad_token_id], _TEXT_DONE] = 1.0
+    for layer in thinker_text.layers:
+        _silence_channel(layer)
+    lm_head = model.thinker.lm_head.weight
+    lm_head[config.im_end_token_id] = 0.0
+    lm_head[config.im_end_token_id, _MARKER] = _STOP_LOGIT_WEIGHT
+
+    talker = model.talker
+    fc1, fc2 = talker.text_projection.linear_fc1, talker.text_projection.linear_fc2
+    fc1.weight[0] = 0.0
+    fc1.weight[0, _TEXT_DONE] = _TEXT_DONE_GAIN
+    fc1.bias[0] = 0.0
+    fc2.weight[:, 0] = 0.0
+    fc2.weight[_MARKER] = 0.0
+    fc2.weight[_MARKER, 0] = 1.0
+    fc2.bias[_MARKER] = 0.0
+    talker.hidden_projection.linear_fc2.weight[_MARKER] = 0.0
+    talker.hidden_projection.linear_fc2.bias[_MARKER] = 0.0
+    talker.model.codec_embedding.weight[:, _MARKER] = 0.0
+    for embedding in talker.code_predictor.model.codec_embedding:
+        embedding.weight[:, _MARKER] = 0.0
+    for layer in talker.model.layers:
+        _silence_channel(layer)
+        layer.mlp.shared_expert.down_proj.weight[_MARKER] = 0.0
+    codec_head = talker.codec_head.weight
+    codec_eos = config.talker_config.codec_eos_token_id
+    codec_head[codec_eos] = 0.0
+    codec_head[codec_eos, _MARKER] = _STOP_LOGIT_WEIGHT
+
+
+def _silence_channel(layer) -> None:
+    """Keep a decoder layer from writing to the marker channel of the residual stream."""
+    layer.self_attn.o_proj.weight[_MARKER] = 0.0
+    layer.mlp.experts.down_proj[:, _MARKER] = 0.0
+
+
 def build_dev_model(
     out_dir: Path, *, seed: int = 0, progress: Callable[[str], None] | None = None
 ) -> Path:
@@ -228,9 +313,7 @@ def build_dev_model(
     dev_feature_extractor().save_pretrained(out_dir)
 
     report(f"initialising a tiny Qwen3OmniMoeForConditionalGeneration (seed {seed})")
-    torch.manual_seed(seed)
-    model = Qwen3OmniMoeForConditionalGeneration(dev_model_config())
-    model.generation_config = dev_generation_config()
+    model = dev_model(seed=seed)
     parameters = sum(p.numel() for p in model.parameters())
     report(f"saving {parameters / 1e6:.1f} M parameters")
     model.save_pretrained(out_dir)

@@ -1,5 +1,7 @@
 import json
+from pathlib import Path
 
+import soundfile
 import torch
 from transformers import (
     AutoConfig,
@@ -9,9 +11,12 @@ from transformers import (
 )
 
 import pipeline.devmodel
-from pipeline.devmodel import DEV_MODEL_DIRNAME, ensure_dev_model
+from pipeline.conversation import Conversation, UserAudio
+from pipeline.devmodel import DEV_MODEL_DIRNAME, dev_model, ensure_dev_model
+from pipeline.prompt import PromptRenderer
 
 SAMPLES_PER_CODEC_FRAME = 1920  # 80 ms at 24 kHz
+FIXTURES = Path(__file__).parent.parent / "fixtures"
 
 
 def test_dev_model_loads_with_from_pretrained_as_the_real_class(dev_model_dir):
@@ -21,6 +26,16 @@ def test_dev_model_loads_with_from_pretrained_as_the_real_class(dev_model_dir):
     assert {"thinker", "talker", "code2wav"} <= {name for name, _ in model.named_children()}
     assert model.thinker.model.audio_tower is not None
     assert model.talker.code_predictor is not None
+
+
+def test_saved_weights_are_the_seeded_dev_weights_and_all_sane(dev_model_dir):
+    saved = Qwen3OmniMoeForConditionalGeneration.from_pretrained(dev_model_dir).state_dict()
+    rebuilt = dev_model(seed=0).state_dict()
+    assert saved.keys() == rebuilt.keys()
+    for name, tensor in rebuilt.items():
+        assert torch.equal(saved[name], tensor), name
+        # Initialised weights are N(0, 0.02), ones, zeros or small markers; never stray memory.
+        assert torch.isfinite(tensor).all() and tensor.abs().max() < 10, name
 
 
 def test_config_carries_the_real_token_ids(dev_model_dir):
@@ -107,3 +122,24 @@ def test_ensure_builds_into_place_and_leaves_no_staging_dir(tmp_path, monkeypatc
     built = ensure_dev_model(tmp_path)
     assert built == tmp_path / DEV_MODEL_DIRNAME
     assert [path.name for path in tmp_path.iterdir()] == [DEV_MODEL_DIRNAME]
+
+
+def test_dev_model_ends_its_answer_and_its_speech_under_generate(dev_model_dir):
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(dev_model_dir)
+    pcm, _ = soundfile.read(FIXTURES / "hello.wav", dtype="float32")
+    inputs = PromptRenderer.from_pretrained(dev_model_dir).render(Conversation(items=(UserAudio(pcm),)))
+    torch.manual_seed(0)
+    sequences, wav = model.generate(
+        input_ids=inputs.input_ids,
+        attention_mask=inputs.attention_mask,
+        input_features=inputs.input_features,
+        feature_attention_mask=inputs.feature_attention_mask,
+        # (23/24)^400 < 1e-7: a Thinker that can stop has stopped long before these caps.
+        thinker_max_new_tokens=400,
+        talker_max_new_tokens=800,
+        speaker="ethan",
+    )
+    answer = sequences[0, inputs.input_ids.shape[1] :].tolist()
+    assert answer[-1] == 151645  # <|im_end|>
+    # The dev Talker stops once the text is spoken: one codec frame per text token.
+    assert 0 < wav.shape[-1] <= len(answer) * SAMPLES_PER_CODEC_FRAME

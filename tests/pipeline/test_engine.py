@@ -18,8 +18,10 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
-# A random Talker rarely says codec EOS; 20 frames (1.6 s) bound each turn's audio.
-MAX_AUDIO_FRAMES = 20
+# The dev Thinker ends answers after ~24 tokens at random; here every answer runs to its
+# max_output_tokens (the engine's cap of 4096 when unset) so turns are as long as a test needs,
+# and 20 codec frames (1.6 s) bound each turn's audio.
+GENERATION = {"force_output_tokens": 4096, "max_audio_frames": 20}
 # Generous bound for a turn that should follow a cancelled or crashed one: hitting it means the
 # engine never freed itself, not that it was slow.
 HANG_GUARD_S = 300
@@ -32,12 +34,13 @@ def speech() -> np.ndarray:
 
 
 def short_request(**overrides) -> TurnRequest:
-    fields = {"conversation": Conversation(items=(UserAudio(speech()),)), "max_output_tokens": 6}
+    # 12 text tokens: 12 codec frames, 0.96 s of speech from the dev Talker.
+    fields = {"conversation": Conversation(items=(UserAudio(speech()),)), "max_output_tokens": 12}
     return TurnRequest(**(fields | overrides))
 
 
 def long_request() -> TurnRequest:
-    # Unbounded text from a random Thinker runs to the engine's 4096-token cap: minutes on CPU.
+    # Unbounded text forced to the engine's 4096-token cap: minutes on CPU.
     return TurnRequest(conversation=Conversation(items=(UserText("Tell me a long story."),)), output_audio=False)
 
 
@@ -47,9 +50,7 @@ async def collect(engine, request):
 
 @pytest.fixture(scope="module")
 async def engine(dev_model_dir):
-    engine = TransformersEngine(
-        dev_model_dir, device="cpu", seed=0, threads=1, generation={"max_audio_frames": MAX_AUDIO_FRAMES}
-    )
+    engine = TransformersEngine(dev_model_dir, device="cpu", seed=0, threads=1, generation=GENERATION)
     await engine.start()
     yield engine
     await engine.close()
@@ -159,7 +160,7 @@ async def test_a_killed_engine_process_fails_its_turn_and_is_restarted(engine):
 
 
 async def test_close_fails_waiting_turns_and_is_safe_twice(dev_model_dir):
-    engine = TransformersEngine(dev_model_dir, device="cpu", threads=1)
+    engine = TransformersEngine(dev_model_dir, device="cpu", threads=1, generation=GENERATION)
     await engine.start()
     assert engine.alive
     running = asyncio.create_task(collect(engine, long_request()))
