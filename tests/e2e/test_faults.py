@@ -16,20 +16,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
 import pytest
-import uvicorn
 
 from app.client import RealtimeClient
 from app.config import Settings
 from app.server import create_app
 from app.testing import ScriptedEngine
-from tests.e2e.conftest import free_port, get_json, wait_for_sessions
+from tests.e2e.conftest import get_json, serving_in_process, wait_for_sessions
 
 pytestmark = pytest.mark.e2e
 
@@ -37,24 +35,9 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 DEADLINE_S = 60.0  # a guard against hangs, not a speed limit
 
 
-@contextlib.asynccontextmanager
-async def serving(engine: Any, **overrides: Any) -> AsyncIterator[str]:
-    """The app with ``engine`` under uvicorn on 127.0.0.1; yields its base URL."""
-    port = free_port()
-    settings = Settings(port=port, ice_loopback=True, **overrides)
-    config = uvicorn.Config(create_app(settings, engine=engine), host="127.0.0.1", port=port, log_level="warning")
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(), name="uvicorn")
-    try:
-        async with asyncio.timeout(DEADLINE_S):
-            while not server.started:
-                if task.done():
-                    task.result()  # start-up failed: raise its error
-                await asyncio.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
+def serving(engine: Any, **overrides: Any) -> contextlib.AbstractAsyncContextManager[str]:
+    """The whole app with ``engine`` under uvicorn on 127.0.0.1, in this process."""
+    return serving_in_process(create_app(Settings(ice_loopback=True, **overrides), engine=engine))
 
 
 async def text_turn(client: RealtimeClient, text: str) -> dict[str, Any]:
