@@ -6,6 +6,7 @@
 // Test hook (read-only use, kept stable for tests/e2e/test_browser.py):
 //   window.omniRtc.pc         the current RTCPeerConnection, or null
 //   window.omniRtc.dc         the current "oai-events" RTCDataChannel, or null
+//   window.omniRtc.callUrl    the last call's URL on the server (the answer's Location)
 //   window.omniRtc.events     every server event received since the page loaded, in order
 //   window.omniRtc.sent       every client event sent since the page loaded, in order
 //   window.omniRtc.state      the UI state: idle | connecting | listening | user-speaking |
@@ -73,6 +74,7 @@ const STATE_TEXT = {
 const hook = {
   pc: null,
   dc: null,
+  callUrl: null,
   events: [],
   sent: [],
   state: "idle",
@@ -102,6 +104,7 @@ class Call {
     this.statsTimer = null;
     this.disconnectTimer = null;
     this.closed = false;
+    this.location = null;         // the call's URL on the server (Location of the answer)
     // Conversation flags the status line is derived from (see renderState).
     this.userSpeaking = false;
     this.awaitingAnswer = false;
@@ -117,8 +120,12 @@ class Call {
   }
 
   async open() {
-    this.micStream = await openMicrophone(ui.echoCancellation.checked);
-    if (this.closed) return;
+    const micStream = await openMicrophone(ui.echoCancellation.checked);
+    if (this.closed) {   // hung up while the browser asked for the microphone
+      for (const track of micStream.getTracks()) track.stop();
+      return;
+    }
+    this.micStream = micStream;
     this.startMeter();
 
     this.pc = new RTCPeerConnection();
@@ -139,9 +146,14 @@ class Call {
 
     const offer = await this.pc.createOffer();
     await this.pc.setLocalDescription(offer);
-    const answerSdp = await postOffer(offer.sdp);
-    if (this.closed) return;
-    await this.pc.setRemoteDescription({ type: "answer", sdp: answerSdp });
+    const answer = await postOffer(offer.sdp);
+    this.location = answer.location;
+    hook.callUrl = answer.location;
+    if (this.closed) {
+      endServerCall(this.location);
+      return;
+    }
+    await this.pc.setRemoteDescription({ type: "answer", sdp: answer.sdp });
     this.statsTimer = setInterval(() => this.pollAudioStats(), STATS_POLL_MS);
   }
 
@@ -157,6 +169,9 @@ class Call {
     if (this.audioContext) {
       this.audioContext.close().catch((error) => console.error("closing the AudioContext failed", error));
     }
+    // The server notices a closed peer connection by itself; telling it as well frees the
+    // session at once, even when the close never reaches it (network gone).
+    if (this.location) endServerCall(this.location);
     if (hook.pc === this.pc) hook.pc = null;
     if (hook.dc === this.dc) hook.dc = null;
     ui.remoteAudio.srcObject = null;
@@ -261,7 +276,7 @@ class Call {
         itemElement(event.item_id)?.remove();
         break;
       case "conversation.item.truncated":
-        markCutOff(event.item_id, "cut off");
+        markItem(event.item_id, "cut off");
         break;
       case "response.created":
         this.onResponseCreated(event.response);
@@ -318,12 +333,17 @@ class Call {
     this.responseActive = false;
     const itemIds = (response.output ?? []).map((item) => item.id);
     if (response.status === "cancelled") {
-      for (const id of itemIds) markCutOff(id, "cut off");
+      for (const id of itemIds) markItem(id, "cut off");
     } else if (response.status === "incomplete") {
       const reason = response.status_details?.reason;
-      for (const id of itemIds) markCutOff(id, reason ? `incomplete: ${reason}` : "incomplete");
+      const label = reason === "max_output_tokens" ? "length limit" : `stopped${reason ? `: ${reason}` : ""}`;
+      for (const id of itemIds) markItem(id, label);
     } else if (response.status === "failed") {
-      showError(describeServerError(response.status_details?.error ?? { message: "the answer failed" }));
+      for (const id of itemIds) markItem(id, "failed");
+      // The server explains a failure in an `error` event; show details here only if it
+      // put a message in the response itself.
+      const error = response.status_details?.error;
+      if (error?.message) showError(describeServerError(error));
     }
     const record = this.responses.get(response.id);
     if (record) {
@@ -331,10 +351,8 @@ class Call {
       record.serverLatency = latency ?? null;
       renderLatency(record);
     }
-    if (this.pendingLatency?.responseId === response.id && !this.audioPlaying) {
-      // No sound is coming for this response (text-only, cancelled before audio).
-      this.pendingLatency = null;
-    }
+    // The latency record stays pending: output_audio_buffer.started may come after response.done
+    // (the server reports playback as it happens), and the next response replaces it.
   }
 
   onFirstAudio(responseId, field) {
@@ -451,10 +469,13 @@ async function openMicrophone(echoCancellation) {
   }
 }
 
-async function postOffer(sdp) {
-  const headers = { "Content-Type": "application/sdp" };
+async function authorization() {
   const accessKey = ui.accessKey.value.trim();
-  if (accessKey) headers.Authorization = `Bearer ${accessKey}`;
+  return accessKey ? { Authorization: `Bearer ${accessKey}` } : {};
+}
+
+async function postOffer(sdp) {
+  const headers = { "Content-Type": "application/sdp", ...authorization() };
   let response;
   try {
     response = await fetch(CALLS_URL, { method: "POST", body: sdp, headers });
@@ -471,7 +492,20 @@ async function postOffer(sdp) {
     const wait = retryAfter ? ` Try again in ${retryAfter} s.` : "";
     throw new Error(`The server refused the call (HTTP ${response.status}): ${errorMessageOf(body)}${wait}`);
   }
-  return body;
+  return { sdp: body, location: response.headers.get("Location") };
+}
+
+// DELETE /v1/realtime/calls/{id}. 404: the server had already ended it. 401: a client secret
+// opens a call but cannot end one; the closed peer connection ends it a moment later.
+function endServerCall(location) {
+  fetch(location, { method: "DELETE", headers: authorization(), keepalive: true }).then(
+    (response) => {
+      if (!response.ok && response.status !== 404 && response.status !== 401) {
+        console.warn(`ending the call on the server answered HTTP ${response.status}`);
+      }
+    },
+    (error) => console.warn("ending the call on the server failed", error),
+  );
 }
 
 function errorMessageOf(body) {
@@ -707,7 +741,6 @@ function renderItem(item) {
     // Streaming deltas may already be ahead of a snapshot taken at item.added.
     if (text.length >= textElement.textContent.length) textElement.textContent = text;
   }
-  if (item.status === "incomplete" && item.role === "assistant") markCutOff(item.id, "cut off");
 }
 
 // Keeps the newest words in view while the answer streams (the list scrolls on wide screens),
@@ -735,14 +768,20 @@ function setItemText(itemId, text) {
   ensureItemElement(itemId, "assistant").querySelector(".text").textContent = text;
 }
 
-function markCutOff(itemId, label) {
+// Marks an answer that did not end by itself: "cut off", "length limit", "failed". The latest
+// word wins: an answer that finished generating at the length limit and was then interrupted
+// while playing was cut off.
+function markItem(itemId, label) {
   const element = itemElement(itemId);
-  if (!element || element.querySelector(".badge")) return;
+  if (!element) return;
   element.classList.add("cut-off");
-  const badge = document.createElement("span");
-  badge.className = "badge";
+  let badge = element.querySelector(".badge");
+  if (!badge) {
+    badge = document.createElement("span");
+    badge.className = "badge";
+    element.querySelector(".who").after(badge);
+  }
   badge.textContent = label;
-  element.querySelector(".who").after(badge);
 }
 
 function addDivider(text) {

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ import pytest
 from playwright.async_api import Page, async_playwright
 
 from tests.e2e.browser_chromium import Silence, launch_chromium, write_fake_microphone
-from tests.e2e.conftest import wait_for_sessions
+from tests.e2e.conftest import open_sessions, wait_for_sessions
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -38,6 +39,20 @@ TYPED_TEXT = "Please answer in one short sentence."
 # measured, an answer that never starts fails the wait.
 TURN_DEADLINE_MS = 120_000
 
+# Watches what a person would see change: every status the page shows, in order, and the
+# loudest the microphone meter got.
+SCRIPT_WATCH_DISPLAY = """document.addEventListener("DOMContentLoaded", () => {
+  window.watched = { states: [], meterMax: 0 };
+  const status = document.getElementById("status");
+  const meter = document.getElementById("mic-meter");
+  new MutationObserver(() => {
+    const state = status.dataset.state;
+    if (window.watched.states.at(-1) !== state) window.watched.states.push(state);
+  }).observe(status, { attributes: true, attributeFilter: ["data-state"] });
+  new MutationObserver(() => {
+    window.watched.meterMax = Math.max(window.watched.meterMax, Number(meter.getAttribute("aria-valuenow")));
+  }).observe(meter, { attributes: true, attributeFilter: ["aria-valuenow"] });
+});"""
 # Reads the page's events and its conversation in one go, so the two agree.
 SCRIPT_SNAPSHOT = """() => ({
   events: window.omniRtc.events,
@@ -49,6 +64,7 @@ SCRIPT_SNAPSHOT = """() => ({
     badge: li.querySelector(".badge")?.textContent ?? null,
   })),
   latencies: window.omniRtc.latencies,
+  watched: window.watched,
 })"""
 SCRIPT_INBOUND_AUDIO = """async () => {
   const inbound = [];
@@ -83,6 +99,8 @@ class RecordedConversation:
     events: list[dict[str, Any]]          # every server event the page received
     transcript: list[dict[str, Any]]      # the conversation as the page shows it
     latencies: list[dict[str, Any]]       # the page's own per-turn measurements
+    states: list[str]                     # the statuses the page showed, in order
+    meter_max: float                      # the highest microphone level shown (0-100)
     inbound_audio: dict[str, float]       # the audio inbound-rtp stats once both voice answers play
     sessions_after_hang_up: int
 
@@ -116,6 +134,7 @@ async def conversation(server_url: str, tmp_path_factory: pytest.TempPathFactory
     async with async_playwright() as playwright:
         browser = await launch_chromium(playwright, microphone=microphone)
         page = await browser.new_page(viewport={"width": 1100, "height": 900})
+        await page.add_init_script(SCRIPT_WATCH_DISPLAY)
         try:
             await page.goto(server_url)
             await page.click("#connect")
@@ -139,6 +158,8 @@ async def conversation(server_url: str, tmp_path_factory: pytest.TempPathFactory
         events=snapshot["events"],
         transcript=snapshot["transcript"],
         latencies=snapshot["latencies"],
+        states=snapshot["watched"]["states"],
+        meter_max=snapshot["watched"]["meterMax"],
         inbound_audio=inbound_audio,
         sessions_after_hang_up=await asyncio.to_thread(wait_for_sessions, server_url, 0),
     )
@@ -155,6 +176,20 @@ def turns_of(conversation: RecordedConversation, role: str) -> list[dict[str, An
 def test_page_connects_and_receives_the_session(conversation: RecordedConversation) -> None:
     assert conversation.events[0]["type"] == "session.created"
     assert events_of(conversation, "session.updated"), "the page's session.update was not answered"
+
+
+def test_page_shows_what_the_system_is_doing(conversation: RecordedConversation) -> None:
+    wanted = iter(conversation.states)
+    # A subsequence: each state comes after the one before, other states may come between.
+    assert all(
+        any(state == want for state in wanted)
+        for want in ("connecting", "listening", "user-speaking", "thinking", "speaking", "user-speaking")
+    ), conversation.states
+
+
+def test_microphone_meter_moves_with_speech(conversation: RecordedConversation) -> None:
+    # -60 dBFS shows as 0 and 0 dBFS as 100; the fixtures peak at -3 dBFS.
+    assert conversation.meter_max > 50
 
 
 def test_server_commits_both_spoken_utterances(conversation: RecordedConversation) -> None:
@@ -214,16 +249,16 @@ def test_text_turn_is_answered(conversation: RecordedConversation) -> None:
 
 
 def test_interrupted_answer_is_marked_cut_off(conversation: RecordedConversation) -> None:
-    # The typed message interrupts the second answer at least (it has only just started).
-    cancelled = [
+    # The typed message interrupts the second answer at least: its audio has only just started.
+    cut_off = {
         item["id"]
         for event in events_of(conversation, "response.done")
         if event["response"]["status"] == "cancelled"
         for item in event["response"]["output"]
-    ]
-    assert cancelled
+    } | {event["item_id"] for event in events_of(conversation, "conversation.item.truncated")}
+    assert cut_off
     badges = {turn["itemId"]: turn["badge"] for turn in turns_of(conversation, "assistant")}
-    assert all(badges[item_id] == "cut off" for item_id in cancelled)
+    assert {item_id: badges[item_id] for item_id in cut_off} == dict.fromkeys(cut_off, "cut off")
 
 
 def test_page_shows_latency_measured_in_the_browser(conversation: RecordedConversation) -> None:
@@ -261,3 +296,39 @@ async def test_refused_microphone_shows_a_clear_message(server_url: str) -> None
             assert await page.is_enabled("#connect")
         finally:
             await browser.close()
+
+
+def end_call_on_server(url: str) -> int:
+    with urllib.request.urlopen(urllib.request.Request(url, method="DELETE"), timeout=10) as response:
+        return response.status
+
+
+async def test_page_reconnects_when_the_call_drops(server_url: str, tmp_path: Path) -> None:
+    microphone = write_fake_microphone(tmp_path / "silence.wav", [Silence(60.0)])
+    async with async_playwright() as playwright:
+        browser = await launch_chromium(playwright, microphone=microphone)
+        try:
+            page = await browser.new_page()
+            await page.add_init_script(SCRIPT_WATCH_DISPLAY)
+            await page.goto(server_url)
+            await page.click("#connect")
+            await page.wait_for_function("window.omniRtc.state === 'listening'", timeout=TURN_DEADLINE_MS)
+            first_call = await page.evaluate("window.omniRtc.callUrl")
+            assert await asyncio.to_thread(end_call_on_server, server_url + first_call) == 204
+
+            await page.wait_for_function(
+                "window.omniRtc.events.filter((e) => e.type === 'session.created').length === 2"
+                " && window.omniRtc.state === 'listening'",
+                timeout=TURN_DEADLINE_MS,
+            )
+            second_call = await page.evaluate("window.omniRtc.callUrl")
+            states = await page.evaluate("window.watched.states")
+            error = await page.locator("#errors .error").first.inner_text()
+            sessions_while_reconnected = await asyncio.to_thread(open_sessions, server_url)
+            await page.click("#hangup")
+        finally:
+            await browser.close()
+    assert second_call != first_call
+    assert states == ["connecting", "listening", "reconnecting", "listening"]
+    assert error.startswith("Call dropped")
+    assert sessions_while_reconnected == 1
