@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -110,8 +111,8 @@ class Recorder:
             handle.remove()
 
 
-def reference(model, inputs, *, max_tokens: int, frames: int, eos_ids: list[int]):
-    """generate() with both stages greedy: (answer ids, fed ids, codes [1, 16, F], waveform)."""
+def reference(model, inputs, *, max_tokens: int, frames: int, eos_ids: list[int], min_tokens: int = 0):
+    """generate() with both stages greedy: (answer ids, recorder, codes [1, 16, F], waveform)."""
     recorder = Recorder(model)
     try:
         sequences, waveform = model.generate(
@@ -120,10 +121,13 @@ def reference(model, inputs, *, max_tokens: int, frames: int, eos_ids: list[int]
             input_features=inputs.input_features,
             feature_attention_mask=inputs.feature_attention_mask,
             thinker_max_new_tokens=max_tokens,
+            thinker_min_new_tokens=min_tokens,
             thinker_do_sample=False,
             thinker_repetition_penalty=model.generation_config.repetition_penalty,
             thinker_eos_token_id=eos_ids,
             talker_do_sample=False,
+            # force_output_tokens=N holds codec EOS for the Talker's first N - 1 codes.
+            talker_min_new_tokens=max(min_tokens - 1, 0),
             talker_max_new_tokens=frames + 1,  # the last sampled code never becomes a frame
         )
     finally:
@@ -143,57 +147,66 @@ def streamed(model, tokenizer, inputs, **params):
     return events, recorder, recorder.streamed_codes(left_context)
 
 
-def assert_same_inputs(recorder: Recorder, reference_recorder: Recorder) -> None:
-    """The same prompt and answer tokens fed to the Thinker; the same embeddings, step by step, to the Talker."""
-    assert recorder.fed_ids == reference_recorder.fed_ids
-    # generate() runs one more Talker forward at the frame limit; the code it samples is dropped.
-    assert len(reference_recorder.talker_inputs) == len(recorder.talker_inputs) + 1
+def assert_same_computation(events, recorder: Recorder, codes, reference_run, *, max_audio_frames: int) -> None:
+    """The same Thinker tokens, Talker input embeddings step by step, codec frames and waveform."""
+    answer, reference_recorder, reference_codes, reference_wave = reference_run
+    assert recorder.fed_ids == reference_recorder.fed_ids  # the prompt, then each answer token fed back
+    # At the frame limit generate() runs one more Talker forward, whose code it drops.
+    extra = 1 if codes.shape[-1] == max_audio_frames else 0
+    assert len(reference_recorder.talker_inputs) == len(recorder.talker_inputs) + extra
     for step, (fed, expected) in enumerate(zip(recorder.talker_inputs, reference_recorder.talker_inputs)):
         assert fed.shape == expected.shape, step
         torch.testing.assert_close(fed, expected, rtol=0, atol=1e-6, msg=f"talker step {step}")
+    assert torch.equal(codes, reference_codes)
+    wave = pcm_of(events)
+    assert wave.shape == reference_wave.shape
+    np.testing.assert_allclose(wave, reference_wave, rtol=0, atol=WAVEFORM_ATOL)
 
 
 def test_greedy_stream_computes_what_generate_computes(model, tokenizer, inputs):
-    answer, ref_recorder, ref_codes, ref_wave = reference(
-        model, inputs, max_tokens=12, frames=40, eos_ids=[IM_END, END_OF_TEXT]
-    )
+    reference_run = reference(model, inputs, min_tokens=12, max_tokens=12, frames=40, eos_ids=[IM_END, END_OF_TEXT])
     events, recorder, codes = streamed(
-        model, tokenizer, inputs, **greedy(max_output_tokens=12, max_audio_frames=40)
+        model, tokenizer, inputs, **greedy(force_output_tokens=12, max_output_tokens=12, max_audio_frames=40)
     )
     done = events[-1]
-    assert len(answer) == 12 and done.finish_reason == "length"
-    assert_same_inputs(recorder, ref_recorder)
-    assert done.text == tokenizer.decode(answer, skip_special_tokens=True)
-    assert torch.equal(codes, ref_codes)
-    wave = pcm_of(events)
-    assert wave.shape == ref_wave.shape
-    np.testing.assert_allclose(wave, ref_wave, rtol=0, atol=WAVEFORM_ATOL)
+    assert len(reference_run[0]) == 12 and done.finish_reason == "length"
+    assert done.text == tokenizer.decode(reference_run[0], skip_special_tokens=True)
+    assert codes.shape[-1] >= 11  # the whole text spoken
+    assert_same_computation(events, recorder, codes, reference_run, max_audio_frames=40)
 
 
 def test_greedy_stream_matches_generate_when_the_thinker_stops_by_itself(dev_model_dir, tokenizer, inputs):
     model = load_model(dev_model_dir)
-    plain, _, _, _ = reference(model, inputs, max_tokens=12, frames=1, eos_ids=[IM_END, END_OF_TEXT])
-    # Make the greedy answer's 6th token a stop token: the answer ends there "by itself".
-    position = next(i for i in range(5, 12) if plain[i] not in plain[:i])
-    stop_id = plain[position]
-    model.generation_config.eos_token_id = [IM_END, END_OF_TEXT, stop_id]
-    answer, ref_recorder, ref_codes, ref_wave = reference(
-        model, inputs, max_tokens=12, frames=30, eos_ids=[IM_END, END_OF_TEXT, stop_id]
-    )
+    stop_ids = [IM_END, END_OF_TEXT]
+    plain = reference(model, inputs, max_tokens=12, frames=1, eos_ids=stop_ids)[0]
+    if plain[-1] not in stop_ids:
+        # The answer does not end within 12 tokens: make its 6th token a stop token.
+        position = next(i for i in range(5, 12) if plain[i] not in plain[:i])
+        stop_ids.append(plain[position])
+        model.generation_config.eos_token_id = stop_ids
+        plain = plain[: position + 1]
+    reference_run = reference(model, inputs, max_tokens=12, frames=30, eos_ids=stop_ids)
     events, recorder, codes = streamed(model, tokenizer, inputs, **greedy(max_output_tokens=12, max_audio_frames=30))
     done = events[-1]
-    assert answer == plain[: position + 1]
+    assert reference_run[0] == plain
     assert done.finish_reason == "stop"
-    assert done.usage.output_text_tokens == position  # the stop token is not counted
-    assert done.text == tokenizer.decode(plain[:position], skip_special_tokens=True)
-    assert_same_inputs(recorder, ref_recorder)
-    assert torch.equal(codes, ref_codes)
-    np.testing.assert_allclose(pcm_of(events), ref_wave, rtol=0, atol=WAVEFORM_ATOL)
+    assert done.usage.output_text_tokens == len(plain) - 1  # the stop token is not counted
+    assert done.text == tokenizer.decode(plain[:-1], skip_special_tokens=True)
+    assert_same_computation(events, recorder, codes, reference_run, max_audio_frames=30)
 
 
-def test_audio_chunks_concatenate_to_one_decode_of_all_frames(model, tokenizer, inputs):
-    events, _, codes = streamed(model, tokenizer, inputs, **greedy(max_output_tokens=4, max_audio_frames=80))
-    assert events[-1].usage.output_audio_tokens == codes.shape[-1] == 80
+@pytest.fixture(scope="module")
+def long_turn(model, tokenizer, inputs):
+    """A greedy turn of 80 text tokens and at most 80 frames: four chunks or more."""
+    events, _, codes = streamed(
+        model, tokenizer, inputs, **greedy(force_output_tokens=80, max_output_tokens=80, max_audio_frames=80)
+    )
+    return events, codes
+
+
+def test_audio_chunks_concatenate_to_one_decode_of_all_frames(model, long_turn):
+    events, codes = long_turn
+    assert events[-1].usage.output_audio_tokens == codes.shape[-1] >= 79
     with torch.inference_mode():
         whole = model.code2wav(codes)[0, 0].numpy()
     wave = pcm_of(events)
@@ -201,20 +214,25 @@ def test_audio_chunks_concatenate_to_one_decode_of_all_frames(model, tokenizer, 
     np.testing.assert_allclose(wave, whole, rtol=0, atol=WAVEFORM_ATOL)
 
 
-def test_first_chunk_holds_four_frames_then_chunks_hold_twenty_five(model, tokenizer, inputs):
-    events, _, codes = streamed(model, tokenizer, inputs, **greedy(max_output_tokens=4, max_audio_frames=60))
+def test_first_chunk_holds_four_frames_then_chunks_hold_twenty_five(model, long_turn):
+    events, codes = long_turn
     sizes = [len(event.pcm) for event in events if isinstance(event, AudioChunk)]
     with torch.inference_mode():
         first = model.code2wav(codes[..., :4])[0, 0]
     # Each chunk holds only final samples: the first lacks the few that need frame 5.
     assert sizes[0] == len(first) < 4 * SAMPLES_PER_FRAME
-    assert sizes[1:-1] == [25 * SAMPLES_PER_FRAME] * 2
-    assert sum(sizes) == len(model.code2wav(codes)[0, 0])
+    frames = codes.shape[-1]
+    assert len(sizes) == 1 + math.ceil((frames - 4) / 25) >= 4
+    assert sizes[1:-1] == [25 * SAMPLES_PER_FRAME] * (len(sizes) - 2)
+    assert 0 < sizes[-1] <= 25 * SAMPLES_PER_FRAME
 
 
 def test_exact_waveform_with_left_context_covering_code2wav_attention(model, tokenizer, inputs):
     events, _, codes = streamed(
-        model, tokenizer, inputs, **greedy(max_output_tokens=4, max_audio_frames=80, left_context_frames=72)
+        model,
+        tokenizer,
+        inputs,
+        **greedy(force_output_tokens=80, max_output_tokens=80, max_audio_frames=80, left_context_frames=72),
     )
     with torch.inference_mode():
         whole = model.code2wav(codes)[0, 0].numpy()
@@ -244,7 +262,7 @@ def test_text_only_turn_never_runs_the_talker(model, tokenizer, inputs):
     calls = []
     handle = model.talker.register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
-        events = run(model, tokenizer, inputs, output_audio=False, max_output_tokens=6, seed=0)
+        events = run(model, tokenizer, inputs, output_audio=False, force_output_tokens=6, max_output_tokens=6, seed=0)
     finally:
         handle.remove()
     assert not [event for event in events if isinstance(event, AudioChunk)]
@@ -254,7 +272,7 @@ def test_text_only_turn_never_runs_the_talker(model, tokenizer, inputs):
 
 
 def test_deltas_concatenate_to_the_text_and_usage_counts_the_turn(model, tokenizer, inputs):
-    events = run(model, tokenizer, inputs, max_output_tokens=10, max_audio_frames=12, seed=5)
+    events = run(model, tokenizer, inputs, force_output_tokens=10, max_output_tokens=10, max_audio_frames=12, seed=5)
     done = events[-1]
     assert isinstance(done, TurnDone) and sum(isinstance(event, TurnDone) for event in events) == 1
     assert "".join(event.text for event in events if isinstance(event, TextDelta)) == done.text
@@ -314,7 +332,11 @@ def test_cancel_while_the_thinker_writes_ends_the_turn_at_once(model, tokenizer,
 def test_cancel_while_speaking_ends_the_turn_at_once(model, tokenizer, inputs):
     stop = False
     turn = stream_turn(
-        model, tokenizer, inputs, GenerationParams(max_output_tokens=3, max_audio_frames=200, seed=0), lambda: stop
+        model,
+        tokenizer,
+        inputs,
+        GenerationParams(force_output_tokens=40, max_output_tokens=40, max_audio_frames=200, seed=0),
+        lambda: stop,
     )
     seen = []
     for event in turn:
