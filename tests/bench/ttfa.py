@@ -17,7 +17,7 @@ Forced lengths: random weights almost never sample ``<|im_end|>``, nor codec EOS
 EOS is suppressed until N tokens and N is also the limit (stream: ``force_output_tokens=N,
 max_output_tokens=N``; generate: ``thinker_min_new_tokens=N, thinker_max_new_tokens=N``). The
 Talker's codec EOS is suppressed until it has consumed the whole text (stream: implied by
-``force_output_tokens``; generate: ``talker_min_new_tokens=N``), and both are capped at
+``force_output_tokens``; generate: ``talker_min_new_tokens=N-1``), and both are capped at
 ``frames_per_token * N`` codec frames (stream: ``max_audio_frames``; generate:
 ``talker_max_new_tokens`` one higher, as its last sampled code never becomes a frame). Three
 frames per token is roughly speech: 12.5 frames/s against ~4 text tokens/s. Sampling is each
@@ -28,6 +28,7 @@ Talker as generate()), same seed for both. Default is the dev model on CPU, one 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -38,8 +39,11 @@ from pathlib import Path
 
 import soundfile as sf
 import torch
+import transformers
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
+import pipeline.devmodel
+import pipeline.tokenizer
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
 from pipeline.devmodel import ensure_dev_model
 from pipeline.generation import GenerationParams, stream_turn
@@ -51,6 +55,14 @@ REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 TEMPERATURE = 0.8
 SEED = 0
+
+
+def dev_model_fingerprint() -> str:
+    """Changes with what the dev model is built from, so a stale build is never measured."""
+    digest = hashlib.sha256(transformers.__version__.encode())
+    for module in (pipeline.devmodel, pipeline.tokenizer):
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def spoken_turn(renderer: PromptRenderer) -> ThinkerInputs:
@@ -128,7 +140,8 @@ def measure_generate(model, inputs: ThinkerInputs, tokens: int, frames: int) -> 
         thinker_repetition_penalty=config.repetition_penalty,
         thinker_min_new_tokens=tokens,
         thinker_max_new_tokens=tokens,
-        talker_min_new_tokens=tokens,
+        # force_output_tokens=N holds codec EOS for the Talker's first N - 1 codes.
+        talker_min_new_tokens=tokens - 1,
         talker_max_new_tokens=frames + 1,
     )
     total = clock.read()
@@ -170,7 +183,7 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
-    model_dir = args.model or ensure_dev_model(REPO / ".cache" / "bench", progress=print)
+    model_dir = args.model or ensure_dev_model(REPO / ".cache" / "bench" / dev_model_fingerprint(), progress=print)
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir).to(args.device).eval()
     tokenizer = load_tokenizer(model_dir)
     inputs = spoken_turn(PromptRenderer.from_pretrained(model_dir))
