@@ -18,8 +18,10 @@ widths) for a person to look at.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import urllib.request
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -303,7 +305,9 @@ def end_call_on_server(url: str) -> int:
         return response.status
 
 
-async def test_page_reconnects_when_the_call_drops(server_url: str, tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def page_with_a_silent_microphone(server_url: str, tmp_path: Path) -> AsyncIterator[Page]:
+    """The page, loaded and not yet connected, in a browser whose microphone hears a quiet room."""
     microphone = write_fake_microphone(tmp_path / "silence.wav", [Silence(60.0)])
     async with async_playwright() as playwright:
         browser = await launch_chromium(playwright, microphone=microphone)
@@ -311,24 +315,69 @@ async def test_page_reconnects_when_the_call_drops(server_url: str, tmp_path: Pa
             page = await browser.new_page()
             await page.add_init_script(SCRIPT_WATCH_DISPLAY)
             await page.goto(server_url)
-            await page.click("#connect")
-            await page.wait_for_function("window.omniRtc.state === 'listening'", timeout=TURN_DEADLINE_MS)
-            first_call = await page.evaluate("window.omniRtc.callUrl")
-            assert await asyncio.to_thread(end_call_on_server, server_url + first_call) == 204
-
-            await page.wait_for_function(
-                "window.omniRtc.events.filter((e) => e.type === 'session.created').length === 2"
-                " && window.omniRtc.state === 'listening'",
-                timeout=TURN_DEADLINE_MS,
-            )
-            second_call = await page.evaluate("window.omniRtc.callUrl")
-            states = await page.evaluate("window.watched.states")
-            error = await page.locator("#errors .error").first.inner_text()
-            sessions_while_reconnected = await asyncio.to_thread(open_sessions, server_url)
-            await page.click("#hangup")
+            yield page
         finally:
             await browser.close()
+
+
+async def connect(page: Page) -> None:
+    await page.click("#connect")
+    await page.wait_for_function("window.omniRtc.state === 'listening'", timeout=TURN_DEADLINE_MS)
+
+
+async def test_page_reconnects_when_the_call_drops(server_url: str, tmp_path: Path) -> None:
+    async with page_with_a_silent_microphone(server_url, tmp_path) as page:
+        await connect(page)
+        first_call = await page.evaluate("window.omniRtc.callUrl")
+        assert await asyncio.to_thread(end_call_on_server, server_url + first_call) == 204
+
+        await page.wait_for_function(
+            "window.omniRtc.events.filter((e) => e.type === 'session.created').length === 2"
+            " && window.omniRtc.state === 'listening'",
+            timeout=TURN_DEADLINE_MS,
+        )
+        second_call = await page.evaluate("window.omniRtc.callUrl")
+        states = await page.evaluate("window.watched.states")
+        error = await page.locator("#errors .error").first.inner_text()
+        sessions_while_reconnected = await asyncio.to_thread(open_sessions, server_url)
+        await page.click("#hangup")
     assert second_call != first_call
     assert states == ["connecting", "listening", "reconnecting", "listening"]
     assert error.startswith("Call dropped")
     assert sessions_while_reconnected == 1
+
+
+async def test_session_controls_become_a_session_update(server_url: str, tmp_path: Path) -> None:
+    async with page_with_a_silent_microphone(server_url, tmp_path) as page:
+        await page.select_option("#voice", "chelsie")  # before connecting: sent on connect
+        await connect(page)
+        await page.uncheck("#barge-in")
+        await page.fill("#silence-ms", "800")
+        await page.fill("#instructions", "Answer in one word.")
+        await page.click("#apply")
+        await page.wait_for_function(
+            "window.omniRtc.events.filter((e) => e.type === 'session.updated').length === 2", timeout=30_000
+        )
+        updated = await page.evaluate("window.omniRtc.events.filter((e) => e.type === 'session.updated')")
+        errors = await page.locator("#errors .error").count()
+    assert updated[0]["session"]["audio"]["output"]["voice"] == "chelsie"
+    effective = updated[1]["session"]
+    assert effective["audio"]["output"]["voice"] == "chelsie"
+    assert effective["instructions"] == "Answer in one word."
+    turn_detection = effective["audio"]["input"]["turn_detection"]
+    assert (turn_detection["interrupt_response"], turn_detection["silence_duration_ms"]) == (False, 800)
+    assert errors == 0
+
+
+async def test_echo_cancellation_toggle_replaces_the_microphone_track(server_url: str, tmp_path: Path) -> None:
+    sender_echo_cancellation = (
+        "window.omniRtc.pc.getSenders().find((s) => s.track?.kind === 'audio').track.getSettings().echoCancellation"
+    )
+    async with page_with_a_silent_microphone(server_url, tmp_path) as page:
+        await connect(page)
+        assert await page.evaluate(sender_echo_cancellation) is True
+        await page.uncheck("#echo-cancellation")
+        await page.wait_for_function(f"{sender_echo_cancellation} === false", timeout=30_000)
+        state = await page.evaluate("window.omniRtc.state")
+        errors = await page.locator("#errors .error").count()
+    assert (state, errors) == ("listening", 0)
