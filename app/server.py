@@ -84,11 +84,12 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 del app.state.runtime
 
     app = FastAPI(title="omni-rtc", lifespan=lifespan)
+    base_config = _base_session_config(settings)
 
     def resolve_session(partial: dict[str, Any] | None) -> dict[str, Any]:
         """The effective session a client secret's call will start with (``ValueError`` when wrong)."""
         try:
-            config = SessionConfig.from_session(partial or {})
+            config = SessionConfig.from_session(partial or {}, base=base_config)
         except ProtocolError as exc:
             raise ValueError(exc.message) from None
         runtime = getattr(app.state, "runtime", None)
@@ -113,7 +114,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     async def create_call(request: Request, grant: CallGrant = Depends(authenticator.authorize_call)) -> Response:
         runtime = _runtime(request)
         offer, session = await _read_offer(request, settings)
-        config = _session_config({**(grant.session or {}), **(session or {})})
+        config = _session_config({**(grant.session or {}), **(session or {})}, base_config)
 
         def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
             return RealtimeSession(engine=runtime.for_sessions, vad=runtime.vad, output=output, send=send, config=config)
@@ -247,9 +248,19 @@ def _parse_session_json(raw: bytes) -> dict[str, Any]:
     return session
 
 
-def _session_config(partial: dict[str, Any]) -> SessionConfig:
+def _base_session_config(settings: Settings) -> SessionConfig:
+    """What every session starts from: the server-side limits of the settings."""
+    return SessionConfig(
+        max_text_chars=settings.max_text_chars,
+        max_event_bytes=settings.max_event_bytes,
+        max_events_per_second=settings.max_events_per_second,
+        max_event_burst=settings.max_event_burst,
+    )
+
+
+def _session_config(partial: dict[str, Any], base: SessionConfig) -> SessionConfig:
     try:
-        return SessionConfig.from_session(partial)
+        return SessionConfig.from_session(partial, base=base)
     except ProtocolError as exc:
         param = f"session.{exc.param}" if exc.param and not exc.param.startswith("session") else exc.param or "session"
         raise ApiError(400, f"Invalid session: {exc.message}", code=exc.code, param=param) from None
@@ -267,9 +278,13 @@ async def _start_engine(settings: Settings) -> tuple[Engine, str]:
         logger.info("no model given: using the dev model at %s", model_dir)
     else:
         model = settings.model
-    generation = {} if settings.max_audio_frames is None else {"max_audio_frames": settings.max_audio_frames}
     engine = TransformersEngine(
-        model, device=settings.device, dtype=settings.dtype, seed=settings.seed, generation=generation
+        model,
+        device=settings.device,
+        dtype=settings.dtype,
+        seed=settings.seed,
+        generation=settings.generation,
+        threads=settings.engine_threads,
     )
     await engine.start()
     return engine, model

@@ -34,6 +34,7 @@ import numpy as np
 import soxr
 
 from app.ledger import Playback, PlaybackLedger
+from app.limits import EventGate
 from app.protocol import (
     AudioFormat,
     ClientContentPart,
@@ -303,6 +304,11 @@ class RealtimeSession:
         self._output = output
         self._send = send
         self._config = config or SessionConfig()
+        self._gate = EventGate(
+            max_bytes=self._config.max_event_bytes,
+            per_second=self._config.max_events_per_second,
+            burst=self._config.max_event_burst,
+        )
         self.session_id = session_id or new_id("sess")
         self._conversation_id = new_id("conv")
         self._expires_at = int(time.time()) + SESSION_LIFETIME_S
@@ -341,6 +347,10 @@ class RealtimeSession:
     async def handle_message(self, raw: str | bytes) -> None:
         """Handle one client event (JSON text); every mistake is answered with an ``error``."""
         if self._closed:
+            return
+        rejection = self._gate.admit(raw)  # before parsing: a flood or a huge event costs nothing
+        if rejection is not None:
+            self._emit(ProtocolError(rejection.code, rejection.message).to_event())
             return
         event_id: str | None = None
         try:

@@ -77,6 +77,11 @@ class SessionConfig:
     # Server-side, not in the protocol:
     history: HistoryLimits = field(default_factory=HistoryLimits)
     max_text_chars: int = 16_000  # one input_text or the instructions; Settings.max_text_chars
+    # Client events past these are answered with an error and dropped (app.limits.EventGate);
+    # Settings.max_event_bytes, max_events_per_second, max_event_burst.
+    max_event_bytes: int = 262_144
+    max_events_per_second: float = 50.0
+    max_event_burst: int = 100
 
     @classmethod
     def from_session(cls, session: Mapping[str, Any], *, base: SessionConfig | None = None) -> SessionConfig:

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import pytest
 
 from app.auth import ApiError
+from app.config import Settings
 from app.limits import EventGate, StallTimeoutEngine, capacity_error, check_offer_sdp
+from app.server import create_app
+from app.session_config import SessionConfig
+from app.testing import ScriptedEngine, SessionHarness
 from pipeline.conversation import Conversation, UserText
 from pipeline.turn import EngineError, TextDelta, TurnDone, TurnRequest, Usage
 
@@ -127,7 +132,7 @@ def test_gate_does_not_charge_oversized_events_to_the_rate():
     assert gate.admit("{}") is None
 
 
-class ScriptedEngine:
+class ScriptedTurnEngine:
     """Yields ``events``; then stalls forever if ``stall``; records whether it was cancelled."""
 
     name = "scripted"
@@ -168,12 +173,12 @@ async def collect(engine) -> list:
 
 
 async def test_stall_guard_passes_a_healthy_turn_through():
-    engine = StallTimeoutEngine(ScriptedEngine([TextDelta("hi"), DONE]), stall_timeout_s=5)
+    engine = StallTimeoutEngine(ScriptedTurnEngine([TextDelta("hi"), DONE]), stall_timeout_s=5)
     assert await collect(engine) == [TextDelta("hi"), DONE]
 
 
 async def test_stalled_turn_fails_with_engine_timeout_and_is_cancelled():
-    inner = ScriptedEngine([TextDelta("hi")], stall=True)
+    inner = ScriptedTurnEngine([TextDelta("hi")], stall=True)
     engine = StallTimeoutEngine(inner, stall_timeout_s=0.05)
     seen = []
     with pytest.raises(EngineError) as raised:
@@ -185,12 +190,59 @@ async def test_stalled_turn_fails_with_engine_timeout_and_is_cancelled():
 
 
 async def test_engine_error_passes_through_the_guard():
-    inner = ScriptedEngine([], error=EngineError("boom"))
+    inner = ScriptedTurnEngine([], error=EngineError("boom"))
     with pytest.raises(EngineError, match="boom"):
         await collect(StallTimeoutEngine(inner, stall_timeout_s=5))
 
 
 async def test_guard_exposes_the_wrapped_engine():
-    engine = StallTimeoutEngine(ScriptedEngine([]), stall_timeout_s=5)
+    engine = StallTimeoutEngine(ScriptedTurnEngine([]), stall_timeout_s=5)
     assert engine.name == "scripted"
     assert engine.restarts == 3
+
+
+# -- the limits in a session and a server --------------------------------------------------
+
+
+def text_item(text: str) -> dict:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+async def test_oversized_event_gets_an_error_and_the_session_goes_on():
+    harness = SessionHarness(ScriptedEngine(), config=SessionConfig(max_event_bytes=1_024))
+    await harness.send(type="conversation.item.create", item=text_item("x" * 2_000))
+    assert harness.last("error")["error"]["code"] == "event_too_large"
+    await harness.send(type="conversation.item.create", item=text_item("short"))
+    assert harness.last("conversation.item.done")["item"]["content"][0]["text"] == "short"
+
+
+async def test_event_flood_gets_errors_and_the_session_goes_on():
+    # One token per 1000 s: nothing refills while the test runs (refilling: the gate's own tests).
+    harness = SessionHarness(ScriptedEngine(), config=SessionConfig(max_events_per_second=0.001, max_event_burst=2))
+    for number in range(4):
+        await harness.send(type="conversation.item.create", item=text_item(f"item {number}"))
+    assert [e["error"]["code"] for e in harness.of_type("error")] == ["rate_limit_exceeded"] * 2
+    assert len(harness.of_type("conversation.item.done")) == 2
+
+
+async def test_overlong_text_gets_an_error_naming_the_limit():
+    harness = SessionHarness(ScriptedEngine(), config=SessionConfig(max_text_chars=10))
+    await harness.send(type="conversation.item.create", item=text_item("x" * 11))
+    error = harness.last("error")["error"]
+    assert error["param"] == "item.content[0].text"
+    assert "10 characters" in error["message"]
+
+
+async def test_server_settings_reach_the_sessions_it_starts():
+    settings = Settings(ice_loopback=True, api_key="sk-test", max_text_chars=10)
+    app = create_app(settings, engine=ScriptedEngine())
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            response = await http.post(
+                "/v1/realtime/client_secrets",
+                json={"session": {"instructions": "x" * 11}},
+                headers={"Authorization": "Bearer sk-test"},
+            )
+    assert response.status_code == 400
+    assert "10 characters" in response.json()["error"]["message"]
