@@ -58,6 +58,13 @@ def inputs(dev_model_dir):
     return PromptRenderer.from_pretrained(dev_model_dir).render(conversation)
 
 
+@pytest.fixture(scope="module")
+def typed_inputs(dev_model_dir):
+    """A conversation without audio: the Talker's positions take the plain (not multimodal) path."""
+    conversation = Conversation(items=(UserText("hi there"), AssistantText("hello!"), UserText("how are you?")))
+    return PromptRenderer.from_pretrained(dev_model_dir).render(conversation)
+
+
 def never() -> bool:
     return False
 
@@ -113,13 +120,15 @@ class Recorder:
 
 def reference(model, inputs, *, max_tokens: int, frames: int, eos_ids: list[int], min_tokens: int = 0):
     """generate() with both stages greedy: (answer ids, recorder, codes [1, 16, F], waveform)."""
+    audio = {}
+    if inputs.input_features is not None:  # generate() cannot take None for these
+        audio = {"input_features": inputs.input_features, "feature_attention_mask": inputs.feature_attention_mask}
     recorder = Recorder(model)
     try:
         sequences, waveform = model.generate(
             input_ids=inputs.input_ids,
             attention_mask=inputs.attention_mask,
-            input_features=inputs.input_features,
-            feature_attention_mask=inputs.feature_attention_mask,
+            **audio,
             thinker_max_new_tokens=max_tokens,
             thinker_min_new_tokens=min_tokens,
             thinker_do_sample=False,
@@ -163,7 +172,9 @@ def assert_same_computation(events, recorder: Recorder, codes, reference_run, *,
     np.testing.assert_allclose(wave, reference_wave, rtol=0, atol=WAVEFORM_ATOL)
 
 
-def test_greedy_stream_computes_what_generate_computes(model, tokenizer, inputs):
+@pytest.mark.parametrize("turn", ["inputs", "typed_inputs"])
+def test_greedy_stream_computes_what_generate_computes(model, tokenizer, turn, request):
+    inputs = request.getfixturevalue(turn)
     reference_run = reference(model, inputs, min_tokens=12, max_tokens=12, frames=40, eos_ids=[IM_END, END_OF_TEXT])
     events, recorder, codes = streamed(
         model, tokenizer, inputs, **greedy(force_output_tokens=12, max_output_tokens=12, max_audio_frames=40)
