@@ -34,7 +34,6 @@ window (72 frames in the real model) the chunks equal that decode; with the defa
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -51,8 +50,6 @@ from transformers.generation.logits_process import (
 
 from pipeline.prompt import ThinkerInputs
 from pipeline.turn import VOICES, AudioChunk, FinishReason, TextDelta, TurnDone, TurnEvent, Usage
-
-logger = logging.getLogger(__name__)
 
 # max_output_tokens=None ("inf" in the protocol) still needs a bound; 4096 is the protocol's
 # largest numeric value.
