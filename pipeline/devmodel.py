@@ -239,14 +239,18 @@ def _initialise_talker_experts(model: Qwen3OmniMoeForConditionalGeneration) -> N
 # - the Thinker says <|im_end|> right after a token whose id is a multiple of 24 (a random
 #   Thinker samples effectively random ids): answers of 24 tokens on average, at least 2, since
 #   the prompt's last token "\n" (198) is not one;
-# - the Talker says codec EOS as soon as its text input is <tts_text_eod> or <tts_pad>, i.e.
-#   when the Thinker's text has been spoken: one codec frame (80 ms) per text token.
+# - the Talker says codec EOS only once its text input is <tts_text_eod> or <tts_pad>, i.e.
+#   when the Thinker's text has been spoken (one codec frame per text token), and then with
+#   probability ~0.1 per frame: ~10 frames (0.8 s) of trailing speech on average.
 THINKER_STOP_EVERY = 24
 _MARKER = 0  # the residual channel that carries a marker (thinker: stop token; talker: text done)
 _TEXT_DONE = 1  # the Thinker embedding channel that tells the Talker's text projection "text done"
-# Logit weight of a marker: the final RMSNorm scales a lone marker of 1 to sqrt(32) ~ 5.7, so
-# the stop logit is ~17 against random logits with a spread of ~0.1: stopping is certain.
-_STOP_LOGIT_WEIGHT = 3.0
+# The final RMSNorm scales a marker that dominates the residual to sqrt(32) ~ 5.7 (and the
+# other channels to ~0). Thinker: 3 * 5.7 = 17 against random logits spread ~0.1, a certain
+# stop. Talker: 0.27 * 5.7 = 1.55 against the ~0 logits of the other 49 of top_k=50 at its
+# temperature 0.9 gives e^(1.55/0.9) / (e^(1.55/0.9) + 49) ~ 0.1.
+_THINKER_STOP_LOGIT_WEIGHT = 3.0
+_TALKER_STOP_LOGIT_WEIGHT = 0.27
 # text_projection's hidden unit that turns the Thinker's text-done channel into the Talker marker.
 _TEXT_DONE_GAIN = 8.0
 
@@ -266,7 +270,7 @@ def _wire_turn_endings(model: Qwen3OmniMoeForConditionalGeneration) -> None:
         _silence_channel(layer)
     lm_head = model.thinker.lm_head.weight
     lm_head[config.im_end_token_id] = 0.0
-    lm_head[config.im_end_token_id, _MARKER] = _STOP_LOGIT_WEIGHT
+    lm_head[config.im_end_token_id, _MARKER] = _THINKER_STOP_LOGIT_WEIGHT
 
     talker = model.talker
     fc1, fc2 = talker.text_projection.linear_fc1, talker.text_projection.linear_fc2
@@ -288,7 +292,7 @@ def _wire_turn_endings(model: Qwen3OmniMoeForConditionalGeneration) -> None:
     codec_head = talker.codec_head.weight
     codec_eos = config.talker_config.codec_eos_token_id
     codec_head[codec_eos] = 0.0
-    codec_head[codec_eos, _MARKER] = _STOP_LOGIT_WEIGHT
+    codec_head[codec_eos, _MARKER] = _TALKER_STOP_LOGIT_WEIGHT
 
 
 def _silence_channel(layer) -> None:
