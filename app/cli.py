@@ -28,7 +28,8 @@ SERVE_FLAGS = {
     "device": "device",
     "dtype": "dtype",
     "seed": "seed",
-    "max_audio_frames": "max_audio_frames",
+    "generation": "generation",
+    "engine_threads": "engine_threads",
     "cache_dir": "cache_dir",
     "ice_server": "ice_servers",
     "ice_loopback": "ice_loopback",
@@ -52,7 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--device", help="torch device: auto, cpu, cuda, cuda:1 ... (default auto)")
     serve.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
     serve.add_argument("--seed", type=int, help="make turns reproducible")
-    serve.add_argument("--max-audio-frames", type=int, help="cap on codec frames per answer, 12.5 per second (default 4096)")
+    serve.add_argument(
+        "--generation", type=json.loads, metavar="JSON", help='generation options for every turn, e.g. \'{"max_audio_frames": 250}\''
+    )
+    serve.add_argument("--engine-threads", type=int, help="torch CPU threads in the engine process")
     serve.add_argument("--cache-dir", type=Path, help="where the dev model is built (default ~/.cache/omni-rtc)")
     serve.add_argument(
         "--ice-server", action="append", metavar="URL", help="STUN/TURN server URL (stun:host:port, turn:host:port?transport=udp); repeatable"

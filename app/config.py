@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -44,9 +44,10 @@ class Settings(BaseSettings):
     device: str = "auto"  # "auto" picks cuda when present, else cpu
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     seed: int | None = None  # makes turns reproducible
-    # Codec frames per answer (12.5 per second of speech); None keeps the engine's cap of 4096
-    # (5.5 min). A Talker that never says EOS (the random dev model) speaks until this cap.
-    max_audio_frames: int | None = Field(None, ge=1)
+    # pipeline.generation.GenerationParams fields for every turn (JSON in the environment), e.g.
+    # {"max_audio_frames": 250} caps an answer at 20 s of speech (12.5 codec frames per second).
+    generation: dict[str, Any] = Field(default_factory=dict)
+    engine_threads: int | None = Field(None, ge=1)  # torch CPU threads in the engine process
 
     # WebRTC. List settings read from the environment as comma-separated values (or JSON lists).
     ice_servers: Annotated[list[str], NoDecode] = Field(default_factory=list)  # stun:/turn: URLs

@@ -28,7 +28,10 @@ from fastapi import FastAPI
 # Short, so a peer that vanishes is released quickly; every test client sends media
 # continuously (a paced microphone track, silence between utterances).
 DISCONNECT_TIMEOUT_S = 3.0
-MAX_AUDIO_FRAMES = 25  # 12.5 frames per second
+# The random dev model ends an answer after 1 in 24 tokens on average, and speaks one codec frame
+# (80 ms) per token: answers of at least 12 tokens are about a second of speech or more. At most
+# 4 s of speech (50 frames) keeps every turn short.
+GENERATION = {"force_output_tokens": 12, "max_audio_frames": 50}
 # Start-up builds nothing (the dev model is built by the fixture) but imports torch twice
 # (server and engine process) and loads the model, on 2 shared cores.
 STARTUP_DEADLINE_S = 180.0
@@ -85,9 +88,8 @@ def server_url(dev_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     env = {
         **os.environ,
         "OMNI_RTC_DISCONNECT_TIMEOUT_S": str(DISCONNECT_TIMEOUT_S),
-        # The random dev model's Talker never says EOS: cap each answer at 2 s of speech.
-        "OMNI_RTC_MAX_AUDIO_FRAMES": str(MAX_AUDIO_FRAMES),
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "OMNI_RTC_GENERATION": json.dumps(GENERATION),
+        "OMNI_RTC_ENGINE_THREADS": "1",  # 2 cores shared by the whole team
     }
     command = [
         sys.executable, "-m", "app.cli", "serve",
