@@ -31,8 +31,11 @@ logger = logging.getLogger(__name__)
 
 DEV_MODEL_DIRNAME = "dev-model"
 
-# ensure_dev_model renames a finished build into place, so a target holding this is complete.
-_COMPLETE_MARKER = "config.json"
+# Bumped whenever what build_dev_model writes changes, so that ensure_dev_model replaces older
+# cached builds (version 1 left the Talker's experts uninitialised).
+DEV_MODEL_VERSION = "2"
+# Written last by build_dev_model; ensure_dev_model renames only finished builds into place.
+VERSION_FILE = "omni-rtc-dev-model-version"
 
 # Widths are tiny; vocabularies, codebooks, ids and upsampling are the real model's.
 # With a 32-wide thinker the two 152,064-row matrices (embedding, lm_head) are ~39 MB of the
@@ -251,7 +254,9 @@ _TEXT_DONE = 1  # the Thinker embedding channel that tells the Talker's text pro
 # temperature 0.9 gives e^(1.55/0.9) / (e^(1.55/0.9) + 49) ~ 0.1.
 _THINKER_STOP_LOGIT_WEIGHT = 3.0
 _TALKER_STOP_LOGIT_WEIGHT = 0.27
-# text_projection's hidden unit that turns the Thinker's text-done channel into the Talker marker.
+# text_projection's hidden unit that turns the Thinker's text-done channel into the Talker
+# marker: silu(8 * 1) ~ 8 when the text is done, silu(0) = 0 otherwise.
+_TEXT_DONE_UNIT = 0
 _TEXT_DONE_GAIN = 8.0
 
 
@@ -274,12 +279,12 @@ def _wire_turn_endings(model: Qwen3OmniMoeForConditionalGeneration) -> None:
 
     talker = model.talker
     fc1, fc2 = talker.text_projection.linear_fc1, talker.text_projection.linear_fc2
-    fc1.weight[0] = 0.0
-    fc1.weight[0, _TEXT_DONE] = _TEXT_DONE_GAIN
-    fc1.bias[0] = 0.0
-    fc2.weight[:, 0] = 0.0
+    fc1.weight[_TEXT_DONE_UNIT] = 0.0
+    fc1.weight[_TEXT_DONE_UNIT, _TEXT_DONE] = _TEXT_DONE_GAIN
+    fc1.bias[_TEXT_DONE_UNIT] = 0.0
+    fc2.weight[:, _TEXT_DONE_UNIT] = 0.0
     fc2.weight[_MARKER] = 0.0
-    fc2.weight[_MARKER, 0] = 1.0
+    fc2.weight[_MARKER, _TEXT_DONE_UNIT] = 1.0
     fc2.bias[_MARKER] = 0.0
     talker.hidden_projection.linear_fc2.weight[_MARKER] = 0.0
     talker.hidden_projection.linear_fc2.bias[_MARKER] = 0.0
@@ -304,7 +309,7 @@ def _silence_channel(layer) -> None:
 def build_dev_model(
     out_dir: Path, *, seed: int = 0, progress: Callable[[str], None] | None = None
 ) -> Path:
-    """Write a complete dev checkpoint into ``out_dir`` (created; must not hold a checkpoint yet)."""
+    """Write a complete dev checkpoint into ``out_dir`` (created if missing; its files are overwritten)."""
     report = progress or logger.info
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -321,32 +326,46 @@ def build_dev_model(
     parameters = sum(p.numel() for p in model.parameters())
     report(f"saving {parameters / 1e6:.1f} M parameters")
     model.save_pretrained(out_dir)
+    (out_dir / VERSION_FILE).write_text(DEV_MODEL_VERSION + "\n")
     return out_dir
 
 
+def _is_current(model_dir: Path) -> bool:
+    version_file = model_dir / VERSION_FILE
+    return version_file.is_file() and version_file.read_text().strip() == DEV_MODEL_VERSION
+
+
 def ensure_dev_model(cache_dir: Path, *, progress: Callable[[str], None] | None = None) -> Path:
-    """``cache_dir/dev-model``, built on first use (into a temp dir, then renamed), reused afterwards."""
+    """``cache_dir/dev-model``, built on first use (into a temp dir, then renamed), reused afterwards.
+
+    A build from an older ``DEV_MODEL_VERSION`` is replaced.
+    """
     report = progress or logger.info
     cache_dir = Path(cache_dir)
     target = cache_dir / DEV_MODEL_DIRNAME
-    if (target / _COMPLETE_MARKER).is_file():
+    if _is_current(target):
         report(f"using the dev model in {target}")
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     report(f"building the dev model into {target} (once; about 15 s)")
     staging = Path(tempfile.mkdtemp(prefix=f".{DEV_MODEL_DIRNAME}-", dir=cache_dir))
     staging.chmod(0o755)  # mkdtemp's 0700 would hide the checkpoint from other users
+    stale = cache_dir / f"{staging.name}-stale"
     try:
         build_dev_model(staging, progress=report)
+        if target.exists() and not _is_current(target):
+            report(f"replacing the outdated dev model in {target}")
+            os.rename(target, stale)
         try:
             os.rename(staging, target)
         except OSError:
             # Another process finished first (rename onto a non-empty dir fails): use theirs.
-            if not (target / _COMPLETE_MARKER).is_file():
+            if not _is_current(target):
                 raise
             report(f"another process built {target} first; using it")
     finally:
-        if staging.exists():
-            shutil.rmtree(staging)
+        for leftover in (staging, stale):
+            if leftover.exists():
+                shutil.rmtree(leftover)
     report(f"dev model ready in {target}")
     return target

@@ -12,7 +12,7 @@ from transformers import (
 
 import pipeline.devmodel
 from pipeline.conversation import Conversation, UserAudio
-from pipeline.devmodel import DEV_MODEL_DIRNAME, dev_model, ensure_dev_model
+from pipeline.devmodel import DEV_MODEL_DIRNAME, DEV_MODEL_VERSION, VERSION_FILE, dev_model, ensure_dev_model
 from pipeline.prompt import PromptRenderer
 
 SAMPLES_PER_CODEC_FRAME = 1920  # 80 ms at 24 kHz
@@ -113,14 +113,27 @@ def test_ensure_reuses_a_built_model_without_rebuilding(dev_model_dir, monkeypat
     assert any("using" in message for message in messages)
 
 
-def test_ensure_builds_into_place_and_leaves_no_staging_dir(tmp_path, monkeypatch):
-    def build_config_only(out_dir, *, seed=0, progress=None):
-        (out_dir / "config.json").write_text("{}")
-        return out_dir
+def _fake_build(out_dir, *, seed=0, progress=None):
+    (out_dir / "config.json").write_text("{}")
+    (out_dir / VERSION_FILE).write_text(DEV_MODEL_VERSION)
+    return out_dir
 
-    monkeypatch.setattr(pipeline.devmodel, "build_dev_model", build_config_only)
+
+def test_ensure_builds_into_place_and_leaves_no_staging_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline.devmodel, "build_dev_model", _fake_build)
     built = ensure_dev_model(tmp_path)
     assert built == tmp_path / DEV_MODEL_DIRNAME
+    assert [path.name for path in tmp_path.iterdir()] == [DEV_MODEL_DIRNAME]
+    assert (built / VERSION_FILE).read_text() == DEV_MODEL_VERSION
+
+
+def test_ensure_replaces_a_build_from_an_older_version(tmp_path, monkeypatch):
+    outdated = tmp_path / DEV_MODEL_DIRNAME
+    outdated.mkdir()
+    (outdated / "config.json").write_text('{"outdated": true}')
+    monkeypatch.setattr(pipeline.devmodel, "build_dev_model", _fake_build)
+    built = ensure_dev_model(tmp_path)
+    assert (built / "config.json").read_text() == "{}"
     assert [path.name for path in tmp_path.iterdir()] == [DEV_MODEL_DIRNAME]
 
 
