@@ -58,6 +58,7 @@ const ui = {
   sessionNote: $("session-note"),
   remoteAudio: $("remote-audio"),
   accessKey: $("access-key"),
+  announcer: $("announcer"),
   access: document.querySelector("details.access"),
 };
 
@@ -287,9 +288,11 @@ class Call {
         break;
       case "response.output_audio_transcript.done":
         setItemText(event.item_id, event.transcript);
+        announce(event.transcript);
         break;
       case "response.output_text.done":
         setItemText(event.item_id, event.text);
+        announce(event.text);
         break;
       case "output_audio_buffer.started":
         this.audioPlaying = true;
@@ -671,6 +674,10 @@ function setState(state, text) {
   ui.statusText.textContent = text ?? STATE_TEXT[state];
 }
 
+function announce(answer) {
+  if (answer) ui.announcer.textContent = `Assistant: ${answer}`;
+}
+
 function setMeter(percent) {
   ui.meterFill.style.width = `${percent}%`;
   ui.meter.setAttribute("aria-valuenow", String(Math.round(percent)));
@@ -695,9 +702,8 @@ function showError(message) {
 
 function describeServerError(error) {
   if (!error) return "Server error.";
-  const kind = error.code ?? error.type ?? "error";
-  const param = error.param ? ` (${error.param})` : "";
-  return `Server ${kind}${param}: ${error.message ?? "no message"}`;
+  const details = [error.code ?? error.type, error.param].filter(Boolean).join(", ");
+  return `Server error: ${error.message ?? "no message"}${details ? ` (${details})` : ""}`;
 }
 
 function itemElement(itemId) {

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from playwright.async_api import Page, async_playwright
 
+from app.limits import capacity_error
 from tests.e2e.browser_chromium import Silence, launch_chromium, write_fake_microphone
 from tests.e2e.conftest import open_sessions, wait_for_sessions
 
@@ -291,9 +292,9 @@ async def test_refused_microphone_shows_a_clear_message(server_url: str) -> None
             page = await browser.new_page()
             await page.goto(server_url)
             await page.click("#connect")
-            error = page.locator("#errors .error")
+            error = page.locator("#errors .error span")
             await error.wait_for(timeout=30_000)
-            assert "Microphone access was refused" in await error.inner_text()
+            assert (await error.inner_text()).startswith("Microphone access was refused.")
             assert await page.evaluate("window.omniRtc.state") == "idle"
             assert await page.is_enabled("#connect")
         finally:
@@ -338,7 +339,7 @@ async def test_page_reconnects_when_the_call_drops(server_url: str, tmp_path: Pa
         )
         second_call = await page.evaluate("window.omniRtc.callUrl")
         states = await page.evaluate("window.watched.states")
-        error = await page.locator("#errors .error").first.inner_text()
+        error = await page.locator("#errors .error span").first.inner_text()
         sessions_while_reconnected = await asyncio.to_thread(open_sessions, server_url)
         await page.click("#hangup")
     assert second_call != first_call
@@ -381,3 +382,39 @@ async def test_echo_cancellation_toggle_replaces_the_microphone_track(server_url
         state = await page.evaluate("window.omniRtc.state")
         errors = await page.locator("#errors .error").count()
     assert (state, errors) == ("listening", 0)
+
+
+async def test_server_error_event_is_shown(server_url: str, tmp_path: Path) -> None:
+    async with page_with_a_silent_microphone(server_url, tmp_path) as page:
+        await connect(page)
+        # The page never sends a bad event itself; the hook's channel stands in for a buggy client.
+        await page.evaluate("window.omniRtc.dc.send(JSON.stringify({type: 'no.such.event', event_id: 'evt_bad'}))")
+        error = page.locator("#errors .error span")
+        await error.wait_for(timeout=30_000)
+        shown = await error.inner_text()
+        state = await page.evaluate("window.omniRtc.state")
+    assert shown.startswith("Server error: Invalid value: 'no.such.event'.")
+    assert shown.endswith("(invalid_value, type)")
+    assert state == "listening"  # the session goes on
+
+
+async def test_refused_call_shows_the_http_error(server_url: str, tmp_path: Path) -> None:
+    full = capacity_error(16).to_response()  # what a full server answers: 429, Retry-After, OpenAI error body
+    async with page_with_a_silent_microphone(server_url, tmp_path) as page:
+        await page.route(
+            "**/v1/realtime/calls",
+            lambda route: route.fulfill(
+                status=full.status_code, headers=dict(full.headers), body=full.body, content_type="application/json"
+            ),
+        )
+        await page.click("#connect")
+        error = page.locator("#errors .error span")
+        await error.wait_for(timeout=30_000)
+        shown = await error.inner_text()
+        state = await page.evaluate("window.omniRtc.state")
+        connect_enabled = await page.is_enabled("#connect")
+    assert shown == (
+        "The server refused the call (HTTP 429): The server is serving its maximum of 16 sessions; "
+        f"try again shortly. Try again in {full.headers['retry-after']} s."
+    )
+    assert (state, connect_enabled) == ("idle", True)
