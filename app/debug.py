@@ -7,7 +7,9 @@ probes for weaknesses, and a leak check runs on the server's own machine anyway.
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
+from collections import Counter
 from typing import Any
 
 import psutil
@@ -17,6 +19,9 @@ from app.auth import ApiError
 from app.config import is_loopback_host
 
 
+_THREAD_NUMBER = re.compile(r"[_-]?\d+(?: \(.*\))?$")  # "Thread-3 (worker)" -> "Thread"
+
+
 def process_resources() -> dict[str, Any]:
     """RSS, threads, open file descriptors and asyncio tasks of this process, right now."""
     process = psutil.Process()
@@ -24,6 +29,9 @@ def process_resources() -> dict[str, Any]:
     return {
         "rss_bytes": process.memory_info().rss,
         "threads": threading.active_count(),
+        # Python threads by name without their number ("asyncio_3" -> "asyncio"): the default
+        # executor's pool grows on demand up to its size, so a leak shows as another kind growing.
+        "thread_kinds": dict(Counter(_THREAD_NUMBER.sub("", thread.name) for thread in threading.enumerate())),
         "os_threads": process.num_threads(),  # includes native pools (torch, onnxruntime, av)
         "fds": process.num_fds(),
         "asyncio_tasks": len(asyncio.all_tasks()),

@@ -27,11 +27,13 @@ async def test_loopback_client_gets_the_process_figures():
     assert response.status_code == 200
     figures = response.json()
     assert set(figures) == {
-        "rss_bytes", "threads", "os_threads", "fds", "asyncio_tasks", "child_processes", "children_rss_bytes"
+        "rss_bytes", "threads", "thread_kinds", "os_threads", "fds", "asyncio_tasks", "child_processes", "children_rss_bytes"
     }
     assert figures["rss_bytes"] > 0
     assert figures["fds"] > 0
     assert figures["asyncio_tasks"] >= 1  # the request's own task
+    assert figures["thread_kinds"]["MainThread"] == 1
+    assert sum(figures["thread_kinds"].values()) == figures["threads"]
 
 
 async def test_other_clients_are_refused():

@@ -60,6 +60,7 @@ class Snapshot:
     children_rss_bytes: int
     asyncio_tasks: int
     threads: int
+    thread_kinds: dict[str, int]
     os_threads: int
     fds: int
     sessions: int
@@ -86,6 +87,7 @@ async def read_snapshot(http: httpx.AsyncClient, phase: str) -> Snapshot:
         children_rss_bytes=figures["children_rss_bytes"],
         asyncio_tasks=figures["asyncio_tasks"],
         threads=figures["threads"],
+        thread_kinds=figures["thread_kinds"],
         os_threads=figures["os_threads"],
         fds=figures["fds"],
         sessions=sessions,
