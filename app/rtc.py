@@ -33,9 +33,7 @@ from aiortc import MediaStreamTrack, RTCConfiguration, RTCDataChannel, RTCPeerCo
 from aiortc.exceptions import InternalError, InvalidAccessError, InvalidStateError, OperationError
 
 from app.ice import loopback_candidates
-from app.limits import EventGate
 from app.metrics import CallObserver
-from app.protocol import ProtocolError
 from media.inbound import InboundAudio
 from media.outbound import OutboundAudioTrack
 
@@ -82,7 +80,6 @@ class Call:
         disconnect_timeout_s: float = 10.0,
         max_duration_s: float | None = None,
         observer: CallObserver | None = None,
-        event_gate: EventGate | None = None,
         on_closed: Callable[[Call, str], None] | None = None,
         call_id: str | None = None,
     ) -> None:
@@ -94,7 +91,6 @@ class Call:
         self._disconnect_timeout_s = disconnect_timeout_s
         self._max_duration_s = max_duration_s
         self._observer = observer
-        self._event_gate = event_gate
         self._on_closed = on_closed
 
         self._loop = asyncio.get_running_loop()
@@ -251,7 +247,7 @@ class Call:
             logger.warning("call %s: ignoring data channel %r (events go on %r)", self.id, channel.label, EVENTS_CHANNEL)
             return
         self._channel = channel
-        channel.on("message", self._on_message)
+        channel.on("message", self._messages.put_nowait)
         if channel.readyState == "open":
             self._flush_pending()
         else:
@@ -275,15 +271,6 @@ class Call:
         self._session.push_audio(pcm)
 
     # -- events both ways ------------------------------------------------------------
-
-    def _on_message(self, raw: str | bytes) -> None:
-        # Size and rate are checked before anything is parsed or queued: the queue between
-        # here and the session stays bounded by the rate, whatever the peer sends.
-        rejection = self._event_gate.admit(raw) if self._event_gate is not None else None
-        if rejection is not None:
-            self._send(ProtocolError(rejection.code, rejection.message).to_event().to_json())
-            return
-        self._messages.put_nowait(raw)
 
     def _send(self, event: dict[str, Any]) -> None:
         if self._observer is not None:

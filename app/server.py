@@ -26,7 +26,7 @@ from app.auth import ApiError, Authenticator, CallGrant, install_auth
 from app.config import Settings
 from app.ice import rtc_configuration
 from app.debug import debug_router
-from app.limits import EventGate, StallTimeoutEngine, capacity_error, check_offer_sdp
+from app.limits import StallTimeoutEngine, capacity_error, check_offer_sdp
 from app.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from app.metrics import MeteredEngine, Metrics
 from app.rtc import Call, CallRegistry, CapacityError, OfferError, SessionFactory
@@ -192,11 +192,6 @@ def _new_call(
         disconnect_timeout_s=settings.disconnect_timeout_s,
         max_duration_s=settings.max_session_s,
         observer=metrics.observer(),
-        event_gate=EventGate(
-            max_bytes=settings.max_event_bytes,
-            per_second=settings.max_events_per_second,
-            burst=settings.max_event_burst,
-        ),
         on_closed=on_closed,
     )
 

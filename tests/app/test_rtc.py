@@ -14,7 +14,6 @@ from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 
 from app.client import MicrophoneTrack
 from app.ice import loopback_candidates, rtc_configuration
-from app.limits import EventGate
 from app.rtc import Call, OfferError
 
 # Generous: waiting is not measured, a call that never gets there fails the wait.
@@ -180,17 +179,3 @@ async def test_offer_without_a_data_channel_is_refused():
         finally:
             await pc.close()
 
-
-async def test_oversized_and_excess_events_are_refused_with_errors_before_the_session():
-    gate = EventGate(max_bytes=1_024, per_second=0.001, burst=2)
-    async with call_under_test(event_gate=gate) as (call, sessions, _), peer() as (pc, channel, received):
-        await connect(call, pc)
-        await until(lambda: channel.readyState == "open")
-        channel.send(json.dumps({"type": "probe", "padding": "x" * 2_000}))
-        for number in range(4):
-            channel.send(json.dumps({"type": "probe", "n": number}))
-        await until(lambda: sum(event["type"] == "error" for event in received) == 3)
-        await until(lambda: len(sessions[0].messages) == 2)
-    codes = [event["error"]["code"] for event in received if event["type"] == "error"]
-    assert codes == ["event_too_large", "rate_limit_exceeded", "rate_limit_exceeded"]
-    assert [json.loads(raw)["n"] for raw in sessions[0].messages] == [0, 1]
