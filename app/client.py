@@ -47,8 +47,9 @@ FRAME_SAMPLES = 960  # 20 ms at 48 kHz, a browser's packetisation
 # idle track is digital silence, which Opus decodes to (near) zeros.
 AUDIBLE_PEAK = 10 ** (-60 / 20)
 # After output_audio_buffer.stopped the last answer frames are still in the network and the
-# jitter buffer; wait for this much further received audio before cutting the turn.
-PLAYOUT_TAIL_FRAMES = 25  # 500 ms
+# jitter buffer, and a half-duplex server keeps ignoring speech for a moment (omni-rtc: 400 ms
+# of echo tail). Wait for this much further received audio before the turn ends.
+PLAYOUT_TAIL_FRAMES = 50  # 1 s
 
 
 class ClientError(Exception):
