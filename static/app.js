@@ -406,6 +406,9 @@ class Call {
 
   startMeter() {
     this.audioContext = new AudioContext();
+    // Created after awaiting the microphone, a moment after the click: Safari starts such a
+    // context suspended.
+    this.audioContext.resume().catch((error) => console.error("the level meter's AudioContext did not start", error));
     const analyser = this.audioContext.createAnalyser();
     analyser.fftSize = 1024;
     this.meterSource = this.audioContext.createMediaStreamSource(this.micStream);
@@ -454,7 +457,7 @@ async function openMicrophone(echoCancellation) {
   }
   try {
     return await navigator.mediaDevices.getUserMedia({
-      audio: { echoCancellation, noiseSuppression: echoCancellation, autoGainControl: true },
+      audio: { echoCancellation, noiseSuppression: true, autoGainControl: true },
     });
   } catch (error) {
     if (error.name === "NotAllowedError" || error.name === "SecurityError") {
