@@ -266,6 +266,8 @@ class TransformersEngine:
         started = time.monotonic()
         try:
             await asyncio.to_thread(process.start)
+            if self._process is not process:
+                raise EngineError("the engine was closed while starting")
             ready = await process.ready
         except BaseException as exc:
             if self._process is process:
@@ -340,12 +342,12 @@ class TransformersEngine:
         self._submit_next()
 
     def _on_exit(self, process: _EngineProcess, exitcode: int | None) -> None:
+        error = EngineError(f"the engine process exited with code {exitcode}", code="engine_died")
+        if not process.ready.done():  # it died loading, or close() stopped it while loading
+            process.ready.set_exception(error)
         if process is not self._process:
             return
         self._process, was_ready, self._ready = None, self._ready, None
-        error = EngineError(f"the engine process exited with code {exitcode}", code="engine_died")
-        if not process.ready.done():
-            process.ready.set_exception(error)
         if self._running is not None:
             self._finish(self._running, error)
         if self._closed or was_ready is None:

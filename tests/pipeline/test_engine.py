@@ -6,6 +6,7 @@ import signal
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import soundfile
 
@@ -187,3 +188,28 @@ async def test_a_turn_on_an_engine_that_was_never_started_fails_clearly(dev_mode
         await collect(engine, short_request())
     assert not engine.alive
     await engine.close()
+
+
+def engine_processes() -> list[psutil.Process]:
+    """Spawned children of this process (not multiprocessing's resource tracker)."""
+    return [child for child in psutil.Process().children() if "spawn_main" in " ".join(child.cmdline())]
+
+
+async def _engine_process_spawned():
+    while not engine_processes():
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("moment", ["before the spawn", "while the model loads"])
+async def test_close_during_start_ends_start_with_engine_error(dev_model_dir, moment):
+    engine = TransformersEngine(dev_model_dir, device="cpu", threads=1)
+    starting = asyncio.create_task(engine.start())
+    if moment == "before the spawn":
+        await asyncio.sleep(0)
+    else:
+        await asyncio.wait_for(_engine_process_spawned(), HANG_GUARD_S)
+    await engine.close()
+    with pytest.raises(EngineError):
+        await starting
+    assert not engine.alive
+    assert not engine_processes()
