@@ -49,14 +49,14 @@ class Metrics:
         )
         self.end_of_utterance_delay = Histogram(
             "omni_rtc_end_of_utterance_delay_seconds",
-            "Input audio received after the user stopped speaking until the server VAD said so "
-            "(silence wait plus processing).",
+            "From the end of speech to the server VAD's speech_stopped: the session's silence wait "
+            "plus the input audio received while the VAD caught up.",
             buckets=LATENCY_BUCKETS, registry=r,
         )
         self.time_to_first_audio = Histogram(
             "omni_rtc_time_to_first_audio_seconds",
             "From speech_stopped (or commit, or response.created for text turns) to the first "
-            "answer audio sent on the outbound track.",
+            "answer audio sent on the outbound track. Plus the end-of-utterance delay: what the user waits.",
             buckets=LATENCY_BUCKETS, registry=r,
         )
         self.thinker_first_token = Histogram(
@@ -89,6 +89,7 @@ class CallObserver:
         self._metrics = metrics
         self._clock = clock
         self._input_samples = 0
+        self._silence_ms = 0  # the session's turn_detection.silence_duration_ms, from its events
         self._turn_start: float | None = None  # wall clock the user-facing latency counts from
         self._awaiting_first_audio = False
         self._responses_created: dict[str, float] = {}
@@ -100,11 +101,15 @@ class CallObserver:
     def on_server_event(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
         now = self._clock()
-        if kind == "input_audio_buffer.speech_stopped":
+        if kind in ("session.created", "session.updated"):
+            self._silence_ms = _silence_duration_ms(event.get("session") or {})
+        elif kind == "input_audio_buffer.speech_stopped":
+            # audio_end_ms is where the VAD decided: the silence wait after the speech, already heard.
             received_ms = self._input_samples * 1000 / INPUT_SAMPLE_RATE
             audio_end_ms = event.get("audio_end_ms")
             if isinstance(audio_end_ms, int | float):
-                self._metrics.end_of_utterance_delay.observe(max(0.0, (received_ms - audio_end_ms) / 1000))
+                lag_ms = max(0.0, received_ms - audio_end_ms)
+                self._metrics.end_of_utterance_delay.observe((self._silence_ms + lag_ms) / 1000)
             self._turn_start = now
         elif kind == "input_audio_buffer.committed" and self._turn_start is None:
             self._turn_start = now  # manual commit: no speech_stopped came first
@@ -137,6 +142,12 @@ class CallObserver:
             self._metrics.errors.labels(
                 type=str(error.get("type", "unknown")), code=str(error.get("code") or "")
             ).inc()
+
+
+def _silence_duration_ms(session: dict[str, Any]) -> int:
+    turn_detection = ((session.get("audio") or {}).get("input") or {}).get("turn_detection") or {}
+    value = turn_detection.get("silence_duration_ms")
+    return int(value) if isinstance(value, int | float) else 0
 
 
 def _response_id(event: dict[str, Any]) -> str | None:

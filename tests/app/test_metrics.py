@@ -25,11 +25,13 @@ def sample(metrics: Metrics, name: str, **labels: str) -> float:
     return 0.0 if value is None else value
 
 
-def test_end_of_utterance_delay_is_audio_received_after_the_speech_ended():
+def test_end_of_utterance_delay_is_the_silence_wait_plus_the_vad_lag():
     metrics = Metrics()
     observer = metrics.observer(Clock())
-    observer.on_input_audio(16_000 * 3)  # 3 s received
-    observer.on_server_event({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 2_400})
+    session = {"audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}}}
+    observer.on_server_event({"type": "session.created", "session": session})
+    observer.on_input_audio(16_000 * 3)  # 3 s received when the VAD decided at 2.9 s
+    observer.on_server_event({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 2_900})
     assert sample(metrics, "omni_rtc_end_of_utterance_delay_seconds_sum") == pytest.approx(0.6)
 
 
