@@ -194,7 +194,7 @@ def dev_model_server() -> Iterator[str]:
         [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--device", "cpu", "--seed", "0",
          "--ice-loopback", "--log-level", "warning",
          # The random dev model's Talker never says EOS: cap each answer at 2 s of speech.
-         "--max-audio-frames", str(DEV_MODEL_AUDIO_FRAMES)],
+         "--generation", json.dumps({"max_audio_frames": DEV_MODEL_AUDIO_FRAMES})],
         env=env,
     )
     try:
