@@ -32,7 +32,7 @@ import av
 import httpx
 import numpy as np
 import soxr
-from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
+from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
 from app.ice import loopback_candidates, rtc_configuration
@@ -200,7 +200,7 @@ class RealtimeClient:
         self._received = _Received()
         self._receiver: asyncio.Task[None] | None = None
         self._channel_open = asyncio.Event()
-        self._channel: Any = None
+        self._channel: RTCDataChannel | None = None
 
     async def __aenter__(self) -> RealtimeClient:
         try:
@@ -303,6 +303,7 @@ class RealtimeClient:
     async def send(self, event: dict[str, Any]) -> None:
         """Sends one client event on ``oai-events``."""
         await self._channel_open.wait()
+        assert self._channel is not None  # opened by connect()
         self._channel.send(json.dumps(event))
 
     async def wait_for(
