@@ -155,3 +155,17 @@ async def test_a_scripted_answer_is_heard_whole(scripted_server_url: str) -> Non
     # 9 words, 80 ms of audio each: 0.72 s, give or take the edges of the ramps.
     assert 0.6 <= turn.audio_seconds <= 0.8
     assert turn.latency_s is not None and turn.latency_s > 0
+
+
+async def test_client_events_reach_the_session(scripted_server_url: str) -> None:
+    async with RealtimeClient(scripted_server_url, ice_loopback=True) as client:
+        start = len(client.events)
+        await client.send(
+            {
+                "type": "conversation.item.create",
+                "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+            }
+        )
+        await client.send({"type": "response.create"})
+        done = await client.wait_for("response.done", start=start)
+    assert done["response"]["status"] == "completed"
