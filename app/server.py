@@ -142,6 +142,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         )
 
     @app.delete("/v1/realtime/calls/{call_id}", status_code=204)
+    @app.post("/v1/realtime/calls/{call_id}/hangup", status_code=204)  # OpenAI's name for it
     async def hang_up(call_id: str, request: Request) -> Response:
         await authenticator.require_api_key(request)
         call = _runtime(request).calls.get(call_id)

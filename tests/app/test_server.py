@@ -172,6 +172,14 @@ async def test_delete_hangs_up_the_call(settings):
         assert (await http.delete(location)).status_code == 404
 
 
+async def test_openai_hangup_route_hangs_up_the_call(settings):
+    async with serving(settings) as http, offering_peer() as pc:
+        location = (await post_offer(http, pc.localDescription.sdp)).headers["location"]
+        response = await http.post(f"{location}/hangup")
+        assert response.status_code == 204
+        assert await open_sessions(http) == 0
+
+
 async def test_cors_preflight_allows_authorization_and_custom_headers(settings):
     async with serving(settings) as http:
         response = await http.options(
