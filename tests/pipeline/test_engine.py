@@ -190,26 +190,27 @@ async def test_a_turn_on_an_engine_that_was_never_started_fails_clearly(dev_mode
     await engine.close()
 
 
-def engine_processes() -> list[psutil.Process]:
-    """Spawned children of this process (not multiprocessing's resource tracker)."""
-    return [child for child in psutil.Process().children() if "spawn_main" in " ".join(child.cmdline())]
+def engine_processes() -> set[int]:
+    """Pids of spawned children of this process (not multiprocessing's resource tracker)."""
+    return {child.pid for child in psutil.Process().children() if "spawn_main" in " ".join(child.cmdline())}
 
 
-async def _engine_process_spawned():
-    while not engine_processes():
+async def _new_engine_process(existing: set[int]):
+    while not engine_processes() - existing:
         await asyncio.sleep(0.05)
 
 
 @pytest.mark.parametrize("moment", ["before the spawn", "while the model loads"])
 async def test_close_during_start_ends_start_with_engine_error(dev_model_dir, moment):
+    existing = engine_processes()  # the module's engine may be running
     engine = TransformersEngine(dev_model_dir, device="cpu", threads=1)
     starting = asyncio.create_task(engine.start())
     if moment == "before the spawn":
         await asyncio.sleep(0)
     else:
-        await asyncio.wait_for(_engine_process_spawned(), HANG_GUARD_S)
+        await asyncio.wait_for(_new_engine_process(existing), HANG_GUARD_S)
     await engine.close()
     with pytest.raises(EngineError):
         await starting
     assert not engine.alive
-    assert not engine_processes()
+    assert engine_processes() <= existing
