@@ -21,9 +21,8 @@ import multiprocessing
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +65,13 @@ class _Turn:
 class _EngineProcess:
     """One spawned engine process and the two threads that talk to it."""
 
-    def __init__(self, spec: worker.WorkerSpec, loop: asyncio.AbstractEventLoop, on_message, on_exit) -> None:
+    def __init__(
+        self,
+        spec: worker.WorkerSpec,
+        loop: asyncio.AbstractEventLoop,
+        on_message: Callable[[_EngineProcess, object], None],
+        on_exit: Callable[[_EngineProcess, int | None], None],
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         command_reader, self._commands = context.Pipe(duplex=False)
         self._events, event_writer = context.Pipe(duplex=False)
