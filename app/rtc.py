@@ -34,6 +34,7 @@ from aiortc.exceptions import InternalError, InvalidAccessError, InvalidStateErr
 
 from app.ice import loopback_candidates
 from app.metrics import CallObserver
+from app.protocol import ProtocolError
 from media.inbound import InboundAudio
 from media.outbound import OutboundAudioTrack
 
@@ -181,12 +182,31 @@ class Call:
                     reason = await self._watch()
             except TimeoutError:
                 reason = "max_duration"
+                await self._tell_expired()
             self.end(reason)
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
             await self._release()
+
+    async def _tell_expired(self) -> None:
+        """Says why the call ends (OpenAI's ``session_expired`` error) and lets it reach the peer."""
+        assert self._max_duration_s is not None
+        self._send(
+            ProtocolError(
+                "session_expired",
+                f"Your session hit the maximum duration of {self._max_duration_s / 60:g} minutes.",
+            ).to_event().to_json()
+        )
+        channel = self._channel
+        if channel is None or channel.readyState != "open":
+            return
+        # Closing the peer connection aborts SCTP: give the event up to a second to leave.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(1.0):
+                while channel.bufferedAmount > 0:
+                    await asyncio.sleep(0.02)
 
     async def _watch(self) -> str:
         """Returns why the call ends: the first end() reason, or a timeout."""

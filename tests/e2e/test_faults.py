@@ -158,3 +158,13 @@ async def test_killed_engine_process_is_restarted_and_reported(server_url: str):
         await client.send({"type": "session.update", "session": {"output_modalities": ["text"], "max_output_tokens": 8}})
         done = await text_turn(client, "still there?")
     assert done["response"]["status"] in ("completed", "incomplete")
+
+
+async def test_call_past_the_maximum_duration_is_told_and_ended():
+    async with serving(ScriptedEngine(), max_session_s=1.0) as url:
+        async with RealtimeClient(url, ice_loopback=True, timeout_s=DEADLINE_S) as client:
+            error = await client.wait_for("error", timeout_s=DEADLINE_S)
+            sessions = await asyncio.to_thread(wait_for_sessions, url, 0, deadline_s=DEADLINE_S)
+    assert error["error"]["code"] == "session_expired"
+    assert "maximum duration" in error["error"]["message"]
+    assert sessions == 0
