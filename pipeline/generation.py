@@ -15,7 +15,7 @@ decodes every frame at once. The first sound therefore comes after the whole tur
    frame it feeds back, so step ``j`` runs as soon as token ``j + 1`` exists and never ahead of
    it. Like ``generate()``, the answer's last token (``<|im_end|>``, or the token at which
    ``max_output_tokens`` cut it) is replaced by ``<tts_eos>``, and once the text is used up the
-   Talker continues on ``<tts_pad>`` until it samples codec EOS.
+   Talker continues on ``<tts_pad>`` until it samples codec EOS (or reaches ``max_audio_frames``).
 4. Every ``first_chunk_frames`` then ``chunk_frames`` new frames, Code2Wav decodes them with
    ``left_context_frames`` frames of left context and the new audio is yielded at once.
 
@@ -363,10 +363,10 @@ class _TalkerDecoder:
         self._max_frames = params.max_audio_frames
         self._do_sample = params.talker_do_sample
         generation_config = model.generation_config
-        sampling = {
-            name: getattr(generation_config, f"talker_{name}", None) or default
-            for name, default in _TALKER_SAMPLING_DEFAULTS.items()
-        }
+        sampling = {}
+        for name, default in _TALKER_SAMPLING_DEFAULTS.items():
+            configured = getattr(generation_config, f"talker_{name}", None)
+            sampling[name] = default if configured is None else configured
         vocab_size = talker_config.text_config.vocab_size
         self._processors = _sampling_processors(
             do_sample=self._do_sample,
