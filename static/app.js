@@ -475,7 +475,8 @@ async function openMicrophone(echoCancellation) {
   }
 }
 
-async function authorization() {
+// Synchronous on purpose: callers spread the result into fetch headers.
+function authorization() {
   const accessKey = ui.accessKey.value.trim();
   return accessKey ? { Authorization: `Bearer ${accessKey}` } : {};
 }
@@ -841,6 +842,16 @@ ui.reconnect.addEventListener("click", () => {
   connect();
 });
 ui.hangup.addEventListener("click", hangUp);
+// The API key is remembered in this browser (localStorage) so a reload needs no retyping; an
+// ek_ client secret opens one call only, so it is not kept.
+const ACCESS_KEY_STORAGE = "omni-rtc.apiKey";
+ui.accessKey.value = localStorage.getItem(ACCESS_KEY_STORAGE) ?? "";
+ui.accessKey.addEventListener("change", () => {
+  const accessKey = ui.accessKey.value.trim();
+  if (accessKey && !accessKey.startsWith("ek_")) localStorage.setItem(ACCESS_KEY_STORAGE, accessKey);
+  else localStorage.removeItem(ACCESS_KEY_STORAGE);
+});
+
 // Enter in the access key field connects, like pressing Connect.
 $("access-form").addEventListener("submit", (event) => {
   event.preventDefault();
