@@ -32,8 +32,9 @@ logger = logging.getLogger(__name__)
 DEV_MODEL_DIRNAME = "dev-model"
 
 # Bumped whenever what build_dev_model writes changes, so that ensure_dev_model replaces older
-# cached builds (version 1 left the Talker's experts uninitialised).
-DEV_MODEL_VERSION = "2"
+# cached builds (version 1 left the Talker's experts uninitialised; version 2 spoke at ~1e-8 of
+# full scale, digital silence once sent as 16-bit PCM).
+DEV_MODEL_VERSION = "3"
 # Written last by build_dev_model; ensure_dev_model renames only finished builds into place.
 VERSION_FILE = "omni-rtc-dev-model-version"
 
@@ -221,6 +222,7 @@ def dev_model(*, seed: int = 0) -> Qwen3OmniMoeForConditionalGeneration:
     model = Qwen3OmniMoeForConditionalGeneration(dev_model_config())
     _initialise_talker_experts(model)
     _wire_turn_endings(model)
+    _calibrate_loudness(model)
     model.generation_config = dev_generation_config()
     return model
 
@@ -298,6 +300,29 @@ def _wire_turn_endings(model: Qwen3OmniMoeForConditionalGeneration) -> None:
     codec_eos = config.talker_config.codec_eos_token_id
     codec_head[codec_eos] = 0.0
     codec_head[codec_eos, _MARKER] = _TALKER_STOP_LOGIT_WEIGHT
+
+
+# Randomly initialised Code2Wav shrinks its signal through ~20 layers of std-0.02 weights to an
+# RMS of ~1.4e-8: below one step of 16-bit PCM (3e-5), so WebRTC peers would hear exact silence.
+# Its last layer is a convolution, so scaling its weights sets the output level: -20 dBFS RMS,
+# the level of ordinary speech recordings, measured on 50 frames of seeded random codes.
+_TARGET_RMS = 0.1
+_CALIBRATION_FRAMES = 50
+
+
+@torch.no_grad()
+def _calibrate_loudness(model: Qwen3OmniMoeForConditionalGeneration) -> None:
+    code2wav = model.code2wav
+    config = code2wav.config
+    generator = torch.Generator().manual_seed(0)
+    codes = torch.randint(
+        0, config.codebook_size, (1, config.num_quantizers, _CALIBRATION_FRAMES), generator=generator
+    )
+    rms = code2wav(codes).pow(2).mean().sqrt().item()
+    last = code2wav.decoder[-1].conv
+    last.weight.mul_(_TARGET_RMS / rms)
+    if last.bias is not None:
+        last.bias.mul_(_TARGET_RMS / rms)
 
 
 def _silence_channel(layer) -> None:
