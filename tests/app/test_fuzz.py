@@ -90,6 +90,7 @@ valid_events = st.sampled_from(
         {"type": "response.create", "response": {"output_modalities": ["text"]}},
         {"type": "response.cancel"},
         {"type": "input_audio_buffer.commit"},
+        {"type": "input_audio_buffer.append", "audio": "AAAA" * 1_600},  # 0.2 s of 24 kHz silence
         {"type": "input_audio_buffer.clear"},
         {"type": "output_audio_buffer.clear"},
         {"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}},
