@@ -219,11 +219,6 @@ def test_browser_plays_the_answers_audio_track(conversation: RecordedConversatio
     assert conversation.inbound_audio["totalSamplesReceived"] > 0  # decoded for the <audio> element
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the dev model's random Code2Wav writes ~1e-7 of full scale (rms 1.4e-8): digital silence "
-    "once quantised to PCM16 for Opus. Remove this mark when pipeline/devmodel.py makes its noise audible.",
-)
 def test_browser_hears_the_spoken_answer(conversation: RecordedConversation) -> None:
     assert conversation.inbound_audio["totalAudioEnergy"] > 0
 
