@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiortc import sdp as aiortc_sdp
+from fastapi import Request
 
 from app.auth import ApiError
 from pipeline.turn import Engine, EngineError, TurnEvent, TurnRequest
@@ -23,14 +24,33 @@ from pipeline.turn import Engine, EngineError, TurnEvent, TurnRequest
 CAPACITY_RETRY_AFTER_S = 30
 
 
+async def read_offer_body(request: Request, *, max_bytes: int) -> bytes:
+    """The request body, or :class:`ApiError` 413 as soon as it is known to pass ``max_bytes``.
+
+    Never holds more than ``max_bytes`` plus one chunk: a client cannot make the server read a
+    gigabyte to learn that it is too big.
+    """
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise _sdp_too_large(f"{int(declared)} bytes", max_bytes)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_bytes:
+            raise _sdp_too_large(f"over {max_bytes} bytes", max_bytes)
+    return bytes(body)
+
+
+def _sdp_too_large(size: str, max_bytes: int) -> ApiError:
+    return ApiError(
+        413, f"SDP offer is {size}; the limit is {max_bytes} (browser offers are 3-8 KB).", code="sdp_too_large"
+    )
+
+
 def check_offer_sdp(body: bytes, *, max_bytes: int) -> str:
     """The offer as text, or :class:`ApiError` 413 (too big) / 400 (not an SDP offer we can read)."""
     if len(body) > max_bytes:
-        raise ApiError(
-            413,
-            f"SDP offer is {len(body)} bytes; the limit is {max_bytes} (browser offers are 3-8 KB).",
-            code="sdp_too_large",
-        )
+        raise _sdp_too_large(f"{len(body)} bytes", max_bytes)
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:

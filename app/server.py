@@ -26,7 +26,7 @@ from app.auth import ApiError, Authenticator, CallGrant, install_auth
 from app.config import Settings
 from app.ice import rtc_configuration
 from app.debug import debug_router
-from app.limits import StallTimeoutEngine, capacity_error, check_offer_sdp
+from app.limits import StallTimeoutEngine, capacity_error, check_offer_sdp, read_offer_body
 from app.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from app.metrics import MeteredEngine, Metrics
 from app.rtc import Call, CallRegistry, CapacityError, OfferError, SessionFactory
@@ -230,7 +230,7 @@ async def _read_offer(request: Request, settings: Settings) -> tuple[str, dict[s
             f"Send the offer as {SDP_CONTENT_TYPE} (or multipart/form-data with 'sdp' and 'session'), not {content_type}.",
             code="unsupported_media_type",
         )
-    body = await request.body()
+    body = await read_offer_body(request, max_bytes=settings.max_sdp_bytes)
     return check_offer_sdp(body, max_bytes=settings.max_sdp_bytes), None
 
 

@@ -246,3 +246,27 @@ async def test_server_settings_reach_the_sessions_it_starts():
             )
     assert response.status_code == 400
     assert "10 characters" in response.json()["error"]["message"]
+
+
+async def post_to_calls(content) -> httpx.Response:
+    app = create_app(Settings(ice_loopback=True, max_sdp_bytes=4_096), engine=ScriptedEngine())
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            return await http.post("/v1/realtime/calls", content=content, headers={"Content-Type": "application/sdp"})
+
+
+async def test_offer_declared_too_large_is_413_before_it_is_read():
+    response = await post_to_calls(b"v=0\r\n" + b"a=x\r\n" * 2_000)
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "sdp_too_large"
+
+
+async def test_streamed_offer_is_cut_off_at_the_limit_with_413():
+    async def endless():  # chunked: no Content-Length to go by
+        for _ in range(10_000):
+            yield b"a=x" * 1_000
+
+    response = await post_to_calls(endless())
+    assert response.status_code == 413
+    assert "over 4096 bytes" in response.json()["error"]["message"]
