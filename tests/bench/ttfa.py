@@ -248,7 +248,7 @@ def main() -> None:
     report = {
         "benchmark": "ttfa",
         "command": " ".join([".venv/bin/python", "tests/bench/ttfa.py", *sys.argv[1:]]),
-        "model": "dev model" if args.model is None else str(args.model),
+        "model": f"dev model v{pipeline.devmodel.DEV_MODEL_VERSION}" if args.model is None else str(args.model),
         "machine": {
             "platform": platform.platform(),
             "processor": platform.machine(),
