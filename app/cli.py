@@ -193,6 +193,7 @@ async def _one_session(args: argparse.Namespace, index: int, utterances: list[tu
                     "status": turn.status,
                     "transcript": turn.transcript,
                     "audio_seconds": round(turn.audio_seconds, 3),
+                    "audible_seconds": round(turn.audible_seconds, 3),
                     "latency_s": None if turn.latency_s is None else round(turn.latency_s, 3),
                     "usage": turn.usage,
                     "output": str(saved),
@@ -201,7 +202,8 @@ async def _one_session(args: argparse.Namespace, index: int, utterances: list[tu
                 if not args.json:
                     latency = "-" if turn.latency_s is None else f"{turn.latency_s:.2f} s"
                     print(
-                        f"session {index} turn {number} [{turn.status}] {turn.audio_seconds:.2f} s audio, "
+                        f"session {index} turn {number} [{turn.status}] {turn.audio_seconds:.2f} s audio "
+                        f"({turn.audible_seconds:.2f} s audible), "
                         f"end of speech -> first audio {latency}: {turn.transcript!r}",
                         flush=True,
                     )

@@ -62,8 +62,11 @@ class TurnResult:
 
     events: list[dict[str, Any]]  # the server events of this turn, in arrival order
     response: dict[str, Any]  # the response object of response.done
-    audio: np.ndarray  # answer audio as received: float32 mono, 48 kHz, trimmed to the audible span
+    audio: np.ndarray  # answer audio as received: float32 mono, 48 kHz, first to last audible frame
     latency_s: float | None  # last utterance sample sent -> first audible frame received
+    # Seconds of audible frames in ``audio``; less than its length when playback stalled (the
+    # engine fell behind real time) or the answer pauses.
+    audible_seconds: float = 0.0
     sample_rate: int = WIRE_SAMPLE_RATE
 
     @property
@@ -349,10 +352,11 @@ class RealtimeClient:
         except TimeoutError:
             recent = [event.get("type") for event in self.events[first_event:]][-12:]
             raise ClientError(f"the turn did not finish within {self._timeout_s:g} s; last events: {recent}") from None
-        audio, first_audible_at = self._answer_audio(first_frame, after=spoken_at)
+        audio, audible_samples, first_audible_at = self._answer_audio(first_frame, after=spoken_at)
         return TurnResult(
             events=self.events[first_event:],
             response=response,
+            audible_seconds=audible_samples / WIRE_SAMPLE_RATE,
             audio=audio,
             latency_s=None if first_audible_at is None else first_audible_at - spoken_at,
         )
@@ -368,7 +372,8 @@ class RealtimeClient:
         details = (response.get("usage") or {}).get("output_token_details") or {}
         return response.get("status") in ("completed", "incomplete") and bool(details.get("audio_tokens"))
 
-    def _answer_audio(self, first_frame: int, *, after: float) -> tuple[np.ndarray, float | None]:
+    def _answer_audio(self, first_frame: int, *, after: float) -> tuple[np.ndarray, int, float | None]:
+        """The received span from the first to the last audible frame, its audible samples, its start."""
         chunks = self._received.chunks[first_frame:]
         arrived = self._received.arrived_at[first_frame:]
         audible = [
@@ -376,8 +381,9 @@ class RealtimeClient:
             if at >= after and len(chunk) and float(np.max(np.abs(chunk))) >= AUDIBLE_PEAK
         ]
         if not audible:
-            return np.zeros(0, dtype=np.float32), None
-        return np.concatenate(chunks[audible[0] : audible[-1] + 1]), arrived[audible[0]]
+            return np.zeros(0, dtype=np.float32), 0, None
+        audible_samples = sum(len(chunks[i]) for i in audible)
+        return np.concatenate(chunks[audible[0] : audible[-1] + 1]), audible_samples, arrived[audible[0]]
 
 
 def _playback_ended(event: dict[str, Any]) -> bool:
