@@ -93,10 +93,16 @@ def resolve_dtype(dtype: str, device: str):
     return getattr(torch, dtype)
 
 
+# On a CPU-only box the model's threads compete with the server for cores; the server paces
+# audio every 20 ms and must win, while a turn finishing a few ms later goes unnoticed.
+ENGINE_NICENESS = 5
+
+
 def main(spec: WorkerSpec, commands: Connection, events: Connection) -> None:
     """Entry point of the engine process."""
     # Ctrl-C reaches the whole process group; the parent decides when this process stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.nice(ENGINE_NICENESS)
     logging.basicConfig(
         level=spec.log_level, format=f"%(asctime)s %(levelname)s engine[{os.getpid()}] %(name)s: %(message)s"
     )

@@ -13,6 +13,7 @@ import soundfile
 from pipeline.conversation import Conversation, UserAudio, UserText
 from pipeline.engine import TransformersEngine
 from pipeline.turn import OUTPUT_SAMPLE_RATE, AudioChunk, EngineError, TextDelta, TurnDone, TurnRequest
+from pipeline.worker import ENGINE_NICENESS
 
 # The engine lives on the session loop, so every test here runs on it too.
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -134,6 +135,10 @@ async def test_concurrent_turns_are_served_first_in_first_out(engine):
     assert order == sorted(order)  # every "first" event before any "second" one
     assert order[0] == "first"
     assert second_done.timings.queue_wait > 0
+
+
+async def test_the_engine_process_yields_the_cpu_to_the_server(engine):
+    assert psutil.Process(engine.pid).nice() == psutil.Process().nice() + ENGINE_NICENESS
 
 
 async def test_a_failing_turn_raises_engine_error_and_the_next_turn_works(engine):
