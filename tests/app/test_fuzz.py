@@ -32,6 +32,7 @@ SESSION_EXAMPLES = 150  # event sequences through one session each (up to 12 eve
 BAD_EVENT_EXAMPLES = 150  # single malformed events, each must get an error
 SDP_EXAMPLES = 120  # offers posted to the signaling endpoint (1-3 per example)
 SESSION_CONFIG_EXAMPLES = 300  # session objects read as an offer's or client secret's session
+CLIENT_SECRET_EXAMPLES = 100  # bodies posted to /v1/realtime/client_secrets
 FUZZ_SETTINGS = settings(
     deadline=None,
     derandomize=True,
@@ -324,8 +325,9 @@ class FuzzServer:
     examples post to it through an ASGI transport on that loop.
     """
 
-    def __init__(self) -> None:
-        self.app = create_app(Settings(ice_loopback=True, max_sessions=1_000), engine=ScriptedEngine())
+    def __init__(self, api_key: str | None = None) -> None:
+        settings = Settings(ice_loopback=True, max_sessions=1_000, api_key=api_key)
+        self.app = create_app(settings, engine=ScriptedEngine())
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="fuzz server")
 
@@ -356,6 +358,10 @@ class FuzzServer:
     def _run(self, coroutine: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=60)
 
+    def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
+        response = self._run(self._client.post(path, content=body, headers=headers))
+        return response.status_code, response.text
+
     def post_offers(self, bodies: list[tuple[bytes, str]]) -> list[tuple[int, str]]:
         return self._run(self._post_offers(bodies))
 
@@ -374,6 +380,15 @@ class FuzzServer:
 @pytest.fixture(scope="module")
 def fuzz_server():
     with FuzzServer() as server:
+        yield server
+
+
+FUZZ_API_KEY = "sk-fuzz"
+
+
+@pytest.fixture(scope="module")
+def keyed_fuzz_server():
+    with FuzzServer(api_key=FUZZ_API_KEY) as server:
         yield server
 
 
@@ -407,3 +422,27 @@ def test_offer_whose_audio_has_no_usable_codec_is_400(fuzz_server):
     [(status, text)] = fuzz_server.post_offers([(("\r\n".join(lines) + "\r\n").encode(), "application/sdp")])
     assert status == 400, text
     assert json.loads(text)["error"]["code"] == "invalid_sdp"
+
+
+client_secret_bodies = st.one_of(
+    st.binary(max_size=64),
+    json_values.map(encode).map(str.encode),
+    st.builds(
+        lambda seconds, session: encode({"expires_after": {"anchor": "created_at", "seconds": seconds}, "session": session}),
+        hostile_values,
+        session_objects() | hostile_values,
+    ).map(str.encode),
+)
+
+
+@settings(FUZZ_SETTINGS, max_examples=CLIENT_SECRET_EXAMPLES)
+@given(body=client_secret_bodies)
+def test_client_secrets_never_answer_500(keyed_fuzz_server, body):
+    status, text = keyed_fuzz_server.post(
+        "/v1/realtime/client_secrets", body, {"Authorization": f"Bearer {FUZZ_API_KEY}", "Content-Type": "application/json"}
+    )
+    assert status in (200, 400), (status, text[:300])
+    if status == 200:
+        assert json.loads(text)["value"].startswith("ek_")
+    else:
+        assert json.loads(text)["error"]["message"]
