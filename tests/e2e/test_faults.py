@@ -3,8 +3,8 @@
 Two kinds of server here: the whole app in this process under uvicorn on 127.0.0.1 with a
 scripted engine (so a test can stall it, and see what it was asked and what was cancelled),
 and the shared dev-model server of ``conftest.py`` (for the engine process itself).
-Covered elsewhere and not repeated: a peer killed outright (test_webrtc), the paced track's
-clock through stalls (tests/media/test_outbound), engine errors in a session
+Covered elsewhere and not repeated: a peer killed outright (test_webrtc), the paced track
+through event-loop stalls (tests/media/test_outbound), engine errors in a session
 (tests/app/test_session), shutdown closing calls (tests/app/test_server).
 """
 
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import psutil
 import pytest
 
@@ -27,6 +28,7 @@ from app.client import RealtimeClient
 from app.config import Settings
 from app.server import create_app
 from app.testing import ScriptedEngine
+from media.outbound import OutboundAudioTrack
 from tests.e2e.conftest import get_json, serving_in_process, wait_for_sessions
 
 pytestmark = pytest.mark.e2e
@@ -168,3 +170,38 @@ async def test_call_past_the_maximum_duration_is_told_and_ended():
     assert error["error"]["code"] == "session_expired"
     assert "maximum duration" in error["error"]["message"]
     assert sessions == 0
+
+
+class SteppedClock:
+    """Moves only when the track sleeps: each frame's wait is recorded."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+async def test_outbound_track_keeps_its_clock_through_an_engine_stall():
+    """An answer whose engine stalls mid-way: silence on the same clock, then paced audio again."""
+    clock = SteppedClock()
+    track = OutboundAudioTrack(clock=clock, sleep=clock.sleep)
+    tone = (0.3 * np.sin(np.arange(4_800) * 2 * np.pi * 440 / 24_000)).astype(np.float32)  # 0.2 s
+    track.write(tone)
+    before = [await track.recv() for _ in range(10)]  # the first chunk plays out
+    during = [await track.recv() for _ in range(25)]  # the engine produces nothing for 0.5 s
+    track.write(tone)  # the engine catches up
+    clock.sleeps.clear()
+    after = [await track.recv() for _ in range(10)]
+    track.stop()
+    frames = before + during + after
+    assert [frame.pts for frame in frames] == [index * 960 for index in range(len(frames))]
+    # Silence while stalled (the first of these frames may still carry the resampler's tail).
+    assert not any(frame.to_ndarray().any() for frame in during[1:])
+    assert any(frame.to_ndarray().any() for frame in after)
+    assert clock.sleeps == pytest.approx([0.02] * 10)  # no burst to catch up
