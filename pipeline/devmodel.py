@@ -11,6 +11,7 @@ its words and sounds are noise.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -33,8 +34,9 @@ DEV_MODEL_DIRNAME = "dev-model"
 
 # Bumped whenever what build_dev_model writes changes, so that ensure_dev_model replaces older
 # cached builds (version 1 left the Talker's experts uninitialised; version 2 spoke at ~1e-8 of
-# full scale, digital silence once sent as 16-bit PCM).
-DEV_MODEL_VERSION = "3"
+# full scale, digital silence once sent as 16-bit PCM; version 3 calibrated with a gain that
+# depended on thread count).
+DEV_MODEL_VERSION = "4"
 # Written last by build_dev_model; ensure_dev_model renames only finished builds into place.
 VERSION_FILE = "omni-rtc-dev-model-version"
 
@@ -319,10 +321,13 @@ def _calibrate_loudness(model: Qwen3OmniMoeForConditionalGeneration) -> None:
         0, config.codebook_size, (1, config.num_quantizers, _CALIBRATION_FRAMES), generator=generator
     )
     rms = code2wav(codes).pow(2).mean().sqrt().item()
+    # A power of two: scaling by it is exact in float32, so the weights do not depend on the last
+    # bits of ``rms`` (which vary with the number of threads summing it). Lands within 3 dB of target.
+    gain = 2.0 ** round(math.log2(_TARGET_RMS / rms))
     last = code2wav.decoder[-1].conv
-    last.weight.mul_(_TARGET_RMS / rms)
+    last.weight.mul_(gain)
     if last.bias is not None:
-        last.bias.mul_(_TARGET_RMS / rms)
+        last.bias.mul_(gain)
 
 
 def _silence_channel(layer) -> None:

@@ -39,7 +39,7 @@ def test_saved_weights_are_the_seeded_dev_weights_and_all_sane(dev_model_dir):
         assert torch.equal(saved[name], tensor), name
         assert torch.isfinite(tensor).all(), name
         # Initialised weights are N(0, 0.02), ones, zeros or small markers; never stray memory.
-        # Code2Wav's last convolution alone carries the loudness calibration (a gain of ~7e6).
+        # Code2Wav's last convolution alone carries the loudness calibration (a gain of 2**23).
         bound = 1e6 if name.startswith(LOUDNESS_LAYER) else 10
         assert tensor.abs().max() < bound, name
 
