@@ -18,16 +18,9 @@ from app.auth import (
     install_auth,
 )
 from app.config import Settings
+from tests.clock import FakeClock
 
 API_KEY = "sk-test-key"
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def resolve_session(session: dict[str, Any] | None) -> dict[str, Any]:
@@ -51,7 +44,7 @@ def build_app(authenticator: Authenticator) -> FastAPI:
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(start=1_800_000_000.0)  # wall-clock seconds: secrets carry expires_at
 
 
 @pytest.fixture

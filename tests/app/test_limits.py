@@ -15,6 +15,7 @@ from app.session_config import SessionConfig
 from app.testing import ScriptedEngine, SessionHarness
 from pipeline.conversation import Conversation, UserText
 from pipeline.turn import EngineError, TextDelta, TurnDone, TurnRequest, Usage
+from tests.clock import FakeClock
 
 OFFER = (
     "v=0\r\n"
@@ -34,14 +35,6 @@ OFFER = (
     + "\r\n"
     "a=setup:actpass\r\n"
 )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_valid_offer_is_returned_as_text():

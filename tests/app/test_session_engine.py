@@ -5,11 +5,7 @@ Each dev-model turn costs ~1-2 s of CPU, so this module keeps to a few turns on 
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
 import pytest
-import soundfile
 
 from app.session import ECHO_TAIL_MS
 from app.session_config import SessionConfig
@@ -17,12 +13,11 @@ from app.testing import SessionHarness
 from media.vad import SileroVad
 from pipeline.conversation import AssistantText, UserAudio
 from pipeline.engine import TransformersEngine
+from tests.speech import load_fixture, silence
 
 # The engine lives on the session loop, so every test here runs on it too.
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-FIXTURES = Path(__file__).parent.parent / "fixtures"
-RATE = 16_000
 MAX_AUDIO_FRAMES = 20  # a random Talker rarely says codec EOS: 20 frames (1.6 s) bound a turn's audio
 TURN_GUARD_S = 300  # against hangs only: a CPU turn takes ~1-2 s, more when the machine is busy
 
@@ -38,16 +33,6 @@ class RecordingEngine:
     def run_turn(self, request):
         self.requests.append(request)
         return self._engine.run_turn(request)
-
-
-def fixture(name: str) -> np.ndarray:
-    pcm, rate = soundfile.read(FIXTURES / f"{name}.wav", dtype="float32")
-    assert rate == RATE
-    return pcm
-
-
-def silence(ms: int) -> np.ndarray:
-    return np.zeros(ms * RATE // 1000, dtype=np.float32)
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +54,11 @@ async def test_two_spoken_turns_with_the_dev_model(engine, vad):
     recording = RecordingEngine(engine)
     h = SessionHarness(recording, vad, SessionConfig(max_output_tokens=8))
     await h.session.start()
-    h.push(fixture("hello"))
+    h.push(load_fixture("hello"))
     h.push(silence(800))
     first = (await h.turn_done(timeout_s=TURN_GUARD_S))["response"]
     h.push(silence(ECHO_TAIL_MS + 200))
-    h.push(fixture("weather"))
+    h.push(load_fixture("weather"))
     h.push(silence(800))
     second = (await h.turn_done(2, timeout_s=TURN_GUARD_S))["response"]
 

@@ -12,19 +12,9 @@ from app.session_config import SessionConfig, TurnDetection
 from app.testing import EnergyVad, ScriptedEngine
 from media.outbound import OutboundAudioTrack
 from pipeline.conversation import AssistantText, UserAudio
+from tests.clock import FakeClock
 
 RATE = 16_000
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def utterance() -> np.ndarray:
@@ -34,7 +24,7 @@ def utterance() -> np.ndarray:
 
 
 async def run(config: SessionConfig | None = None, reply: str = "one two three four five"):
-    clock = FakeClock()
+    clock = FakeClock(start=0.0)
     track = OutboundAudioTrack(clock=clock, sleep=clock.sleep)
     engine = ScriptedEngine(reply)
     events: list[dict] = []

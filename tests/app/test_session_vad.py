@@ -3,30 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import numpy as np
 import pytest
-import soundfile
 
 from app.session import ECHO_TAIL_MS
 from app.session_config import SessionConfig, TurnDetection
 from app.testing import CODEC_FRAME_SAMPLES, ScriptedEngine, SessionHarness
 from media.vad import SileroVad
 from pipeline.conversation import AssistantText, UserAudio
+from tests.speech import RATE, load_fixture, silence
 
-FIXTURES = Path(__file__).parent.parent / "fixtures"
-RATE = 16_000
-
-
-def fixture(name: str) -> np.ndarray:
-    pcm, rate = soundfile.read(FIXTURES / f"{name}.wav", dtype="float32")
-    assert rate == RATE
-    return pcm
-
-
-def silence(ms: int) -> np.ndarray:
-    return np.zeros(ms * RATE // 1000, dtype=np.float32)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +29,7 @@ async def started(vad: SileroVad, config: SessionConfig | None = None, reply: st
 
 async def test_spoken_utterance_is_committed_and_answered_without_client_commit(vad):
     h = await started(vad)
-    speech = fixture("hello")
+    speech = load_fixture("hello")
     h.push(silence(500))
     h.push(speech)
     h.push(silence(800))
@@ -69,11 +56,11 @@ async def test_spoken_utterance_is_committed_and_answered_without_client_commit(
 
 async def test_two_spoken_turns_second_request_holds_the_first_and_the_heard_answer(vad):
     h = await started(vad)
-    h.push(fixture("hello"))
+    h.push(load_fixture("hello"))
     h.push(silence(800))
     await h.turn_done()
     h.push(silence(ECHO_TAIL_MS + 200))
-    h.push(fixture("weather"))
+    h.push(load_fixture("weather"))
     h.push(silence(800))
     await h.turn_done(2)
 
@@ -81,13 +68,13 @@ async def test_two_spoken_turns_second_request_holds_the_first_and_the_heard_ans
     assert [type(item) for item in second.conversation.items] == [UserAudio, AssistantText, UserAudio]
     assert np.array_equal(second.conversation.items[0].pcm, first.conversation.items[0].pcm)
     assert second.conversation.items[1] == AssistantText("Sure, here it is.")
-    assert second.conversation.items[2].seconds > fixture("weather").size / RATE
+    assert second.conversation.items[2].seconds > load_fixture("weather").size / RATE
     await h.session.close()
 
 
 async def test_a_cough_is_not_a_turn(vad):
     h = await started(vad)
-    h.push(fixture("short_cough"))
+    h.push(load_fixture("short_cough"))
     h.push(silence(1000))
     await asyncio.sleep(0)
 
@@ -97,11 +84,11 @@ async def test_a_cough_is_not_a_turn(vad):
 
 async def test_half_duplex_speech_over_playback_is_not_a_turn(vad):
     h = await started(vad)
-    h.push(fixture("hello"))
+    h.push(load_fixture("hello"))
     h.push(silence(800))
     await h.until("response.done")
     h.output.play(CODEC_FRAME_SAMPLES)
-    h.push(fixture("weather"))  # spoken while the answer plays
+    h.push(load_fixture("weather"))  # spoken while the answer plays
     h.output.play()
     h.push(silence(800 + ECHO_TAIL_MS))
 
@@ -114,11 +101,11 @@ async def test_half_duplex_speech_over_playback_is_not_a_turn(vad):
 async def test_barge_in_over_playback_truncates_and_answers_the_new_utterance(vad):
     h = await started(vad, SessionConfig(turn_detection=TurnDetection(interrupt_response=True)),
                       reply="one two three four five six")
-    h.push(fixture("hello"))
+    h.push(load_fixture("hello"))
     h.push(silence(800))
     await h.until("response.done")
     h.output.play(3 * CODEC_FRAME_SAMPLES)  # half of the answer heard
-    h.push(fixture("weather"))
+    h.push(load_fixture("weather"))
     h.push(silence(800))
     await h.turn_done(2)
 

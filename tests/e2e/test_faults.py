@@ -29,6 +29,7 @@ from app.config import Settings
 from app.server import create_app
 from app.testing import ScriptedEngine
 from media.outbound import OutboundAudioTrack
+from tests.clock import FakeClock
 from tests.e2e.conftest import get_json, serving_in_process, wait_for_sessions
 
 pytestmark = pytest.mark.e2e
@@ -172,24 +173,9 @@ async def test_call_past_the_maximum_duration_is_told_and_ended():
     assert sessions == 0
 
 
-class SteppedClock:
-    """Moves only when the track sleeps: each frame's wait is recorded."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-
 async def test_outbound_track_keeps_its_clock_through_an_engine_stall():
     """An answer whose engine stalls mid-way: silence on the same clock, then paced audio again."""
-    clock = SteppedClock()
+    clock = FakeClock()
     track = OutboundAudioTrack(clock=clock, sleep=clock.sleep)
     tone = (0.3 * np.sin(np.arange(4_800) * 2 * np.pi * 440 / 24_000)).astype(np.float32)  # 0.2 s
     track.write(tone)

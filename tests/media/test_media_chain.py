@@ -15,7 +15,7 @@ from media.inbound import InboundAudio
 from media.outbound import OutboundAudioTrack
 from media.turn_detection import TurnDetectionParams, UtteranceCommitted, VoiceActivityDetector
 from media.vad import SileroVad
-from tests.media.conftest import load_fixture, silence
+from tests.speech import load_fixture, silence
 
 
 class OpusLoopback(MediaStreamTrack):

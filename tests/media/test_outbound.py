@@ -8,21 +8,7 @@ import soxr
 from aiortc.mediastreams import MediaStreamError
 
 from media.outbound import FRAME_SAMPLES, OutboundAudioTrack
-
-
-class FakeClock:
-    """A monotonic clock that only moves when the track sleeps or the test says so."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
+from tests.clock import FakeClock
 
 
 class Recorder:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from media.vad import WINDOW_SAMPLES, SileroVad, VadStream, default_model_path
-from tests.media.conftest import load_fixture, silence
+from tests.speech import load_fixture, silence
 
 
 def probabilities(stream: VadStream, pcm: np.ndarray) -> np.ndarray:
