@@ -1,0 +1,144 @@
+"""End-to-end latency over WebRTC: end of speech in the fixture -> first audible frame at the client.
+
+Run: .venv/bin/python tests/bench/e2e_latency.py [--turns 10] [--url http://127.0.0.1:8000]
+     [--max-output-tokens 8] [--out tests/bench/results/e2e_latency.json]
+
+Without ``--url`` it starts ``omni-rtc serve --ice-loopback`` with the dev model on a free
+loopback port (as ``soak.py`` does; answers capped at 25 codec frames). One headless client
+(``app.client.RealtimeClient``) says ``tests/fixtures/hello.wav`` and ``weather.wav`` in turn,
+``--turns`` times, each turn ended by the server VAD and waited out until its answer has played.
+
+Per turn:
+- ``client_ms``: the client's figure (``TurnResult.latency_s``): last fixture sample sent by
+  the paced microphone -> first received 20 ms frame with a peak >= -60 dBFS;
+- the server's ``latency`` block from ``response.done``: ``silence_wait_ms`` (the VAD's silence
+  wait), ``engine_first_audio_ms`` (the engine's time to first audio, queue wait included),
+  ``other_ms`` (commit -> first chunk handed to the outbound track, minus the engine's part);
+- ``overhead_ms`` = client_ms - silence_wait_ms - engine_first_audio_ms: everything that is
+  neither waiting for silence nor the model (inbound RTP/Opus/jitter buffer/VAD windows,
+  session, engine IPC, outbound pacing, Opus/RTP, the client's jitter buffer and decode);
+- ``wire_ms`` = client_ms - end_of_speech_to_first_audio_ms: the part the server cannot see
+  (inbound path to the VAD's commit beyond the silence wait, and outbound path to the client).
+
+Target (issue 6): median overhead_ms <= 60.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import soundfile as sf
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from app.client import RealtimeClient  # noqa: E402  (after the path set-up above)
+from soak import DEV_MODEL_AUDIO_FRAMES, FIXTURES, REPO, TURN_TIMEOUT_S, dev_model_server  # noqa: E402
+
+DEFAULT_OUT = REPO / "tests" / "bench" / "results" / "e2e_latency.json"
+UTTERANCES = ("hello.wav", "weather.wav")
+COLUMNS = ("client_ms", "silence_wait_ms", "engine_first_audio_ms", "other_ms", "wire_ms", "overhead_ms")
+
+
+def turn_row(number: int, fixture: str, client_latency_s: float | None, latency: dict[str, Any] | None) -> dict[str, Any]:
+    row: dict[str, Any] = {"turn": number, "fixture": fixture}
+    if client_latency_s is None or latency is None or latency.get("engine_first_audio_ms") is None:
+        return {**row, **dict.fromkeys(COLUMNS)}
+    client_ms = client_latency_s * 1000
+    return {
+        **row,
+        "client_ms": round(client_ms, 1),
+        "silence_wait_ms": latency["silence_wait_ms"],
+        "engine_first_audio_ms": latency["engine_first_audio_ms"],
+        "queue_wait_ms": latency["queue_wait_ms"],
+        "other_ms": latency["other_ms"],
+        "wire_ms": round(client_ms - latency["end_of_speech_to_first_audio_ms"], 1),
+        "overhead_ms": round(client_ms - latency["silence_wait_ms"] - latency["engine_first_audio_ms"], 1),
+    }
+
+
+async def run_turns(url: str, turns: int, max_output_tokens: int) -> list[dict[str, Any]]:
+    speech = {name: sf.read(FIXTURES / name, dtype="float32")[0] for name in UTTERANCES}
+    rows = []
+    session = {"max_output_tokens": max_output_tokens}
+    async with RealtimeClient(url, ice_loopback=True, session=session, timeout_s=TURN_TIMEOUT_S) as client:
+        for number in range(1, turns + 1):
+            fixture = UTTERANCES[(number - 1) % len(UTTERANCES)]
+            result = await client.speak(speech[fixture])
+            latency = next(e for e in result.events if e["type"] == "response.done").get("latency")
+            row = turn_row(number, fixture, result.latency_s, latency)
+            row["status"] = result.status
+            rows.append(row)
+            print(format_row(row), flush=True)
+    return rows
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile (no interpolation between turns)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(fraction * len(ordered) + 0.5) - 1))]
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    measured = [row for row in rows if row["overhead_ms"] is not None]
+    if not measured:
+        raise SystemExit("no turn produced audible audio with a server latency breakdown")
+    return {
+        name: {
+            column: round(statistic([row[column] for row in measured]), 1)
+            for column in COLUMNS
+        }
+        for name, statistic in (("median", statistics.median), ("p90", lambda v: percentile(v, 0.9)))
+    }
+
+
+def header() -> str:
+    return f"{'turn':>4} {'fixture':<12}" + "".join(f"{column.removesuffix('_ms'):>20}" for column in COLUMNS)
+
+
+def format_row(row: dict[str, Any]) -> str:
+    cells = "".join(f"{'-' if row[c] is None else row[c]:>20}" for c in COLUMNS)
+    return f"{row['turn']:>4} {row['fixture']:<12}{cells}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--url", help="a running server (default: start one with the dev model)")
+    parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--max-output-tokens", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args()
+    print("milliseconds; overhead = client - silence_wait - engine_first_audio; wire = client - server's end_of_speech_to_first_audio")
+    print(header(), flush=True)
+    with contextlib.ExitStack() as stack:
+        url = args.url or stack.enter_context(dev_model_server())
+        rows = asyncio.run(run_turns(url, args.turns, args.max_output_tokens))
+    stats = summary(rows)
+    for name, values in stats.items():
+        print(f"{name:>17}" + "".join(f"{values[c]:>20}" for c in COLUMNS))
+    print(f"median overhead beyond silence wait and engine TTFA: {stats['median']['overhead_ms']} ms (target <= 60)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(
+        {
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "server": args.url or f"dev model, answers capped at {DEV_MODEL_AUDIO_FRAMES} codec frames",
+            "platform": platform.platform(),
+            "load_average": os.getloadavg(),
+            "summary": stats,
+            "turns": rows,
+        },
+        indent=2,
+    ) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
