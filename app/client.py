@@ -36,6 +36,16 @@ from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection, RTCSessi
 from aiortc.mediastreams import MediaStreamError
 
 from app.ice import loopback_candidates, rtc_configuration
+from app.protocol import (
+    OutputAudioBufferClearedEvent,
+    OutputAudioBufferStartedEvent,
+    OutputAudioBufferStoppedEvent,
+    ResponseDoneEvent,
+    ResponseOutputAudioTranscriptDoneEvent,
+    ResponseOutputTextDoneEvent,
+    SessionCreatedEvent,
+    event_type,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -76,9 +86,9 @@ class TurnResult:
     @property
     def transcript(self) -> str:
         for event in self.events:
-            if event["type"] == "response.output_audio_transcript.done":
+            if event["type"] == event_type(ResponseOutputAudioTranscriptDoneEvent):
                 return str(event.get("transcript", ""))
-            if event["type"] == "response.output_text.done":
+            if event["type"] == event_type(ResponseOutputTextDoneEvent):
                 return str(event.get("text", ""))
         return ""
 
@@ -236,7 +246,7 @@ class RealtimeClient:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
         async with asyncio.timeout(self._timeout_s):
             await self._channel_open.wait()
-            await self.wait_for("session.created")
+            await self.wait_for(event_type(SessionCreatedEvent))
 
     async def _post_offer(self, offer: str) -> str:
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
@@ -342,7 +352,7 @@ class RealtimeClient:
         try:
             async with asyncio.timeout(self._timeout_s):
                 spoken_at = await self._microphone.play(pcm48k)
-                done = await self._next_event("response.done", first_event)
+                done = await self._next_event(event_type(ResponseDoneEvent), first_event)
                 response = done["response"]
                 if self._expects_playback(first_event, response):
                     await self._next_event(_playback_ended, first_event)
@@ -367,7 +377,7 @@ class RealtimeClient:
         ``response.done`` may overtake ``output_audio_buffer.started``: an answer with audio
         tokens plays even when its start has not been announced yet.
         """
-        if any(event.get("type") == "output_audio_buffer.started" for event in self.events[first_event:]):
+        if any(event.get("type") == event_type(OutputAudioBufferStartedEvent) for event in self.events[first_event:]):
             return True
         details = (response.get("usage") or {}).get("output_token_details") or {}
         return response.get("status") in ("completed", "incomplete") and bool(details.get("audio_tokens"))
@@ -387,4 +397,4 @@ class RealtimeClient:
 
 
 def _playback_ended(event: dict[str, Any]) -> bool:
-    return event.get("type") in ("output_audio_buffer.stopped", "output_audio_buffer.cleared")
+    return event.get("type") in (event_type(OutputAudioBufferStoppedEvent), event_type(OutputAudioBufferClearedEvent))

@@ -20,7 +20,24 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from app.protocol import (
+    InputAudioBufferCommittedEvent,
+    InputAudioBufferSpeechStoppedEvent,
+    OutputAudioBufferStartedEvent,
+    ResponseCreatedEvent,
+    ResponseDoneEvent,
+    SessionCreatedEvent,
+    SessionUpdatedEvent,
+    event_type,
+)
 from pipeline.turn import Engine, EngineError, TurnDone, TurnEvent, TurnRequest
+
+_SESSION_CONFIGURED = (event_type(SessionCreatedEvent), event_type(SessionUpdatedEvent))
+_SPEECH_STOPPED = event_type(InputAudioBufferSpeechStoppedEvent)
+_COMMITTED = event_type(InputAudioBufferCommittedEvent)
+_RESPONSE_CREATED = event_type(ResponseCreatedEvent)
+_AUDIO_STARTED = event_type(OutputAudioBufferStartedEvent)
+_RESPONSE_DONE = event_type(ResponseDoneEvent)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Seconds. Voice latency matters from ~100 ms (noticeable) to tens of seconds (CPU dev model
@@ -101,9 +118,9 @@ class CallObserver:
     def on_server_event(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
         now = self._clock()
-        if kind in ("session.created", "session.updated"):
+        if kind in _SESSION_CONFIGURED:
             self._silence_ms = _silence_duration_ms(event.get("session") or {})
-        elif kind == "input_audio_buffer.speech_stopped":
+        elif kind == _SPEECH_STOPPED:
             # audio_end_ms is where the VAD decided: the silence wait after the speech, already heard.
             received_ms = self._input_samples * 1000 / INPUT_SAMPLE_RATE
             audio_end_ms = event.get("audio_end_ms")
@@ -111,21 +128,21 @@ class CallObserver:
                 lag_ms = max(0.0, received_ms - audio_end_ms)
                 self._metrics.end_of_utterance_delay.observe((self._silence_ms + lag_ms) / 1000)
             self._turn_start = now
-        elif kind == "input_audio_buffer.committed" and self._turn_start is None:
+        elif kind == _COMMITTED and self._turn_start is None:
             self._turn_start = now  # manual commit: no speech_stopped came first
-        elif kind == "response.created":
+        elif kind == _RESPONSE_CREATED:
             response_id = _response_id(event)
             if response_id is not None:
                 self._responses_created[response_id] = now
             if self._turn_start is None:
                 self._turn_start = now  # a text turn, or response.create after a manual commit
             self._awaiting_first_audio = True
-        elif kind == "output_audio_buffer.started" and self._awaiting_first_audio:
+        elif kind == _AUDIO_STARTED and self._awaiting_first_audio:
             if self._turn_start is not None:
                 self._metrics.time_to_first_audio.observe(now - self._turn_start)
             self._awaiting_first_audio = False
             self._turn_start = None
-        elif kind == "response.done":
+        elif kind == _RESPONSE_DONE:
             response = event.get("response") or {}
             self._metrics.turns.labels(status=str(response.get("status", "unknown"))).inc()
             created = self._responses_created.pop(str(response.get("id")), None)

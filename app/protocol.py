@@ -24,6 +24,7 @@ __all__ = [
     "ClientEvent",
     "ProtocolError",
     "ServerEvent",
+    "event_type",
     "new_id",
     "parse_client_event",
 ]
@@ -657,3 +658,8 @@ ServerEvent = Annotated[
     Field(discriminator="type"),
 ]
 server_event_adapter: TypeAdapter[ServerEvent] = TypeAdapter(ServerEvent)
+
+
+def event_type(event: type[BaseModel]) -> str:
+    """The wire ``type`` of a server event model, for code that reads events as JSON dicts."""
+    return event.model_fields["type"].default
