@@ -22,6 +22,7 @@ serve: $(STAMP)
 	$(VENV)/bin/omni-rtc serve $(ARGS)
 
 test: $(STAMP) system-deps
+	$(VENV)/bin/ruff check app media pipeline tests
 	scripts/run-offline.sh $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 dev-model: $(STAMP)
