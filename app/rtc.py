@@ -35,7 +35,7 @@ from aiortc.exceptions import InternalError, InvalidAccessError, InvalidStateErr
 from app.ice import loopback_candidates
 from app.metrics import CallObserver
 from app.protocol import ProtocolError
-from media.inbound import InboundAudio
+from media.inbound import InboundAudio, release_audio_promptly
 from media.outbound import OutboundAudioTrack
 
 logger = logging.getLogger(__name__)
@@ -147,6 +147,9 @@ class Call:
             raise OfferError(
                 f"the SDP offer has no data channel (m=application); open one named {EVENTS_CHANNEL!r} before offering"
             )
+        for transceiver in pc.getTransceivers():
+            if transceiver.kind == "audio":
+                release_audio_promptly(transceiver.receiver)
         pc.addTrack(output)
         answer = await pc.createAnswer()
         # aiortc gathers every candidate inside setLocalDescription, so the answer is complete.

@@ -7,9 +7,11 @@ from fractions import Fraction
 import av
 import numpy as np
 import pytest
+from aiortc import RTCRtpReceiver
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack, VideoStreamTrack
+from aiortc.rtp import RtpPacket
 
-from media.inbound import InboundAudio
+from media.inbound import InboundAudio, release_audio_promptly
 
 FRAME_SAMPLES = 960  # 20 ms at 48 kHz, what aiortc's Opus decoder produces
 
@@ -133,3 +135,28 @@ async def test_failing_consumer_is_logged_and_close_still_works(caplog: pytest.L
 def test_video_track_is_rejected() -> None:
     with pytest.raises(ValueError, match="audio"):
         InboundAudio(VideoStreamTrack(), lambda pcm: None)
+
+
+class _DtlsTransportStub:
+    state = "new"  # all RTCRtpReceiver() looks at
+
+
+def _opus_packet(sequence_number: int) -> RtpPacket:
+    packet = RtpPacket(payload_type=111, sequence_number=sequence_number, timestamp=960 * sequence_number)
+    packet._data = b"opus"  # what aiortc's depacketizer stores for the decoder
+    return packet
+
+
+def test_release_audio_promptly_hands_on_each_packet_once_the_next_arrives():
+    receiver = RTCRtpReceiver("audio", _DtlsTransportStub())
+    release_audio_promptly(receiver)
+    jitter_buffer = receiver._RTCRtpReceiver__jitter_buffer
+
+    assert jitter_buffer.add(_opus_packet(0))[1] is None
+    released = jitter_buffer.add(_opus_packet(1))[1]
+    assert released is not None and released.timestamp == 0
+
+
+def test_release_audio_promptly_refuses_a_video_receiver():
+    with pytest.raises(TypeError, match="audio RTCRtpReceiver"):
+        release_audio_promptly(RTCRtpReceiver("video", _DtlsTransportStub()))
