@@ -46,6 +46,7 @@ from app.protocol import (
     SessionCreatedEvent,
     event_type,
 )
+from media.inbound import release_audio_promptly
 
 logger = logging.getLogger(__name__)
 
@@ -236,6 +237,11 @@ class RealtimeClient:
         channel.on("open", self._channel_open.set)
         channel.on("message", self._on_message)
         pc.addTrack(self._microphone)
+        for transceiver in pc.getTransceivers():
+            # Frames are recorded, not played: hand each on as it arrives, as the server does
+            # (aiortc's default holds 4 packets, 80 ms, which would count as answer latency).
+            if transceiver.kind == "audio":
+                release_audio_promptly(transceiver.receiver)
         pc.on("track", self._on_track)
         with loopback_candidates(self._ice_loopback):
             await pc.setLocalDescription(await pc.createOffer())
