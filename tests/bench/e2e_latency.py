@@ -20,6 +20,13 @@ Per turn:
 - ``wire_ms`` = client_ms - end_of_speech_to_first_audio_ms: the part the server cannot see
   (inbound path to the VAD's commit beyond the silence wait, and outbound path to the client).
 
+Most of the overhead is the VAD itself: silero's probability stays above the hysteresis
+threshold for a while after speech ends, and the wait is counted in whole 32 ms windows. So the
+same VAD also runs here offline over each fixture followed by silence, fed in 20 ms chunks as the
+inbound track delivers them, at 16 alignments of the fixture against the windows: ``vad_lag_ms``
+= commit - (chunk holding the fixture's last sample) - silence_duration_ms, the median over the
+alignments. ``overhead_ms - vad_lag_ms`` is then what transport, session and pacing add.
+
 Target (issue 6): median overhead_ms <= 60.
 """
 
@@ -36,16 +43,37 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import soundfile as sf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from app.client import RealtimeClient  # noqa: E402  (after the path set-up above)
+from media.turn_detection import TurnDetectionParams, UtteranceCommitted, VoiceActivityDetector  # noqa: E402
+from media.vad import SAMPLE_RATE, WINDOW_SAMPLES, SileroVad  # noqa: E402
 from soak import DEV_MODEL_AUDIO_FRAMES, FIXTURES, REPO, TURN_TIMEOUT_S, dev_model_server  # noqa: E402
 
 DEFAULT_OUT = REPO / "tests" / "bench" / "results" / "e2e_latency.json"
 UTTERANCES = ("hello.wav", "weather.wav")
 COLUMNS = ("client_ms", "silence_wait_ms", "engine_first_audio_ms", "other_ms", "wire_ms", "overhead_ms")
+INBOUND_CHUNK_SAMPLES = 320  # 20 ms at 16 kHz: one Opus frame, as media.inbound delivers it
+VAD_ALIGNMENTS = 16  # fixture starts 0, 2, 4 ... 30 ms into a 32 ms VAD window
+
+
+def vad_lag_ms(pcm: np.ndarray, params: TurnDetectionParams, vad: SileroVad) -> list[float]:
+    """Per alignment: the server VAD's commit after the fixture's end, beyond silence_duration_ms."""
+    lags = []
+    for alignment in range(VAD_ALIGNMENTS):
+        lead = SAMPLE_RATE + alignment * WINDOW_SAMPLES // VAD_ALIGNMENTS  # 1 s of silence, then the shift
+        stream = np.concatenate([np.zeros(lead, np.float32), pcm, np.zeros(2 * SAMPLE_RATE, np.float32)])
+        end_chunk = -(-(lead + len(pcm)) // INBOUND_CHUNK_SAMPLES)  # the chunk after which the client says "spoken"
+        detector = VoiceActivityDetector(vad, params)
+        for chunk, start in enumerate(range(0, len(stream), INBOUND_CHUNK_SAMPLES), start=1):
+            if any(isinstance(e, UtteranceCommitted) for e in detector.push(stream[start : start + INBOUND_CHUNK_SAMPLES])):
+                waited_ms = (chunk - end_chunk) * INBOUND_CHUNK_SAMPLES * 1000 / SAMPLE_RATE
+                lags.append(waited_ms - params.silence_duration_ms)
+                break
+    return lags
 
 
 def turn_row(number: int, fixture: str, client_latency_s: float | None, latency: dict[str, Any] | None) -> dict[str, Any]:
@@ -125,6 +153,16 @@ def main() -> None:
     for name, values in stats.items():
         print(f"{name:>17}" + "".join(f"{values[c]:>20}" for c in COLUMNS))
     print(f"median overhead beyond silence wait and engine TTFA: {stats['median']['overhead_ms']} ms (target <= 60)")
+    vad = SileroVad.load()
+    params = TurnDetectionParams()  # the session default: 500 ms silence, threshold 0.5
+    vad_lags = {name: vad_lag_ms(sf.read(FIXTURES / name, dtype="float32")[0], params, vad) for name in UTTERANCES}
+    for name, lags in vad_lags.items():
+        print(f"VAD commit after {name} beyond {params.silence_duration_ms} ms (offline, {len(lags)} alignments): "
+              f"median {statistics.median(lags):.0f}, min {min(lags):.0f}, max {max(lags):.0f} ms")
+    all_lags = [lag for lags in vad_lags.values() for lag in lags]
+    vad_median = statistics.median(all_lags)
+    print(f"median overhead less the VAD's median lag ({vad_median:.0f} ms): "
+          f"{stats['median']['overhead_ms'] - vad_median:.0f} ms of transport, session and pacing")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(
         {
@@ -133,6 +171,7 @@ def main() -> None:
             "platform": platform.platform(),
             "load_average": os.getloadavg(),
             "summary": stats,
+            "vad_lag_ms": {"per_fixture": vad_lags, "median": vad_median},
             "turns": rows,
         },
         indent=2,
