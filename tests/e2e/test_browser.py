@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -271,7 +272,8 @@ def test_page_shows_the_servers_latency_breakdown(conversation: RecordedConversa
     assert with_latency
     metas = {turn["itemId"]: turn["meta"] for turn in turns_of(conversation, "assistant")}
     for event in with_latency:
-        total = round(event["latency"]["end_of_speech_to_first_audio_ms"])
+        # JavaScript's Math.round rounds halves up; Python's round() rounds them to even.
+        total = math.floor(event["latency"]["end_of_speech_to_first_audio_ms"] + 0.5)
         assert f"server: {total} ms (" in metas[event["response"]["output"][0]["id"]]
 
 
