@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-INPUT_SAMPLE_RATE = 16_000
+from media.rates import SPEECH_RATE
 
 # Qwen3-Omni's model card: the system prompt its Talker was trained to speak under.
 DEFAULT_SYSTEM_PROMPT = (
@@ -23,7 +23,7 @@ class UserAudio:
 
     @property
     def seconds(self) -> float:
-        return len(self.pcm) / INPUT_SAMPLE_RATE
+        return len(self.pcm) / SPEECH_RATE
 
 
 @dataclass(frozen=True)

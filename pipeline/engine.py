@@ -21,7 +21,7 @@ import multiprocessing
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,10 +212,10 @@ class TransformersEngine:
             return
         await self._spawn()
 
-    def run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
         return self._run_turn(request)
 
-    async def _run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+    async def _run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
         if self._closed:
             raise EngineError("the engine was closed")
         restarting = self._restart_task is not None and not self._restart_task.done()

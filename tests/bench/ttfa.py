@@ -44,12 +44,13 @@ from transformers import Qwen3OmniMoeForConditionalGeneration
 
 import pipeline.devmodel
 import pipeline.tokenizer
+from media.rates import VOICE_RATE
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
 from pipeline.devmodel import ensure_dev_model
 from pipeline.generation import GenerationParams, stream_turn
 from pipeline.prompt import PromptRenderer, ThinkerInputs
 from pipeline.tokenizer import load_tokenizer
-from pipeline.turn import OUTPUT_SAMPLE_RATE, AudioChunk, TextDelta, TurnDone
+from pipeline.turn import AudioChunk, TextDelta, TurnDone
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -155,7 +156,7 @@ def measure_generate(model, inputs: ThinkerInputs, tokens: int, frames: int) -> 
 
 def result(first_text, first_audio, total, samples, text_tokens, audio_frames) -> dict:
     """Times are (wall, cpu) pairs."""
-    audio_seconds = samples / OUTPUT_SAMPLE_RATE
+    audio_seconds = samples / VOICE_RATE
     return {
         "first_text_s": {"wall": first_text[0], "cpu": first_text[1]},
         "first_audio_s": {"wall": first_audio[0], "cpu": first_audio[1]},

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from playwright.async_api import Page, async_playwright
 
-from app.limits import capacity_error
+from app.web.signaling import capacity_error
 from tests.e2e.browser_chromium import Silence, launch_chromium, write_fake_microphone
 from tests.e2e.conftest import open_sessions, wait_for_sessions
 
