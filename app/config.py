@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     # Model: a checkpoint directory or a Hugging Face id; None builds and uses the dev model.
     model: str | None = None
     cache_dir: Path = Field(default_factory=_default_cache_dir)
+    # The end-of-turn model for semantic_vad (installed by `make`); None: cache_dir's copy.
+    # Missing, the server starts and sessions asking for semantic_vad get an error and server VAD.
+    turn_model: Path | None = None
     device: str = "auto"  # "auto" picks cuda when present, else cpu
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     seed: int | None = None  # makes turns reproducible

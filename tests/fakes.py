@@ -180,14 +180,16 @@ class SessionHarness:
     Each event is checked on the way: JSON-ready, and a known server event with its fields.
     """
 
-    def __init__(self, engine: Engine, vad: Any = None, config: SessionConfig | None = None) -> None:
+    def __init__(
+        self, engine: Engine, vad: Any = None, config: SessionConfig | None = None, end_of_turn: Any = None
+    ) -> None:
         self.engine = engine
         self.output = VirtualAudioOutput()
         self.events: list[dict[str, Any]] = []
         self._new_event = asyncio.Event()
         self.session = RealtimeSession(
             engine=engine, vad=vad if vad is not None else EnergyVad(), output=self.output, send=self._record,
-            config=config,
+            config=config, end_of_turn=end_of_turn,
         )
 
     def _record(self, event: dict[str, Any]) -> None:

@@ -338,11 +338,18 @@ class ServerVadObject(_ServerModel):
     interrupt_response: bool
 
 
+class SemanticVadObject(_ServerModel):
+    type: Literal["semantic_vad"] = "semantic_vad"
+    eagerness: Literal["low", "medium", "high", "auto"]
+    create_response: bool
+    interrupt_response: bool
+
+
 class SessionAudioInput(_ServerModel):
     format: AudioFormat
     transcription: dict[str, Any] | None = None
     noise_reduction: dict[str, Any] | None = None
-    turn_detection: ServerVadObject | None
+    turn_detection: ServerVadObject | SemanticVadObject | None
 
 
 class SessionAudioOutput(_ServerModel):

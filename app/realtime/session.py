@@ -3,11 +3,10 @@
 In: 16 kHz float32 PCM (``push_audio``) and client events as JSON text (``handle_message``).
 Out: server events as JSON-ready dicts (``send``) and 24 kHz float32 PCM (``AudioOutput.write``).
 
-The session hears utterances end (server VAD) or takes client commits, runs one engine turn per
-response, streams the answer, and keeps the conversation *as the user heard it* (``history``,
-``ledger``). Turn detection: ``interrupt_response: false`` (default) is half-duplex — from a
-response's start until its audio has played out, plus ``ECHO_TAIL_MS``, speech is heard but not
-acted on; ``true`` is barge-in — speech start cancels the response, clears the output and
+The session hears utterances end (server or semantic VAD) or takes client commits, runs one engine
+turn per response, streams the answer, and keeps the conversation *as the user heard it*
+(``history``, ``ledger``). Turn detection: ``interrupt_response: false`` (default) is half-duplex
+(``half_duplex``); ``true`` is barge-in — speech start cancels the response, clears the output and
 truncates the item; ``null`` is manual mode (``input_audio_buffer.commit`` + ``response.create``).
 docs/SESSION.md has the whole picture.
 """
@@ -23,7 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from app.realtime.end_of_turn import SemanticVad
 from app.realtime.gate import EventGate
+from app.realtime.half_duplex import HalfDuplex
 from app.realtime.history import AssistantEntry, History
 from app.realtime.input_buffer import AppendDecoder, ManualBuffer
 from app.realtime.ledger import AudioOutput, PlaybackLedger
@@ -56,10 +57,13 @@ from app.realtime.protocol import (
 )
 from app.realtime.responses import Response, announce_events, apply_response_params, delta_event, finish_events
 from app.realtime.session_config import SessionConfig, TurnDetection
+from media.end_of_turn import EndOfTurnModel
 from media.rates import SPEECH_RATE
 from media.turn_detection import (
+    EndOfTurnCheck,
     SpeechStarted,
     SpeechStopped,
+    TurnEvent,
     UtteranceCommitted,
     VoiceActivityDetector,
 )
@@ -70,10 +74,6 @@ from pipeline.turn import AudioChunk, Engine, EngineError, TextDelta, TurnDone, 
 logger = logging.getLogger(__name__)
 
 SESSION_LIFETIME_S = 3_600  # expires_at in session objects, as OpenAI's 60-minute sessions
-# After the assistant's audio has been sent, its tail is still in the browser's jitter buffer
-# and speaker, and its echo reaches the microphone ~100-300 ms later; half-duplex keeps not
-# listening for this long so that tail is not heard as the user.
-ECHO_TAIL_MS = 400
 # What an idle user "said" when idle_timeout_ms triggers a response: a second of silence.
 IDLE_CLIP_MS = 1_000
 
@@ -90,17 +90,16 @@ class RealtimeSession:
         send: Callable[[dict[str, Any]], None],
         config: SessionConfig | None = None,
         session_id: str | None = None,
+        end_of_turn: EndOfTurnModel | None = None,  # None: semantic_vad is refused (server VAD stays)
     ) -> None:
         self._engine = engine
         self._output = output
         self._send = send
-        self._config = config or SessionConfig()
-        self._gate = EventGate(
-            max_bytes=self._config.max_event_bytes,
-            per_second=self._config.max_events_per_second,
-            burst=self._config.max_event_burst,
-        )
         self.session_id = session_id or new_id("sess")
+        self._semantic = SemanticVad(end_of_turn, self._on_end_of_turn_answer, name=self.session_id)
+        self._config, self._start_error = self._semantic.runnable(config or SessionConfig())
+        self._gate = EventGate(max_bytes=self._config.max_event_bytes, per_second=self._config.max_events_per_second,
+                               burst=self._config.max_event_burst)
         self._conversation_id = new_id("conv")
         self._expires_at = int(time.time()) + SESSION_LIFETIME_S
         self._detector = VoiceActivityDetector(vad, (self._config.turn_detection or TurnDetection()).detector_params())
@@ -110,9 +109,7 @@ class RealtimeSession:
         self._history = History()
         self._speech_item_id: str | None = None  # the user item announced by speech_started
         self._user_speaking = False  # between SpeechStarted and its commit
-        # Half-duplex: input is not acted on while this is set (see ECHO_TAIL_MS).
-        self._deaf = False
-        self._deaf_until_sample: int | None = None  # when listening may resume, once idle
+        self._half_duplex = HalfDuplex()  # input is not acted on while it is deaf
         self._idle_since_sample: int | None = None  # the assistant's audio ended here (idle_timeout_ms)
         self._response: Response | None = None  # generating, or queued behind a cancelling one
         self._tasks: set[asyncio.Task[None]] = set()
@@ -133,6 +130,8 @@ class RealtimeSession:
     async def start(self) -> None:
         """Announce the session: ``session.created`` with the full effective session."""
         self._emit(SessionCreatedEvent(session=self._session_object()))
+        if self._start_error is not None:
+            self._emit(self._start_error.to_event())
 
     async def handle_message(self, raw: str | bytes) -> None:
         """Handle one client event (JSON text); every mistake is answered with an ``error``."""
@@ -166,13 +165,7 @@ class RealtimeSession:
         if turn_detection is None:
             self._manual.append(pcm)
             return
-        for event in self._detector.push(pcm):
-            if isinstance(event, SpeechStarted):
-                self._on_speech_started(event, turn_detection)
-            elif isinstance(event, SpeechStopped):
-                self._on_speech_stopped(event)
-            elif isinstance(event, UtteranceCommitted):
-                self._on_utterance_committed(event, turn_detection)
+        self._on_turn_events(self._detector.push(pcm), turn_detection)
         self._maybe_listen_again()
         self._maybe_time_out(turn_detection)
 
@@ -180,6 +173,7 @@ class RealtimeSession:
         """Cancel the running response and await every task; safe to call twice."""
         async with self._close_lock:
             self._closed = True
+            await self._semantic.close()
             tasks = list(self._tasks)
             for task in tasks:
                 task.cancel()
@@ -239,7 +233,9 @@ class RealtimeSession:
 
     def _update_session(self, event: SessionUpdateEvent) -> None:
         old = self._config
-        new = old.updated(event.session)
+        new, unavailable = self._semantic.runnable(old.updated(event.session))
+        if unavailable is not None:
+            self._emit(unavailable.for_event(event.event_id).to_event())
         self._config = new
         if new.turn_detection != old.turn_detection:
             if new.turn_detection is None:
@@ -251,8 +247,7 @@ class RealtimeSession:
                 if old.turn_detection is None:  # manual audio is not the VAD's business
                     self._manual.clear()
             if new.turn_detection is None or new.turn_detection.interrupt_response:
-                self._deaf = False
-                self._deaf_until_sample = None
+                self._half_duplex.off()
         self._emit(SessionUpdatedEvent(session=self._session_object()))
 
     def _append_audio(self, event: InputAudioBufferAppendEvent) -> None:
@@ -322,10 +317,25 @@ class RealtimeSession:
 
     # -- server VAD ------------------------------------------------------------------------
 
+    def _on_turn_events(self, events: list[TurnEvent], turn_detection: TurnDetection) -> None:
+        for event in events:
+            if isinstance(event, SpeechStarted):
+                self._on_speech_started(event, turn_detection)
+            elif isinstance(event, SpeechStopped):
+                self._on_speech_stopped(event)
+            elif isinstance(event, UtteranceCommitted):
+                self._on_utterance_committed(event, turn_detection)
+            elif isinstance(event, EndOfTurnCheck):
+                self._semantic.submit(event)
+
+    def _on_end_of_turn_answer(self, check_id: int, probability: float) -> None:
+        if not self._closed and self._config.turn_detection is not None:
+            self._on_turn_events(self._detector.decide(check_id, probability), self._config.turn_detection)
+
     def _on_speech_started(self, event: SpeechStarted, turn_detection: TurnDetection) -> None:
         self._user_speaking = True
         self._idle_since_sample = None
-        if self._deaf:
+        if self._half_duplex.deaf:
             return
         self._speech_item_id = new_id("item")
         self._emit(InputAudioBufferSpeechStartedEvent(audio_start_ms=event.audio_start_ms, item_id=self._speech_item_id))
@@ -333,7 +343,7 @@ class RealtimeSession:
             self._interrupt()
 
     def _on_speech_stopped(self, event: SpeechStopped) -> None:
-        if self._deaf:
+        if self._half_duplex.deaf:
             return
         if self._speech_item_id is None:
             self._speech_item_id = new_id("item")
@@ -341,7 +351,7 @@ class RealtimeSession:
 
     def _on_utterance_committed(self, event: UtteranceCommitted, turn_detection: TurnDetection) -> None:
         self._user_speaking = False
-        if self._deaf:
+        if self._half_duplex.deaf:
             return
         committed_at = time.monotonic()
         item_id = self._speech_item_id or new_id("item")
@@ -355,8 +365,7 @@ class RealtimeSession:
             return
         # The VAD committed when the silence wait ended: the input stream is there now (give or
         # take the rest of this chunk, <= 20 ms from WebRTC).
-        silence_wait_ms = 0.0 if event.forced else float(turn_detection.silence_duration_ms)
-        self._start_response(self._session_response(committed_at, silence_wait_ms))
+        self._start_response(self._session_response(committed_at, float(event.silence_wait_ms)))
 
     def _session_response(self, started_at: float, silence_wait_ms: float = 0.0) -> Response:
         """A response the server starts by itself, with the session's settings."""
@@ -376,13 +385,9 @@ class RealtimeSession:
             return
         self._idle_since_sample = None
         item_id = new_id("item")
-        self._emit(
-            InputAudioBufferTimeoutTriggeredEvent(
-                audio_start_ms=idle_since * 1000 // SPEECH_RATE,
-                audio_end_ms=self._input_samples * 1000 // SPEECH_RATE,
-                item_id=item_id,
-            )
-        )
+        self._emit(InputAudioBufferTimeoutTriggeredEvent(audio_start_ms=idle_since * 1000 // SPEECH_RATE,
+                                                         audio_end_ms=self._input_samples * 1000 // SPEECH_RATE,
+                                                         item_id=item_id))
         self._commit_user_audio(item_id, np.zeros(IDLE_CLIP_MS * SPEECH_RATE // 1000, dtype=np.float32))
         if turn_detection.create_response and self._response is None:
             self._start_response(self._session_response(time.monotonic()))
@@ -399,23 +404,19 @@ class RealtimeSession:
         return self._response is not None or len(self._ledger) > 0
 
     def _maybe_listen_again(self) -> None:
-        if (
-            self._deaf
-            and self._deaf_until_sample is not None
-            and self._input_samples >= self._deaf_until_sample
-            and not self._user_speaking
-        ):
-            # Whatever the VAD holds now began while the assistant spoke (or is its echo).
-            self._detector.reset()
-            self._speech_item_id = None
-            self._deaf = False
-            self._deaf_until_sample = None
+        listening = self._half_duplex.listen_again(self._input_samples, self._detector, self._user_speaking)
+        if listening is None:
+            return
+        start_ms = listening.quick_reply_start_ms
+        self._speech_item_id = None
+        if start_ms is not None:  # speech begun in the echo tail goes on: the user's turn
+            self._speech_item_id = item_id = new_id("item")
+            self._emit(InputAudioBufferSpeechStartedEvent(audio_start_ms=start_ms, item_id=item_id))
 
     def _on_idle(self) -> None:
         """The assistant has finished speaking (or answering without audio)."""
         self._idle_since_sample = self._input_samples
-        if self._deaf:
-            self._deaf_until_sample = self._input_samples + ECHO_TAIL_MS * SPEECH_RATE // 1000
+        self._half_duplex.idle(self._input_samples)
 
     # -- responses -------------------------------------------------------------------------
 
@@ -426,8 +427,7 @@ class RealtimeSession:
         self._idle_since_sample = None
         turn_detection = self._config.turn_detection
         if turn_detection is not None and not turn_detection.interrupt_response:
-            self._deaf = True
-            self._deaf_until_sample = None
+            self._half_duplex.responding()
         task = asyncio.create_task(self._run_response(response, previous), name=f"response {response.id}")
         response.task = task
         self._tasks.add(task)

@@ -31,6 +31,7 @@ SERVE_FLAGS = {
     "generation": "generation",
     "engine_threads": "engine_threads",
     "cache_dir": "cache_dir",
+    "turn_model": "turn_model",
     "ice_server": "ice_servers",
     "ice_loopback": "ice_loopback",
     "cors_origin": "cors_origins",
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--engine-threads", type=int, help="torch CPU threads in the engine process")
     serve.add_argument("--cache-dir", type=Path, help="where the dev model is built (default ~/.cache/omni-rtc)")
+    serve.add_argument("--turn-model", type=Path, help="semantic_vad's end-of-turn model (default: the cache dir's)")
     serve.add_argument(
         "--ice-server", action="append", metavar="URL", help="STUN/TURN server URL (stun:host:port, turn:host:port?transport=udp); repeatable"
     )

@@ -1,4 +1,4 @@
-"""What the server's lifespan builds and every route reads: the engine, the VAD, the calls."""
+"""What the server's lifespan builds and every route reads: the engine, the VADs, the calls."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from fastapi import Request
 
 from app.web.errors import ApiError
 from app.webrtc.call import CallRegistry
+from media.end_of_turn import EndOfTurnModel
 from media.vad import SileroVad
 from pipeline.turn import Engine
 
@@ -21,6 +22,7 @@ class Runtime:
     model: str
     vad: SileroVad
     calls: CallRegistry
+    end_of_turn: EndOfTurnModel | None = None  # None: not installed; semantic_vad is refused
 
 
 def runtime_of(request: Request) -> Runtime:

@@ -1,7 +1,7 @@
 """The HTTP server: signaling (``app.web.signaling``), client secrets, health, metrics and the page.
 
 ``create_app(settings)`` builds a FastAPI app whose lifespan starts what every call shares
-(the engine and the Silero VAD) and, on shutdown, closes every open call before the engine.
+(the engine, the Silero VAD and the end-of-turn model) and, on shutdown, closes every open call before the engine.
 An engine passed in is the caller's: the app uses it but neither starts nor closes it.
 """
 
@@ -30,6 +30,7 @@ from app.web.metrics import Metrics
 from app.web.runtime import Runtime
 from app.web.signaling import call_rtc_configuration, signaling_router
 from app.webrtc.call import CallRegistry
+from media.end_of_turn import SmartTurnModel, default_model_path
 from media.vad import SileroVad
 from pipeline.turn import Engine
 
@@ -53,6 +54,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             else:
                 serving, model = engine, getattr(engine, "name", type(engine).__name__)
             vad = await asyncio.to_thread(SileroVad.load)
+            end_of_turn = await asyncio.to_thread(_load_end_of_turn_model, settings)
             calls = CallRegistry(
                 settings.max_sessions,
                 on_count=metrics.sessions_open.set,
@@ -62,7 +64,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             stack.push_async_callback(calls.close_all)
             # Sessions get the engine with stalled turns failed (not hung) and timings recorded.
             for_sessions = MeteredEngine(StallTimeoutEngine(serving, stall_timeout_s=settings.turn_stall_timeout_s), metrics)
-            app.state.runtime = Runtime(engine=serving, for_sessions=for_sessions, model=model, vad=vad, calls=calls)
+            app.state.runtime = Runtime(engine=serving, for_sessions=for_sessions, model=model, vad=vad, calls=calls,
+                                        end_of_turn=end_of_turn)
             logger.info("serving %s on http://%s:%d", model, settings.host, settings.port)
             try:
                 yield
@@ -126,6 +129,18 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     # route above so that none of them is shadowed.
     app.mount("/", StaticFiles(directory=STATIC_DIR, html=True, check_dir=False), name="static")
     return app
+
+
+def _load_end_of_turn_model(settings: Settings) -> SmartTurnModel | None:
+    """The end-of-turn model for semantic_vad, or None (logged) when it is missing or damaged."""
+    path = settings.turn_model or default_model_path(settings.cache_dir)
+    try:
+        model = SmartTurnModel.load(path)
+    except (OSError, ValueError) as exc:
+        logger.error("semantic_vad is unavailable, sessions asking for it get server_vad: %s", exc)
+        return None
+    logger.info("end-of-turn model for semantic_vad: %s", path)
+    return model
 
 
 def _base_session_config(settings: Settings) -> SessionConfig:

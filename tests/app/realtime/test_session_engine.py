@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.realtime.session import ECHO_TAIL_MS
+from app.realtime.half_duplex import ECHO_TAIL_MS
 from app.realtime.session_config import SessionConfig
 from media.vad import SileroVad
 from pipeline.conversation import AssistantText, UserAudio

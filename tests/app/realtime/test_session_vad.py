@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from app.realtime.session import ECHO_TAIL_MS
+from app.realtime.half_duplex import ECHO_TAIL_MS
 from app.realtime.session_config import SessionConfig, TurnDetection
 from media.vad import SileroVad
 from pipeline.conversation import AssistantText, UserAudio
