@@ -46,10 +46,12 @@ Eagerness = Literal["low", "medium", "high", "auto"]
 # their time, "high" answers quickly, "auto" = "medium". Chosen from tests/bench/turn_taking.py
 # over tests/fixtures/turns (docs/SESSION.md has the figures).
 END_OF_TURN_BY_EAGERNESS: dict[Eagerness, EndOfTurnPolicy] = {
-    "low": EndOfTurnPolicy(candidate_ms=192, rescore_ms=0, threshold=0.9, max_wait_ms=1600),
-    "medium": EndOfTurnPolicy(candidate_ms=160, rescore_ms=0, threshold=0.8, max_wait_ms=1200),
-    "high": EndOfTurnPolicy(candidate_ms=160, rescore_ms=0, threshold=0.6, max_wait_ms=700),
-    "auto": EndOfTurnPolicy(candidate_ms=160, rescore_ms=0, threshold=0.8, max_wait_ms=1200),
+    # One check at 128 ms of silence: re-checking later splits more paused sentences than it
+    # speeds finished ones (the model's P(finished) rises with the silence it hears).
+    "low": EndOfTurnPolicy(candidate_ms=128, rescore_ms=0, threshold=0.9, max_wait_ms=1600),
+    "medium": EndOfTurnPolicy(candidate_ms=128, rescore_ms=0, threshold=0.8, max_wait_ms=1200),
+    "high": EndOfTurnPolicy(candidate_ms=96, rescore_ms=320, threshold=0.5, max_wait_ms=800),
+    "auto": EndOfTurnPolicy(candidate_ms=128, rescore_ms=0, threshold=0.8, max_wait_ms=1200),
 }
 _BETA_AUDIO_FORMATS: dict[str, AudioFormatType] = {
     "pcm16": "audio/pcm",

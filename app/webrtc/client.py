@@ -336,6 +336,13 @@ class RealtimeClient:
 
     # -- speaking --------------------------------------------------------------------
 
+    def say(self, pcm16k: np.ndarray) -> asyncio.Future[float]:
+        """Starts saying an utterance (float32 mono, 16 kHz) now, after what is queued; waits for nothing.
+
+        The future resolves to the wall time its last sample was sent.
+        """
+        return self._microphone.play(soxr.resample(np.asarray(pcm16k, dtype=np.float32), SPEECH_RATE, WIRE_RATE))
+
     async def speak(self, pcm16k: np.ndarray) -> TurnResult:
         """Says one utterance (float32 mono, 16 kHz) and waits until its answer has played out.
 
@@ -343,10 +350,9 @@ class RealtimeClient:
         """
         first_event = len(self.events)
         first_frame = len(self._received.chunks)
-        pcm48k = soxr.resample(np.asarray(pcm16k, dtype=np.float32), SPEECH_RATE, WIRE_RATE)
         try:
             async with asyncio.timeout(self._timeout_s):
-                spoken_at = await self._microphone.play(pcm48k)
+                spoken_at = await self.say(pcm16k)
                 done = await self._next_event(event_type(ResponseDoneEvent), first_event)
                 response = done["response"]
                 if self._expects_playback(first_event, response):

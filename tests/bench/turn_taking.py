@@ -171,8 +171,9 @@ def evaluate(vad: SileroVad, scores: CachedScores, params: TurnDetectionParams,
     return summary, outcomes
 
 
-async def pacing_lateness(model: SmartTurnModel, pcm: np.ndarray, *, off_loop: bool, decisions: int) -> dict[str, float]:
-    """How late a 20 ms timer fires while ``decisions`` model runs happen (off the loop or inline)."""
+async def pacing_lateness(model: SmartTurnModel | None, pcm: np.ndarray, *, off_loop: bool,
+                          decisions: int = 20) -> dict[str, float]:
+    """How late a 20 ms timer fires while ``decisions`` model runs happen (off the loop, inline, or none)."""
     lateness: list[float] = []
     done = asyncio.Event()
 
@@ -186,7 +187,9 @@ async def pacing_lateness(model: SmartTurnModel, pcm: np.ndarray, *, off_loop: b
 
     async def decide() -> None:
         for _ in range(decisions):
-            if off_loop:
+            if model is None:
+                await asyncio.sleep(0.2)  # the baseline: the timer alone, as long as a decision takes here
+            elif off_loop:
                 await asyncio.to_thread(model.probability, pcm)
             else:
                 model.probability(pcm)
@@ -252,9 +255,9 @@ def main() -> None:
 
     long_utterance = np.concatenate([f.pcm for f in fixtures[:4]])
     pacing = {
-        "idle": asyncio.run(pacing_lateness(model, long_utterance, off_loop=True, decisions=0)),
-        "off_loop": asyncio.run(pacing_lateness(model, long_utterance, off_loop=True, decisions=20)),
-        "inline": asyncio.run(pacing_lateness(model, long_utterance, off_loop=False, decisions=20)),
+        "none": asyncio.run(pacing_lateness(None, long_utterance, off_loop=True)),
+        "off_loop": asyncio.run(pacing_lateness(model, long_utterance, off_loop=True)),
+        "inline": asyncio.run(pacing_lateness(model, long_utterance, off_loop=False)),
     }
     grid = sweep(vad, scores, fixtures) if args.sweep else None
 
