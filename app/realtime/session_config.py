@@ -48,7 +48,7 @@ Eagerness = Literal["low", "medium", "high", "auto"]
 END_OF_TURN_BY_EAGERNESS: dict[Eagerness, EndOfTurnPolicy] = {
     # One check at 128 ms of silence: re-checking later splits more paused sentences than it
     # speeds finished ones (the model's P(finished) rises with the silence it hears).
-    "low": EndOfTurnPolicy(candidate_ms=128, rescore_ms=0, threshold=0.9, max_wait_ms=1600),
+    "low": EndOfTurnPolicy(candidate_ms=128, rescore_ms=0, threshold=0.85, max_wait_ms=2000),
     "medium": EndOfTurnPolicy(candidate_ms=128, rescore_ms=0, threshold=0.8, max_wait_ms=1200),
     "high": EndOfTurnPolicy(candidate_ms=96, rescore_ms=320, threshold=0.5, max_wait_ms=800),
     "auto": EndOfTurnPolicy(candidate_ms=128, rescore_ms=0, threshold=0.8, max_wait_ms=1200),
