@@ -164,9 +164,11 @@ def _load(spec: WorkerSpec) -> _Loaded:
     if spec.attn_implementation is not None:
         options["attn_implementation"] = spec.attn_implementation
     logger.info("loading %s on %s as %s", spec.model, device, dtype)
-    model, loading_info = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+    # With output_loading_info, a (model, info) pair, which transformers' annotations do not say.
+    model_and_info: Any = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
         spec.model, config=config, dtype=dtype, device_map=device, output_loading_info=True, **options
     )
+    model, loading_info = model_and_info
     missing_talker = sorted(
         key for key in loading_info["missing_keys"] if key.startswith(("talker.", "code2wav."))
     )

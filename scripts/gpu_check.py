@@ -84,8 +84,10 @@ async def full_turn(model_dir: Path, device: str, dtype: str) -> str:
             cold_first_audio_s = cold_first_audio_s or first_audio_s
     finally:
         await engine.close()
-    if done is None or not chunks:
-        raise RuntimeError(f"the turn produced no {'TurnDone' if done is None else 'audio'}")
+    if done is None:
+        raise RuntimeError("the turn ended without a TurnDone")
+    if first_audio_s is None or cold_first_audio_s is None:
+        raise RuntimeError("a turn produced no audio")
     audio = np.concatenate(chunks)
     if not np.isfinite(audio).all():
         raise RuntimeError("the answer's audio holds NaN or infinity")
