@@ -37,7 +37,8 @@ sys.path.insert(0, str(REPO))
 from pipeline.conversation import Conversation, UserAudio  # noqa: E402
 from pipeline.devmodel import ensure_dev_model  # noqa: E402
 from pipeline.engine import TransformersEngine  # noqa: E402
-from pipeline.turn import OUTPUT_SAMPLE_RATE, AudioChunk, TextDelta, TurnDone, TurnRequest  # noqa: E402
+from media.rates import VOICE_RATE  # noqa: E402
+from pipeline.turn import AudioChunk, TextDelta, TurnDone, TurnRequest  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures"
 FRAME_COST_BENCH = REPO / "tests" / "bench" / "frame_cost.py"
@@ -91,7 +92,7 @@ async def full_turn(model_dir: Path, device: str, dtype: str) -> str:
     audio = np.concatenate(chunks)
     if not np.isfinite(audio).all():
         raise RuntimeError("the answer's audio holds NaN or infinity")
-    audio_s = len(audio) / OUTPUT_SAMPLE_RATE
+    audio_s = len(audio) / VOICE_RATE
     rms_dbfs = 20 * np.log10(max(float(np.sqrt(np.mean(audio**2))), 1e-12))
     if rms_dbfs < -60:
         raise RuntimeError(f"the answer is silent ({rms_dbfs:.0f} dBFS)")
