@@ -34,10 +34,10 @@ import soundfile as sf
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from media.rates import VOICE_RATE  # noqa: E402
 from pipeline.conversation import Conversation, UserAudio  # noqa: E402
 from pipeline.devmodel import ensure_dev_model  # noqa: E402
 from pipeline.engine import TransformersEngine  # noqa: E402
-from media.rates import VOICE_RATE  # noqa: E402
 from pipeline.turn import AudioChunk, TextDelta, TurnDone, TurnRequest  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures"
