@@ -157,6 +157,7 @@ async def _start_engine(settings: Settings) -> tuple[Engine, str]:
         seed=settings.seed,
         generation=settings.generation,
         threads=settings.engine_threads,
+        attn_implementation=settings.attn_implementation,
     )
     await engine.start()
     return engine, model
