@@ -462,7 +462,7 @@ class RealtimeSession:
                     if isinstance(event, TextDelta):
                         self._on_text(response, event.text)
                     elif isinstance(event, AudioChunk):
-                        self._on_audio(response, event.pcm)
+                        self._on_audio(response, event)
                     elif isinstance(event, TurnDone):
                         done = event
             if done is None:
@@ -496,12 +496,13 @@ class RealtimeSession:
         response.entry.add_delta(text)
         self._emit(delta_event(response, text))
 
-    def _on_audio(self, response: Response, pcm: np.ndarray) -> None:
+    def _on_audio(self, response: Response, chunk: AudioChunk) -> None:
+        pcm = chunk.pcm
         if response.modality != "audio" or response.entry is None or pcm.size == 0:
             return
         if response.first_audio_at is None:
             response.first_audio_at = time.monotonic()
-        response.entry.audio_samples += pcm.size
+        response.entry.add_audio(pcm.size, frames=chunk.frames, text_tokens_voiced=chunk.text_tokens_voiced)
         self._ledger.write(response.entry.id, response.id, pcm.size, self._output.played_samples)
         self._output.write(pcm)
 
@@ -516,6 +517,8 @@ class RealtimeSession:
     ) -> None:
         entry = response.entry
         previous_id = self._history.previous_id(entry) if entry is not None else None
+        if entry is not None:  # its text ran ahead of its audio: only what is heard counts
+            entry.ended_early = status in ("cancelled", "failed")
         events = finish_events(
             response, status, previous_item_id=previous_id, reason=reason, done=done,
             error_code=error[0] if error else None,
@@ -540,8 +543,8 @@ class RealtimeSession:
         """Retire items whose audio has played out; announce when the assistant stopped speaking."""
         played = self._output.played_samples
         finished = self._ledger.pop_finished(played)
-        for playback in finished:
-            self._history.settle(playback, played)
+        for event in self._history.settle_all(finished, played):  # a cancelled answer's text ran ahead
+            self._emit(event)
         if len(self._ledger) == 0:
             if self._speaking_response_id is not None:
                 response_id = finished[-1].response_id if finished else self._speaking_response_id
@@ -573,7 +576,7 @@ class RealtimeSession:
         if (had_audio or always_announce) and response_id is not None:
             self._emit(OutputAudioBufferClearedEvent(response_id=response_id))
         self._speaking_response_id = None
-        for event in self._history.settle_cut(cut, played):
+        for event in self._history.settle_all(cut, played):
             self._emit(event)
         if cut:
             self._prune()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from app.realtime.heard import CODEC_FRAME_SAMPLES
 from app.realtime.history import (
     MAX_UNANSWERED_ITEMS,
     AssistantEntry,
@@ -66,8 +67,10 @@ def test_conversation_holds_what_was_heard_of_an_answer():
     history.append(user_text("u1"))
     entry = answer("a1", "one ")
     entry.add_delta("two")
+    entry.add_audio(2 * CODEC_FRAME_SAMPLES, frames=2, text_tokens_voiced=2)
     history.append(entry)
-    cut_short = history.settle(Playback("a1", "r1", segment_start=0, segment_written=200), played=100)
+    playback = Playback("a1", "r1", segment_start=0, segment_written=2 * CODEC_FRAME_SAMPLES)
+    cut_short = history.settle(playback, played=CODEC_FRAME_SAMPLES)
     assert cut_short
     items = history.conversation(None, HistoryLimits()).items
     assert items == (UserText("u1"), AssistantText("one "))
