@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -232,14 +232,20 @@ class SessionHarness:
     Each event is checked on the way: JSON-ready, and a known server event with its fields.
     """
 
-    def __init__(self, engine: Engine, vad: Any = None, config: SessionConfig | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        vad: Any = None,
+        config: SessionConfig | None = None,
+        on_ignored_speech: Callable[[], None] | None = None,
+    ) -> None:
         self.engine = engine
         self.output = VirtualAudioOutput()
         self.events: list[dict[str, Any]] = []
         self._new_event = asyncio.Event()
         self.session = RealtimeSession(
             engine=engine, vad=vad if vad is not None else EnergyVad(), output=self.output, send=self._record,
-            config=config,
+            config=config, on_ignored_speech=on_ignored_speech,
         )
 
     def _record(self, event: dict[str, Any]) -> None:

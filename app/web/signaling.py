@@ -49,7 +49,10 @@ def signaling_router(
         config = _session_config({**(grant.session or {}), **(session or {})}, base_config)
 
         def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
-            return RealtimeSession(engine=runtime.for_sessions, vad=runtime.vad, output=output, send=send, config=config)
+            return RealtimeSession(
+                engine=runtime.for_sessions, vad=runtime.vad, output=output, send=send, config=config,
+                on_ignored_speech=metrics.ignored_speech.inc,
+            )
 
         try:
             call = runtime.calls.admit(lambda on_closed: _new_call(settings, make_session, metrics, on_closed))

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from app.realtime.session import ECHO_TAIL_MS
 from app.realtime.session_config import SessionConfig, TurnDetection
+from app.realtime.turn_taking import ECHO_TAIL_MS
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, AssistantText, HistoryLimits, UserAudio, UserText
 from pipeline.turn import EngineError
 from tests.fakes import CODEC_FRAME_SAMPLES, EnergyVad, ScriptedEngine, SessionHarness
