@@ -221,7 +221,7 @@ class RealtimeSession:
         new = old.updated(event.session)
         self._config = new
         if new.turn_detection != old.turn_detection:
-            self._turns.configure(old.turn_detection, new.turn_detection, new.history)
+            self._turns.configure(new.turn_detection, new.history)
             if old.turn_detection is None:  # manual audio is not the VAD's business
                 self._manual.clear()
         self._emit(SessionUpdatedEvent(session=self._session_object()))

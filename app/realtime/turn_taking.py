@@ -11,7 +11,7 @@ which runs the detector (``media.turn_detection``) and acts through the session
   with a new item id; nothing is answered;
 - the *end of the turn* (the silence wait): ``speech_stopped``, the last segment committed and,
   with ``create_response``, a response whose prompt holds every segment in order. A turn that
-  reaches :func:`max_turn_ms` of audio is ended there: an ``error``
+  reaches :func:`max_turn_ms` of audio (120 s) is ended there: an ``error``
   (``turn_audio_limit_reached``) names the limit, and what was said is answered;
 - half-duplex (``interrupt_response: false``): from a response's start until its audio has
   played out, plus ``ECHO_TAIL_MS``, speech is heard but not acted on. Each such utterance is
@@ -127,7 +127,7 @@ class TurnTaking:
         """Input that server VAD does not see (manual mode): the input clock goes on."""
         self.input_samples += samples
 
-    def configure(self, old: TurnDetection | None, new: TurnDetection | None, history: HistoryLimits) -> None:
+    def configure(self, new: TurnDetection | None, history: HistoryLimits) -> None:
         """``turn_detection`` changed (``session.update``)."""
         if new is None:
             self.clear()

@@ -105,3 +105,12 @@ def test_create_item_at_root_goes_first():
     added, done = history.create_item(event, input_audio_format="audio/pcm", max_chars=100)
     assert ids(history) == ["first", "u1"]
     assert added.previous_item_id is None and done.item.id == "first"
+
+
+def test_a_long_turns_segments_are_kept_or_evicted_together():
+    segments = [user_audio(f"s{n}", 30) for n in range(3)] + [user_audio("s3", 29)]  # 119 s, at the maximum
+    entries = [user_audio("u1", 5), answer("a1"), *segments, answer("a2")]
+    # The whole long turn fits the default budget (120 s, 4 clips); the turn before it does not.
+    assert ids(pruned(entries, HistoryLimits())) == ["s0", "s1", "s2", "s3", "a2"]
+    later = [*entries, user_audio("u3", 2), answer("a3")]
+    assert ids(pruned(later, HistoryLimits())) == ["u3", "a3"]  # never some of its segments
