@@ -26,11 +26,16 @@ The rules, with the defaults of OpenAI's ``server_vad``:
   at once, up to the audio pushed by then. Speech resuming before the answer makes the check
   stale (its answer is ignored); one check is in flight at a time; ``max_wait_ms`` of silence
   commits whatever the model said;
-- an utterance reaching ``max_utterance_ms`` is committed with ``forced=True``; if the
+- speech going on past ``max_utterance_ms`` is cut into *segments*, not turns: each stretch of
+  ``max_utterance_ms`` is handed on as a ``SegmentCommitted`` while the person is speaking
+  (during a trailing silence the cut waits for the silence to end the turn or speech to
+  resume, so a segment never ends in a pause) and the utterance goes on, contiguous: not one
+  sample is lost or committed twice. ``UtteranceCommitted`` is the *end of the turn*;
+- a turn reaching ``max_turn_ms`` of audio in all is ended anyway, with ``forced=True``; if the
   person is still speaking, a new utterance starts at the very next sample (no prefix:
   nothing is committed twice), announced by a new ``SpeechStarted``.
-Each ``UtteranceCommitted`` is therefore preceded by one ``SpeechStarted`` and one
-``SpeechStopped`` of its own.
+Each ``UtteranceCommitted`` is therefore preceded by one ``SpeechStarted``, any number of
+``SegmentCommitted`` and one ``SpeechStopped`` of its own.
 """
 
 from __future__ import annotations
@@ -69,7 +74,8 @@ class TurnDetectionParams:
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500  # server VAD's wait; an end-of-turn policy replaces it
     min_speech_ms: int = 250
-    max_utterance_ms: int = 30_000
+    max_utterance_ms: int = 30_000  # one segment of a longer utterance
+    max_turn_ms: int = 120_000  # all segments of one turn; the session passes its history budget
     end_of_turn: EndOfTurnPolicy | None = None  # None: server VAD (silence alone ends a turn)
 
     def __post_init__(self) -> None:
@@ -81,6 +87,10 @@ class TurnDetectionParams:
         if self.max_utterance_ms <= self.min_speech_ms:
             raise ValueError(
                 f"max_utterance_ms ({self.max_utterance_ms}) must exceed min_speech_ms ({self.min_speech_ms})"
+            )
+        if self.max_turn_ms < self.max_utterance_ms:
+            raise ValueError(
+                f"max_turn_ms ({self.max_turn_ms}) must be at least max_utterance_ms ({self.max_utterance_ms})"
             )
 
     @property
@@ -99,11 +109,22 @@ class SpeechStopped:
 
 
 @dataclass(frozen=True)
-class UtteranceCommitted:
+class SegmentCommitted:
+    """``max_utterance_ms`` of an utterance that goes on: not the end of the turn."""
+
     pcm: np.ndarray  # float32, 16 kHz mono: exactly the input samples [audio_start_ms, audio_end_ms)
     audio_start_ms: int
     audio_end_ms: int
-    forced: bool  # True when max_utterance_ms cut the utterance, not silence
+
+
+@dataclass(frozen=True)
+class UtteranceCommitted:
+    """The end of the turn: its last (or only) segment."""
+
+    pcm: np.ndarray  # float32, 16 kHz mono: exactly the input samples [audio_start_ms, audio_end_ms)
+    audio_start_ms: int
+    audio_end_ms: int
+    forced: bool  # True when max_turn_ms ended the turn, not silence
     # The silence waited before committing: server VAD's silence_duration_ms; with an end-of-turn
     # policy, the trailing silence when the model (or max_wait_ms) decided; 0 when forced.
     silence_wait_ms: int = 0
@@ -114,11 +135,11 @@ class EndOfTurnCheck:
     """Ask the end-of-turn model about ``pcm`` (the utterance so far), then call ``decide``."""
 
     check_id: int
-    pcm: np.ndarray
+    pcm: np.ndarray  # since the last segment: the model looks at the last 8 s only
     silence_ms: int  # trailing silence included in pcm
 
 
-TurnEvent = SpeechStarted | SpeechStopped | UtteranceCommitted | EndOfTurnCheck
+TurnEvent = SpeechStarted | SegmentCommitted | SpeechStopped | UtteranceCommitted | EndOfTurnCheck
 
 
 class _State(enum.Enum):
@@ -145,6 +166,7 @@ class TurnCommitBuffer:
         self._chunks: list[np.ndarray] = []  # retained audio, contiguous, ends at _position
         self._buffer_start = 0  # stream position of the first retained sample
         self._onset = 0  # stream position where the current speech began
+        self._turn_start = 0  # stream position of the first sample of the turn's first segment
         self._silence_start: int | None = None  # where the current trailing silence began
         self._checks = 0  # end-of-turn checks emitted since the trailing silence began
         self._last_check_id = 0
@@ -176,6 +198,7 @@ class TurnCommitBuffer:
             self.reset()
         else:
             self._trim_before(position)
+            self._turn_start = max(self._turn_start, self._buffer_start)
 
     def reset(self) -> None:
         """Drop buffered audio and speech state; positions keep counting from the stream start."""
@@ -226,6 +249,7 @@ class TurnCommitBuffer:
                 return []
             self._state = _State.SPEECH
             self._silence_start = None
+            self._turn_start = self._buffer_start
             return [SpeechStarted(audio_start_ms=_ms(self._buffer_start))]
 
         # _State.SPEECH
@@ -245,9 +269,21 @@ class TurnCommitBuffer:
                 self._last_check_id += 1
                 self._pending_check = self._last_check_id
                 return [EndOfTurnCheck(self._last_check_id, np.concatenate(self._chunks), silence_ms)]
-        if self._position - self._buffer_start >= params.max_utterance_ms * _SAMPLES_PER_MS:
+        if self._position - self._turn_start >= params.max_turn_ms * _SAMPLES_PER_MS:
             return self._commit(forced=True)
+        if (
+            self._silence_start is None
+            and self._position - self._buffer_start >= params.max_utterance_ms * _SAMPLES_PER_MS
+        ):
+            return [self._take_segment()]
         return []
+
+    def _take_segment(self) -> SegmentCommitted:
+        start, end = self._buffer_start, self._position
+        segment = SegmentCommitted(pcm=np.concatenate(self._chunks), audio_start_ms=_ms(start), audio_end_ms=_ms(end))
+        self._chunks = []
+        self._buffer_start = end
+        return segment
 
     def _check_due(self, policy: EndOfTurnPolicy, silence_ms: int) -> bool:
         if self._checks == 0:
@@ -274,6 +310,7 @@ class TurnCommitBuffer:
         self._buffer_start = end
         if forced and self._silence_start is None:
             # Still talking: the next utterance begins at the next sample, already confirmed.
+            self._turn_start = end
             events.append(SpeechStarted(audio_start_ms=_ms(end)))
         else:
             self._state = _State.IDLE

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import soxr
 
+from app.realtime.heard import VoicedAudio
 from app.realtime.ledger import Playback, PlaybackLedger
 from app.realtime.protocol import (
     ClientContentPart,
@@ -74,33 +75,52 @@ class AssistantEntry:
     modality: Modality
     status: str = "in_progress"
     text: str = ""  # everything generated
-    token_ends: list[int] = field(default_factory=list)  # end offset in ``text`` of each delta
-    heard: str | None = None  # set once playback settled; None: the whole text (not cut so far)
-    audio_samples: int = 0
+    token_ends: list[int] = field(default_factory=list)  # end offset in ``text`` of each delta (a token)
+    heard: str | None = None  # set once playback settled; None: not settled yet (see history_text)
+    voiced: VoicedAudio = field(default_factory=VoicedAudio)  # its audio, and the tokens the frames voice
+    ended_early: bool = False  # the response was cancelled or failed: its text ran ahead of its audio
+
+    @property
+    def audio_samples(self) -> int:
+        return self.voiced.samples
 
     def add_delta(self, delta: str) -> None:
         self.text += delta
         self.token_ends.append(len(self.text))
 
+    def add_audio(self, samples: int, *, frames: int, text_tokens_voiced: int) -> None:
+        self.voiced.add(
+            samples, frames=frames, text_tokens_voiced=text_tokens_voiced, tokens_released=len(self.token_ends)
+        )
+
     def history_text(self) -> str:
-        return self.text if self.heard is None else self.heard
+        """The text the next turn sees: what was heard, or what will have been once the audio
+        still queued plays out (all of it for an answer that ended by itself)."""
+        if self.heard is not None:
+            return self.heard
+        if self.ended_early and self.modality == "audio":
+            return self.heard_text(self.audio_samples, finished=False)
+        return self.text
 
-    def heard_text(self, heard_samples: int, total_samples: int) -> str:
-        """The text heard when ``heard_samples`` of ``total_samples`` of its audio were played.
+    def heard_text(self, heard_samples: int, *, finished: bool) -> str:
+        """The text heard when the first ``heard_samples`` of its audio were played.
 
-        The Talker consumes one Thinker token per 80 ms codec step, so cutting the tokens in
-        proportion to the audio played is a sound first alignment.
+        ``finished``: the answer ended by itself (not cancelled, failed or cut): once all its
+        audio has played, all its text was heard. Otherwise the tokens heard are those the
+        played codec frames voiced (``app.realtime.heard``), each delta being one token.
         """
-        if heard_samples >= total_samples:
+        if finished and heard_samples >= self.audio_samples:
             return self.text
-        tokens = len(self.token_ends) * max(heard_samples, 0) // total_samples
+        tokens = self.voiced.tokens_heard(heard_samples)
+        if tokens >= len(self.token_ends):
+            return self.text
         return self.text[: self.token_ends[tokens - 1]] if tokens else ""
 
     def content(self) -> list[ItemContent]:
         if self.status == "in_progress":
             return []
-        if self.modality == "audio":
-            return [OutputAudioContent(transcript=self.text)]
+        if self.modality == "audio":  # once cut short, only what was heard
+            return [OutputAudioContent(transcript=self.history_text())]
         return [OutputTextContent(text=self.text)]
 
     def item(self) -> MessageItem:
@@ -224,28 +244,33 @@ class History:
         playback = ledger.get(entry.id)
         if playback is not None:  # still playing: what is heard later stays within the cut
             playback.limit = samples if playback.limit is None else min(playback.limit, samples)
-        entry.heard = entry.heard_text(samples, entry.audio_samples)
+            playback.truncated = True  # announced here, not again when it settles
+        entry.heard = entry.heard_text(samples, finished=not entry.ended_early)
         return ConversationItemTruncatedEvent(item_id=entry.id, content_index=0, audio_end_ms=event.audio_end_ms)
 
     def settle(self, playback: Playback, played: int) -> bool:
-        """Put what was heard of the item into the history; True when it was cut short."""
+        """Put what was heard of the item into the history; True when it was cut short: not all
+        its audio played, or its response was cancelled or failed (its text ran ahead of the audio)."""
         entry = self.find(playback.item_id)
         if not isinstance(entry, AssistantEntry):
             return False  # deleted by the client meanwhile
         heard = playback.heard(played)
-        cut_short = heard < playback.written
+        finished = not (playback.unfinished or entry.ended_early)
+        cut_short = heard < playback.written or not finished
         if entry.heard is None or cut_short:
-            entry.heard = entry.heard_text(heard, playback.written)
+            entry.heard = entry.heard_text(heard, finished=finished)
         return cut_short
 
-    def settle_cut(self, cut: list[Playback], played: int) -> list[ServerEvent]:
-        """Settles items whose audio was cleared; ``conversation.item.truncated`` for each cut short."""
+    def settle_all(self, playbacks: list[Playback], played: int) -> list[ServerEvent]:
+        """Settles items whose playback ended (played out or cleared); ``conversation.item.truncated``
+        for each cut short, with ``audio_end_ms`` = its audio played (unless the client's own
+        ``conversation.item.truncate`` said so already)."""
         return [
             ConversationItemTruncatedEvent(
                 item_id=playback.item_id, content_index=0, audio_end_ms=playback.heard(played) * 1000 // VOICE_RATE
             )
-            for playback in cut
-            if self.settle(playback, played)
+            for playback in playbacks
+            if self.settle(playback, played) and not playback.truncated
         ]
 
     def conversation(self, instructions: str | None, limits: HistoryLimits) -> Conversation:

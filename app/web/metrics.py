@@ -1,13 +1,14 @@
 """Prometheus metrics: one registry per app, fed by the call glue and an engine wrapper.
 
-Nothing here needs the session's cooperation. The numbers come from the two streams the
-glue already sees:
+The numbers come from what the glue already sees:
 
 - the server events a session sends (``response.done`` status, ``error`` type, the speech
   and playback events whose wall-clock spacing is the user-facing latency), read by a
   per-call :class:`CallObserver`;
 - the engine's own ``TurnDone.timings`` (queue wait, time to first Thinker token), read by
-  :class:`app.web.engines.MeteredEngine`, which wraps the shared engine the sessions are given.
+  :class:`app.web.engines.MeteredEngine`, which wraps the shared engine the sessions are given;
+- one session callback, ``on_ignored_speech`` (an utterance half-duplex did not act on),
+  counted in ``ignored_speech``.
 """
 
 from __future__ import annotations
@@ -61,6 +62,12 @@ class Metrics:
         self.errors = Counter(
             "omni_rtc_errors", "Errors by type: error events sent, engine and signaling failures.",
             ["type", "code"], registry=r,
+        )
+        self.ignored_speech = Counter(
+            "omni_rtc_ignored_speech",
+            "Utterances half-duplex did not act on: the user (or the answer's echo) spoke while an "
+            "answer was being given or played. Reported by the session (on_ignored_speech).",
+            registry=r,
         )
         self.end_of_utterance_delay = Histogram(
             "omni_rtc_end_of_utterance_delay_seconds",

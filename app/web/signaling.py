@@ -49,8 +49,10 @@ def signaling_router(
         config = _session_config({**(grant.session or {}), **(session or {})}, base_config)
 
         def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
-            return RealtimeSession(engine=runtime.for_sessions, vad=runtime.vad, output=output, send=send, config=config,
-                                   end_of_turn=runtime.end_of_turn)
+            return RealtimeSession(
+                engine=runtime.for_sessions, vad=runtime.vad, output=output, send=send, config=config,
+                on_ignored_speech=metrics.ignored_speech.inc, end_of_turn=runtime.end_of_turn,
+            )
 
         try:
             call = runtime.calls.admit(lambda on_closed: _new_call(settings, make_session, metrics, on_closed))

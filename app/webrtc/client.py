@@ -336,12 +336,21 @@ class RealtimeClient:
 
     # -- speaking --------------------------------------------------------------------
 
-    def say(self, pcm16k: np.ndarray) -> asyncio.Future[float]:
-        """Starts saying an utterance (float32 mono, 16 kHz) now, after what is queued; waits for nothing.
+    async def say(self, pcm16k: np.ndarray) -> float:
+        """Says ``pcm16k`` (float32 mono, 16 kHz) without waiting for any answer (full duplex:
+        it may talk over one); returns the wall time its last sample was sent."""
+        pcm48k = soxr.resample(np.asarray(pcm16k, dtype=np.float32), SPEECH_RATE, WIRE_RATE)
+        return await self._microphone.play(pcm48k)
 
-        The future resolves to the wall time its last sample was sent.
-        """
-        return self._microphone.play(soxr.resample(np.asarray(pcm16k, dtype=np.float32), SPEECH_RATE, WIRE_RATE))
+    @property
+    def frames_received(self) -> int:
+        """Audio frames received so far; a mark for :meth:`audio_since`."""
+        return len(self._received.chunks)
+
+    def audio_since(self, mark: int) -> np.ndarray:
+        """Everything received from frame ``mark`` on: float32 mono at 48 kHz, silence included."""
+        chunks = self._received.chunks[mark:]
+        return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
 
     async def speak(self, pcm16k: np.ndarray) -> TurnResult:
         """Says one utterance (float32 mono, 16 kHz) and waits until its answer has played out.

@@ -6,6 +6,7 @@ aiortc client speaking the fixtures in real time.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -37,11 +38,13 @@ async def scripted_server_url() -> AsyncIterator[str]:
 async def test_a_reply_started_the_moment_the_answer_stopped_is_answered_every_time(scripted_server_url: str) -> None:
     hello, weather = read_utterance(FIXTURES / "hello.wav"), read_utterance(FIXTURES / "weather.wav")
     async with RealtimeClient(scripted_server_url, ice_loopback=True) as client:
-        await client.speak(hello)
-        for number in range(1, QUICK_REPLIES + 1):
+        for number in range(QUICK_REPLIES + 1):  # the first turn, then each reply
             start = len(client.events)
-            client.say(weather if number % 2 else hello)  # at once: output_audio_buffer.stopped just came
+            # Every reply starts the moment output_audio_buffer.stopped has come (the loop's last
+            # line): say() starts the microphone at once and does not wait for any answer.
+            saying = asyncio.create_task(client.say(weather if number % 2 else hello))
             done = await client.wait_for("response.done", start=start, timeout_s=30)  # a lost reply hangs
+            await saying
             assert done["response"]["status"] == "completed", f"reply {number}"
             types = [event["type"] for event in client.events[start:]]
             assert "input_audio_buffer.committed" in types, f"reply {number} was not heard: {types}"

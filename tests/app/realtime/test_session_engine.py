@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.realtime.half_duplex import ECHO_TAIL_MS
 from app.realtime.session_config import SessionConfig
+from app.realtime.turn_taking import ECHO_TAIL_MS
 from media.vad import SileroVad
 from pipeline.conversation import AssistantText, UserAudio
 from pipeline.engine import TransformersEngine
