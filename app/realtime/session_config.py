@@ -47,8 +47,10 @@ Eagerness = Literal["low", "medium", "high", "auto"]
 # over tests/fixtures/turns (docs/SESSION.md has the figures).
 END_OF_TURN_BY_EAGERNESS: dict[Eagerness, EndOfTurnPolicy] = {
     # One check at 128 ms of silence: re-checking later splits more paused sentences than it
-    # speeds finished ones (the model's P(finished) rises with the silence it hears).
-    "low": EndOfTurnPolicy(candidate_ms=128, rescore_ms=0, threshold=0.85, max_wait_ms=2000),
+    # speeds finished ones (the model's P(finished) rises with the silence it hears). A higher
+    # threshold for low kept no more pauses whole and made most finished sentences wait it out:
+    # low differs from medium by its longer wait.
+    "low": EndOfTurnPolicy(candidate_ms=128, rescore_ms=0, threshold=0.8, max_wait_ms=2000),
     "medium": EndOfTurnPolicy(candidate_ms=128, rescore_ms=0, threshold=0.8, max_wait_ms=1200),
     "high": EndOfTurnPolicy(candidate_ms=96, rescore_ms=320, threshold=0.5, max_wait_ms=800),
     "auto": EndOfTurnPolicy(candidate_ms=128, rescore_ms=0, threshold=0.8, max_wait_ms=1200),

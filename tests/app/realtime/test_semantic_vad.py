@@ -12,8 +12,8 @@ import threading
 import numpy as np
 import pytest
 
-from app.realtime.turn_taking import ECHO_TAIL_MS
 from app.realtime.session_config import END_OF_TURN_BY_EAGERNESS, SessionConfig
+from app.realtime.turn_taking import ECHO_TAIL_MS
 from pipeline.conversation import UserAudio
 from tests.fakes import CODEC_FRAME_SAMPLES, ScriptedEngine, SessionHarness
 
