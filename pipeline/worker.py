@@ -229,7 +229,7 @@ def _run_turn(loaded: _Loaded, submit: Submit, commands: _Commands, events: Conn
         output_audio=request.output_audio,
     )
     try:
-        inputs = loaded.renderer.render(request.conversation)
+        inputs = loaded.renderer.render_request(request)
         should_stop = lambda: commands.is_cancelled(turn_id)  # noqa: E731
         for event in stream_turn(loaded.model, loaded.tokenizer, inputs, params, should_stop):
             events.send(TurnEventMessage(turn_id, event))
