@@ -2,7 +2,8 @@
 
 Used by the session tests and by any test that needs a whole server without a checkpoint:
 - ``ScriptedEngine``: an ``Engine`` that answers every turn with a scripted reply, one text
-  delta and one 80 ms audio chunk per word, and records the requests it got.
+  delta and one 80 ms audio chunk per word (transcription turns: ``transcript``, text only),
+  and records the requests it got.
 - ``EnergyVad``: a ``SileroVad`` stand-in whose "speech probability" is 1 for loud windows
   and 0 for quiet ones, so a test can write speech as a tone and silence as zeros.
 - ``VirtualAudioOutput``: an ``AudioOutput`` that plays only when told (``play()``), with the
@@ -44,8 +45,11 @@ class ScriptedEngine:
 
     name = "scripted-engine"
 
-    def __init__(self, reply: str = "Hello there, how can I help you today?") -> None:
+    def __init__(
+        self, reply: str = "Hello there, how can I help you today?", transcript: str = "What is the weather like?"
+    ) -> None:
         self.reply = reply
+        self.transcript = transcript  # what every transcription turn "hears"
         self.requests: list[TurnRequest] = []
         self.cancelled_turns = 0
         # When set, each turn waits on it after its first word (a long answer being generated).
@@ -61,7 +65,8 @@ class ScriptedEngine:
 
     async def run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
         self.requests.append(request)
-        words = [word + " " for word in self.reply.split(" ")]
+        said = self.transcript if request.task == "transcribe" else self.reply
+        words = [word + " " for word in said.split(" ")]
         words[-1] = words[-1].rstrip()
         finish_reason = "stop"
         if request.max_output_tokens is not None and len(words) > request.max_output_tokens:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -66,6 +67,16 @@ class UserEntry:
 
     def audio_clips(self) -> list[UserAudio]:
         return [part for part in self.parts if isinstance(part, UserAudio)]
+
+    def transcribed(self, content_index: int, transcript: str) -> None:
+        """The audio part at ``content_index`` has a transcript: the prompt may use it, the item shows it."""
+        self.parts = tuple(
+            dataclasses.replace(part, transcript=transcript)
+            if index == content_index and isinstance(part, UserAudio)
+            else part
+            for index, part in enumerate(self.parts)
+        )
+        self.content[content_index] = InputAudioContent(transcript=transcript)
 
 
 @dataclass
@@ -136,6 +147,10 @@ class History:
         previous_id = self._entries[position - 1].id if position > 0 else None
         self._entries.insert(position, entry)
         return previous_id
+
+    def holds(self, entry: Entry) -> bool:
+        """``entry`` is still in the conversation (not deleted, not pruned)."""
+        return any(candidate is entry for candidate in self._entries)
 
     def find(self, item_id: str) -> Entry | None:
         return next((entry for entry in self._entries if entry.id == item_id), None)
@@ -278,7 +293,12 @@ class History:
 def pruned(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
     """``entries`` cut to whole turns (user items up to their answer), newest first, within
     ``limits``; a turn still being answered is always kept, and so are at most
-    ``MAX_UNANSWERED_ITEMS`` trailing user items."""
+    ``MAX_UNANSWERED_ITEMS`` trailing user items.
+
+    The same rule as ``pipeline.prompt.bound_history``: once a turn's audio breaks an audio
+    limit, it and older turns are kept only while every clip of theirs has its transcript (the
+    prompt then carries them as text); ``max_turns`` bounds all kept turns.
+    """
     turns: list[list[Entry]] = []
     pending: list[Entry] = []
     for entry in entries:
@@ -289,14 +309,16 @@ def pruned(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
     kept: list[list[Entry]] = []
     clips = 0
     seconds = 0.0
+    as_text = False
     for turn in reversed(turns):
         audio = [clip for entry in turn if isinstance(entry, UserEntry) for clip in entry.audio_clips()]
-        clips += len(audio)
-        seconds += sum(clip.seconds for clip in audio)
+        if not as_text:
+            clips += len(audio)
+            seconds += sum(clip.seconds for clip in audio)
+            as_text = clips > limits.max_audio_clips or seconds > limits.max_audio_seconds
         in_progress = any(isinstance(entry, AssistantEntry) and entry.status == "in_progress" for entry in turn)
-        if not in_progress and (
-            len(kept) >= limits.max_turns or clips > limits.max_audio_clips or seconds > limits.max_audio_seconds
-        ):
+        untranscribed = as_text and any(clip.transcript is None for clip in audio)
+        if not in_progress and (len(kept) >= limits.max_turns or untranscribed):
             break
         kept.append(turn)
     pending = pending[-MAX_UNANSWERED_ITEMS:]

@@ -285,7 +285,7 @@ class InputTextContent(_ServerModel):
 
 class InputAudioContent(_ServerModel):
     type: Literal["input_audio"] = "input_audio"
-    transcript: str | None = None  # no input transcription: Qwen3-Omni listens to the audio itself
+    transcript: str | None = None  # set once input audio transcription completed (if the session asks)
 
 
 class OutputTextContent(_ServerModel):
@@ -338,9 +338,17 @@ class ServerVadObject(_ServerModel):
     interrupt_response: bool
 
 
+class TranscriptionObject(_ServerModel):
+    """``audio.input.transcription``: the model named is reported; Qwen3-Omni itself transcribes."""
+
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+
+
 class SessionAudioInput(_ServerModel):
     format: AudioFormat
-    transcription: dict[str, Any] | None = None
+    transcription: TranscriptionObject | None = None
     noise_reduction: dict[str, Any] | None = None
     turn_detection: ServerVadObject | None
 
@@ -540,6 +548,58 @@ class ConversationItemDeletedEvent(_ServerEventBase):
     item_id: str
 
 
+class TranscriptionInputTokenDetails(_ServerModel):
+    text_tokens: int
+    audio_tokens: int
+
+
+class TranscriptionUsage(_ServerModel):
+    """Token usage of one transcription (OpenAI's ``tokens`` variant)."""
+
+    type: Literal["tokens"] = "tokens"
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    input_token_details: TranscriptionInputTokenDetails
+
+
+class TranscriptionError(_ServerModel):
+    type: str
+    code: str | None
+    message: str
+    param: str | None = None
+
+
+class ConversationItemInputAudioTranscriptionDeltaEvent(_ServerEventBase):
+    type: Literal["conversation.item.input_audio_transcription.delta"] = (
+        "conversation.item.input_audio_transcription.delta"
+    )
+    item_id: str
+    content_index: int
+    delta: str
+    logprobs: list[Any] | None = None
+
+
+class ConversationItemInputAudioTranscriptionCompletedEvent(_ServerEventBase):
+    type: Literal["conversation.item.input_audio_transcription.completed"] = (
+        "conversation.item.input_audio_transcription.completed"
+    )
+    item_id: str
+    content_index: int
+    transcript: str
+    usage: TranscriptionUsage
+    logprobs: list[Any] | None = None
+
+
+class ConversationItemInputAudioTranscriptionFailedEvent(_ServerEventBase):
+    type: Literal["conversation.item.input_audio_transcription.failed"] = (
+        "conversation.item.input_audio_transcription.failed"
+    )
+    item_id: str
+    content_index: int
+    error: TranscriptionError
+
+
 class ResponseCreatedEvent(_ServerEventBase):
     type: Literal["response.created"] = "response.created"
     response: ResponseObject
@@ -634,6 +694,9 @@ ServerEvent = Annotated[
     | ConversationItemDoneEvent
     | ConversationItemTruncatedEvent
     | ConversationItemDeletedEvent
+    | ConversationItemInputAudioTranscriptionDeltaEvent
+    | ConversationItemInputAudioTranscriptionCompletedEvent
+    | ConversationItemInputAudioTranscriptionFailedEvent
     | ResponseCreatedEvent
     | ResponseDoneEvent
     | ResponseOutputItemAddedEvent

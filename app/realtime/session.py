@@ -56,6 +56,7 @@ from app.realtime.protocol import (
 )
 from app.realtime.responses import Response, announce_events, apply_response_params, delta_event, finish_events
 from app.realtime.session_config import SessionConfig, TurnDetection
+from app.realtime.transcription import Transcriptions
 from media.rates import SPEECH_RATE
 from media.turn_detection import (
     SpeechStarted,
@@ -64,7 +65,6 @@ from media.turn_detection import (
     VoiceActivityDetector,
 )
 from media.vad import SpeechModel
-from pipeline.conversation import Conversation
 from pipeline.turn import AudioChunk, Engine, EngineError, TextDelta, TurnDone, TurnRequest
 
 logger = logging.getLogger(__name__)
@@ -122,6 +122,7 @@ class RealtimeSession:
         self._clearing = False  # inside output.clear(), whose stop callback is not a drain
         self._closed = False
         self._close_lock = asyncio.Lock()
+        self._transcriptions = Transcriptions(engine, self._emit, self._history.holds, self.session_id)
         output.set_listener(self)
 
     # -- public API ------------------------------------------------------------------------
@@ -185,6 +186,7 @@ class RealtimeSession:
                 task.cancel()
             if tasks:
                 await asyncio.wait(tasks)
+            await self._transcriptions.close()
 
     def stats(self) -> dict[str, int]:
         """Sizes of the per-session structures (metrics; tests check they stay bounded)."""
@@ -192,7 +194,7 @@ class RealtimeSession:
             "items": len(self._history),
             "audio_clips": self._history.audio_clip_count(),
             "playbacks": len(self._ledger),
-            "tasks": len(self._tasks),
+            "tasks": len(self._tasks) + len(self._transcriptions),
             "manual_buffer_samples": self._manual.samples,
             "responses": int(self._response is not None),
         }
@@ -307,17 +309,13 @@ class RealtimeSession:
                 "Cancellation failed: no active response found"
                 + (f" with id {event.response_id!r}." if event.response_id else "."),
             )
-        self._request_cancel(response, "client_cancelled")
-        assert response.task is not None
-        await asyncio.wait({response.task})
+        await asyncio.wait({self._request_cancel(response, "client_cancelled")})
 
     async def _clear_output_by_client(self) -> None:
         # OpenAI: clearing the output also stops generating the response whose audio it is.
         response = self._response
         if response is not None and not response.cancelling:
-            self._request_cancel(response, "client_cancelled")
-            assert response.task is not None
-            await asyncio.wait({response.task})
+            await asyncio.wait({self._request_cancel(response, "client_cancelled")})
         self._clear_output(always_announce=True)
 
     # -- server VAD ------------------------------------------------------------------------
@@ -390,6 +388,7 @@ class RealtimeSession:
     def _commit_user_audio(self, item_id: str, pcm: np.ndarray) -> None:
         for event in self._history.commit_audio(item_id, pcm):
             self._emit(event)
+        self._transcriptions.transcribe(self._history.require(item_id), self._config.transcription)
         self._prune()
 
     # -- half-duplex -----------------------------------------------------------------------
@@ -428,6 +427,7 @@ class RealtimeSession:
         if turn_detection is not None and not turn_detection.interrupt_response:
             self._deaf = True
             self._deaf_until_sample = None
+        self._transcriptions.hold_until(response.output_started)
         task = asyncio.create_task(self._run_response(response, previous), name=f"response {response.id}")
         response.task = task
         self._tasks.add(task)
@@ -438,18 +438,20 @@ class RealtimeSession:
         if not task.cancelled() and task.exception() is not None:
             logger.error("session %s: %s crashed", self.session_id, task.get_name(), exc_info=task.exception())
 
-    def _request_cancel(self, response: Response, reason: str) -> None:
+    def _request_cancel(self, response: Response, reason: str) -> asyncio.Task[None]:
+        """Cancels ``response``; its task, to await when the caller must see it end."""
         response.cancelling = True
         response.cancel_reason = reason
         assert response.task is not None
         response.task.cancel()
+        return response.task
 
     async def _run_response(self, response: Response, previous: asyncio.Task[None] | None) -> None:
         try:
             if previous is not None and not previous.done():
                 await asyncio.wait({previous})  # a cancelled response first sends its response.done
             request = TurnRequest(
-                conversation=self._conversation(response.instructions),
+                conversation=self._history.conversation(response.instructions, self._config.history),
                 voice=response.voice,
                 temperature=response.temperature,
                 max_output_tokens=response.max_output_tokens,
@@ -501,6 +503,7 @@ class RealtimeSession:
             return
         if response.first_audio_at is None:
             response.first_audio_at = time.monotonic()
+            response.output_started.set()
         response.entry.audio_samples += pcm.size
         self._ledger.write(response.entry.id, response.id, pcm.size, self._output.played_samples)
         self._output.write(pcm)
@@ -581,9 +584,6 @@ class RealtimeSession:
             self._on_idle()
 
     # -- history ---------------------------------------------------------------------------
-
-    def _conversation(self, instructions: str | None) -> Conversation:
-        return self._history.conversation(instructions, self._config.history)
 
     def _prune(self) -> None:
         self._history.prune(self._config.history)
