@@ -190,6 +190,7 @@ async def _one_session(args: argparse.Namespace, index: int, utterances: list[tu
                     "turn": number,
                     "input": str(path),
                     "status": turn.status,
+                    "user_transcript": turn.user_transcript,
                     "transcript": turn.transcript,
                     "audio_seconds": round(turn.audio_seconds, 3),
                     "audible_seconds": round(turn.audible_seconds, 3),
@@ -200,6 +201,8 @@ async def _one_session(args: argparse.Namespace, index: int, utterances: list[tu
                 result["turns"].append(summary)
                 if not args.json:
                     latency = "-" if turn.latency_s is None else f"{turn.latency_s:.2f} s"
+                    if turn.user_transcript is not None:
+                        print(f"session {index} turn {number} user said: {turn.user_transcript!r}", flush=True)
                     print(
                         f"session {index} turn {number} [{turn.status}] {turn.audio_seconds:.2f} s audio "
                         f"({turn.audible_seconds:.2f} s audible), "
