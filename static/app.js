@@ -54,6 +54,7 @@ const ui = {
   voice: $("voice"),
   instructions: $("instructions"),
   bargeIn: $("barge-in"),
+  transcribe: $("transcribe"),
   silenceMs: $("silence-ms"),
   sessionNote: $("session-note"),
   remoteAudio: $("remote-audio"),
@@ -272,6 +273,15 @@ class Call {
       case "conversation.item.done":
       case "response.output_item.done":
         renderItem(event.item);
+        break;
+      case "conversation.item.input_audio_transcription.delta":
+        appendUserTranscript(event.item_id, event.delta);
+        break;
+      case "conversation.item.input_audio_transcription.completed":
+        setUserTranscript(event.item_id, event.transcript);
+        break;
+      case "conversation.item.input_audio_transcription.failed":
+        markItem(event.item_id, "not transcribed");
         break;
       case "conversation.item.deleted":
         itemElement(event.item_id)?.remove();
@@ -613,9 +623,11 @@ function sessionUpdateEvent() {
     silence_duration_ms: Number(ui.silenceMs.value),
     interrupt_response: ui.bargeIn.checked,
   };
+  // Any model name is accepted; the server's own model transcribes.
+  const transcription = ui.transcribe.checked ? { model: "qwen3-omni" } : null;
   const update = {
     type: "realtime",
-    audio: { input: { turn_detection: turnDetection }, output: { voice: ui.voice.value } },
+    audio: { input: { turn_detection: turnDetection, transcription }, output: { voice: ui.voice.value } },
   };
   const instructions = ui.instructions.value.trim();
   if (instructions) update.instructions = instructions;
@@ -631,7 +643,9 @@ function fillSessionForm(effective) {
   if (typeof effective.instructions === "string" && document.activeElement !== ui.instructions) {
     ui.instructions.value = effective.instructions;
   }
-  const detection = effective.audio?.input?.turn_detection;
+  const input = effective.audio?.input;
+  if (input && "transcription" in input) ui.transcribe.checked = input.transcription !== null;
+  const detection = input?.turn_detection;
   if (detection) {
     if (typeof detection.interrupt_response === "boolean") ui.bargeIn.checked = detection.interrupt_response;
     if (typeof detection.silence_duration_ms === "number") ui.silenceMs.value = detection.silence_duration_ms;
@@ -742,10 +756,12 @@ function renderItem(item) {
   if (item.role === "user") {
     textElement.textContent = parts.map((part) => {
       if (part.type === "input_text") return part.text;
-      if (part.type === "input_audio") return part.transcript || "(voice message)";
+      if (part.type === "input_audio") return part.transcript ?? userTranscripts.get(item.id) ?? "(voice message)";
       return "";
     }).join(" ");
-    element.classList.toggle("voice", parts.some((part) => part.type === "input_audio" && !part.transcript));
+    element.classList.toggle(
+      "voice", parts.some((part) => part.type === "input_audio" && part.transcript == null && !userTranscripts.has(item.id)),
+    );
   } else {
     const text = parts.map((part) => part.transcript ?? part.text ?? "").join("");
     // Streaming deltas may already be ahead of a snapshot taken at item.added.
@@ -767,6 +783,22 @@ new MutationObserver(() => {
   ui.transcript.scrollTop = ui.transcript.scrollHeight;
   autoScrollTop = ui.transcript.scrollTop;
 }).observe(ui.transcript, { childList: true, subtree: true, characterData: true });
+
+// What the user said, as streamed by input audio transcription (item id → text so far); a
+// committed voice item shows it in place of "(voice message)".
+const userTranscripts = new Map();
+
+function appendUserTranscript(itemId, delta) {
+  setUserTranscript(itemId, (userTranscripts.get(itemId) ?? "") + (delta ?? ""));
+}
+
+function setUserTranscript(itemId, text) {
+  if (typeof text !== "string") return;
+  userTranscripts.set(itemId, text);
+  const element = ensureItemElement(itemId, "user");
+  element.querySelector(".text").textContent = text;
+  element.classList.remove("voice");
+}
 
 function appendItemText(itemId, delta) {
   const element = ensureItemElement(itemId, "assistant");
