@@ -181,12 +181,12 @@ class RealtimeSession:
         """Cancel the running response and await every task; safe to call twice."""
         async with self._close_lock:
             self._closed = True
+            await self._transcriptions.close()  # first: an ending response would let them start
             tasks = list(self._tasks)
             for task in tasks:
                 task.cancel()
             if tasks:
                 await asyncio.wait(tasks)
-            await self._transcriptions.close()
 
     def stats(self) -> dict[str, int]:
         """Sizes of the per-session structures (metrics; tests check they stay bounded)."""
