@@ -160,10 +160,11 @@ class PromptRenderer:
         self._min_clip_samples = feature_extractor.n_fft
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path) -> PromptRenderer:
+    def from_pretrained(cls, model_dir: str | Path, *, tokenizer=None) -> PromptRenderer:
+        """The renderer for a checkpoint; pass ``tokenizer`` when it is already loaded from it."""
         config = Qwen3OmniMoeConfig.from_pretrained(model_dir)
         return cls(
-            load_tokenizer(model_dir),
+            tokenizer if tokenizer is not None else load_tokenizer(model_dir),
             WhisperFeatureExtractor.from_pretrained(model_dir),
             n_window=config.thinker_config.audio_config.n_window,
         )

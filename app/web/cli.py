@@ -30,6 +30,7 @@ SERVE_FLAGS = {
     "seed": "seed",
     "generation": "generation",
     "engine_threads": "engine_threads",
+    "attn_implementation": "attn_implementation",
     "cache_dir": "cache_dir",
     "ice_server": "ice_servers",
     "ice_loopback": "ice_loopback",
@@ -57,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--generation", type=json.loads, metavar="JSON", help='generation options for every turn, e.g. \'{"max_audio_frames": 250}\''
     )
     serve.add_argument("--engine-threads", type=int, help="torch CPU threads in the engine process")
+    serve.add_argument(
+        "--attn-implementation", choices=["sdpa", "eager", "flash_attention_2"], help="attention kernels (default: transformers' choice, sdpa)"
+    )
     serve.add_argument("--cache-dir", type=Path, help="where the dev model is built (default ~/.cache/omni-rtc)")
     serve.add_argument(
         "--ice-server", action="append", metavar="URL", help="STUN/TURN server URL (stun:host:port, turn:host:port?transport=udp); repeatable"
@@ -81,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     dev_model = commands.add_parser("dev-model", help="build the tiny random-weight Qwen3-Omni checkpoint")
     dev_model.add_argument("--out", type=Path, help="output directory (default: the cache the server uses)")
+    dev_model.add_argument(
+        "--layout",
+        choices=["fused", "hub"],
+        default="fused",
+        help="fused: transformers' own (default); hub: the published checkpoint's shards and per-expert tensors",
+    )
 
     call = commands.add_parser("call", help="call a server: say each WAV, save each answer")
     call.add_argument("url", help="server base URL, e.g. http://127.0.0.1:8000")
@@ -129,7 +139,10 @@ def _dev_model(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from pipeline.devmodel import build_dev_model, ensure_dev_model
 
-    path = build_dev_model(args.out) if args.out is not None else ensure_dev_model(Settings().cache_dir)
+    if args.out is not None:
+        path = build_dev_model(args.out, layout=args.layout)
+    else:
+        path = ensure_dev_model(Settings().cache_dir, layout=args.layout)
     print(path)
     return 0
 

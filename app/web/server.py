@@ -122,7 +122,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
-    # The page and its files (index.html names app.js and style.css relatively), after every
+    # The page and its files (index.html names js/main.js and style.css relatively), after every
     # route above so that none of them is shadowed.
     app.mount("/", StaticFiles(directory=STATIC_DIR, html=True, check_dir=False), name="static")
     return app
@@ -157,6 +157,7 @@ async def _start_engine(settings: Settings) -> tuple[Engine, str]:
         seed=settings.seed,
         generation=settings.generation,
         threads=settings.engine_threads,
+        attn_implementation=settings.attn_implementation,
     )
     await engine.start()
     return engine, model

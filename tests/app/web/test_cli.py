@@ -138,3 +138,19 @@ async def test_call_exits_non_zero_when_the_server_refuses(tmp_path):
         )
     assert code == 1
     assert "401" in stderr
+
+
+def test_serve_attention_implementation_from_flag_or_environment(monkeypatch):
+    assert serve_settings(monkeypatch, []).attn_implementation is None
+    assert serve_settings(monkeypatch, ["--attn-implementation", "eager"]).attn_implementation == "eager"
+    from_env = serve_settings(monkeypatch, [], OMNI_RTC_ATTN_IMPLEMENTATION="flash_attention_2")
+    assert from_env.attn_implementation == "flash_attention_2"
+    with pytest.raises(ValueError, match="attn_implementation"):
+        serve_settings(monkeypatch, [], OMNI_RTC_ATTN_IMPLEMENTATION="fast")
+
+
+def test_dev_model_writes_the_hub_layout(tmp_path, capsys):
+    assert main(["dev-model", "--out", str(tmp_path), "--layout", "hub"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert "thinker.model.layers.0.mlp.experts.0.gate_proj.weight" in index["weight_map"]
