@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from app.realtime.event_audio import acknowledge_playback, played_out
 from app.realtime.gate import EventGate
 from app.realtime.history import AssistantEntry, History
 from app.realtime.input_buffer import AppendDecoder, ManualBuffer
@@ -41,6 +42,7 @@ from app.realtime.protocol import (
     OutputAudioBufferClearEvent,
     OutputAudioBufferStartedEvent,
     OutputAudioBufferStoppedEvent,
+    PlaybackAckEvent,
     ProtocolError,
     ResponseCancelEvent,
     ResponseCreateEvent,
@@ -215,6 +217,8 @@ class RealtimeSession:
             await self._cancel_response(event)
         elif isinstance(event, OutputAudioBufferClearEvent):
             await self._clear_output_by_client()
+        elif isinstance(event, PlaybackAckEvent):  # WebSocket: the client says what it played
+            self._emit(acknowledge_playback(event, self._output, self._history, self._ledger, self.session_id))
 
     def _update_session(self, event: SessionUpdateEvent) -> None:
         old = self._config
@@ -255,6 +259,7 @@ class RealtimeSession:
 
     def _truncate_item(self, event: ConversationItemTruncateEvent) -> None:
         self._emit(self._history.truncate_item(event, self._ledger))
+        played_out(self._output, event.item_id)
 
     def _create_response(self, event: ResponseCreateEvent) -> None:
         if self._response is not None and not self._response.cancelling:
