@@ -197,11 +197,11 @@ async def test_bad_base64_and_too_fast_appends_are_errors_and_the_session_goes_o
     await h.send(type="input_audio_buffer.append", audio="%%%not base64", event_id="b64")
     error = (await h.until("error"))["error"]
     assert (error["code"], error["event_id"]) == ("invalid_value", "b64")
-    seconds = MAX_APPEND_AHEAD_MS // 1000 + 2
     chunk = base64.b64encode(bytes(2 * 24_000)).decode()  # one second of silence
-    for _ in range(seconds):
+    for _ in range(MAX_APPEND_AHEAD_MS // 1000 + 10):  # 10 s past the bound: refused however slow this runs
         await h.send(type="input_audio_buffer.append", audio=chunk)
-    assert [e["error"]["code"] for e in h.of_type("error")][1:] == ["input_audio_too_fast"] * 2
+    refused = [e["error"]["code"] for e in h.of_type("error")][1:]
+    assert refused and set(refused) == {"input_audio_too_fast"}
     await text_turn(h, 1)
     assert h.of_type("response.done")[0]["response"]["status"] == "completed"
     await h.session.close()
