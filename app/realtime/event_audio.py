@@ -222,9 +222,9 @@ def acknowledge_playback(
             f"No answer audio {'for ' + repr(named) if named else 'has been sent'} to acknowledge.",
             param="item_id" if event.item_id else "response_id" if event.response_id else None,
         )
-    played = min(int(event.played_ms * VOICE_RATE / 1000), segment.written)
-    committed_ms = event.played_ms if event.committed_ms is None else event.committed_ms
-    committed = min(int(committed_ms * VOICE_RATE / 1000), played)
+    played = _samples(event.played_ms, segment.written)
+    committed = min(_samples(event.played_ms if event.committed_ms is None else event.committed_ms, segment.written),
+                    played)
     playback = ledger.get(segment.item_id)
     if playback is not None and committed < played:  # the client counts less as heard than it played
         playback.limit = committed if playback.limit is None else min(playback.limit, committed)
@@ -242,6 +242,14 @@ def acknowledge_playback(
             audio_ms=segment.written * 1000 // VOICE_RATE, history_committed=settled,
         )
     )
+
+
+def _samples(ms: float, written: int) -> int:
+    """Milliseconds of a segment as samples; the segment's length in whole ms (rounded down, as a
+    client counting ms reports it) is all of it."""
+    if ms >= written * 1000 // VOICE_RATE:
+        return written
+    return int(ms * VOICE_RATE / 1000)
 
 
 def played_out(output: AudioOutput, item_id: str) -> None:

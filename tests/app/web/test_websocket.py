@@ -22,9 +22,11 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from app.config import Settings
 from app.realtime.input_buffer import MAX_APPEND_AHEAD_MS
 from app.web.server import create_app
+from app.web.socket_client import RealtimeSocketClient
 from tests.app.realtime.test_fuzz import OFFER_LINES
 from tests.e2e.conftest import serving_in_process
 from tests.fakes import ScriptedEngine
+from tests.speech import load_fixture
 
 API_KEY = "sk-test"
 
@@ -189,3 +191,16 @@ async def test_a_session_past_its_duration_is_told_and_closed(tmp_path):
                 await ws.recv()
     assert expired["error"]["code"] == "session_expired"
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
+
+
+async def test_the_socket_client_speaks_two_acknowledged_turns(tmp_path):
+    async with serving(Settings(cache_dir=tmp_path), ScriptedEngine("Hello there friend")) as url:
+        async with RealtimeSocketClient(url, acknowledge_playback=True) as client:
+            turns = [await client.speak(load_fixture(name)) for name in ("hello", "weather")]
+            events = client.events
+    acks = [e["event"] for e in events if e["type"] == "playback.acknowledged"]
+    assert [(ack["played_ms"], ack["history_committed"]) for ack in acks] == [(240, True), (240, True)]
+    for turn in turns:
+        assert turn.status == "completed" and turn.transcript == "Hello there friend"
+        assert turn.sample_rate == 24_000 and turn.audio_seconds == pytest.approx(0.24)
+        assert turn.latency_s is not None and turn.latency_s > 0
