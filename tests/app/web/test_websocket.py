@@ -204,3 +204,18 @@ async def test_the_socket_client_speaks_two_acknowledged_turns(tmp_path):
         assert turn.status == "completed" and turn.transcript == "Hello there friend"
         assert turn.sample_rate == 24_000 and turn.audio_seconds == pytest.approx(0.24)
         assert turn.latency_s is not None and turn.latency_s > 0
+
+
+async def test_shutdown_closes_open_websocket_sessions(tmp_path):
+    engine = ScriptedEngine("Hello there friend")
+    engine.hold = asyncio.Event()  # an answer in generation when the server stops
+    async with serving(Settings(cache_dir=tmp_path), engine) as url:
+        ws = await websockets.connect(ws_url(url))
+        await ws.recv()
+        await ws.send(json.dumps({"type": "response.create"}))
+        await next_event(ws, "response.output_audio.delta")
+    with pytest.raises(ConnectionClosed):
+        async with asyncio.timeout(10):
+            while True:
+                await ws.recv()
+    assert engine.cancelled_turns == 1
