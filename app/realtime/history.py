@@ -5,8 +5,8 @@ holds everything generated and, once its playback has settled, what was *heard* 
 prompt of the next turn is rendered from what was heard (``History.conversation``), and the
 history is kept to whole turns within the session's limits (``History.prune``).
 
-The readers at the bottom turn a client's ``conversation.item.create`` content into items,
-raising :class:`ProtocolError` naming the offending ``param``.
+The readers at the bottom turn a client's ``conversation.item.create`` content (and base64 audio
+in the session's input format) into items, raising :class:`ProtocolError` naming the ``param``.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from app.realtime.protocol import (
     new_id,
 )
 from app.realtime.session_config import Modality
+from media import g711
 from media.rates import SPEECH_RATE, VOICE_RATE
 from pipeline.conversation import (
     AssistantText,
@@ -342,6 +343,18 @@ def decode_pcm16(data: str, param: str) -> np.ndarray:
     return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
 
 
+def decode_input_audio(data: str, format_type: str, param: str) -> tuple[np.ndarray, int]:
+    """Base64 audio in the session's input format → (float32 PCM, its rate): ``audio/pcm`` is PCM16
+    at 24 kHz, ``audio/pcmu`` / ``audio/pcma`` G.711 at 8 kHz; ``ProtocolError`` naming ``param``."""
+    if format_type not in g711.G711_FORMATS:
+        return decode_pcm16(data, param), VOICE_RATE
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError("invalid_value", f"{param} is not valid base64.", param=param) from None
+    return g711.decode(raw, format_type), g711.G711_RATE
+
+
 def checked_text(text: str | None, param: str, *, max_chars: int) -> str:
     if text is None:
         raise ProtocolError("missing_required_parameter", f"{param} is required.", param=param)
@@ -366,15 +379,11 @@ def read_user_content(
             if part.audio is None:
                 raise ProtocolError("missing_required_parameter", f"{param}.audio is required.",
                                     param=f"{param}.audio")
-            if input_audio_format != "audio/pcm":
-                raise ProtocolError(
-                    "invalid_value", "Base64 audio must be audio/pcm (PCM16, 24 kHz).", param=f"{param}.audio"
-                )
-            pcm24 = decode_pcm16(part.audio, f"{param}.audio")
-            if pcm24.size < MIN_COMMIT_MS * VOICE_RATE // 1000:
+            pcm, rate = decode_input_audio(part.audio, input_audio_format, f"{param}.audio")
+            if pcm.size < MIN_COMMIT_MS * rate // 1000:
                 raise ProtocolError("invalid_value", f"{param}.audio holds less than {MIN_COMMIT_MS} ms.",
                                     param=f"{param}.audio")
-            pcm16 = soxr.resample(pcm24, VOICE_RATE, SPEECH_RATE).astype(np.float32)
+            pcm16 = soxr.resample(pcm, rate, SPEECH_RATE).astype(np.float32)
             parts.append(UserAudio(pcm16))
             echoed.append(InputAudioContent(transcript=part.transcript))
         else:

@@ -8,8 +8,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import time
 from collections import deque
 from collections.abc import Callable
@@ -17,10 +15,9 @@ from collections.abc import Callable
 import numpy as np
 import soxr
 
-from app.realtime.history import MIN_COMMIT_MS, decode_pcm16
+from app.realtime.history import MIN_COMMIT_MS, decode_input_audio
 from app.realtime.protocol import ProtocolError
-from media import g711
-from media.rates import SPEECH_RATE, VOICE_RATE
+from media.rates import SPEECH_RATE
 
 # Manual mode keeps at most this much uncommitted input audio (the oldest is dropped).
 MAX_MANUAL_BUFFER_MS = 60_000
@@ -95,14 +92,3 @@ class AppendDecoder:
                 param="audio",
             )
         self._budget_ms -= audio_ms
-
-
-def decode_input_audio(data: str, format_type: str, param: str) -> tuple[np.ndarray, int]:
-    """Base64 audio in ``format_type`` → (float32 PCM, its sample rate); ``ProtocolError`` naming ``param``."""
-    if format_type not in g711.G711_FORMATS:
-        return decode_pcm16(data, param), VOICE_RATE
-    try:
-        raw = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        raise ProtocolError("invalid_value", f"{param} is not valid base64.", param=param) from None
-    return g711.decode(raw, format_type), g711.G711_RATE

@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 import soxr
 
+from app.realtime.event_audio import EventAudioOutput, acknowledge_playback
+from app.realtime.history import History
 from app.realtime.input_buffer import MAX_APPEND_AHEAD_MS, AppendDecoder
-from app.realtime.protocol import ProtocolError
+from app.realtime.ledger import PlaybackLedger
+from app.realtime.protocol import PlaybackAckEvent, ProtocolError
 from media import g711
 from pipeline.conversation import AssistantText
 from tests.fakes import CODEC_FRAME_SAMPLES, ScriptedEngine, SessionHarness, SocketSessionHarness
@@ -220,3 +223,40 @@ def test_appends_may_run_ahead_of_real_time_by_the_bound_and_no_further():
     decoder.decode(second, input_audio_format="audio/pcm")
     with pytest.raises(ProtocolError):
         decoder.decode(second, input_audio_format="audio/pcm")
+
+
+async def test_a_g711_session_takes_g711_audio_in_created_items():
+    h = await started()
+    await h.send(type="session.update", session={"audio": {"input": {"format": {"type": "audio/pcma"}}}})
+    clip = g711.encode(soxr.resample(tone(500), RATE, 8_000), "audio/pcma")
+    await h.send(type="conversation.item.create", item={"type": "message", "role": "user", "content": [
+        {"type": "input_audio", "audio": base64.b64encode(clip).decode()}]})
+    await h.send(type="response.create")
+    await h.turn_done(1)
+    (user_audio,) = h.engine.requests[0].conversation.items
+    assert user_audio.pcm.size == 500 * RATE // 1000  # 8 kHz in, 16 kHz to the model
+    assert np.max(np.abs(user_audio.pcm)) == pytest.approx(0.3, abs=0.03)
+    await h.session.close()
+
+
+def test_an_ack_of_a_segments_whole_milliseconds_is_all_of_it():
+    class Listener:
+        stopped = 0
+
+        def on_playback_started(self) -> None: ...
+
+        def on_playback_stopped(self) -> None:
+            self.stopped += 1
+
+    sent: list[dict] = []
+    output = EventAudioOutput(sent.append)
+    listener = Listener()
+    output.set_listener(listener)
+    output.acknowledging = True  # the client has acknowledged an earlier answer
+    output.observe({"type": "response.output_item.added", "response_id": "resp_1",
+                    "item": {"id": "item_1", "role": "assistant"}})
+    output.write(np.zeros(1_000, dtype=np.float32))  # 41.67 ms: a client counting whole ms says 41
+    assert output.played_samples == 0
+    acknowledge_playback(PlaybackAckEvent(type="playback.ack", played_ms=41, item_id="item_1"), output,
+                         History(), PlaybackLedger(), "sess_1")
+    assert output.played_samples == 1_000 and listener.stopped == 1
