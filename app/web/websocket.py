@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 
 # Browsers cannot set headers on a WebSocket; OpenAI takes the key as this subprotocol.
 API_KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
-REALTIME_SUBPROTOCOL = "realtime"  # what OpenAI's browser examples offer, and we accept
+REALTIME_SUBPROTOCOL = "realtime"  # what OpenAI's browser examples offer, and we choose
 # Events waiting for a client that does not read them: past this the session ends. 16 MiB holds
 # ~4 minutes of PCM16 answer audio as base64 deltas, far more than any client lags by.
 MAX_PENDING_BYTES = 16 * 1024 * 1024
@@ -271,7 +271,7 @@ def websocket_router(
             await _deny(websocket, error)
             return
         logger.info("%s: opened (model %r asked for; %d sessions open)", call.id, model, len(runtime.calls))
-        await call.serve(REALTIME_SUBPROTOCOL if REALTIME_SUBPROTOCOL in offered else None)
+        await call.serve(_chosen_subprotocol(offered))
 
     return router
 
@@ -304,6 +304,14 @@ def _authorize(websocket: WebSocket, authenticator: Authenticator, offered: list
     if not token:
         raise missing_credentials()
     return authenticator.authorize_token(token)
+
+
+def _chosen_subprotocol(offered: list[str]) -> str | None:
+    """``realtime`` when offered, else any other offered one but the key: a browser that offered
+    subprotocols fails the handshake when none is chosen, and the key is never echoed."""
+    if REALTIME_SUBPROTOCOL in offered:
+        return REALTIME_SUBPROTOCOL
+    return next((p for p in offered if not p.startswith(API_KEY_SUBPROTOCOL_PREFIX)), None)
 
 
 async def _deny(websocket: WebSocket, error: ApiError) -> None:

@@ -93,6 +93,9 @@ async def test_credentials_as_a_header_a_subprotocol_or_a_client_secret(tmp_path
         async with websockets.connect(ws_url(url), subprotocols=subprotocols) as ws:  # type: ignore[arg-type]
             assert ws.subprotocol == "realtime"
             assert json.loads(await ws.recv())["type"] == "session.created"
+        beta = [f"openai-insecure-api-key.{API_KEY}", "openai-beta.realtime-v1"]  # never the key back
+        async with websockets.connect(ws_url(url), subprotocols=beta) as ws:  # type: ignore[arg-type]
+            assert ws.subprotocol == "openai-beta.realtime-v1"
         async with httpx.AsyncClient(base_url=url) as http:
             minted = await http.post("/v1/realtime/client_secrets", headers={"Authorization": f"Bearer {API_KEY}"},
                                      json={"session": {"instructions": "Be brief."}})
