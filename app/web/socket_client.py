@@ -210,17 +210,18 @@ class RealtimeSocketClient:
         return await self.wait_for(event_type_name, start=start)
 
     async def _stream(self, pcm16k: np.ndarray) -> None:
-        """Appends 16 kHz audio as PCM16 at 24 kHz, ``CHUNK_MS`` per event, paced at real time."""
+        """Appends 16 kHz audio as PCM16 at 24 kHz, ``CHUNK_MS`` per event, paced at real time: each
+        chunk leaves when its last sample would have been captured, as from a microphone."""
         pcm24 = soxr.resample(pcm16k, SPEECH_RATE, VOICE_RATE) if pcm16k.size else pcm16k
         samples = (np.clip(pcm24, -1.0, 1.0) * 32767).astype("<i2")
         step = CHUNK_MS * VOICE_RATE // 1000
         loop = asyncio.get_running_loop()
         started = loop.time()
-        for index, offset in enumerate(range(0, samples.size, step)):
-            await asyncio.sleep(max(0.0, started + index * CHUNK_MS / 1000 - loop.time()))
-            audio = base64.b64encode(samples[offset : offset + step].tobytes()).decode("ascii")
+        for offset in range(0, samples.size, step):
+            end = min(offset + step, samples.size)
+            await asyncio.sleep(max(0.0, started + end / VOICE_RATE - loop.time()))
+            audio = base64.b64encode(samples[offset:end].tobytes()).decode("ascii")
             await self.send(InputAudioBufferAppendEvent(type="input_audio_buffer.append", audio=audio).model_dump())
-        await asyncio.sleep(max(0.0, started + samples.size / VOICE_RATE - loop.time()))
 
     def _answer_audio(self, response_id: str, first_event: int) -> tuple[np.ndarray, int, float | None]:
         """The response's audio as float32 mono, its rate, and when its first delta arrived."""
