@@ -254,8 +254,10 @@ def websocket_router(
             config = read_session_config(grant.session or {}, base_config)
 
             def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
-                return RealtimeSession(engine=runtime.for_sessions, vad=runtime.vad, output=output, send=send,
-                                       config=config)
+                return RealtimeSession(
+                    engine=runtime.for_sessions, vad=runtime.vad, output=output, send=send, config=config,
+                    on_ignored_speech=metrics.ignored_speech.inc,
+                )
 
             try:
                 call = runtime.calls.admit(
