@@ -79,7 +79,9 @@ class HistoryLimits:
 
     max_turns: int = 8
     max_audio_clips: int = 4
-    max_audio_seconds: float = 60.0
+    # Also the most audio one user turn may hold (app.realtime.turn_taking): four 30 s segments,
+    # ~1,560 audio tokens at 13 per second, so a turn that long, once answered, still fits whole.
+    max_audio_seconds: float = 120.0
 
 
 @dataclass(frozen=True)

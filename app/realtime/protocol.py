@@ -183,6 +183,23 @@ class OutputAudioBufferClearEvent(_ClientEventBase):
     type: Literal["output_audio_buffer.clear"]
 
 
+class PlaybackAckEvent(_ClientEventBase):
+    """vLLM-Omni's playback acknowledgement, for transports without a media track (WebSocket).
+
+    The shape of ``AckPlayback`` in vllm-omni 0.30.0 (``vllm_omni/protocol/duplex/commands.py``,
+    read by ``vllm_omni/engine/duplex/realtime_commands.py``): ``played_ms`` is the cumulative
+    audio of one response the client has played; ``committed_ms`` (default ``played_ms``) how
+    much of it counts as heard; the response is named by ``response_id`` or ``item_id`` (neither:
+    the oldest answer not yet played out). Milliseconds may be fractional, as vllm-omni accepts.
+    """
+
+    type: Literal["playback.ack"]
+    played_ms: Annotated[int | float, Field(ge=0, le=86_400_000)]  # a day bounds any real playback
+    committed_ms: Annotated[int | float, Field(ge=0, le=86_400_000)] | None = None
+    response_id: str | None = None
+    item_id: str | None = None
+
+
 ClientEvent = Annotated[
     SessionUpdateEvent
     | InputAudioBufferAppendEvent
@@ -193,7 +210,8 @@ ClientEvent = Annotated[
     | ConversationItemTruncateEvent
     | ResponseCreateEvent
     | ResponseCancelEvent
-    | OutputAudioBufferClearEvent,
+    | OutputAudioBufferClearEvent
+    | PlaybackAckEvent,
     Field(discriminator="type"),
 ]
 _client_event_adapter: TypeAdapter[ClientEvent] = TypeAdapter(ClientEvent)
@@ -652,6 +670,13 @@ class ResponseOutputAudioTranscriptDoneEvent(_ContentEventBase):
     transcript: str
 
 
+class ResponseOutputAudioDeltaEvent(_ContentEventBase):
+    """Answer audio as an event (WebSocket): base64 in the session's output format."""
+
+    type: Literal["response.output_audio.delta"] = "response.output_audio.delta"
+    delta: str
+
+
 class ResponseOutputAudioDoneEvent(_ContentEventBase):
     type: Literal["response.output_audio.done"] = "response.output_audio.done"
 
@@ -681,6 +706,27 @@ class OutputAudioBufferClearedEvent(_ServerEventBase):
     response_id: str
 
 
+class PlaybackAcknowledgement(_ServerModel):
+    """What ``playback.acknowledged`` reports under ``event``, after vllm-omni's reply
+    (``PlaybackAcknowledged`` in ``vllm_omni/protocol/duplex/events.py``, filled by
+    ``vllm_omni/engine/duplex/session/playback_ledger.py``): the item and response, the played
+    and committed milliseconds as applied, and whether the item's history now holds them."""
+
+    type: Literal["playback.acknowledged"] = "playback.acknowledged"
+    session_id: str
+    item_id: str
+    response_id: str
+    played_ms: int
+    committed_ms: int
+    audio_ms: int  # the item's whole audio: played out when played_ms reaches it
+    history_committed: bool
+
+
+class PlaybackAcknowledgedEvent(_ServerEventBase):
+    type: Literal["playback.acknowledged"] = "playback.acknowledged"
+    event: PlaybackAcknowledgement
+
+
 ServerEvent = Annotated[
     ErrorEvent
     | SessionCreatedEvent
@@ -705,12 +751,14 @@ ServerEvent = Annotated[
     | ResponseContentPartDoneEvent
     | ResponseOutputAudioTranscriptDeltaEvent
     | ResponseOutputAudioTranscriptDoneEvent
+    | ResponseOutputAudioDeltaEvent
     | ResponseOutputAudioDoneEvent
     | ResponseOutputTextDeltaEvent
     | ResponseOutputTextDoneEvent
     | OutputAudioBufferStartedEvent
     | OutputAudioBufferStoppedEvent
-    | OutputAudioBufferClearedEvent,
+    | OutputAudioBufferClearedEvent
+    | PlaybackAcknowledgedEvent,
     Field(discriminator="type"),
 ]
 server_event_adapter: TypeAdapter[ServerEvent] = TypeAdapter(ServerEvent)

@@ -9,6 +9,7 @@ response, streams the answer, and keeps the conversation *as the user heard it* 
 response's start until its audio has played out, plus ``ECHO_TAIL_MS``, speech is heard but not
 acted on; ``true`` is barge-in — speech start cancels the response, clears the output and
 truncates the item; ``null`` is manual mode (``input_audio_buffer.commit`` + ``response.create``).
+Server VAD's events are turned into the protocol's by ``app.realtime.turn_taking``.
 docs/SESSION.md has the whole picture.
 """
 
@@ -23,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from app.realtime.event_audio import acknowledge_playback, played_out
 from app.realtime.gate import EventGate
 from app.realtime.history import AssistantEntry, History
 from app.realtime.input_buffer import AppendDecoder, ManualBuffer
@@ -36,13 +38,11 @@ from app.realtime.protocol import (
     InputAudioBufferClearedEvent,
     InputAudioBufferClearEvent,
     InputAudioBufferCommitEvent,
-    InputAudioBufferSpeechStartedEvent,
-    InputAudioBufferSpeechStoppedEvent,
-    InputAudioBufferTimeoutTriggeredEvent,
     OutputAudioBufferClearedEvent,
     OutputAudioBufferClearEvent,
     OutputAudioBufferStartedEvent,
     OutputAudioBufferStoppedEvent,
+    PlaybackAckEvent,
     ProtocolError,
     ResponseCancelEvent,
     ResponseCreateEvent,
@@ -57,25 +57,13 @@ from app.realtime.protocol import (
 from app.realtime.responses import Response, announce_events, apply_response_params, delta_event, finish_events
 from app.realtime.session_config import SessionConfig, TurnDetection
 from app.realtime.transcription import Transcriptions
-from media.rates import SPEECH_RATE
-from media.turn_detection import (
-    SpeechStarted,
-    SpeechStopped,
-    UtteranceCommitted,
-    VoiceActivityDetector,
-)
+from app.realtime.turn_taking import TurnActions, TurnTaking, detector_params
 from media.vad import SpeechModel
 from pipeline.turn import AudioChunk, Engine, EngineError, TextDelta, TurnDone, TurnRequest
 
 logger = logging.getLogger(__name__)
 
 SESSION_LIFETIME_S = 3_600  # expires_at in session objects, as OpenAI's 60-minute sessions
-# After the assistant's audio has been sent, its tail is still in the browser's jitter buffer
-# and speaker, and its echo reaches the microphone ~100-300 ms later; half-duplex keeps not
-# listening for this long so that tail is not heard as the user.
-ECHO_TAIL_MS = 400
-# What an idle user "said" when idle_timeout_ms triggers a response: a second of silence.
-IDLE_CLIP_MS = 1_000
 
 
 class RealtimeSession:
@@ -90,7 +78,9 @@ class RealtimeSession:
         send: Callable[[dict[str, Any]], None],
         config: SessionConfig | None = None,
         session_id: str | None = None,
+        on_ignored_speech: Callable[[], None] | None = None,
     ) -> None:
+        """``on_ignored_speech`` is called for each utterance half-duplex does not act on (metrics)."""
         self._engine = engine
         self._output = output
         self._send = send
@@ -103,17 +93,16 @@ class RealtimeSession:
         self.session_id = session_id or new_id("sess")
         self._conversation_id = new_id("conv")
         self._expires_at = int(time.time()) + SESSION_LIFETIME_S
-        self._detector = VoiceActivityDetector(vad, (self._config.turn_detection or TurnDetection()).detector_params())
-        self._input_samples = 0  # 16 kHz samples pushed since the session started
+        self._turns = TurnTaking(
+            vad,
+            detector_params(self._config.turn_detection or TurnDetection(), self._config.history),
+            TurnActions(self._emit, self._commit_user_audio, self._busy, self._interrupt, self._respond_to_speech),
+            session_id=self.session_id,
+            on_ignored_speech=on_ignored_speech,
+        )
         self._manual = ManualBuffer()
         self._appends = AppendDecoder()
         self._history = History()
-        self._speech_item_id: str | None = None  # the user item announced by speech_started
-        self._user_speaking = False  # between SpeechStarted and its commit
-        # Half-duplex: input is not acted on while this is set (see ECHO_TAIL_MS).
-        self._deaf = False
-        self._deaf_until_sample: int | None = None  # when listening may resume, once idle
-        self._idle_since_sample: int | None = None  # the assistant's audio ended here (idle_timeout_ms)
         self._response: Response | None = None  # generating, or queued behind a cancelling one
         self._tasks: set[asyncio.Task[None]] = set()
         self._ledger = PlaybackLedger()
@@ -162,20 +151,12 @@ class RealtimeSession:
         pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
         if pcm.size == 0:
             return
-        self._input_samples += pcm.size
         turn_detection = self._config.turn_detection
         if turn_detection is None:
+            self._turns.skip(pcm.size)
             self._manual.append(pcm)
             return
-        for event in self._detector.push(pcm):
-            if isinstance(event, SpeechStarted):
-                self._on_speech_started(event, turn_detection)
-            elif isinstance(event, SpeechStopped):
-                self._on_speech_stopped(event)
-            elif isinstance(event, UtteranceCommitted):
-                self._on_utterance_committed(event, turn_detection)
-        self._maybe_listen_again()
-        self._maybe_time_out(turn_detection)
+        self._turns.push(pcm, turn_detection)
 
     async def close(self) -> None:
         """Cancel the running response and await every task; safe to call twice."""
@@ -238,23 +219,17 @@ class RealtimeSession:
             await self._cancel_response(event)
         elif isinstance(event, OutputAudioBufferClearEvent):
             await self._clear_output_by_client()
+        elif isinstance(event, PlaybackAckEvent):  # WebSocket: the client says what it played
+            self._emit(acknowledge_playback(event, self._output, self._history, self._ledger, self.session_id))
 
     def _update_session(self, event: SessionUpdateEvent) -> None:
         old = self._config
         new = old.updated(event.session)
         self._config = new
         if new.turn_detection != old.turn_detection:
-            if new.turn_detection is None:
-                self._detector.reset()
-                self._speech_item_id = None
-                self._user_speaking = False
-            else:
-                self._detector.update(new.turn_detection.detector_params())
-                if old.turn_detection is None:  # manual audio is not the VAD's business
-                    self._manual.clear()
-            if new.turn_detection is None or new.turn_detection.interrupt_response:
-                self._deaf = False
-                self._deaf_until_sample = None
+            self._turns.configure(new.turn_detection, new.history)
+            if old.turn_detection is None:  # manual audio is not the VAD's business
+                self._manual.clear()
         self._emit(SessionUpdatedEvent(session=self._session_object()))
 
     def _append_audio(self, event: InputAudioBufferAppendEvent) -> None:
@@ -270,9 +245,7 @@ class RealtimeSession:
 
     def _clear_input(self) -> None:
         self._manual.clear()
-        self._detector.reset()
-        self._speech_item_id = None
-        self._user_speaking = False
+        self._turns.clear()
         self._emit(InputAudioBufferClearedEvent())
 
     def _create_item(self, event: ConversationItemCreateEvent) -> None:
@@ -288,6 +261,7 @@ class RealtimeSession:
 
     def _truncate_item(self, event: ConversationItemTruncateEvent) -> None:
         self._emit(self._history.truncate_item(event, self._ledger))
+        played_out(self._output, event.item_id)
 
     def _create_response(self, event: ResponseCreateEvent) -> None:
         if self._response is not None and not self._response.cancelling:
@@ -318,72 +292,19 @@ class RealtimeSession:
             await asyncio.wait({self._request_cancel(response, "client_cancelled")})
         self._clear_output(always_announce=True)
 
-    # -- server VAD ------------------------------------------------------------------------
+    # -- server VAD (app.realtime.turn_taking) ---------------------------------------------
 
-    def _on_speech_started(self, event: SpeechStarted, turn_detection: TurnDetection) -> None:
-        self._user_speaking = True
-        self._idle_since_sample = None
-        if self._deaf:
-            return
-        self._speech_item_id = new_id("item")
-        self._emit(InputAudioBufferSpeechStartedEvent(audio_start_ms=event.audio_start_ms, item_id=self._speech_item_id))
-        if turn_detection.interrupt_response and self._busy():
-            self._interrupt()
-
-    def _on_speech_stopped(self, event: SpeechStopped) -> None:
-        if self._deaf:
-            return
-        if self._speech_item_id is None:
-            self._speech_item_id = new_id("item")
-        self._emit(InputAudioBufferSpeechStoppedEvent(audio_end_ms=event.audio_end_ms, item_id=self._speech_item_id))
-
-    def _on_utterance_committed(self, event: UtteranceCommitted, turn_detection: TurnDetection) -> None:
-        self._user_speaking = False
-        if self._deaf:
-            return
-        committed_at = time.monotonic()
-        item_id = self._speech_item_id or new_id("item")
-        self._speech_item_id = None
-        self._commit_user_audio(item_id, event.pcm)
-        if not turn_detection.create_response:
-            return
+    def _respond_to_speech(self, item_id: str, committed_at: float, silence_wait_ms: float) -> None:
+        """Server VAD (or the idle timeout) committed the turn ending with ``item_id``: answer it."""
         if self._response is not None and not self._response.cancelling:
             logger.info("session %s: utterance %s committed while %s is responding; not answering it",
                         self.session_id, item_id, self._response.id)
             return
-        # The VAD committed when the silence wait ended: the input stream is there now (give or
-        # take the rest of this chunk, <= 20 ms from WebRTC).
-        silence_wait_ms = 0.0 if event.forced else float(turn_detection.silence_duration_ms)
         self._start_response(self._session_response(committed_at, silence_wait_ms))
 
     def _session_response(self, started_at: float, silence_wait_ms: float = 0.0) -> Response:
         """A response the server starts by itself, with the session's settings."""
         return Response.for_session(self._config, self._conversation_id, started_at, silence_wait_ms)
-
-    def _maybe_time_out(self, turn_detection: TurnDetection) -> None:
-        """idle_timeout_ms: no speech for that long after the assistant's audio ended prompts a response.
-
-        Time is counted in input audio (WebRTC delivers 20 ms frames even from a muted mic), so
-        it needs no timer task and is exact in tests.
-        """
-        timeout_ms = turn_detection.idle_timeout_ms
-        idle_since = self._idle_since_sample
-        if timeout_ms is None or idle_since is None or self._busy() or self._user_speaking:
-            return
-        if self._input_samples - idle_since < timeout_ms * SPEECH_RATE // 1000:
-            return
-        self._idle_since_sample = None
-        item_id = new_id("item")
-        self._emit(
-            InputAudioBufferTimeoutTriggeredEvent(
-                audio_start_ms=idle_since * 1000 // SPEECH_RATE,
-                audio_end_ms=self._input_samples * 1000 // SPEECH_RATE,
-                item_id=item_id,
-            )
-        )
-        self._commit_user_audio(item_id, np.zeros(IDLE_CLIP_MS * SPEECH_RATE // 1000, dtype=np.float32))
-        if turn_detection.create_response and self._response is None:
-            self._start_response(self._session_response(time.monotonic()))
 
     def _commit_user_audio(self, item_id: str, pcm: np.ndarray) -> None:
         for event in self._history.commit_audio(item_id, pcm):
@@ -391,30 +312,9 @@ class RealtimeSession:
         self._transcriptions.transcribe(self._history.require(item_id), self._config.transcription)
         self._prune()
 
-    # -- half-duplex -----------------------------------------------------------------------
-
     def _busy(self) -> bool:
         """The assistant is answering or its audio has not finished playing."""
         return self._response is not None or len(self._ledger) > 0
-
-    def _maybe_listen_again(self) -> None:
-        if (
-            self._deaf
-            and self._deaf_until_sample is not None
-            and self._input_samples >= self._deaf_until_sample
-            and not self._user_speaking
-        ):
-            # Whatever the VAD holds now began while the assistant spoke (or is its echo).
-            self._detector.reset()
-            self._speech_item_id = None
-            self._deaf = False
-            self._deaf_until_sample = None
-
-    def _on_idle(self) -> None:
-        """The assistant has finished speaking (or answering without audio)."""
-        self._idle_since_sample = self._input_samples
-        if self._deaf:
-            self._deaf_until_sample = self._input_samples + ECHO_TAIL_MS * SPEECH_RATE // 1000
 
     # -- responses -------------------------------------------------------------------------
 
@@ -422,11 +322,7 @@ class RealtimeSession:
         previous = self._response.task if self._response is not None else None
         self._response = response
         self._last_response_id = response.id
-        self._idle_since_sample = None
-        turn_detection = self._config.turn_detection
-        if turn_detection is not None and not turn_detection.interrupt_response:
-            self._deaf = True
-            self._deaf_until_sample = None
+        self._turns.response_started(self._config.turn_detection)
         self._transcriptions.hold_until(response.output_started)
         task = asyncio.create_task(self._run_response(response, previous), name=f"response {response.id}")
         response.task = task
@@ -464,7 +360,7 @@ class RealtimeSession:
                     if isinstance(event, TextDelta):
                         self._on_text(response, event.text)
                     elif isinstance(event, AudioChunk):
-                        self._on_audio(response, event.pcm)
+                        self._on_audio(response, event)
                     elif isinstance(event, TurnDone):
                         done = event
             if done is None:
@@ -498,13 +394,14 @@ class RealtimeSession:
         response.entry.add_delta(text)
         self._emit(delta_event(response, text))
 
-    def _on_audio(self, response: Response, pcm: np.ndarray) -> None:
+    def _on_audio(self, response: Response, chunk: AudioChunk) -> None:
+        pcm = chunk.pcm
         if response.modality != "audio" or response.entry is None or pcm.size == 0:
             return
         if response.first_audio_at is None:
             response.first_audio_at = time.monotonic()
             response.output_started.set()
-        response.entry.audio_samples += pcm.size
+        response.entry.add_audio(pcm.size, frames=chunk.frames, text_tokens_voiced=chunk.text_tokens_voiced)
         self._ledger.write(response.entry.id, response.id, pcm.size, self._output.played_samples)
         self._output.write(pcm)
 
@@ -519,6 +416,8 @@ class RealtimeSession:
     ) -> None:
         entry = response.entry
         previous_id = self._history.previous_id(entry) if entry is not None else None
+        if entry is not None:  # its text ran ahead of its audio: only what is heard counts
+            entry.ended_early = status in ("cancelled", "failed")
         events = finish_events(
             response, status, previous_item_id=previous_id, reason=reason, done=done,
             error_code=error[0] if error else None,
@@ -543,15 +442,15 @@ class RealtimeSession:
         """Retire items whose audio has played out; announce when the assistant stopped speaking."""
         played = self._output.played_samples
         finished = self._ledger.pop_finished(played)
-        for playback in finished:
-            self._history.settle(playback, played)
+        for event in self._history.settle_all(finished, played):  # a cancelled answer's text ran ahead
+            self._emit(event)
         if len(self._ledger) == 0:
             if self._speaking_response_id is not None:
                 response_id = finished[-1].response_id if finished else self._speaking_response_id
                 self._speaking_response_id = None
                 self._emit(OutputAudioBufferStoppedEvent(response_id=response_id))
             if self._response is None:
-                self._on_idle()
+                self._turns.idle()
         if finished:
             self._prune()
 
@@ -576,12 +475,12 @@ class RealtimeSession:
         if (had_audio or always_announce) and response_id is not None:
             self._emit(OutputAudioBufferClearedEvent(response_id=response_id))
         self._speaking_response_id = None
-        for event in self._history.settle_cut(cut, played):
+        for event in self._history.settle_all(cut, played):
             self._emit(event)
         if cut:
             self._prune()
         if self._response is None:
-            self._on_idle()
+            self._turns.idle()
 
     # -- history ---------------------------------------------------------------------------
 

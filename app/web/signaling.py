@@ -46,10 +46,13 @@ def signaling_router(
     async def create_call(request: Request, grant: CallGrant = Depends(authenticator.authorize_call)) -> Response:
         runtime = runtime_of(request)
         offer, session = await _read_offer(request, settings)
-        config = _session_config({**(grant.session or {}), **(session or {})}, base_config)
+        config = read_session_config({**(grant.session or {}), **(session or {})}, base_config)
 
         def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
-            return RealtimeSession(engine=runtime.for_sessions, vad=runtime.vad, output=output, send=send, config=config)
+            return RealtimeSession(
+                engine=runtime.for_sessions, vad=runtime.vad, output=output, send=send, config=config,
+                on_ignored_speech=metrics.ignored_speech.inc,
+            )
 
         try:
             call = runtime.calls.admit(lambda on_closed: _new_call(settings, make_session, metrics, on_closed))
@@ -220,7 +223,7 @@ def check_offer_sdp(body: bytes, *, max_bytes: int) -> str:
     return text
 
 
-def _session_config(partial: dict[str, Any], base: SessionConfig) -> SessionConfig:
+def read_session_config(partial: dict[str, Any], base: SessionConfig) -> SessionConfig:
     try:
         return SessionConfig.from_session(partial, base=base)
     except ProtocolError as exc:

@@ -100,7 +100,7 @@ class TurnResult:
     @property
     def user_transcript(self) -> str | None:
         """What the user said, as the server transcribed it; None when not transcribed (or it failed)."""
-        committed = _committed_item(self.events)
+        committed = committed_item(self.events)
         for event in self.events:
             if (
                 event["type"] == event_type(ConversationItemInputAudioTranscriptionCompletedEvent)
@@ -354,6 +354,22 @@ class RealtimeClient:
 
     # -- speaking --------------------------------------------------------------------
 
+    async def say(self, pcm16k: np.ndarray) -> float:
+        """Says ``pcm16k`` (float32 mono, 16 kHz) without waiting for any answer (full duplex:
+        it may talk over one); returns the wall time its last sample was sent."""
+        pcm48k = soxr.resample(np.asarray(pcm16k, dtype=np.float32), SPEECH_RATE, WIRE_RATE)
+        return await self._microphone.play(pcm48k)
+
+    @property
+    def frames_received(self) -> int:
+        """Audio frames received so far; a mark for :meth:`audio_since`."""
+        return len(self._received.chunks)
+
+    def audio_since(self, mark: int) -> np.ndarray:
+        """Everything received from frame ``mark`` on: float32 mono at 48 kHz, silence included."""
+        chunks = self._received.chunks[mark:]
+        return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
+
     async def speak(self, pcm16k: np.ndarray) -> TurnResult:
         """Says one utterance (float32 mono, 16 kHz) and waits until its answer has played out.
 
@@ -372,9 +388,9 @@ class RealtimeClient:
                     tail_from = len(self._received.chunks)
                     while len(self._received.chunks) - tail_from < PLAYOUT_TAIL_FRAMES:
                         await self._changes()
-                committed = _committed_item(self.events[first_event:])
-                if committed is not None and self.transcribing():
-                    await self._next_event(lambda event: _transcription_ended(event, committed), first_event)
+                committed = committed_item(self.events[first_event:])
+                if committed is not None and session_transcribes(self.events):
+                    await self._next_event(lambda event: transcription_ended(event, committed), first_event)
         except TimeoutError:
             recent = [event.get("type") for event in self.events[first_event:]][-12:]
             raise ClientError(f"the turn did not finish within {self._timeout_s:g} s; last events: {recent}") from None
@@ -386,15 +402,6 @@ class RealtimeClient:
             audio=audio,
             latency_s=None if first_audible_at is None else first_audible_at - spoken_at,
         )
-
-    def transcribing(self) -> bool:
-        """Whether the session, as last announced, transcribes input audio."""
-        announced = (event_type(SessionCreatedEvent), event_type(SessionUpdatedEvent))
-        for event in reversed(self.events):
-            if event.get("type") in announced:
-                audio_input = (event.get("session") or {}).get("audio", {}).get("input") or {}
-                return audio_input.get("transcription") is not None
-        return False
 
     def _expects_playback(self, first_event: int, response: dict[str, Any]) -> bool:
         """Whether the answer has audio to play out, so that its end is worth waiting for.
@@ -425,7 +432,17 @@ def _playback_ended(event: dict[str, Any]) -> bool:
     return event.get("type") in (event_type(OutputAudioBufferStoppedEvent), event_type(OutputAudioBufferClearedEvent))
 
 
-def _committed_item(events: list[dict[str, Any]]) -> str | None:
+def session_transcribes(events: list[dict[str, Any]]) -> bool:
+    """Whether the session, as last announced among ``events``, transcribes input audio."""
+    announced = (event_type(SessionCreatedEvent), event_type(SessionUpdatedEvent))
+    for event in reversed(events):
+        if event.get("type") in announced:
+            audio_input = (event.get("session") or {}).get("audio", {}).get("input") or {}
+            return audio_input.get("transcription") is not None
+    return False
+
+
+def committed_item(events: list[dict[str, Any]]) -> str | None:
     """The user item the server committed first among ``events``."""
     for event in events:
         if event.get("type") == event_type(InputAudioBufferCommittedEvent):
@@ -433,7 +450,8 @@ def _committed_item(events: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def _transcription_ended(event: dict[str, Any], item_id: str) -> bool:
+def transcription_ended(event: dict[str, Any], item_id: str) -> bool:
+    """``event`` ends the transcription of ``item_id`` (completed or failed)."""
     ended = (
         event_type(ConversationItemInputAudioTranscriptionCompletedEvent),
         event_type(ConversationItemInputAudioTranscriptionFailedEvent),

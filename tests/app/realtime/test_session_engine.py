@@ -9,8 +9,8 @@ import dataclasses
 
 import pytest
 
-from app.realtime.session import ECHO_TAIL_MS
 from app.realtime.session_config import InputTranscription, SessionConfig
+from app.realtime.turn_taking import ECHO_TAIL_MS
 from media.vad import SileroVad
 from pipeline.conversation import AssistantText, HistoryLimits, UserAudio
 from pipeline.engine import TransformersEngine

@@ -108,10 +108,11 @@ async def test_call_prints_a_line_per_turn_and_runs_concurrent_sessions(scripted
     assert (tmp_path / "session-2" / "turn-1.wav").is_file()
 
 
-async def test_call_reports_what_the_user_said_when_the_session_transcribes(scripted_server_url, tmp_path):
+@pytest.mark.parametrize("transport", ["webrtc", "websocket"])
+async def test_call_reports_what_the_user_said_when_the_session_transcribes(scripted_server_url, tmp_path, transport):
     session = {"audio": {"input": {"transcription": {"model": "gpt-4o-transcribe"}}}}
     argv = ("call", scripted_server_url, "--ice-loopback", "--out", str(tmp_path), "--wav", str(FIXTURES / "hello.wav"),
-            "--session", json.dumps(session))
+            "--session", json.dumps(session), "--transport", transport)
     code, stdout, stderr = await run_cli(*argv, "--json")
     assert code == 0, stderr
     [turn] = json.loads(stdout)["sessions"][0]["turns"]
