@@ -42,8 +42,8 @@ from typing import Any
 import torch
 
 import pipeline.devmodel
-from app.realtime.session import ECHO_TAIL_MS
 from app.realtime.session_config import InputTranscription, SessionConfig
+from app.realtime.turn_taking import ECHO_TAIL_MS
 from media.vad import SileroVad
 from pipeline.conversation import HistoryLimits
 from pipeline.devmodel import ensure_dev_model

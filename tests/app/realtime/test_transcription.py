@@ -13,8 +13,8 @@ import pytest
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
-from app.realtime.session import ECHO_TAIL_MS
 from app.realtime.session_config import SessionConfig
+from app.realtime.turn_taking import ECHO_TAIL_MS
 from pipeline.conversation import HistoryLimits, UserAudio
 from pipeline.turn import EngineError, TurnRequest
 from tests.app.realtime.test_session import Harness, silence, started
