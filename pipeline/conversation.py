@@ -39,9 +39,15 @@ DEFAULT_SYSTEM_PROMPT = (
 
 @dataclass(frozen=True)
 class UserAudio:
-    """One user utterance: float32 mono PCM at 16 kHz."""
+    """One user utterance: float32 mono PCM at 16 kHz.
+
+    ``transcript`` (input audio transcription, when the session asked for it) lets the
+    utterance stay in the prompt as text once its audio no longer fits the history's audio
+    budget (``pipeline.prompt.bound_history``).
+    """
 
     pcm: np.ndarray
+    transcript: str | None = None
 
     @property
     def seconds(self) -> float:
@@ -65,7 +71,11 @@ ConversationItem = UserAudio | UserText | AssistantText
 
 @dataclass(frozen=True)
 class HistoryLimits:
-    """Whole turns are kept or dropped, newest first, until every limit holds."""
+    """Whole turns are kept or dropped, newest first, until every limit holds.
+
+    The audio limits bound the clips heard as audio; an older turn whose clips all have
+    transcripts stays as their text instead (``max_turns`` still bounds every kept turn).
+    """
 
     max_turns: int = 8
     max_audio_clips: int = 4

@@ -268,7 +268,7 @@ def _run_turn(loaded: _Loaded, submit: Submit, commands: _Commands, events: Conn
     try:
         if params.output_audio and not loaded.model.has_talker:
             raise ValueError("this engine was started without audio output; ask for text only")
-        inputs = loaded.renderer.render(request.conversation)
+        inputs = loaded.renderer.render_request(request)
         should_stop = lambda: commands.is_cancelled(turn_id)  # noqa: E731
         for event in stream_turn(loaded.model, loaded.tokenizer, inputs, params, should_stop):
             events.send(TurnEventMessage(turn_id, event))

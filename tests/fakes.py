@@ -3,17 +3,20 @@
 Used by the session tests and by any test that needs a whole server without a checkpoint:
 - ``ScriptedEngine``: an ``Engine`` that answers every turn with a scripted reply, one text
   delta (one "Thinker token") and one 80 ms codec frame of audio per word, counting frames
-  and voiced tokens as ``AudioChunk`` does, and records the requests it got.
+  and voiced tokens as ``AudioChunk`` does (transcription turns: ``transcript``, text only),
+  and records the requests it got.
 - ``EnergyVad``: a ``SileroVad`` stand-in whose "speech probability" is 1 for loud windows
   and 0 for quiet ones, so a test can write speech as a tone and silence as zeros.
 - ``VirtualAudioOutput``: an ``AudioOutput`` that plays only when told (``play()``), with the
   listener calls of ``media.outbound.OutboundAudioTrack``.
 - ``SessionHarness``: a ``RealtimeSession`` wired to those, recording every server event.
+- ``SocketSessionHarness``: the same as the WebSocket carries it (``EventAudioOutput``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -21,6 +24,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from app.realtime.event_audio import EventAudioOutput
 from app.realtime.protocol import server_event_adapter
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
@@ -58,12 +62,14 @@ class ScriptedEngine:
         self,
         reply: str = "Hello there, how can I help you today?",
         *,
+        transcript: str = "What is the weather like?",
         text_first: bool = False,
         frames_per_chunk: int = 1,
         chunk_interval_s: float = 0.0,
         waveform: Literal["ramp", "tone"] = "ramp",
     ) -> None:
         self.reply = reply
+        self.transcript = transcript  # what every transcription turn "hears" (text only)
         self.text_first = text_first
         self.frames_per_chunk = frames_per_chunk
         self.chunk_interval_s = chunk_interval_s
@@ -89,7 +95,8 @@ class ScriptedEngine:
 
     async def run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
         self.requests.append(request)
-        words = [word + " " for word in self.reply.split(" ")]
+        said = self.transcript if request.task == "transcribe" else self.reply
+        words = [word + " " for word in said.split(" ")]
         words[-1] = words[-1].rstrip()
         finish_reason = "stop"
         if request.max_output_tokens is not None and len(words) > request.max_output_tokens:
@@ -286,3 +293,33 @@ class SessionHarness:
         done = await self.until("response.done", count, timeout_s=timeout_s)
         self.output.play()
         return done
+
+
+class SocketSessionHarness(SessionHarness):
+    """A RealtimeSession as the WebSocket carries it: an ``EventAudioOutput`` sends the audio as
+    delta events, and the events that describe a media track are not sent (``observe``)."""
+
+    def __init__(self, engine: Engine, vad: Any = None, config: SessionConfig | None = None) -> None:
+        self.engine = engine
+        self.events = []
+        self._new_event = asyncio.Event()
+        self.output = EventAudioOutput(self._record)  # type: ignore[assignment]
+        self.session = RealtimeSession(
+            engine=engine, vad=vad if vad is not None else EnergyVad(), output=self.output, send=self._send,
+            config=config,
+        )
+
+    def _send(self, event: dict[str, Any]) -> None:
+        if self.output.observe(event):
+            self._record(event)
+
+    async def turn_done(self, count: int = 1, *, timeout_s: float = 10.0) -> dict[str, Any]:
+        return await self.until("response.done", count, timeout_s=timeout_s)
+
+    def answer_audio(self, response_id: str) -> bytes:
+        """The decoded bytes of every audio delta of one response, in order."""
+        return b"".join(
+            base64.b64decode(event["delta"])
+            for event in self.of_type("response.output_audio.delta")
+            if event["response_id"] == response_id
+        )

@@ -5,14 +5,15 @@ holds everything generated and, once its playback has settled, what was *heard* 
 prompt of the next turn is rendered from what was heard (``History.conversation``), and the
 history is kept to whole turns within the session's limits (``History.prune``).
 
-The readers at the bottom turn a client's ``conversation.item.create`` content into items,
-raising :class:`ProtocolError` naming the offending ``param``.
+The readers at the bottom turn a client's ``conversation.item.create`` content (and base64 audio
+in the session's input format) into items, raising :class:`ProtocolError` naming the ``param``.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -41,6 +42,7 @@ from app.realtime.protocol import (
     new_id,
 )
 from app.realtime.session_config import Modality
+from media import g711
 from media.rates import SPEECH_RATE, VOICE_RATE
 from pipeline.conversation import (
     AssistantText,
@@ -67,6 +69,16 @@ class UserEntry:
 
     def audio_clips(self) -> list[UserAudio]:
         return [part for part in self.parts if isinstance(part, UserAudio)]
+
+    def transcribed(self, content_index: int, transcript: str) -> None:
+        """The audio part at ``content_index`` has a transcript: the prompt may use it, the item shows it."""
+        self.parts = tuple(
+            dataclasses.replace(part, transcript=transcript)
+            if index == content_index and isinstance(part, UserAudio)
+            else part
+            for index, part in enumerate(self.parts)
+        )
+        self.content[content_index] = InputAudioContent(transcript=transcript)
 
 
 @dataclass
@@ -156,6 +168,10 @@ class History:
         previous_id = self._entries[position - 1].id if position > 0 else None
         self._entries.insert(position, entry)
         return previous_id
+
+    def holds(self, entry: Entry) -> bool:
+        """``entry`` is still in the conversation (not deleted, not pruned)."""
+        return any(candidate is entry for candidate in self._entries)
 
     def find(self, item_id: str) -> Entry | None:
         return next((entry for entry in self._entries if entry.id == item_id), None)
@@ -303,7 +319,12 @@ class History:
 def pruned(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
     """``entries`` cut to whole turns (user items up to their answer), newest first, within
     ``limits``; a turn still being answered is always kept, and so are at most
-    ``MAX_UNANSWERED_ITEMS`` trailing user items."""
+    ``MAX_UNANSWERED_ITEMS`` trailing user items.
+
+    The same rule as ``pipeline.prompt.bound_history``: once a turn's audio breaks an audio
+    limit, it and older turns are kept only while every clip of theirs has its transcript (the
+    prompt then carries them as text); ``max_turns`` bounds all kept turns.
+    """
     turns: list[list[Entry]] = []
     pending: list[Entry] = []
     for entry in entries:
@@ -314,14 +335,16 @@ def pruned(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
     kept: list[list[Entry]] = []
     clips = 0
     seconds = 0.0
+    as_text = False
     for turn in reversed(turns):
         audio = [clip for entry in turn if isinstance(entry, UserEntry) for clip in entry.audio_clips()]
-        clips += len(audio)
-        seconds += sum(clip.seconds for clip in audio)
+        if not as_text:
+            clips += len(audio)
+            seconds += sum(clip.seconds for clip in audio)
+            as_text = clips > limits.max_audio_clips or seconds > limits.max_audio_seconds
         in_progress = any(isinstance(entry, AssistantEntry) and entry.status == "in_progress" for entry in turn)
-        if not in_progress and (
-            len(kept) >= limits.max_turns or clips > limits.max_audio_clips or seconds > limits.max_audio_seconds
-        ):
+        untranscribed = as_text and any(clip.transcript is None for clip in audio)
+        if not in_progress and (len(kept) >= limits.max_turns or untranscribed):
             break
         kept.append(turn)
     pending = pending[-MAX_UNANSWERED_ITEMS:]
@@ -340,6 +363,18 @@ def decode_pcm16(data: str, param: str) -> np.ndarray:
     if len(raw) % 2:
         raise ProtocolError("invalid_value", f"{param} is not whole PCM16 samples (odd byte count).", param=param)
     return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+
+
+def decode_input_audio(data: str, format_type: str, param: str) -> tuple[np.ndarray, int]:
+    """Base64 audio in the session's input format → (float32 PCM, its rate): ``audio/pcm`` is PCM16
+    at 24 kHz, ``audio/pcmu`` / ``audio/pcma`` G.711 at 8 kHz; ``ProtocolError`` naming ``param``."""
+    if format_type not in g711.G711_FORMATS:
+        return decode_pcm16(data, param), VOICE_RATE
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError("invalid_value", f"{param} is not valid base64.", param=param) from None
+    return g711.decode(raw, format_type), g711.G711_RATE
 
 
 def checked_text(text: str | None, param: str, *, max_chars: int) -> str:
@@ -366,15 +401,11 @@ def read_user_content(
             if part.audio is None:
                 raise ProtocolError("missing_required_parameter", f"{param}.audio is required.",
                                     param=f"{param}.audio")
-            if input_audio_format != "audio/pcm":
-                raise ProtocolError(
-                    "invalid_value", "Base64 audio must be audio/pcm (PCM16, 24 kHz).", param=f"{param}.audio"
-                )
-            pcm24 = decode_pcm16(part.audio, f"{param}.audio")
-            if pcm24.size < MIN_COMMIT_MS * VOICE_RATE // 1000:
+            pcm, rate = decode_input_audio(part.audio, input_audio_format, f"{param}.audio")
+            if pcm.size < MIN_COMMIT_MS * rate // 1000:
                 raise ProtocolError("invalid_value", f"{param}.audio holds less than {MIN_COMMIT_MS} ms.",
                                     param=f"{param}.audio")
-            pcm16 = soxr.resample(pcm24, VOICE_RATE, SPEECH_RATE).astype(np.float32)
+            pcm16 = soxr.resample(pcm, rate, SPEECH_RATE).astype(np.float32)
             parts.append(UserAudio(pcm16))
             echoed.append(InputAudioContent(transcript=part.transcript))
         else:

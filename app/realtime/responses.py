@@ -11,7 +11,7 @@ without a running session.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.realtime.history import AssistantEntry, checked_text
@@ -67,6 +67,9 @@ class Response:
     cancelling: bool = False
     cancel_reason: str | None = None
     first_audio_at: float | None = None
+    # Set at its first audio, or when it ends: work for the engine that must not delay the
+    # answer (input transcription) waits for it.
+    output_started: asyncio.Event = field(default_factory=asyncio.Event)
 
     def object(self, status: ResponseStatus, **fields: Any) -> ResponseObject:
         return ResponseObject(
@@ -161,8 +164,10 @@ def finish_events(
     """The events that close the response; marks its item completed or incomplete.
 
     A response cancelled before it was announced (``response.entry`` unset) gets its
-    ``response.created`` here, so every ``response.done`` has one before it.
+    ``response.created`` here, so every ``response.done`` has one before it. Sets
+    ``output_started``: work waiting for the answer's first output need wait no longer.
     """
+    response.output_started.set()
     entry = response.entry
     events: list[ServerEvent] = []
     if entry is None:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from app.realtime.end_of_turn import SemanticVad
+from app.realtime.event_audio import acknowledge_playback, played_out
 from app.realtime.gate import EventGate
 from app.realtime.history import AssistantEntry, History
 from app.realtime.input_buffer import AppendDecoder, ManualBuffer
@@ -42,6 +43,7 @@ from app.realtime.protocol import (
     OutputAudioBufferClearEvent,
     OutputAudioBufferStartedEvent,
     OutputAudioBufferStoppedEvent,
+    PlaybackAckEvent,
     ProtocolError,
     ResponseCancelEvent,
     ResponseCreateEvent,
@@ -55,10 +57,10 @@ from app.realtime.protocol import (
 )
 from app.realtime.responses import Response, announce_events, apply_response_params, delta_event, finish_events
 from app.realtime.session_config import SessionConfig, TurnDetection
+from app.realtime.transcription import Transcriptions
 from app.realtime.turn_taking import TurnActions, TurnTaking, detector_params
 from media.end_of_turn import EndOfTurnModel
 from media.vad import SpeechModel
-from pipeline.conversation import Conversation
 from pipeline.turn import AudioChunk, Engine, EngineError, TextDelta, TurnDone, TurnRequest
 
 logger = logging.getLogger(__name__)
@@ -115,6 +117,7 @@ class RealtimeSession:
         self._clearing = False  # inside output.clear(), whose stop callback is not a drain
         self._closed = False
         self._close_lock = asyncio.Lock()
+        self._transcriptions = Transcriptions(engine, self._emit, self._history.holds, self.session_id)
         output.set_listener(self)
 
     # -- public API ------------------------------------------------------------------------
@@ -167,6 +170,7 @@ class RealtimeSession:
         """Cancel the running response and await every task; safe to call twice."""
         async with self._close_lock:
             self._closed = True
+            await self._transcriptions.close()  # first: an ending response would let them start
             await self._semantic.close()
             tasks = list(self._tasks)
             for task in tasks:
@@ -180,7 +184,7 @@ class RealtimeSession:
             "items": len(self._history),
             "audio_clips": self._history.audio_clip_count(),
             "playbacks": len(self._ledger),
-            "tasks": len(self._tasks),
+            "tasks": len(self._tasks) + len(self._transcriptions),
             "manual_buffer_samples": self._manual.samples,
             "responses": int(self._response is not None),
         }
@@ -224,6 +228,8 @@ class RealtimeSession:
             await self._cancel_response(event)
         elif isinstance(event, OutputAudioBufferClearEvent):
             await self._clear_output_by_client()
+        elif isinstance(event, PlaybackAckEvent):  # WebSocket: the client says what it played
+            self._emit(acknowledge_playback(event, self._output, self._history, self._ledger, self.session_id))
 
     def _update_session(self, event: SessionUpdateEvent) -> None:
         old = self._config
@@ -266,6 +272,7 @@ class RealtimeSession:
 
     def _truncate_item(self, event: ConversationItemTruncateEvent) -> None:
         self._emit(self._history.truncate_item(event, self._ledger))
+        played_out(self._output, event.item_id)
 
     def _create_response(self, event: ResponseCreateEvent) -> None:
         if self._response is not None and not self._response.cancelling:
@@ -287,17 +294,13 @@ class RealtimeSession:
                 "Cancellation failed: no active response found"
                 + (f" with id {event.response_id!r}." if event.response_id else "."),
             )
-        self._request_cancel(response, "client_cancelled")
-        assert response.task is not None
-        await asyncio.wait({response.task})
+        await asyncio.wait({self._request_cancel(response, "client_cancelled")})
 
     async def _clear_output_by_client(self) -> None:
         # OpenAI: clearing the output also stops generating the response whose audio it is.
         response = self._response
         if response is not None and not response.cancelling:
-            self._request_cancel(response, "client_cancelled")
-            assert response.task is not None
-            await asyncio.wait({response.task})
+            await asyncio.wait({self._request_cancel(response, "client_cancelled")})
         self._clear_output(always_announce=True)
 
     # -- server VAD (app.realtime.turn_taking) ---------------------------------------------
@@ -321,6 +324,7 @@ class RealtimeSession:
     def _commit_user_audio(self, item_id: str, pcm: np.ndarray) -> None:
         for event in self._history.commit_audio(item_id, pcm):
             self._emit(event)
+        self._transcriptions.transcribe(self._history.require(item_id), self._config.transcription)
         self._prune()
 
     def _busy(self) -> bool:
@@ -334,6 +338,7 @@ class RealtimeSession:
         self._response = response
         self._last_response_id = response.id
         self._turns.response_started(self._config.turn_detection)
+        self._transcriptions.hold_until(response.output_started)
         task = asyncio.create_task(self._run_response(response, previous), name=f"response {response.id}")
         response.task = task
         self._tasks.add(task)
@@ -344,18 +349,20 @@ class RealtimeSession:
         if not task.cancelled() and task.exception() is not None:
             logger.error("session %s: %s crashed", self.session_id, task.get_name(), exc_info=task.exception())
 
-    def _request_cancel(self, response: Response, reason: str) -> None:
+    def _request_cancel(self, response: Response, reason: str) -> asyncio.Task[None]:
+        """Cancels ``response``; its task, to await when the caller must see it end."""
         response.cancelling = True
         response.cancel_reason = reason
         assert response.task is not None
         response.task.cancel()
+        return response.task
 
     async def _run_response(self, response: Response, previous: asyncio.Task[None] | None) -> None:
         try:
             if previous is not None and not previous.done():
                 await asyncio.wait({previous})  # a cancelled response first sends its response.done
             request = TurnRequest(
-                conversation=self._conversation(response.instructions),
+                conversation=self._history.conversation(response.instructions, self._config.history),
                 voice=response.voice,
                 temperature=response.temperature,
                 max_output_tokens=response.max_output_tokens,
@@ -408,6 +415,7 @@ class RealtimeSession:
             return
         if response.first_audio_at is None:
             response.first_audio_at = time.monotonic()
+            response.output_started.set()
         response.entry.add_audio(pcm.size, frames=chunk.frames, text_tokens_voiced=chunk.text_tokens_voiced)
         self._ledger.write(response.entry.id, response.id, pcm.size, self._output.played_samples)
         self._output.write(pcm)
@@ -490,9 +498,6 @@ class RealtimeSession:
             self._turns.idle()
 
     # -- history ---------------------------------------------------------------------------
-
-    def _conversation(self, instructions: str | None) -> Conversation:
-        return self._history.conversation(instructions, self._config.history)
 
     def _prune(self) -> None:
         self._history.prune(self._config.history)

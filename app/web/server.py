@@ -1,4 +1,5 @@
-"""The HTTP server: signaling (``app.web.signaling``), client secrets, health, metrics and the page.
+"""The HTTP server: signaling (``app.web.signaling``), the WebSocket (``app.web.websocket``), client secrets,
+health, metrics and the page.
 
 ``create_app(settings)`` builds a FastAPI app whose lifespan starts what every call shares
 (the engine, the Silero VAD and the end-of-turn model) and, on shutdown, closes every open call before the engine.
@@ -29,6 +30,7 @@ from app.web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from app.web.metrics import Metrics
 from app.web.runtime import Runtime
 from app.web.signaling import call_rtc_configuration, signaling_router
+from app.web.websocket import websocket_router
 from app.webrtc.call import CallRegistry
 from media.end_of_turn import SmartTurnModel, default_model_path
 from media.vad import SileroVad
@@ -57,8 +59,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             end_of_turn = await asyncio.to_thread(_load_end_of_turn_model, settings)
             calls = CallRegistry(
                 settings.max_sessions,
-                on_count=metrics.sessions_open.set,
-                on_closed=lambda call, reason: metrics.calls.labels(reason=reason).inc(),
+                on_count=metrics.set_open_sessions,
+                on_closed=lambda call, reason: metrics.calls.labels(transport=call.transport, reason=reason).inc(),
             )
             # Registered last, so it runs first: calls (and their engine turns) end before the engine.
             stack.push_async_callback(calls.close_all)
@@ -87,6 +89,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     install_auth(app, authenticator, resolve_session)
     app.include_router(signaling_router(settings, authenticator, metrics, base_config))
+    app.include_router(websocket_router(settings, authenticator, metrics, base_config))
     app.include_router(debug_router())
     if settings.cors_origins:
         app.add_middleware(

@@ -46,7 +46,7 @@ def signaling_router(
     async def create_call(request: Request, grant: CallGrant = Depends(authenticator.authorize_call)) -> Response:
         runtime = runtime_of(request)
         offer, session = await _read_offer(request, settings)
-        config = _session_config({**(grant.session or {}), **(session or {})}, base_config)
+        config = read_session_config({**(grant.session or {}), **(session or {})}, base_config)
 
         def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
             return RealtimeSession(
@@ -223,7 +223,7 @@ def check_offer_sdp(body: bytes, *, max_bytes: int) -> str:
     return text
 
 
-def _session_config(partial: dict[str, Any], base: SessionConfig) -> SessionConfig:
+def read_session_config(partial: dict[str, Any], base: SessionConfig) -> SessionConfig:
     try:
         return SessionConfig.from_session(partial, base=base)
     except ProtocolError as exc:

@@ -26,7 +26,7 @@ import logging
 import secrets
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
@@ -73,6 +73,8 @@ def new_call_id() -> str:
 
 class Call:
     """One peer connection and the session it carries."""
+
+    transport = "webrtc"  # the metrics' label; app.web.websocket.SocketCall is the other
 
     def __init__(
         self,
@@ -352,18 +354,31 @@ class CapacityError(Exception):
     """Every session slot is taken."""
 
 
+class OpenSession(Protocol):
+    """What the registry needs of an open session, over any transport (a :class:`Call`, a WebSocket)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def transport(self) -> str: ...
+    async def close(self, reason: str = ...) -> None: ...
+
+
+SessionT = TypeVar("SessionT", bound=OpenSession)
+
+
 class CallRegistry:
-    """The open calls of one server, at most ``max_calls`` at a time."""
+    """The open sessions of one server, WebRTC calls and WebSockets together, at most ``max_calls``."""
 
     def __init__(
         self,
         max_calls: int,
         *,
-        on_count: Callable[[int], None] | None = None,
-        on_closed: Callable[[Call, str], None] | None = None,
+        on_count: Callable[[dict[str, int]], None] | None = None,
+        on_closed: Callable[[Any, str], None] | None = None,
     ) -> None:
         self._max_calls = max_calls
-        self._calls: dict[str, Call] = {}
+        self._calls: dict[str, OpenSession] = {}
         self._on_count = on_count
         self._on_closed = on_closed
 
@@ -371,13 +386,14 @@ class CallRegistry:
         return len(self._calls)
 
     def get(self, call_id: str) -> Call | None:
-        return self._calls.get(call_id)
+        call = self._calls.get(call_id)
+        return call if isinstance(call, Call) else None
 
-    def admit(self, create: Callable[[Callable[[Call, str], None]], Call]) -> Call:
+    def admit(self, create: Callable[[Callable[[Any, str], None]], SessionT]) -> SessionT:
         """Registers ``create(on_closed)``, or raises :class:`CapacityError` when full.
 
         Synchronous, so admission and registration cannot interleave with another offer.
-        The call must invoke ``on_closed`` once it is released; the registry forgets it then.
+        The session must invoke ``on_closed`` once it is released; the registry forgets it then.
         """
         if len(self._calls) >= self._max_calls:
             raise CapacityError(f"all {self._max_calls} sessions are in use")
@@ -386,10 +402,17 @@ class CallRegistry:
         self._count_changed()
         return call
 
+    def counts(self) -> dict[str, int]:
+        """Open sessions by transport."""
+        counts: dict[str, int] = {}
+        for call in self._calls.values():
+            counts[call.transport] = counts.get(call.transport, 0) + 1
+        return counts
+
     async def close_all(self, reason: str = "server_shutdown") -> None:
         await _gather_all(call.close(reason) for call in list(self._calls.values()))
 
-    def _forget(self, call: Call, reason: str) -> None:
+    def _forget(self, call: OpenSession, reason: str) -> None:
         if self._calls.pop(call.id, None) is None:
             return
         self._count_changed()
@@ -398,7 +421,7 @@ class CallRegistry:
 
     def _count_changed(self) -> None:
         if self._on_count is not None:
-            self._on_count(len(self._calls))
+            self._on_count(self.counts())
 
 
 async def _gather_all(closes: Iterable[Any]) -> None:

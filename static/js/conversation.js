@@ -69,6 +69,15 @@ export class Conversation {
       case "response.output_item.done":
         this.transcript.renderItem(event.item);
         break;
+      case "conversation.item.input_audio_transcription.delta":
+        this.transcript.appendUserText(event.item_id, event.delta);
+        break;
+      case "conversation.item.input_audio_transcription.completed":
+        this.transcript.setUserText(event.item_id, event.transcript);
+        break;
+      case "conversation.item.input_audio_transcription.failed":
+        this.transcript.mark(event.item_id, "not transcribed");
+        break;
       case "conversation.item.deleted":
         this.transcript.remove(event.item_id);
         break;

@@ -1,5 +1,5 @@
 // The session settings form (voice, instructions, barge-in, end of turn: server VAD with its
-// silence, or semantic VAD with its eagerness) ⇄ session.update,
+// silence or semantic VAD with its eagerness, input transcription) ⇄ session.update,
 // and the effective session the server last reported (session.created / session.updated).
 
 export class SessionControls {
@@ -8,6 +8,7 @@ export class SessionControls {
     this.voice = elements.voice;
     this.instructions = elements.instructions;
     this.bargeIn = elements.bargeIn;
+    this.transcribe = elements.transcribe;
     this.silenceMs = elements.silenceMs;
     this.turnDetection = elements.turnDetection;
     this.eagerness = elements.eagerness;
@@ -47,9 +48,11 @@ export class SessionControls {
         silence_duration_ms: Number(this.silenceMs.value),
         ...common,
       };
+    // Any model name is accepted; the server's own model transcribes.
+    const transcription = this.transcribe.checked ? { model: "qwen3-omni" } : null;
     const update = {
       type: "realtime",
-      audio: { input: { turn_detection: turnDetection }, output: { voice: this.voice.value } },
+      audio: { input: { turn_detection: turnDetection, transcription }, output: { voice: this.voice.value } },
     };
     const instructions = this.instructions.value.trim();
     if (instructions) update.instructions = instructions;
@@ -72,7 +75,9 @@ export class SessionControls {
     if (typeof effective.instructions === "string" && this.instructions.ownerDocument.activeElement !== this.instructions) {
       this.instructions.value = effective.instructions;
     }
-    const detection = effective.audio?.input?.turn_detection;
+    const input = effective.audio?.input;
+    if (input && "transcription" in input) this.transcribe.checked = input.transcription !== null;
+    const detection = input?.turn_detection;
     if (detection) {
       if (typeof detection.interrupt_response === "boolean") this.bargeIn.checked = detection.interrupt_response;
       if (typeof detection.silence_duration_ms === "number") this.silenceMs.value = detection.silence_duration_ms;

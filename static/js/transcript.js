@@ -1,10 +1,14 @@
 // The conversation as the page shows it: one <li> per conversation item (data-item-id,
-// data-role), its text streamed in, a badge on answers that did not end by themselves, a meta
+// data-role), its text streamed in (the answer's, and the user's words as the server
+// transcribes them), a badge on answers that did not end by themselves, a meta
 // line for the latency, and dividers between calls.
 
 export class Transcript {
   constructor(list) {
     this.list = list;
+    // What the user said, as streamed by input audio transcription (item id → text so far); a
+    // committed voice item shows it in place of "(voice message)".
+    this.userTexts = new Map();
     // Keeps the newest words in view while the answer streams (the list scrolls on wide
     // screens), unless the person has scrolled up to read.
     this.pinned = true;
@@ -52,15 +56,30 @@ export class Transcript {
     if (item.role === "user") {
       textElement.textContent = parts.map((part) => {
         if (part.type === "input_text") return part.text;
-        if (part.type === "input_audio") return part.transcript || "(voice message)";
+        if (part.type === "input_audio") return part.transcript ?? this.userTexts.get(item.id) ?? "(voice message)";
         return "";
       }).join(" ");
-      element.classList.toggle("voice", parts.some((part) => part.type === "input_audio" && !part.transcript));
+      element.classList.toggle(
+        "voice",
+        parts.some((part) => part.type === "input_audio" && part.transcript == null && !this.userTexts.has(item.id)),
+      );
     } else {
       const text = parts.map((part) => part.transcript ?? part.text ?? "").join("");
       // Streaming deltas may already be ahead of a snapshot taken at item.added.
       if (text.length >= textElement.textContent.length) textElement.textContent = text;
     }
+  }
+
+  appendUserText(itemId, delta) {
+    this.setUserText(itemId, (this.userTexts.get(itemId) ?? "") + (delta ?? ""));
+  }
+
+  setUserText(itemId, text) {
+    if (typeof text !== "string") return;
+    this.userTexts.set(itemId, text);
+    const element = this.ensureItemElement(itemId, "user");
+    element.querySelector(".text").textContent = text;
+    element.classList.remove("voice");
   }
 
   appendText(itemId, delta) {

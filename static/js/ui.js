@@ -34,6 +34,7 @@ export function findElements(document) {
     voice: byId("voice"),
     instructions: byId("instructions"),
     bargeIn: byId("barge-in"),
+    transcribe: byId("transcribe"),
     silenceMs: byId("silence-ms"),
     turnDetection: byId("turn-detection"),
     eagerness: byId("eagerness"),
