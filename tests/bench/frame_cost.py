@@ -7,11 +7,12 @@ One spoken turn (the one ``tests/bench/ttfa.py`` answers) is streamed ``--turns`
 forced length of N Thinker tokens (sampling as ttfa.py: temperature 0.8, seed 0). The stages of
 ``pipeline.generation`` are timed by wrapping their methods from outside:
 
-- thinker step: ``_ThinkerDecoder.step`` (one answer token: forward, processors, sampling);
-- talker step: ``_TalkerDecoder.step`` less the code predictor inside it (one first-layer
-  codec token: forward, processors, sampling);
-- code predictor: ``_TalkerDecoder._predict_residual_codes`` (the 15 residual codes of a frame);
-- code2wav: ``_AudioChunker.decode`` (one chunk; per frame = all chunks / frames);
+- thinker step: ``DecodeBatch.step_thinker`` (one answer token: forward, processors,
+  sampling, the Talker's projection of it);
+- talker step: ``DecodeBatch.step_talker`` less the code predictor inside it (one
+  first-layer codec token: forward, processors, sampling);
+- code predictor: ``DecodeBatch._predict_residual_codes`` (the 15 residual codes of a frame);
+- code2wav: ``DecodeBatch.decode_chunks`` (per frame = all chunks / frames);
 - prefill: the Thinker's and the Talker's prefill (once per turn, not per frame);
 - python overhead: the turn's time outside all of the above (the ``stream_turn`` loop,
   detokenization, events).
@@ -53,14 +54,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ttfa import REPO, SEED, TEMPERATURE, dev_model_fingerprint, spoken_turn  # noqa: E402
 
 # (stage, class, method): the methods whose time is charged to a stage. The talker step's
-# time includes its code predictor call; the table subtracts it.
+# time includes its code predictor call; the table subtracts it. (The ``before`` entry in the
+# results was measured on the per-turn decoders these replaced, _ThinkerDecoder.step etc.)
 STAGES: tuple[tuple[str, type, str], ...] = (
-    ("thinker prefill", generation._ThinkerDecoder, "prefill"),
-    ("talker prefill", generation._TalkerDecoder, "__init__"),
-    ("thinker step", generation._ThinkerDecoder, "step"),
-    ("talker step", generation._TalkerDecoder, "step"),
-    ("code predictor", generation._TalkerDecoder, "_predict_residual_codes"),
-    ("code2wav", generation._AudioChunker, "decode"),
+    ("thinker prefill", generation.DecodeBatch, "prefill_thinker"),
+    ("talker prefill", generation.DecodeBatch, "prefill_talker"),
+    ("thinker step", generation.DecodeBatch, "step_thinker"),
+    ("talker step", generation.DecodeBatch, "step_talker"),
+    ("code predictor", generation.DecodeBatch, "_predict_residual_codes"),
+    ("code2wav", generation.DecodeBatch, "decode_chunks"),
 )
 HOST_SYNCS = ("item", "tolist", "cpu", "numpy")
 

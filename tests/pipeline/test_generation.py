@@ -86,24 +86,25 @@ def pcm_of(events) -> np.ndarray:
 
 
 class Recorder:
-    """Records, through hooks, what reaches the Thinker (token ids), the Talker (input
-    embeddings: codec frame plus text, per step) and Code2Wav (codes)."""
+    """Records, through hooks, what reaches the Thinker's and the Talker's first decoder layer
+    (input embeddings: the prompt, then one entry per step: the answer token fed back, or the
+    codec frame plus text) and Code2Wav (codes)."""
 
     def __init__(self, model) -> None:
-        self.fed_ids: list[int] = []
+        self.thinker_inputs: list[torch.Tensor] = []
         self.talker_inputs: list[torch.Tensor] = []
         self.code_calls: list[torch.Tensor] = []
         self._handles = [
-            model.thinker.register_forward_pre_hook(self._on_thinker, with_kwargs=True),
-            model.talker.register_forward_pre_hook(self._on_talker, with_kwargs=True),
+            model.thinker.model.language_model.layers[0].register_forward_pre_hook(self._on_thinker),
+            model.talker.model.layers[0].register_forward_pre_hook(self._on_talker),
             model.code2wav.register_forward_pre_hook(self._on_code2wav),
         ]
 
-    def _on_thinker(self, module, args, kwargs):
-        self.fed_ids += kwargs["input_ids"][0].tolist()
+    def _on_thinker(self, module, args):
+        self.thinker_inputs.append(args[0].clone())
 
-    def _on_talker(self, module, args, kwargs):
-        self.talker_inputs.append(kwargs["inputs_embeds"].clone())
+    def _on_talker(self, module, args):
+        self.talker_inputs.append(args[0].clone())
 
     def _on_code2wav(self, module, args):
         self.code_calls.append(args[0].clone())
@@ -163,7 +164,10 @@ def streamed(model, tokenizer, inputs, **params):
 def assert_same_computation(events, recorder: Recorder, codes, reference_run, *, max_audio_frames: int) -> None:
     """The same Thinker tokens, Talker input embeddings step by step, codec frames and waveform."""
     answer, reference_recorder, reference_codes, reference_wave = reference_run
-    assert recorder.fed_ids == reference_recorder.fed_ids  # the prompt, then each answer token fed back
+    # The prompt, then each answer token fed back.
+    assert len(recorder.thinker_inputs) == len(reference_recorder.thinker_inputs)
+    for step, (fed, expected) in enumerate(zip(recorder.thinker_inputs, reference_recorder.thinker_inputs)):
+        assert torch.equal(fed, expected), f"thinker step {step}"
     # At the frame limit generate() runs one more Talker forward, whose code it drops.
     extra = 1 if codes.shape[-1] == max_audio_frames else 0
     assert len(reference_recorder.talker_inputs) == len(recorder.talker_inputs) + extra
@@ -229,8 +233,13 @@ def test_audio_chunks_concatenate_to_one_decode_of_all_frames(model, long_turn):
     np.testing.assert_allclose(wave, whole, rtol=0, atol=WAVEFORM_ATOL)
 
 
-def test_first_chunk_holds_four_frames_then_chunks_hold_twenty_five(model, long_turn):
-    events, codes = long_turn
+def test_first_chunk_holds_four_frames_then_chunks_hold_twenty_five(model, tokenizer, inputs):
+    events, _, codes = streamed(
+        model,
+        tokenizer,
+        inputs,
+        **greedy(force_output_tokens=80, max_output_tokens=80, max_audio_frames=80, adaptive_chunks=False),
+    )
     sizes = [len(event.pcm) for event in events if isinstance(event, AudioChunk)]
     with torch.inference_mode():
         first = model.code2wav(codes[..., :4])[0, 0]
