@@ -397,3 +397,85 @@ def test_text_stream_emits_only_whole_characters(tokenizer, text):
     deltas = [stream.push(token) for token in tokenizer.encode(text)] + [stream.flush()]
     assert all("\ufffd" not in delta for delta in deltas)
     assert "".join(deltas) == text == stream.text
+
+
+class FrameClock:
+    """A clock that reads ``seconds_per_frame`` per Talker step taken so far: the engine's speed
+    as the adaptive chunk schedule sees it, without depending on the machine."""
+
+    def __init__(self, model, seconds_per_frame: float) -> None:
+        self.steps = 0
+        self.seconds_per_frame = seconds_per_frame
+        self._handle = model.talker.model.layers[0].register_forward_pre_hook(self._on_step)
+
+    def _on_step(self, module, args):
+        self.steps += 1
+
+    def __call__(self) -> float:
+        return self.steps * self.seconds_per_frame
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+def adaptive_turn(model, tokenizer, inputs, seconds_per_frame: float):
+    clock = FrameClock(model, seconds_per_frame)
+    recorder = Recorder(model)
+    params = GenerationParams(**greedy(force_output_tokens=80, max_output_tokens=80, max_audio_frames=120))
+    try:
+        events = list(stream_turn(model, tokenizer, inputs, params, never, clock=clock))
+    finally:
+        clock.close()
+        recorder.close()
+    return events, recorder.streamed_codes(params.left_context_frames)
+
+
+def chunk_frames(events) -> list[int]:
+    return [event.frames for event in events if isinstance(event, AudioChunk)]
+
+
+def test_adaptive_chunks_grow_while_the_audio_runs_ahead_and_still_equal_one_decode(model, tokenizer, inputs):
+    # Four times faster than real time (20 ms per 80 ms frame): the buffer ahead of the
+    # listener grows, and so do the chunks, up to chunk_frames.
+    events, codes = adaptive_turn(model, tokenizer, inputs, seconds_per_frame=0.02)
+    sizes = chunk_frames(events)
+    assert sizes[0] == 4
+    assert sizes[1:-1] == sorted(sizes[1:-1]) and sizes[1] < 25 and max(sizes) == 25
+    assert sum(sizes) == codes.shape[-1] == events[-1].usage.output_audio_tokens
+    with torch.inference_mode():
+        whole = model.code2wav(codes)[0, 0].numpy()
+    wave = pcm_of(events)
+    assert wave.shape == whole.shape
+    np.testing.assert_allclose(wave, whole, rtol=0, atol=WAVEFORM_ATOL)
+
+
+def test_adaptive_chunks_stay_small_when_the_engine_is_slower_than_real_time(model, tokenizer, inputs):
+    # 200 ms per 80 ms frame: the listener is never ahead; every chunk is as small as the first.
+    events, codes = adaptive_turn(model, tokenizer, inputs, seconds_per_frame=0.2)
+    sizes = chunk_frames(events)
+    assert all(size == 4 for size in sizes[:-1]) and 1 <= sizes[-1] <= 4
+    with torch.inference_mode():
+        whole = model.code2wav(codes)[0, 0].numpy()
+    np.testing.assert_allclose(pcm_of(events), whole, rtol=0, atol=WAVEFORM_ATOL)
+
+
+@pytest.mark.parametrize("talker_stops_by_itself", [False, True])
+def test_audio_chunks_count_their_frames_and_the_text_tokens_voiced(model, tokenizer, inputs, talker_stops_by_itself):
+    if talker_stops_by_itself:
+        # The Talker ends its speech with codec EOS after the text (greedy: the dev model does).
+        params = greedy(max_output_tokens=10, max_audio_frames=60)
+    else:
+        params = greedy(force_output_tokens=12, max_output_tokens=12, max_audio_frames=60)
+    events = run(model, tokenizer, inputs, **params)
+    done = events[-1]
+    chunks = [event for event in events if isinstance(event, AudioChunk)]
+    assert sum(chunk.frames for chunk in chunks) == done.usage.output_audio_tokens
+    # The answer's last token is replaced by <tts_eos>: N tokens (a closing <|im_end|>
+    # counted) voice N - 1. Cut by length, that is the text tokens less one.
+    answer_tokens = done.usage.output_text_tokens + (1 if done.finish_reason == "stop" else 0)
+    frames_so_far = 0
+    for chunk in chunks:
+        frames_so_far += chunk.frames
+        assert chunk.text_tokens_voiced == min(frames_so_far, answer_tokens - 1)
+    if done.usage.output_audio_tokens >= answer_tokens - 1:
+        assert chunks[-1].text_tokens_voiced == answer_tokens - 1
