@@ -458,7 +458,9 @@ class _TalkerTurn:
         vocab_size = talker_config.text_config.vocab_size
         processors = _sampling_processors(
             do_sample=do_sample,
-            suppress_tokens=[i for i in range(vocab_size - _TALKER_SUPPRESSED_SPAN, vocab_size) if i != self._codec_eos],
+            suppress_tokens=[
+                i for i in range(vocab_size - _TALKER_SUPPRESSED_SPAN, vocab_size) if i != self._codec_eos
+            ],
             device=device,
             **sampling,
         )
@@ -609,10 +611,14 @@ class DecodeBatch:
     # -- joining --------------------------------------------------------------------------
 
     def cancelled_before_start(self, inputs: ThinkerInputs) -> TurnDone:
-        usage = Usage(input_text_tokens=inputs.text_tokens, input_audio_tokens=inputs.audio_tokens, output_text_tokens=0)
+        usage = Usage(
+            input_text_tokens=inputs.text_tokens, input_audio_tokens=inputs.audio_tokens, output_text_tokens=0
+        )
         return TurnDone(text="", usage=usage, finish_reason="cancelled")
 
-    def prefill_thinker(self, key: Hashable, inputs: ThinkerInputs, params: GenerationParams) -> list[tuple[Hashable, TurnEvent]]:
+    def prefill_thinker(
+        self, key: Hashable, inputs: ThinkerInputs, params: GenerationParams
+    ) -> list[tuple[Hashable, TurnEvent]]:
         """Run the Thinker's prefill for a new turn, which samples its first answer token."""
         if key in self._turns:
             raise ValueError(f"turn {key!r} is already in the batch")
@@ -902,7 +908,9 @@ class DecodeBatch:
             inputs_embeds = torch.cat([last_code_embed, residual_embeds], dim=1).sum(1, keepdim=True)
             tts_pad = self._tts_embeds()[2]
             text = [
-                turn.talker.trailing[turn.talker.frames - 1] if turn.talker.frames - 1 < len(turn.talker.trailing) else tts_pad
+                turn.talker.trailing[turn.talker.frames - 1]
+                if turn.talker.frames - 1 < len(turn.talker.trailing)
+                else tts_pad
                 for turn in rows
             ]
             inputs_embeds = inputs_embeds + torch.cat(text, dim=0)
@@ -927,7 +935,9 @@ class DecodeBatch:
                 keep.append(row)
         self._keep_talker_rows(keep)
 
-    def _predict_residual_codes(self, hidden: torch.Tensor, last_code_embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _predict_residual_codes(
+        self, hidden: torch.Tensor, last_code_embed: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The code predictor's 15 residual codes ([rows, 15]) and their embeddings ([rows, 15, hidden]).
 
         What generate()'s ``code_predictor.generate(...)`` computes, as a plain loop over the
@@ -949,7 +959,10 @@ class DecodeBatch:
                 code = torch.argmax(logits, dim=-1, keepdim=True)
             else:
                 code = torch.cat(
-                    [turn.talker.predictor_sampler.choose(None, logits[row : row + 1].float()) for row, turn in enumerate(rows)],
+                    [
+                        turn.talker.predictor_sampler.choose(None, logits[row : row + 1].float())
+                        for row, turn in enumerate(rows)
+                    ],
                     dim=0,
                 )
             embed = self._predictor_embeddings[group - 1](code)
@@ -983,12 +996,18 @@ class DecodeBatch:
         return cache
 
     def chunks_due(self) -> bool:
-        return any(turn.audio is not None and turn.audio.chunk_due(turn.talker.finished) for turn in self._turns.values())
+        return any(
+            turn.audio is not None and turn.audio.chunk_due(turn.talker.finished) for turn in self._turns.values()
+        )
 
     def decode_chunks(self) -> list[tuple[Hashable, TurnEvent]]:
         """Decode every due chunk (a turn's last frames once its audio ended); chunks of the same
         shape go through Code2Wav together."""
-        due = [turn for turn in self._turns.values() if turn.audio is not None and turn.audio.chunk_due(turn.talker.finished)]
+        due = [
+            turn
+            for turn in self._turns.values()
+            if turn.audio is not None and turn.audio.chunk_due(turn.talker.finished)
+        ]
         groups: dict[tuple[int, ...], list[tuple[_Turn, torch.Tensor]]] = {}
         for turn in due:
             codes = turn.audio.pending_codes()

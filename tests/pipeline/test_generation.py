@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
-from pipeline.generation import GenerationParams, _TextStream, stream_turn
+from pipeline.generation import DecodeBatch, GenerationParams, _TextStream, stream_turn
 from pipeline.prompt import PromptRenderer
 from pipeline.tokenizer import load_tokenizer
 from pipeline.turn import AudioChunk, TextDelta, TurnDone
@@ -479,3 +479,130 @@ def test_audio_chunks_count_their_frames_and_the_text_tokens_voiced(model, token
         assert chunk.text_tokens_voiced == min(frames_so_far, answer_tokens - 1)
     if done.usage.output_audio_tokens >= answer_tokens - 1:
         assert chunks[-1].text_tokens_voiced == answer_tokens - 1
+
+
+@pytest.fixture(scope="module")
+def history_inputs(dev_model_dir):
+    """A longer conversation: three past exchanges, then spoken audio."""
+    pcm, _ = sf.read(FIXTURES / "hello.wav", dtype="float32")
+    items = (
+        UserText("hi there"),
+        AssistantText("hello! how can I help you today?"),
+        UserText("what is the weather like in Paris in spring?"),
+        AssistantText("mild, often rainy, lovely in April."),
+        UserText("and in winter?"),
+        AssistantText("cold and grey."),
+        UserAudio(pcm),
+    )
+    return PromptRenderer.from_pretrained(dev_model_dir).render(Conversation(items=items))
+
+
+def drive(model, tokenizer, plan, *, cancel_at=None):
+    """Run turns through one DecodeBatch: ``plan`` maps a key to (join step, inputs, params);
+    ``cancel_at`` maps a key to the step before which it is cancelled. Returns each key's
+    events and the batch's largest cache size and its cache size at the end."""
+    cancel_at = cancel_at or {}
+    batch = DecodeBatch(model, tokenizer)
+    events = {key: [] for key in plan}
+    rows_seen = []
+    step = 0
+    while step <= max(join for join, _, _ in plan.values()) or batch.keys:
+        for key, (join, inputs, params) in plan.items():
+            if join == step:
+                events[key] += [event for _, event in batch.prefill_thinker(key, inputs, GenerationParams(**params))]
+                if batch.wants_talker(key):
+                    batch.prefill_talker(key)
+        for key, when in cancel_at.items():
+            if when == step and key in batch.keys:
+                events[key].append(batch.cancel(key))
+        rows_seen.append((len(batch.thinker_rows), len(batch.talker_rows)))
+        for key, event in batch.step_thinker():
+            events[key].append(event)
+        batch.step_talker()
+        if batch.chunks_due():
+            for key, event in batch.decode_chunks():
+                events[key].append(event)
+        for key in batch.finished_keys():
+            events[key].append(batch.finish(key))
+        step += 1
+    return events, rows_seen, batch
+
+
+def assert_same_turn(batched, alone, *, atol):
+    assert [type(event) for event in batched] == [type(event) for event in alone]
+    assert batched[-1] == alone[-1]  # text, usage, finish reason
+    for got, expected in zip(batched, alone):
+        if isinstance(expected, TextDelta):
+            assert got == expected
+        elif isinstance(expected, AudioChunk):
+            assert (got.frames, got.text_tokens_voiced) == (expected.frames, expected.text_tokens_voiced)
+            np.testing.assert_allclose(got.pcm, expected.pcm, rtol=0, atol=atol)
+
+
+# Batched Code2Wav and batched matrix products round differently from one row's.
+BATCH_WAVEFORM_ATOL = 1e-5
+
+
+def test_turns_decoded_together_equal_each_turn_alone(model, tokenizer, inputs, typed_inputs, history_inputs):
+    fixed = {"adaptive_chunks": False}
+    plan = {
+        "spoken": (0, inputs, greedy(force_output_tokens=20, max_output_tokens=20, max_audio_frames=40, **fixed)),
+        "typed": (3, typed_inputs, greedy(force_output_tokens=12, max_output_tokens=12, max_audio_frames=30, **fixed)),
+        "history": (
+            7,
+            history_inputs,
+            greedy(force_output_tokens=30, max_output_tokens=30, max_audio_frames=36, **fixed),
+        ),
+        "text only": (5, typed_inputs, greedy(force_output_tokens=9, max_output_tokens=9, output_audio=False)),
+    }
+    events, rows_seen, batch = drive(model, tokenizer, plan)
+    assert max(thinker for thinker, _ in rows_seen) == 4 and max(talker for _, talker in rows_seen) == 3
+    for key, (_, turn_inputs, params) in plan.items():
+        alone = run(model, tokenizer, turn_inputs, **params)
+        assert_same_turn(events[key], alone, atol=BATCH_WAVEFORM_ATOL)
+    assert batch.keys == [] and batch.cache_bytes() == 0
+
+
+def test_sampled_turns_in_a_batch_draw_what_they_draw_alone(model, tokenizer, inputs, history_inputs):
+    sampled = {"temperature": 0.9, "max_output_tokens": 10, "max_audio_frames": 16, "adaptive_chunks": False}
+    plan = {"a": (0, inputs, {**sampled, "seed": 11}), "b": (2, history_inputs, {**sampled, "seed": 12})}
+    events, _, _ = drive(model, tokenizer, plan)
+    for key, (_, turn_inputs, params) in plan.items():
+        assert_same_turn(events[key], run(model, tokenizer, turn_inputs, **params), atol=BATCH_WAVEFORM_ATOL)
+
+
+def test_a_cancelled_turn_leaves_the_batch_at_the_next_step_and_frees_its_rows(model, tokenizer, inputs, typed_inputs):
+    fixed = {"adaptive_chunks": False}
+    plan = {
+        "stays": (0, inputs, greedy(force_output_tokens=16, max_output_tokens=16, max_audio_frames=24, **fixed)),
+        "cancelled": (
+            0,
+            typed_inputs,
+            greedy(force_output_tokens=40, max_output_tokens=40, max_audio_frames=60, **fixed),
+        ),
+    }
+    events, rows_seen, _ = drive(model, tokenizer, plan, cancel_at={"cancelled": 6})
+    assert rows_seen[5] == (2, 2) and rows_seen[6] == (1, 1)
+    done = events["cancelled"][-1]
+    assert done.finish_reason == "cancelled" and done.usage.output_text_tokens == 7  # prefill, steps 0-5
+    assert_same_turn(events["stays"], run(model, tokenizer, inputs, **plan["stays"][2]), atol=BATCH_WAVEFORM_ATOL)
+
+
+def test_a_batch_releases_cache_memory_as_turns_leave(model, tokenizer, inputs, history_inputs):
+    batch = DecodeBatch(model, tokenizer)
+    short = GenerationParams(**greedy(force_output_tokens=4, max_output_tokens=4, max_audio_frames=6))
+    long = GenerationParams(**greedy(force_output_tokens=30, max_output_tokens=30, max_audio_frames=40))
+    for key, turn_inputs, params in (("long", inputs, long), ("short", history_inputs, short)):
+        batch.prefill_thinker(key, turn_inputs, params)
+        batch.prefill_talker(key)
+    both = batch.cache_bytes()
+    while "short" not in batch.finished_keys():
+        batch.step_thinker()
+        batch.step_talker()
+        if batch.chunks_due():
+            batch.decode_chunks()
+    batch.finish("short")
+    # The longer history's rows and the padding the other row needed for it are gone.
+    assert batch.cache_bytes() < both / 2
+    batch.cancel("long")
+    assert batch.cache_bytes() == 0
