@@ -189,21 +189,23 @@ def _sampling_processors(
 
 
 class _Sampler:
-    """Processors, then a choice: argmax, or a draw with the turn's own generator.
+    """One turn's choice of a token from scores: its processors, then argmax or a draw.
 
     When the processors end in generate()'s warpers with a top-k (temperature, top-k, top-p,
     in that order), the draw is made among the top-k candidates only: the same distribution
     as generate()'s softmax and draw over the whole vocabulary, where everything outside the
     top k is -inf (ties at the k-th score aside), without sorting and drawing over 152k
-    entries each step. Other processors run as given, in order, before it.
+    entries each step. The draw inverts the candidates' cumulative distribution at a uniform
+    number from the turn's own generator, so turns in one batch draw together and each turn
+    draws what it would alone. Other processors run as given, in order, before it.
     """
 
     def __init__(self, processors: LogitsProcessorList, *, do_sample: bool, generator: torch.Generator | None) -> None:
-        self._do_sample = do_sample
+        self.do_sample = do_sample
         self._generator = generator
-        self._temperature: float | None = None
-        self._top_k: int | None = None
-        self._top_p: float | None = None
+        self.temperature: float | None = None
+        self.top_k: int | None = None
+        self.top_p: float | None = None
         self._processors = processors
         tail = list(processors)
         top_p = tail.pop() if tail and isinstance(tail[-1], TopPLogitsWarper) else None
@@ -211,36 +213,83 @@ class _Sampler:
         temperature = tail.pop() if tail and isinstance(tail[-1], TemperatureLogitsWarper) else None
         if do_sample and top_k is not None:
             self._processors = LogitsProcessorList(tail)
-            self._top_k = top_k.top_k
-            self._top_p = None if top_p is None else top_p.top_p
-            self._temperature = None if temperature is None else temperature.temperature
+            self.top_k = top_k.top_k
+            self.top_p = None if top_p is None else top_p.top_p
+            self.temperature = None if temperature is None else temperature.temperature
 
     @property
     def needs_context(self) -> bool:
         """Whether any processor reads the ids so far (a repetition penalty does)."""
         return len(self._processors) > 0
 
-    def choose(self, context: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
-        """[1, vocab] float32 scores -> [1, 1] token id."""
-        if len(self._processors):
-            scores = self._processors(context, scores)
-        if not self._do_sample:
-            return torch.argmax(scores, dim=-1, keepdim=True)
-        if self._top_k is None:
-            return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1, generator=self._generator)
-        if self._temperature is not None:
-            scores = scores / self._temperature
-        values, indices = torch.topk(scores, min(self._top_k, scores.shape[-1]), dim=-1)
-        if self._top_p is not None:
-            # TopPLogitsWarper drops a candidate when the candidates ranked below it hold at
-            # most 1 - top_p of the probability, i.e. when those ranked above it hold top_p.
+    @property
+    def draws_top_k(self) -> bool:
+        return self.do_sample and self.top_k is not None
+
+    def process(self, context: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
+        """[1, vocab] float32 scores through the processors that come before the draw."""
+        return self._processors(context, scores) if len(self._processors) else scores
+
+    def uniforms(self, count: int, device: torch.device) -> torch.Tensor:
+        """[count] uniform numbers in [0, 1) from this turn's generator."""
+        return torch.rand(count, generator=self._generator, device=device)
+
+    def draw_full(self, scores: torch.Tensor) -> torch.Tensor:
+        """A draw over the whole vocabulary (processors without a top-k): [1, vocab] -> [1, 1]."""
+        return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1, generator=self._generator)
+
+
+def _choose_rows(samplers: list[_Sampler], scores: torch.Tensor, uniforms: torch.Tensor | None = None) -> torch.Tensor:
+    """[rows, vocab] processed scores -> [rows, 1] ids, each row by its own sampler.
+
+    Greedy rows take the argmax; rows that draw among a top-k with the same k and top-p are
+    warped and drawn together, each at its own uniform number (``uniforms`` [rows], or one
+    fresh from each row's generator).
+    """
+    if not any(sampler.do_sample for sampler in samplers):
+        return torch.argmax(scores, dim=-1, keepdim=True)
+    groups: dict[tuple[int, float | None] | None, list[int]] = {}
+    for row, sampler in enumerate(samplers):
+        key = (sampler.top_k, sampler.top_p) if sampler.draws_top_k else None
+        groups.setdefault(key, []).append(row)
+    chosen = torch.empty((len(samplers), 1), dtype=torch.long, device=scores.device)
+    for key, rows in groups.items():
+        index = torch.tensor(rows, device=scores.device)
+        group = scores.index_select(0, index) if len(rows) < len(samplers) else scores
+        if key is None:
+            picks = torch.cat(
+                [
+                    samplers[row].draw_full(group[i : i + 1])
+                    if samplers[row].do_sample
+                    else group[i : i + 1].argmax(-1, keepdim=True)
+                    for i, row in enumerate(rows)
+                ]
+            )
+        else:
+            top_k, top_p = key
+            temperatures = [samplers[row].temperature or 1.0 for row in rows]
+            if any(temperature != 1.0 for temperature in temperatures):
+                group = group / torch.tensor(temperatures, device=group.device, dtype=group.dtype)[:, None]
+            values, indices = torch.topk(group, min(top_k, group.shape[-1]), dim=-1)
             probs = torch.softmax(values, dim=-1)
-            above = torch.cumsum(probs, dim=-1) - probs
-            drop = above >= self._top_p
-            drop[..., 0] = False
-            values = values.masked_fill(drop, -float("inf"))
-        pick = torch.multinomial(torch.softmax(values, dim=-1), num_samples=1, generator=self._generator)
-        return indices.gather(-1, pick)
+            if top_p is not None:
+                # TopPLogitsWarper drops a candidate when the candidates ranked below it hold at
+                # most 1 - top_p of the probability, i.e. when those ranked above it hold top_p.
+                drop = torch.cumsum(probs, dim=-1) - probs >= top_p
+                drop[:, 0] = False
+                probs = torch.softmax(values.masked_fill(drop, -float("inf")), dim=-1)
+            if uniforms is None:
+                draws = torch.cat([samplers[row].uniforms(1, scores.device) for row in rows])
+            else:
+                draws = uniforms.index_select(0, index) if len(rows) < len(samplers) else uniforms
+            cumulative = torch.cumsum(probs, dim=-1)
+            # Candidate j is drawn when cumulative[j - 1] <= u * total < cumulative[j]: never
+            # one of probability 0 (dropped by top-p, sorted last), whatever rounding does.
+            picks = (cumulative <= draws[:, None] * cumulative[:, -1:]).sum(dim=-1, keepdim=True)
+            picks = torch.minimum(picks, (probs > 0).sum(dim=-1, keepdim=True) - 1)
+            picks = indices.gather(-1, picks)
+        chosen.index_copy_(0, index, picks)
+    return chosen
 
 
 class _KVCache:
@@ -404,7 +453,7 @@ class _ThinkerTurn:
             repetition_penalty=generation_config.repetition_penalty,
             device=device,
         )
-        self._sampler = _Sampler(processors, do_sample=do_sample, generator=generator)
+        self.sampler = _Sampler(processors, do_sample=do_sample, generator=generator)
         self.tokens: list[int] = []
         self.finish_reason: FinishReason = "stop"
         self.finished = False
@@ -417,15 +466,17 @@ class _ThinkerTurn:
             return len(self.tokens) - 1
         return len(self.tokens)
 
-    def sample(self, logits: torch.Tensor) -> torch.Tensor:
-        """[1, vocab] logits of the last position -> [1, 1] next token (recorded)."""
+    def scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """[1, vocab] logits of the last position -> scores ready for the draw."""
         scores = logits.to(dtype=torch.float32, copy=True)
         if len(self.tokens) < self._force_tokens:
             scores[:, self._stop_tensor] = -float("inf")
-        token = self._sampler.choose(self.sequence, scores)
-        if self._sampler.needs_context:
+        return self.sampler.process(self.sequence, scores)
+
+    def accept(self, token: torch.Tensor) -> None:
+        """The [1, 1] token drawn from ``scores`` joins the context the processors read."""
+        if self.sampler.needs_context:
             self.sequence = torch.cat([self.sequence, token], dim=-1)
-        return token
 
     def record(self, token_id: int) -> None:
         self.tokens.append(token_id)
@@ -464,7 +515,7 @@ class _TalkerTurn:
             device=device,
             **sampling,
         )
-        self._sampler = _Sampler(processors, do_sample=do_sample, generator=generator)
+        self.sampler = _Sampler(processors, do_sample=do_sample, generator=generator)
         # generate() samples the code predictor with top-k 50 / top-p 0.8 whenever the talker samples.
         self.predictor_sampler = _Sampler(
             _sampling_processors(
@@ -478,7 +529,6 @@ class _TalkerTurn:
             do_sample=do_sample,
             generator=generator,
         )
-        self.predictor_greedy = not do_sample
         # Benchmarks force long answers from random weights; keep the Talker from stopping
         # before it has spoken them (until it has consumed the <tts_eos> entry).
         self._hold_eos = params.force_output_tokens is not None
@@ -488,15 +538,17 @@ class _TalkerTurn:
         self.frames = 0
         self.finished = False
 
-    def sample(self, logits: torch.Tensor, *, consumed_through: int) -> torch.Tensor:
-        """Sample the next first-layer code from [1, vocab] logits, after trailing entry ``consumed_through``."""
+    def scores(self, logits: torch.Tensor, *, consumed_through: int) -> torch.Tensor:
+        """[1, vocab] logits after trailing entry ``consumed_through`` -> scores ready for the draw."""
         scores = logits.to(dtype=torch.float32, copy=True)
         text_pending = not self.text_done or consumed_through < len(self.trailing) - 1
         if self._hold_eos and text_pending:
             scores[:, self._codec_eos] = -float("inf")
-        code = self._sampler.choose(self.generated, scores)
+        return self.sampler.process(self.generated, scores)
+
+    def accept(self, code: torch.Tensor) -> None:
+        """The [1, 1] first-layer code drawn from ``scores``."""
         self.generated = torch.cat([self.generated, code], dim=-1)
-        return code
 
     def frame_done(self) -> bool:
         """Count a completed frame; true when it is the last one allowed."""
@@ -651,7 +703,8 @@ class DecodeBatch:
                 turn.prompt_embeds = output.hidden_states[0]
                 turn.prompt_hidden = output.hidden_states[self._model.config.talker_config.accept_hidden_layer]
             turn.thinker.sequence = input_ids
-            token = turn.thinker.sample(output.logits[:, -1, :])
+            token = _choose_rows([turn.thinker.sampler], turn.thinker.scores(output.logits[:, -1, :]))
+            turn.thinker.accept(token)
         token_id = int(token.item())
         turn.thinker.record(token_id)
         self._turns[key] = turn
@@ -697,7 +750,8 @@ class DecodeBatch:
             )
             # generate() feeds the code predictor the last layer's output at the last position.
             hidden = output.hidden_states[0][-1][:, -1:]
-            code = turn.talker.sample(output.logits[:, -1, :], consumed_through=-1)
+            code = _choose_rows([turn.talker.sampler], turn.talker.scores(output.logits[:, -1, :], consumed_through=-1))
+            turn.talker.accept(code)
         turn.talker.absorb_code(int(code.item()))
         # Drop what only the prefill needed.
         turn.prompt_embeds = turn.prompt_hidden = None
@@ -859,8 +913,10 @@ class DecodeBatch:
                 self._thinker_embed(self._thinker_last), self._thinker_cache, positions=self._thinker_positions
             )
             logits = self._thinker_head(hidden[:, -1])
-            tokens = [turn.thinker.sample(logits[row : row + 1]) for row, turn in enumerate(rows)]
-            self._thinker_last = torch.cat(tokens, dim=0)
+            scores = torch.cat([turn.thinker.scores(logits[row : row + 1]) for row, turn in enumerate(rows)])
+            self._thinker_last = _choose_rows([turn.thinker.sampler for turn in rows], scores)
+            for row, turn in enumerate(rows):
+                turn.thinker.accept(self._thinker_last[row : row + 1])
             token_ids = self._thinker_last[:, 0].tolist()
             for row, turn in enumerate(rows):
                 turn.thinker.record(token_ids[row])
@@ -922,11 +978,15 @@ class DecodeBatch:
             hidden = self._talker_stack(inputs_embeds, self._talker_cache, positions=self._talker_positions)
             self._talker_hidden = hidden[:, -1:]
             logits = talker.codec_head(hidden[:, -1])
-            codes = [
-                turn.talker.sample(logits[row : row + 1], consumed_through=turn.talker.frames - 1)
-                for row, turn in enumerate(rows)
-            ]
-            self._talker_last = torch.cat(codes, dim=0)
+            scores = torch.cat(
+                [
+                    turn.talker.scores(logits[row : row + 1], consumed_through=turn.talker.frames - 1)
+                    for row, turn in enumerate(rows)
+                ]
+            )
+            self._talker_last = _choose_rows([turn.talker.sampler for turn in rows], scores)
+            for row, turn in enumerate(rows):
+                turn.talker.accept(self._talker_last[row : row + 1])
             code_ids = self._talker_last[:, 0].tolist()
         keep = []
         for row, turn in enumerate(rows):
@@ -948,23 +1008,25 @@ class DecodeBatch:
         rows = self.talker_rows
         cache = self._predictor_cache(len(rows), hidden)
         cos, sin = self._predictor_rope
-        greedy = all(turn.talker.predictor_greedy for turn in rows)
+        samplers = [turn.talker.predictor_sampler for turn in rows]
+        # One uniform per residual code and sampling row, drawn up front from each turn's
+        # generator (a greedy row draws none, as alone).
+        uniforms = None
+        if any(sampler.do_sample for sampler in samplers):
+            residuals = self._num_code_groups - 1
+            uniforms = torch.stack(
+                [
+                    sampler.uniforms(residuals, hidden.device) if sampler.do_sample else hidden.new_zeros(residuals)
+                    for sampler in samplers
+                ]
+            )
         output = self._predictor_stack(
             torch.cat((hidden, last_code_embed), dim=1), cache, position_embeddings=(cos[:, :2], sin[:, :2])
         )
         codes, embeds = [], []
         for group in range(1, self._num_code_groups):
-            logits = self._predictor_heads[group - 1](output[:, -1])
-            if greedy:
-                code = torch.argmax(logits, dim=-1, keepdim=True)
-            else:
-                code = torch.cat(
-                    [
-                        turn.talker.predictor_sampler.choose(None, logits[row : row + 1].float())
-                        for row, turn in enumerate(rows)
-                    ],
-                    dim=0,
-                )
+            logits = self._predictor_heads[group - 1](output[:, -1]).float()
+            code = _choose_rows(samplers, logits, None if uniforms is None else uniforms[:, group - 1])
             embed = self._predictor_embeddings[group - 1](code)
             codes.append(code)
             embeds.append(embed)

@@ -113,7 +113,11 @@ def instrumented(meter: Meter) -> Iterator[None]:
 
 def measure_turn(model, tokenizer, inputs, tokens: int, frames_cap: int) -> dict[str, Any]:
     params = GenerationParams(
-        temperature=TEMPERATURE, seed=SEED, force_output_tokens=tokens, max_output_tokens=tokens, max_audio_frames=frames_cap
+        temperature=TEMPERATURE,
+        seed=SEED,
+        force_output_tokens=tokens,
+        max_output_tokens=tokens,
+        max_audio_frames=frames_cap,
     )
     meter = Meter()
     chunks = 0

@@ -256,7 +256,13 @@ def test_exact_waveform_with_left_context_covering_code2wav_attention(model, tok
         model,
         tokenizer,
         inputs,
-        **greedy(force_output_tokens=80, max_output_tokens=80, max_audio_frames=80, left_context_frames=72),
+        **greedy(
+            force_output_tokens=80,
+            max_output_tokens=80,
+            max_audio_frames=80,
+            left_context_frames=72,
+            adaptive_chunks=False,
+        ),
     )
     with torch.inference_mode():
         whole = model.code2wav(codes)[0, 0].numpy()
