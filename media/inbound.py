@@ -12,9 +12,10 @@ from aiortc import RTCRtpReceiver
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from media.rates import SPEECH_RATE
+
 logger = logging.getLogger(__name__)
 
-SAMPLE_RATE = 16_000
 # aiortc's audio receiver keeps each packet until 4 later ones have arrived (JitterBuffer
 # prefetch=4): 80 ms before the VAD hears it (measured over loopback: 60-80 ms of the end of
 # speech -> first answer audio latency). The prefetch buys nothing: released frames are decoded
@@ -90,6 +91,7 @@ class InboundAudio:
                     frame = await self._track.recv()
                 except MediaStreamError:  # the track ended
                     break
+                assert isinstance(frame, av.AudioFrame)  # an audio track yields audio frames
                 self._convert(frame)
             self._flush()
         except Exception:
@@ -111,7 +113,8 @@ class InboundAudio:
             # Channels are kept through resampling and averaged below: swresample's own
             # stereo→mono downmix sums at -3 dB each, i.e. +3 dB for the identical channels
             # aiortc produces from mono Opus, which pushes loud speech past full scale.
-            self._resampler = av.AudioResampler(format="fltp", rate=SAMPLE_RATE)
+            self._resampler = av.AudioResampler(format="fltp", rate=SPEECH_RATE)
+        assert self._resampler is not None
         self._deliver(self._resampler.resample(frame))
 
     def _flush(self) -> None:

@@ -1,14 +1,8 @@
 """Outbound audio: a paced WebRTC track that plays 24 kHz float32 audio written to it.
 
-Pacing follows aiortc's own ``AudioStreamTrack``: frame *n* is due at
-``start + n * 20 ms`` on one monotonic clock started by the first ``recv()``, so
-scheduling jitter never accumulates into drift (a frame that is a little late is
-followed by a shorter sleep). Unlike aiortc's track it does not catch up after a real
-stall (the event loop blocked longer than ``MAX_LATENESS_S``): sending the missed
-frames back to back would burst them into the peer's jitter buffer and make
-``played_samples`` run ahead of what the listener has heard. Instead the schedule is
-moved forward by the stall; pts stays continuous (pts = samples sent), so the peer
-simply sees the packets arrive late once.
+Pacing is :class:`media.pacing.FramePacer`: one monotonic clock started by the first ``recv()``,
+frames due every 20 ms, no burst after a stall. ``played_samples`` therefore never runs ahead of
+what the listener has heard.
 
 Resampling 24 → 48 kHz is one ``soxr.ResampleStream`` kept across writes, so chunk
 boundaries are seamless: the output equals resampling the whole answer in one piece.
@@ -25,7 +19,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from fractions import Fraction
 from typing import Protocol
 
 import av
@@ -33,17 +26,12 @@ import numpy as np
 import soxr
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from media.pacing import FRAME_SAMPLES, FramePacer
+from media.rates import VOICE_RATE, WIRE_RATE
+
 logger = logging.getLogger(__name__)
 
-INPUT_RATE = 24_000  # Code2Wav's output rate
-OUTPUT_RATE = 48_000  # what aiortc's Opus encoder takes without resampling again
-FRAME_SAMPLES = 960  # 20 ms at 48 kHz, one Opus frame
-FRAME_SECONDS = FRAME_SAMPLES / OUTPUT_RATE
-TIME_BASE = Fraction(1, OUTPUT_RATE)
-# Lateness beyond which the schedule moves forward instead of catching up: 3 frames.
-# Ordinary event-loop jitter is a few ms; a stall this long is worth a late packet, not a burst.
-MAX_LATENESS_S = 0.06
-_UPSAMPLING = OUTPUT_RATE // INPUT_RATE
+_UPSAMPLING = WIRE_RATE // VOICE_RATE
 
 
 class PlaybackListener(Protocol):
@@ -67,11 +55,8 @@ class OutboundAudioTrack(MediaStreamTrack):
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         super().__init__()
-        self._clock = clock
-        self._sleep = sleep
-        self._start: float | None = None  # clock time of pts 0
-        self._pts = 0  # 48 kHz samples sent so far, silence included
-        self._resampler = soxr.ResampleStream(INPUT_RATE, OUTPUT_RATE, 1, dtype="float32", quality="HQ")
+        self._pacer = FramePacer(clock=clock, sleep=sleep)
+        self._resampler = soxr.ResampleStream(VOICE_RATE, WIRE_RATE, 1, dtype="float32", quality="HQ")
         self._resampler_holds_audio = False
         self._queue: deque[np.ndarray] = deque()  # 48 kHz float32 chunks not yet sent
         self._queued = 0
@@ -113,27 +98,9 @@ class OutboundAudioTrack(MediaStreamTrack):
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
-        await self._wait_until_due()
+        await self._pacer.wait_until_due()
         samples = self._take_frame()
-        pcm16 = np.clip(np.rint(samples * 32767.0), -32768, 32767).astype(np.int16)
-        frame = av.AudioFrame.from_ndarray(pcm16[np.newaxis, :], format="s16", layout="mono")
-        frame.sample_rate = OUTPUT_RATE
-        frame.pts = self._pts
-        frame.time_base = TIME_BASE
-        self._pts += FRAME_SAMPLES
-        return frame
-
-    async def _wait_until_due(self) -> None:
-        now = self._clock()
-        if self._start is None:
-            self._start = now
-            return
-        due = self._start + self._pts / OUTPUT_RATE
-        if now < due:
-            await self._sleep(due - now)
-        elif now - due > MAX_LATENESS_S:
-            logger.debug("outbound audio %.0f ms late: moving the schedule instead of bursting", (now - due) * 1e3)
-            self._start += now - due
+        return self._pacer.frame(np.clip(np.rint(samples * 32767.0), -32768, 32767).astype(np.int16))
 
     def _take_frame(self) -> np.ndarray:
         if self._queued < FRAME_SAMPLES and self._resampler_holds_audio:

@@ -33,10 +33,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from media.vad import SAMPLE_RATE, WINDOW_SAMPLES, SileroVad
+from media.rates import SPEECH_RATE
+from media.vad import WINDOW_SAMPLES, SpeechModel
 
 HYSTERESIS = 0.15  # speech ends below threshold - 0.15, as in silero's VADIterator
-_SAMPLES_PER_MS = SAMPLE_RATE // 1000
+_SAMPLES_PER_MS = SPEECH_RATE // 1000
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,7 @@ class VoiceActivityDetector:
     One per session. Samples that do not fill a window wait for the next chunk.
     """
 
-    def __init__(self, vad: SileroVad, params: TurnDetectionParams) -> None:
+    def __init__(self, vad: SpeechModel, params: TurnDetectionParams) -> None:
         self._stream = vad.new_stream()
         self._buffer = TurnCommitBuffer(params)
         self._pending = np.zeros(0, dtype=np.float32)

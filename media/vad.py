@@ -14,14 +14,35 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import onnxruntime
 
-SAMPLE_RATE = 16_000
+from media.rates import SPEECH_RATE
+
+if TYPE_CHECKING:
+    import onnxruntime
+
 WINDOW_SAMPLES = 512  # 32 ms at 16 kHz: the only window size silero v5+ accepts at 16 kHz
 CONTEXT_SAMPLES = 64  # samples of the previous window the model sees before each window
 _STATE_SHAPE = (2, 1, 128)
+
+
+class SpeechStream(Protocol):
+    """Speech probabilities for one continuous 16 kHz stream, one window at a time."""
+
+    def probability(self, window: np.ndarray) -> float: ...
+
+    def reset(self) -> None: ...
+
+
+class SpeechModel(Protocol):
+    """A loaded VAD model shared by every stream; what turn detection and the session need of it.
+
+    The session core takes this, not :class:`SileroVad`, so that importing it loads no ONNX runtime.
+    """
+
+    def new_stream(self) -> SpeechStream: ...
 
 
 def default_model_path() -> Path:
@@ -40,10 +61,14 @@ class SileroVad:
 
     def __init__(self, session: onnxruntime.InferenceSession) -> None:
         self._session = session
-        self._sample_rate = np.array(SAMPLE_RATE, dtype=np.int64)
+        self._sample_rate = np.array(SPEECH_RATE, dtype=np.int64)
 
     @classmethod
     def load(cls, model_path: str | Path | None = None) -> SileroVad:
+        # Imported here: the session core and turn detection import this module for its
+        # protocol and constants and must not load onnxruntime (~60 MB) by doing so.
+        import onnxruntime
+
         options = onnxruntime.SessionOptions()
         # One window costs well under a millisecond single-threaded; more threads only
         # add wake-up overhead and compete with the engine for cores.

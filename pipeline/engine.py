@@ -26,7 +26,7 @@ import multiprocessing
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,6 +163,9 @@ class TransformersEngine:
     ``threads`` bounds torch's CPU threads in the engine process (None: torch's default).
     ``max_batch`` turns are decoded together at most; later ones wait FIFO (1: one turn at a
     time).
+    ``attn_implementation`` goes to ``from_pretrained`` (None: transformers' default, sdpa).
+    ``audio_output`` True refuses a checkpoint without a Talker at start; False loads no Talker
+    and serves text-only turns.
     """
 
     def __init__(
@@ -175,6 +178,8 @@ class TransformersEngine:
         generation: dict[str, Any] | None = None,
         threads: int | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
+        attn_implementation: str | None = None,
+        audio_output: bool = True,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
@@ -191,6 +196,8 @@ class TransformersEngine:
             threads=threads,
             log_level=logging.getLogger().getEffectiveLevel(),
             max_batch=max_batch,
+            attn_implementation=attn_implementation,
+            audio_output=audio_output,
         )
         self._process: _EngineProcess | None = None
         self._ready: worker.Ready | None = None
@@ -250,10 +257,10 @@ class TransformersEngine:
             return
         await self._spawn()
 
-    def run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
         return self._run_turn(request)
 
-    async def _run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+    async def _run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
         if self._closed:
             raise EngineError("the engine was closed")
         restarting = self._restart_task is not None and not self._restart_task.done()
@@ -458,10 +465,10 @@ class EnginePool:
             await self.close()
             raise failure
 
-    def run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
         return self._run_turn(request)
 
-    async def _run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+    async def _run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
         # Chosen when the turn is first iterated, which is when an engine counts it.
         engine = min(self.engines, key=lambda engine: (not engine.alive, engine.load))
         async with contextlib.aclosing(engine.run_turn(request)) as events:

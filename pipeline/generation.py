@@ -49,14 +49,25 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from media.rates import VOICE_RATE
 from pipeline.prompt import ThinkerInputs
-from pipeline.turn import OUTPUT_SAMPLE_RATE, VOICES, AudioChunk, FinishReason, TextDelta, TurnDone, TurnEvent, Usage
+from pipeline.turn import VOICES, AudioChunk, FinishReason, TextDelta, TurnDone, TurnEvent, Usage
 
 # max_output_tokens=None ("inf" in the protocol) still needs a bound; 4096 is the protocol's
 # largest numeric value.
 UNBOUNDED_OUTPUT_TOKENS = 4096
 # generate()'s talker_max_new_tokens: 4096 frames are 5.5 minutes of speech.
 DEFAULT_MAX_AUDIO_FRAMES = 4096
+# Qwen's recommended Thinker sampling (the Qwen3-Omni README's vLLM example: temperature 0.6,
+# top_p 0.95, top_k 20, no repetition penalty), used for what the checkpoint's generation config
+# does not name. docs/MODEL.md says why these and not vllm-omni's.
+QWEN_THINKER_TEMPERATURE = 0.6
+QWEN_THINKER_TOP_P = 0.95
+QWEN_THINKER_TOP_K = 20
+QWEN_THINKER_REPETITION_PENALTY = 1.0
+# Qwen3's <think> and </think> (tests/pipeline/test_tokenizer.py checks the ids): an Instruct
+# Thinker must never open a reasoning block that the Talker would then read aloud.
+THINK_TOKEN_IDS = (151667, 151668)
 # temperature <= 0 promises a reproducible turn; the Talker still samples (greedy codec frames
 # degenerate), so an unseeded greedy turn seeds its sampling with this.
 GREEDY_TURN_SEED = 0
@@ -73,7 +84,8 @@ _CODE_PREDICTOR_TOP_P = 0.8
 @dataclass(frozen=True)
 class GenerationParams:
     voice: str = "ethan"
-    temperature: float = 0.8
+    # None: the checkpoint's generation config, else Qwen's (thinker_sampling); <= 0: greedy.
+    temperature: float | None = None
     max_output_tokens: int | None = None
     output_audio: bool = True
     seed: int | None = None
@@ -160,6 +172,41 @@ _ALONE = "turn"
 
 def _events(keyed: list[tuple[Hashable, TurnEvent]]) -> Iterator[TurnEvent]:
     return (event for _, event in keyed)
+
+
+@dataclass(frozen=True)
+class ThinkerSampling:
+    do_sample: bool
+    temperature: float
+    top_k: int
+    top_p: float
+    repetition_penalty: float
+
+
+def thinker_sampling(generation_config, temperature: float | None) -> ThinkerSampling:
+    """The Thinker's sampling for a turn whose request asks for ``temperature``.
+
+    The request's temperature wins (the session's ``temperature``; <= 0 means greedy). Every
+    other value comes from the checkpoint's generation config where it names one, else from
+    Qwen's recommendation; a request without a temperature takes the checkpoint's (greedy
+    when its config says ``do_sample: false``), else Qwen's.
+    """
+
+    def configured(name: str, recommended):
+        value = getattr(generation_config, name, None)
+        return recommended if value is None else value
+
+    if temperature is None:
+        temperature = configured("temperature", QWEN_THINKER_TEMPERATURE)
+        if generation_config.do_sample is False:
+            temperature = 0.0
+    return ThinkerSampling(
+        do_sample=temperature > 0,
+        temperature=temperature,
+        top_k=configured("top_k", QWEN_THINKER_TOP_K),
+        top_p=configured("top_p", QWEN_THINKER_TOP_P),
+        repetition_penalty=configured("repetition_penalty", QWEN_THINKER_REPETITION_PENALTY),
+    )
 
 
 def _sampling_processors(
@@ -308,6 +355,7 @@ class _KVCache:
         self.pads = pads
         self.length = length
         self._pad_tensor = torch.tensor(pads, device=keys[0].device) if any(pads) else None
+        self._dtype = keys[0].dtype
 
     @classmethod
     def of(cls, cache: DynamicCache) -> _KVCache:
@@ -345,11 +393,16 @@ class _KVCache:
         self.length += steps
 
     def mask(self, steps: int = 1) -> torch.Tensor | None:
-        """[rows, 1, 1, length + steps] True where a row attends (one new position); None without padding."""
+        """[rows, 1, 1, length + steps]: 0 where a row attends (one new position), the dtype's
+        minimum over its padding; None without padding."""
         if self._pad_tensor is None:
             return None
         slots = torch.arange(self.length + steps, device=self._pad_tensor.device)
-        return (slots[None, :] >= self._pad_tensor[:, None])[:, None, None, :]
+        padding = (slots[None, :] < self._pad_tensor[:, None])[:, None, None, :]
+        # Additive, as eager attention needs it (sdpa takes it too); flash attention would need
+        # a 2-D padding mask instead.
+        mask = torch.zeros(padding.shape, dtype=self._dtype, device=padding.device)
+        return mask.masked_fill(padding, torch.finfo(self._dtype).min)
 
     def _grow(self, needed: int) -> None:
         capacity = max(needed, 2 * self._keys[0].shape[2])
@@ -443,14 +496,15 @@ class _ThinkerTurn:
         self._stop_tensor = torch.tensor(sorted(self.stop_ids), device=device)
         self._max_tokens = params.max_output_tokens or UNBOUNDED_OUTPUT_TOKENS
         self._force_tokens = params.force_output_tokens or 0
-        do_sample = params.temperature > 0
-        # Thinker sampling: the request's temperature, the checkpoint's top-k/top-p/repetition penalty.
+        sampling = thinker_sampling(generation_config, params.temperature)
+        do_sample = sampling.do_sample
         processors = _sampling_processors(
             do_sample=do_sample,
-            temperature=params.temperature,
-            top_k=generation_config.top_k,
-            top_p=generation_config.top_p,
-            repetition_penalty=generation_config.repetition_penalty,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            repetition_penalty=sampling.repetition_penalty,
+            suppress_tokens=list(THINK_TOKEN_IDS),
             device=device,
         )
         self.sampler = _Sampler(processors, do_sample=do_sample, generator=generator)
@@ -570,7 +624,7 @@ class _Turn:
         self.inputs = inputs
         self.params = params
         seed = params.seed
-        if seed is None and params.temperature <= 0:
+        if seed is None and not thinker_sampling(model.generation_config, params.temperature).do_sample:
             seed = GREEDY_TURN_SEED
         device = model.thinker.device
         self.generator = torch.Generator(device=device)
@@ -644,18 +698,20 @@ class DecodeBatch:
         self._thinker_cache: _KVCache | None = None
         self._thinker_positions: torch.Tensor | None = None  # [3, rows, 1] multimodal RoPE of the last fed token
         self._thinker_last: torch.Tensor | None = None  # [rows, 1] last sampled token
-        self._talker = model.talker
-        self._talker_stack = _DecoderStack(model.talker.model)
         self.talker_rows: list[_Turn] = []
         self._talker_cache: _KVCache | None = None
         self._talker_positions: torch.Tensor | None = None
         self._talker_hidden: torch.Tensor | None = None  # [rows, 1, hidden] last layer, last position
         self._talker_last: torch.Tensor | None = None  # [rows, 1] last sampled first-layer code
-        predictor = model.talker.code_predictor
-        self._predictor_stack = _DecoderStack(predictor.model)
-        self._predictor_heads = list(predictor.lm_head)
-        self._predictor_embeddings = list(predictor.model.codec_embedding)
-        self._num_code_groups = model.config.talker_config.num_code_groups
+        # None: a checkpoint loaded without audio output (text-only turns).
+        self._talker = getattr(model, "talker", None)
+        if self._talker is not None:
+            self._talker_stack = _DecoderStack(self._talker.model)
+            predictor = self._talker.code_predictor
+            self._predictor_stack = _DecoderStack(predictor.model)
+            self._predictor_heads = list(predictor.lm_head)
+            self._predictor_embeddings = list(predictor.model.codec_embedding)
+            self._num_code_groups = model.config.talker_config.num_code_groups
         self._predictor_caches: dict[int, _KVCache] = {}
         self._predictor_rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self._tts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
@@ -725,6 +781,8 @@ class DecodeBatch:
         """Build the turn's Talker prompt as generate() does and prefill it; the turn joins the Talker's rows."""
         turn = self._turns[key]
         model, talker = self._model, self._talker
+        if talker is None:
+            raise ValueError("this model was loaded without its Talker: ask for text only")
         config = model.config
         talker_config = config.talker_config
         speaker_id = talker_config.speaker_id.get(turn.params.voice.lower())
@@ -1140,7 +1198,7 @@ class _AudioChunker:
         if not self._adaptive:
             return self._chunk_frames
         now = self._clock()
-        ahead_s = self._emitted_samples / OUTPUT_SAMPLE_RATE - (now - self._first_audio_at)
+        ahead_s = self._emitted_samples / VOICE_RATE - (now - self._first_audio_at)
         seconds_per_frame = (now - self._first_frame_at) / len(self._frames)
         if seconds_per_frame <= 0:
             return self._chunk_frames

@@ -25,8 +25,8 @@ from transformers import WhisperFeatureExtractor
 from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeConfig
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
 
+from media.rates import SPEECH_RATE
 from pipeline.conversation import (
-    INPUT_SAMPLE_RATE,
     AssistantText,
     Conversation,
     ConversationItem,
@@ -108,9 +108,9 @@ class PromptRenderer:
     """Turns a ``Conversation`` into ``ThinkerInputs`` for one checkpoint's tokenizer and audio encoder."""
 
     def __init__(self, tokenizer, feature_extractor: WhisperFeatureExtractor, *, n_window: int) -> None:
-        if feature_extractor.sampling_rate != INPUT_SAMPLE_RATE or feature_extractor.feature_size != MEL_BINS:
+        if feature_extractor.sampling_rate != SPEECH_RATE or feature_extractor.feature_size != MEL_BINS:
             raise ValueError(
-                f"expected a {INPUT_SAMPLE_RATE} Hz, {MEL_BINS}-bin Whisper feature extractor, got "
+                f"expected a {SPEECH_RATE} Hz, {MEL_BINS}-bin Whisper feature extractor, got "
                 f"{feature_extractor.sampling_rate} Hz, {feature_extractor.feature_size} bins"
             )
         self._tokenizer = tokenizer
@@ -123,10 +123,11 @@ class PromptRenderer:
         self._min_clip_samples = feature_extractor.n_fft
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path) -> PromptRenderer:
+    def from_pretrained(cls, model_dir: str | Path, *, tokenizer=None) -> PromptRenderer:
+        """The renderer for a checkpoint; pass ``tokenizer`` when it is already loaded from it."""
         config = Qwen3OmniMoeConfig.from_pretrained(model_dir)
         return cls(
-            load_tokenizer(model_dir),
+            tokenizer if tokenizer is not None else load_tokenizer(model_dir),
             WhisperFeatureExtractor.from_pretrained(model_dir),
             n_window=config.thinker_config.audio_config.n_window,
         )
@@ -138,7 +139,7 @@ class PromptRenderer:
             if clip.pcm.ndim != 1 or len(clip.pcm) < self._min_clip_samples:
                 raise ValueError(
                     f"audio clip {index} must be mono with at least {self._min_clip_samples} samples "
-                    f"({self._min_clip_samples * 1000 // INPUT_SAMPLE_RATE} ms at {INPUT_SAMPLE_RATE} Hz), "
+                    f"({self._min_clip_samples * 1000 // SPEECH_RATE} ms at {SPEECH_RATE} Hz), "
                     f"got shape {clip.pcm.shape}"
                 )
 
@@ -148,7 +149,7 @@ class PromptRenderer:
             # The same call Qwen3OmniMoeProcessor makes: one batch, padded to the longest clip.
             features = self._feature_extractor(
                 [np.asarray(clip.pcm, dtype=np.float32) for clip in clips],
-                sampling_rate=INPUT_SAMPLE_RATE,
+                sampling_rate=SPEECH_RATE,
                 padding=True,
                 truncation=False,
                 return_attention_mask=True,

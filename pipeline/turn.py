@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -10,7 +10,6 @@ import numpy as np
 
 from pipeline.conversation import Conversation
 
-OUTPUT_SAMPLE_RATE = 24_000
 Voice = Literal["ethan", "chelsie", "aiden"]
 VOICES: tuple[Voice, ...] = ("ethan", "chelsie", "aiden")
 
@@ -118,6 +117,6 @@ class Engine(Protocol):
 
     async def start(self) -> None: ...
 
-    def run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]: ...
+    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]: ...
 
     async def close(self) -> None: ...

@@ -34,10 +34,11 @@ import soundfile as sf
 import torch
 
 import pipeline.devmodel
+from media.rates import VOICE_RATE
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
 from pipeline.devmodel import ensure_dev_model
 from pipeline.engine import TransformersEngine
-from pipeline.turn import OUTPUT_SAMPLE_RATE, AudioChunk, TurnDone, TurnRequest
+from pipeline.turn import AudioChunk, TurnDone, TurnRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ttfa import FIXTURES, REPO, SEED, TEMPERATURE, dev_model_fingerprint  # noqa: E402
@@ -58,7 +59,7 @@ async def one_turn(engine: TransformersEngine, request: TurnRequest) -> dict[str
             samples += len(event.pcm)
         elif isinstance(event, TurnDone):
             done = event
-    audio_s = samples / OUTPUT_SAMPLE_RATE
+    audio_s = samples / VOICE_RATE
     return {
         "queue_wait_s": done.timings.queue_wait,
         "ttfa_s": done.timings.first_audio,

@@ -5,7 +5,7 @@ Run: .venv/bin/python tests/bench/e2e_latency.py [--turns 10] [--url http://127.
 
 Without ``--url`` it starts ``omni-rtc serve --ice-loopback`` with the dev model on a free
 loopback port (as ``soak.py`` does; answers capped at 25 codec frames). One headless client
-(``app.client.RealtimeClient``) says ``tests/fixtures/hello.wav`` and ``weather.wav`` in turn,
+(``app.webrtc.client.RealtimeClient``) says ``tests/fixtures/hello.wav`` and ``weather.wav`` in turn,
 ``--turns`` times, each turn ended by the server VAD and waited out until its answer has played.
 
 Per turn:
@@ -48,10 +48,12 @@ import soundfile as sf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from app.client import RealtimeClient  # noqa: E402  (after the path set-up above)
-from media.turn_detection import TurnDetectionParams, UtteranceCommitted, VoiceActivityDetector  # noqa: E402
-from media.vad import SAMPLE_RATE, WINDOW_SAMPLES, SileroVad  # noqa: E402
 from soak import DEV_MODEL_AUDIO_FRAMES, FIXTURES, REPO, TURN_TIMEOUT_S, dev_model_server  # noqa: E402
+
+from app.webrtc.client import RealtimeClient  # noqa: E402  (after the path set-up above)
+from media.rates import SPEECH_RATE  # noqa: E402
+from media.turn_detection import TurnDetectionParams, UtteranceCommitted, VoiceActivityDetector  # noqa: E402
+from media.vad import WINDOW_SAMPLES, SileroVad  # noqa: E402
 
 DEFAULT_OUT = REPO / "tests" / "bench" / "results" / "e2e_latency.json"
 UTTERANCES = ("hello.wav", "weather.wav")
@@ -64,13 +66,13 @@ def vad_lag_ms(pcm: np.ndarray, params: TurnDetectionParams, vad: SileroVad) -> 
     """Per alignment: the server VAD's commit after the fixture's end, beyond silence_duration_ms."""
     lags = []
     for alignment in range(VAD_ALIGNMENTS):
-        lead = SAMPLE_RATE + alignment * WINDOW_SAMPLES // VAD_ALIGNMENTS  # 1 s of silence, then the shift
-        stream = np.concatenate([np.zeros(lead, np.float32), pcm, np.zeros(2 * SAMPLE_RATE, np.float32)])
+        lead = SPEECH_RATE + alignment * WINDOW_SAMPLES // VAD_ALIGNMENTS  # 1 s of silence, then the shift
+        stream = np.concatenate([np.zeros(lead, np.float32), pcm, np.zeros(2 * SPEECH_RATE, np.float32)])
         end_chunk = -(-(lead + len(pcm)) // INBOUND_CHUNK_SAMPLES)  # the chunk after which the client says "spoken"
         detector = VoiceActivityDetector(vad, params)
         for chunk, start in enumerate(range(0, len(stream), INBOUND_CHUNK_SAMPLES), start=1):
             if any(isinstance(e, UtteranceCommitted) for e in detector.push(stream[start : start + INBOUND_CHUNK_SAMPLES])):
-                waited_ms = (chunk - end_chunk) * INBOUND_CHUNK_SAMPLES * 1000 / SAMPLE_RATE
+                waited_ms = (chunk - end_chunk) * INBOUND_CHUNK_SAMPLES * 1000 / SPEECH_RATE
                 lags.append(waited_ms - params.silence_duration_ms)
                 break
     return lags

@@ -32,7 +32,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from app.client import RealtimeClient  # noqa: E402  (after the path set-up above)
+from app.webrtc.client import RealtimeClient  # noqa: E402  (after the path set-up above)
 
 FIXTURES = REPO / "tests" / "fixtures"
 STARTUP_DEADLINE_S = 300.0
@@ -103,7 +103,7 @@ def main() -> None:
 
     url = f"http://127.0.0.1:{args.port}"
     command = [
-        sys.executable, "-m", "app.cli", "serve", "--port", str(args.port), "--device", "cpu",
+        sys.executable, "-m", "app.web.cli", "serve", "--port", str(args.port), "--device", "cpu",
         "--ice-loopback", "--engine-threads", "1", "--seed", "0", "--log-level", "warning",
     ]
     if args.model:
@@ -120,7 +120,7 @@ def main() -> None:
         window = Window(process)
         call = subprocess.run(
             [
-                sys.executable, "-m", "app.cli", "call", url, "--ice-loopback", "--json",
+                sys.executable, "-m", "app.web.cli", "call", url, "--ice-loopback", "--json",
                 "--sessions", str(args.sessions), "--out", str(REPO / "test-output" / "rtc_cpu"),
                 "--wav", str(FIXTURES / "hello.wav"), "--wav", str(FIXTURES / "weather.wav"),
             ],

@@ -41,8 +41,8 @@ from pathlib import Path
 import httpx
 import soundfile as sf
 
-from app.client import RealtimeClient
-from app.session import ECHO_TAIL_MS
+from app.realtime.session import ECHO_TAIL_MS
+from app.webrtc.client import RealtimeClient
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -190,7 +190,7 @@ def dev_model_server() -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     process = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--device", "cpu", "--seed", "0",
+        [sys.executable, "-m", "app.web.cli", "serve", "--port", str(port), "--device", "cpu", "--seed", "0",
          "--ice-loopback", "--log-level", "warning",
          # The random dev model's Talker never says EOS: cap each answer at 2 s of speech.
          "--generation", json.dumps({"max_audio_frames": DEV_MODEL_AUDIO_FRAMES})],

@@ -21,8 +21,9 @@ import numpy as np
 import onnxruntime
 import soundfile as sf
 
+from media.rates import SPEECH_RATE
 from media.turn_detection import TurnDetectionParams, VoiceActivityDetector
-from media.vad import SAMPLE_RATE, WINDOW_SAMPLES, SileroVad
+from media.vad import WINDOW_SAMPLES, SileroVad
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CHUNK_SAMPLES = 320  # 20 ms, one inbound WebRTC frame after resampling to 16 kHz
@@ -30,14 +31,14 @@ CHUNK_SAMPLES = 320  # 20 ms, one inbound WebRTC frame after resampling to 16 kH
 
 def conversation_audio(seconds: float) -> np.ndarray:
     """Fixtures separated by 1 s of silence, repeated to ``seconds``."""
-    gap = np.zeros(SAMPLE_RATE, dtype=np.float32)
+    gap = np.zeros(SPEECH_RATE, dtype=np.float32)
     parts = []
     for name in ("hello", "weather", "long_story"):
         pcm, _ = sf.read(FIXTURES / f"{name}.wav", dtype="float32")
         parts += [pcm, gap]
     one_round = np.concatenate(parts)
-    repeats = int(np.ceil(seconds * SAMPLE_RATE / one_round.size))
-    return np.tile(one_round, repeats)[: int(seconds * SAMPLE_RATE)]
+    repeats = int(np.ceil(seconds * SPEECH_RATE / one_round.size))
+    return np.tile(one_round, repeats)[: int(seconds * SPEECH_RATE)]
 
 
 def percentiles_us(durations: list[float]) -> dict[str, float]:

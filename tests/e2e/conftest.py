@@ -92,7 +92,7 @@ def server_url(dev_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         "OMNI_RTC_ENGINE_THREADS": "1",  # 2 cores shared by the whole team
     }
     command = [
-        sys.executable, "-m", "app.cli", "serve",
+        sys.executable, "-m", "app.web.cli", "serve",
         "--host", "127.0.0.1", "--port", str(port),
         "--model", str(dev_model_dir), "--device", "cpu", "--seed", "0",
         "--ice-loopback", "--log-level", "info",

@@ -3,7 +3,7 @@
 A fake microphone plays two espeak utterances separated by silence, so the server's VAD commits
 two voice turns; then the test types a text turn and hangs up. One conversation is recorded
 once per module (a browser call costs seconds of CPU) and each test checks one thing it shows.
-The page's test hook, ``window.omniRtc`` (documented at the top of static/app.js), gives the
+The page's test hook, ``window.omniRtc`` (documented in static/js/test-hook.js), gives the
 server events the page received and its RTCPeerConnection for inbound-rtp stats.
 
 The test waits for each answer to *start* (text streaming, audio playing), never for it to
@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from playwright.async_api import Page, async_playwright
 
-from app.limits import capacity_error
+from app.web.signaling import capacity_error
 from tests.e2e.browser_chromium import Silence, launch_chromium, write_fake_microphone
 from tests.e2e.conftest import open_sessions, wait_for_sessions
 

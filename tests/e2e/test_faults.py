@@ -24,13 +24,13 @@ import numpy as np
 import psutil
 import pytest
 
-from app.client import RealtimeClient
 from app.config import Settings
-from app.server import create_app
-from app.testing import ScriptedEngine
+from app.web.server import create_app
+from app.webrtc.client import RealtimeClient
 from media.outbound import OutboundAudioTrack
 from tests.clock import FakeClock
 from tests.e2e.conftest import get_json, serving_in_process, wait_for_sessions
+from tests.fakes import ScriptedEngine
 
 pytestmark = pytest.mark.e2e
 
@@ -83,7 +83,7 @@ async def test_peer_frozen_mid_response_is_released_and_its_engine_turn_cancelle
     engine.hold = asyncio.Event()  # the answer is still being generated when the peer freezes
     async with serving(engine, disconnect_timeout_s=1.0) as url:
         caller = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "call", url, "--ice-loopback",
+            [sys.executable, "-m", "app.web.cli", "call", url, "--ice-loopback",
              "--wav", str(FIXTURES / "hello.wav"), "--out", str(tmp_path)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )

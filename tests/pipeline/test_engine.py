@@ -10,9 +10,10 @@ import psutil
 import pytest
 import soundfile
 
+from media.rates import VOICE_RATE
 from pipeline.conversation import Conversation, UserAudio, UserText
 from pipeline.engine import EnginePool, TransformersEngine
-from pipeline.turn import OUTPUT_SAMPLE_RATE, AudioChunk, EngineError, TextDelta, TurnDone, TurnRequest
+from pipeline.turn import AudioChunk, EngineError, TextDelta, TurnDone, TurnRequest
 from pipeline.worker import ENGINE_NICENESS
 
 # The engine lives on the session loop, so every test here runs on it too.
@@ -63,7 +64,7 @@ async def test_speech_turn_streams_text_and_audio_and_ends_with_done(engine):
     deltas = [event for event in events if isinstance(event, TextDelta)]
     chunks = [event for event in events if isinstance(event, AudioChunk)]
     assert deltas
-    assert sum(len(chunk.pcm) for chunk in chunks) >= OUTPUT_SAMPLE_RATE // 2
+    assert sum(len(chunk.pcm) for chunk in chunks) >= VOICE_RATE // 2
     assert isinstance(events[-1], TurnDone)
     assert not any(isinstance(event, TurnDone) for event in events[:-1])
 

@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
+from media.rates import SPEECH_RATE
 from pipeline.conversation import (
     DEFAULT_SYSTEM_PROMPT,
-    INPUT_SAMPLE_RATE,
     AssistantText,
     Conversation,
     HistoryLimits,
@@ -30,7 +30,7 @@ AUDIO_START_ID, AUDIO_END_ID, AUDIO_PAD_ID = 151669, 151670, 151675
 
 def _clip(seconds: float, seed: int = 0) -> UserAudio:
     rng = np.random.default_rng(seed)
-    return UserAudio((0.1 * rng.standard_normal(int(seconds * INPUT_SAMPLE_RATE))).astype(np.float32))
+    return UserAudio((0.1 * rng.standard_normal(int(seconds * SPEECH_RATE))).astype(np.float32))
 
 
 def _audio_turn(seconds: float, answer: str, seed: int = 0) -> tuple:
@@ -143,7 +143,7 @@ def thinker(dev_model_dir):
 
 def _speech(name: str) -> UserAudio:
     pcm, rate = sf.read(FIXTURES / f"{name}.wav", dtype="float32")
-    assert rate == INPUT_SAMPLE_RATE
+    assert rate == SPEECH_RATE
     return UserAudio(pcm)
 
 

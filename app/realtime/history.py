@@ -1,0 +1,382 @@
+"""The conversation as the session keeps it: items, their order, pruning, and history as heard.
+
+A user item holds what the user gave (audio clips, text) as pipeline items; an assistant item
+holds everything generated and, once its playback has settled, what was *heard* of it. The
+prompt of the next turn is rendered from what was heard (``History.conversation``), and the
+history is kept to whole turns within the session's limits (``History.prune``).
+
+The readers at the bottom turn a client's ``conversation.item.create`` content into items,
+raising :class:`ProtocolError` naming the offending ``param``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import soxr
+
+from app.realtime.ledger import Playback, PlaybackLedger
+from app.realtime.protocol import (
+    ClientContentPart,
+    ConversationItemAddedEvent,
+    ConversationItemCreateEvent,
+    ConversationItemDeletedEvent,
+    ConversationItemDoneEvent,
+    ConversationItemTruncatedEvent,
+    ConversationItemTruncateEvent,
+    InputAudioBufferCommittedEvent,
+    InputAudioContent,
+    InputTextContent,
+    ItemContent,
+    MessageItem,
+    OutputAudioContent,
+    OutputTextContent,
+    ProtocolError,
+    ServerEvent,
+    new_id,
+)
+from app.realtime.session_config import Modality
+from media.rates import SPEECH_RATE, VOICE_RATE
+from pipeline.conversation import (
+    AssistantText,
+    Conversation,
+    ConversationItem,
+    HistoryLimits,
+    UserAudio,
+    UserText,
+)
+
+MIN_COMMIT_MS = 100  # OpenAI refuses to commit (or take as an item) less than 100 ms of audio
+# User items not yet answered (created without a response) kept before the oldest is dropped.
+MAX_UNANSWERED_ITEMS = 16
+
+
+@dataclass
+class UserEntry:
+    id: str
+    parts: tuple[ConversationItem, ...]  # UserAudio / UserText, in content order
+    content: list[ItemContent]
+
+    def item(self) -> MessageItem:
+        return MessageItem(id=self.id, status="completed", role="user", content=self.content)
+
+    def audio_clips(self) -> list[UserAudio]:
+        return [part for part in self.parts if isinstance(part, UserAudio)]
+
+
+@dataclass
+class AssistantEntry:
+    id: str
+    modality: Modality
+    status: str = "in_progress"
+    text: str = ""  # everything generated
+    token_ends: list[int] = field(default_factory=list)  # end offset in ``text`` of each delta
+    heard: str | None = None  # set once playback settled; None: the whole text (not cut so far)
+    audio_samples: int = 0
+
+    def add_delta(self, delta: str) -> None:
+        self.text += delta
+        self.token_ends.append(len(self.text))
+
+    def history_text(self) -> str:
+        return self.text if self.heard is None else self.heard
+
+    def heard_text(self, heard_samples: int, total_samples: int) -> str:
+        """The text heard when ``heard_samples`` of ``total_samples`` of its audio were played.
+
+        The Talker consumes one Thinker token per 80 ms codec step, so cutting the tokens in
+        proportion to the audio played is a sound first alignment.
+        """
+        if heard_samples >= total_samples:
+            return self.text
+        tokens = len(self.token_ends) * max(heard_samples, 0) // total_samples
+        return self.text[: self.token_ends[tokens - 1]] if tokens else ""
+
+    def content(self) -> list[ItemContent]:
+        if self.status == "in_progress":
+            return []
+        if self.modality == "audio":
+            return [OutputAudioContent(transcript=self.text)]
+        return [OutputTextContent(text=self.text)]
+
+    def item(self) -> MessageItem:
+        return MessageItem(id=self.id, status=self.status, role="assistant", content=self.content())
+
+
+Entry = UserEntry | AssistantEntry
+
+
+class History:
+    """The session's items in conversation order."""
+
+    def __init__(self) -> None:
+        self._entries: list[Entry] = []
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self._entries)
+
+    def last_id(self) -> str | None:
+        return self._entries[-1].id if self._entries else None
+
+    def append(self, entry: Entry) -> str | None:
+        """Adds ``entry`` last; the id of the item before it."""
+        previous_id = self.last_id()
+        self._entries.append(entry)
+        return previous_id
+
+    def _insert(self, position: int, entry: Entry) -> str | None:
+        """Adds ``entry`` at ``position`` (from :meth:`_position_after`); the id of the item before it."""
+        previous_id = self._entries[position - 1].id if position > 0 else None
+        self._entries.insert(position, entry)
+        return previous_id
+
+    def find(self, item_id: str) -> Entry | None:
+        return next((entry for entry in self._entries if entry.id == item_id), None)
+
+    def require(self, item_id: str) -> Entry:
+        entry = self.find(item_id)
+        if entry is None:
+            raise ProtocolError("item_not_found", f"Item with item_id not found: {item_id}.", param="item_id")
+        return entry
+
+    def previous_id(self, entry: Entry) -> str | None:
+        for index, candidate in enumerate(self._entries):
+            if candidate is entry:
+                return self._entries[index - 1].id if index > 0 else None
+        return None
+
+    def audio_clip_count(self) -> int:
+        return sum(len(entry.audio_clips()) for entry in self._entries if isinstance(entry, UserEntry))
+
+    def commit_audio(self, item_id: str, pcm: np.ndarray) -> list[ServerEvent]:
+        """A committed utterance becomes the last user item; its committed/added/done events."""
+        entry = UserEntry(item_id, (UserAudio(pcm),), [InputAudioContent()])
+        previous_id = self.append(entry)
+        return [
+            InputAudioBufferCommittedEvent(item_id=item_id, previous_item_id=previous_id),
+            ConversationItemAddedEvent(previous_item_id=previous_id, item=entry.item()),
+            ConversationItemDoneEvent(previous_item_id=previous_id, item=entry.item()),
+        ]
+
+    def create_item(
+        self, event: ConversationItemCreateEvent, *, input_audio_format: str, max_chars: int
+    ) -> list[ServerEvent]:
+        """Adds a client's item where it asked; the ``conversation.item.added``/``done`` pair."""
+        item = event.item
+        if item.id is not None and self.find(item.id) is not None:
+            raise ProtocolError("invalid_value", f"An item with id {item.id!r} already exists.", param="item.id")
+        position = self._position_after(event.previous_item_id)
+        if not item.content:
+            raise ProtocolError("invalid_value", "A message needs at least one content part.", param="item.content")
+        item_id = item.id or new_id("item")
+        entry: Entry
+        if item.role == "user":
+            parts, content = read_user_content(item.content, input_audio_format=input_audio_format, max_chars=max_chars)
+            entry = UserEntry(item_id, parts, content)
+        elif item.role == "assistant":
+            entry = read_assistant_item(item_id, item.content, max_chars=max_chars)
+        else:
+            raise ProtocolError(
+                "invalid_value",
+                "System messages are not supported; set the system prompt with session.update instructions.",
+                param="item.role",
+            )
+        previous_id = self._insert(position, entry)
+        return [
+            ConversationItemAddedEvent(previous_item_id=previous_id, item=entry.item()),
+            ConversationItemDoneEvent(previous_item_id=previous_id, item=entry.item()),
+        ]
+
+    def delete_item(self, item_id: str, *, in_progress: AssistantEntry | None) -> ServerEvent:
+        entry = self.require(item_id)
+        if entry is in_progress:
+            raise ProtocolError(
+                "invalid_value", "The item belongs to the response in progress; cancel it first.", param="item_id"
+            )
+        self._entries.remove(entry)
+        return ConversationItemDeletedEvent(item_id=entry.id)
+
+    def truncate_item(self, event: ConversationItemTruncateEvent, ledger: PlaybackLedger) -> ServerEvent:
+        """The client says only ``audio_end_ms`` of an answer was heard; its text is cut to match."""
+        entry = self.require(event.item_id)
+        if not isinstance(entry, AssistantEntry) or entry.modality != "audio" or entry.status == "in_progress":
+            raise ProtocolError(
+                "invalid_value", "Only a finished assistant audio item can be truncated.", param="item_id"
+            )
+        if event.content_index != 0:
+            raise ProtocolError("invalid_value", "An assistant item has one content part (index 0).",
+                                param="content_index")
+        samples = event.audio_end_ms * VOICE_RATE // 1000
+        if samples > entry.audio_samples:
+            raise ProtocolError(
+                "invalid_value",
+                f"audio_end_ms {event.audio_end_ms} is past the item's audio "
+                f"({entry.audio_samples * 1000 // VOICE_RATE} ms).",
+                param="audio_end_ms",
+            )
+        playback = ledger.get(entry.id)
+        if playback is not None:  # still playing: what is heard later stays within the cut
+            playback.limit = samples if playback.limit is None else min(playback.limit, samples)
+        entry.heard = entry.heard_text(samples, entry.audio_samples)
+        return ConversationItemTruncatedEvent(item_id=entry.id, content_index=0, audio_end_ms=event.audio_end_ms)
+
+    def settle(self, playback: Playback, played: int) -> bool:
+        """Put what was heard of the item into the history; True when it was cut short."""
+        entry = self.find(playback.item_id)
+        if not isinstance(entry, AssistantEntry):
+            return False  # deleted by the client meanwhile
+        heard = playback.heard(played)
+        cut_short = heard < playback.written
+        if entry.heard is None or cut_short:
+            entry.heard = entry.heard_text(heard, playback.written)
+        return cut_short
+
+    def settle_cut(self, cut: list[Playback], played: int) -> list[ServerEvent]:
+        """Settles items whose audio was cleared; ``conversation.item.truncated`` for each cut short."""
+        return [
+            ConversationItemTruncatedEvent(
+                item_id=playback.item_id, content_index=0, audio_end_ms=playback.heard(played) * 1000 // VOICE_RATE
+            )
+            for playback in cut
+            if self.settle(playback, played)
+        ]
+
+    def conversation(self, instructions: str | None, limits: HistoryLimits) -> Conversation:
+        """What the next turn's prompt is rendered from: user items as given, assistant items as heard."""
+        items: list[ConversationItem] = []
+        for entry in self._entries:
+            if isinstance(entry, UserEntry):
+                items.extend(entry.parts)
+            elif entry.status != "in_progress" and (text := entry.history_text()):
+                items.append(AssistantText(text))  # nothing heard: as if it had not been said
+        return Conversation(items=tuple(items), instructions=instructions, limits=limits)
+
+    def prune(self, limits: HistoryLimits) -> None:
+        """Keep whole turns, newest first, while the history limits hold (as the prompt renderer
+        bounds them), and at most ``MAX_UNANSWERED_ITEMS`` unanswered user items."""
+        self._entries = pruned(self._entries, limits)
+
+    def _position_after(self, previous_item_id: str | None) -> int:
+        """Where an item goes after ``previous_item_id``: last when None, first when ``"root"``."""
+        if previous_item_id is None:
+            return len(self._entries)
+        if previous_item_id == "root":
+            return 0
+        for index, entry in enumerate(self._entries):
+            if entry.id == previous_item_id:
+                return index + 1
+        raise ProtocolError("item_not_found", f"No item with id {previous_item_id!r}.", param="previous_item_id")
+
+
+def pruned(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
+    """``entries`` cut to whole turns (user items up to their answer), newest first, within
+    ``limits``; a turn still being answered is always kept, and so are at most
+    ``MAX_UNANSWERED_ITEMS`` trailing user items."""
+    turns: list[list[Entry]] = []
+    pending: list[Entry] = []
+    for entry in entries:
+        pending.append(entry)
+        if isinstance(entry, AssistantEntry):
+            turns.append(pending)
+            pending = []
+    kept: list[list[Entry]] = []
+    clips = 0
+    seconds = 0.0
+    for turn in reversed(turns):
+        audio = [clip for entry in turn if isinstance(entry, UserEntry) for clip in entry.audio_clips()]
+        clips += len(audio)
+        seconds += sum(clip.seconds for clip in audio)
+        in_progress = any(isinstance(entry, AssistantEntry) and entry.status == "in_progress" for entry in turn)
+        if not in_progress and (
+            len(kept) >= limits.max_turns or clips > limits.max_audio_clips or seconds > limits.max_audio_seconds
+        ):
+            break
+        kept.append(turn)
+    pending = pending[-MAX_UNANSWERED_ITEMS:]
+    return [entry for turn in reversed(kept) for entry in turn] + pending
+
+
+# -- client-item readers ------------------------------------------------------------------
+
+
+def decode_pcm16(data: str, param: str) -> np.ndarray:
+    """Base64 PCM16 little-endian mono → float32 in [-1, 1); ``ProtocolError`` naming ``param``."""
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError("invalid_value", f"{param} is not valid base64.", param=param) from None
+    if len(raw) % 2:
+        raise ProtocolError("invalid_value", f"{param} is not whole PCM16 samples (odd byte count).", param=param)
+    return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+
+
+def checked_text(text: str | None, param: str, *, max_chars: int) -> str:
+    if text is None:
+        raise ProtocolError("missing_required_parameter", f"{param} is required.", param=param)
+    if len(text) > max_chars:
+        raise ProtocolError("invalid_value", f"{param} is longer than {max_chars} characters.", param=param)
+    return text
+
+
+def read_user_content(
+    content: list[ClientContentPart], *, input_audio_format: str, max_chars: int
+) -> tuple[tuple[ConversationItem, ...], list[ItemContent]]:
+    """A user message's parts (for the prompt) and its content (as echoed to the client)."""
+    parts: list[ConversationItem] = []
+    echoed: list[ItemContent] = []
+    for index, part in enumerate(content):
+        param = f"item.content[{index}]"
+        if part.type == "input_text":
+            text = checked_text(part.text, f"{param}.text", max_chars=max_chars)
+            parts.append(UserText(text))
+            echoed.append(InputTextContent(text=text))
+        elif part.type == "input_audio":
+            if part.audio is None:
+                raise ProtocolError("missing_required_parameter", f"{param}.audio is required.",
+                                    param=f"{param}.audio")
+            if input_audio_format != "audio/pcm":
+                raise ProtocolError(
+                    "invalid_value", "Base64 audio must be audio/pcm (PCM16, 24 kHz).", param=f"{param}.audio"
+                )
+            pcm24 = decode_pcm16(part.audio, f"{param}.audio")
+            if pcm24.size < MIN_COMMIT_MS * VOICE_RATE // 1000:
+                raise ProtocolError("invalid_value", f"{param}.audio holds less than {MIN_COMMIT_MS} ms.",
+                                    param=f"{param}.audio")
+            pcm16 = soxr.resample(pcm24, VOICE_RATE, SPEECH_RATE).astype(np.float32)
+            parts.append(UserAudio(pcm16))
+            echoed.append(InputAudioContent(transcript=part.transcript))
+        else:
+            raise ProtocolError(
+                "invalid_value", f"A user message takes input_text or input_audio, not {part.type}.",
+                param=f"{param}.type",
+            )
+    return tuple(parts), echoed
+
+
+def read_assistant_item(item_id: str, content: list[ClientContentPart], *, max_chars: int) -> AssistantEntry:
+    """A client-created assistant message: heard in full (the client says it was said)."""
+    if len(content) != 1:
+        raise ProtocolError("invalid_value", "An assistant message takes exactly one content part.",
+                            param="item.content")
+    part = content[0]
+    if part.type in ("output_text", "text"):
+        modality: Modality = "text"
+        text = part.text
+    else:
+        if part.type not in ("output_audio", "audio"):
+            raise ProtocolError("invalid_value", f"An assistant message takes output_text or output_audio, "
+                                f"not {part.type}.", param="item.content[0].type")
+        modality = "audio"
+        text = part.transcript
+    param = "item.content[0].text" if modality == "text" else "item.content[0].transcript"
+    text = checked_text(text, param, max_chars=max_chars)
+    entry = AssistantEntry(item_id, modality, status="completed", heard=text)
+    entry.add_delta(text)
+    return entry

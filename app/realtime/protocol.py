@@ -1,0 +1,658 @@
+"""The OpenAI Realtime protocol (GA names) spoken on the ``oai-events`` data channel.
+
+One pydantic model per client and server event this server speaks, a discriminated union per
+direction, and ``parse_client_event`` for strict validation of what clients send. Event type
+strings live in this module only. Server events carry every field of the GA schema (optional
+ones as ``null``), because OpenAI's own clients validate strictly and drop events that miss
+fields; ``ServerEvent.to_json()`` gives the dict the transport serialises.
+
+Extensions, clearly named and ignored by clients that do not know them:
+- ``response.done`` carries ``latency``: where the time from end of speech to first audio went
+  (see ``ResponseLatency``).
+- sessions and ``response.create`` accept ``temperature`` (the beta name), like OpenAI's beta.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+# The data channel WebRTC clients open for events (OpenAI's name for it).
+EVENTS_CHANNEL = "oai-events"
+
+
+def new_id(prefix: str) -> str:
+    """An id like OpenAI's: ``event_…``, ``item_…``, ``resp_…``, ``sess_…``, ``conv_…``."""
+    return f"{prefix}_{secrets.token_hex(10)}"
+
+
+def _new_event_id() -> str:
+    return new_id("event")
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors as data
+# ---------------------------------------------------------------------------------------------
+
+
+class ProtocolError(Exception):
+    """A client mistake; the session answers it with an ``error`` event and goes on."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        event_id: str | None = None,
+        type: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.event_id = event_id
+        self.type = type
+
+    def for_event(self, event_id: str | None) -> ProtocolError:
+        """The same error naming the client event that caused it."""
+        return ProtocolError(self.code, self.message, param=self.param, event_id=event_id, type=self.type)
+
+    def to_event(self) -> ErrorEvent:
+        return ErrorEvent(
+            error=ErrorDetails(
+                type=self.type, code=self.code, message=self.message, param=self.param, event_id=self.event_id
+            )
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Client events (strict: wrong types are errors, unknown keys are ignored)
+# ---------------------------------------------------------------------------------------------
+
+
+class _ClientModel(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class _ClientEventBase(_ClientModel):
+    event_id: str | None = None
+
+
+class ClientContentPart(_ClientModel):
+    """One part of a message the client creates.
+
+    ``input_text`` and ``input_audio`` (base64 PCM16 in the session's input format) for user
+    messages; ``output_text`` / ``text`` / ``output_audio`` (its ``transcript``) for assistant
+    messages seeded into the history.
+    """
+
+    type: Literal["input_text", "input_audio", "output_text", "text", "output_audio", "audio"]
+    text: str | None = None
+    audio: str | None = None
+    transcript: str | None = None
+
+
+class ClientMessageItem(_ClientModel):
+    type: Literal["message"]
+    role: Literal["user", "assistant", "system"]
+    content: list[ClientContentPart]
+    id: str | None = Field(default=None, min_length=1, max_length=64)
+    object: Literal["realtime.item"] | None = None
+    status: Literal["completed", "incomplete", "in_progress"] | None = None
+
+
+class SessionUpdateEvent(_ClientEventBase):
+    type: Literal["session.update"]
+    # Validated field by field by ``app.realtime.session_config`` (tolerant of OpenAI-only fields).
+    session: dict[str, Any]
+
+
+class InputAudioBufferAppendEvent(_ClientEventBase):
+    type: Literal["input_audio_buffer.append"]
+    audio: str  # base64 PCM16 in the session's input format (transports without a media track)
+
+
+class InputAudioBufferCommitEvent(_ClientEventBase):
+    type: Literal["input_audio_buffer.commit"]
+
+
+class InputAudioBufferClearEvent(_ClientEventBase):
+    type: Literal["input_audio_buffer.clear"]
+
+
+class ConversationItemCreateEvent(_ClientEventBase):
+    type: Literal["conversation.item.create"]
+    item: ClientMessageItem
+    previous_item_id: str | None = None  # None: append; "root": first; an id: right after it
+
+
+class ConversationItemDeleteEvent(_ClientEventBase):
+    type: Literal["conversation.item.delete"]
+    item_id: str
+
+
+class ConversationItemTruncateEvent(_ClientEventBase):
+    type: Literal["conversation.item.truncate"]
+    item_id: str
+    content_index: int = Field(ge=0)
+    audio_end_ms: int = Field(ge=0)
+
+
+class ResponseAudioOutputParams(_ClientModel):
+    format: dict[str, Any] | None = None
+    voice: str | None = None
+
+
+class ResponseAudioParams(_ClientModel):
+    output: ResponseAudioOutputParams | None = None
+
+
+class ResponseCreateParams(_ClientModel):
+    """Per-response overrides of the session; fields this server cannot honour are rejected."""
+
+    instructions: str | None = None
+    output_modalities: list[Literal["audio", "text"]] | None = Field(default=None, min_length=1)
+    modalities: list[Literal["audio", "text"]] | None = Field(default=None, min_length=1)  # beta name
+    max_output_tokens: Annotated[int, Field(ge=1, le=4096)] | Literal["inf"] | None = None
+    max_response_output_tokens: Annotated[int, Field(ge=1, le=4096)] | Literal["inf"] | None = None  # beta
+    audio: ResponseAudioParams | None = None
+    voice: str | None = None  # beta name
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    conversation: Literal["auto"] | None = None  # out-of-band ("none") responses are not supported
+    input: list[Any] | None = None  # a custom context: rejected by the session
+    metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(default=None, max_length=16)
+    tools: list[Any] | None = None  # accepted and ignored: no tool calling
+    tool_choice: Any = None
+
+
+class ResponseCreateEvent(_ClientEventBase):
+    type: Literal["response.create"]
+    response: ResponseCreateParams | None = None
+
+
+class ResponseCancelEvent(_ClientEventBase):
+    type: Literal["response.cancel"]
+    response_id: str | None = None
+
+
+class OutputAudioBufferClearEvent(_ClientEventBase):
+    type: Literal["output_audio_buffer.clear"]
+
+
+ClientEvent = Annotated[
+    SessionUpdateEvent
+    | InputAudioBufferAppendEvent
+    | InputAudioBufferCommitEvent
+    | InputAudioBufferClearEvent
+    | ConversationItemCreateEvent
+    | ConversationItemDeleteEvent
+    | ConversationItemTruncateEvent
+    | ResponseCreateEvent
+    | ResponseCancelEvent
+    | OutputAudioBufferClearEvent,
+    Field(discriminator="type"),
+]
+_client_event_adapter: TypeAdapter[ClientEvent] = TypeAdapter(ClientEvent)
+CLIENT_EVENT_TYPES: tuple[str, ...] = tuple(
+    get_args(model.model_fields["type"].annotation)[0] for model in get_args(get_args(ClientEvent)[0])
+)
+
+# pydantic error types → OpenAI's error codes.
+_MISSING_CODES = {"missing"}
+_TYPE_CODES = {"string_type", "int_type", "float_type", "bool_type", "list_type", "dict_type", "model_type"}
+
+
+def _param_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, str) and not part.isidentifier():
+            continue  # a union member's tag ("constrained-int", "literal['inf']"), not a field
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += part if not path else f".{part}"
+    return path
+
+
+def parse_client_event(raw: str | bytes) -> ClientEvent:
+    """One client event from its JSON text; raises ``ProtocolError`` naming the event's ``event_id``."""
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes | bytearray) else raw
+        data = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError("invalid_json", f"The message is not valid JSON: {exc}") from None
+    # Valid JSON that Python refuses to hold: an integer over 4300 digits (ValueError, CPython's
+    # int_max_str_digits) or nesting deeper than the recursion limit (~1000 levels).
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError("invalid_json", f"The message cannot be decoded: {exc}") from None
+    if not isinstance(data, dict):
+        raise ProtocolError("invalid_json", "A client event must be a JSON object.")
+    event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None
+    event_type = data.get("type")
+    if event_type is None:
+        raise ProtocolError("missing_required_parameter", "Missing required parameter: 'type'.", param="type",
+                            event_id=event_id)
+    if event_type not in CLIENT_EVENT_TYPES:
+        raise ProtocolError(
+            "invalid_value",
+            f"Invalid value: {event_type!r}. Supported values are: {', '.join(CLIENT_EVENT_TYPES)}.",
+            param="type",
+            event_id=event_id,
+        )
+    try:
+        return _client_event_adapter.validate_python(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        loc = tuple(first["loc"][1:])  # the first element is the union tag (the event type)
+        param = _param_path(loc)
+        if first["type"] in _MISSING_CODES:
+            code, message = "missing_required_parameter", f"Missing required parameter: {param!r}."
+        elif first["type"] in _TYPE_CODES:
+            code, message = "invalid_type", f"Invalid type for {param!r}: {first['msg']}."
+        else:
+            code, message = "invalid_value", f"Invalid value for {param!r}: {first['msg']}."
+        raise ProtocolError(code, message, param=param or None, event_id=event_id) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Server events (every GA field present; optional ones are null)
+# ---------------------------------------------------------------------------------------------
+
+
+class _ServerModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _ServerEventBase(_ServerModel):
+    event_id: str = Field(default_factory=_new_event_id)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON-ready dict that goes on the data channel."""
+        return self.model_dump(mode="json")
+
+
+# -- items ---------------------------------------------------------------------------------
+
+
+class InputTextContent(_ServerModel):
+    type: Literal["input_text"] = "input_text"
+    text: str
+
+
+class InputAudioContent(_ServerModel):
+    type: Literal["input_audio"] = "input_audio"
+    transcript: str | None = None  # no input transcription: Qwen3-Omni listens to the audio itself
+
+
+class OutputTextContent(_ServerModel):
+    type: Literal["output_text"] = "output_text"
+    text: str
+
+
+class OutputAudioContent(_ServerModel):
+    type: Literal["output_audio"] = "output_audio"
+    transcript: str
+
+
+ItemContent = InputTextContent | InputAudioContent | OutputTextContent | OutputAudioContent
+ItemStatus = Literal["completed", "incomplete", "in_progress"]
+
+
+class MessageItem(_ServerModel):
+    id: str
+    type: Literal["message"] = "message"
+    object: Literal["realtime.item"] = "realtime.item"
+    status: ItemStatus
+    role: Literal["user", "assistant", "system"]
+    content: list[ItemContent]
+
+
+class ContentPart(_ServerModel):
+    """``response.content_part.*``'s part: ``audio`` (with transcript) or ``text``."""
+
+    type: Literal["audio", "text"]
+    text: str | None = None
+    audio: str | None = None
+    transcript: str | None = None
+
+
+# -- session -------------------------------------------------------------------------------
+
+
+class AudioFormat(_ServerModel):
+    type: Literal["audio/pcm", "audio/pcmu", "audio/pcma"] = "audio/pcm"
+    rate: int | None = 24_000
+
+
+class ServerVadObject(_ServerModel):
+    type: Literal["server_vad"] = "server_vad"
+    threshold: float
+    prefix_padding_ms: int
+    silence_duration_ms: int
+    idle_timeout_ms: int | None
+    create_response: bool
+    interrupt_response: bool
+
+
+class SessionAudioInput(_ServerModel):
+    format: AudioFormat
+    transcription: dict[str, Any] | None = None
+    noise_reduction: dict[str, Any] | None = None
+    turn_detection: ServerVadObject | None
+
+
+class SessionAudioOutput(_ServerModel):
+    format: AudioFormat
+    voice: str
+    speed: float = 1.0
+
+
+class SessionAudio(_ServerModel):
+    input: SessionAudioInput
+    output: SessionAudioOutput
+
+
+class SessionObject(_ServerModel):
+    """The full effective session, as ``session.created`` and ``session.updated`` carry it."""
+
+    type: Literal["realtime"] = "realtime"
+    object: Literal["realtime.session"] = "realtime.session"
+    id: str
+    model: str
+    output_modalities: list[Literal["audio", "text"]]
+    instructions: str
+    tools: list[Any] = Field(default_factory=list)
+    tool_choice: str = "auto"
+    max_output_tokens: int | Literal["inf"]
+    tracing: Any = None
+    truncation: str = "auto"
+    prompt: Any = None
+    expires_at: int
+    audio: SessionAudio
+    include: list[str] | None = None
+    temperature: float  # extension (OpenAI's beta field): Qwen3-Omni samples with it
+
+
+# -- responses -----------------------------------------------------------------------------
+
+
+class StatusError(_ServerModel):
+    type: str
+    code: str | None
+
+
+class StatusDetails(_ServerModel):
+    type: Literal["completed", "cancelled", "incomplete", "failed"]
+    reason: Literal["turn_detected", "client_cancelled", "max_output_tokens", "content_filter"] | None = None
+    error: StatusError | None = None
+
+
+class CachedTokensDetails(_ServerModel):
+    text_tokens: int = 0
+    audio_tokens: int = 0
+    image_tokens: int = 0
+
+
+class InputTokenDetails(_ServerModel):
+    text_tokens: int
+    audio_tokens: int
+    image_tokens: int = 0
+    cached_tokens: int = 0
+    cached_tokens_details: CachedTokensDetails = Field(default_factory=CachedTokensDetails)
+
+
+class OutputTokenDetails(_ServerModel):
+    text_tokens: int
+    audio_tokens: int
+
+
+class ResponseUsage(_ServerModel):
+    total_tokens: int
+    input_tokens: int
+    output_tokens: int
+    input_token_details: InputTokenDetails
+    output_token_details: OutputTokenDetails
+
+
+class ResponseAudioOutput(_ServerModel):
+    format: AudioFormat
+    voice: str
+
+
+class ResponseAudio(_ServerModel):
+    output: ResponseAudioOutput
+
+
+ResponseStatus = Literal["in_progress", "completed", "cancelled", "failed", "incomplete"]
+
+
+class ResponseObject(_ServerModel):
+    object: Literal["realtime.response"] = "realtime.response"
+    id: str
+    status: ResponseStatus
+    status_details: StatusDetails | None = None
+    output: list[MessageItem] = Field(default_factory=list)
+    conversation_id: str
+    output_modalities: list[Literal["audio", "text"]]
+    max_output_tokens: int | Literal["inf"]
+    audio: ResponseAudio
+    usage: ResponseUsage | None = None
+    metadata: dict[str, str] | None = None
+
+
+class ResponseLatency(_ServerModel):
+    """Extension: where the time from end of speech to the first audio went, in milliseconds.
+
+    ``end_of_speech_to_first_audio_ms`` = ``silence_wait_ms`` (audio the VAD waited through
+    before committing; 0 for client commits and text turns) + time from commit to the first
+    audio chunk handed to the output. Of the latter, ``engine_first_audio_ms`` is the engine's
+    own time to first audio (``TurnTimings.first_audio``, including ``queue_wait_ms``) and
+    ``other_ms`` the rest (session, transport to the engine process, event loop).
+    """
+
+    end_of_speech_to_first_audio_ms: float
+    silence_wait_ms: float
+    engine_first_audio_ms: float | None
+    queue_wait_ms: float
+    other_ms: float
+
+
+# -- the events ----------------------------------------------------------------------------
+
+
+class ErrorDetails(_ServerModel):
+    type: str
+    code: str | None
+    message: str
+    param: str | None
+    event_id: str | None
+
+
+class ErrorEvent(_ServerEventBase):
+    type: Literal["error"] = "error"
+    error: ErrorDetails
+
+
+class SessionCreatedEvent(_ServerEventBase):
+    type: Literal["session.created"] = "session.created"
+    session: SessionObject
+
+
+class SessionUpdatedEvent(_ServerEventBase):
+    type: Literal["session.updated"] = "session.updated"
+    session: SessionObject
+
+
+class InputAudioBufferSpeechStartedEvent(_ServerEventBase):
+    type: Literal["input_audio_buffer.speech_started"] = "input_audio_buffer.speech_started"
+    audio_start_ms: int
+    item_id: str
+
+
+class InputAudioBufferSpeechStoppedEvent(_ServerEventBase):
+    type: Literal["input_audio_buffer.speech_stopped"] = "input_audio_buffer.speech_stopped"
+    audio_end_ms: int
+    item_id: str
+
+
+class InputAudioBufferCommittedEvent(_ServerEventBase):
+    type: Literal["input_audio_buffer.committed"] = "input_audio_buffer.committed"
+    item_id: str
+    previous_item_id: str | None
+
+
+class InputAudioBufferTimeoutTriggeredEvent(_ServerEventBase):
+    type: Literal["input_audio_buffer.timeout_triggered"] = "input_audio_buffer.timeout_triggered"
+    audio_start_ms: int
+    audio_end_ms: int
+    item_id: str
+
+
+class InputAudioBufferClearedEvent(_ServerEventBase):
+    type: Literal["input_audio_buffer.cleared"] = "input_audio_buffer.cleared"
+
+
+class ConversationItemAddedEvent(_ServerEventBase):
+    type: Literal["conversation.item.added"] = "conversation.item.added"
+    previous_item_id: str | None
+    item: MessageItem
+
+
+class ConversationItemDoneEvent(_ServerEventBase):
+    type: Literal["conversation.item.done"] = "conversation.item.done"
+    previous_item_id: str | None
+    item: MessageItem
+
+
+class ConversationItemTruncatedEvent(_ServerEventBase):
+    type: Literal["conversation.item.truncated"] = "conversation.item.truncated"
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+class ConversationItemDeletedEvent(_ServerEventBase):
+    type: Literal["conversation.item.deleted"] = "conversation.item.deleted"
+    item_id: str
+
+
+class ResponseCreatedEvent(_ServerEventBase):
+    type: Literal["response.created"] = "response.created"
+    response: ResponseObject
+
+
+class ResponseDoneEvent(_ServerEventBase):
+    type: Literal["response.done"] = "response.done"
+    response: ResponseObject
+    latency: ResponseLatency | None = None  # extension, see ResponseLatency
+
+
+class ResponseOutputItemAddedEvent(_ServerEventBase):
+    type: Literal["response.output_item.added"] = "response.output_item.added"
+    response_id: str
+    output_index: int
+    item: MessageItem
+
+
+class ResponseOutputItemDoneEvent(_ServerEventBase):
+    type: Literal["response.output_item.done"] = "response.output_item.done"
+    response_id: str
+    output_index: int
+    item: MessageItem
+
+
+class _ContentEventBase(_ServerEventBase):
+    response_id: str
+    item_id: str
+    output_index: int
+    content_index: int
+
+
+class ResponseContentPartAddedEvent(_ContentEventBase):
+    type: Literal["response.content_part.added"] = "response.content_part.added"
+    part: ContentPart
+
+
+class ResponseContentPartDoneEvent(_ContentEventBase):
+    type: Literal["response.content_part.done"] = "response.content_part.done"
+    part: ContentPart
+
+
+class ResponseOutputAudioTranscriptDeltaEvent(_ContentEventBase):
+    type: Literal["response.output_audio_transcript.delta"] = "response.output_audio_transcript.delta"
+    delta: str
+
+
+class ResponseOutputAudioTranscriptDoneEvent(_ContentEventBase):
+    type: Literal["response.output_audio_transcript.done"] = "response.output_audio_transcript.done"
+    transcript: str
+
+
+class ResponseOutputAudioDoneEvent(_ContentEventBase):
+    type: Literal["response.output_audio.done"] = "response.output_audio.done"
+
+
+class ResponseOutputTextDeltaEvent(_ContentEventBase):
+    type: Literal["response.output_text.delta"] = "response.output_text.delta"
+    delta: str
+
+
+class ResponseOutputTextDoneEvent(_ContentEventBase):
+    type: Literal["response.output_text.done"] = "response.output_text.done"
+    text: str
+
+
+class OutputAudioBufferStartedEvent(_ServerEventBase):
+    type: Literal["output_audio_buffer.started"] = "output_audio_buffer.started"
+    response_id: str
+
+
+class OutputAudioBufferStoppedEvent(_ServerEventBase):
+    type: Literal["output_audio_buffer.stopped"] = "output_audio_buffer.stopped"
+    response_id: str
+
+
+class OutputAudioBufferClearedEvent(_ServerEventBase):
+    type: Literal["output_audio_buffer.cleared"] = "output_audio_buffer.cleared"
+    response_id: str
+
+
+ServerEvent = Annotated[
+    ErrorEvent
+    | SessionCreatedEvent
+    | SessionUpdatedEvent
+    | InputAudioBufferSpeechStartedEvent
+    | InputAudioBufferSpeechStoppedEvent
+    | InputAudioBufferCommittedEvent
+    | InputAudioBufferClearedEvent
+    | InputAudioBufferTimeoutTriggeredEvent
+    | ConversationItemAddedEvent
+    | ConversationItemDoneEvent
+    | ConversationItemTruncatedEvent
+    | ConversationItemDeletedEvent
+    | ResponseCreatedEvent
+    | ResponseDoneEvent
+    | ResponseOutputItemAddedEvent
+    | ResponseOutputItemDoneEvent
+    | ResponseContentPartAddedEvent
+    | ResponseContentPartDoneEvent
+    | ResponseOutputAudioTranscriptDeltaEvent
+    | ResponseOutputAudioTranscriptDoneEvent
+    | ResponseOutputAudioDoneEvent
+    | ResponseOutputTextDeltaEvent
+    | ResponseOutputTextDoneEvent
+    | OutputAudioBufferStartedEvent
+    | OutputAudioBufferStoppedEvent
+    | OutputAudioBufferClearedEvent,
+    Field(discriminator="type"),
+]
+server_event_adapter: TypeAdapter[ServerEvent] = TypeAdapter(ServerEvent)
+
+
+def event_type(event: type[BaseModel]) -> str:
+    """The wire ``type`` of a server event model, for code that reads events as JSON dicts."""
+    return event.model_fields["type"].default

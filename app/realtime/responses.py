@@ -1,0 +1,228 @@
+"""One response: its settings, and the server events that open, stream and close it.
+
+The event sequences are plain functions that return events, so the order a client sees
+(``response.created`` → ``response.output_item.added`` → ``conversation.item.added`` →
+``response.content_part.added`` … deltas … ``response.output_audio.done`` →
+``response.output_audio_transcript.done`` → ``response.content_part.done`` →
+``response.output_item.done`` → ``conversation.item.done`` → ``response.done``) is tested
+without a running session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from app.realtime.history import AssistantEntry, checked_text
+from app.realtime.protocol import (
+    AudioFormat,
+    ContentPart,
+    ConversationItemAddedEvent,
+    ConversationItemDoneEvent,
+    InputTokenDetails,
+    OutputTokenDetails,
+    ProtocolError,
+    ResponseAudio,
+    ResponseAudioOutput,
+    ResponseContentPartAddedEvent,
+    ResponseContentPartDoneEvent,
+    ResponseCreatedEvent,
+    ResponseCreateParams,
+    ResponseDoneEvent,
+    ResponseLatency,
+    ResponseObject,
+    ResponseOutputAudioDoneEvent,
+    ResponseOutputAudioTranscriptDeltaEvent,
+    ResponseOutputAudioTranscriptDoneEvent,
+    ResponseOutputItemAddedEvent,
+    ResponseOutputItemDoneEvent,
+    ResponseOutputTextDeltaEvent,
+    ResponseOutputTextDoneEvent,
+    ResponseStatus,
+    ResponseUsage,
+    ServerEvent,
+    StatusDetails,
+    StatusError,
+    new_id,
+)
+from app.realtime.session_config import Modality, SessionConfig, read_max_output_tokens, read_voice
+from pipeline.turn import TurnDone, TurnTimings, Usage, Voice
+
+
+@dataclass
+class Response:
+    id: str
+    conversation_id: str
+    modality: Modality
+    voice: Voice
+    temperature: float
+    max_output_tokens: int | None
+    instructions: str | None
+    metadata: dict[str, str] | None
+    started_at: float  # monotonic: commit (VAD) or response.create
+    silence_wait_ms: float = 0.0  # audio the VAD waited through before committing
+    task: asyncio.Task[None] | None = None
+    entry: AssistantEntry | None = None  # set when response.created has been sent
+    cancelling: bool = False
+    cancel_reason: str | None = None
+    first_audio_at: float | None = None
+
+    def object(self, status: ResponseStatus, **fields: Any) -> ResponseObject:
+        return ResponseObject(
+            id=self.id,
+            status=status,
+            conversation_id=self.conversation_id,
+            output_modalities=[self.modality],
+            max_output_tokens="inf" if self.max_output_tokens is None else self.max_output_tokens,
+            audio=ResponseAudio(output=ResponseAudioOutput(format=AudioFormat(), voice=self.voice)),
+            metadata=self.metadata,
+            **fields,
+        )
+
+    @classmethod
+    def for_session(
+        cls, config: SessionConfig, conversation_id: str, started_at: float, silence_wait_ms: float = 0.0
+    ) -> Response:
+        """A response with the session's settings (what the server starts by itself)."""
+        return cls(
+            id=new_id("resp"),
+            conversation_id=conversation_id,
+            modality=config.output_modality,
+            voice=config.voice,
+            temperature=config.temperature,
+            max_output_tokens=config.max_output_tokens,
+            instructions=config.instructions,
+            metadata=None,
+            started_at=started_at,
+            silence_wait_ms=silence_wait_ms,
+        )
+
+    def content_ids(self) -> dict[str, Any]:
+        assert self.entry is not None
+        return {"response_id": self.id, "item_id": self.entry.id, "output_index": 0, "content_index": 0}
+
+    def part(self, text: str) -> ContentPart:
+        if self.modality == "audio":
+            return ContentPart(type="audio", transcript=text)
+        return ContentPart(type="text", text=text)
+
+
+def apply_response_params(response: Response, params: ResponseCreateParams, *, max_chars: int) -> None:
+    """``response.create``'s overrides of the session's settings, each checked (``ProtocolError``)."""
+    if params.input is not None:
+        raise ProtocolError(
+            "invalid_value", "Responses always use the session's conversation; 'input' is not supported.",
+            param="response.input",
+        )
+    modalities = params.output_modalities or params.modalities
+    if modalities:
+        response.modality = "audio" if "audio" in modalities else "text"
+    voice = params.audio.output.voice if params.audio and params.audio.output else params.voice
+    if voice is not None:
+        response.voice = read_voice(voice, "response.audio.output.voice", response.voice)
+    if params.temperature is not None:
+        response.temperature = params.temperature
+    for key in ("max_output_tokens", "max_response_output_tokens"):
+        if key in params.model_fields_set:
+            response.max_output_tokens = read_max_output_tokens(getattr(params, key), f"response.{key}")
+    if params.instructions is not None:
+        response.instructions = checked_text(params.instructions, "response.instructions", max_chars=max_chars)
+    response.metadata = params.metadata
+
+
+def announce_events(response: Response, previous_item_id: str | None) -> list[ServerEvent]:
+    """``response.created`` and the empty output item and part, once ``response.entry`` is set."""
+    entry = response.entry
+    assert entry is not None
+    return [
+        ResponseCreatedEvent(response=response.object("in_progress")),
+        ResponseOutputItemAddedEvent(response_id=response.id, output_index=0, item=entry.item()),
+        ConversationItemAddedEvent(previous_item_id=previous_item_id, item=entry.item()),
+        ResponseContentPartAddedEvent(**response.content_ids(), part=response.part("")),
+    ]
+
+
+def delta_event(response: Response, text: str) -> ServerEvent:
+    if response.modality == "audio":
+        return ResponseOutputAudioTranscriptDeltaEvent(**response.content_ids(), delta=text)
+    return ResponseOutputTextDeltaEvent(**response.content_ids(), delta=text)
+
+
+def finish_events(
+    response: Response,
+    status: ResponseStatus,
+    *,
+    previous_item_id: str | None,
+    reason: str | None = None,
+    done: TurnDone | None = None,
+    error_code: str | None = None,
+) -> list[ServerEvent]:
+    """The events that close the response; marks its item completed or incomplete.
+
+    A response cancelled before it was announced (``response.entry`` unset) gets its
+    ``response.created`` here, so every ``response.done`` has one before it.
+    """
+    entry = response.entry
+    events: list[ServerEvent] = []
+    if entry is None:
+        events.append(ResponseCreatedEvent(response=response.object("in_progress")))
+    else:
+        ids = response.content_ids()
+        if response.modality == "audio":
+            events.append(ResponseOutputAudioDoneEvent(**ids))
+            events.append(ResponseOutputAudioTranscriptDoneEvent(**ids, transcript=entry.text))
+        else:
+            events.append(ResponseOutputTextDoneEvent(**ids, text=entry.text))
+        events.append(ResponseContentPartDoneEvent(**ids, part=response.part(entry.text)))
+        entry.status = "completed" if status == "completed" else "incomplete"
+        events.append(ResponseOutputItemDoneEvent(response_id=response.id, output_index=0, item=entry.item()))
+        events.append(ConversationItemDoneEvent(previous_item_id=previous_item_id, item=entry.item()))
+    details = None
+    if status != "completed":
+        details = StatusDetails(
+            type=status,
+            reason=reason,
+            error=StatusError(type="server_error", code=error_code) if error_code else None,
+        )
+    events.append(
+        ResponseDoneEvent(
+            response=response.object(
+                status,
+                status_details=details,
+                output=[entry.item()] if entry is not None else [],
+                usage=response_usage(done.usage) if done is not None else None,
+            ),
+            latency=latency(response, done.timings if done is not None else None),
+        )
+    )
+    return events
+
+
+def response_usage(usage: Usage) -> ResponseUsage:
+    return ResponseUsage(
+        total_tokens=usage.input_tokens + usage.output_tokens,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        input_token_details=InputTokenDetails(
+            text_tokens=usage.input_text_tokens, audio_tokens=usage.input_audio_tokens
+        ),
+        output_token_details=OutputTokenDetails(
+            text_tokens=usage.output_text_tokens, audio_tokens=usage.output_audio_tokens
+        ),
+    )
+
+
+def latency(response: Response, timings: TurnTimings | None) -> ResponseLatency | None:
+    """Where the time from end of speech to first audio went; None for a response without audio."""
+    if response.first_audio_at is None:
+        return None
+    to_first_audio_ms = response.silence_wait_ms + (response.first_audio_at - response.started_at) * 1000
+    engine_ms = timings.first_audio * 1000 if timings is not None and timings.first_audio is not None else None
+    return ResponseLatency(
+        end_of_speech_to_first_audio_ms=round(to_first_audio_ms, 1),
+        silence_wait_ms=round(response.silence_wait_ms, 1),
+        engine_first_audio_ms=None if engine_ms is None else round(engine_ms, 1),
+        queue_wait_ms=round(timings.queue_wait * 1000, 1) if timings is not None else 0.0,
+        other_ms=round(to_first_audio_ms - response.silence_wait_ms - (engine_ms or 0.0), 1),
+    )

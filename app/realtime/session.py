@@ -1,0 +1,600 @@
+"""RealtimeSession: one conversation, transport-agnostic.
+
+In: 16 kHz float32 PCM (``push_audio``) and client events as JSON text (``handle_message``).
+Out: server events as JSON-ready dicts (``send``) and 24 kHz float32 PCM (``AudioOutput.write``).
+
+The session hears utterances end (server VAD) or takes client commits, runs one engine turn per
+response, streams the answer, and keeps the conversation *as the user heard it* (``history``,
+``ledger``). Turn detection: ``interrupt_response: false`` (default) is half-duplex — from a
+response's start until its audio has played out, plus ``ECHO_TAIL_MS``, speech is heard but not
+acted on; ``true`` is barge-in — speech start cancels the response, clears the output and
+truncates the item; ``null`` is manual mode (``input_audio_buffer.commit`` + ``response.create``).
+docs/SESSION.md has the whole picture.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from app.realtime.gate import EventGate
+from app.realtime.history import AssistantEntry, History
+from app.realtime.input_buffer import AppendDecoder, ManualBuffer
+from app.realtime.ledger import AudioOutput, PlaybackLedger
+from app.realtime.protocol import (
+    ClientEvent,
+    ConversationItemCreateEvent,
+    ConversationItemDeleteEvent,
+    ConversationItemTruncateEvent,
+    InputAudioBufferAppendEvent,
+    InputAudioBufferClearedEvent,
+    InputAudioBufferClearEvent,
+    InputAudioBufferCommitEvent,
+    InputAudioBufferSpeechStartedEvent,
+    InputAudioBufferSpeechStoppedEvent,
+    InputAudioBufferTimeoutTriggeredEvent,
+    OutputAudioBufferClearedEvent,
+    OutputAudioBufferClearEvent,
+    OutputAudioBufferStartedEvent,
+    OutputAudioBufferStoppedEvent,
+    ProtocolError,
+    ResponseCancelEvent,
+    ResponseCreateEvent,
+    ResponseStatus,
+    SessionCreatedEvent,
+    SessionObject,
+    SessionUpdatedEvent,
+    SessionUpdateEvent,
+    new_id,
+    parse_client_event,
+)
+from app.realtime.responses import Response, announce_events, apply_response_params, delta_event, finish_events
+from app.realtime.session_config import SessionConfig, TurnDetection
+from media.rates import SPEECH_RATE
+from media.turn_detection import (
+    SpeechStarted,
+    SpeechStopped,
+    UtteranceCommitted,
+    VoiceActivityDetector,
+)
+from media.vad import SpeechModel
+from pipeline.conversation import Conversation
+from pipeline.turn import AudioChunk, Engine, EngineError, TextDelta, TurnDone, TurnRequest
+
+logger = logging.getLogger(__name__)
+
+SESSION_LIFETIME_S = 3_600  # expires_at in session objects, as OpenAI's 60-minute sessions
+# After the assistant's audio has been sent, its tail is still in the browser's jitter buffer
+# and speaker, and its echo reaches the microphone ~100-300 ms later; half-duplex keeps not
+# listening for this long so that tail is not heard as the user.
+ECHO_TAIL_MS = 400
+# What an idle user "said" when idle_timeout_ms triggers a response: a second of silence.
+IDLE_CLIP_MS = 1_000
+
+
+class RealtimeSession:
+    """One conversation over the OpenAI Realtime protocol; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        vad: SpeechModel,
+        output: AudioOutput,
+        send: Callable[[dict[str, Any]], None],
+        config: SessionConfig | None = None,
+        session_id: str | None = None,
+    ) -> None:
+        self._engine = engine
+        self._output = output
+        self._send = send
+        self._config = config or SessionConfig()
+        self._gate = EventGate(
+            max_bytes=self._config.max_event_bytes,
+            per_second=self._config.max_events_per_second,
+            burst=self._config.max_event_burst,
+        )
+        self.session_id = session_id or new_id("sess")
+        self._conversation_id = new_id("conv")
+        self._expires_at = int(time.time()) + SESSION_LIFETIME_S
+        self._detector = VoiceActivityDetector(vad, (self._config.turn_detection or TurnDetection()).detector_params())
+        self._input_samples = 0  # 16 kHz samples pushed since the session started
+        self._manual = ManualBuffer()
+        self._appends = AppendDecoder()
+        self._history = History()
+        self._speech_item_id: str | None = None  # the user item announced by speech_started
+        self._user_speaking = False  # between SpeechStarted and its commit
+        # Half-duplex: input is not acted on while this is set (see ECHO_TAIL_MS).
+        self._deaf = False
+        self._deaf_until_sample: int | None = None  # when listening may resume, once idle
+        self._idle_since_sample: int | None = None  # the assistant's audio ended here (idle_timeout_ms)
+        self._response: Response | None = None  # generating, or queued behind a cancelling one
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ledger = PlaybackLedger()
+        self._speaking_response_id: str | None = None  # output_audio_buffer.started sent
+        self._last_response_id: str | None = None
+        self._clearing = False  # inside output.clear(), whose stop callback is not a drain
+        self._closed = False
+        self._close_lock = asyncio.Lock()
+        output.set_listener(self)
+
+    # -- public API ------------------------------------------------------------------------
+
+    @property
+    def config(self) -> SessionConfig:
+        return self._config
+
+    async def start(self) -> None:
+        """Announce the session: ``session.created`` with the full effective session."""
+        self._emit(SessionCreatedEvent(session=self._session_object()))
+
+    async def handle_message(self, raw: str | bytes) -> None:
+        """Handle one client event (JSON text); every mistake is answered with an ``error``."""
+        if self._closed:
+            return
+        rejection = self._gate.admit(raw)  # before parsing: a flood or a huge event costs nothing
+        if rejection is not None:
+            self._emit(ProtocolError(rejection.code, rejection.message).to_event())
+            return
+        event_id: str | None = None
+        try:
+            event = parse_client_event(raw)
+            event_id = event.event_id
+            await self._dispatch(event)
+        except ProtocolError as exc:
+            self._emit(exc.to_event() if exc.event_id else exc.for_event(event_id).to_event())
+        except Exception as exc:  # a bug of ours: the client hears of it, the session goes on
+            logger.exception("session %s: handling a client event failed", self.session_id)
+            error = ProtocolError("server_error", f"{type(exc).__name__}: {exc}", event_id=event_id, type="server_error")
+            self._emit(error.to_event())
+
+    def push_audio(self, pcm: np.ndarray) -> None:
+        """16 kHz float32 mono input (from the inbound track); runs the VAD inline, never awaits."""
+        if self._closed:
+            return
+        pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
+        if pcm.size == 0:
+            return
+        self._input_samples += pcm.size
+        turn_detection = self._config.turn_detection
+        if turn_detection is None:
+            self._manual.append(pcm)
+            return
+        for event in self._detector.push(pcm):
+            if isinstance(event, SpeechStarted):
+                self._on_speech_started(event, turn_detection)
+            elif isinstance(event, SpeechStopped):
+                self._on_speech_stopped(event)
+            elif isinstance(event, UtteranceCommitted):
+                self._on_utterance_committed(event, turn_detection)
+        self._maybe_listen_again()
+        self._maybe_time_out(turn_detection)
+
+    async def close(self) -> None:
+        """Cancel the running response and await every task; safe to call twice."""
+        async with self._close_lock:
+            self._closed = True
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks)
+
+    def stats(self) -> dict[str, int]:
+        """Sizes of the per-session structures (metrics; tests check they stay bounded)."""
+        return {
+            "items": len(self._history),
+            "audio_clips": self._history.audio_clip_count(),
+            "playbacks": len(self._ledger),
+            "tasks": len(self._tasks),
+            "manual_buffer_samples": self._manual.samples,
+            "responses": int(self._response is not None),
+        }
+
+    # -- AudioOutput listener --------------------------------------------------------------
+
+    def on_playback_started(self) -> None:
+        if self._closed or self._speaking_response_id is not None:
+            return
+        playback = self._ledger.oldest()
+        if playback is not None:
+            self._speaking_response_id = playback.response_id
+            self._emit(OutputAudioBufferStartedEvent(response_id=playback.response_id))
+
+    def on_playback_stopped(self) -> None:
+        if self._closed or self._clearing:
+            return  # a clear is accounted for by _clear_output itself
+        self._ledger.drained(self._output.played_samples)
+        self._settle_playback()
+
+    # -- client events ---------------------------------------------------------------------
+
+    async def _dispatch(self, event: ClientEvent) -> None:
+        if isinstance(event, SessionUpdateEvent):
+            self._update_session(event)
+        elif isinstance(event, InputAudioBufferAppendEvent):
+            self._append_audio(event)
+        elif isinstance(event, InputAudioBufferCommitEvent):
+            self._commit_manual()
+        elif isinstance(event, InputAudioBufferClearEvent):
+            self._clear_input()
+        elif isinstance(event, ConversationItemCreateEvent):
+            self._create_item(event)
+        elif isinstance(event, ConversationItemDeleteEvent):
+            self._delete_item(event)
+        elif isinstance(event, ConversationItemTruncateEvent):
+            self._truncate_item(event)
+        elif isinstance(event, ResponseCreateEvent):
+            self._create_response(event)
+        elif isinstance(event, ResponseCancelEvent):
+            await self._cancel_response(event)
+        elif isinstance(event, OutputAudioBufferClearEvent):
+            await self._clear_output_by_client()
+
+    def _update_session(self, event: SessionUpdateEvent) -> None:
+        old = self._config
+        new = old.updated(event.session)
+        self._config = new
+        if new.turn_detection != old.turn_detection:
+            if new.turn_detection is None:
+                self._detector.reset()
+                self._speech_item_id = None
+                self._user_speaking = False
+            else:
+                self._detector.update(new.turn_detection.detector_params())
+                if old.turn_detection is None:  # manual audio is not the VAD's business
+                    self._manual.clear()
+            if new.turn_detection is None or new.turn_detection.interrupt_response:
+                self._deaf = False
+                self._deaf_until_sample = None
+        self._emit(SessionUpdatedEvent(session=self._session_object()))
+
+    def _append_audio(self, event: InputAudioBufferAppendEvent) -> None:
+        self.push_audio(self._appends.decode(event.audio, input_audio_format=self._config.input_audio_format))
+
+    def _commit_manual(self) -> None:
+        if self._config.turn_detection is not None:
+            raise ProtocolError(
+                "turn_detection_enabled",
+                "Server VAD commits by itself; set audio.input.turn_detection to null to commit manually.",
+            )
+        self._commit_user_audio(new_id("item"), self._manual.take())
+
+    def _clear_input(self) -> None:
+        self._manual.clear()
+        self._detector.reset()
+        self._speech_item_id = None
+        self._user_speaking = False
+        self._emit(InputAudioBufferClearedEvent())
+
+    def _create_item(self, event: ConversationItemCreateEvent) -> None:
+        for server_event in self._history.create_item(
+            event, input_audio_format=self._config.input_audio_format, max_chars=self._config.max_text_chars
+        ):
+            self._emit(server_event)
+        self._prune()
+
+    def _delete_item(self, event: ConversationItemDeleteEvent) -> None:
+        in_progress = self._response.entry if self._response is not None else None
+        self._emit(self._history.delete_item(event.item_id, in_progress=in_progress))
+
+    def _truncate_item(self, event: ConversationItemTruncateEvent) -> None:
+        self._emit(self._history.truncate_item(event, self._ledger))
+
+    def _create_response(self, event: ResponseCreateEvent) -> None:
+        if self._response is not None and not self._response.cancelling:
+            raise ProtocolError(
+                "conversation_already_has_active_response",
+                f"Conversation already has an active response in progress: {self._response.id}. "
+                "Wait until the response is finished before creating a new one.",
+            )
+        response = self._session_response(time.monotonic())
+        if event.response is not None:
+            apply_response_params(response, event.response, max_chars=self._config.max_text_chars)
+        self._start_response(response)
+
+    async def _cancel_response(self, event: ResponseCancelEvent) -> None:
+        response = self._response
+        if response is None or response.cancelling or (event.response_id not in (None, response.id)):
+            raise ProtocolError(
+                "response_cancel_not_active",
+                "Cancellation failed: no active response found"
+                + (f" with id {event.response_id!r}." if event.response_id else "."),
+            )
+        self._request_cancel(response, "client_cancelled")
+        assert response.task is not None
+        await asyncio.wait({response.task})
+
+    async def _clear_output_by_client(self) -> None:
+        # OpenAI: clearing the output also stops generating the response whose audio it is.
+        response = self._response
+        if response is not None and not response.cancelling:
+            self._request_cancel(response, "client_cancelled")
+            assert response.task is not None
+            await asyncio.wait({response.task})
+        self._clear_output(always_announce=True)
+
+    # -- server VAD ------------------------------------------------------------------------
+
+    def _on_speech_started(self, event: SpeechStarted, turn_detection: TurnDetection) -> None:
+        self._user_speaking = True
+        self._idle_since_sample = None
+        if self._deaf:
+            return
+        self._speech_item_id = new_id("item")
+        self._emit(InputAudioBufferSpeechStartedEvent(audio_start_ms=event.audio_start_ms, item_id=self._speech_item_id))
+        if turn_detection.interrupt_response and self._busy():
+            self._interrupt()
+
+    def _on_speech_stopped(self, event: SpeechStopped) -> None:
+        if self._deaf:
+            return
+        if self._speech_item_id is None:
+            self._speech_item_id = new_id("item")
+        self._emit(InputAudioBufferSpeechStoppedEvent(audio_end_ms=event.audio_end_ms, item_id=self._speech_item_id))
+
+    def _on_utterance_committed(self, event: UtteranceCommitted, turn_detection: TurnDetection) -> None:
+        self._user_speaking = False
+        if self._deaf:
+            return
+        committed_at = time.monotonic()
+        item_id = self._speech_item_id or new_id("item")
+        self._speech_item_id = None
+        self._commit_user_audio(item_id, event.pcm)
+        if not turn_detection.create_response:
+            return
+        if self._response is not None and not self._response.cancelling:
+            logger.info("session %s: utterance %s committed while %s is responding; not answering it",
+                        self.session_id, item_id, self._response.id)
+            return
+        # The VAD committed when the silence wait ended: the input stream is there now (give or
+        # take the rest of this chunk, <= 20 ms from WebRTC).
+        silence_wait_ms = 0.0 if event.forced else float(turn_detection.silence_duration_ms)
+        self._start_response(self._session_response(committed_at, silence_wait_ms))
+
+    def _session_response(self, started_at: float, silence_wait_ms: float = 0.0) -> Response:
+        """A response the server starts by itself, with the session's settings."""
+        return Response.for_session(self._config, self._conversation_id, started_at, silence_wait_ms)
+
+    def _maybe_time_out(self, turn_detection: TurnDetection) -> None:
+        """idle_timeout_ms: no speech for that long after the assistant's audio ended prompts a response.
+
+        Time is counted in input audio (WebRTC delivers 20 ms frames even from a muted mic), so
+        it needs no timer task and is exact in tests.
+        """
+        timeout_ms = turn_detection.idle_timeout_ms
+        idle_since = self._idle_since_sample
+        if timeout_ms is None or idle_since is None or self._busy() or self._user_speaking:
+            return
+        if self._input_samples - idle_since < timeout_ms * SPEECH_RATE // 1000:
+            return
+        self._idle_since_sample = None
+        item_id = new_id("item")
+        self._emit(
+            InputAudioBufferTimeoutTriggeredEvent(
+                audio_start_ms=idle_since * 1000 // SPEECH_RATE,
+                audio_end_ms=self._input_samples * 1000 // SPEECH_RATE,
+                item_id=item_id,
+            )
+        )
+        self._commit_user_audio(item_id, np.zeros(IDLE_CLIP_MS * SPEECH_RATE // 1000, dtype=np.float32))
+        if turn_detection.create_response and self._response is None:
+            self._start_response(self._session_response(time.monotonic()))
+
+    def _commit_user_audio(self, item_id: str, pcm: np.ndarray) -> None:
+        for event in self._history.commit_audio(item_id, pcm):
+            self._emit(event)
+        self._prune()
+
+    # -- half-duplex -----------------------------------------------------------------------
+
+    def _busy(self) -> bool:
+        """The assistant is answering or its audio has not finished playing."""
+        return self._response is not None or len(self._ledger) > 0
+
+    def _maybe_listen_again(self) -> None:
+        if (
+            self._deaf
+            and self._deaf_until_sample is not None
+            and self._input_samples >= self._deaf_until_sample
+            and not self._user_speaking
+        ):
+            # Whatever the VAD holds now began while the assistant spoke (or is its echo).
+            self._detector.reset()
+            self._speech_item_id = None
+            self._deaf = False
+            self._deaf_until_sample = None
+
+    def _on_idle(self) -> None:
+        """The assistant has finished speaking (or answering without audio)."""
+        self._idle_since_sample = self._input_samples
+        if self._deaf:
+            self._deaf_until_sample = self._input_samples + ECHO_TAIL_MS * SPEECH_RATE // 1000
+
+    # -- responses -------------------------------------------------------------------------
+
+    def _start_response(self, response: Response) -> None:
+        previous = self._response.task if self._response is not None else None
+        self._response = response
+        self._last_response_id = response.id
+        self._idle_since_sample = None
+        turn_detection = self._config.turn_detection
+        if turn_detection is not None and not turn_detection.interrupt_response:
+            self._deaf = True
+            self._deaf_until_sample = None
+        task = asyncio.create_task(self._run_response(response, previous), name=f"response {response.id}")
+        response.task = task
+        self._tasks.add(task)
+        task.add_done_callback(self._on_task_done)
+
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("session %s: %s crashed", self.session_id, task.get_name(), exc_info=task.exception())
+
+    def _request_cancel(self, response: Response, reason: str) -> None:
+        response.cancelling = True
+        response.cancel_reason = reason
+        assert response.task is not None
+        response.task.cancel()
+
+    async def _run_response(self, response: Response, previous: asyncio.Task[None] | None) -> None:
+        try:
+            if previous is not None and not previous.done():
+                await asyncio.wait({previous})  # a cancelled response first sends its response.done
+            request = TurnRequest(
+                conversation=self._conversation(response.instructions),
+                voice=response.voice,
+                temperature=response.temperature,
+                max_output_tokens=response.max_output_tokens,
+                output_audio=response.modality == "audio",
+            )
+            self._announce_response(response)
+            done: TurnDone | None = None
+            async with contextlib.aclosing(self._engine.run_turn(request)) as turn:
+                async for event in turn:
+                    if isinstance(event, TextDelta):
+                        self._on_text(response, event.text)
+                    elif isinstance(event, AudioChunk):
+                        self._on_audio(response, event.pcm)
+                    elif isinstance(event, TurnDone):
+                        done = event
+            if done is None:
+                raise EngineError("The engine ended the turn without TurnDone.", code="engine_protocol_error")
+            if done.finish_reason == "length":
+                self._finish_response(response, "incomplete", reason="max_output_tokens", done=done)
+            elif done.finish_reason == "cancelled":
+                self._finish_response(response, "cancelled", reason=response.cancel_reason or "client_cancelled",
+                                      done=done)
+            else:
+                self._finish_response(response, "completed", done=done)
+        except asyncio.CancelledError:
+            self._finish_response(response, "cancelled", reason=response.cancel_reason or "client_cancelled")
+            raise
+        except EngineError as exc:
+            logger.warning("session %s: response %s failed in the engine: %s", self.session_id, response.id, exc)
+            self._finish_response(response, "failed", error=(exc.code, str(exc)))
+        except Exception as exc:
+            logger.exception("session %s: response %s failed", self.session_id, response.id)
+            self._finish_response(response, "failed", error=("server_error", f"{type(exc).__name__}: {exc}"))
+
+    def _announce_response(self, response: Response) -> None:
+        response.entry = AssistantEntry(new_id("item"), response.modality)
+        previous_id = self._history.append(response.entry)
+        for event in announce_events(response, previous_id):
+            self._emit(event)
+
+    def _on_text(self, response: Response, text: str) -> None:
+        if not text or response.entry is None:
+            return
+        response.entry.add_delta(text)
+        self._emit(delta_event(response, text))
+
+    def _on_audio(self, response: Response, pcm: np.ndarray) -> None:
+        if response.modality != "audio" or response.entry is None or pcm.size == 0:
+            return
+        if response.first_audio_at is None:
+            response.first_audio_at = time.monotonic()
+        response.entry.audio_samples += pcm.size
+        self._ledger.write(response.entry.id, response.id, pcm.size, self._output.played_samples)
+        self._output.write(pcm)
+
+    def _finish_response(
+        self,
+        response: Response,
+        status: ResponseStatus,
+        *,
+        reason: str | None = None,
+        done: TurnDone | None = None,
+        error: tuple[str, str] | None = None,
+    ) -> None:
+        entry = response.entry
+        previous_id = self._history.previous_id(entry) if entry is not None else None
+        events = finish_events(
+            response, status, previous_item_id=previous_id, reason=reason, done=done,
+            error_code=error[0] if error else None,
+        )
+        for event in events:
+            self._emit(event)
+        if error is not None:
+            self._emit(ProtocolError(error[0], error[1], type="server_error").to_event())
+        if entry is not None:
+            if entry.audio_samples == 0:  # nothing to hear: text-only, or cut before any audio
+                entry.heard = entry.text if response.modality == "text" else ""
+                self._prune()
+            else:
+                self._ledger.complete(entry.id)
+        if self._response is response:
+            self._response = None
+        self._settle_playback()
+
+    # -- playback --------------------------------------------------------------------------
+
+    def _settle_playback(self) -> None:
+        """Retire items whose audio has played out; announce when the assistant stopped speaking."""
+        played = self._output.played_samples
+        finished = self._ledger.pop_finished(played)
+        for playback in finished:
+            self._history.settle(playback, played)
+        if len(self._ledger) == 0:
+            if self._speaking_response_id is not None:
+                response_id = finished[-1].response_id if finished else self._speaking_response_id
+                self._speaking_response_id = None
+                self._emit(OutputAudioBufferStoppedEvent(response_id=response_id))
+            if self._response is None:
+                self._on_idle()
+        if finished:
+            self._prune()
+
+    def _interrupt(self) -> None:
+        """Barge-in: the user started speaking over the assistant."""
+        response = self._response
+        if response is not None and not response.cancelling:
+            self._request_cancel(response, "turn_detected")
+        self._clear_output(always_announce=False)
+
+    def _clear_output(self, *, always_announce: bool) -> None:
+        """Drop unplayed audio; items keep what was heard (``conversation.item.truncated``)."""
+        had_audio = len(self._ledger) > 0
+        self._clearing = True
+        try:
+            self._output.clear()
+        finally:
+            self._clearing = False
+        played = self._output.played_samples
+        cut = self._ledger.cut(played)
+        response_id = cut[0].response_id if cut else self._last_response_id
+        if (had_audio or always_announce) and response_id is not None:
+            self._emit(OutputAudioBufferClearedEvent(response_id=response_id))
+        self._speaking_response_id = None
+        for event in self._history.settle_cut(cut, played):
+            self._emit(event)
+        if cut:
+            self._prune()
+        if self._response is None:
+            self._on_idle()
+
+    # -- history ---------------------------------------------------------------------------
+
+    def _conversation(self, instructions: str | None) -> Conversation:
+        return self._history.conversation(instructions, self._config.history)
+
+    def _prune(self) -> None:
+        self._history.prune(self._config.history)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _session_object(self) -> SessionObject:
+        return self._config.to_session_object(
+            session_id=self.session_id, model=self._engine.name, expires_at=self._expires_at
+        )
+
+    def _emit(self, event: Any) -> None:
+        if not self._closed:
+            self._send(event.to_json())

@@ -1,0 +1,334 @@
+"""The effective session: what ``session.update`` may change, read tolerantly, applied atomically.
+
+OpenAI clients send ``session.update`` right after the data channel opens, with fields this
+server does not implement. The reader accepts GA nesting (``audio.input.turn_detection``…) and
+the older flat beta keys (``voice``, ``turn_detection``, ``modalities``…), ignores what does not
+apply (``model``, ``tools``, ``tracing``, noise reduction, transcription, output speed), maps
+what has a sensible meaning (``semantic_vad`` → server VAD whose silence wait follows
+``eagerness``; OpenAI voice names → the current Qwen voice) and rejects only values that are
+really wrong. One bad value rejects the whole update: nothing changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from app.realtime.protocol import (
+    AudioFormat,
+    ProtocolError,
+    ServerVadObject,
+    SessionAudio,
+    SessionAudioInput,
+    SessionAudioOutput,
+    SessionObject,
+)
+from media.turn_detection import TurnDetectionParams
+from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, HistoryLimits
+from pipeline.turn import VOICES, Voice
+
+Modality = Literal["audio", "text"]
+AudioFormatType = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
+
+MAX_OUTPUT_TOKENS_LIMIT = 4096  # OpenAI's bound for max_output_tokens
+MAX_TEMPERATURE = 2.0
+# OpenAI's voice names: accepted from unchanged OpenAI clients, mapped to the session's Qwen voice.
+OPENAI_VOICES = frozenset(
+    {"alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar", "fable", "onyx", "nova"}
+)
+# semantic_vad has no semantic model here; its eagerness picks the silence wait of server VAD.
+# OpenAI: "low" waits longer for the user to continue, "high" answers quickly, "auto" = "medium".
+# 500 ms is server VAD's default; low doubles it plus margin, high cuts it to ~1/3 s.
+SILENCE_MS_BY_EAGERNESS = {"low": 1200, "medium": 700, "auto": 700, "high": 350}
+_BETA_AUDIO_FORMATS: dict[str, AudioFormatType] = {
+    "pcm16": "audio/pcm",
+    "g711_ulaw": "audio/pcmu",
+    "g711_alaw": "audio/pcma",
+}
+
+
+@dataclass(frozen=True)
+class TurnDetection:
+    """Server VAD settings (``audio.input.turn_detection``)."""
+
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    create_response: bool = True
+    # Half-duplex by default: with speakers (no headset) the assistant's own voice reaches the
+    # microphone, and barge-in would let it interrupt itself.
+    interrupt_response: bool = False
+    # No speech for this long after the assistant's audio ended: the server prompts a response.
+    idle_timeout_ms: int | None = None
+
+    def detector_params(self) -> TurnDetectionParams:
+        """What the voice activity detector takes of these settings."""
+        return TurnDetectionParams(
+            threshold=self.threshold,
+            prefix_padding_ms=self.prefix_padding_ms,
+            silence_duration_ms=self.silence_duration_ms,
+        )
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    instructions: str | None = None  # None: Qwen3-Omni's default speech system prompt
+    voice: Voice = "ethan"
+    output_modality: Modality = "audio"
+    temperature: float = 0.8
+    max_output_tokens: int | None = None  # None: "inf"
+    turn_detection: TurnDetection | None = field(default_factory=TurnDetection)  # None: manual commits
+    input_audio_format: AudioFormatType = "audio/pcm"  # of base64 audio in events (WebRTC uses Opus)
+    output_audio_format: AudioFormatType = "audio/pcm"
+    # Server-side, not in the protocol:
+    history: HistoryLimits = field(default_factory=HistoryLimits)
+    max_text_chars: int = 16_000  # one input_text or the instructions; Settings.max_text_chars
+    # Client events past these are answered with an error and dropped (app.realtime.gate.EventGate);
+    # Settings.max_event_bytes, max_events_per_second, max_event_burst.
+    max_event_bytes: int = 262_144
+    max_events_per_second: float = 50.0
+    max_event_burst: int = 100
+
+    @classmethod
+    def from_session(cls, session: Mapping[str, Any], *, base: SessionConfig | None = None) -> SessionConfig:
+        """A config from a (partial) session object: the ``session`` of an offer or client secret."""
+        return (base or cls()).updated(session)
+
+    @property
+    def effective_instructions(self) -> str:
+        return DEFAULT_SYSTEM_PROMPT if self.instructions is None else self.instructions
+
+    def updated(self, session: Mapping[str, Any]) -> SessionConfig:
+        """This config with ``session`` (a ``session.update``'s object) applied; raises ``ProtocolError``."""
+        return _SessionReader(self, session).read()
+
+    def to_session_object(self, *, session_id: str, model: str, expires_at: int) -> SessionObject:
+        td = self.turn_detection
+        return SessionObject(
+            id=session_id,
+            model=model,
+            output_modalities=[self.output_modality],
+            instructions=self.effective_instructions,
+            max_output_tokens="inf" if self.max_output_tokens is None else self.max_output_tokens,
+            expires_at=expires_at,
+            temperature=self.temperature,
+            audio=SessionAudio(
+                input=SessionAudioInput(
+                    format=_format_object(self.input_audio_format),
+                    turn_detection=None
+                    if td is None
+                    else ServerVadObject(
+                        threshold=td.threshold,
+                        prefix_padding_ms=td.prefix_padding_ms,
+                        silence_duration_ms=td.silence_duration_ms,
+                        idle_timeout_ms=td.idle_timeout_ms,
+                        create_response=td.create_response,
+                        interrupt_response=td.interrupt_response,
+                    ),
+                ),
+                output=SessionAudioOutput(format=_format_object(self.output_audio_format), voice=self.voice),
+            ),
+        )
+
+
+def _format_object(format_type: AudioFormatType) -> AudioFormat:
+    return AudioFormat(type=format_type, rate=24_000 if format_type == "audio/pcm" else None)
+
+
+class _SessionReader:
+    """Reads one session object into a new config; the first bad value raises ``ProtocolError``."""
+
+    def __init__(self, base: SessionConfig, session: Mapping[str, Any]) -> None:
+        self._base = base
+        self._session = session
+        self._changes: dict[str, Any] = {}
+
+    def read(self) -> SessionConfig:
+        s = self._session
+        if not isinstance(s, Mapping):
+            raise _invalid("session", "must be an object")
+        if "type" in s and s["type"] != "realtime":
+            raise _invalid("session.type", "must be 'realtime' (transcription sessions are not supported)")
+        if "model" in s and not isinstance(s["model"], str):
+            raise _invalid("session.model", "must be a string")
+        if "instructions" in s:
+            value = s["instructions"]
+            if value is not None and not isinstance(value, str):
+                raise _invalid("session.instructions", "must be a string")
+            if value is not None and len(value) > self._base.max_text_chars:
+                raise _invalid("session.instructions", f"longer than {self._base.max_text_chars} characters")
+            self._changes["instructions"] = value
+        for key in ("output_modalities", "modalities"):
+            if key in s:
+                self._changes["output_modality"] = _modality(s[key], f"session.{key}")
+        for key in ("max_output_tokens", "max_response_output_tokens"):
+            if key in s:
+                self._changes["max_output_tokens"] = read_max_output_tokens(s[key], f"session.{key}")
+        if "temperature" in s:
+            self._changes["temperature"] = read_temperature(s["temperature"], "session.temperature")
+        # Beta flat keys first, so that GA nesting wins when a client sends both.
+        if "voice" in s:
+            self._voice(s["voice"], "session.voice")
+        if "speed" in s:
+            _speed(s["speed"], "session.speed")
+        if "input_audio_format" in s:
+            self._changes["input_audio_format"] = _beta_format(s["input_audio_format"], "session.input_audio_format")
+        if "output_audio_format" in s:
+            self._changes["output_audio_format"] = _beta_format(s["output_audio_format"], "session.output_audio_format")
+        if "turn_detection" in s:
+            self._changes["turn_detection"] = _turn_detection(s["turn_detection"], "session.turn_detection")
+        for key in ("input_audio_noise_reduction", "input_audio_transcription"):
+            if key in s and s[key] is not None and not isinstance(s[key], Mapping):
+                raise _invalid(f"session.{key}", "must be an object or null")
+        if "audio" in s:
+            self._audio(s["audio"])
+        if "tools" in s and not isinstance(s["tools"], list):
+            raise _invalid("session.tools", "must be an array")
+        # tool_choice, tracing, truncation, prompt, include: accepted, and not implemented.
+        return dataclasses.replace(self._base, **self._changes)
+
+    def _voice(self, value: Any, param: str) -> None:
+        self._changes["voice"] = read_voice(value, param, self._changes.get("voice", self._base.voice))
+
+    def _audio(self, audio: Any) -> None:
+        if audio is None:
+            return
+        if not isinstance(audio, Mapping):
+            raise _invalid("session.audio", "must be an object")
+        audio_input = _object_or_none(audio.get("input"), "session.audio.input")
+        if audio_input:
+            if "format" in audio_input:
+                self._changes["input_audio_format"] = _format(audio_input["format"], "session.audio.input.format")
+            for key in ("noise_reduction", "transcription"):
+                _object_or_none(audio_input.get(key), f"session.audio.input.{key}")
+            if "turn_detection" in audio_input:
+                self._changes["turn_detection"] = _turn_detection(
+                    audio_input["turn_detection"], "session.audio.input.turn_detection"
+                )
+        audio_output = _object_or_none(audio.get("output"), "session.audio.output")
+        if audio_output:
+            if "format" in audio_output:
+                self._changes["output_audio_format"] = _format(audio_output["format"], "session.audio.output.format")
+            if "voice" in audio_output:
+                self._voice(audio_output["voice"], "session.audio.output.voice")
+            if "speed" in audio_output:
+                _speed(audio_output["speed"], "session.audio.output.speed")
+
+
+def _invalid(param: str, why: str) -> ProtocolError:
+    return ProtocolError("invalid_value", f"Invalid value for {param!r}: {why}.", param=param)
+
+
+def _object_or_none(value: Any, param: str) -> Mapping[str, Any] | None:
+    if value is not None and not isinstance(value, Mapping):
+        raise _invalid(param, "must be an object or null")
+    return value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _modality(value: Any, param: str) -> Modality:
+    if not isinstance(value, list) or not value or any(m not in ("audio", "text") for m in value):
+        raise _invalid(param, 'must be ["audio"] or ["text"]')
+    # Beta clients send ["text", "audio"]: audio output always carries its text transcript.
+    return "audio" if "audio" in value else "text"
+
+
+def read_max_output_tokens(value: Any, param: str) -> int | None:
+    """``max_output_tokens``: 1–4096 or ``"inf"`` (``None``)."""
+    if value == "inf" or value is None:
+        return None
+    if not _is_int(value) or not 1 <= value <= MAX_OUTPUT_TOKENS_LIMIT:
+        raise _invalid(param, f'must be an integer from 1 to {MAX_OUTPUT_TOKENS_LIMIT} or "inf"')
+    return value
+
+
+def read_temperature(value: Any, param: str) -> float:
+    if not _is_number(value) or not 0.0 <= value <= MAX_TEMPERATURE:
+        raise _invalid(param, f"must be a number from 0 to {MAX_TEMPERATURE}")
+    return float(value)
+
+
+def read_voice(value: Any, param: str, current: Voice) -> Voice:
+    """A Qwen voice name; OpenAI voice names keep ``current``."""
+    if not isinstance(value, str):
+        raise _invalid(param, "must be a string")
+    name = value.lower()
+    if name in VOICES:
+        return name
+    if name in OPENAI_VOICES:
+        return current
+    raise _invalid(param, f"unknown voice {value!r}; Qwen3-Omni speaks as {', '.join(VOICES)}")
+
+
+def _speed(value: Any, param: str) -> None:
+    # OpenAI's range; the speed itself is not applied (Qwen3-Omni speaks at its own pace).
+    if not _is_number(value) or not 0.25 <= value <= 1.5:
+        raise _invalid(param, "must be a number from 0.25 to 1.5")
+
+
+def _format(value: Any, param: str) -> AudioFormatType:
+    if not isinstance(value, Mapping):
+        raise _invalid(param, "must be an object like {type: 'audio/pcm', rate: 24000}")
+    format_type = value.get("type", "audio/pcm")
+    if format_type not in ("audio/pcm", "audio/pcmu", "audio/pcma"):
+        raise _invalid(f"{param}.type", "must be 'audio/pcm', 'audio/pcmu' or 'audio/pcma'")
+    if format_type == "audio/pcm" and value.get("rate", 24_000) != 24_000:
+        raise _invalid(f"{param}.rate", "must be 24000")
+    return format_type
+
+
+def _beta_format(value: Any, param: str) -> AudioFormatType:
+    if not isinstance(value, str) or value not in _BETA_AUDIO_FORMATS:  # a list or object is unhashable
+        raise _invalid(param, "must be 'pcm16', 'g711_ulaw' or 'g711_alaw'")
+    return _BETA_AUDIO_FORMATS[value]
+
+
+def _turn_detection(value: Any, param: str) -> TurnDetection | None:
+    """A turn detection object; omitted fields take their defaults (the object sent is the object used)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise _invalid(param, "must be an object or null")
+    kind = value.get("type", "server_vad")
+    defaults = TurnDetection()
+    changes: dict[str, Any] = {}
+    if kind == "semantic_vad":
+        eagerness = value.get("eagerness", "auto")
+        if not isinstance(eagerness, str) or eagerness not in SILENCE_MS_BY_EAGERNESS:
+            raise _invalid(f"{param}.eagerness", "must be 'low', 'medium', 'high' or 'auto'")
+        changes["silence_duration_ms"] = SILENCE_MS_BY_EAGERNESS[eagerness]
+    elif kind == "server_vad":
+        if "threshold" in value:
+            threshold = value["threshold"]
+            if not _is_number(threshold) or not 0.0 < threshold < 1.0:
+                raise _invalid(f"{param}.threshold", "must be a number between 0 and 1 (exclusive)")
+            changes["threshold"] = float(threshold)
+        for key in ("prefix_padding_ms", "silence_duration_ms"):
+            if key in value:
+                # 10 s bounds both: longer prefixes or waits are mistakes, not preferences.
+                if not _is_int(value[key]) or not 0 <= value[key] <= 10_000:
+                    raise _invalid(f"{param}.{key}", "must be an integer from 0 to 10000")
+                changes[key] = value[key]
+        if "idle_timeout_ms" in value:
+            idle = value["idle_timeout_ms"]
+            if idle is not None and (not _is_int(idle) or idle < 0):
+                raise _invalid(f"{param}.idle_timeout_ms", "must be a non-negative integer or null")
+            changes["idle_timeout_ms"] = idle
+    else:
+        raise _invalid(f"{param}.type", "must be 'server_vad' or 'semantic_vad'")
+    for key in ("create_response", "interrupt_response"):
+        if key in value:
+            if not isinstance(value[key], bool):
+                raise _invalid(f"{param}.{key}", "must be a boolean")
+            changes[key] = value[key]
+    return dataclasses.replace(defaults, **changes)

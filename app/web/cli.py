@@ -1,0 +1,232 @@
+"""``omni-rtc``: serve, build the dev model, or place calls from the command line.
+
+argparse rather than typer: it is the standard library (typer is not a dependency of the
+package), and three subcommands with repeatable flags need nothing more. Flags override
+the OMNI_RTC_* environment, which overrides the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from app.config import Settings
+
+# Flag -> Settings field, for the flags `serve` passes on only when given.
+SERVE_FLAGS = {
+    "host": "host",
+    "port": "port",
+    "model": "model",
+    "device": "device",
+    "dtype": "dtype",
+    "seed": "seed",
+    "generation": "generation",
+    "engine_threads": "engine_threads",
+    "attn_implementation": "attn_implementation",
+    "cache_dir": "cache_dir",
+    "ice_server": "ice_servers",
+    "ice_loopback": "ice_loopback",
+    "cors_origin": "cors_origins",
+    "max_sessions": "max_sessions",
+    "disconnect_timeout": "disconnect_timeout_s",
+    "api_key": "api_key",
+    "allow_unauthenticated_public": "allow_unauthenticated_public",
+    "log_level": "log_level",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="omni-rtc", description="Talk to Qwen3-Omni over WebRTC.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the server (flags override OMNI_RTC_* variables)")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8000)")
+    serve.add_argument("--model", help="checkpoint directory or Hugging Face id (default: the built-in dev model)")
+    serve.add_argument("--device", help="torch device: auto, cpu, cuda, cuda:1 ... (default auto)")
+    serve.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
+    serve.add_argument("--seed", type=int, help="make turns reproducible")
+    serve.add_argument(
+        "--generation", type=json.loads, metavar="JSON", help='generation options for every turn, e.g. \'{"max_audio_frames": 250}\''
+    )
+    serve.add_argument("--engine-threads", type=int, help="torch CPU threads in the engine process")
+    serve.add_argument(
+        "--attn-implementation", choices=["sdpa", "eager", "flash_attention_2"], help="attention kernels (default: transformers' choice, sdpa)"
+    )
+    serve.add_argument("--cache-dir", type=Path, help="where the dev model is built (default ~/.cache/omni-rtc)")
+    serve.add_argument(
+        "--ice-server", action="append", metavar="URL", help="STUN/TURN server URL (stun:host:port, turn:host:port?transport=udp); repeatable"
+    )
+    serve.add_argument(
+        "--ice-loopback",
+        action="store_const",
+        const=True,
+        help="gather ICE candidates on 127.0.0.1 only (tests, clients on this machine)",
+    )
+    serve.add_argument("--cors-origin", action="append", metavar="ORIGIN", help="allow browser calls from ORIGIN; repeatable")
+    serve.add_argument("--max-sessions", type=int, help="concurrent calls before 429 (default 16)")
+    serve.add_argument("--disconnect-timeout", type=float, metavar="SECONDS", help="end a call whose peer sent no media this long (default 10)")
+    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or an ek_ client secret) to place calls")
+    serve.add_argument(
+        "--allow-unauthenticated-public",
+        action="store_const",
+        const=True,
+        help="allow a non-loopback --host without an API key",
+    )
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+
+    dev_model = commands.add_parser("dev-model", help="build the tiny random-weight Qwen3-Omni checkpoint")
+    dev_model.add_argument("--out", type=Path, help="output directory (default: the cache the server uses)")
+    dev_model.add_argument(
+        "--layout",
+        choices=["fused", "hub"],
+        default="fused",
+        help="fused: transformers' own (default); hub: the published checkpoint's shards and per-expert tensors",
+    )
+
+    call = commands.add_parser("call", help="call a server: say each WAV, save each answer")
+    call.add_argument("url", help="server base URL, e.g. http://127.0.0.1:8000")
+    call.add_argument("--wav", type=Path, action="append", required=True, help="an utterance to say; repeatable, said in order")
+    call.add_argument("--out", type=Path, required=True, help="directory for the received answers (WAV)")
+    call.add_argument("--json", action="store_true", help="print one JSON document instead of lines")
+    call.add_argument("--sessions", type=int, default=1, help="concurrent calls, each saying every WAV (default 1)")
+    call.add_argument("--ice-loopback", action="store_true", help="gather ICE candidates on 127.0.0.1 only")
+    call.add_argument("--ice-server", action="append", default=[], metavar="URL", help="STUN/TURN server URL; repeatable")
+    call.add_argument("--session", type=json.loads, metavar="JSON", help='session config sent with the offer, e.g. \'{"max_output_tokens": 64}\'')
+    call.add_argument("--api-key", help="bearer token: the server's API key or an ek_ client secret")
+    call.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS", help="for connecting and for each turn (default 120)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "dev-model":
+        return _dev_model(args)
+    return asyncio.run(_call(args))
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    given = {field: getattr(args, flag) for flag, field in SERVE_FLAGS.items() if getattr(args, flag, None) is not None}
+    return Settings(**given)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        settings = _settings(args)
+    except ValidationError as exc:
+        print(f"omni-rtc serve: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvicorn
+
+    from app.web.server import create_app
+
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+    return 0
+
+
+def _dev_model(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from pipeline.devmodel import build_dev_model, ensure_dev_model
+
+    if args.out is not None:
+        path = build_dev_model(args.out, layout=args.layout)
+    else:
+        path = ensure_dev_model(Settings().cache_dir, layout=args.layout)
+    print(path)
+    return 0
+
+
+def read_utterance(path: Path) -> np.ndarray:
+    """A WAV as float32 mono at 16 kHz (the rate the client speaks)."""
+    import soundfile
+    import soxr
+
+    pcm, rate = soundfile.read(path, dtype="float32", always_2d=True)
+    mono = pcm.mean(axis=1)
+    return mono if rate == 16_000 else soxr.resample(mono, rate, 16_000).astype(np.float32)
+
+
+async def _call(args: argparse.Namespace) -> int:
+    if args.sessions < 1:
+        print("omni-rtc call: --sessions must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        utterances = [(path, read_utterance(path)) for path in args.wav]
+    except (OSError, RuntimeError) as exc:  # soundfile raises RuntimeError subclasses for bad files
+        print(f"omni-rtc call: cannot read a WAV: {exc}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = await asyncio.gather(*(_one_session(args, index, utterances) for index in range(1, args.sessions + 1)))
+    ok = all(result["ok"] for result in results)
+    if args.json:
+        print(json.dumps({"ok": ok, "sessions": results}, indent=2))
+    return 0 if ok else 1
+
+
+async def _one_session(args: argparse.Namespace, index: int, utterances: list[tuple[Path, np.ndarray]]) -> dict[str, Any]:
+    import httpx
+    import soundfile
+
+    from app.webrtc.client import ClientError, RealtimeClient
+
+    result: dict[str, Any] = {"session": index, "call": None, "turns": [], "ok": False, "error": None}
+    out_dir = args.out / f"session-{index}" if args.sessions > 1 else args.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        async with RealtimeClient(
+            args.url,
+            api_key=args.api_key,
+            session=args.session,
+            ice_loopback=args.ice_loopback,
+            ice_servers=args.ice_server,
+            timeout_s=args.timeout,
+        ) as client:
+            result["call"] = client.call_location
+            if not args.json:
+                print(f"session {index} connected: {client.call_location}", flush=True)
+            for number, (path, pcm) in enumerate(utterances, start=1):
+                turn = await client.speak(pcm)
+                saved = out_dir / f"turn-{number}.wav"
+                soundfile.write(saved, turn.audio, turn.sample_rate, subtype="PCM_16")
+                summary = {
+                    "turn": number,
+                    "input": str(path),
+                    "status": turn.status,
+                    "transcript": turn.transcript,
+                    "audio_seconds": round(turn.audio_seconds, 3),
+                    "audible_seconds": round(turn.audible_seconds, 3),
+                    "latency_s": None if turn.latency_s is None else round(turn.latency_s, 3),
+                    "usage": turn.usage,
+                    "output": str(saved),
+                }
+                result["turns"].append(summary)
+                if not args.json:
+                    latency = "-" if turn.latency_s is None else f"{turn.latency_s:.2f} s"
+                    print(
+                        f"session {index} turn {number} [{turn.status}] {turn.audio_seconds:.2f} s audio "
+                        f"({turn.audible_seconds:.2f} s audible), "
+                        f"end of speech -> first audio {latency}: {turn.transcript!r}",
+                        flush=True,
+                    )
+                if turn.status not in ("completed", "incomplete"):  # incomplete: max_output_tokens reached
+                    raise ClientError(f"turn {number} ended {turn.status}: {turn.response.get('status_details')}")
+        result["ok"] = True
+    except (ClientError, OSError, TimeoutError, httpx.HTTPError) as exc:
+        result["error"] = str(exc)
+        print(f"omni-rtc call: session {index}: {exc}", file=sys.stderr)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Wrappers around the shared engine, as the sessions are given it.
+
+Every wrapper keeps one forwarding contract (:class:`EngineWrapper`): it changes only
+``run_turn``; ``name`` and every other attribute (``alive``, ``restarts``, ``queue_depth``...)
+read through to the wrapped engine, and ``start``/``close`` belong to whoever owns the wrapped
+engine, so a wrapper never starts or closes it. The server stacks them as
+``MeteredEngine(StallTimeoutEngine(engine))``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from app.web.metrics import Metrics
+from pipeline.turn import Engine, EngineError, TurnDone, TurnEvent, TurnRequest
+
+
+class EngineWrapper:
+    """An :class:`~pipeline.turn.Engine` that reads through to the engine it wraps."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.name = engine.name
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def start(self) -> None:
+        """The wrapped engine is started by its owner."""
+
+    async def close(self) -> None:
+        """The wrapped engine is closed by its owner."""
+
+    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+        return self._engine.run_turn(request)
+
+
+class StallTimeoutEngine(EngineWrapper):
+    """Turns fail instead of hanging.
+
+    A turn that yields nothing for ``stall_timeout_s`` (queue wait included) is cancelled in
+    the wrapped engine and raises :class:`EngineError` with code ``engine_timeout``; the
+    session ends that response ``failed`` and serves the next turn.
+    """
+
+    def __init__(self, engine: Engine, *, stall_timeout_s: float) -> None:
+        super().__init__(engine)
+        self._stall_timeout_s = stall_timeout_s
+
+    async def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+        async with contextlib.aclosing(self._engine.run_turn(request)) as turn:
+            while True:
+                try:
+                    async with asyncio.timeout(self._stall_timeout_s):
+                        event = await anext(turn)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    raise EngineError(
+                        f"The engine produced nothing for {self._stall_timeout_s:g} s; the response was cancelled.",
+                        code="engine_timeout",
+                    ) from None
+                yield event
+
+
+class MeteredEngine(EngineWrapper):
+    """Records each finished turn's engine timings, and engine errors, in :class:`Metrics`.
+
+    Closing a turn's iterator closes the wrapped one (the turn is cancelled).
+    """
+
+    def __init__(self, engine: Engine, metrics: Metrics) -> None:
+        super().__init__(engine)
+        self._metrics = metrics
+
+    async def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+        try:
+            async with contextlib.aclosing(self._engine.run_turn(request)) as events:
+                async for event in events:
+                    if isinstance(event, TurnDone):
+                        self._observe(event)
+                    yield event
+        except EngineError as exc:
+            self._metrics.errors.labels(type="engine_error", code=exc.code).inc()
+            raise
+
+    def _observe(self, done: TurnDone) -> None:
+        timings = done.timings
+        self._metrics.engine_queue_wait.observe(timings.queue_wait)
+        if timings.first_text is not None:
+            self._metrics.thinker_first_token.observe(timings.first_text)

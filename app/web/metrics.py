@@ -1,0 +1,171 @@
+"""Prometheus metrics: one registry per app, fed by the call glue and an engine wrapper.
+
+Nothing here needs the session's cooperation. The numbers come from the two streams the
+glue already sees:
+
+- the server events a session sends (``response.done`` status, ``error`` type, the speech
+  and playback events whose wall-clock spacing is the user-facing latency), read by a
+  per-call :class:`CallObserver`;
+- the engine's own ``TurnDone.timings`` (queue wait, time to first Thinker token), read by
+  :class:`app.web.engines.MeteredEngine`, which wraps the shared engine the sessions are given.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from app.realtime.protocol import (
+    InputAudioBufferCommittedEvent,
+    InputAudioBufferSpeechStoppedEvent,
+    OutputAudioBufferStartedEvent,
+    ResponseCreatedEvent,
+    ResponseDoneEvent,
+    SessionCreatedEvent,
+    SessionUpdatedEvent,
+    event_type,
+)
+from media.rates import SPEECH_RATE
+
+_SESSION_CONFIGURED = (event_type(SessionCreatedEvent), event_type(SessionUpdatedEvent))
+_SPEECH_STOPPED = event_type(InputAudioBufferSpeechStoppedEvent)
+_COMMITTED = event_type(InputAudioBufferCommittedEvent)
+_RESPONSE_CREATED = event_type(ResponseCreatedEvent)
+_AUDIO_STARTED = event_type(OutputAudioBufferStartedEvent)
+_RESPONSE_DONE = event_type(ResponseDoneEvent)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+# Seconds. Voice latency matters from ~100 ms (noticeable) to tens of seconds (CPU dev model
+# under load); turn durations run up to minutes for long answers.
+LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+DURATION_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class Metrics:
+    """Every metric of one server; ``render()`` is the ``/metrics`` body."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.sessions_open = Gauge("omni_rtc_sessions_open", "Calls with an open session.", registry=r)
+        self.calls = Counter(
+            "omni_rtc_calls", "Calls ended, by why they ended.", ["reason"], registry=r
+        )
+        self.turns = Counter(
+            "omni_rtc_turns", "Responses finished, by response.done status.", ["status"], registry=r
+        )
+        self.errors = Counter(
+            "omni_rtc_errors", "Errors by type: error events sent, engine and signaling failures.",
+            ["type", "code"], registry=r,
+        )
+        self.end_of_utterance_delay = Histogram(
+            "omni_rtc_end_of_utterance_delay_seconds",
+            "From the end of speech to the server VAD's speech_stopped: the session's silence wait "
+            "plus the input audio received while the VAD caught up.",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.time_to_first_audio = Histogram(
+            "omni_rtc_time_to_first_audio_seconds",
+            "From speech_stopped (or commit, or response.created for text turns) to the first "
+            "answer audio sent on the outbound track. Plus the end-of-utterance delay: what the user waits.",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.thinker_first_token = Histogram(
+            "omni_rtc_thinker_first_token_seconds",
+            "Engine: from turn submission to the first Thinker text token (includes queue wait).",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.engine_queue_wait = Histogram(
+            "omni_rtc_engine_queue_wait_seconds",
+            "Engine: time a turn waited for the engine before it started.",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.turn_duration = Histogram(
+            "omni_rtc_turn_duration_seconds",
+            "From response.created to response.done.",
+            buckets=DURATION_BUCKETS, registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def observer(self, clock: Callable[[], float] = time.monotonic) -> CallObserver:
+        return CallObserver(self, clock)
+
+
+class CallObserver:
+    """Reads one call's server events and inbound audio, and turns their timing into metrics."""
+
+    def __init__(self, metrics: Metrics, clock: Callable[[], float]) -> None:
+        self._metrics = metrics
+        self._clock = clock
+        self._input_samples = 0
+        self._silence_ms = 0  # the session's turn_detection.silence_duration_ms, from its events
+        self._turn_start: float | None = None  # wall clock the user-facing latency counts from
+        self._awaiting_first_audio = False
+        self._responses_created: dict[str, float] = {}
+
+    def on_input_audio(self, samples: int) -> None:
+        """16 kHz samples handed to the session so far feed the end-of-utterance delay."""
+        self._input_samples += samples
+
+    def on_server_event(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        now = self._clock()
+        if kind in _SESSION_CONFIGURED:
+            self._silence_ms = _silence_duration_ms(event.get("session") or {})
+        elif kind == _SPEECH_STOPPED:
+            # audio_end_ms is where the VAD decided: the silence wait after the speech, already heard.
+            received_ms = self._input_samples * 1000 / SPEECH_RATE
+            audio_end_ms = event.get("audio_end_ms")
+            if isinstance(audio_end_ms, int | float):
+                lag_ms = max(0.0, received_ms - audio_end_ms)
+                self._metrics.end_of_utterance_delay.observe((self._silence_ms + lag_ms) / 1000)
+            self._turn_start = now
+        elif kind == _COMMITTED and self._turn_start is None:
+            self._turn_start = now  # manual commit: no speech_stopped came first
+        elif kind == _RESPONSE_CREATED:
+            response_id = _response_id(event)
+            if response_id is not None:
+                self._responses_created[response_id] = now
+            if self._turn_start is None:
+                self._turn_start = now  # a text turn, or response.create after a manual commit
+            self._awaiting_first_audio = True
+        elif kind == _AUDIO_STARTED and self._awaiting_first_audio:
+            if self._turn_start is not None:
+                self._metrics.time_to_first_audio.observe(now - self._turn_start)
+            self._awaiting_first_audio = False
+            self._turn_start = None
+        elif kind == _RESPONSE_DONE:
+            response = event.get("response") or {}
+            self._metrics.turns.labels(status=str(response.get("status", "unknown"))).inc()
+            created = self._responses_created.pop(str(response.get("id")), None)
+            if created is not None:
+                self._metrics.turn_duration.observe(now - created)
+            if not self._awaiting_first_audio:
+                return
+            # A response that ended without audio (text only, failed, cancelled) has no
+            # first-audio figure; the next turn's clock starts afresh.
+            self._awaiting_first_audio = False
+            self._turn_start = None
+        elif kind == "error":
+            error = event.get("error") or {}
+            self._metrics.errors.labels(
+                type=str(error.get("type", "unknown")), code=str(error.get("code") or "")
+            ).inc()
+
+
+def _silence_duration_ms(session: dict[str, Any]) -> int:
+    turn_detection = ((session.get("audio") or {}).get("input") or {}).get("turn_detection") or {}
+    value = turn_detection.get("silence_duration_ms")
+    return int(value) if isinstance(value, int | float) else 0
+
+
+def _response_id(event: dict[str, Any]) -> str | None:
+    response = event.get("response") or {}
+    value = response.get("id")
+    return str(value) if value is not None else None

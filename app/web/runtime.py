@@ -1,0 +1,31 @@
+"""What the server's lifespan builds and every route reads: the engine, the VAD, the calls."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from app.web.errors import ApiError
+from app.webrtc.call import CallRegistry
+from media.vad import SileroVad
+from pipeline.turn import Engine
+
+
+@dataclass
+class Runtime:
+    """Present on ``app.state.runtime`` while the app serves."""
+
+    engine: Engine
+    for_sessions: Engine  # the engine as sessions get it
+    model: str
+    vad: SileroVad
+    calls: CallRegistry
+
+
+def runtime_of(request: Request) -> Runtime:
+    """The serving runtime, or 503 while the server starts or stops."""
+    runtime: Runtime | None = getattr(request.app.state, "runtime", None)
+    if runtime is None:
+        raise ApiError(503, "The server is starting or stopping.", type="server_error", code="unavailable")
+    return runtime

@@ -1,0 +1,163 @@
+"""The HTTP server: signaling (``app.web.signaling``), client secrets, health, metrics and the page.
+
+``create_app(settings)`` builds a FastAPI app whose lifespan starts what every call shares
+(the engine and the Silero VAD) and, on shutdown, closes every open call before the engine.
+An engine passed in is the caller's: the app uses it but neither starts nor closes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.middleware.cors import CORSMiddleware
+
+from app.config import Settings
+from app.realtime.protocol import ProtocolError
+from app.realtime.session_config import SessionConfig
+from app.web.auth import Authenticator, install_auth
+from app.web.debug import debug_router
+from app.web.engines import MeteredEngine, StallTimeoutEngine
+from app.web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from app.web.metrics import Metrics
+from app.web.runtime import Runtime
+from app.web.signaling import call_rtc_configuration, signaling_router
+from app.webrtc.call import CallRegistry
+from media.vad import SileroVad
+from pipeline.turn import Engine
+
+logger = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
+SDP_CONTENT_TYPE = "application/sdp"
+
+
+def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
+    metrics = Metrics()
+    authenticator = Authenticator(settings.api_key.get_secret_value() if settings.api_key else None)
+    call_rtc_configuration(settings)  # a bad ICE server URL fails here, at start-up, not per call
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            if engine is None:
+                serving, model = await _start_engine(settings)
+                stack.push_async_callback(serving.close)
+            else:
+                serving, model = engine, getattr(engine, "name", type(engine).__name__)
+            vad = await asyncio.to_thread(SileroVad.load)
+            calls = CallRegistry(
+                settings.max_sessions,
+                on_count=metrics.sessions_open.set,
+                on_closed=lambda call, reason: metrics.calls.labels(reason=reason).inc(),
+            )
+            # Registered last, so it runs first: calls (and their engine turns) end before the engine.
+            stack.push_async_callback(calls.close_all)
+            # Sessions get the engine with stalled turns failed (not hung) and timings recorded.
+            for_sessions = MeteredEngine(StallTimeoutEngine(serving, stall_timeout_s=settings.turn_stall_timeout_s), metrics)
+            app.state.runtime = Runtime(engine=serving, for_sessions=for_sessions, model=model, vad=vad, calls=calls)
+            logger.info("serving %s on http://%s:%d", model, settings.host, settings.port)
+            try:
+                yield
+            finally:
+                del app.state.runtime
+
+    app = FastAPI(title="omni-rtc", lifespan=lifespan)
+    base_config = _base_session_config(settings)
+
+    def resolve_session(partial: dict[str, Any] | None) -> dict[str, Any]:
+        """The effective session a client secret's call will start with (``ValueError`` when wrong)."""
+        try:
+            config = SessionConfig.from_session(partial or {}, base=base_config)
+        except ProtocolError as exc:
+            raise ValueError(exc.message) from None
+        runtime = getattr(app.state, "runtime", None)
+        model = runtime.for_sessions.name if runtime is not None else "unknown"
+        return config.to_session_object(session_id="", model=model, expires_at=0).model_dump(mode="json")
+
+    install_auth(app, authenticator, resolve_session)
+    app.include_router(signaling_router(settings, authenticator, metrics, base_config))
+    app.include_router(debug_router())
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            # OpenAI clients send authorization, content-type and their own x-… headers;
+            # "*" answers a preflight with exactly the headers it asked for.
+            allow_headers=["*"],
+            expose_headers=["Location"],
+            max_age=600,
+        )
+
+    @app.get("/healthz")
+    async def healthz(request: Request) -> JSONResponse:
+        runtime = getattr(request.app.state, "runtime", None)
+        if runtime is None:
+            return JSONResponse({"status": "starting", "sessions": 0}, status_code=503)
+        alive = bool(getattr(runtime.engine, "alive", True))
+        return JSONResponse(
+            {
+                "status": "ok" if alive else "degraded",
+                "model": runtime.model,
+                "sessions": len(runtime.calls),
+                "max_sessions": settings.max_sessions,
+                "engine": {
+                    "alive": alive,
+                    "restarts": int(getattr(runtime.engine, "restarts", 0)),
+                    "queue_depth": int(getattr(runtime.engine, "queue_depth", 0)),
+                },
+            },
+            status_code=200 if alive else 503,
+        )
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+    # The page and its files (index.html names js/main.js and style.css relatively), after every
+    # route above so that none of them is shadowed.
+    app.mount("/", StaticFiles(directory=STATIC_DIR, html=True, check_dir=False), name="static")
+    return app
+
+
+def _base_session_config(settings: Settings) -> SessionConfig:
+    """What every session starts from: the server-side limits of the settings."""
+    return SessionConfig(
+        max_text_chars=settings.max_text_chars,
+        max_event_bytes=settings.max_event_bytes,
+        max_events_per_second=settings.max_events_per_second,
+        max_event_burst=settings.max_event_burst,
+    )
+
+
+async def _start_engine(settings: Settings) -> tuple[Engine, str]:
+    # Imported here: the engine pulls in torch and transformers, which the CLI's other
+    # commands and the client never need.
+    from pipeline.devmodel import ensure_dev_model
+    from pipeline.engine import TransformersEngine
+
+    if settings.model is None:
+        model_dir = await asyncio.to_thread(ensure_dev_model, settings.cache_dir)
+        model = str(model_dir)
+        logger.info("no model given: using the dev model at %s", model_dir)
+    else:
+        model = settings.model
+    engine = TransformersEngine(
+        model,
+        device=settings.device,
+        dtype=settings.dtype,
+        seed=settings.seed,
+        generation=settings.generation,
+        threads=settings.engine_threads,
+        attn_implementation=settings.attn_implementation,
+    )
+    await engine.start()
+    return engine, model

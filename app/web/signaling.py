@@ -1,0 +1,228 @@
+"""Signaling: ``POST /v1/realtime/calls`` (an SDP offer in, an SDP answer out) and hang-up.
+
+The offer is read with a size bound and checked before aiortc sees it, so every malformed
+offer is a 400 or 413 with a message, never a 500. A call past ``--max-sessions`` is a 429
+with ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from aiortc import RTCConfiguration
+from aiortc import sdp as aiortc_sdp
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from app.config import Settings
+from app.realtime.ledger import AudioOutput
+from app.realtime.protocol import ProtocolError
+from app.realtime.session import RealtimeSession
+from app.realtime.session_config import SessionConfig
+from app.web.auth import Authenticator, CallGrant
+from app.web.errors import ApiError, rate_limited
+from app.web.metrics import Metrics
+from app.web.runtime import runtime_of
+from app.webrtc.call import Call, CapacityError, OfferError, SessionFactory
+from app.webrtc.ice import rtc_configuration
+
+logger = logging.getLogger(__name__)
+
+SDP_CONTENT_TYPE = "application/sdp"
+# How long a client turned away for capacity should wait: about one short voice turn.
+CAPACITY_RETRY_AFTER_S = 30
+
+
+def signaling_router(
+    settings: Settings, authenticator: Authenticator, metrics: Metrics, base_config: SessionConfig
+) -> APIRouter:
+    """The calls routes; the runtime (engine, VAD, calls) is read per request from the app."""
+    router = APIRouter()
+
+    @router.post("/v1/realtime/calls", status_code=201)
+    async def create_call(request: Request, grant: CallGrant = Depends(authenticator.authorize_call)) -> Response:
+        runtime = runtime_of(request)
+        offer, session = await _read_offer(request, settings)
+        config = _session_config({**(grant.session or {}), **(session or {})}, base_config)
+
+        def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
+            return RealtimeSession(engine=runtime.for_sessions, vad=runtime.vad, output=output, send=send, config=config)
+
+        try:
+            call = runtime.calls.admit(lambda on_closed: _new_call(settings, make_session, metrics, on_closed))
+        except CapacityError:
+            metrics.errors.labels(type="rate_limit_error", code="too_many_sessions").inc()
+            raise capacity_error(settings.max_sessions) from None
+        try:
+            answer = await call.answer(offer)
+        except OfferError as exc:
+            await call.close("bad_offer")
+            metrics.errors.labels(type="invalid_request_error", code="invalid_sdp").inc()
+            raise ApiError(400, str(exc), code="invalid_sdp") from None
+        except BaseException:
+            await call.close("signaling_failed")
+            raise
+        logger.info("call %s: answered (%d open)", call.id, len(runtime.calls))
+        return Response(
+            answer,
+            status_code=201,
+            media_type=SDP_CONTENT_TYPE,
+            headers={"Location": f"/v1/realtime/calls/{call.id}"},
+        )
+
+    @router.delete("/v1/realtime/calls/{call_id}", status_code=204)
+    @router.post("/v1/realtime/calls/{call_id}/hangup", status_code=204)  # OpenAI's name for it
+    async def hang_up(call_id: str, request: Request) -> Response:
+        await authenticator.require_api_key(request)
+        call = runtime_of(request).calls.get(call_id)
+        if call is None:
+            raise ApiError(404, f"No open call {call_id!r}.", code="call_not_found", param="call_id")
+        await call.close("hangup")
+        return Response(status_code=204)
+
+    return router
+
+
+def capacity_error(max_sessions: int) -> ApiError:
+    return rate_limited(
+        f"The server is serving its maximum of {max_sessions} sessions; try again shortly.",
+        code="too_many_sessions",
+        retry_after_s=CAPACITY_RETRY_AFTER_S,
+    )
+
+
+def call_rtc_configuration(settings: Settings) -> RTCConfiguration:
+    """The ICE servers every call uses; a bad URL raises ``ValueError`` naming it."""
+    credential = settings.turn_credential.get_secret_value() if settings.turn_credential else None
+    return rtc_configuration(settings.ice_servers, username=settings.turn_username, credential=credential)
+
+
+def _new_call(
+    settings: Settings, make_session: SessionFactory, metrics: Metrics, on_closed: Callable[[Call, str], None]
+) -> Call:
+    return Call(
+        make_session=make_session,
+        configuration=call_rtc_configuration(settings),
+        ice_loopback=settings.ice_loopback,
+        connect_timeout_s=settings.connect_timeout_s,
+        disconnect_timeout_s=settings.disconnect_timeout_s,
+        max_duration_s=settings.max_session_s,
+        observer=metrics.observer(),
+        on_closed=on_closed,
+    )
+
+
+async def _read_offer(request: Request, settings: Settings) -> tuple[str, dict[str, Any] | None]:
+    """The SDP offer and the optional session config, from a raw or a multipart body."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "multipart/form-data":
+        form = await request.form()
+        sdp_field = form.get("sdp")
+        if sdp_field is None:
+            raise ApiError(400, "The multipart offer has no 'sdp' field.", code="invalid_sdp", param="sdp")
+        sdp_bytes = await sdp_field.read() if hasattr(sdp_field, "read") else str(sdp_field).encode()
+        session_field = form.get("session")
+        session = None
+        if session_field is not None:
+            raw = await session_field.read() if hasattr(session_field, "read") else str(session_field).encode()
+            session = _parse_session_json(raw)
+        return check_offer_sdp(sdp_bytes, max_bytes=settings.max_sdp_bytes), session
+    if content_type not in ("", SDP_CONTENT_TYPE, "text/plain"):
+        raise ApiError(
+            415,
+            f"Send the offer as {SDP_CONTENT_TYPE} (or multipart/form-data with 'sdp' and 'session'), not {content_type}.",
+            code="unsupported_media_type",
+        )
+    body = await read_offer_body(request, max_bytes=settings.max_sdp_bytes)
+    return check_offer_sdp(body, max_bytes=settings.max_sdp_bytes), None
+
+
+def _parse_session_json(raw: bytes) -> dict[str, Any]:
+    try:
+        session = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, f"The 'session' field is not JSON: {exc}", param="session") from None
+    if not isinstance(session, dict):
+        raise ApiError(400, "The 'session' field must be a JSON object.", param="session")
+    return session
+
+
+async def read_offer_body(request: Request, *, max_bytes: int) -> bytes:
+    """The request body, or :class:`ApiError` 413 as soon as it is known to pass ``max_bytes``.
+
+    Never holds more than ``max_bytes`` plus one chunk: a client cannot make the server read a
+    gigabyte to learn that it is too big.
+    """
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise _sdp_too_large(f"{int(declared)} bytes", max_bytes)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_bytes:
+            raise _sdp_too_large(f"over {max_bytes} bytes", max_bytes)
+    return bytes(body)
+
+
+def _sdp_too_large(size: str, max_bytes: int) -> ApiError:
+    return ApiError(
+        413, f"SDP offer is {size}; the limit is {max_bytes} (browser offers are 3-8 KB).", code="sdp_too_large"
+    )
+
+
+def check_offer_sdp(body: bytes, *, max_bytes: int) -> str:
+    """The offer as text, or :class:`ApiError` 413 (too big) / 400 (not an SDP offer we can read)."""
+    if len(body) > max_bytes:
+        raise _sdp_too_large(f"{len(body)} bytes", max_bytes)
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError(400, "SDP offer is not UTF-8 text.", code="invalid_sdp") from None
+    if not text.lstrip().startswith("v=0"):
+        raise ApiError(400, "SDP offer must start with 'v=0' (RFC 8866).", code="invalid_sdp")
+    try:
+        description = aiortc_sdp.SessionDescription.parse(text)
+    # aiortc's parser signals malformed lines with whatever its unpacking hits (ValueError,
+    # AssertionError, IndexError, KeyError, StopIteration for an a=fmtp without its a=rtpmap...);
+    # on untrusted input every one of them means the same: the offer is malformed.
+    except Exception as exc:
+        raise ApiError(400, f"SDP offer could not be parsed: {exc or type(exc).__name__}", code="invalid_sdp") from None
+    if not description.media:
+        raise ApiError(400, "SDP offer has no media sections (m= lines).", code="invalid_sdp")
+    for index, media in enumerate(description.media):
+        section = f"m={media.kind} section #{index + 1}"
+        # aiortc dereferences these without checking; WebRTC offers always carry them (RFC 8829).
+        if media.ice is None or not media.ice.usernameFragment or not media.ice.password:
+            raise ApiError(400, f"SDP offer's {section} has no a=ice-ufrag / a=ice-pwd.", code="invalid_sdp")
+        if media.dtls is None or not media.dtls.fingerprints:
+            raise ApiError(
+                400, f"SDP offer's {section} has no a=fingerprint and a=setup (DTLS).", code="invalid_sdp"
+            )
+        # RFC 8866 makes sendrecv the default, but aiortc's answer needs the attribute spelled out.
+        if media.kind != "application" and media.direction is None:
+            raise ApiError(
+                400, f"SDP offer's {section} has no direction (a=sendrecv, a=recvonly...).", code="invalid_sdp"
+            )
+    # RFC 8843: a BUNDLE group names m= sections by their mid. aiortc trusts it and would bundle
+    # the other sections onto the transport of a missing one (None), failing later with a 500.
+    mids = {media.rtp.muxId for media in description.media}
+    for group in description.group:
+        missing = [str(mid) for mid in group.items if str(mid) not in mids]
+        if missing:
+            raise ApiError(
+                400,
+                f"SDP offer's a=group:{group.semantic} names mid {', '.join(missing)}, which no m= section has.",
+                code="invalid_sdp",
+            )
+    return text
+
+
+def _session_config(partial: dict[str, Any], base: SessionConfig) -> SessionConfig:
+    try:
+        return SessionConfig.from_session(partial, base=base)
+    except ProtocolError as exc:
+        param = f"session.{exc.param}" if exc.param and not exc.param.startswith("session") else exc.param or "session"
+        raise ApiError(400, f"Invalid session: {exc.message}", code=exc.code, param=param) from None

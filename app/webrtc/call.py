@@ -1,0 +1,409 @@
+"""WebRTC glue: one :class:`Call` per peer moves bytes between aiortc and a RealtimeSession.
+
+The session is transport-agnostic; a call gives it
+
+- the peer's audio (``media.inbound.InboundAudio`` on the remote track → ``push_audio``),
+- an output (``media.outbound.OutboundAudioTrack``, sent as the answer's audio track),
+- a ``send`` callback that puts each server event on the ``oai-events`` data channel as JSON
+  (events sent before the peer opens the channel wait and go out, in order, on open),
+
+and feeds the channel's messages to ``handle_message`` one at a time, in order.
+
+A call ends when the peer closes, ICE/DTLS fails, the peer never connects
+(``connect_timeout_s``), or a connected peer stops sending media (``disconnect_timeout_s``;
+aiortc has no "disconnected" state and notices a vanished peer only when ICE consent expires,
+~30 s). Ending releases everything the call owns: the message reader, the session (its
+running response and engine work), the inbound reader, the outbound track and the peer
+connection. :class:`CallRegistry` holds the open calls; the server closes them all on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+import numpy as np
+from aiortc import MediaStreamTrack, RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc.exceptions import InternalError, InvalidAccessError, InvalidStateError, OperationError
+
+from app.realtime.protocol import EVENTS_CHANNEL, ProtocolError
+from app.web.metrics import CallObserver
+from app.webrtc.ice import loopback_candidates
+from media.inbound import InboundAudio, release_audio_promptly
+from media.outbound import OutboundAudioTrack
+
+logger = logging.getLogger(__name__)
+
+# Events a session may send before the peer opens the channel: session.created and, for a
+# client that is slow to open it, a few more. Past this the call is not being listened to.
+MAX_PENDING_EVENTS = 1_000
+# Client events received but not yet handled. The session's event gate admits ~20/s in bursts
+# of ~50; a peer that outruns the handler by this much is flooding, and its excess is dropped
+# (with an error event) before it can grow the call's memory.
+MAX_QUEUED_MESSAGES = 256
+
+
+class Session(Protocol):
+    """What a call needs of ``app.realtime.session.RealtimeSession``."""
+
+    async def start(self) -> None: ...
+    async def handle_message(self, raw: str | bytes) -> None: ...
+    def push_audio(self, pcm: np.ndarray) -> None: ...
+    async def close(self) -> None: ...
+    def on_playback_started(self) -> None: ...
+    def on_playback_stopped(self) -> None: ...
+
+
+SessionFactory = Callable[[OutboundAudioTrack, Callable[[dict[str, Any]], None]], Session]
+
+
+class OfferError(ValueError):
+    """The SDP offer cannot be answered (malformed, or without the media a call needs)."""
+
+
+def new_call_id() -> str:
+    return "rtc_" + secrets.token_hex(12)
+
+
+class Call:
+    """One peer connection and the session it carries."""
+
+    def __init__(
+        self,
+        *,
+        make_session: SessionFactory,
+        configuration: RTCConfiguration,
+        ice_loopback: bool = False,
+        connect_timeout_s: float = 30.0,
+        disconnect_timeout_s: float = 10.0,
+        max_duration_s: float | None = None,
+        observer: CallObserver | None = None,
+        on_closed: Callable[[Call, str], None] | None = None,
+        call_id: str | None = None,
+    ) -> None:
+        self.id = call_id or new_call_id()
+        self._make_session = make_session
+        self._configuration = configuration
+        self._ice_loopback = ice_loopback
+        self._connect_timeout_s = connect_timeout_s
+        self._disconnect_timeout_s = disconnect_timeout_s
+        self._max_duration_s = max_duration_s
+        self._observer = observer
+        self._on_closed = on_closed
+
+        self._loop = asyncio.get_running_loop()
+        self._pc: RTCPeerConnection | None = None
+        self._session: Session | None = None
+        self._inbound: InboundAudio | None = None
+        self._channel: RTCDataChannel | None = None
+        self._pending_events: deque[str] = deque()
+        self._messages: asyncio.Queue[str | bytes] = asyncio.Queue(MAX_QUEUED_MESSAGES)
+        self._connected = False
+        self._last_media_at: float | None = None  # loop time of the last inbound frame
+        self._wakeup = asyncio.Event()  # state changed: connected, inbound media seen, or end
+        self._end_reason: str | None = None
+        self._resources = contextlib.AsyncExitStack()
+        self._supervisor: asyncio.Task[None] | None = None
+        self._released = False
+        self.closed = asyncio.Event()
+
+    async def answer(self, offer_sdp: str) -> str:
+        """Accepts the offer and returns the SDP answer, its ICE candidates complete.
+
+        Raises :class:`OfferError` for an offer that cannot be answered; the caller then
+        closes the call (whatever was set up is released by :meth:`close`).
+        """
+        if self._pc is not None:
+            raise InvalidStateError("a call answers one offer")
+        pc = RTCPeerConnection(self._configuration)
+        self._pc = pc
+        self._resources.push_async_callback(pc.close)
+        output = OutboundAudioTrack()
+        self._resources.callback(output.stop)
+        session = self._make_session(output, self._send)
+        self._session = session
+        self._resources.push_async_callback(session.close)
+        output.set_listener(session)
+
+        pc.on("connectionstatechange", self._on_connection_state)
+        pc.on("datachannel", self._on_datachannel)
+        pc.on("track", self._on_track)
+
+        try:
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+        except (
+            ValueError, KeyError, IndexError, TypeError, InvalidAccessError, InvalidStateError, InternalError,
+            OperationError,
+        ) as exc:
+            # aiortc's SDP parser reports malformed input with whatever the failing line raised;
+            # OperationError: an m= section with no codec aiortc can use (found by fuzzing).
+            raise OfferError(f"the SDP offer could not be parsed: {exc or type(exc).__name__}") from exc
+        if not any(t.kind == "audio" for t in pc.getTransceivers()):
+            raise OfferError("the SDP offer has no audio m-line; a call needs one (sendrecv or recvonly)")
+        if pc.sctp is None:
+            raise OfferError(
+                f"the SDP offer has no data channel (m=application); open one named {EVENTS_CHANNEL!r} before offering"
+            )
+        for transceiver in pc.getTransceivers():
+            if transceiver.kind == "audio":
+                release_audio_promptly(transceiver.receiver)
+        pc.addTrack(output)
+        answer = await pc.createAnswer()
+        # aiortc gathers every candidate inside setLocalDescription, so the answer is complete.
+        with loopback_candidates(self._ice_loopback):
+            await pc.setLocalDescription(answer)
+
+        await session.start()
+        self._supervisor = asyncio.create_task(self._supervise(), name=f"call {self.id}")
+        return pc.localDescription.sdp
+
+    def end(self, reason: str) -> None:
+        """Asks the call to end; the supervisor releases it. Safe from any callback, any number of times."""
+        if self._end_reason is None:
+            self._end_reason = reason
+        self._wakeup.set()
+
+    async def close(self, reason: str = "closed") -> None:
+        """Ends the call and waits until everything it owns is released. Safe twice."""
+        self.end(reason)
+        if self._supervisor is not None:
+            # Shielded: a caller that gives up waiting must not cut the release short.
+            await asyncio.shield(self._supervisor)
+        else:
+            await self._release()
+
+    # -- supervision ---------------------------------------------------------------
+
+    async def _supervise(self) -> None:
+        reader = asyncio.create_task(self._read_messages(), name=f"call {self.id} events")
+        try:
+            try:
+                async with asyncio.timeout(self._max_duration_s):
+                    reason = await self._watch()
+            except TimeoutError:
+                reason = "max_duration"
+                await self._tell_expired()
+            self.end(reason)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            await self._release()
+
+    async def _tell_expired(self) -> None:
+        """Says why the call ends (OpenAI's ``session_expired`` error) and lets it reach the peer."""
+        assert self._max_duration_s is not None
+        self._send(
+            ProtocolError(
+                "session_expired",
+                f"Your session hit the maximum duration of {self._max_duration_s / 60:g} minutes.",
+            ).to_event().to_json()
+        )
+        channel = self._channel
+        if channel is None or channel.readyState != "open":
+            return
+        # Closing the peer connection aborts SCTP: give the event up to a second to leave.
+        # aiortc emits bufferedamountlow when the buffer falls to its threshold (0).
+        drained = asyncio.Event()
+        channel.on("bufferedamountlow", drained.set)
+        try:
+            if channel.bufferedAmount > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(1.0):
+                        await drained.wait()
+        finally:
+            channel.remove_listener("bufferedamountlow", drained.set)
+
+    async def _watch(self) -> str:
+        """Returns why the call ends: the first end() reason, or a timeout."""
+        deadline = self._loop.time() + self._connect_timeout_s
+        while self._end_reason is None and not self._connected:
+            if not await self._wait_wakeup(deadline - self._loop.time()):
+                return "connect_timeout"
+        while self._end_reason is None:
+            if self._last_media_at is None:
+                # No inbound media yet (or a receive-only peer): ICE consent watches it.
+                await self._wait_wakeup(None)
+                continue
+            silent_for = self._loop.time() - self._last_media_at
+            if silent_for >= self._disconnect_timeout_s:
+                logger.info("call %s: no media from the peer for %.1f s", self.id, silent_for)
+                return "peer_gone"
+            await self._wait_wakeup(self._disconnect_timeout_s - silent_for)
+        return self._end_reason
+
+    async def _wait_wakeup(self, timeout: float | None) -> bool:
+        self._wakeup.clear()
+        try:
+            async with asyncio.timeout(timeout):
+                await self._wakeup.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def _release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        reason = self._end_reason or "closed"
+        try:
+            if self._inbound is not None:
+                self._resources.push_async_callback(self._inbound.close)
+            await self._resources.aclose()
+        finally:
+            logger.info("call %s ended: %s", self.id, reason)
+            self.closed.set()
+            if self._on_closed is not None:
+                self._on_closed(self, reason)
+
+    # -- aiortc callbacks (synchronous, on the event loop) ------------------------------
+
+    def _on_connection_state(self) -> None:
+        assert self._pc is not None
+        state = self._pc.connectionState
+        logger.debug("call %s: connection %s", self.id, state)
+        if state == "connected":
+            self._connected = True
+            self._wakeup.set()
+        elif state in ("failed", "closed"):
+            self.end(f"connection_{state}")
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        if channel.label != EVENTS_CHANNEL or self._channel is not None:
+            logger.warning("call %s: ignoring data channel %r (events go on %r)", self.id, channel.label, EVENTS_CHANNEL)
+            return
+        self._channel = channel
+        channel.on("message", self._on_message)
+        if channel.readyState == "open":
+            self._flush_pending()
+        else:
+            channel.on("open", self._flush_pending)
+
+    def _on_message(self, raw: str | bytes) -> None:
+        try:
+            self._messages.put_nowait(raw)
+        except asyncio.QueueFull:
+            logger.warning("call %s: %d client events wait to be handled; dropping one", self.id, MAX_QUEUED_MESSAGES)
+            self._send(
+                ProtocolError(
+                    "rate_limit_exceeded",
+                    f"{MAX_QUEUED_MESSAGES} events are waiting to be handled; this event was dropped.",
+                ).to_event().to_json()
+            )
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind != "audio" or self._inbound is not None:
+            logger.warning("call %s: ignoring an extra %s track", self.id, track.kind)
+            return
+        self._inbound = InboundAudio(track, on_audio=self._on_audio)
+        self._inbound.start()
+
+    def _on_audio(self, pcm: np.ndarray) -> None:
+        first = self._last_media_at is None
+        self._last_media_at = self._loop.time()
+        if first:
+            self._wakeup.set()  # the watch starts timing the peer's media
+        if self._observer is not None:
+            self._observer.on_input_audio(len(pcm))
+        assert self._session is not None
+        self._session.push_audio(pcm)
+
+    # -- events both ways ------------------------------------------------------------
+
+    def _send(self, event: dict[str, Any]) -> None:
+        if self._observer is not None:
+            self._observer.on_server_event(event)
+        text = json.dumps(event, separators=(",", ":"))
+        channel = self._channel
+        if channel is not None and channel.readyState == "open":
+            channel.send(text)
+        elif channel is None or channel.readyState == "connecting":
+            if len(self._pending_events) >= MAX_PENDING_EVENTS:
+                logger.warning("call %s: %d events wait for the data channel; dropping the oldest", self.id, len(self._pending_events))
+                self._pending_events.popleft()
+            self._pending_events.append(text)
+        else:
+            logger.debug("call %s: data channel %s, dropped %s", self.id, channel.readyState, event.get("type"))
+
+    def _flush_pending(self) -> None:
+        assert self._channel is not None
+        while self._pending_events:
+            self._channel.send(self._pending_events.popleft())
+
+    async def _read_messages(self) -> None:
+        assert self._session is not None
+        while True:
+            raw = await self._messages.get()
+            try:
+                await self._session.handle_message(raw)
+            except Exception:
+                # The session answers bad input with an error event; an exception here is a bug.
+                # Log it and keep reading: one bad event must not end the call.
+                logger.exception("call %s: session failed on a client event", self.id)
+
+
+class CapacityError(Exception):
+    """Every session slot is taken."""
+
+
+class CallRegistry:
+    """The open calls of one server, at most ``max_calls`` at a time."""
+
+    def __init__(
+        self,
+        max_calls: int,
+        *,
+        on_count: Callable[[int], None] | None = None,
+        on_closed: Callable[[Call, str], None] | None = None,
+    ) -> None:
+        self._max_calls = max_calls
+        self._calls: dict[str, Call] = {}
+        self._on_count = on_count
+        self._on_closed = on_closed
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def get(self, call_id: str) -> Call | None:
+        return self._calls.get(call_id)
+
+    def admit(self, create: Callable[[Callable[[Call, str], None]], Call]) -> Call:
+        """Registers ``create(on_closed)``, or raises :class:`CapacityError` when full.
+
+        Synchronous, so admission and registration cannot interleave with another offer.
+        The call must invoke ``on_closed`` once it is released; the registry forgets it then.
+        """
+        if len(self._calls) >= self._max_calls:
+            raise CapacityError(f"all {self._max_calls} sessions are in use")
+        call = create(self._forget)
+        self._calls[call.id] = call
+        self._count_changed()
+        return call
+
+    async def close_all(self, reason: str = "server_shutdown") -> None:
+        await _gather_all(call.close(reason) for call in list(self._calls.values()))
+
+    def _forget(self, call: Call, reason: str) -> None:
+        if self._calls.pop(call.id, None) is None:
+            return
+        self._count_changed()
+        if self._on_closed is not None:
+            self._on_closed(call, reason)
+
+    def _count_changed(self) -> None:
+        if self._on_count is not None:
+            self._on_count(len(self._calls))
+
+
+async def _gather_all(closes: Iterable[Any]) -> None:
+    results = await asyncio.gather(*closes, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            logger.error("closing a call failed", exc_info=result)
+

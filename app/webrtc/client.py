@@ -1,0 +1,395 @@
+"""A headless WebRTC client: a real aiortc peer that talks to the server like a browser does.
+
+It posts its offer to ``/v1/realtime/calls``, opens the ``oai-events`` data channel, sends
+speech as a paced microphone track (20 ms frames at 48 kHz, silence between utterances)
+and records every frame it receives with its arrival time::
+
+    async with RealtimeClient("http://127.0.0.1:8000", ice_loopback=True) as client:
+        turn = await client.speak(pcm16k)        # one utterance, then silence
+        print(turn.transcript, turn.audio_seconds, turn.latency_s)
+        client.events                            # every server event so far, in order
+
+:meth:`RealtimeClient.speak` is half-duplex: it returns once the answer is done *and* has
+played out (``response.done`` and ``output_audio_buffer.stopped``), so the next utterance
+never overlaps the assistant. Nothing here imports torch or the pipeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import av
+import httpx
+import numpy as np
+import soxr
+from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+from app.realtime.protocol import (
+    EVENTS_CHANNEL,
+    OutputAudioBufferClearedEvent,
+    OutputAudioBufferStartedEvent,
+    OutputAudioBufferStoppedEvent,
+    ResponseDoneEvent,
+    ResponseOutputAudioTranscriptDoneEvent,
+    ResponseOutputTextDoneEvent,
+    SessionCreatedEvent,
+    event_type,
+)
+from app.webrtc.ice import loopback_candidates, rtc_configuration
+from media.inbound import release_audio_promptly
+from media.pacing import FRAME_SAMPLES, FramePacer
+from media.rates import SPEECH_RATE, WIRE_RATE
+
+logger = logging.getLogger(__name__)
+
+# A received frame counts as answer audio when its peak reaches -60 dBFS; the server's
+# idle track is digital silence, which Opus decodes to (near) zeros.
+AUDIBLE_PEAK = 10 ** (-60 / 20)
+# After output_audio_buffer.stopped the last answer frames are still in the network and the
+# jitter buffer, and a half-duplex server keeps ignoring speech for a moment (omni-rtc: 400 ms
+# of echo tail). Wait for this much further received audio before the turn ends.
+PLAYOUT_TAIL_FRAMES = 50  # 1 s
+
+
+class ClientError(Exception):
+    """The server refused the call, or a turn could not complete."""
+
+
+@dataclass
+class TurnResult:
+    """One utterance and the answer to it."""
+
+    events: list[dict[str, Any]]  # the server events of this turn, in arrival order
+    response: dict[str, Any]  # the response object of response.done
+    audio: np.ndarray  # answer audio as received: float32 mono, 48 kHz, first to last audible frame
+    latency_s: float | None  # last utterance sample sent -> first audible frame received
+    # Seconds of audible frames in ``audio``; less than its length when playback stalled (the
+    # engine fell behind real time) or the answer pauses.
+    audible_seconds: float = 0.0
+    sample_rate: int = WIRE_RATE
+
+    @property
+    def status(self) -> str:
+        return str(self.response.get("status"))
+
+    @property
+    def transcript(self) -> str:
+        for event in self.events:
+            if event["type"] == event_type(ResponseOutputAudioTranscriptDoneEvent):
+                return str(event.get("transcript", ""))
+            if event["type"] == event_type(ResponseOutputTextDoneEvent):
+                return str(event.get("text", ""))
+        return ""
+
+    @property
+    def audio_seconds(self) -> float:
+        return len(self.audio) / self.sample_rate
+
+    @property
+    def usage(self) -> dict[str, Any]:
+        return dict(self.response.get("usage") or {})
+
+    def event_types(self) -> list[str]:
+        return [event["type"] for event in self.events]
+
+
+class MicrophoneTrack(MediaStreamTrack):
+    """Plays queued 48 kHz PCM in real time, 20 ms per frame, silence when idle."""
+
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pending: deque[np.ndarray] = deque()  # int16 chunks not yet sent
+        self._offset = 0  # samples of _pending[0] already sent
+        self._pacer = FramePacer()
+        self._drained: asyncio.Future[float] | None = None
+
+    def play(self, pcm48k: np.ndarray) -> asyncio.Future[float]:
+        """Queues float32 audio; the future resolves to the wall time its last sample was sent."""
+        samples = (np.clip(pcm48k, -1.0, 1.0) * 32767).astype(np.int16)
+        if len(samples):
+            self._pending.append(samples)
+        self._drained = asyncio.get_running_loop().create_future()
+        if not self._pending:
+            self._drained.set_result(time.monotonic())
+        return self._drained
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        await self._pacer.wait_until_due()
+        samples = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+        filled = 0
+        while filled < FRAME_SAMPLES and self._pending:
+            head = self._pending[0]
+            take = min(FRAME_SAMPLES - filled, len(head) - self._offset)
+            samples[filled : filled + take] = head[self._offset : self._offset + take]
+            filled += take
+            self._offset += take
+            if self._offset == len(head):
+                self._pending.popleft()
+                self._offset = 0
+        if filled and not self._pending and self._drained is not None and not self._drained.done():
+            self._drained.set_result(time.monotonic())
+        return self._pacer.frame(samples)
+
+
+@dataclass
+class _Received:
+    """Every frame from the server: mono float32 at 48 kHz, with its arrival time."""
+
+    chunks: list[np.ndarray] = field(default_factory=list)
+    arrived_at: list[float] = field(default_factory=list)
+
+    def add(self, frame: av.AudioFrame) -> None:
+        array = frame.to_ndarray()
+        channels = len(frame.layout.channels)
+        if frame.format.is_planar:
+            mono = array.reshape(channels, -1).mean(axis=0)
+        else:
+            mono = array.reshape(-1, channels).mean(axis=1)
+        if np.issubdtype(mono.dtype, np.integer) or frame.format.name.startswith("s16"):
+            mono = mono / 32768.0
+        if frame.sample_rate != WIRE_RATE:
+            mono = soxr.resample(mono, frame.sample_rate, WIRE_RATE)
+        self.chunks.append(mono.astype(np.float32))
+        self.arrived_at.append(time.monotonic())
+
+
+class RealtimeClient:
+    """One call to an omni-rtc (or OpenAI Realtime WebRTC) server."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        session: dict[str, Any] | None = None,
+        ice_loopback: bool = False,
+        ice_servers: list[str] | None = None,
+        offer_candidates: bool = True,
+        timeout_s: float = 120.0,
+    ) -> None:
+        """``url`` is the server's base URL; ``session`` goes with the offer (multipart).
+
+        ``offer_candidates=False`` strips the candidates from the offer, as browsers posting
+        before gathering do; the server then learns this peer as peer-reflexive.
+        ``timeout_s`` bounds connecting and each turn.
+        """
+        self.url = url.rstrip("/")
+        self._api_key = api_key
+        self._session = session
+        self._ice_loopback = ice_loopback
+        self._ice_servers = ice_servers or []
+        self._offer_candidates = offer_candidates
+        self._timeout_s = timeout_s
+        self.events: list[dict[str, Any]] = []
+        self.call_location: str | None = None
+        self._changed: asyncio.Future[None] | None = None
+        self._pc: RTCPeerConnection | None = None
+        self._microphone = MicrophoneTrack()
+        self._received = _Received()
+        self._receiver: asyncio.Task[None] | None = None
+        self._channel_open = asyncio.Event()
+        self._channel: RTCDataChannel | None = None
+
+    async def __aenter__(self) -> RealtimeClient:
+        try:
+            await self.connect()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- connection ------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        pc = RTCPeerConnection(rtc_configuration(self._ice_servers))
+        self._pc = pc
+        channel = pc.createDataChannel(EVENTS_CHANNEL)
+        self._channel = channel
+        channel.on("open", self._channel_open.set)
+        channel.on("message", self._on_message)
+        pc.addTrack(self._microphone)
+        for transceiver in pc.getTransceivers():
+            # Frames are recorded, not played: hand each on as it arrives, as the server does
+            # (aiortc's default holds 4 packets, 80 ms, which would count as answer latency).
+            if transceiver.kind == "audio":
+                release_audio_promptly(transceiver.receiver)
+        pc.on("track", self._on_track)
+        with loopback_candidates(self._ice_loopback):
+            await pc.setLocalDescription(await pc.createOffer())
+        offer = pc.localDescription.sdp
+        if not self._offer_candidates:
+            offer = re.sub(r"^a=(candidate|end-of-candidates).*\r?\n", "", offer, flags=re.MULTILINE)
+        answer = await self._post_offer(offer)
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+        async with asyncio.timeout(self._timeout_s):
+            await self._channel_open.wait()
+            await self.wait_for(event_type(SessionCreatedEvent))
+
+    async def _post_offer(self, offer: str) -> str:
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        async with httpx.AsyncClient(timeout=self._timeout_s) as http:
+            if self._session is None:
+                response = await http.post(
+                    f"{self.url}/v1/realtime/calls",
+                    content=offer,
+                    headers={**headers, "Content-Type": "application/sdp"},
+                )
+            else:
+                response = await http.post(
+                    f"{self.url}/v1/realtime/calls",
+                    files={"sdp": (None, offer), "session": (None, json.dumps(self._session))},
+                    headers=headers,
+                )
+        if response.status_code != 201:
+            raise ClientError(f"the server refused the call: HTTP {response.status_code} {response.text}")
+        self.call_location = response.headers.get("location")
+        return response.text
+
+    async def close(self) -> None:
+        """Hangs up (closes the peer connection, as a browser tab does). Safe twice."""
+        if self._pc is not None:
+            await self._pc.close()
+        self._microphone.stop()
+        if self._receiver is not None:
+            self._receiver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._receiver
+            self._receiver = None
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio" and self._receiver is None:
+            self._receiver = asyncio.create_task(self._receive(track), name="client audio receiver")
+
+    async def _receive(self, track: MediaStreamTrack) -> None:
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return  # the server ended the track (call closed)
+            assert isinstance(frame, av.AudioFrame)  # the answer's track is audio
+            self._received.add(frame)
+            self._notify()
+
+    # -- events ----------------------------------------------------------------------
+
+    def _on_message(self, message: str | bytes) -> None:
+        try:
+            event = json.loads(message)
+        except json.JSONDecodeError:
+            logger.error("the server sent a data-channel message that is not JSON: %.200r", message)
+            return
+        self.events.append(event)
+        self._notify()
+
+    def _notify(self) -> None:
+        if self._changed is not None and not self._changed.done():
+            self._changed.set_result(None)
+
+    async def _changes(self) -> None:
+        """Waits for the next received event or frame."""
+        if self._changed is None or self._changed.done():
+            self._changed = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._changed)
+
+    async def send(self, event: dict[str, Any]) -> None:
+        """Sends one client event on ``oai-events``."""
+        await self._channel_open.wait()
+        assert self._channel is not None  # opened by connect()
+        self._channel.send(json.dumps(event))
+
+    async def wait_for(
+        self, match: str | Callable[[dict[str, Any]], bool], *, start: int = 0, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        """The first event from index ``start`` on of this type (or passing this test).
+
+        ``timeout_s`` defaults to the client's timeout; past it, ``TimeoutError``.
+        """
+        async with asyncio.timeout(self._timeout_s if timeout_s is None else timeout_s):
+            return await self._next_event(match, start)
+
+    async def _next_event(self, match: str | Callable[[dict[str, Any]], bool], start: int) -> dict[str, Any]:
+        matches = (lambda event: event.get("type") == match) if isinstance(match, str) else match
+        seen = start
+        while True:
+            for event in self.events[seen:]:
+                if matches(event):
+                    return event
+            seen = max(seen, len(self.events))
+            await self._changes()
+
+    # -- speaking --------------------------------------------------------------------
+
+    async def speak(self, pcm16k: np.ndarray) -> TurnResult:
+        """Says one utterance (float32 mono, 16 kHz) and waits until its answer has played out.
+
+        The server's VAD ends the turn; nothing is committed by hand.
+        """
+        first_event = len(self.events)
+        first_frame = len(self._received.chunks)
+        pcm48k = soxr.resample(np.asarray(pcm16k, dtype=np.float32), SPEECH_RATE, WIRE_RATE)
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                spoken_at = await self._microphone.play(pcm48k)
+                done = await self._next_event(event_type(ResponseDoneEvent), first_event)
+                response = done["response"]
+                if self._expects_playback(first_event, response):
+                    await self._next_event(_playback_ended, first_event)
+                    tail_from = len(self._received.chunks)
+                    while len(self._received.chunks) - tail_from < PLAYOUT_TAIL_FRAMES:
+                        await self._changes()
+        except TimeoutError:
+            recent = [event.get("type") for event in self.events[first_event:]][-12:]
+            raise ClientError(f"the turn did not finish within {self._timeout_s:g} s; last events: {recent}") from None
+        audio, audible_samples, first_audible_at = self._answer_audio(first_frame, after=spoken_at)
+        return TurnResult(
+            events=self.events[first_event:],
+            response=response,
+            audible_seconds=audible_samples / WIRE_RATE,
+            audio=audio,
+            latency_s=None if first_audible_at is None else first_audible_at - spoken_at,
+        )
+
+    def _expects_playback(self, first_event: int, response: dict[str, Any]) -> bool:
+        """Whether the answer has audio to play out, so that its end is worth waiting for.
+
+        ``response.done`` may overtake ``output_audio_buffer.started``: an answer with audio
+        tokens plays even when its start has not been announced yet.
+        """
+        if any(event.get("type") == event_type(OutputAudioBufferStartedEvent) for event in self.events[first_event:]):
+            return True
+        details = (response.get("usage") or {}).get("output_token_details") or {}
+        return response.get("status") in ("completed", "incomplete") and bool(details.get("audio_tokens"))
+
+    def _answer_audio(self, first_frame: int, *, after: float) -> tuple[np.ndarray, int, float | None]:
+        """The received span from the first to the last audible frame, its audible samples, its start."""
+        chunks = self._received.chunks[first_frame:]
+        arrived = self._received.arrived_at[first_frame:]
+        audible = [
+            i for i, (chunk, at) in enumerate(zip(chunks, arrived, strict=True))
+            if at >= after and len(chunk) and float(np.max(np.abs(chunk))) >= AUDIBLE_PEAK
+        ]
+        if not audible:
+            return np.zeros(0, dtype=np.float32), 0, None
+        audible_samples = sum(len(chunks[i]) for i in audible)
+        return np.concatenate(chunks[audible[0] : audible[-1] + 1]), audible_samples, arrived[audible[0]]
+
+
+def _playback_ended(event: dict[str, Any]) -> bool:
+    return event.get("type") in (event_type(OutputAudioBufferStoppedEvent), event_type(OutputAudioBufferClearedEvent))

@@ -1,0 +1,22 @@
+"""The session core is transport-agnostic: importing it loads no web framework, WebRTC or ONNX runtime."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+FORBIDDEN = ("fastapi", "starlette", "aiortc", "onnxruntime")
+
+
+def test_importing_the_session_core_loads_no_transport_or_onnx():
+    modules = " ".join(
+        f"app.realtime.{name}"
+        for name in ("session", "history", "responses", "ledger", "gate", "protocol", "session_config", "input_buffer")
+    )
+    code = (
+        f"import importlib, sys\n"
+        f"for name in {modules.split()!r}: importlib.import_module(name)\n"
+        f"print(sorted(m for m in {FORBIDDEN!r} if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

@@ -1,0 +1,104 @@
+"""History without a session: pruning to whole turns, history as heard, client items."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.realtime.history import (
+    MAX_UNANSWERED_ITEMS,
+    AssistantEntry,
+    History,
+    UserEntry,
+    pruned,
+)
+from app.realtime.ledger import Playback
+from app.realtime.protocol import ConversationItemCreateEvent, ProtocolError
+from media.rates import SPEECH_RATE
+from pipeline.conversation import AssistantText, HistoryLimits, UserAudio, UserText
+
+
+def user_audio(item_id: str, seconds: float = 1.0) -> UserEntry:
+    return UserEntry(item_id, (UserAudio(np.zeros(int(seconds * SPEECH_RATE), dtype=np.float32)),), [])
+
+
+def user_text(item_id: str) -> UserEntry:
+    return UserEntry(item_id, (UserText(item_id),), [])
+
+
+def answer(item_id: str, text: str = "ok", status: str = "completed") -> AssistantEntry:
+    entry = AssistantEntry(item_id, "audio", status=status)
+    entry.add_delta(text)
+    return entry
+
+
+def ids(entries) -> list[str]:
+    return [entry.id for entry in entries]
+
+
+def test_pruning_drops_whole_turns_oldest_first():
+    entries = [user_text("u1"), answer("a1"), user_text("u2"), answer("a2"), user_text("u3"), answer("a3")]
+    assert ids(pruned(entries, HistoryLimits(max_turns=2))) == ["u2", "a2", "u3", "a3"]
+
+
+def test_pruning_counts_audio_clips_across_a_turn():
+    entries = [user_audio("u1"), answer("a1"), user_audio("u2"), user_audio("u3"), answer("a2")]
+    assert ids(pruned(entries, HistoryLimits(max_audio_clips=2))) == ["u2", "u3", "a2"]
+
+
+def test_pruning_counts_audio_seconds():
+    entries = [user_audio("u1", 40), answer("a1"), user_audio("u2", 30), answer("a2")]
+    assert ids(pruned(entries, HistoryLimits(max_audio_seconds=60))) == ["u2", "a2"]
+
+
+def test_pruning_keeps_the_turn_being_answered_whatever_its_size():
+    entries = [user_audio("u1", 90), answer("a1", status="in_progress")]
+    assert ids(pruned(entries, HistoryLimits(max_audio_seconds=60))) == ["u1", "a1"]
+
+
+def test_pruning_keeps_a_bounded_tail_of_unanswered_items():
+    entries = [user_text(f"u{n}") for n in range(MAX_UNANSWERED_ITEMS + 3)]
+    assert ids(pruned(entries, HistoryLimits())) == ids(entries[3:])
+
+
+def test_conversation_holds_what_was_heard_of_an_answer():
+    history = History()
+    history.append(user_text("u1"))
+    entry = answer("a1", "one ")
+    entry.add_delta("two")
+    history.append(entry)
+    cut_short = history.settle(Playback("a1", "r1", segment_start=0, segment_written=200), played=100)
+    assert cut_short
+    items = history.conversation(None, HistoryLimits()).items
+    assert items == (UserText("u1"), AssistantText("one "))
+
+
+def test_an_answer_nobody_heard_is_left_out_of_the_prompt():
+    history = History()
+    history.append(user_text("u1"))
+    entry = answer("a1", "unheard")
+    entry.heard = ""
+    history.append(entry)
+    assert history.conversation(None, HistoryLimits()).items == (UserText("u1"),)
+
+
+def test_create_item_after_an_unknown_item_names_previous_item_id():
+    event = ConversationItemCreateEvent.model_validate(
+        {"type": "conversation.item.create", "previous_item_id": "nope",
+         "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}}
+    )
+    with pytest.raises(ProtocolError) as caught:
+        History().create_item(event, input_audio_format="audio/pcm", max_chars=100)
+    assert caught.value.param == "previous_item_id"
+
+
+def test_create_item_at_root_goes_first():
+    history = History()
+    history.append(user_text("u1"))
+    event = ConversationItemCreateEvent.model_validate(
+        {"type": "conversation.item.create", "previous_item_id": "root",
+         "item": {"id": "first", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}}
+    )
+    added, done = history.create_item(event, input_audio_format="audio/pcm", max_chars=100)
+    assert ids(history) == ["first", "u1"]
+    assert added.previous_item_id is None and done.item.id == "first"

@@ -1,0 +1,151 @@
+"""Protocol models: strict parsing of client events, complete GA-shaped server events."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.realtime import protocol
+from app.realtime.protocol import (
+    ConversationItemCreateEvent,
+    ProtocolError,
+    ResponseCreateEvent,
+    SessionUpdateEvent,
+    parse_client_event,
+    server_event_adapter,
+)
+
+
+def test_parses_session_update_keeping_the_session_object_for_the_tolerant_reader():
+    event = parse_client_event(json.dumps({"type": "session.update", "event_id": "e1", "session": {"model": "x"}}))
+
+    assert isinstance(event, SessionUpdateEvent)
+    assert event.event_id == "e1"
+    assert event.session == {"model": "x"}
+
+
+def test_parses_bytes_and_ignores_unknown_keys():
+    event = parse_client_event(b'{"type": "response.create", "something_new": 1}')
+
+    assert isinstance(event, ResponseCreateEvent)
+    assert event.response is None
+
+
+def test_parses_user_message_with_text_and_audio_parts():
+    raw = {
+        "type": "conversation.item.create",
+        "item": {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "hi"}, {"type": "input_audio", "audio": "AAAA"}],
+        },
+    }
+
+    event = parse_client_event(json.dumps(raw))
+
+    assert isinstance(event, ConversationItemCreateEvent)
+    assert [part.type for part in event.item.content] == ["input_text", "input_audio"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "code", "param"),
+    [
+        ("{not json", "invalid_json", None),
+        (b"\xff\xfe", "invalid_json", None),
+        ("[1, 2]", "invalid_json", None),
+        ('{"event_id": "e9"}', "missing_required_parameter", "type"),
+        ('{"type": "response.explode", "event_id": "e9"}', "invalid_value", "type"),
+        ('{"type": "conversation.item.delete", "event_id": "e9"}', "missing_required_parameter", "item_id"),
+        ('{"type": "conversation.item.delete", "item_id": 7, "event_id": "e9"}', "invalid_type", "item_id"),
+        (
+            '{"type": "conversation.item.truncate", "item_id": "a", "content_index": 0, "audio_end_ms": -1,'
+            ' "event_id": "e9"}',
+            "invalid_value",
+            "audio_end_ms",
+        ),
+        (
+            '{"type": "response.create", "response": {"max_output_tokens": 5000}, "event_id": "e9"}',
+            "invalid_value",
+            "response.max_output_tokens",
+        ),
+        (
+            '{"type": "conversation.item.create", "item": {"type": "message", "role": "user",'
+            ' "content": [{"type": "input_image"}]}, "event_id": "e9"}',
+            "invalid_value",
+            "item.content[0].type",
+        ),
+        ('{"type": "input_audio_buffer.append", "audio": true, "event_id": "e9"}', "invalid_type", "audio"),
+    ],
+)
+def test_bad_client_events_raise_protocol_errors_naming_the_event(raw, code, param):
+    with pytest.raises(ProtocolError) as caught:
+        parse_client_event(raw)
+
+    assert caught.value.code == code
+    assert caught.value.param == param
+    if "e9" in str(raw):
+        assert caught.value.event_id == "e9"
+
+
+def test_strict_types_do_not_coerce_strings_to_numbers():
+    with pytest.raises(ProtocolError) as caught:
+        parse_client_event('{"type": "response.create", "response": {"temperature": "0.7"}}')
+
+    assert caught.value.param == "response.temperature"
+
+
+def test_error_event_has_every_field():
+    event = ProtocolError("invalid_value", "bad", param="x", event_id="e1").to_event().to_json()
+
+    assert event["type"] == "error"
+    assert event["event_id"].startswith("event_")
+    assert event["error"] == {
+        "type": "invalid_request_error",
+        "code": "invalid_value",
+        "message": "bad",
+        "param": "x",
+        "event_id": "e1",
+    }
+
+
+def test_transcript_delta_has_every_ga_field():
+    event = protocol.ResponseOutputAudioTranscriptDeltaEvent(
+        response_id="resp_1", item_id="item_1", output_index=0, content_index=0, delta="Hi"
+    ).to_json()
+
+    assert set(event) == {"type", "event_id", "response_id", "item_id", "output_index", "content_index", "delta"}
+    assert event["type"] == "response.output_audio_transcript.delta"
+
+
+def test_optional_ga_fields_are_present_as_null():
+    committed = protocol.InputAudioBufferCommittedEvent(item_id="item_1", previous_item_id=None).to_json()
+    added = protocol.ConversationItemAddedEvent(
+        previous_item_id=None,
+        item=protocol.MessageItem(id="item_1", status="completed", role="user", content=[protocol.InputAudioContent()]),
+    ).to_json()
+
+    assert committed["previous_item_id"] is None
+    assert added["item"] == {
+        "id": "item_1",
+        "type": "message",
+        "object": "realtime.item",
+        "status": "completed",
+        "role": "user",
+        "content": [{"type": "input_audio", "transcript": None}],
+    }
+
+
+def test_server_events_round_trip_through_the_server_union():
+    event = protocol.OutputAudioBufferClearedEvent(response_id="resp_1").to_json()
+
+    parsed = server_event_adapter.validate_python(event)
+
+    assert isinstance(parsed, protocol.OutputAudioBufferClearedEvent)
+    assert parsed.to_json() == event
+
+
+def test_event_ids_are_unique():
+    ids = {protocol.InputAudioBufferClearedEvent().event_id for _ in range(1000)}
+
+    assert len(ids) == 1000

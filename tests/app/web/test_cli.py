@@ -1,0 +1,134 @@
+"""``omni-rtc``: flags over environment, clear refusals, and a real ``call`` against a scripted server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import soundfile
+
+from app.config import Settings
+from app.web.cli import _settings, build_parser, main
+from app.web.server import create_app
+from tests.e2e.conftest import serving_in_process
+from tests.fakes import ScriptedEngine
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+
+
+def serve_settings(monkeypatch: pytest.MonkeyPatch, argv: list[str], **env: str) -> Settings:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return _settings(build_parser().parse_args(["serve", *argv]))
+
+
+def test_serve_flags_override_the_environment(monkeypatch):
+    settings = serve_settings(monkeypatch, ["--port", "9001", "--ice-server", "stun:127.0.0.1:3478"], OMNI_RTC_PORT="8001")
+    assert settings.port == 9001
+    assert settings.ice_servers == ["stun:127.0.0.1:3478"]
+
+
+def test_serve_takes_what_no_flag_gives_from_the_environment(monkeypatch):
+    settings = serve_settings(
+        monkeypatch,
+        [],
+        OMNI_RTC_ICE_LOOPBACK="true",
+        OMNI_RTC_ICE_SERVERS="stun:127.0.0.1:3478, turn:127.0.0.1:3478?transport=udp",
+        OMNI_RTC_CORS_ORIGINS="https://a.example,https://b.example",
+    )
+    assert settings.ice_loopback is True
+    assert settings.ice_servers == ["stun:127.0.0.1:3478", "turn:127.0.0.1:3478?transport=udp"]
+    assert settings.cors_origins == ["https://a.example", "https://b.example"]
+
+
+def test_serve_repeated_flags_collect(monkeypatch):
+    settings = serve_settings(monkeypatch, ["--cors-origin", "https://a.example", "--cors-origin", "https://b.example"])
+    assert settings.cors_origins == ["https://a.example", "https://b.example"]
+
+
+def test_serve_refuses_invalid_settings_with_a_message(capsys):
+    assert main(["serve", "--host", "0.0.0.0"]) == 2  # public bind, no API key
+    assert "API key" in capsys.readouterr().err
+
+
+def test_call_refuses_an_unreadable_wav(tmp_path, capsys):
+    not_audio = tmp_path / "notes.wav"
+    not_audio.write_text("not audio")
+    assert main(["call", "http://127.0.0.1:9", "--wav", str(not_audio), "--out", str(tmp_path / "out")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def scripted_server_url(tmp_path: Path) -> AsyncIterator[str]:
+    app = create_app(Settings(ice_loopback=True, cache_dir=tmp_path), engine=ScriptedEngine())
+    async with serving_in_process(app) as url:
+        yield url
+
+
+async def run_cli(*argv: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "app.web.cli", *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    stdout, stderr = await process.communicate()
+    return process.returncode, stdout.decode(), stderr.decode()
+
+
+async def test_call_says_each_wav_and_saves_each_answer(scripted_server_url, tmp_path):
+    out = tmp_path / "answers"
+    code, stdout, stderr = await run_cli(
+        "call", scripted_server_url, "--ice-loopback", "--json", "--out", str(out),
+        "--wav", str(FIXTURES / "hello.wav"), "--wav", str(FIXTURES / "weather.wav"),
+    )
+    assert code == 0, stderr
+    report = json.loads(stdout)
+    [session] = report["sessions"]
+    assert [turn["transcript"] for turn in session["turns"]] == [ScriptedEngine().reply] * 2
+    for turn in session["turns"]:
+        audio, rate = soundfile.read(turn["output"])
+        assert rate == 48_000
+        assert len(audio) / rate == pytest.approx(turn["audio_seconds"], abs=0.001)
+        assert turn["audio_seconds"] > 0.5
+        assert turn["latency_s"] > 0
+
+
+async def test_call_prints_a_line_per_turn_and_runs_concurrent_sessions(scripted_server_url, tmp_path):
+    code, stdout, stderr = await run_cli(
+        "call", scripted_server_url, "--ice-loopback", "--sessions", "2", "--out", str(tmp_path),
+        "--wav", str(FIXTURES / "hello.wav"),
+    )
+    assert code == 0, stderr
+    turn_lines = sorted(line for line in stdout.splitlines() if " turn " in line)
+    assert [line.split(" [")[0] for line in turn_lines] == ["session 1 turn 1", "session 2 turn 1"]
+    assert (tmp_path / "session-1" / "turn-1.wav").is_file()
+    assert (tmp_path / "session-2" / "turn-1.wav").is_file()
+
+
+async def test_call_exits_non_zero_when_the_server_refuses(tmp_path):
+    app = create_app(Settings(ice_loopback=True, cache_dir=tmp_path, api_key="right-key"), engine=ScriptedEngine())
+    async with serving_in_process(app) as url:
+        code, _, stderr = await run_cli(
+            "call", url, "--ice-loopback", "--api-key", "wrong-key", "--out", str(tmp_path), "--wav", str(FIXTURES / "hello.wav"),
+        )
+    assert code == 1
+    assert "401" in stderr
+
+
+def test_serve_attention_implementation_from_flag_or_environment(monkeypatch):
+    assert serve_settings(monkeypatch, []).attn_implementation is None
+    assert serve_settings(monkeypatch, ["--attn-implementation", "eager"]).attn_implementation == "eager"
+    from_env = serve_settings(monkeypatch, [], OMNI_RTC_ATTN_IMPLEMENTATION="flash_attention_2")
+    assert from_env.attn_implementation == "flash_attention_2"
+    with pytest.raises(ValueError, match="attn_implementation"):
+        serve_settings(monkeypatch, [], OMNI_RTC_ATTN_IMPLEMENTATION="fast")
+
+
+def test_dev_model_writes_the_hub_layout(tmp_path, capsys):
+    assert main(["dev-model", "--out", str(tmp_path), "--layout", "hub"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert "thinker.model.layers.0.mlp.experts.0.gate_proj.weight" in index["weight_map"]

@@ -1,0 +1,126 @@
+"""Metrics read from server events and engine timings."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+from app.web.engines import MeteredEngine
+from app.web.metrics import Metrics
+from pipeline.conversation import Conversation
+from pipeline.turn import AudioChunk, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest, TurnTimings, Usage
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float:
+    value = metrics.registry.get_sample_value(name, labels or None)
+    return 0.0 if value is None else value
+
+
+def test_end_of_utterance_delay_is_the_silence_wait_plus_the_vad_lag():
+    metrics = Metrics()
+    observer = metrics.observer(Clock())
+    session = {"audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}}}
+    observer.on_server_event({"type": "session.created", "session": session})
+    observer.on_input_audio(16_000 * 3)  # 3 s received when the VAD decided at 2.9 s
+    observer.on_server_event({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 2_900})
+    assert sample(metrics, "omni_rtc_end_of_utterance_delay_seconds_sum") == pytest.approx(0.6)
+
+
+def test_time_to_first_audio_runs_from_speech_stopped_to_playback_start():
+    metrics, clock = Metrics(), Clock()
+    observer = metrics.observer(clock)
+    observer.on_server_event({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 0})
+    clock.now += 0.25
+    observer.on_server_event({"type": "input_audio_buffer.committed"})
+    observer.on_server_event({"type": "response.created", "response": {"id": "resp_1"}})
+    clock.now += 1.0
+    observer.on_server_event({"type": "output_audio_buffer.started", "response_id": "resp_1"})
+    clock.now += 2.0
+    observer.on_server_event({"type": "response.done", "response": {"id": "resp_1", "status": "completed"}})
+    assert sample(metrics, "omni_rtc_time_to_first_audio_seconds_sum") == pytest.approx(1.25)
+    assert sample(metrics, "omni_rtc_turn_duration_seconds_sum") == pytest.approx(3.0)
+    assert sample(metrics, "omni_rtc_turns_total", status="completed") == 1
+
+
+def test_a_text_answer_records_no_first_audio_and_does_not_skew_the_next_turn():
+    metrics, clock = Metrics(), Clock()
+    observer = metrics.observer(clock)
+    observer.on_server_event({"type": "response.created", "response": {"id": "resp_1"}})
+    observer.on_server_event({"type": "response.done", "response": {"id": "resp_1", "status": "completed"}})
+    clock.now += 60.0
+    observer.on_server_event({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 0})
+    observer.on_server_event({"type": "response.created", "response": {"id": "resp_2"}})
+    clock.now += 0.5
+    observer.on_server_event({"type": "output_audio_buffer.started", "response_id": "resp_2"})
+    assert sample(metrics, "omni_rtc_time_to_first_audio_seconds_count") == 1
+    assert sample(metrics, "omni_rtc_time_to_first_audio_seconds_sum") == pytest.approx(0.5)
+
+
+def test_error_events_are_counted_by_type_and_code():
+    metrics = Metrics()
+    observer = metrics.observer(Clock())
+    error = {"type": "error", "error": {"type": "invalid_request_error", "code": "unknown_event"}}
+    observer.on_server_event(error)
+    observer.on_server_event(error)
+    assert sample(metrics, "omni_rtc_errors_total", type="invalid_request_error", code="unknown_event") == 2
+
+
+class TimedEngine:
+    name = "timed"
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.closed_early = False
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+        try:
+            yield TextDelta("hi")
+            if self.fail:
+                raise EngineError("boom", code="engine_boom")
+            yield AudioChunk(np.zeros(1920, dtype=np.float32))
+            yield TurnDone(
+                text="hi", usage=Usage(1, 0, 1), finish_reason="stop",
+                timings=TurnTimings(queue_wait=0.5, first_text=0.75, first_audio=1.0, total=2.0),
+            )
+        except GeneratorExit:
+            self.closed_early = True
+            raise
+
+
+async def test_metered_engine_records_queue_wait_and_first_token():
+    metrics = Metrics()
+    events = [event async for event in MeteredEngine(TimedEngine(), metrics).run_turn(TurnRequest(Conversation()))]
+    assert isinstance(events[-1], TurnDone)
+    assert sample(metrics, "omni_rtc_engine_queue_wait_seconds_sum") == pytest.approx(0.5)
+    assert sample(metrics, "omni_rtc_thinker_first_token_seconds_sum") == pytest.approx(0.75)
+
+
+async def test_metered_engine_counts_engine_errors_and_reraises():
+    metrics = Metrics()
+    turn = MeteredEngine(TimedEngine(fail=True), metrics).run_turn(TurnRequest(Conversation()))
+    with pytest.raises(EngineError, match="boom"):
+        async for _ in turn:
+            pass
+    assert sample(metrics, "omni_rtc_errors_total", type="engine_error", code="engine_boom") == 1
+
+
+async def test_closing_a_metered_turn_closes_the_engine_turn():
+    engine = TimedEngine()
+    turn = MeteredEngine(engine, Metrics()).run_turn(TurnRequest(Conversation()))
+    assert isinstance(await anext(turn), TextDelta)
+    await turn.aclose()
+    assert engine.closed_early

@@ -1,0 +1,267 @@
+"""The limit checks on their own: SDP offers, capacity, event size and rate."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from app.config import Settings
+from app.realtime.gate import EventGate
+from app.realtime.session_config import SessionConfig
+from app.web.engines import StallTimeoutEngine
+from app.web.errors import ApiError
+from app.web.server import create_app
+from app.web.signaling import capacity_error, check_offer_sdp
+from pipeline.conversation import Conversation, UserText
+from pipeline.turn import EngineError, TextDelta, TurnDone, TurnRequest, Usage
+from tests.clock import FakeClock
+from tests.fakes import ScriptedEngine, SessionHarness
+
+OFFER = (
+    "v=0\r\n"
+    "o=- 4611731400430051336 2 IN IP4 127.0.0.1\r\n"
+    "s=-\r\n"
+    "t=0 0\r\n"
+    "a=group:BUNDLE 0\r\n"
+    "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\n"
+    "c=IN IP4 0.0.0.0\r\n"
+    "a=mid:0\r\n"
+    "a=sendrecv\r\n"
+    "a=rtpmap:111 opus/48000/2\r\n"
+    "a=ice-ufrag:abcd\r\n"
+    "a=ice-pwd:abcdefghijklmnopqrstuvwx\r\n"
+    "a=fingerprint:sha-256 "
+    + ":".join(["AB"] * 32)
+    + "\r\n"
+    "a=setup:actpass\r\n"
+)
+
+
+def test_valid_offer_is_returned_as_text():
+    assert check_offer_sdp(OFFER.encode(), max_bytes=65_536) == OFFER
+
+
+def test_offer_over_the_limit_is_413():
+    with pytest.raises(ApiError) as raised:
+        check_offer_sdp(OFFER.encode(), max_bytes=100)
+    assert raised.value.status_code == 413
+    assert "limit is 100" in raised.value.message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"hello",
+        b"\xff\xfe\x00garbage",
+        b"v=0\r\n",
+        b"v=0\r\nm=audio x UDP/TLS/RTP/SAVPF 111\r\n",
+        b"v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=rtpmap:111\r\n",
+        b"v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=fmtp:111 minptime=10\r\n",  # fmtp without rtpmap
+    ],
+)
+def test_garbage_offer_is_400_with_a_message(body):
+    with pytest.raises(ApiError) as raised:
+        check_offer_sdp(body, max_bytes=65_536)
+    assert raised.value.status_code == 400
+    assert raised.value.code == "invalid_sdp"
+    assert raised.value.message.startswith("SDP offer")
+
+
+def test_bundle_group_naming_a_missing_mid_is_400():
+    offer = OFFER.replace("a=group:BUNDLE 0", "a=group:BUNDLE 1 0")
+    with pytest.raises(ApiError) as raised:
+        check_offer_sdp(offer.encode(), max_bytes=65_536)
+    assert raised.value.status_code == 400
+    assert "mid 1" in raised.value.message
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["a=setup:actpass\r\n", "a=ice-ufrag:abcd\r\n", "a=ice-pwd:abcdefghijklmnopqrstuvwx\r\n", "a=sendrecv\r\n"],
+)
+def test_offer_without_ice_dtls_or_direction_is_400(line):
+    with pytest.raises(ApiError) as raised:
+        check_offer_sdp(OFFER.replace(line, "").encode(), max_bytes=65_536)
+    assert raised.value.status_code == 400
+    assert "m=audio section #1" in raised.value.message
+
+
+def test_capacity_error_is_429_with_retry_after():
+    error = capacity_error(4)
+    assert error.status_code == 429
+    assert int(error.headers["Retry-After"]) > 0
+    assert error.to_response().status_code == 429
+    assert "4 sessions" in error.message
+
+
+def test_gate_admits_small_events():
+    gate = EventGate(max_bytes=100, per_second=10, burst=5, clock=FakeClock())
+    assert gate.admit('{"type": "response.create"}') is None
+
+
+def test_gate_rejects_oversized_event_by_bytes_not_characters():
+    gate = EventGate(max_bytes=10, per_second=10, burst=5, clock=FakeClock())
+    rejection = gate.admit("é" * 6)  # 6 characters, 12 bytes
+    assert rejection is not None
+    assert rejection.code == "event_too_large"
+
+
+def test_gate_rejects_past_the_burst_then_recovers_with_time():
+    clock = FakeClock()
+    gate = EventGate(max_bytes=100, per_second=10, burst=3, clock=clock)
+    assert [gate.admit("{}") for _ in range(3)] == [None, None, None]
+    rejection = gate.admit("{}")
+    assert rejection is not None
+    assert rejection.code == "rate_limit_exceeded"
+    clock.now += 0.15  # one and a half tokens at 10 per second
+    assert gate.admit("{}") is None
+    assert gate.admit("{}") is not None
+
+
+def test_gate_does_not_charge_oversized_events_to_the_rate():
+    gate = EventGate(max_bytes=2, per_second=10, burst=1, clock=FakeClock())
+    assert gate.admit("toolong") is not None
+    assert gate.admit("{}") is None
+
+
+class ScriptedTurnEngine:
+    """Yields ``events``; then stalls forever if ``stall``; records whether it was cancelled."""
+
+    name = "scripted"
+
+    def __init__(self, events: list, *, stall: bool = False, error: Exception | None = None) -> None:
+        self.events = events
+        self.stall = stall
+        self.error = error
+        self.cancelled = False
+        self.restarts = 3
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def run_turn(self, request: TurnRequest):
+        for event in self.events:
+            yield event
+        if self.error is not None:
+            raise self.error
+        if self.stall:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled = True
+                raise
+
+
+def request() -> TurnRequest:
+    return TurnRequest(conversation=Conversation(items=(UserText("hi"),)))
+
+
+DONE = TurnDone(text="hi", usage=Usage(1, 0, 1), finish_reason="stop")
+
+
+async def collect(engine) -> list:
+    return [event async for event in engine.run_turn(request())]
+
+
+async def test_stall_guard_passes_a_healthy_turn_through():
+    engine = StallTimeoutEngine(ScriptedTurnEngine([TextDelta("hi"), DONE]), stall_timeout_s=5)
+    assert await collect(engine) == [TextDelta("hi"), DONE]
+
+
+async def test_stalled_turn_fails_with_engine_timeout_and_is_cancelled():
+    inner = ScriptedTurnEngine([TextDelta("hi")], stall=True)
+    engine = StallTimeoutEngine(inner, stall_timeout_s=0.05)
+    seen = []
+    with pytest.raises(EngineError) as raised:
+        async for event in engine.run_turn(request()):
+            seen.append(event)
+    assert raised.value.code == "engine_timeout"
+    assert seen == [TextDelta("hi")]
+    assert inner.cancelled
+
+
+async def test_engine_error_passes_through_the_guard():
+    inner = ScriptedTurnEngine([], error=EngineError("boom"))
+    with pytest.raises(EngineError, match="boom"):
+        await collect(StallTimeoutEngine(inner, stall_timeout_s=5))
+
+
+async def test_guard_exposes_the_wrapped_engine():
+    engine = StallTimeoutEngine(ScriptedTurnEngine([]), stall_timeout_s=5)
+    assert engine.name == "scripted"
+    assert engine.restarts == 3
+
+
+# -- the limits in a session and a server --------------------------------------------------
+
+
+def text_item(text: str) -> dict:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+async def test_oversized_event_gets_an_error_and_the_session_goes_on():
+    harness = SessionHarness(ScriptedEngine(), config=SessionConfig(max_event_bytes=1_024))
+    await harness.send(type="conversation.item.create", item=text_item("x" * 2_000))
+    assert harness.last("error")["error"]["code"] == "event_too_large"
+    await harness.send(type="conversation.item.create", item=text_item("short"))
+    assert harness.last("conversation.item.done")["item"]["content"][0]["text"] == "short"
+
+
+async def test_event_flood_gets_errors_and_the_session_goes_on():
+    # One token per 1000 s: nothing refills while the test runs (refilling: the gate's own tests).
+    harness = SessionHarness(ScriptedEngine(), config=SessionConfig(max_events_per_second=0.001, max_event_burst=2))
+    for number in range(4):
+        await harness.send(type="conversation.item.create", item=text_item(f"item {number}"))
+    assert [e["error"]["code"] for e in harness.of_type("error")] == ["rate_limit_exceeded"] * 2
+    assert len(harness.of_type("conversation.item.done")) == 2
+
+
+async def test_overlong_text_gets_an_error_naming_the_limit():
+    harness = SessionHarness(ScriptedEngine(), config=SessionConfig(max_text_chars=10))
+    await harness.send(type="conversation.item.create", item=text_item("x" * 11))
+    error = harness.last("error")["error"]
+    assert error["param"] == "item.content[0].text"
+    assert "10 characters" in error["message"]
+
+
+async def test_server_settings_reach_the_sessions_it_starts():
+    settings = Settings(ice_loopback=True, api_key="sk-test", max_text_chars=10)
+    app = create_app(settings, engine=ScriptedEngine())
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            response = await http.post(
+                "/v1/realtime/client_secrets",
+                json={"session": {"instructions": "x" * 11}},
+                headers={"Authorization": "Bearer sk-test"},
+            )
+    assert response.status_code == 400
+    assert "10 characters" in response.json()["error"]["message"]
+
+
+async def post_to_calls(content) -> httpx.Response:
+    app = create_app(Settings(ice_loopback=True, max_sdp_bytes=4_096), engine=ScriptedEngine())
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            return await http.post("/v1/realtime/calls", content=content, headers={"Content-Type": "application/sdp"})
+
+
+async def test_offer_declared_too_large_is_413_before_it_is_read():
+    response = await post_to_calls(b"v=0\r\n" + b"a=x\r\n" * 2_000)
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "sdp_too_large"
+
+
+async def test_streamed_offer_is_cut_off_at_the_limit_with_413():
+    async def endless():  # chunked: no Content-Length to go by
+        for _ in range(10_000):
+            yield b"a=x" * 1_000
+
+    response = await post_to_calls(endless())
+    assert response.status_code == 413
+    assert "over 4096 bytes" in response.json()["error"]["message"]

@@ -1,0 +1,201 @@
+"""The call glue with real aiortc peers on 127.0.0.1 and a recording stand-in for the session."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+
+from app.webrtc.call import MAX_QUEUED_MESSAGES, Call, OfferError
+from app.webrtc.client import MicrophoneTrack
+from app.webrtc.ice import loopback_candidates, rtc_configuration
+
+# Generous: waiting is not measured, a call that never gets there fails the wait.
+DEADLINE_S = 30.0
+
+
+class RecordingSession:
+    """Sends three events on start, echoes every message, counts the audio it is given."""
+
+    def __init__(self, output: Any, send: Callable[[dict[str, Any]], None]) -> None:
+        self.busy: asyncio.Event | None = None  # when set, handling waits until it is set
+        self.output = output
+        self.send = send
+        self.messages: list[str] = []
+        self.audio_samples = 0
+        self.audio_dtypes: set[str] = set()
+        self.closed = False
+
+    async def start(self) -> None:
+        for number in range(3):
+            self.send({"type": "early", "number": number})
+
+    async def handle_message(self, raw: str | bytes) -> None:
+        if self.busy is not None:
+            await self.busy.wait()
+        self.messages.append(raw if isinstance(raw, str) else raw.decode())
+        self.send({"type": "echo", "raw": self.messages[-1]})
+
+    def push_audio(self, pcm: np.ndarray) -> None:
+        self.audio_samples += len(pcm)
+        self.audio_dtypes.add(str(pcm.dtype))
+
+    async def close(self) -> None:
+        self.closed = True
+
+    def on_playback_started(self) -> None:
+        pass
+
+    def on_playback_stopped(self) -> None:
+        pass
+
+
+@contextlib.asynccontextmanager
+async def call_under_test(**options: Any) -> AsyncIterator[tuple[Call, list[RecordingSession], list[str]]]:
+    sessions: list[RecordingSession] = []
+    reasons: list[str] = []
+
+    def make_session(output: Any, send: Callable[[dict[str, Any]], None]) -> RecordingSession:
+        sessions.append(RecordingSession(output, send))
+        return sessions[-1]
+
+    call = Call(
+        make_session=make_session,
+        configuration=rtc_configuration([]),
+        ice_loopback=True,
+        on_closed=lambda call, reason: reasons.append(reason),
+        **options,
+    )
+    try:
+        yield call, sessions, reasons
+    finally:
+        await call.close()
+
+
+@contextlib.asynccontextmanager
+async def peer(microphone: MicrophoneTrack | None = None) -> AsyncIterator[tuple[RTCPeerConnection, RTCDataChannel, list[dict]]]:
+    pc = RTCPeerConnection(rtc_configuration([]))
+    received: list[dict] = []
+    channel = pc.createDataChannel("oai-events")
+    channel.on("message", lambda message: received.append(json.loads(message)))
+    pc.addTrack(microphone or MicrophoneTrack())
+    with loopback_candidates():
+        await pc.setLocalDescription(await pc.createOffer())
+    try:
+        yield pc, channel, received
+    finally:
+        await pc.close()
+
+
+async def connect(call: Call, pc: RTCPeerConnection) -> None:
+    answer = await call.answer(pc.localDescription.sdp)
+    await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(DEADLINE_S):
+        while not condition():
+            await asyncio.sleep(0.02)
+
+
+async def test_events_sent_before_the_channel_opens_arrive_first_and_in_order():
+    async with call_under_test() as (call, _, _), peer() as (pc, _, received):
+        await connect(call, pc)
+        await until(lambda: len(received) >= 3)
+    assert [event["number"] for event in received[:3]] == [0, 1, 2]
+
+
+async def test_client_messages_reach_the_session_in_order():
+    async with call_under_test() as (call, sessions, _), peer() as (pc, channel, received):
+        await connect(call, pc)
+        await until(lambda: channel.readyState == "open")
+        for number in range(20):
+            channel.send(json.dumps({"type": "probe", "n": number}))
+        await until(lambda: len(sessions[0].messages) == 20)
+    assert [json.loads(raw)["n"] for raw in sessions[0].messages] == list(range(20))
+
+
+async def test_a_flood_of_client_events_is_bounded_and_the_excess_answered_with_errors():
+    flood = MAX_QUEUED_MESSAGES + 40
+    async with call_under_test() as (call, sessions, _), peer() as (pc, channel, received):
+        await connect(call, pc)
+        await until(lambda: channel.readyState == "open" and bool(sessions))
+        sessions[0].busy = asyncio.Event()  # the session is stuck on one event meanwhile
+        for number in range(flood):
+            channel.send(json.dumps({"type": "probe", "n": number}))
+        await until(lambda: sum(event.get("type") == "error" for event in received) >= flood - MAX_QUEUED_MESSAGES - 1)
+        sessions[0].busy.set()
+        errors = [event for event in received if event.get("type") == "error"]
+        await until(lambda: len(sessions[0].messages) + len(errors) == flood)
+    assert {event["error"]["code"] for event in errors} == {"rate_limit_exceeded"}
+    assert len(sessions[0].messages) + len(errors) == flood
+    assert [json.loads(raw)["n"] for raw in sessions[0].messages] == sorted(json.loads(raw)["n"] for raw in sessions[0].messages)
+
+
+async def test_peer_audio_reaches_the_session_as_16khz_float32():
+    microphone = MicrophoneTrack()
+    async with call_under_test() as (call, sessions, _), peer(microphone) as (pc, _, _):
+        await connect(call, pc)
+        microphone.play(np.zeros(48_000, dtype=np.float32))
+        await until(lambda: sessions[0].audio_samples >= 8_000)  # half a second at 16 kHz
+    assert sessions[0].audio_dtypes == {"float32"}
+
+
+async def test_peer_close_ends_the_call_and_closes_the_session():
+    async with call_under_test() as (call, sessions, reasons), peer() as (pc, channel, _):
+        await connect(call, pc)
+        await until(lambda: channel.readyState == "open")
+        await pc.close()
+        async with asyncio.timeout(DEADLINE_S):
+            await call.closed.wait()
+    assert sessions[0].closed
+    assert reasons == ["connection_closed"]
+
+
+async def test_peer_that_stops_sending_media_is_released_after_the_disconnect_timeout():
+    microphone = MicrophoneTrack()
+    async with call_under_test(disconnect_timeout_s=0.5) as (call, sessions, reasons), peer(microphone) as (pc, _, _):
+        await connect(call, pc)
+        await until(lambda: sessions[0].audio_samples > 0)
+        microphone.stop()  # the sender stops; ICE and DTLS stay up, as with a frozen tab
+        async with asyncio.timeout(DEADLINE_S):
+            await call.closed.wait()
+    assert reasons == ["peer_gone"]
+    assert sessions[0].closed
+
+
+async def test_peer_that_never_connects_is_released_after_the_connect_timeout():
+    async with call_under_test(connect_timeout_s=0.5) as (call, sessions, reasons), peer() as (pc, _, _):
+        await call.answer(pc.localDescription.sdp)  # the answer never reaches the peer
+        async with asyncio.timeout(DEADLINE_S):
+            await call.closed.wait()
+    assert reasons == ["connect_timeout"]
+    assert sessions[0].closed
+
+
+async def test_close_is_safe_twice():
+    async with call_under_test() as (call, sessions, reasons), peer() as (pc, _, _):
+        await connect(call, pc)
+        await call.close("hangup")
+        await call.close("again")
+    assert reasons == ["hangup"]
+
+
+async def test_offer_without_a_data_channel_is_refused():
+    async with call_under_test() as (call, _, _):
+        pc = RTCPeerConnection(rtc_configuration([]))
+        pc.addTransceiver("audio")
+        with loopback_candidates():
+            await pc.setLocalDescription(await pc.createOffer())
+        try:
+            with pytest.raises(OfferError, match="data channel"):
+                await call.answer(pc.localDescription.sdp)
+        finally:
+            await pc.close()
+
