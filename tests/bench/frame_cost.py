@@ -1,7 +1,8 @@
 """What one codec frame costs, stage by stage, in a streamed turn.
 
 Run: .venv/bin/python tests/bench/frame_cost.py [--tokens 64] [--frames-per-token 3] [--turns 3]
-     [--threads 1] [--model DIR] [--device cpu] [--label after] [--out tests/bench/results/frame_cost.json]
+     [--threads 1] [--model DIR] [--device cpu] [--dtype float32] [--label after]
+     [--out tests/bench/results/frame_cost.json]
 
 One spoken turn (the one ``tests/bench/ttfa.py`` answers) is streamed ``--turns`` times with a
 forced length of N Thinker tokens (sampling as ttfa.py: temperature 0.8, seed 0). The stages of
@@ -165,13 +166,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--model", type=Path, default=None, help="checkpoint dir (default: the dev model)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--label", default="after", help="the result entry to (over)write, e.g. before/after")
     parser.add_argument("--out", type=Path, default=REPO / "tests" / "bench" / "results" / "frame_cost.json")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
     model_dir = args.model or ensure_dev_model(REPO / ".cache" / "bench" / dev_model_fingerprint(), progress=print)
-    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir).to(args.device).eval()
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir, dtype=getattr(torch, args.dtype))
+    model = model.to(args.device).eval()
     tokenizer = load_tokenizer(model_dir)
     inputs = spoken_turn(PromptRenderer.from_pretrained(model_dir))
     frames_cap = args.frames_per_token * args.tokens
@@ -188,7 +191,7 @@ def main() -> None:
 
     print(
         f"\n{args.label}: {args.tokens} tokens, {turns[0]['frames']} frames, {turns[0]['chunks']} chunks per turn; "
-        f"{args.device}, {args.threads} thread(s); median of {args.turns} turns"
+        f"{args.device} {args.dtype}, {args.threads} thread(s); median of {args.turns} turns"
     )
     header = f"{'stage':<20} {'cpu ms/frame':>13} {'wall ms/frame':>14}"
     print(header)
@@ -207,6 +210,7 @@ def main() -> None:
             "torch": torch.__version__,
             "threads": args.threads,
             "device": args.device,
+            "dtype": args.dtype,
         },
         "settings": {"tokens": args.tokens, "frames_cap": frames_cap, "temperature": TEMPERATURE, "seed": SEED},
         "ms_per_frame": median,
