@@ -235,6 +235,21 @@ def _sampling_processors(
     return processors
 
 
+class _SuppressTokens:
+    """``SuppressTokensLogitsProcessor`` with its mask built once per vocabulary size (the
+    original rebuilds it with ``torch.isin`` over the whole vocabulary every step)."""
+
+    def __init__(self, suppress_tokens: torch.Tensor) -> None:
+        self._tokens = suppress_tokens
+        self._mask: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
+        if self._mask is None or self._mask.shape[-1] != scores.shape[-1]:
+            vocab = torch.arange(scores.shape[-1], device=scores.device)
+            self._mask = torch.isin(vocab, self._tokens.to(scores.device))
+        return scores.masked_fill(self._mask, -float("inf"))
+
+
 class _Sampler:
     """One turn's choice of a token from scores: its processors, then argmax or a draw.
 
@@ -253,6 +268,12 @@ class _Sampler:
         self.temperature: float | None = None
         self.top_k: int | None = None
         self.top_p: float | None = None
+        processors = LogitsProcessorList(
+            _SuppressTokens(processor.suppress_tokens)
+            if isinstance(processor, SuppressTokensLogitsProcessor)
+            else processor
+            for processor in processors
+        )
         self._processors = processors
         tail = list(processors)
         top_p = tail.pop() if tail and isinstance(tail[-1], TopPLogitsWarper) else None
@@ -299,44 +320,59 @@ def _choose_rows(samplers: list[_Sampler], scores: torch.Tensor, uniforms: torch
     for row, sampler in enumerate(samplers):
         key = (sampler.top_k, sampler.top_p) if sampler.draws_top_k else None
         groups.setdefault(key, []).append(row)
+    if len(groups) == 1:  # the common case: every row alike, no regrouping
+        return _choose_group(samplers, list(range(len(samplers))), next(iter(groups)), scores, uniforms)
     chosen = torch.empty((len(samplers), 1), dtype=torch.long, device=scores.device)
     for key, rows in groups.items():
         index = torch.tensor(rows, device=scores.device)
-        group = scores.index_select(0, index) if len(rows) < len(samplers) else scores
-        if key is None:
-            picks = torch.cat(
-                [
-                    samplers[row].draw_full(group[i : i + 1])
-                    if samplers[row].do_sample
-                    else group[i : i + 1].argmax(-1, keepdim=True)
-                    for i, row in enumerate(rows)
-                ]
-            )
-        else:
-            top_k, top_p = key
-            temperatures = [samplers[row].temperature or 1.0 for row in rows]
-            if any(temperature != 1.0 for temperature in temperatures):
-                group = group / torch.tensor(temperatures, device=group.device, dtype=group.dtype)[:, None]
-            values, indices = torch.topk(group, min(top_k, group.shape[-1]), dim=-1)
-            probs = torch.softmax(values, dim=-1)
-            if top_p is not None:
-                # TopPLogitsWarper drops a candidate when the candidates ranked below it hold at
-                # most 1 - top_p of the probability, i.e. when those ranked above it hold top_p.
-                drop = torch.cumsum(probs, dim=-1) - probs >= top_p
-                drop[:, 0] = False
-                probs = torch.softmax(values.masked_fill(drop, -float("inf")), dim=-1)
-            if uniforms is None:
-                draws = torch.cat([samplers[row].uniforms(1, scores.device) for row in rows])
-            else:
-                draws = uniforms.index_select(0, index) if len(rows) < len(samplers) else uniforms
-            cumulative = torch.cumsum(probs, dim=-1)
-            # Candidate j is drawn when cumulative[j - 1] <= u * total < cumulative[j]: never
-            # one of probability 0 (dropped by top-p, sorted last), whatever rounding does.
-            picks = (cumulative <= draws[:, None] * cumulative[:, -1:]).sum(dim=-1, keepdim=True)
-            picks = torch.minimum(picks, (probs > 0).sum(dim=-1, keepdim=True) - 1)
-            picks = indices.gather(-1, picks)
+        group_uniforms = None if uniforms is None else uniforms.index_select(0, index)
+        picks = _choose_group(samplers, rows, key, scores.index_select(0, index), group_uniforms)
         chosen.index_copy_(0, index, picks)
     return chosen
+
+
+def _choose_group(
+    samplers: list[_Sampler],
+    rows: list[int],
+    key: tuple[int, float | None] | None,
+    group: torch.Tensor,
+    uniforms: torch.Tensor | None,
+) -> torch.Tensor:
+    """``_choose_rows`` for ``rows`` (of ``samplers``) that share ``key``; ``group`` holds their scores."""
+    if key is None:
+        return torch.cat(
+            [
+                samplers[row].draw_full(group[i : i + 1])
+                if samplers[row].do_sample
+                else group[i : i + 1].argmax(-1, keepdim=True)
+                for i, row in enumerate(rows)
+            ]
+        )
+    top_k, top_p = key
+    temperatures = [samplers[row].temperature or 1.0 for row in rows]
+    if any(temperature != 1.0 for temperature in temperatures):
+        # Multiplied by the reciprocal, per row: the same bits for a row alone or batched
+        # (a division by a scalar and by a tensor can round differently).
+        inverse = torch.tensor([1.0 / t for t in temperatures], device=group.device, dtype=group.dtype)
+        group = group * inverse[:, None]
+    values, indices = torch.topk(group, min(top_k, group.shape[-1]), dim=-1)
+    probs = torch.softmax(values, dim=-1)
+    if top_p is not None:
+        # TopPLogitsWarper drops a candidate when the candidates ranked below it hold at
+        # most 1 - top_p of the probability, i.e. when those ranked above it hold top_p.
+        drop = torch.cumsum(probs, dim=-1) - probs >= top_p
+        drop[:, 0] = False
+        probs = torch.softmax(values.masked_fill(drop, -float("inf")), dim=-1)
+    if uniforms is None:
+        draws = torch.cat([samplers[row].uniforms(1, group.device) for row in rows])
+    else:
+        draws = uniforms
+    cumulative = torch.cumsum(probs, dim=-1)
+    # Candidate j is drawn when cumulative[j - 1] <= u * total < cumulative[j]: never
+    # one of probability 0 (dropped by top-p, sorted last), whatever rounding does.
+    picks = (cumulative <= draws[:, None] * cumulative[:, -1:]).sum(dim=-1, keepdim=True)
+    picks = torch.minimum(picks, (probs > 0).sum(dim=-1, keepdim=True) - 1)
+    return indices.gather(-1, picks)
 
 
 class _KVCache:
