@@ -255,8 +255,8 @@ class _BatchServer:
     """Decodes every admitted turn together, one ``DecodeBatch`` step at a time.
 
     Between steps: cancelled turns leave the batch (their ``TurnDone`` says "cancelled"),
-    then at most one submitted turn is prefilled and joins, so a joining turn delays the
-    others by one prefill, never by a whole answer. The parent submits at most
+    then at most one submitted turn is prefilled and joins (every waiting one when the batch
+    is empty), so a joining turn delays the others by one prefill, never by a whole answer. The parent submits at most
     ``max_batch`` turns at a time; any beyond that wait here in FIFO order. A turn whose
     rendering or prefill fails fails alone; a failure inside a batched step cannot be
     blamed on one turn, so it fails every turn in the batch and the next ones start afresh.
@@ -282,8 +282,12 @@ class _BatchServer:
                     self._send(key, self._batch.cancel(key))
                 return
             self._leave_cancelled()
-            if self._waiting and len(self._batch.keys) < self._max_batch:
+            # One prefill per gap between steps bounds how long decoding turns wait for a
+            # joining one; into an empty batch every waiting turn joins at once (no one waits).
+            admit = len(self._waiting) if not self._batch.keys else 1
+            while admit and self._waiting and len(self._batch.keys) < self._max_batch:
                 self._admit(self._waiting.popleft())
+                admit -= 1
             if self._batch.keys:
                 self._step()
 
