@@ -369,7 +369,8 @@ class TransformersEngine:
         if process is not self._process:
             logger.debug("dropping a message from a stopped engine process: %r", message)
             return
-        turn = self._running.get(getattr(message, "turn_id", None))
+        turn_id = getattr(message, "turn_id", None)
+        turn = self._running.get(turn_id) if isinstance(turn_id, int) else None
         if turn is None:
             logger.error("dropping an engine message for no running turn: %r", message)
             return

@@ -37,6 +37,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
@@ -138,7 +139,7 @@ def stream_turn(
 
     The turn runs as a ``DecodeBatch`` of one: alone or batched, a turn takes the same path.
     """
-    batch = DecodeBatch(model, tokenizer, clock=clock)
+    batch: DecodeBatch[str] = DecodeBatch(model, tokenizer, clock=clock)
     if should_stop():
         yield batch.cancelled_before_start(inputs)
         return
@@ -170,7 +171,7 @@ def stream_turn(
 _ALONE = "turn"
 
 
-def _events(keyed: list[tuple[Hashable, TurnEvent]]) -> Iterator[TurnEvent]:
+def _events(keyed: list[tuple[str, TurnEvent]]) -> Iterator[TurnEvent]:
     return (event for _, event in keyed)
 
 
@@ -294,9 +295,9 @@ class _Sampler:
     def draws_top_k(self) -> bool:
         return self.do_sample and self.top_k is not None
 
-    def process(self, context: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
+    def process(self, context: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """[1, vocab] float32 scores through the processors that come before the draw."""
-        return self._processors(context, scores) if len(self._processors) else scores
+        return self._processors(context, scores) if len(self._processors) else scores  # type: ignore[arg-type]
 
     def uniforms(self, count: int, device: torch.device) -> torch.Tensor:
         """[count] uniform numbers in [0, 1) from this turn's generator."""
@@ -318,7 +319,7 @@ def _choose_rows(samplers: list[_Sampler], scores: torch.Tensor, uniforms: torch
         return torch.argmax(scores, dim=-1, keepdim=True)
     groups: dict[tuple[int, float | None] | None, list[int]] = {}
     for row, sampler in enumerate(samplers):
-        key = (sampler.top_k, sampler.top_p) if sampler.draws_top_k else None
+        key = (sampler.top_k, sampler.top_p) if sampler.top_k is not None and sampler.do_sample else None
         groups.setdefault(key, []).append(row)
     if len(groups) == 1:  # the common case: every row alike, no regrouping
         return _choose_group(samplers, list(range(len(samplers))), next(iter(groups)), scores, uniforms)
@@ -396,8 +397,8 @@ class _KVCache:
     @classmethod
     def of(cls, cache: DynamicCache) -> _KVCache:
         """Take over a one-row ``DynamicCache`` (a prefill's)."""
-        keys = [layer.keys for layer in cache.layers]
-        values = [layer.values for layer in cache.layers]
+        keys: list[torch.Tensor] = [layer.keys for layer in cache.layers]  # type: ignore[union-attr,misc]
+        values: list[torch.Tensor] = [layer.values for layer in cache.layers]  # type: ignore[union-attr,misc]
         return cls(keys, values, [0] * keys[0].shape[0], keys[0].shape[2])
 
     @classmethod
@@ -451,7 +452,9 @@ class _KVCache:
     def joined(self, other: _KVCache) -> _KVCache:
         """This cache's rows, then ``other``'s, right-aligned on a common length."""
         length = max(self.length, other.length)
-        keys, values, pads = [], [], []
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        pads: list[int] = []
         for cache in (self, other):
             shift = length - cache.length
             pads += [pad + shift for pad in cache.pads]
@@ -547,7 +550,8 @@ class _ThinkerTurn:
         self.tokens: list[int] = []
         self.finish_reason: FinishReason = "stop"
         self.finished = False
-        self.sequence: torch.Tensor | None = None  # prompt and answer ids, for the repetition penalty
+        # Prompt and answer ids, for the repetition penalty (the prompt is set by the prefill).
+        self.sequence = torch.empty((1, 0), dtype=torch.long, device=device)
 
     @property
     def answer_tokens(self) -> int:
@@ -652,10 +656,70 @@ class _TalkerTurn:
             self.finished = True
 
 
-class _Turn:
+# What a DecodeBatch knows its turns by (the engine process: turn ids).
+TurnKey = TypeVar("TurnKey", bound=Hashable)
+
+
+@dataclass
+class _Speech:
+    talker: _TalkerTurn
+    audio: _AudioChunker
+
+
+@dataclass
+class _Rows(Generic[TurnKey]):
+    """One stage's batched decoding state: row ``r`` is ``turns[r]``."""
+
+    turns: list[_Turn[TurnKey]]
+    cache: _KVCache
+    positions: torch.Tensor  # [3, rows, 1] multimodal RoPE positions of the last fed entry
+    last: torch.Tensor  # [rows, 1] last sampled id (answer token or first-layer code)
+    hidden: torch.Tensor  # [rows, 1, hidden] last layer's output at the last position
+
+    def joined(self, other: _Rows[TurnKey]) -> _Rows[TurnKey]:
+        return _Rows(
+            self.turns + other.turns,
+            self.cache.joined(other.cache),
+            torch.cat([self.positions, other.positions], dim=1),
+            torch.cat([self.last, other.last], dim=0),
+            torch.cat([self.hidden, other.hidden], dim=0),
+        )
+
+    def kept(self, keep: list[int]) -> _Rows[TurnKey] | None:
+        """Only rows ``keep`` (None when none is left)."""
+        if not keep:
+            return None
+        if len(keep) == len(self.turns):
+            return self
+        index = torch.tensor(keep, device=self.last.device)
+        return _Rows(
+            [self.turns[row] for row in keep],
+            self.cache.kept(keep),
+            self.positions.index_select(1, index),
+            self.last.index_select(0, index),
+            self.hidden.index_select(0, index),
+        )
+
+
+class _SpeechModel:
+    """The Talker's modules as a decoding step calls them."""
+
+    def __init__(self, model) -> None:
+        self.talker = model.talker
+        self.stack = _DecoderStack(self.talker.model)
+        predictor = self.talker.code_predictor
+        self.predictor_stack = _DecoderStack(predictor.model)
+        self.predictor_heads = list(predictor.lm_head)
+        self.predictor_embeddings = list(predictor.model.codec_embedding)
+        self.num_code_groups: int = model.config.talker_config.num_code_groups
+        self.predictor_caches: dict[int, _KVCache] = {}
+        self.predictor_rope: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+class _Turn(Generic[TurnKey]):
     """Everything a ``DecodeBatch`` keeps for one turn."""
 
-    def __init__(self, key: Hashable, model, tokenizer, inputs: ThinkerInputs, params: GenerationParams, clock) -> None:
+    def __init__(self, key: TurnKey, model, tokenizer, inputs: ThinkerInputs, params: GenerationParams, clock) -> None:
         self.key = key
         self.inputs = inputs
         self.params = params
@@ -670,8 +734,8 @@ class _Turn:
             self.generator.manual_seed(seed)
         self.thinker = _ThinkerTurn(model, params, self.generator)
         self.text = _TextStream(tokenizer)
-        self.talker: _TalkerTurn | None = None
-        self.audio: _AudioChunker | None = None
+        # Set by the Talker's prefill: the turn speaks.
+        self.speech: _Speech | None = None
         # Set by the Thinker's prefill for the Talker's: the prompt's input embeddings (audio
         # merged in) and the hidden states at the layer the Talker listens to.
         self.prompt_embeds: torch.Tensor | None = None
@@ -680,7 +744,13 @@ class _Turn:
 
     @property
     def frames(self) -> int:
-        return 0 if self.talker is None else self.talker.frames
+        return 0 if self.speech is None else self.speech.talker.frames
+
+    def speaking(self) -> _Speech:
+        """The Talker and chunker of a turn in the Talker's rows (which always has them)."""
+        if self.speech is None:
+            raise RuntimeError(f"turn {self.key!r} does not speak")
+        return self.speech
 
     def done(self, finish_reason: FinishReason) -> TurnDone:
         usage = Usage(
@@ -704,7 +774,7 @@ class _Turn:
         return min(frames, spoken)
 
 
-class DecodeBatch:
+class DecodeBatch(Generic[TurnKey]):
     """Turns decoded together: one Thinker forward, one Talker forward and one code-predictor
     loop per step for every turn that needs it, and Code2Wav for the chunks that are due.
 
@@ -725,32 +795,31 @@ class DecodeBatch:
         self._model = model
         self._tokenizer = tokenizer
         self._clock = clock
-        self._turns: dict[Hashable, _Turn] = {}
+        self._turns: dict[TurnKey, _Turn[TurnKey]] = {}
         thinker_text = model.thinker.model.language_model
         self._thinker_stack = _DecoderStack(thinker_text)
         self._thinker_embed = thinker_text.embed_tokens
         self._thinker_head = model.thinker.lm_head
-        self.thinker_rows: list[_Turn] = []
-        self._thinker_cache: _KVCache | None = None
-        self._thinker_positions: torch.Tensor | None = None  # [3, rows, 1] multimodal RoPE of the last fed token
-        self._thinker_last: torch.Tensor | None = None  # [rows, 1] last sampled token
-        self.talker_rows: list[_Turn] = []
-        self._talker_cache: _KVCache | None = None
-        self._talker_positions: torch.Tensor | None = None
-        self._talker_hidden: torch.Tensor | None = None  # [rows, 1, hidden] last layer, last position
-        self._talker_last: torch.Tensor | None = None  # [rows, 1] last sampled first-layer code
+        self._thinking: _Rows[TurnKey] | None = None
+        self._speaking: _Rows[TurnKey] | None = None
         # None: a checkpoint loaded without audio output (text-only turns).
-        self._talker = getattr(model, "talker", None)
-        if self._talker is not None:
-            self._talker_stack = _DecoderStack(self._talker.model)
-            predictor = self._talker.code_predictor
-            self._predictor_stack = _DecoderStack(predictor.model)
-            self._predictor_heads = list(predictor.lm_head)
-            self._predictor_embeddings = list(predictor.model.codec_embedding)
-            self._num_code_groups = model.config.talker_config.num_code_groups
-        self._predictor_caches: dict[int, _KVCache] = {}
-        self._predictor_rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._speech_model = _SpeechModel(model) if getattr(model, "talker", None) is not None else None
         self._tts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def thinker_rows(self) -> list[_Turn[TurnKey]]:
+        """Turns whose text goes on, in row order."""
+        return [] if self._thinking is None else self._thinking.turns
+
+    @property
+    def talker_rows(self) -> list[_Turn[TurnKey]]:
+        """Turns whose audio goes on, in row order."""
+        return [] if self._speaking is None else self._speaking.turns
+
+    def _speech(self) -> _SpeechModel:
+        if self._speech_model is None:
+            raise ValueError("this model was loaded without its Talker: ask for text only")
+        return self._speech_model
 
     # -- joining --------------------------------------------------------------------------
 
@@ -761,8 +830,8 @@ class DecodeBatch:
         return TurnDone(text="", usage=usage, finish_reason="cancelled")
 
     def prefill_thinker(
-        self, key: Hashable, inputs: ThinkerInputs, params: GenerationParams
-    ) -> list[tuple[Hashable, TurnEvent]]:
+        self, key: TurnKey, inputs: ThinkerInputs, params: GenerationParams
+    ) -> list[tuple[TurnKey, TurnEvent]]:
         """Run the Thinker's prefill for a new turn, which samples its first answer token."""
         if key in self._turns:
             raise ValueError(f"turn {key!r} is already in the batch")
@@ -773,7 +842,7 @@ class DecodeBatch:
         attention_mask = inputs.attention_mask.to(device)
         model_kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
         forward_kwargs = {}
-        if inputs.input_features is not None:
+        if inputs.input_features is not None and inputs.feature_attention_mask is not None:
             feature_attention_mask = inputs.feature_attention_mask.to(device)
             model_kwargs["feature_attention_mask"] = feature_attention_mask
             forward_kwargs["input_features"] = inputs.input_features.to(device, thinker.dtype)
@@ -795,7 +864,8 @@ class DecodeBatch:
                 use_audio_in_video=False,
                 **forward_kwargs,
             )
-            logits = thinker.lm_head(output.last_hidden_state[:, -1:])
+            last_hidden = output.last_hidden_state[:, -1:]
+            logits = thinker.lm_head(last_hidden)
             if keep_hidden:
                 turn.prompt_embeds = output.hidden_states[0]
                 turn.prompt_hidden = output.hidden_states[self._model.config.talker_config.accept_hidden_layer]
@@ -806,31 +876,31 @@ class DecodeBatch:
         turn.thinker.record(token_id)
         self._turns[key] = turn
         if not turn.thinker.finished:
-            self._join_thinker(turn, _KVCache.of(output.cache), position_ids[-3:, :, -1:], token)
-        events: list[tuple[Hashable, TurnEvent]] = []
+            joining = _Rows([turn], _KVCache.of(output.cache), position_ids[-3:, :, -1:], token, last_hidden)
+            self._thinking = joining if self._thinking is None else self._thinking.joined(joining)
+        events: list[tuple[TurnKey, TurnEvent]] = []
         if delta := turn.text_delta(token_id):
             events.append((key, TextDelta(delta)))
         return events
 
-    def wants_talker(self, key: Hashable) -> bool:
+    def wants_talker(self, key: TurnKey) -> bool:
         """An answer of one token is only its end marker (or one token cut short): nothing to
         speak, and generate() cannot build a Talker prompt for it either."""
         turn = self._turns[key]
         return turn.params.output_audio and not turn.thinker.finished
 
-    def prefill_talker(self, key: Hashable) -> None:
+    def prefill_talker(self, key: TurnKey) -> None:
         """Build the turn's Talker prompt as generate() does and prefill it; the turn joins the Talker's rows."""
         turn = self._turns[key]
-        model, talker = self._model, self._talker
-        if talker is None:
-            raise ValueError("this model was loaded without its Talker: ask for text only")
+        model, talker = self._model, self._speech().talker
         config = model.config
         talker_config = config.talker_config
         speaker_id = talker_config.speaker_id.get(turn.params.voice.lower())
         if speaker_id is None:
             raise ValueError(f"the checkpoint has no speaker {turn.params.voice!r}")
-        turn.talker = _TalkerTurn(model, turn.params, turn.generator)
-        turn.audio = _AudioChunker(model.code2wav, turn.params, turn.clock)
+        speech = turn.speech = _Speech(
+            _TalkerTurn(model, turn.params, turn.generator), _AudioChunker(model.code2wav, turn.params, turn.clock)
+        )
         tts_bos, tts_eos, tts_pad = self._tts_embeds()
         prompt_embeds, prompt_ids = self._talker_prompt(turn, speaker_id, tts_pad, tts_bos, tts_eos)
         device = talker.device
@@ -849,12 +919,15 @@ class DecodeBatch:
             )
             # generate() feeds the code predictor the last layer's output at the last position.
             hidden = output.hidden_states[0][-1][:, -1:]
-            code = _choose_rows([turn.talker.sampler], turn.talker.scores(output.logits[:, -1, :], consumed_through=-1))
-            turn.talker.accept(code)
-        turn.talker.absorb_code(int(code.item()))
+            code = _choose_rows(
+                [speech.talker.sampler], speech.talker.scores(output.logits[:, -1, :], consumed_through=-1)
+            )
+            speech.talker.accept(code)
+        speech.talker.absorb_code(int(code.item()))
         # Drop what only the prefill needed.
         turn.prompt_embeds = turn.prompt_hidden = None
-        self._join_talker(turn, _KVCache.of(output.cache), position_ids[-3:, :, -1:], hidden, code)
+        joining = _Rows([turn], _KVCache.of(output.cache), position_ids[-3:, :, -1:], code, hidden)
+        self._speaking = joining if self._speaking is None else self._speaking.joined(joining)
 
     def _tts_embeds(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """<tts_bos>, <tts_eos>, <tts_pad> in the Talker's input space ([1, 1, hidden] each), computed once."""
@@ -865,15 +938,16 @@ class DecodeBatch:
                     [[config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]],
                     device=self._model.thinker.device,
                 )
-                embeds = self._talker.text_projection(self._thinker_embed(tts_tokens)).to(self._talker.device)
+                talker = self._speech().talker
+                embeds = talker.text_projection(self._thinker_embed(tts_tokens)).to(talker.device)
             self._tts = tuple(embeds.chunk(3, dim=1))
         return self._tts
 
-    def _talker_prompt(self, turn: _Turn, speaker_id, tts_pad, tts_bos, tts_eos):
+    def _talker_prompt(self, turn: _Turn[TurnKey], speaker_id, tts_pad, tts_bos, tts_eos):
         """The Talker's prompt exactly as generate() builds it (batch of one, no padding)."""
         model = self._model
         config = model.config
-        device = self._talker.device
+        device = self._speech().talker.device
         input_ids = turn.inputs.input_ids.to(device)
         length = input_ids.shape[1]
         thinker_config = config.thinker_config
@@ -882,6 +956,8 @@ class DecodeBatch:
             | (input_ids == thinker_config.image_token_id)
             | (input_ids == thinker_config.video_token_id)
         )
+        if turn.prompt_embeds is None or turn.prompt_hidden is None:
+            raise ValueError(f"turn {turn.key!r} was prefilled without audio output: it has no Talker prompt")
         prompt_embeds = turn.prompt_embeds.to(device)
         prompt_hidden = turn.prompt_hidden.to(device)
         with torch.inference_mode():
@@ -910,65 +986,26 @@ class DecodeBatch:
             )
         return torch.cat([user_embeds, assistant_embeds], dim=1), torch.cat([user_ids, assistant_ids], dim=1)
 
-    def _join_thinker(self, turn: _Turn, cache: _KVCache, positions: torch.Tensor, token: torch.Tensor) -> None:
-        if not self.thinker_rows:
-            self._thinker_cache, self._thinker_positions, self._thinker_last = cache, positions, token
-        else:
-            self._thinker_cache = self._thinker_cache.joined(cache)
-            self._thinker_positions = torch.cat([self._thinker_positions, positions], dim=1)
-            self._thinker_last = torch.cat([self._thinker_last, token], dim=0)
-        self.thinker_rows.append(turn)
-
-    def _join_talker(self, turn: _Turn, cache: _KVCache, positions, hidden, code) -> None:
-        if not self.talker_rows:
-            self._talker_cache, self._talker_positions = cache, positions
-            self._talker_hidden, self._talker_last = hidden, code
-        else:
-            self._talker_cache = self._talker_cache.joined(cache)
-            self._talker_positions = torch.cat([self._talker_positions, positions], dim=1)
-            self._talker_hidden = torch.cat([self._talker_hidden, hidden], dim=0)
-            self._talker_last = torch.cat([self._talker_last, code], dim=0)
-        self.talker_rows.append(turn)
-
     # -- leaving --------------------------------------------------------------------------
 
-    def _keep_thinker_rows(self, keep: list[int]) -> None:
-        if len(keep) == len(self.thinker_rows):
-            return
-        self.thinker_rows = [self.thinker_rows[row] for row in keep]
-        if not keep:
-            self._thinker_cache = self._thinker_positions = self._thinker_last = None
-            return
-        index = torch.tensor(keep, device=self._thinker_last.device)
-        self._thinker_cache = self._thinker_cache.kept(keep)
-        self._thinker_positions = self._thinker_positions.index_select(1, index)
-        self._thinker_last = self._thinker_last.index_select(0, index)
-
-    def _keep_talker_rows(self, keep: list[int]) -> None:
-        if len(keep) == len(self.talker_rows):
-            return
-        self.talker_rows = [self.talker_rows[row] for row in keep]
-        if not keep:
-            self._talker_cache = self._talker_positions = self._talker_hidden = self._talker_last = None
-            return
-        index = torch.tensor(keep, device=self._talker_last.device)
-        self._talker_cache = self._talker_cache.kept(keep)
-        self._talker_positions = self._talker_positions.index_select(1, index)
-        self._talker_hidden = self._talker_hidden.index_select(0, index)
-        self._talker_last = self._talker_last.index_select(0, index)
-
-    def _drop(self, turn: _Turn) -> None:
-        self._keep_thinker_rows([row for row, other in enumerate(self.thinker_rows) if other is not turn])
-        self._keep_talker_rows([row for row, other in enumerate(self.talker_rows) if other is not turn])
+    def _drop(self, turn: _Turn[TurnKey]) -> None:
+        if self._thinking is not None:
+            self._thinking = self._thinking.kept(
+                [row for row, other in enumerate(self._thinking.turns) if other is not turn]
+            )
+        if self._speaking is not None:
+            self._speaking = self._speaking.kept(
+                [row for row, other in enumerate(self._speaking.turns) if other is not turn]
+            )
         del self._turns[turn.key]
 
-    def cancel(self, key: Hashable) -> TurnDone:
+    def cancel(self, key: TurnKey) -> TurnDone:
         """The turn leaves now, whatever it was doing; its ``TurnDone`` says "cancelled"."""
         turn = self._turns[key]
         self._drop(turn)
         return turn.done("cancelled")
 
-    def finish(self, key: Hashable) -> TurnDone:
+    def finish(self, key: TurnKey) -> TurnDone:
         """The last event of a turn that is ``decoded``; the turn leaves the batch."""
         turn = self._turns[key]
         if not self._decoded(turn):
@@ -976,7 +1013,7 @@ class DecodeBatch:
         self._drop(turn)
         return turn.done(turn.thinker.finish_reason)
 
-    def decoded(self, key: Hashable) -> bool:
+    def decoded(self, key: TurnKey) -> bool:
         return self._decoded(self._turns[key])
 
     @staticmethod
@@ -984,118 +1021,124 @@ class DecodeBatch:
         """Text over, audio over (or never started) and every frame decoded into audio."""
         if not turn.thinker.finished:
             return False
-        if turn.talker is None:
+        if turn.speech is None:
             return True
-        return turn.talker.finished and turn.audio.pending_frames == 0
+        return turn.speech.talker.finished and turn.speech.audio.pending_frames == 0
 
-    def finished_keys(self) -> list[Hashable]:
+    def finished_keys(self) -> list[TurnKey]:
         return [key for key, turn in self._turns.items() if self._decoded(turn)]
 
     @property
-    def keys(self) -> list[Hashable]:
+    def keys(self) -> list[TurnKey]:
         return list(self._turns)
 
     def cache_bytes(self) -> int:
         """Key/value memory the batch holds for its rows (Thinker and Talker)."""
-        return sum(cache.nbytes() for cache in (self._thinker_cache, self._talker_cache) if cache is not None)
+        return sum(rows.cache.nbytes() for rows in (self._thinking, self._speaking) if rows is not None)
 
     # -- decoding steps -------------------------------------------------------------------
 
-    def step_thinker(self) -> list[tuple[Hashable, TurnEvent]]:
+    def step_thinker(self) -> list[tuple[TurnKey, TurnEvent]]:
         """One answer token for every turn whose text goes on; a turn whose text ends leaves these rows."""
-        rows = self.thinker_rows
-        if not rows:
+        state = self._thinking
+        if state is None:
             return []
+        rows = state.turns
         with torch.inference_mode():
-            self._thinker_positions = self._thinker_positions + 1
-            hidden = self._thinker_stack(
-                self._thinker_embed(self._thinker_last), self._thinker_cache, positions=self._thinker_positions
-            )
+            state.positions = state.positions + 1
+            hidden = self._thinker_stack(self._thinker_embed(state.last), state.cache, positions=state.positions)
+            state.hidden = hidden[:, -1:]
             logits = self._thinker_head(hidden[:, -1])
             scores = torch.cat([turn.thinker.scores(logits[row : row + 1]) for row, turn in enumerate(rows)])
-            self._thinker_last = _choose_rows([turn.thinker.sampler for turn in rows], scores)
+            state.last = _choose_rows([turn.thinker.sampler for turn in rows], scores)
             for row, turn in enumerate(rows):
-                turn.thinker.accept(self._thinker_last[row : row + 1])
-            token_ids = self._thinker_last[:, 0].tolist()
+                turn.thinker.accept(state.last[row : row + 1])
+            token_ids = state.last[:, 0].tolist()
             for row, turn in enumerate(rows):
                 turn.thinker.record(token_ids[row])
             # The Talker's trailing text: each new token projected, in one call for all rows.
-            fed = [row for row, turn in enumerate(rows) if turn.talker is not None and not turn.thinker.finished]
+            fed = [row for row, turn in enumerate(rows) if turn.speech is not None and not turn.thinker.finished]
             if fed:
-                ids = self._thinker_last if len(fed) == len(rows) else self._thinker_last[fed]
-                projected = self._talker.text_projection(self._thinker_embed(ids)).to(self._talker.device)
-        events: list[tuple[Hashable, TurnEvent]] = []
+                talker = self._speech().talker
+                ids = state.last if len(fed) == len(rows) else state.last[fed]
+                projected = talker.text_projection(self._thinker_embed(ids)).to(talker.device)
+        events: list[tuple[TurnKey, TurnEvent]] = []
         keep = []
         for row, turn in enumerate(rows):
-            if turn.talker is not None:
+            if turn.speech is not None:
                 if turn.thinker.finished:
-                    turn.talker.trailing.append(self._tts_embeds()[1])
-                    turn.talker.text_done = True
+                    turn.speech.talker.trailing.append(self._tts_embeds()[1])
+                    turn.speech.talker.text_done = True
                 else:
-                    turn.talker.trailing.append(projected[fed.index(row)].unsqueeze(0))
+                    turn.speech.talker.trailing.append(projected[fed.index(row)].unsqueeze(0))
             if delta := turn.text_delta(token_ids[row]):
                 events.append((turn.key, TextDelta(delta)))
             if not turn.thinker.finished:
                 keep.append(row)
-        self._keep_thinker_rows(keep)
+        self._thinking = state.kept(keep)
         return events
 
     def step_talker(self) -> None:
         """One codec frame for every speaking turn: the code predictor completes it, and the
         Talker samples the next first-layer code unless the frame was the turn's last."""
-        rows = self.talker_rows
-        if not rows:
+        state = self._speaking
+        if state is None:
             return
-        talker = self._talker
+        speech_model = self._speech()
+        talker = speech_model.talker
+        speeches = [turn.speaking() for turn in state.turns]
         with torch.inference_mode():
-            last_code_embed = talker.get_input_embeddings()(self._talker_last)
-            residual_codes, residual_embeds = self._predict_residual_codes(self._talker_hidden, last_code_embed)
-            frames = torch.cat((self._talker_last, residual_codes), dim=-1)
+            last_code_embed = talker.get_input_embeddings()(state.last)
+            residual_codes, residual_embeds = self._predict_residual_codes(
+                speech_model, speeches, state.hidden, last_code_embed
+            )
+            frames = torch.cat((state.last, residual_codes), dim=-1)
         keep = []
-        for row, turn in enumerate(rows):
-            turn.audio.push(frames[row])
-            if not turn.talker.frame_done():
+        for row, speech in enumerate(speeches):
+            speech.audio.push(frames[row])
+            if not speech.talker.frame_done():
                 keep.append(row)
-        if not keep:
-            self._keep_talker_rows([])
-            return
         with torch.inference_mode():
             inputs_embeds = torch.cat([last_code_embed, residual_embeds], dim=1).sum(1, keepdim=True)
             tts_pad = self._tts_embeds()[2]
             text = [
-                turn.talker.trailing[turn.talker.frames - 1]
-                if turn.talker.frames - 1 < len(turn.talker.trailing)
+                speech.talker.trailing[speech.talker.frames - 1]
+                if speech.talker.frames - 1 < len(speech.talker.trailing)
                 else tts_pad
-                for turn in rows
+                for speech in speeches
             ]
             inputs_embeds = inputs_embeds + torch.cat(text, dim=0)
-            self._keep_talker_rows(keep)
-            if len(keep) < len(rows):
+            if len(keep) < len(speeches):
                 inputs_embeds = inputs_embeds[keep]
-            rows = self.talker_rows
-            self._talker_positions = self._talker_positions + 1
-            hidden = self._talker_stack(inputs_embeds, self._talker_cache, positions=self._talker_positions)
-            self._talker_hidden = hidden[:, -1:]
+            kept = state.kept(keep)
+            if kept is None:
+                self._speaking = None
+                return
+            state = kept
+            speeches = [turn.speaking() for turn in state.turns]
+            state.positions = state.positions + 1
+            hidden = speech_model.stack(inputs_embeds, state.cache, positions=state.positions)
+            state.hidden = hidden[:, -1:]
             logits = talker.codec_head(hidden[:, -1])
             scores = torch.cat(
                 [
-                    turn.talker.scores(logits[row : row + 1], consumed_through=turn.talker.frames - 1)
-                    for row, turn in enumerate(rows)
+                    speech.talker.scores(logits[row : row + 1], consumed_through=speech.talker.frames - 1)
+                    for row, speech in enumerate(speeches)
                 ]
             )
-            self._talker_last = _choose_rows([turn.talker.sampler for turn in rows], scores)
-            for row, turn in enumerate(rows):
-                turn.talker.accept(self._talker_last[row : row + 1])
-            code_ids = self._talker_last[:, 0].tolist()
+            state.last = _choose_rows([speech.talker.sampler for speech in speeches], scores)
+            for row, speech in enumerate(speeches):
+                speech.talker.accept(state.last[row : row + 1])
+            code_ids = state.last[:, 0].tolist()
         keep = []
-        for row, turn in enumerate(rows):
-            turn.talker.absorb_code(code_ids[row])
-            if not turn.talker.finished:
+        for row, speech in enumerate(speeches):
+            speech.talker.absorb_code(code_ids[row])
+            if not speech.talker.finished:
                 keep.append(row)
-        self._keep_talker_rows(keep)
+        self._speaking = state.kept(keep)
 
     def _predict_residual_codes(
-        self, hidden: torch.Tensor, last_code_embed: torch.Tensor
+        self, speech_model: _SpeechModel, speeches: list[_Speech], hidden: torch.Tensor, last_code_embed: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The code predictor's 15 residual codes ([rows, 15]) and their embeddings ([rows, 15, hidden]).
 
@@ -1104,86 +1147,86 @@ class DecodeBatch:
         first-layer code), then one code per step, code ``k`` embedded by embedding table
         ``k - 1`` and scored by head ``k``. All rows have the same length: no padding.
         """
-        rows = self.talker_rows
-        cache = self._predictor_cache(len(rows), hidden)
-        cos, sin = self._predictor_rope
-        samplers = [turn.talker.predictor_sampler for turn in rows]
+        cache, (cos, sin) = self._predictor_cache(speech_model, len(speeches), hidden)
+        samplers = [speech.talker.predictor_sampler for speech in speeches]
+        groups = speech_model.num_code_groups
         # One uniform per residual code and sampling row, drawn up front from each turn's
         # generator (a greedy row draws none, as alone).
         uniforms = None
         if any(sampler.do_sample for sampler in samplers):
-            residuals = self._num_code_groups - 1
             uniforms = torch.stack(
                 [
-                    sampler.uniforms(residuals, hidden.device) if sampler.do_sample else hidden.new_zeros(residuals)
+                    sampler.uniforms(groups - 1, hidden.device) if sampler.do_sample else hidden.new_zeros(groups - 1)
                     for sampler in samplers
                 ]
             )
-        output = self._predictor_stack(
+        output = speech_model.predictor_stack(
             torch.cat((hidden, last_code_embed), dim=1), cache, position_embeddings=(cos[:, :2], sin[:, :2])
         )
         codes, embeds = [], []
-        for group in range(1, self._num_code_groups):
-            logits = self._predictor_heads[group - 1](output[:, -1]).float()
+        for group in range(1, groups):
+            logits = speech_model.predictor_heads[group - 1](output[:, -1]).float()
             code = _choose_rows(samplers, logits, None if uniforms is None else uniforms[:, group - 1])
-            embed = self._predictor_embeddings[group - 1](code)
+            embed = speech_model.predictor_embeddings[group - 1](code)
             codes.append(code)
             embeds.append(embed)
-            if group < self._num_code_groups - 1:
+            if group < groups - 1:
                 position = (cos[:, group + 1 : group + 2], sin[:, group + 1 : group + 2])
-                output = self._predictor_stack(embed, cache, position_embeddings=position)
+                output = speech_model.predictor_stack(embed, cache, position_embeddings=position)
         return torch.cat(codes, dim=-1), torch.cat(embeds, dim=1)
 
-    def _predictor_cache(self, rows: int, like: torch.Tensor) -> _KVCache:
+    def _predictor_cache(
+        self, speech_model: _SpeechModel, rows: int, like: torch.Tensor
+    ) -> tuple[_KVCache, tuple[torch.Tensor, torch.Tensor]]:
         """One cache per batch size, reused every frame; the rotary table for its 16 positions, computed once."""
-        if self._predictor_rope is None:
-            positions = torch.arange(self._num_code_groups + 1, device=like.device)[None]
-            self._predictor_rope = self._predictor_stack.rotary(like, positions)
-        cache = self._predictor_caches.get(rows)
+        if speech_model.predictor_rope is None:
+            positions = torch.arange(speech_model.num_code_groups + 1, device=like.device)[None]
+            speech_model.predictor_rope = speech_model.predictor_stack.rotary(like, positions)
+        cache = speech_model.predictor_caches.get(rows)
         if cache is None:
-            attention = self._predictor_stack.layers[0].self_attn
-            config = self._talker.code_predictor.config
+            attention = speech_model.predictor_stack.layers[0].self_attn
+            config = speech_model.talker.code_predictor.config
             cache = _KVCache.empty(
-                layers=len(self._predictor_stack.layers),
+                layers=len(speech_model.predictor_stack.layers),
                 rows=rows,
                 heads=config.num_key_value_heads,
                 head_dim=attention.head_dim,
-                capacity=self._num_code_groups + 1,
+                capacity=speech_model.num_code_groups + 1,
                 dtype=like.dtype,
                 device=like.device,
             )
-            self._predictor_caches[rows] = cache
+            speech_model.predictor_caches[rows] = cache
         cache.reset()
-        return cache
+        return cache, speech_model.predictor_rope
+
+    def _due(self) -> list[tuple[_Turn[TurnKey], _Speech]]:
+        return [
+            (turn, turn.speech)
+            for turn in self._turns.values()
+            if turn.speech is not None and turn.speech.audio.chunk_due(turn.speech.talker.finished)
+        ]
 
     def chunks_due(self) -> bool:
-        return any(
-            turn.audio is not None and turn.audio.chunk_due(turn.talker.finished) for turn in self._turns.values()
-        )
+        return bool(self._due())
 
-    def decode_chunks(self) -> list[tuple[Hashable, TurnEvent]]:
+    def decode_chunks(self) -> list[tuple[TurnKey, TurnEvent]]:
         """Decode every due chunk (a turn's last frames once its audio ended); chunks of the same
         shape go through Code2Wav together."""
-        due = [
-            turn
-            for turn in self._turns.values()
-            if turn.audio is not None and turn.audio.chunk_due(turn.talker.finished)
-        ]
-        groups: dict[tuple[int, ...], list[tuple[_Turn, torch.Tensor]]] = {}
-        for turn in due:
-            codes = turn.audio.pending_codes()
-            groups.setdefault(tuple(codes.shape), []).append((turn, codes))
-        events: list[tuple[Hashable, TurnEvent]] = []
-        decoded: dict[Hashable, np.ndarray] = {}
+        due = self._due()
+        groups: dict[tuple[int, ...], list[tuple[TurnKey, torch.Tensor]]] = {}
+        for turn, speech in due:
+            codes = speech.audio.pending_codes()
+            groups.setdefault(tuple(codes.shape), []).append((turn.key, codes))
+        events: list[tuple[TurnKey, TurnEvent]] = []
+        decoded: dict[TurnKey, np.ndarray] = {}
         with torch.inference_mode():
             for members in groups.values():
                 waves = self._model.code2wav(torch.cat([codes for _, codes in members], dim=0))[:, 0]
-                waves = waves.float().cpu().numpy()
-                for (turn, _), wave in zip(members, waves):
-                    decoded[turn.key] = wave
-        for turn in due:
-            frames, pcm = turn.audio.emit(decoded[turn.key])
-            voiced = turn.voiced_tokens(turn.audio.decoded_frames)
+                for (key, _), wave in zip(members, waves.float().cpu().numpy()):
+                    decoded[key] = wave
+        for turn, speech in due:
+            frames, pcm = speech.audio.emit(decoded[turn.key])
+            voiced = turn.voiced_tokens(speech.audio.decoded_frames)
             events.append((turn.key, AudioChunk(pcm, frames=frames, text_tokens_voiced=voiced)))
         return events
 
@@ -1236,7 +1279,7 @@ class _AudioChunker:
         return pending >= self._next_chunk_frames()
 
     def _next_chunk_frames(self) -> int:
-        if not self._adaptive:
+        if not self._adaptive or self._first_audio_at is None or self._first_frame_at is None:
             return self._chunk_frames
         now = self._clock()
         ahead_s = self._emitted_samples / VOICE_RATE - (now - self._first_audio_at)

@@ -269,7 +269,7 @@ class _BatchServer:
         self._commands = commands
         self._events = events
         self._max_batch = max_batch
-        self._new_batch = lambda: DecodeBatch(loaded.model, loaded.tokenizer)  # noqa: E731
+        self._new_batch = lambda: DecodeBatch[int](loaded.model, loaded.tokenizer)  # noqa: E731
         self._batch = self._new_batch()
         self._waiting: collections.deque[Submit] = collections.deque()
         self._closing = False

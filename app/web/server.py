@@ -103,7 +103,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         if runtime is None:
             return JSONResponse({"status": "starting", "sessions": 0}, status_code=503)
         alive = bool(getattr(runtime.engine, "alive", True))
-        engine = {
+        engine: dict[str, Any] = {
             "alive": alive,
             "restarts": int(getattr(runtime.engine, "restarts", 0)),
             "queue_depth": int(getattr(runtime.engine, "queue_depth", 0)),
