@@ -612,3 +612,18 @@ def test_a_batch_releases_cache_memory_as_turns_leave(model, tokenizer, inputs, 
     assert batch.cache_bytes() < both / 2
     batch.cancel("long")
     assert batch.cache_bytes() == 0
+
+
+def test_padded_rows_are_masked_with_eager_attention_too(dev_model_dir, tokenizer, inputs, history_inputs):
+    # Rows of different prompt lengths are left-padded; eager attention adds the mask to its
+    # scores (sdpa takes it either way), so the padding must be masked additively.
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(dev_model_dir, attn_implementation="eager").eval()
+    fixed = {"adaptive_chunks": False}
+    plan = {
+        "short": (0, inputs, greedy(force_output_tokens=10, max_output_tokens=10, max_audio_frames=16, **fixed)),
+        "long": (2, history_inputs, greedy(force_output_tokens=10, max_output_tokens=10, max_audio_frames=16, **fixed)),
+    }
+    assert inputs.input_ids.shape[1] != history_inputs.input_ids.shape[1]
+    events, _, _ = drive(model, tokenizer, plan)
+    for key, (_, turn_inputs, params) in plan.items():
+        assert_same_turn(events[key], run(model, tokenizer, turn_inputs, **params), atol=BATCH_WAVEFORM_ATOL)
