@@ -16,12 +16,17 @@ decodes every frame at once. The first sound therefore comes after the whole tur
    it. Like ``generate()``, the answer's last token (``<|im_end|>``, or the token at which
    ``max_output_tokens`` cut it) is replaced by ``<tts_eos>``, and once the text is used up the
    Talker continues on ``<tts_pad>`` until it samples codec EOS (or reaches ``max_audio_frames``).
-4. Every ``first_chunk_frames`` then ``chunk_frames`` new frames, Code2Wav decodes them with
-   ``left_context_frames`` frames of left context and the new audio is yielded at once.
+4. After ``first_chunk_frames`` frames, then whenever a chunk is due (its size adapts to how
+   far the audio is ahead of the listener, see ``_AudioChunker``), Code2Wav decodes the new
+   frames with ``left_context_frames`` frames of left context and the audio is yielded at once.
 
-Positions, caches, sampling and the code predictor mirror ``generate()`` call for call, so with
-greedy decoding in both stages the stream produces the same tokens and codec frames as
-``generate()``: streaming changes when things happen, not what is computed.
+Positions, caches, processors and the code predictor mirror ``generate()``, so with greedy
+decoding in both stages the stream produces the same tokens and codec frames as
+``generate()``: streaming changes when things happen, not what is computed. Sampled turns draw
+from the same distributions with each turn's own generator (other random numbers than
+``generate()``'s). Decoding steps call the decoder layers directly (``_DecoderStack``) with
+left-padded caches (``_KVCache``) so that any number of turns decode together
+(``DecodeBatch``); a turn alone is a batch of one.
 
 Code2Wav's upsampling blocks each look one step ahead (a transposed convolution whose last
 output needs the next input), so decoding frames ``[a, b)`` yields correct audio only up to a
