@@ -109,17 +109,25 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         if runtime is None:
             return JSONResponse({"status": "starting", "sessions": 0}, status_code=503)
         alive = bool(getattr(runtime.engine, "alive", True))
+        engine: dict[str, Any] = {
+            "alive": alive,
+            "restarts": int(getattr(runtime.engine, "restarts", 0)),
+            "queue_depth": int(getattr(runtime.engine, "queue_depth", 0)),
+        }
+        # An engine pool describes each engine process (device, pid, running turns...).
+        describe = getattr(runtime.engine, "describe", None)
+        engines = describe() if describe is not None else []
+        if engines:
+            engine["engines"] = engines
+        # Some engine of a pool restarting: degraded, but still serving (200) while one is alive.
+        healthy = alive and all(entry["alive"] for entry in engines)
         return JSONResponse(
             {
-                "status": "ok" if alive else "degraded",
+                "status": "ok" if healthy else "degraded",
                 "model": runtime.model,
                 "sessions": len(runtime.calls),
                 "max_sessions": settings.max_sessions,
-                "engine": {
-                    "alive": alive,
-                    "restarts": int(getattr(runtime.engine, "restarts", 0)),
-                    "queue_depth": int(getattr(runtime.engine, "queue_depth", 0)),
-                },
+                "engine": engine,
             },
             status_code=200 if alive else 503,
         )
@@ -160,7 +168,7 @@ async def _start_engine(settings: Settings) -> tuple[Engine, str]:
     # Imported here: the engine pulls in torch and transformers, which the CLI's other
     # commands and the client never need.
     from pipeline.devmodel import ensure_dev_model
-    from pipeline.engine import TransformersEngine
+    from pipeline.engine import EnginePool
 
     if settings.model is None:
         model_dir = await asyncio.to_thread(ensure_dev_model, settings.cache_dir)
@@ -168,9 +176,10 @@ async def _start_engine(settings: Settings) -> tuple[Engine, str]:
         logger.info("no model given: using the dev model at %s", model_dir)
     else:
         model = settings.model
-    engine = TransformersEngine(
+    engine = EnginePool(
         model,
-        device=settings.device,
+        devices=settings.engine_devices,
+        max_batch=settings.max_batch,
         dtype=settings.dtype,
         seed=settings.seed,
         generation=settings.generation,
