@@ -23,7 +23,8 @@ serve: $(STAMP)
 	$(VENV)/bin/omni-rtc serve $(ARGS)
 
 test: $(STAMP) system-deps turn-model
-	$(VENV)/bin/ruff check app media pipeline tests
+	$(VENV)/bin/ruff check app media pipeline tests scripts
+	$(VENV)/bin/mypy
 	scripts/run-offline.sh $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # semantic_vad's end-of-turn model, from the pipecat-ai wheel on PyPI (the venv build runs it too).

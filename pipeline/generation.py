@@ -42,7 +42,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -230,7 +230,7 @@ def _sampling_processors(
     if repetition_penalty is not None and repetition_penalty != 1.0:
         processors.append(RepetitionPenaltyLogitsProcessor(penalty=repetition_penalty))
     if suppress_tokens:
-        processors.append(SuppressTokensLogitsProcessor(suppress_tokens, device=device))
+        processors.append(SuppressTokensLogitsProcessor(suppress_tokens, device=str(device)))
     if do_sample:
         if temperature is not None and temperature != 1.0:
             processors.append(TemperatureLogitsWarper(temperature))
@@ -601,7 +601,7 @@ class _TalkerTurn:
         self._max_frames = params.max_audio_frames
         do_sample = params.talker_do_sample
         generation_config = model.generation_config
-        sampling = {}
+        sampling: dict[str, Any] = {}
         for name, default in _TALKER_SAMPLING_DEFAULTS.items():
             configured = getattr(generation_config, f"talker_{name}", None)
             sampling[name] = default if configured is None else configured
