@@ -400,11 +400,17 @@ class _KVCache:
         self._dtype = keys[0].dtype
 
     @classmethod
-    def of(cls, cache: DynamicCache) -> _KVCache:
-        """Take over a one-row ``DynamicCache`` (a prefill's)."""
+    def of(cls, cache: DynamicCache, pads: list[int] | None = None) -> _KVCache:
+        """Take over a prefill's ``DynamicCache``, its rows left-padded by ``pads``."""
         keys: list[torch.Tensor] = [layer.keys for layer in cache.layers]  # type: ignore[union-attr,misc]
         values: list[torch.Tensor] = [layer.values for layer in cache.layers]  # type: ignore[union-attr,misc]
-        return cls(keys, values, [0] * keys[0].shape[0], keys[0].shape[2])
+        pads = pads or [0] * keys[0].shape[0]
+        # A padding slot's entries are never attended to, but a fully masked query can leave
+        # NaN there, and 0 x NaN is NaN in the attention's product: zero them.
+        for row, pad in enumerate(pads):
+            for tensor in (*keys, *values):
+                tensor[row, :, :pad] = 0
+        return cls(keys, values, pads, keys[0].shape[2])
 
     @classmethod
     def empty(cls, *, layers: int, rows: int, heads: int, head_dim: int, capacity: int, dtype, device) -> _KVCache:
@@ -494,6 +500,67 @@ class _KVCache:
 
 # Slots allocated beyond a cache's length when rows join or leave: 64 steps before it grows.
 _CACHE_HEADROOM = 64
+
+
+@dataclass
+class _ThinkerPrompt:
+    """A Thinker prefill's inputs: one turn's, or several turns' left-padded together."""
+
+    input_ids: torch.Tensor  # [rows, T]
+    attention_mask: torch.Tensor  # [rows, T], 0 over the padding
+    position_ids: torch.Tensor  # [4, rows, T]: text positions, then the three multimodal-RoPE rows
+    input_features: torch.Tensor | None  # [clips, 128, frames], every row's clips in row order
+    feature_attention_mask: torch.Tensor | None  # [clips, frames]
+    pads: list[int]
+
+    @classmethod
+    def of(cls, thinker, inputs: ThinkerInputs) -> _ThinkerPrompt:
+        device = thinker.device
+        input_ids = inputs.input_ids.to(device)
+        attention_mask = inputs.attention_mask.to(device)
+        model_kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        features = feature_mask = None
+        if inputs.input_features is not None and inputs.feature_attention_mask is not None:
+            feature_mask = inputs.feature_attention_mask.to(device)
+            features = inputs.input_features.to(device)
+            model_kwargs["feature_attention_mask"] = feature_mask
+        # Each row's positions as alone (this also sets the model's rope_deltas, unused here:
+        # decoding steps keep their own positions).
+        position_ids = thinker._prepare_position_ids_for_generation(input_ids, model_kwargs)
+        return cls(input_ids, attention_mask, position_ids, features, feature_mask, [0])
+
+    @classmethod
+    def padded(cls, rows: list[_ThinkerPrompt]) -> _ThinkerPrompt:
+        if len(rows) == 1:
+            return rows[0]
+        length = max(row.input_ids.shape[1] for row in rows)
+        pads = [length - row.input_ids.shape[1] for row in rows]
+        # Padding ids are masked out; 0 is an ordinary text token (not a multimodal placeholder,
+        # which would have to match an audio feature). Padding positions are 1, as generate() pads.
+        input_ids = torch.cat([torch.nn.functional.pad(row.input_ids, (pad, 0)) for row, pad in zip(rows, pads)])
+        attention_mask = torch.cat(
+            [torch.nn.functional.pad(row.attention_mask, (pad, 0)) for row, pad in zip(rows, pads)]
+        )
+        position_ids = torch.cat(
+            [torch.nn.functional.pad(row.position_ids, (pad, 0), value=1) for row, pad in zip(rows, pads)], dim=1
+        )
+        clips = [row for row in rows if row.input_features is not None and row.feature_attention_mask is not None]
+        features = feature_mask = None
+        if clips:
+            frames = max(row.input_features.shape[-1] for row in clips)  # type: ignore[union-attr]
+            features = torch.cat(
+                [
+                    torch.nn.functional.pad(row.input_features, (0, frames - row.input_features.shape[-1]))  # type: ignore[union-attr,arg-type]
+                    for row in clips
+                ]
+            )
+            feature_mask = torch.cat(
+                [
+                    torch.nn.functional.pad(row.feature_attention_mask, (0, frames - row.feature_attention_mask.shape[-1]))  # type: ignore[union-attr,arg-type]
+                    for row in clips
+                ]
+            )
+        return cls(input_ids, attention_mask, position_ids, features, feature_mask, pads)
 
 
 class _DecoderStack:
@@ -838,31 +905,34 @@ class DecodeBatch(Generic[TurnKey]):
         self, key: TurnKey, inputs: ThinkerInputs, params: GenerationParams
     ) -> list[tuple[TurnKey, TurnEvent]]:
         """Run the Thinker's prefill for a new turn, which samples its first answer token."""
-        if key in self._turns:
-            raise ValueError(f"turn {key!r} is already in the batch")
-        turn = _Turn(key, self._model, self._tokenizer, inputs, params, self._clock)
+        return self.prefill_thinkers([(key, inputs, params)])
+
+    def prefill_thinkers(
+        self, joining: list[tuple[TurnKey, ThinkerInputs, GenerationParams]]
+    ) -> list[tuple[TurnKey, TurnEvent]]:
+        """The Thinker's prefill for new turns in one forward (prompts left-padded, each row
+        with the positions it has alone, every clip through the audio encoder together); each
+        samples its first answer token. Four dev-model prefills cost ~1.5 one, not 4."""
+        for key, _, _ in joining:
+            if key in self._turns or sum(other == key for other, _, _ in joining) > 1:
+                raise ValueError(f"turn {key!r} is already in the batch")
+        turns = [_Turn(key, self._model, self._tokenizer, inputs, params, self._clock) for key, inputs, params in joining]
         thinker = self._model.thinker
-        device = thinker.device
-        input_ids = inputs.input_ids.to(device)
-        attention_mask = inputs.attention_mask.to(device)
-        model_kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
-        forward_kwargs = {}
-        if inputs.input_features is not None and inputs.feature_attention_mask is not None:
-            feature_attention_mask = inputs.feature_attention_mask.to(device)
-            model_kwargs["feature_attention_mask"] = feature_attention_mask
-            forward_kwargs["input_features"] = inputs.input_features.to(device, thinker.dtype)
-            forward_kwargs["feature_attention_mask"] = feature_attention_mask
-        keep_hidden = params.output_audio
         with torch.inference_mode():
-            # [4, 1, T]: text positions, then the three multimodal-RoPE rows (sets rope_deltas).
-            position_ids = thinker._prepare_position_ids_for_generation(input_ids, model_kwargs)
+            rows = [_ThinkerPrompt.of(thinker, turn.inputs) for turn in turns]
+            batch = _ThinkerPrompt.padded(rows)
+            forward_kwargs: dict[str, torch.Tensor] = {}
+            if batch.input_features is not None and batch.feature_attention_mask is not None:
+                forward_kwargs["input_features"] = batch.input_features.to(thinker.dtype)
+                forward_kwargs["feature_attention_mask"] = batch.feature_attention_mask
+            keep_hidden = any(turn.params.output_audio for turn in turns)
             # The Thinker's model, then its head on the last position only: thinker(...) would
             # score every prompt position against the 152k vocabulary (150 of the 160 ms a
             # dev-model prefill took).
             output = thinker.model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids,
                 use_cache=True,
                 output_hidden_states=keep_hidden,
                 output_router_logits=False,
@@ -870,22 +940,30 @@ class DecodeBatch(Generic[TurnKey]):
                 **forward_kwargs,
             )
             last_hidden = output.last_hidden_state[:, -1:]
-            logits = thinker.lm_head(last_hidden)
-            if keep_hidden:
-                turn.prompt_embeds = output.hidden_states[0]
-                turn.prompt_hidden = output.hidden_states[self._model.config.talker_config.accept_hidden_layer]
-            turn.thinker.sequence = input_ids
-            token = _choose_rows([turn.thinker.sampler], turn.thinker.scores(logits[:, -1, :]))
-            turn.thinker.accept(token)
-        token_id = int(token.item())
-        turn.thinker.record(token_id)
-        self._turns[key] = turn
-        if not turn.thinker.finished:
-            joining = _Rows([turn], _KVCache.of(output.cache), position_ids[-3:, :, -1:], token, last_hidden)
-            self._thinking = joining if self._thinking is None else self._thinking.joined(joining)
+            logits = thinker.lm_head(last_hidden)[:, -1, :]
+            scores = torch.cat([turn.thinker.scores(logits[row : row + 1]) for row, turn in enumerate(turns)])
+            tokens = _choose_rows([turn.thinker.sampler for turn in turns], scores)
+            for row, (turn, prompt) in enumerate(zip(turns, rows)):
+                pad = batch.pads[row]
+                if turn.params.output_audio:
+                    layer = self._model.config.talker_config.accept_hidden_layer
+                    turn.prompt_embeds = output.hidden_states[0][row : row + 1, pad:]
+                    turn.prompt_hidden = output.hidden_states[layer][row : row + 1, pad:]
+                turn.thinker.sequence = prompt.input_ids
+                turn.thinker.accept(tokens[row : row + 1])
+            cache = _KVCache.of(output.cache, batch.pads)
+        token_ids = tokens[:, 0].tolist()
         events: list[tuple[TurnKey, TurnEvent]] = []
-        if delta := turn.text_delta(token_id):
-            events.append((key, TextDelta(delta)))
+        for turn, token_id in zip(turns, token_ids):
+            turn.thinker.record(token_id)
+            self._turns[turn.key] = turn
+            if delta := turn.text_delta(token_id):
+                events.append((turn.key, TextDelta(delta)))
+        joined = _Rows(turns, cache, batch.position_ids[-3:, :, -1:], tokens, last_hidden).kept(
+            [row for row, turn in enumerate(turns) if not turn.thinker.finished]
+        )
+        if joined is not None:
+            self._thinking = joined if self._thinking is None else self._thinking.joined(joined)
         return events
 
     def wants_talker(self, key: TurnKey) -> bool:
@@ -896,25 +974,38 @@ class DecodeBatch(Generic[TurnKey]):
 
     def prefill_talker(self, key: TurnKey) -> None:
         """Build the turn's Talker prompt as generate() does and prefill it; the turn joins the Talker's rows."""
-        turn = self._turns[key]
+        self.prefill_talkers([key])
+
+    def prefill_talkers(self, keys: list[TurnKey]) -> None:
+        """``prefill_talker`` for several turns in one Talker forward (prompts left-padded,
+        each row with the positions it has alone)."""
         model, talker = self._model, self._speech().talker
-        config = model.config
-        talker_config = config.talker_config
-        speaker_id = talker_config.speaker_id.get(turn.params.voice.lower())
-        if speaker_id is None:
-            raise ValueError(f"the checkpoint has no speaker {turn.params.voice!r}")
-        speech = turn.speech = _Speech(
-            _TalkerTurn(model, turn.params, turn.generator), _AudioChunker(model.code2wav, turn.params, turn.clock)
-        )
-        tts_bos, tts_eos, tts_pad = self._tts_embeds()
-        prompt_embeds, prompt_ids = self._talker_prompt(turn, speaker_id, tts_pad, tts_bos, tts_eos)
+        talker_config = model.config.talker_config
+        turns = [self._turns[key] for key in keys]
         device = talker.device
-        attention_mask = torch.ones(prompt_ids.shape, dtype=torch.long, device=device)
-        model_kwargs = {"attention_mask": attention_mask, "talker_input_ids": prompt_ids}
-        if turn.inputs.feature_attention_mask is not None:
-            model_kwargs["audio_feature_lengths"] = turn.inputs.feature_attention_mask.to(device).sum(dim=1)
+        prompts: list[tuple[torch.Tensor, torch.Tensor]] = []  # per turn: embeds [1, T, hidden], positions [4, 1, T]
+        for turn in turns:
+            speaker_id = talker_config.speaker_id.get(turn.params.voice.lower())
+            if speaker_id is None:
+                raise ValueError(f"the checkpoint has no speaker {turn.params.voice!r}")
+            tts_bos, tts_eos, tts_pad = self._tts_embeds()
+            prompt_embeds, prompt_ids = self._talker_prompt(turn, speaker_id, tts_pad, tts_bos, tts_eos)
+            attention_mask = torch.ones(prompt_ids.shape, dtype=torch.long, device=device)
+            model_kwargs = {"attention_mask": attention_mask, "talker_input_ids": prompt_ids}
+            if turn.inputs.feature_attention_mask is not None:
+                model_kwargs["audio_feature_lengths"] = turn.inputs.feature_attention_mask.to(device).sum(dim=1)
+            with torch.inference_mode():
+                prompts.append((prompt_embeds, talker._prepare_position_ids_for_generation(prompt_embeds, model_kwargs)))
+        length = max(embeds.shape[1] for embeds, _ in prompts)
+        pads = [length - embeds.shape[1] for embeds, _ in prompts]
+        pad = torch.nn.functional.pad
         with torch.inference_mode():
-            position_ids = talker._prepare_position_ids_for_generation(prompt_embeds, model_kwargs)
+            # Padding embeddings are zeros and masked out; padding positions are 1, as generate() pads.
+            prompt_embeds = torch.cat([pad(embeds, (0, 0, gap, 0)) for (embeds, _), gap in zip(prompts, pads)])
+            position_ids = torch.cat([pad(positions, (gap, 0), value=1) for (_, positions), gap in zip(prompts, pads)], dim=1)
+            attention_mask = torch.ones(prompt_embeds.shape[:2], dtype=torch.long, device=device)
+            for row, gap in enumerate(pads):
+                attention_mask[row, :gap] = 0
             output = talker(
                 inputs_embeds=prompt_embeds,
                 attention_mask=attention_mask,
@@ -924,14 +1015,26 @@ class DecodeBatch(Generic[TurnKey]):
             )
             # generate() feeds the code predictor the last layer's output at the last position.
             hidden = output.hidden_states[0][-1][:, -1:]
-            code = _choose_rows(
-                [speech.talker.sampler], speech.talker.scores(output.logits[:, -1, :], consumed_through=-1)
+            speeches = [
+                _Speech(
+                    _TalkerTurn(model, turn.params, turn.generator), _AudioChunker(model.code2wav, turn.params, turn.clock)
+                )
+                for turn in turns
+            ]
+            logits = output.logits[:, -1, :]
+            scores = torch.cat(
+                [speech.talker.scores(logits[row : row + 1], consumed_through=-1) for row, speech in enumerate(speeches)]
             )
-            speech.talker.accept(code)
-        speech.talker.absorb_code(int(code.item()))
-        # Drop what only the prefill needed.
-        turn.prompt_embeds = turn.prompt_hidden = None
-        joining = _Rows([turn], _KVCache.of(output.cache), position_ids[-3:, :, -1:], code, hidden)
+            codes = _choose_rows([speech.talker.sampler for speech in speeches], scores)
+            for row, speech in enumerate(speeches):
+                speech.talker.accept(codes[row : row + 1])
+            cache = _KVCache.of(output.cache, pads)
+        for turn, speech, code_id in zip(turns, speeches, codes[:, 0].tolist()):
+            speech.talker.absorb_code(code_id)
+            turn.speech = speech
+            # Drop what only the prefill needed.
+            turn.prompt_embeds = turn.prompt_hidden = None
+        joining = _Rows(turns, cache, position_ids[-3:, :, -1:], codes, hidden)
         self._speaking = joining if self._speaking is None else self._speaking.joined(joining)
 
     def _tts_embeds(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -18,9 +18,13 @@ import signal
 import threading
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.turn import TurnDone, TurnEvent, TurnRequest, Usage
+
+if TYPE_CHECKING:
+    from pipeline.generation import GenerationParams
+    from pipeline.prompt import ThinkerInputs
 
 logger = logging.getLogger(__name__)
 
@@ -282,12 +286,13 @@ class _BatchServer:
                     self._send(key, self._batch.cancel(key))
                 return
             self._leave_cancelled()
-            # One prefill per gap between steps bounds how long decoding turns wait for a
-            # joining one; into an empty batch every waiting turn joins at once (no one waits).
-            admit = len(self._waiting) if not self._batch.keys else 1
-            while admit and self._waiting and len(self._batch.keys) < self._max_batch:
-                self._admit(self._waiting.popleft())
-                admit -= 1
+            # Every waiting turn that fits joins in one batched prefill per gap between steps:
+            # decoding turns wait for one prefill (four cost ~1.5 one), joining turns for none.
+            joining: list[Submit] = []
+            while self._waiting and len(self._batch.keys) + len(joining) < self._max_batch:
+                joining.append(self._waiting.popleft())
+            if joining:
+                self._admit(joining)
             if self._batch.keys:
                 self._step()
 
@@ -324,7 +329,32 @@ class _BatchServer:
             self._waiting.remove(submit)
             self._send(submit.turn_id, TurnDone(text="", usage=Usage(0, 0, 0), finish_reason="cancelled"))
 
-    def _admit(self, submit: Submit) -> None:
+    def _admit(self, submits: list[Submit]) -> None:
+        """Prefill the turns together; if that fails, one at a time, so a bad turn fails alone."""
+        rendered = [prepared for submit in submits if (prepared := self._render(submit)) is not None]
+        if len(rendered) > 1:
+            try:
+                self._prefill(rendered)
+            except Exception:
+                logger.exception("a batched prefill of %d turns failed; prefilling them one at a time", len(rendered))
+                for turn_id, _, _ in rendered:
+                    if turn_id in self._batch.keys:
+                        self._batch.cancel(turn_id)
+            else:
+                self._finish_decoded()
+                return
+        for prepared in rendered:
+            try:
+                self._prefill([prepared])
+            except Exception as exc:
+                logger.exception("turn %d failed", prepared[0])
+                if prepared[0] in self._batch.keys:
+                    self._batch.cancel(prepared[0])
+                self._fail(prepared[0], exc)
+        self._finish_decoded()
+
+    def _render(self, submit: Submit) -> tuple[int, ThinkerInputs, GenerationParams] | None:
+        """The turn's Thinker inputs and settings; None (and the turn failed) when it cannot start."""
         turn_id, request = submit.turn_id, submit.request
         params = dataclasses.replace(
             self._loaded.base_params,
@@ -336,18 +366,20 @@ class _BatchServer:
         try:
             if params.output_audio and not self._loaded.model.has_talker:
                 raise ValueError("this engine was started without audio output; ask for text only")
-            inputs = self._loaded.renderer.render_request(request)
-            for _, event in self._batch.prefill_thinker(turn_id, inputs, params):
-                self._send(turn_id, event)
-            if self._batch.wants_talker(turn_id):
-                self._batch.prefill_talker(turn_id)
+            return turn_id, self._loaded.renderer.render_request(request), params
         except Exception as exc:
             logger.exception("turn %d failed", turn_id)
-            if turn_id in self._batch.keys:
-                self._batch.cancel(turn_id)
             self._fail(turn_id, exc)
-            return
-        self._finish_decoded()
+            return None
+
+    def _prefill(self, rendered: list[tuple[int, ThinkerInputs, GenerationParams]]) -> None:
+        """Both prefills, then the first tokens' text (none is sent if either prefill fails)."""
+        events = self._batch.prefill_thinkers(rendered)
+        speaking = [turn_id for turn_id, _, _ in rendered if self._batch.wants_talker(turn_id)]
+        if speaking:
+            self._batch.prefill_talkers(speaking)
+        for turn_id, event in events:
+            self._send(turn_id, event)
 
     def _step(self) -> None:
         batch = self._batch

@@ -513,11 +513,14 @@ def drive(model, tokenizer, plan, *, cancel_at=None):
     rows_seen = []
     step = 0
     while step <= max(join for join, _, _ in plan.values()) or batch.keys:
-        for key, (join, inputs, params) in plan.items():
-            if join == step:
-                events[key] += [event for _, event in batch.prefill_thinker(key, inputs, GenerationParams(**params))]
-                if batch.wants_talker(key):
-                    batch.prefill_talker(key)
+        # Turns that join at the same step are prefilled together, as the engine does.
+        joining = [(key, inputs, GenerationParams(**params)) for key, (join, inputs, params) in plan.items() if join == step]
+        if joining:
+            for key, event in batch.prefill_thinkers(joining):
+                events[key].append(event)
+            speaking = [key for key, _, _ in joining if batch.wants_talker(key)]
+            if speaking:
+                batch.prefill_talkers(speaking)
         for key, when in cancel_at.items():
             if when == step and key in batch.keys:
                 events[key].append(batch.cancel(key))
@@ -569,9 +572,44 @@ def test_turns_decoded_together_equal_each_turn_alone(model, tokenizer, inputs, 
     assert batch.keys == [] and batch.cache_bytes() == 0
 
 
+@pytest.fixture(scope="module")
+def weather_inputs(dev_model_dir):
+    """Spoken audio of another length than hello.wav, after one exchange."""
+    pcm, _ = sf.read(FIXTURES / "weather.wav", dtype="float32")
+    conversation = Conversation(items=(UserText("hello"), AssistantText("hi!"), UserAudio(pcm)))
+    return PromptRenderer.from_pretrained(dev_model_dir).render(conversation)
+
+
+def test_turns_prefilled_together_equal_each_turn_alone(
+    model, tokenizer, inputs, typed_inputs, history_inputs, weather_inputs
+):
+    # Four prompts of different lengths (two clips of different lengths, one without audio)
+    # prefilled in one Thinker and one Talker forward, then two more joining together later.
+    lengths = {turn.input_ids.shape[1] for turn in (inputs, typed_inputs, history_inputs, weather_inputs)}
+    assert len(lengths) == 4
+    fixed = {"adaptive_chunks": False}
+    plan = {
+        "spoken": (0, inputs, greedy(force_output_tokens=14, max_output_tokens=14, max_audio_frames=30, **fixed)),
+        "typed": (0, typed_inputs, greedy(force_output_tokens=10, max_output_tokens=10, max_audio_frames=24, **fixed)),
+        "history": (0, history_inputs, greedy(force_output_tokens=16, max_output_tokens=16, max_audio_frames=30, **fixed)),
+        "weather": (0, weather_inputs, greedy(force_output_tokens=12, max_output_tokens=12, max_audio_frames=30, **fixed)),
+        "later weather": (4, weather_inputs, greedy(force_output_tokens=8, max_output_tokens=8, max_audio_frames=20, **fixed)),
+        "later text": (4, history_inputs, greedy(force_output_tokens=6, max_output_tokens=6, output_audio=False)),
+    }
+    events, rows_seen, batch = drive(model, tokenizer, plan)
+    assert rows_seen[0] == (4, 4) and max(thinker for thinker, _ in rows_seen) == 6
+    for key, (_, turn_inputs, params) in plan.items():
+        assert_same_turn(events[key], run(model, tokenizer, turn_inputs, **params), atol=BATCH_WAVEFORM_ATOL)
+    assert batch.keys == [] and batch.cache_bytes() == 0
+
+
 def test_sampled_turns_in_a_batch_draw_what_they_draw_alone(model, tokenizer, inputs, history_inputs):
     sampled = {"temperature": 0.9, "max_output_tokens": 10, "max_audio_frames": 16, "adaptive_chunks": False}
-    plan = {"a": (0, inputs, {**sampled, "seed": 11}), "b": (2, history_inputs, {**sampled, "seed": 12})}
+    plan = {
+        "a": (0, inputs, {**sampled, "seed": 11}),
+        "b": (2, history_inputs, {**sampled, "seed": 12}),
+        "c": (2, inputs, {**sampled, "seed": 13}),
+    }
     events, _, _ = drive(model, tokenizer, plan)
     for key, (_, turn_inputs, params) in plan.items():
         assert_same_turn(events[key], run(model, tokenizer, turn_inputs, **params), atol=BATCH_WAVEFORM_ATOL)
