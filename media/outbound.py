@@ -32,6 +32,8 @@ from media.rates import VOICE_RATE, WIRE_RATE
 logger = logging.getLogger(__name__)
 
 _UPSAMPLING = WIRE_RATE // VOICE_RATE
+# Sent whenever nothing is queued (most frames of a call): one buffer, no per-frame conversion.
+_SILENT_FRAME = np.zeros(FRAME_SAMPLES, dtype=np.int16)
 
 
 class PlaybackListener(Protocol):
@@ -100,15 +102,21 @@ class OutboundAudioTrack(MediaStreamTrack):
             raise MediaStreamError
         await self._pacer.wait_until_due()
         samples = self._take_frame()
+        if samples is None:
+            return self._pacer.frame(_SILENT_FRAME)
         return self._pacer.frame(np.clip(np.rint(samples * 32767.0), -32768, 32767).astype(np.int16))
 
-    def _take_frame(self) -> np.ndarray:
+    def _take_frame(self) -> np.ndarray | None:
+        """The next 20 ms of queued audio, zero-padded; None when nothing is queued (silence)."""
         if self._queued < FRAME_SAMPLES and self._resampler_holds_audio:
             # Nothing more to resample right now: release soxr's withheld tail (as if
             # silence followed) so the end of an answer is never stuck in the filter.
             self._enqueue(self._resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True))
             self._resampler.clear()
             self._resampler_holds_audio = False
+        if not self._queue:
+            self._set_playing(False)
+            return None
         frame = np.zeros(FRAME_SAMPLES, dtype=np.float32)
         filled = 0
         while filled < FRAME_SAMPLES and self._queue:

@@ -36,6 +36,7 @@ from app.realtime.protocol import EVENTS_CHANNEL, ProtocolError
 from app.web.metrics import CallObserver
 from app.webrtc.ice import loopback_candidates
 from media.inbound import InboundAudio, release_audio_promptly
+from media.opus import OpusTrack
 from media.outbound import OutboundAudioTrack
 
 logger = logging.getLogger(__name__)
@@ -153,7 +154,7 @@ class Call:
         for transceiver in pc.getTransceivers():
             if transceiver.kind == "audio":
                 release_audio_promptly(transceiver.receiver)
-        pc.addTrack(output)
+        pc.addTrack(OpusTrack(output))  # encoded here: see media/opus.py for what aiortc's sender would spend
         answer = await pc.createAnswer()
         # aiortc gathers every candidate inside setLocalDescription, so the answer is complete.
         with loopback_candidates(self._ice_loopback):
