@@ -49,6 +49,9 @@ class OutboundAudioTrack(MediaStreamTrack):
     """
 
     kind = "audio"
+    # Sends in real time by itself and reports the first frame of audio after silence
+    # (on_playback_started) as it hands it on: a session may wait for that to time its answers.
+    paced = True
 
     def __init__(
         self,

@@ -8,8 +8,7 @@ response, streams the answer, and keeps the conversation *as the user heard it* 
 ``ledger``). Turn detection: ``interrupt_response: false`` (default) is half-duplex — from a
 response's start until its audio has played out, plus ``ECHO_TAIL_MS``, speech is heard but not
 acted on; ``true`` is barge-in — speech start cancels the response, clears the output and
-truncates the item; ``null`` is manual mode (``input_audio_buffer.commit`` + ``response.create``).
-docs/SESSION.md has the whole picture.
+truncates the item; ``null`` is manual mode (``input_audio_buffer.commit`` + ``response.create``). See docs/SESSION.md.
 """
 
 from __future__ import annotations
@@ -206,6 +205,8 @@ class RealtimeSession:
         if playback is not None:
             self._speaking_response_id = playback.response_id
             self._emit(OutputAudioBufferStartedEvent(response_id=playback.response_id))
+            if self._response is not None:
+                self._response.first_frame_out(playback.response_id)
 
     def on_playback_stopped(self) -> None:
         if self._closed or self._clearing:
@@ -353,8 +354,7 @@ class RealtimeSession:
             logger.info("session %s: utterance %s committed while %s is responding; not answering it",
                         self.session_id, item_id, self._response.id)
             return
-        # The VAD committed when the silence wait ended: the input stream is there now (give or
-        # take the rest of this chunk, <= 20 ms from WebRTC).
+        # The VAD committed when the silence wait ended: the input is there now (± this chunk, <= 20 ms).
         silence_wait_ms = 0.0 if event.forced else float(turn_detection.silence_duration_ms)
         self._start_response(self._session_response(committed_at, silence_wait_ms))
 
@@ -467,6 +467,7 @@ class RealtimeSession:
                         done = event
             if done is None:
                 raise EngineError("The engine ended the turn without TurnDone.", code="engine_protocol_error")
+            await response.wait_first_frame()
             if done.finish_reason == "length":
                 self._finish_response(response, "incomplete", reason="max_output_tokens", done=done)
             elif done.finish_reason == "cancelled":
@@ -499,8 +500,7 @@ class RealtimeSession:
     def _on_audio(self, response: Response, pcm: np.ndarray) -> None:
         if response.modality != "audio" or response.entry is None or pcm.size == 0:
             return
-        if response.first_audio_at is None:
-            response.first_audio_at = time.monotonic()
+        response.audio_written(to_idle_paced_output=len(self._ledger) == 0 and getattr(self._output, "paced", False))
         response.entry.audio_samples += pcm.size
         self._ledger.write(response.entry.id, response.id, pcm.size, self._output.played_samples)
         self._output.write(pcm)
