@@ -26,7 +26,7 @@ import numpy as np
 import soxr
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from media.pacing import FRAME_SAMPLES, FramePacer
+from media.pacing import FRAME_SAMPLES, FramePacer, PacingStats
 from media.rates import VOICE_RATE, WIRE_RATE
 
 logger = logging.getLogger(__name__)
@@ -58,9 +58,10 @@ class OutboundAudioTrack(MediaStreamTrack):
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        pacing_stats: PacingStats | None = None,
     ) -> None:
         super().__init__()
-        self._pacer = FramePacer(clock=clock, sleep=sleep)
+        self._pacer = FramePacer(clock=clock, sleep=sleep, stats=pacing_stats)
         self._resampler = soxr.ResampleStream(VOICE_RATE, WIRE_RATE, 1, dtype="float32", quality="HQ")
         self._resampler_holds_audio = False
         self._queue: deque[np.ndarray] = deque()  # 48 kHz float32 chunks not yet sent

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from app.realtime.protocol import (
@@ -29,6 +30,7 @@ from app.realtime.protocol import (
     SessionUpdatedEvent,
     event_type,
 )
+from media.pacing import LATENESS_BUCKETS_S, PacingStats
 from media.rates import SPEECH_RATE
 
 _SESSION_CONFIGURED = (event_type(SessionCreatedEvent), event_type(SessionUpdatedEvent))
@@ -48,9 +50,14 @@ DURATION_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 class Metrics:
     """Every metric of one server; ``render()`` is the ``/metrics`` body."""
 
-    def __init__(self) -> None:
+    def __init__(self, pacing_snapshots: Callable[[], dict[str, dict[str, Any]]] | None = None) -> None:
+        """``pacing_snapshots``: each media worker's ``PacingStats.snapshot()`` by worker name;
+        by default this process is the one media worker, "0", and counts into ``self.pacing``."""
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.pacing = PacingStats()  # every call's outbound track in this process reports here
+        self.pacing_snapshots = pacing_snapshots or (lambda: {"0": self.pacing.snapshot()})
+        r.register(_PacingCollector(self.pacing_snapshots))
         self.sessions_open = Gauge("omni_rtc_sessions_open", "Calls with an open session.", registry=r)
         self.calls = Counter(
             "omni_rtc_calls", "Calls ended, by why they ended.", ["reason"], registry=r
@@ -95,6 +102,50 @@ class Metrics:
 
     def observer(self, clock: Callable[[], float] = time.monotonic) -> CallObserver:
         return CallObserver(self, clock)
+
+
+class _PacingCollector:
+    """Each media worker's outbound pacing (``PacingStats.snapshot()``), read at scrape time.
+
+    Counting happens in ``media.pacing`` with plain integers per frame; the Prometheus families
+    are built only when ``/metrics`` is read.
+    """
+
+    def __init__(self, snapshots: Callable[[], dict[str, dict[str, Any]]]) -> None:
+        self._snapshots = snapshots
+
+    def collect(self) -> list[Metric]:
+        lateness = HistogramMetricFamily(
+            "omni_rtc_outbound_frame_lateness_seconds",
+            "How long after its due time each outbound 20 ms audio frame was handed out, per media worker.",
+            labels=["worker"],
+        )
+        late = CounterMetricFamily(
+            "omni_rtc_outbound_frames_late",
+            "Outbound audio frames handed out a whole frame (20 ms) or more after they were due, per media worker.",
+            labels=["worker"],
+        )
+        skipped = CounterMetricFamily(
+            "omni_rtc_outbound_frames_skipped",
+            "Outbound frame slots skipped when a stall moved the pacing schedule forward, per media worker.",
+            labels=["worker"],
+        )
+        overloaded = GaugeMetricFamily(
+            "omni_rtc_media_worker_overloaded",
+            "1 when at least 1 % of a media worker's outbound frames in the last 10 s were late or skipped.",
+            labels=["worker"],
+        )
+        for worker, snapshot in sorted(self._snapshots().items()):
+            counts = snapshot["bucket_counts"]
+            cumulative, buckets = 0, []
+            for bound, count in zip([*map(str, LATENESS_BUCKETS_S), "+Inf"], counts, strict=True):
+                cumulative += count
+                buckets.append((bound, cumulative))
+            lateness.add_metric([worker], buckets, sum_value=snapshot["lateness_sum_s"])
+            late.add_metric([worker], snapshot["late_frames"])
+            skipped.add_metric([worker], snapshot["skipped_frames"])
+            overloaded.add_metric([worker], 1.0 if snapshot["overloaded"] else 0.0)
+        return [lateness, late, skipped, overloaded]
 
 
 class CallObserver:

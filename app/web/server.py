@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -103,12 +104,21 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         if runtime is None:
             return JSONResponse({"status": "starting", "sessions": 0}, status_code=503)
         alive = bool(getattr(runtime.engine, "alive", True))
+        pacing = metrics.pacing.snapshot()
         return JSONResponse(
             {
                 "status": "ok" if alive else "degraded",
                 "model": runtime.model,
                 "sessions": len(runtime.calls),
                 "max_sessions": settings.max_sessions,
+                # This process is the one media worker. "overloaded": it falls behind pacing its calls' audio.
+                "workers": [
+                    {
+                        "worker": "0", "pid": os.getpid(), "alive": True, "sessions": len(runtime.calls),
+                        "overloaded": pacing["overloaded"], "late_frames": pacing["late_frames"],
+                        "skipped_frames": pacing["skipped_frames"],
+                    }
+                ],
                 "engine": {
                     "alive": alive,
                     "restarts": int(getattr(runtime.engine, "restarts", 0)),

@@ -112,6 +112,7 @@ def _new_call(
         max_duration_s=settings.max_session_s,
         observer=metrics.observer(),
         on_closed=on_closed,
+        pacing_stats=metrics.pacing,
     )
 
 

@@ -38,6 +38,7 @@ from app.webrtc.ice import loopback_candidates
 from media.inbound import InboundAudio, release_audio_promptly
 from media.opus import OpusTrack
 from media.outbound import OutboundAudioTrack
+from media.pacing import PacingStats
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +88,10 @@ class Call:
         observer: CallObserver | None = None,
         on_closed: Callable[[Call, str], None] | None = None,
         call_id: str | None = None,
+        pacing_stats: PacingStats | None = None,
     ) -> None:
         self.id = call_id or new_call_id()
+        self._pacing_stats = pacing_stats
         self._make_session = make_session
         self._configuration = configuration
         self._ice_loopback = ice_loopback
@@ -125,7 +128,7 @@ class Call:
         pc = RTCPeerConnection(self._configuration)
         self._pc = pc
         self._resources.push_async_callback(pc.close)
-        output = OutboundAudioTrack()
+        output = OutboundAudioTrack(pacing_stats=self._pacing_stats)
         self._resources.callback(output.stop)
         session = self._make_session(output, self._send)
         self._session = session
