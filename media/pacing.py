@@ -47,6 +47,9 @@ LATE_S = FRAME_S
 # overloaded, measured with tests/bench/media_capacity.py).
 OVERLOAD_WINDOW_S = 10.0
 OVERLOAD_SHARE = 0.01
+# The share is taken of at least this many frames (one call's window), so that a young or quiet
+# window needs 5 bad frames, not one hiccup, to count as overloaded.
+OVERLOAD_MIN_FRAMES = 500
 
 
 class PacingStats:
@@ -111,7 +114,7 @@ class PacingStats:
 
 def _over(window: tuple[int, int]) -> bool:
     frames, late = window
-    return frames > 0 and late >= OVERLOAD_SHARE * frames
+    return late > 0 and late >= OVERLOAD_SHARE * max(frames, OVERLOAD_MIN_FRAMES)
 
 
 class FramePacer:

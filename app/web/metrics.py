@@ -50,14 +50,15 @@ DURATION_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 class Metrics:
     """Every metric of one server; ``render()`` is the ``/metrics`` body."""
 
-    def __init__(self, pacing_snapshots: Callable[[], dict[str, dict[str, Any]]] | None = None) -> None:
-        """``pacing_snapshots``: each media worker's ``PacingStats.snapshot()`` by worker name;
-        by default this process is the one media worker, "0", and counts into ``self.pacing``."""
+    def __init__(self, worker: str = "0") -> None:
+        """``worker``: the name this process's pacing is reported under (a media worker's index)."""
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.pacing = PacingStats()  # every call's outbound track in this process reports here
-        self.pacing_snapshots = pacing_snapshots or (lambda: {"0": self.pacing.snapshot()})
-        r.register(_PacingCollector(self.pacing_snapshots))
+        # Each media worker's PacingStats.snapshot() by worker name: by default this process's own;
+        # a front process with media workers replaces it with their latest reports.
+        self.pacing_snapshots: Callable[[], dict[str, dict[str, Any]]] = lambda: {worker: self.pacing.snapshot()}
+        r.register(_PacingCollector(lambda: self.pacing_snapshots()))
         self.sessions_open = Gauge("omni_rtc_sessions_open", "Calls with an open session.", registry=r)
         self.calls = Counter(
             "omni_rtc_calls", "Calls ended, by why they ended.", ["reason"], registry=r
@@ -97,11 +98,58 @@ class Metrics:
             buckets=DURATION_BUCKETS, registry=r,
         )
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, others: list[list[FamilySamples]] | None = None) -> bytes:
+        """The exposition text; ``others``: other processes' :meth:`samples`, summed in by name and labels.
+
+        Summing is right for every metric here: counters and histograms of different processes
+        add up, and the one gauge of counts (open sessions) too.
+        """
+        if not others:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry(auto_describe=False)
+        merged.register(_MergedCollector([self.samples(), *others]))
+        return generate_latest(merged)
+
+    def samples(self) -> list[FamilySamples]:
+        """Every metric's samples as plain data, to send to the process that serves /metrics."""
+        return [
+            (family.name, family.type, family.documentation,
+             # _created (a timestamp per process) does not add up; Prometheus does without it.
+             [(sample.name, dict(sample.labels), sample.value) for sample in family.samples
+              if not sample.name.endswith("_created")])
+            for family in self.registry.collect()
+        ]
 
     def observer(self, clock: Callable[[], float] = time.monotonic) -> CallObserver:
         return CallObserver(self, clock)
+
+
+# (family name, type, help, [(sample name, labels, value)]): one metric family as plain data.
+FamilySamples = tuple[str, str, str, list[tuple[str, dict[str, str], float]]]
+
+
+class _MergedCollector:
+    """Several processes' families, samples with the same name and labels summed."""
+
+    def __init__(self, sources: list[list[FamilySamples]]) -> None:
+        self._sources = sources
+
+    def collect(self) -> list[Metric]:
+        families: dict[str, Metric] = {}
+        sums: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+        for source in self._sources:
+            for name, kind, documentation, samples in source:
+                if name not in families:
+                    families[name] = Metric(name, documentation, kind)
+                    sums[name] = {}
+                totals = sums[name]
+                for sample_name, labels, value in samples:
+                    key = (sample_name, tuple(sorted(labels.items())))
+                    totals[key] = totals.get(key, 0.0) + value
+        for name, family in families.items():
+            for (sample_name, label_pairs), value in sums[name].items():
+                family.add_sample(sample_name, dict(label_pairs), value)
+        return list(families.values())
 
 
 class _PacingCollector:

@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from app.realtime.slots import SessionSlots
 from app.web.errors import ApiError
+from app.web.workers import MediaWorkerPool
 from app.webrtc.call import CallRegistry
 from media.vad import SileroVad
 from pipeline.turn import Engine
@@ -20,7 +22,9 @@ class Runtime:
     for_sessions: Engine  # the engine as sessions get it
     model: str
     vad: SileroVad
-    calls: CallRegistry
+    calls: CallRegistry  # calls in this process (none when media workers carry them)
+    slots: SessionSlots  # --max-sessions, over every transport and worker
+    workers: MediaWorkerPool | None = None  # --media-workers > 1
 
 
 def runtime_of(request: Request) -> Runtime:

@@ -23,13 +23,16 @@ from starlette.middleware.cors import CORSMiddleware
 from app.config import Settings
 from app.realtime.protocol import ProtocolError
 from app.realtime.session_config import SessionConfig
+from app.realtime.slots import SessionSlots
 from app.web.auth import Authenticator, install_auth
+from app.web.calls import call_rtc_configuration
 from app.web.debug import debug_router
 from app.web.engines import MeteredEngine, StallTimeoutEngine
 from app.web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from app.web.metrics import Metrics
 from app.web.runtime import Runtime
-from app.web.signaling import call_rtc_configuration, signaling_router
+from app.web.signaling import signaling_router
+from app.web.workers import MediaWorkerPool
 from app.webrtc.call import CallRegistry
 from media.vad import SileroVad
 from pipeline.turn import Engine
@@ -54,16 +57,21 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             else:
                 serving, model = engine, getattr(engine, "name", type(engine).__name__)
             vad = await asyncio.to_thread(SileroVad.load)
-            calls = CallRegistry(
-                settings.max_sessions,
-                on_count=metrics.sessions_open.set,
-                on_closed=lambda call, reason: metrics.calls.labels(reason=reason).inc(),
-            )
-            # Registered last, so it runs first: calls (and their engine turns) end before the engine.
+            slots = SessionSlots(settings.max_sessions, on_count=metrics.sessions_open.set)
+            calls = CallRegistry(slots, on_closed=lambda call, reason: metrics.calls.labels(reason=reason).inc())
+            # Registered after the engine, so it runs before: calls (and their engine turns) end first.
             stack.push_async_callback(calls.close_all)
             # Sessions get the engine with stalled turns failed (not hung) and timings recorded.
             for_sessions = MeteredEngine(StallTimeoutEngine(serving, stall_timeout_s=settings.turn_stall_timeout_s), metrics)
-            app.state.runtime = Runtime(engine=serving, for_sessions=for_sessions, model=model, vad=vad, calls=calls)
+            workers = None
+            if settings.media_workers > 1:
+                workers = MediaWorkerPool(settings, settings.media_workers, for_sessions, slots)
+                stack.push_async_callback(workers.close)  # their calls end, then the engine
+                await workers.start()
+                metrics.pacing_snapshots = dict  # none here: each worker's metrics carry its own pacing
+            app.state.runtime = Runtime(
+                engine=serving, for_sessions=for_sessions, model=model, vad=vad, calls=calls, slots=slots, workers=workers
+            )
             logger.info("serving %s on http://%s:%d", model, settings.host, settings.port)
             try:
                 yield
@@ -104,21 +112,14 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         if runtime is None:
             return JSONResponse({"status": "starting", "sessions": 0}, status_code=503)
         alive = bool(getattr(runtime.engine, "alive", True))
-        pacing = metrics.pacing.snapshot()
         return JSONResponse(
             {
                 "status": "ok" if alive else "degraded",
                 "model": runtime.model,
-                "sessions": len(runtime.calls),
+                "sessions": len(runtime.slots),
                 "max_sessions": settings.max_sessions,
-                # This process is the one media worker. "overloaded": it falls behind pacing its calls' audio.
-                "workers": [
-                    {
-                        "worker": "0", "pid": os.getpid(), "alive": True, "sessions": len(runtime.calls),
-                        "overloaded": pacing["overloaded"], "late_frames": pacing["late_frames"],
-                        "skipped_frames": pacing["skipped_frames"],
-                    }
-                ],
+                # "overloaded": the worker falls behind pacing its calls' audio (media/pacing.py).
+                "workers": runtime.workers.status() if runtime.workers is not None else [_this_worker(runtime)],
                 "engine": {
                     "alive": alive,
                     "restarts": int(getattr(runtime.engine, "restarts", 0)),
@@ -129,8 +130,21 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         )
 
     @app.get("/metrics")
-    async def prometheus() -> Response:
-        return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
+    async def prometheus(request: Request) -> Response:
+        runtime = getattr(request.app.state, "runtime", None)
+        workers = runtime.workers if runtime is not None else None
+        return Response(
+            metrics.render(workers.metric_samples() if workers is not None else None), media_type=METRICS_CONTENT_TYPE
+        )
+
+    def _this_worker(runtime: Runtime) -> dict[str, Any]:
+        """This process as the one media worker."""
+        pacing = metrics.pacing.snapshot()
+        return {
+            "worker": "0", "pid": os.getpid(), "alive": True, "sessions": len(runtime.calls), "restarts": 0,
+            "overloaded": pacing["overloaded"], "late_frames": pacing["late_frames"],
+            "skipped_frames": pacing["skipped_frames"],
+        }
 
     # The page and its files (index.html names app.js and style.css relatively), after every
     # route above so that none of them is shadowed.

@@ -33,6 +33,7 @@ from aiortc import MediaStreamTrack, RTCConfiguration, RTCDataChannel, RTCPeerCo
 from aiortc.exceptions import InternalError, InvalidAccessError, InvalidStateError, OperationError
 
 from app.realtime.protocol import EVENTS_CHANNEL, ProtocolError
+from app.realtime.slots import SessionSlots
 from app.web.metrics import CallObserver
 from app.webrtc.ice import loopback_candidates
 from media.inbound import InboundAudio, release_audio_promptly
@@ -352,23 +353,12 @@ class Call:
                 logger.exception("call %s: session failed on a client event", self.id)
 
 
-class CapacityError(Exception):
-    """Every session slot is taken."""
-
-
 class CallRegistry:
-    """The open calls of one server, at most ``max_calls`` at a time."""
+    """The open calls of one process, each holding a slot of the server's ``SessionSlots``."""
 
-    def __init__(
-        self,
-        max_calls: int,
-        *,
-        on_count: Callable[[int], None] | None = None,
-        on_closed: Callable[[Call, str], None] | None = None,
-    ) -> None:
-        self._max_calls = max_calls
+    def __init__(self, slots: SessionSlots, *, on_closed: Callable[[Call, str], None] | None = None) -> None:
+        self._slots = slots
         self._calls: dict[str, Call] = {}
-        self._on_count = on_count
         self._on_closed = on_closed
 
     def __len__(self) -> int:
@@ -378,16 +368,18 @@ class CallRegistry:
         return self._calls.get(call_id)
 
     def admit(self, create: Callable[[Callable[[Call, str], None]], Call]) -> Call:
-        """Registers ``create(on_closed)``, or raises :class:`CapacityError` when full.
+        """Registers ``create(on_closed)``, or raises ``CapacityError`` when every slot is taken.
 
         Synchronous, so admission and registration cannot interleave with another offer.
         The call must invoke ``on_closed`` once it is released; the registry forgets it then.
         """
-        if len(self._calls) >= self._max_calls:
-            raise CapacityError(f"all {self._max_calls} sessions are in use")
-        call = create(self._forget)
+        self._slots.take()
+        try:
+            call = create(self._forget)
+        except BaseException:
+            self._slots.give_back()
+            raise
         self._calls[call.id] = call
-        self._count_changed()
         return call
 
     async def close_all(self, reason: str = "server_shutdown") -> None:
@@ -396,13 +388,9 @@ class CallRegistry:
     def _forget(self, call: Call, reason: str) -> None:
         if self._calls.pop(call.id, None) is None:
             return
-        self._count_changed()
+        self._slots.give_back()
         if self._on_closed is not None:
             self._on_closed(call, reason)
-
-    def _count_changed(self) -> None:
-        if self._on_count is not None:
-            self._on_count(len(self._calls))
 
 
 async def _gather_all(closes: Iterable[Any]) -> None:
