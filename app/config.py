@@ -48,6 +48,8 @@ class Settings(BaseSettings):
     # {"max_audio_frames": 250} caps an answer at 20 s of speech (12.5 codec frames per second).
     generation: dict[str, Any] = Field(default_factory=dict)
     engine_threads: int | None = Field(None, ge=1)  # torch CPU threads in the engine process
+    # from_pretrained's attention kernels; None: transformers' default (sdpa). docs/MODEL.md.
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] | None = None
 
     # WebRTC. List settings read from the environment as comma-separated values (or JSON lists).
     ice_servers: Annotated[list[str], NoDecode] = Field(default_factory=list)  # stun:/turn: URLs

@@ -19,11 +19,16 @@ The rules, with the defaults of OpenAI's ``server_vad``:
   (a window back at ``threshold`` or above cancels the wait) ends the utterance: it is
   committed up to the end of the window that completed the wait, trailing silence
   included, and ``SpeechStopped.audio_end_ms`` is that commit point;
-- an utterance reaching ``max_utterance_ms`` is committed with ``forced=True``; if the
+- speech going on past ``max_utterance_ms`` is cut into *segments*, not turns: each stretch of
+  ``max_utterance_ms`` is handed on as a ``SegmentCommitted`` while the person is speaking
+  (during a trailing silence the cut waits for the silence to end the turn or speech to
+  resume, so a segment never ends in a pause) and the utterance goes on, contiguous: not one
+  sample is lost or committed twice. ``UtteranceCommitted`` is the *end of the turn*;
+- a turn reaching ``max_turn_ms`` of audio in all is ended anyway, with ``forced=True``; if the
   person is still speaking, a new utterance starts at the very next sample (no prefix:
   nothing is committed twice), announced by a new ``SpeechStarted``.
-Each ``UtteranceCommitted`` is therefore preceded by one ``SpeechStarted`` and one
-``SpeechStopped`` of its own.
+Each ``UtteranceCommitted`` is therefore preceded by one ``SpeechStarted``, any number of
+``SegmentCommitted`` and one ``SpeechStopped`` of its own.
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ class TurnDetectionParams:
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
     min_speech_ms: int = 250
-    max_utterance_ms: int = 30_000
+    max_utterance_ms: int = 30_000  # one segment of a longer utterance
+    max_turn_ms: int = 120_000  # all segments of one turn; the session passes its history budget
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold < 1.0:
@@ -57,6 +63,10 @@ class TurnDetectionParams:
         if self.max_utterance_ms <= self.min_speech_ms:
             raise ValueError(
                 f"max_utterance_ms ({self.max_utterance_ms}) must exceed min_speech_ms ({self.min_speech_ms})"
+            )
+        if self.max_turn_ms < self.max_utterance_ms:
+            raise ValueError(
+                f"max_turn_ms ({self.max_turn_ms}) must be at least max_utterance_ms ({self.max_utterance_ms})"
             )
 
     @property
@@ -75,14 +85,25 @@ class SpeechStopped:
 
 
 @dataclass(frozen=True)
-class UtteranceCommitted:
+class SegmentCommitted:
+    """``max_utterance_ms`` of an utterance that goes on: not the end of the turn."""
+
     pcm: np.ndarray  # float32, 16 kHz mono: exactly the input samples [audio_start_ms, audio_end_ms)
     audio_start_ms: int
     audio_end_ms: int
-    forced: bool  # True when max_utterance_ms cut the utterance, not silence
 
 
-TurnEvent = SpeechStarted | SpeechStopped | UtteranceCommitted
+@dataclass(frozen=True)
+class UtteranceCommitted:
+    """The end of the turn: its last (or only) segment."""
+
+    pcm: np.ndarray  # float32, 16 kHz mono: exactly the input samples [audio_start_ms, audio_end_ms)
+    audio_start_ms: int
+    audio_end_ms: int
+    forced: bool  # True when max_turn_ms ended the turn, not silence
+
+
+TurnEvent = SpeechStarted | SegmentCommitted | SpeechStopped | UtteranceCommitted
 
 
 class _State(enum.Enum):
@@ -109,6 +130,7 @@ class TurnCommitBuffer:
         self._chunks: list[np.ndarray] = []  # retained audio, contiguous, ends at _position
         self._buffer_start = 0  # stream position of the first retained sample
         self._onset = 0  # stream position where the current speech began
+        self._turn_start = 0  # stream position of the first sample of the turn's first segment
         self._silence_start: int | None = None  # where the current trailing silence began
 
     @property
@@ -150,6 +172,7 @@ class TurnCommitBuffer:
                 return []
             self._state = _State.SPEECH
             self._silence_start = None
+            self._turn_start = self._buffer_start
             return [SpeechStarted(audio_start_ms=_ms(self._buffer_start))]
 
         # _State.SPEECH
@@ -162,9 +185,21 @@ class TurnCommitBuffer:
             and self._position - self._silence_start >= params.silence_duration_ms * _SAMPLES_PER_MS
         ):
             return self._commit(forced=False)
-        if self._position - self._buffer_start >= params.max_utterance_ms * _SAMPLES_PER_MS:
+        if self._position - self._turn_start >= params.max_turn_ms * _SAMPLES_PER_MS:
             return self._commit(forced=True)
+        if (
+            self._silence_start is None
+            and self._position - self._buffer_start >= params.max_utterance_ms * _SAMPLES_PER_MS
+        ):
+            return [self._take_segment()]
         return []
+
+    def _take_segment(self) -> SegmentCommitted:
+        start, end = self._buffer_start, self._position
+        segment = SegmentCommitted(pcm=np.concatenate(self._chunks), audio_start_ms=_ms(start), audio_end_ms=_ms(end))
+        self._chunks = []
+        self._buffer_start = end
+        return segment
 
     def _commit(self, *, forced: bool) -> list[TurnEvent]:
         start, end = self._buffer_start, self._position
@@ -177,6 +212,7 @@ class TurnCommitBuffer:
         self._buffer_start = end
         if forced and self._silence_start is None:
             # Still talking: the next utterance begins at the next sample, already confirmed.
+            self._turn_start = end
             events.append(SpeechStarted(audio_start_ms=_ms(end)))
         else:
             self._state = _State.IDLE

@@ -8,18 +8,46 @@ import numpy as np
 
 from media.rates import SPEECH_RATE
 
-# Qwen3-Omni's model card: the system prompt its Talker was trained to speak under.
+# The system prompt the Qwen3-Omni README (github.com/QwenLM/Qwen3-Omni, "Usage Tips", "Prompt for
+# Audio-Visual Interaction") recommends for spoken interaction: the Thinker writes short,
+# plain sentences with nothing unspeakable (lists, asterisks, brackets), which the README says
+# gives "more stable and fluent audio output from the talker". Verbatim, including its line
+# about video, which is moot for audio-only turns but keeps the prompt the model was tuned with.
 DEFAULT_SYSTEM_PROMPT = (
-    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of "
-    "perceiving auditory and visual inputs, as well as generating text and speech."
+    "You are Qwen-Omni, a smart voice assistant created by Alibaba Qwen."
+    " You are a virtual voice assistant with no gender or age.\n"
+    "You are communicating with the user.\n"
+    "In user messages, \u201cI/me/my/we/our\u201d refer to the user and \u201cyou/your\u201d refer to the"
+    " assistant. In your replies, address the user as \u201cyou/your\u201d and yourself as"
+    " \u201cI/me/my\u201d; never mirror the user\u2019s pronouns\u2014always shift perspective. Keep"
+    " original pronouns only in direct quotes; if a reference is unclear, ask a brief clarifying"
+    " question.\n"
+    "Interact with users using short(no more than 50 words), brief, straightforward language,"
+    " maintaining a natural tone.\n"
+    "Never use formal phrasing, mechanical expressions, bullet points, overly structured language. \n"
+    "Your output must consist only of the spoken content you want the user to hear. \n"
+    "Do not include any descriptions of actions, emotions, sounds, or voice changes. \n"
+    "Do not use asterisks, brackets, parentheses, or any other symbols to indicate tone or actions. \n"
+    "You must answer users' audio or text questions, do not directly describe the video content. \n"
+    "You should communicate in the same language strictly as the user unless they request otherwise.\n"
+    "When you are uncertain (e.g., you can't see/hear clearly, don't understand, or the user makes a"
+    " comment rather than asking a question), use appropriate questions to guide the user to continue"
+    " the conversation.\n"
+    "Keep replies concise and conversational, as if talking face-to-face."
 )
 
 
 @dataclass(frozen=True)
 class UserAudio:
-    """One user utterance: float32 mono PCM at 16 kHz."""
+    """One user utterance: float32 mono PCM at 16 kHz.
+
+    ``transcript`` (input audio transcription, when the session asked for it) lets the
+    utterance stay in the prompt as text once its audio no longer fits the history's audio
+    budget (``pipeline.prompt.bound_history``).
+    """
 
     pcm: np.ndarray
+    transcript: str | None = None
 
     @property
     def seconds(self) -> float:
@@ -43,11 +71,17 @@ ConversationItem = UserAudio | UserText | AssistantText
 
 @dataclass(frozen=True)
 class HistoryLimits:
-    """Whole turns are kept or dropped, newest first, until every limit holds."""
+    """Whole turns are kept or dropped, newest first, until every limit holds.
+
+    The audio limits bound the clips heard as audio; an older turn whose clips all have
+    transcripts stays as their text instead (``max_turns`` still bounds every kept turn).
+    """
 
     max_turns: int = 8
     max_audio_clips: int = 4
-    max_audio_seconds: float = 60.0
+    # Also the most audio one user turn may hold (app.realtime.turn_taking): four 30 s segments,
+    # ~1,560 audio tokens at 13 per second, so a turn that long, once answered, still fits whole.
+    max_audio_seconds: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -55,7 +89,7 @@ class Conversation:
     """An immutable snapshot: what one turn sees.
 
     ``items`` run oldest first; the last user items are the turn being answered.
-    ``instructions`` of ``None`` mean Qwen's default speech system prompt.
+    ``instructions`` of ``None`` mean Qwen3-Omni's recommended spoken-chat system prompt.
     """
 
     items: tuple[ConversationItem, ...] = ()

@@ -6,19 +6,28 @@ talker with code predictor, code2wav), the real special-token and codec ids, the
 tokenizer, a Whisper feature extractor and the ChatML template, all loaded through
 ``from_pretrained(dir)`` exactly like a real checkpoint. Only the widths and depths are tiny;
 its words and sounds are noise.
+
+Two on-disk layouts (docs/MODEL.md): "fused", transformers 5's own (experts fused, loaded as
+is), and "hub", the published Qwen/Qwen3-Omni-30B-A3B-Instruct layout (safetensors shards and
+``model.safetensors.index.json``, the original module names, every MoE expert stored one by
+one), which only loads through transformers' conversion on load, as real weights do.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import torch
+from safetensors.torch import save_file
 from transformers import (
     GenerationConfig,
     Qwen3OmniMoeConfig,
@@ -35,10 +44,24 @@ DEV_MODEL_DIRNAME = "dev-model"
 # Bumped whenever what build_dev_model writes changes, so that ensure_dev_model replaces older
 # cached builds (version 1 left the Talker's experts uninitialised; version 2 spoke at ~1e-8 of
 # full scale, digital silence once sent as 16-bit PCM; version 3 calibrated with a gain that
-# depended on thread count).
-DEV_MODEL_VERSION = "4"
+# depended on thread count; version 4 stored transformers' reverse-converted names in one file,
+# now the explicit "fused" layout).
+DEV_MODEL_VERSION = "5"
 # Written last by build_dev_model; ensure_dev_model renames only finished builds into place.
 VERSION_FILE = "omni-rtc-dev-model-version"
+
+Layout = Literal["fused", "hub"]
+LAYOUTS: tuple[Layout, ...] = ("fused", "hub")
+# The published checkpoint has 15 shards of ~4.7 GB; four shards of the ~52 MB dev model are
+# enough to make the index file matter (a tensor found in the wrong shard fails the load).
+HUB_LAYOUT_SHARDS = 4
+# Runtime module paths (transformers 5) -> the published checkpoint's names, first match wins.
+_HUB_PREFIXES = (
+    ("thinker.model.language_model.", "thinker.model."),
+    ("thinker.model.audio_tower.", "thinker.audio_tower."),
+    ("thinker.model.visual.", "thinker.visual."),
+)
+_FUSED_EXPERTS = re.compile(r"(?P<experts>.+\.mlp\.experts)\.(?P<kind>gate_up_proj|down_proj)")
 
 # Widths are tiny; vocabularies, codebooks, ids and upsampling are the real model's.
 # With a 32-wide thinker the two 152,064-row matrices (embedding, lm_head) are ~39 MB of the
@@ -336,10 +359,72 @@ def _silence_channel(layer) -> None:
     layer.mlp.experts.down_proj[:, _MARKER] = 0.0
 
 
+def hub_state_dict(model: Qwen3OmniMoeForConditionalGeneration) -> dict[str, torch.Tensor]:
+    """The model's weights under the published checkpoint's names, one tensor per expert projection.
+
+    A fused ``mlp.experts.gate_up_proj`` is ``[experts, 2 * intermediate, hidden]``: gate rows
+    then up rows (transformers' ``qwen2_moe`` conversion concatenates them in that order);
+    ``mlp.experts.down_proj`` is ``[experts, hidden, intermediate]``. Each expert's slice is a
+    ``Linear`` weight, ``[out, in]``, as the hub stores it.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        for runtime, hub in _HUB_PREFIXES:
+            if name.startswith(runtime):
+                name = hub + name.removeprefix(runtime)
+                break
+        fused = _FUSED_EXPERTS.fullmatch(name)
+        if fused is None:
+            tensors[name] = tensor.detach().clone()
+            continue
+        experts = fused["experts"]
+        for expert, weight in enumerate(tensor.detach()):
+            if fused["kind"] == "gate_up_proj":
+                gate, up = weight.chunk(2, dim=0)
+                tensors[f"{experts}.{expert}.gate_proj.weight"] = gate.clone()
+                tensors[f"{experts}.{expert}.up_proj.weight"] = up.clone()
+            else:
+                tensors[f"{experts}.{expert}.down_proj.weight"] = weight.clone()
+    return tensors
+
+
+def write_hub_layout(
+    model: Qwen3OmniMoeForConditionalGeneration, out_dir: Path, *, shards: int = HUB_LAYOUT_SHARDS
+) -> None:
+    """Write the weights as the published checkpoint stores them: shards plus their index file."""
+    tensors = hub_state_dict(model)
+    sizes = {name: tensor.numel() * tensor.element_size() for name, tensor in tensors.items()}
+    total = sum(sizes.values())
+    # Consecutive tensors fill each shard up to an equal share of the total (the last takes the rest).
+    groups: list[list[str]] = [[]]
+    filled = 0
+    for name in tensors:
+        if groups[-1] and len(groups) < shards and filled + sizes[name] > total * len(groups) / shards:
+            groups.append([])
+        groups[-1].append(name)
+        filled += sizes[name]
+    weight_map = {}
+    for index, names in enumerate(groups, start=1):
+        filename = f"model-{index:05d}-of-{len(groups):05d}.safetensors"
+        save_file({name: tensors[name] for name in names}, out_dir / filename, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(names, filename))
+    index_file = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index_file, indent=2) + "\n")
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(out_dir)
+    model.generation_config.save_pretrained(out_dir)
+
+
 def build_dev_model(
-    out_dir: Path, *, seed: int = 0, progress: Callable[[str], None] | None = None
+    out_dir: Path,
+    *,
+    seed: int = 0,
+    layout: Layout = "fused",
+    progress: Callable[[str], None] | None = None,
 ) -> Path:
     """Write a complete dev checkpoint into ``out_dir`` (created if missing; its files are overwritten)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
     report = progress or logger.info
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -354,8 +439,11 @@ def build_dev_model(
     report(f"initialising a tiny Qwen3OmniMoeForConditionalGeneration (seed {seed})")
     model = dev_model(seed=seed)
     parameters = sum(p.numel() for p in model.parameters())
-    report(f"saving {parameters / 1e6:.1f} M parameters")
-    model.save_pretrained(out_dir)
+    report(f"saving {parameters / 1e6:.1f} M parameters in the {layout} layout")
+    if layout == "hub":
+        write_hub_layout(model, out_dir)
+    else:
+        model.save_pretrained(out_dir, save_original_format=False)
     (out_dir / VERSION_FILE).write_text(DEV_MODEL_VERSION + "\n")
     return out_dir
 
@@ -365,24 +453,28 @@ def _is_current(model_dir: Path) -> bool:
     return version_file.is_file() and version_file.read_text().strip() == DEV_MODEL_VERSION
 
 
-def ensure_dev_model(cache_dir: Path, *, progress: Callable[[str], None] | None = None) -> Path:
-    """``cache_dir/dev-model``, built on first use (into a temp dir, then renamed), reused afterwards.
+def ensure_dev_model(
+    cache_dir: Path, *, layout: Layout = "fused", progress: Callable[[str], None] | None = None
+) -> Path:
+    """``cache_dir/dev-model`` (``dev-model-hub`` for the hub layout), built on first use (into a
+    temp dir, then renamed), reused afterwards.
 
     A build from an older ``DEV_MODEL_VERSION`` is replaced.
     """
     report = progress or logger.info
     cache_dir = Path(cache_dir)
-    target = cache_dir / DEV_MODEL_DIRNAME
+    dirname = DEV_MODEL_DIRNAME if layout == "fused" else f"{DEV_MODEL_DIRNAME}-{layout}"
+    target = cache_dir / dirname
     if _is_current(target):
         report(f"using the dev model in {target}")
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     report(f"building the dev model into {target} (once; about 15 s)")
-    staging = Path(tempfile.mkdtemp(prefix=f".{DEV_MODEL_DIRNAME}-", dir=cache_dir))
+    staging = Path(tempfile.mkdtemp(prefix=f".{dirname}-", dir=cache_dir))
     staging.chmod(0o755)  # mkdtemp's 0700 would hide the checkpoint from other users
     stale = cache_dir / f"{staging.name}-stale"
     try:
-        build_dev_model(staging, progress=report)
+        build_dev_model(staging, layout=layout, progress=report)
         if target.exists() and not _is_current(target):
             report(f"replacing the outdated dev model in {target}")
             os.rename(target, stale)

@@ -153,6 +153,9 @@ class TransformersEngine:
     reproducible. ``generation`` sets ``pipeline.generation.GenerationParams`` fields for every
     turn (chunking, ``force_output_tokens``); the request sets voice, temperature and length.
     ``threads`` bounds torch's CPU threads in the engine process (None: torch's default).
+    ``attn_implementation`` goes to ``from_pretrained`` (None: transformers' default, sdpa).
+    ``audio_output`` True refuses a checkpoint without a Talker at start; False loads no Talker
+    and serves text-only turns.
     """
 
     def __init__(
@@ -164,6 +167,8 @@ class TransformersEngine:
         seed: int | None = None,
         generation: dict[str, Any] | None = None,
         threads: int | None = None,
+        attn_implementation: str | None = None,
+        audio_output: bool = True,
     ) -> None:
         path = Path(model)
         self.name = path.name if path.is_dir() else str(model)
@@ -175,6 +180,8 @@ class TransformersEngine:
             generation=dict(generation or {}),
             threads=threads,
             log_level=logging.getLogger().getEffectiveLevel(),
+            attn_implementation=attn_implementation,
+            audio_output=audio_output,
         )
         self._process: _EngineProcess | None = None
         self._ready: worker.Ready | None = None

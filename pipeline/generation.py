@@ -56,6 +56,16 @@ from pipeline.turn import VOICES, AudioChunk, FinishReason, TextDelta, TurnDone,
 UNBOUNDED_OUTPUT_TOKENS = 4096
 # generate()'s talker_max_new_tokens: 4096 frames are 5.5 minutes of speech.
 DEFAULT_MAX_AUDIO_FRAMES = 4096
+# Qwen's recommended Thinker sampling (the Qwen3-Omni README's vLLM example: temperature 0.6,
+# top_p 0.95, top_k 20, no repetition penalty), used for what the checkpoint's generation config
+# does not name. docs/MODEL.md says why these and not vllm-omni's.
+QWEN_THINKER_TEMPERATURE = 0.6
+QWEN_THINKER_TOP_P = 0.95
+QWEN_THINKER_TOP_K = 20
+QWEN_THINKER_REPETITION_PENALTY = 1.0
+# Qwen3's <think> and </think> (tests/pipeline/test_tokenizer.py checks the ids): an Instruct
+# Thinker must never open a reasoning block that the Talker would then read aloud.
+THINK_TOKEN_IDS = (151667, 151668)
 # temperature <= 0 promises a reproducible turn; the Talker still samples (greedy codec frames
 # degenerate), so an unseeded greedy turn seeds its sampling with this.
 GREEDY_TURN_SEED = 0
@@ -72,7 +82,8 @@ _CODE_PREDICTOR_TOP_P = 0.8
 @dataclass(frozen=True)
 class GenerationParams:
     voice: str = "ethan"
-    temperature: float = 0.8
+    # None: the checkpoint's generation config, else Qwen's (thinker_sampling); <= 0: greedy.
+    temperature: float | None = None
     max_output_tokens: int | None = None
     output_audio: bool = True
     seed: int | None = None
@@ -119,7 +130,7 @@ def stream_turn(
     "length" when ``max_output_tokens`` did.
     """
     seed = params.seed
-    if seed is None and params.temperature <= 0:
+    if seed is None and not thinker_sampling(model.generation_config, params.temperature).do_sample:
         seed = GREEDY_TURN_SEED
     if seed is not None:
         # Sampling draws from torch's global generator, as generate() and its code predictor do.
@@ -194,6 +205,41 @@ def _text_delta(text: _TextStream, thinker: _ThinkerDecoder, token: int) -> str:
     return delta
 
 
+@dataclass(frozen=True)
+class ThinkerSampling:
+    do_sample: bool
+    temperature: float
+    top_k: int
+    top_p: float
+    repetition_penalty: float
+
+
+def thinker_sampling(generation_config, temperature: float | None) -> ThinkerSampling:
+    """The Thinker's sampling for a turn whose request asks for ``temperature``.
+
+    The request's temperature wins (the session's ``temperature``; <= 0 means greedy). Every
+    other value comes from the checkpoint's generation config where it names one, else from
+    Qwen's recommendation; a request without a temperature takes the checkpoint's (greedy
+    when its config says ``do_sample: false``), else Qwen's.
+    """
+
+    def configured(name: str, recommended):
+        value = getattr(generation_config, name, None)
+        return recommended if value is None else value
+
+    if temperature is None:
+        temperature = configured("temperature", QWEN_THINKER_TEMPERATURE)
+        if generation_config.do_sample is False:
+            temperature = 0.0
+    return ThinkerSampling(
+        do_sample=temperature > 0,
+        temperature=temperature,
+        top_k=configured("top_k", QWEN_THINKER_TOP_K),
+        top_p=configured("top_p", QWEN_THINKER_TOP_P),
+        repetition_penalty=configured("repetition_penalty", QWEN_THINKER_REPETITION_PENALTY),
+    )
+
+
 def _sampling_processors(
     *,
     do_sample: bool,
@@ -244,14 +290,15 @@ class _ThinkerDecoder:
         self._stop_tensor = torch.tensor(sorted(self.stop_ids), device=self._device)
         self._max_tokens = params.max_output_tokens or UNBOUNDED_OUTPUT_TOKENS
         self._force_tokens = params.force_output_tokens or 0
-        self._do_sample = params.temperature > 0
-        # Thinker sampling: the request's temperature, the checkpoint's top-k/top-p/repetition penalty.
+        sampling = thinker_sampling(generation_config, params.temperature)
+        self._do_sample = sampling.do_sample
         self._processors = _sampling_processors(
-            do_sample=self._do_sample,
-            temperature=params.temperature,
-            top_k=generation_config.top_k,
-            top_p=generation_config.top_p,
-            repetition_penalty=generation_config.repetition_penalty,
+            do_sample=sampling.do_sample,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            repetition_penalty=sampling.repetition_penalty,
+            suppress_tokens=list(THINK_TOKEN_IDS),
             device=self._device,
         )
         self.tokens: list[int] = []

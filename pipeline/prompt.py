@@ -11,6 +11,14 @@ The prompt follows Qwen3-Omni's chat template::
 and, like ``Qwen3OmniMoeProcessor``, expands each ``<|audio_pad|>`` to the audio encoder's
 output length for its clip and extracts all clips' log-mel features in one Whisper call
 (padded to the longest clip, never truncated).
+
+A transcription turn (``TurnRequest.task == "transcribe"``) is rendered the way Qwen3-Omni's
+README ("Setting for Evaluation", github.com/QwenLM/Qwen3-Omni) prompts its ASR benchmarks: no
+system prompt, the audio first, then the instruction as user text — "Transcribe the
+<source_language> audio into text." ("请将这段中文语音转换为纯文本。" for Chinese), and
+"Transcribe the audio into text." when no language is given. A client's transcription
+``prompt`` (context: names, vocabulary) goes into a system message, where Qwen3-ASR takes its
+recognition context; that part is our choice, not Qwen3-Omni's documented setting.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from pipeline.conversation import (
     UserText,
 )
 from pipeline.tokenizer import load_tokenizer
+from pipeline.turn import TranscriptionHint, TurnRequest
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -41,6 +50,18 @@ AUDIO_START = "<|audio_start|>"
 AUDIO_END = "<|audio_end|>"
 AUDIO_PAD = "<|audio_pad|>"
 MEL_BINS = 128
+
+# Qwen3-Omni's README: its 19 speech input languages (ISO-639-1 codes; Cantonese has none,
+# "yue" is its ISO-639-3 code) and its ASR prompts.
+ASR_LANGUAGES = {
+    "en": "English", "zh": "Chinese", "yue": "Cantonese", "ko": "Korean", "ja": "Japanese",
+    "de": "German", "ru": "Russian", "it": "Italian", "fr": "French", "es": "Spanish",
+    "pt": "Portuguese", "ms": "Malay", "nl": "Dutch", "id": "Indonesian", "tr": "Turkish",
+    "vi": "Vietnamese", "ar": "Arabic", "ur": "Urdu",
+}
+ASR_PROMPT = "Transcribe the audio into text."
+ASR_PROMPT_FOR_LANGUAGE = "Transcribe the {language} audio into text."
+ASR_PROMPT_CHINESE = "请将这段中文语音转换为纯文本。"
 
 Turn = tuple[ConversationItem, ...]
 
@@ -73,25 +94,41 @@ def split_turns(items: Sequence[ConversationItem]) -> tuple[list[Turn], Turn]:
 def bound_history(conversation: Conversation) -> tuple[ConversationItem, ...]:
     """The items one turn sees: the current turn plus as many whole past turns as the limits allow.
 
-    Past turns are taken newest first and the first one that would break a limit (turn count,
-    clip count or audio seconds) ends the history, so what is kept is always a contiguous,
-    answered stretch right before the current turn.
+    Past turns are taken newest first. ``max_turns`` bounds them all. The first turn whose audio
+    would break an audio limit (clip count or seconds) and every older one are kept as text, each
+    clip replaced by its transcript (``UserAudio.transcript``); the first such turn with a clip
+    that has no transcript ends the history. What is kept is always a contiguous, answered
+    stretch right before the current turn, audio for the newest turns and text before them.
     """
     limits = conversation.limits
     past, current = split_turns(conversation.items)
     kept: list[Turn] = []
     clips = 0
     seconds = 0.0
+    as_text = False
     for turn in reversed(past):
         if len(kept) >= limits.max_turns:
             break
         audio = [item for item in turn if isinstance(item, UserAudio)]
-        clips += len(audio)
-        seconds += sum(clip.seconds for clip in audio)
-        if clips > limits.max_audio_clips or seconds > limits.max_audio_seconds:
-            break
+        if not as_text:
+            clips += len(audio)
+            seconds += sum(clip.seconds for clip in audio)
+            as_text = clips > limits.max_audio_clips or seconds > limits.max_audio_seconds
+        if as_text:
+            if any(clip.transcript is None for clip in audio):
+                break
+            turn = tuple(UserText(item.transcript or "") if isinstance(item, UserAudio) else item for item in turn)
         kept.append(turn)
     return tuple(item for turn in reversed(kept) for item in turn) + current
+
+
+def asr_instruction(language: str | None) -> str:
+    """Qwen3-Omni's ASR prompt for ``language`` (ISO-639-1; an unknown one gets the generic prompt)."""
+    code = (language or "").strip().lower()
+    if code == "zh":
+        return ASR_PROMPT_CHINESE
+    name = ASR_LANGUAGES.get(code)
+    return ASR_PROMPT if name is None else ASR_PROMPT_FOR_LANGUAGE.format(language=name)
 
 
 @dataclass(frozen=True)
@@ -123,16 +160,32 @@ class PromptRenderer:
         self._min_clip_samples = feature_extractor.n_fft
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path) -> PromptRenderer:
+    def from_pretrained(cls, model_dir: str | Path, *, tokenizer=None) -> PromptRenderer:
+        """The renderer for a checkpoint; pass ``tokenizer`` when it is already loaded from it."""
         config = Qwen3OmniMoeConfig.from_pretrained(model_dir)
         return cls(
-            load_tokenizer(model_dir),
+            tokenizer if tokenizer is not None else load_tokenizer(model_dir),
             WhisperFeatureExtractor.from_pretrained(model_dir),
             n_window=config.thinker_config.audio_config.n_window,
         )
 
     def render(self, conversation: Conversation) -> ThinkerInputs:
-        items = bound_history(conversation)
+        return self._render(conversation.system_prompt, bound_history(conversation))
+
+    def render_request(self, request: TurnRequest) -> ThinkerInputs:
+        """The Thinker's inputs for ``request``: an answer to its conversation, or a transcription."""
+        if request.task == "respond":
+            return self.render(request.conversation)
+        clips = [item for item in request.conversation.items if isinstance(item, UserAudio)]
+        if len(clips) != 1 or len(request.conversation.items) != 1:
+            raise ValueError(
+                f"a transcription turn takes one audio clip and nothing else, got {len(request.conversation.items)} items"
+            )
+        hint = request.hint or TranscriptionHint()
+        clip = UserAudio(clips[0].pcm)
+        return self._render(hint.prompt or None, (clip, UserText(asr_instruction(hint.language))))
+
+    def _render(self, system_prompt: str | None, items: Sequence[ConversationItem]) -> ThinkerInputs:
         clips = [item for item in items if isinstance(item, UserAudio)]
         for index, clip in enumerate(clips):
             if clip.pcm.ndim != 1 or len(clip.pcm) < self._min_clip_samples:
@@ -161,7 +214,7 @@ class PromptRenderer:
             pad_counts = _get_feat_extract_output_lengths(frames, self._n_window).tolist()
 
         ids: list[int] = []
-        for piece in self._merge_text(self._pieces(conversation.system_prompt, items)):
+        for piece in self._merge_text(self._pieces(system_prompt, items)):
             if isinstance(piece, str):
                 # User and assistant text is data: "<|im_end|>" typed by a user stays plain text.
                 ids.extend(self._tokenizer.encode(piece, add_special_tokens=False, split_special_tokens=True))
@@ -187,9 +240,11 @@ class PromptRenderer:
             raise ValueError(f"tokenizer has no {token} token")
         return ids[0]
 
-    def _pieces(self, system_prompt: str, items: Sequence[ConversationItem]) -> Iterator[_Piece]:
+    def _pieces(self, system_prompt: str | None, items: Sequence[ConversationItem]) -> Iterator[_Piece]:
+        """None: no system message (Qwen's ASR setting)."""
         im_start, im_end = self._special_ids[IM_START], self._special_ids[IM_END]
-        yield from (im_start, f"system\n{system_prompt}", im_end, "\n")
+        if system_prompt is not None:
+            yield from (im_start, f"system\n{system_prompt}", im_end, "\n")
         clip = 0
         in_user_message = False
         for item in items:

@@ -8,10 +8,28 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from pipeline.conversation import Conversation
+from pipeline.conversation import Conversation, UserAudio
 
 Voice = Literal["ethan", "chelsie", "aiden"]
 VOICES: tuple[Voice, ...] = ("ethan", "chelsie", "aiden")
+# "respond": answer the conversation. "transcribe": write down what its one user clip says
+# (Qwen3-Omni's own ASR prompt, pipeline.prompt.PromptRenderer.render_request).
+TurnTask = Literal["respond", "transcribe"]
+
+# A transcript's length bound: fast speech is ~4 words (~6 tokens) a second in English and ~6
+# characters a second in Chinese; 10 tokens a second plus 16 leaves room and still stops a
+# model that repeats itself.
+TRANSCRIPTION_TOKENS_PER_SECOND = 10
+TRANSCRIPTION_MIN_TOKENS = 16
+TRANSCRIPTION_MAX_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class TranscriptionHint:
+    """What the client said about the audio to transcribe (``audio.input.transcription``)."""
+
+    language: str | None = None  # ISO-639-1, e.g. "en"
+    prompt: str | None = None  # free text: vocabulary, names, style
 
 
 @dataclass(frozen=True)
@@ -22,6 +40,21 @@ class TurnRequest:
     # None: until the Thinker stops by itself ("inf" in the protocol).
     max_output_tokens: int | None = None
     output_audio: bool = True
+    task: TurnTask = "respond"
+    hint: TranscriptionHint | None = None  # task "transcribe" only
+
+    @classmethod
+    def transcription(cls, clip: UserAudio, hint: TranscriptionHint | None = None) -> TurnRequest:
+        """Transcribe one clip: text only (no Talker), greedy (Qwen's evaluation setting), bounded."""
+        max_tokens = TRANSCRIPTION_MIN_TOKENS + int(clip.seconds * TRANSCRIPTION_TOKENS_PER_SECOND)
+        return cls(
+            conversation=Conversation(items=(clip,)),
+            temperature=0.0,
+            max_output_tokens=min(max_tokens, TRANSCRIPTION_MAX_TOKENS),
+            output_audio=False,
+            task="transcribe",
+            hint=hint or TranscriptionHint(),
+        )
 
 
 @dataclass(frozen=True)
@@ -31,9 +64,28 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class AudioChunk:
-    """Float32 mono PCM at 24 kHz, in order; chunks concatenate to the turn's waveform."""
+    """Float32 mono PCM at 24 kHz, in order; chunks concatenate to the turn's waveform.
+
+    ``frames``: the codec frames (80 ms of speech each) this chunk completes. A chunk holds
+    only final samples, so its PCM is not exactly ``frames * 1920`` long: the first chunk lacks
+    a fixed tail that needs the next frame, and the chunk after it starts with that tail.
+
+    ``text_tokens_voiced``: how many of the answer's Thinker tokens, counted from the first,
+    the codec frames up to the end of this chunk speak (cumulative over the turn). The Talker
+    consumes one answer token per frame: its prompt ends with answer token 0, and the step
+    that produces frame ``f`` (0-based) has been fed answer tokens ``0..f``. After the text,
+    frames carry ``<tts_pad>``. The answer's last token never reaches the Talker as text (like
+    ``generate()``, it is replaced by ``<tts_eos>``): for an answer ended by ``<|im_end|>``
+    that is the stop token itself, for one cut by ``max_output_tokens`` it is the last text
+    token, which is never spoken. So after ``F`` frames of an answer of ``N`` tokens
+    (``N`` counting a closing ``<|im_end|>``), ``text_tokens_voiced = min(F, N - 1)``; tokens
+    are counted in the order their ``TextDelta`` text was released. Engines that do not track
+    frames (test doubles) leave both at 0.
+    """
 
     pcm: np.ndarray
+    frames: int = 0
+    text_tokens_voiced: int = 0
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,11 @@ class WorkerSpec:
     generation: dict[str, Any] = field(default_factory=dict)
     threads: int | None = None
     log_level: int = logging.INFO
+    # from_pretrained's attn_implementation ("sdpa", "eager", "flash_attention_2"); None: transformers' default.
+    attn_implementation: str | None = None
+    # False: a text-only engine (no Talker loaded, turns asking for audio fail). True refuses a
+    # checkpoint without a Talker at load, not at its first audio turn.
+    audio_output: bool = True
 
 
 # Parent -> engine process.
@@ -116,6 +121,10 @@ def main(spec: WorkerSpec, commands: Connection, events: Connection) -> None:
     _serve(loaded, commands, events)
 
 
+class NoTalkerError(ValueError):
+    """The checkpoint cannot speak: a Thinking or Captioner variant, or one whose Talker weights are absent."""
+
+
 @dataclass
 class _Loaded:
     model: Any
@@ -128,7 +137,7 @@ class _Loaded:
 
 def _load(spec: WorkerSpec) -> _Loaded:
     import torch
-    from transformers import Qwen3OmniMoeForConditionalGeneration
+    from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
     from pipeline.generation import GenerationParams
     from pipeline.prompt import PromptRenderer
@@ -145,19 +154,47 @@ def _load(spec: WorkerSpec) -> _Loaded:
 
     device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
+    # Checked before the weights load: a refused 30B checkpoint should fail in seconds, not minutes.
+    config = Qwen3OmniMoeConfig.from_pretrained(spec.model)
+    if spec.audio_output and not config.enable_audio_output:
+        raise NoTalkerError(_no_talker_message(spec.model, "its config sets enable_audio_output to false"))
+    if not spec.audio_output:
+        config.enable_audio_output = False  # Qwen3OmniMoeForConditionalGeneration then builds no Talker
+    options: dict[str, Any] = {}
+    if spec.attn_implementation is not None:
+        options["attn_implementation"] = spec.attn_implementation
     logger.info("loading %s on %s as %s", spec.model, device, dtype)
-    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(spec.model, dtype=dtype, device_map=device)
+    # With output_loading_info, a (model, info) pair, which transformers' annotations do not say.
+    model_and_info: Any = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+        spec.model, config=config, dtype=dtype, device_map=device, output_loading_info=True, **options
+    )
+    model, loading_info = model_and_info
+    missing_talker = sorted(
+        key for key in loading_info["missing_keys"] if key.startswith(("talker.", "code2wav."))
+    )
+    if spec.audio_output and missing_talker:
+        raise NoTalkerError(
+            _no_talker_message(spec.model, f"{len(missing_talker)} Talker/Code2Wav weights are missing, e.g. {missing_talker[0]}")
+        )
     model.eval()
+    tokenizer = load_tokenizer(spec.model)
     loaded = _Loaded(
         model=model,
-        tokenizer=load_tokenizer(spec.model),
-        renderer=PromptRenderer.from_pretrained(spec.model),
+        tokenizer=tokenizer,
+        renderer=PromptRenderer.from_pretrained(spec.model, tokenizer=tokenizer),
         base_params=base_params,
         device=device,
         dtype=dtype,
     )
     logger.info("loaded %s", spec.model)
     return loaded
+
+
+def _no_talker_message(model: str, reason: str) -> str:
+    return (
+        f"{model} has no Talker ({reason}): it cannot speak. Thinking and Captioner checkpoints "
+        "write text only; serve an Instruct checkpoint such as Qwen/Qwen3-Omni-30B-A3B-Instruct"
+    )
 
 
 class _Commands:
@@ -229,7 +266,9 @@ def _run_turn(loaded: _Loaded, submit: Submit, commands: _Commands, events: Conn
         output_audio=request.output_audio,
     )
     try:
-        inputs = loaded.renderer.render(request.conversation)
+        if params.output_audio and not loaded.model.has_talker:
+            raise ValueError("this engine was started without audio output; ask for text only")
+        inputs = loaded.renderer.render_request(request)
         should_stop = lambda: commands.is_cancelled(turn_id)  # noqa: E731
         for event in stream_turn(loaded.model, loaded.tokenizer, inputs, params, should_stop):
             events.send(TurnEventMessage(turn_id, event))

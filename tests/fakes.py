@@ -2,28 +2,34 @@
 
 Used by the session tests and by any test that needs a whole server without a checkpoint:
 - ``ScriptedEngine``: an ``Engine`` that answers every turn with a scripted reply, one text
-  delta and one 80 ms audio chunk per word, and records the requests it got.
+  delta (one "Thinker token") and one 80 ms codec frame of audio per word, counting frames
+  and voiced tokens as ``AudioChunk`` does (transcription turns: ``transcript``, text only),
+  and records the requests it got.
 - ``EnergyVad``: a ``SileroVad`` stand-in whose "speech probability" is 1 for loud windows
   and 0 for quiet ones, so a test can write speech as a tone and silence as zeros.
 - ``VirtualAudioOutput``: an ``AudioOutput`` that plays only when told (``play()``), with the
   listener calls of ``media.outbound.OutboundAudioTrack``.
 - ``SessionHarness``: a ``RealtimeSession`` wired to those, recording every server event.
+- ``SocketSessionHarness``: the same as the WebSocket carries it (``EventAudioOutput``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections import deque
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Literal
 
 import numpy as np
 
+from app.realtime.event_audio import EventAudioOutput
 from app.realtime.protocol import server_event_adapter
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
-from media.rates import VOICE_RATE
+from media.rates import SPEECH_RATE, VOICE_RATE
+from pipeline.conversation import UserAudio
 from pipeline.turn import (
     AudioChunk,
     Engine,
@@ -37,15 +43,37 @@ from pipeline.turn import (
 
 CODEC_FRAME_SAMPLES = 1920  # one 80 ms Code2Wav frame at 24 kHz
 INPUT_CHUNK_SAMPLES = 320  # 20 ms at 16 kHz: what the inbound WebRTC track delivers
+AUDIO_TOKENS_PER_SECOND = 12.5  # Qwen3-Omni's audio encoder: one token per 80 ms of input
 
 
 class ScriptedEngine:
-    """Answers ``reply`` word by word: TextDelta, then one codec frame of audio, per word."""
+    """Answers ``reply`` word by word: TextDelta, then one codec frame of audio, per word.
+
+    Each word is one Thinker token and each frame voices one of them, as the Talker does
+    (``AudioChunk.text_tokens_voiced``). ``text_first`` streams the whole text before any
+    audio (a Thinker far ahead of its audio), then the audio in chunks of
+    ``frames_per_chunk`` frames, ``chunk_interval_s`` apart (a decoder that keeps just up
+    with playback). ``waveform="tone"`` makes every frame clearly audible after Opus.
+    """
 
     name = "scripted-engine"
 
-    def __init__(self, reply: str = "Hello there, how can I help you today?") -> None:
+    def __init__(
+        self,
+        reply: str = "Hello there, how can I help you today?",
+        *,
+        transcript: str = "What is the weather like?",
+        text_first: bool = False,
+        frames_per_chunk: int = 1,
+        chunk_interval_s: float = 0.0,
+        waveform: Literal["ramp", "tone"] = "ramp",
+    ) -> None:
         self.reply = reply
+        self.transcript = transcript  # what every transcription turn "hears" (text only)
+        self.text_first = text_first
+        self.frames_per_chunk = frames_per_chunk
+        self.chunk_interval_s = chunk_interval_s
+        self.waveform = waveform
         self.requests: list[TurnRequest] = []
         self.cancelled_turns = 0
         # When set, each turn waits on it after its first word (a long answer being generated).
@@ -59,32 +87,54 @@ class ScriptedEngine:
     async def close(self) -> None:
         return None
 
+    def frame(self) -> np.ndarray:
+        if self.waveform == "tone":  # 250 Hz at -10 dBFS: 20 whole periods per frame
+            return (0.3 * np.sin(2 * np.pi * 250 * np.arange(CODEC_FRAME_SAMPLES) / VOICE_RATE)).astype(np.float32)
+        # A quiet ramp, so that tests can tell the samples apart.
+        return np.linspace(0.0, 0.1, CODEC_FRAME_SAMPLES, dtype=np.float32)
+
     async def run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
         self.requests.append(request)
-        words = [word + " " for word in self.reply.split(" ")]
+        said = self.transcript if request.task == "transcribe" else self.reply
+        words = [word + " " for word in said.split(" ")]
         words[-1] = words[-1].rstrip()
         finish_reason = "stop"
         if request.max_output_tokens is not None and len(words) > request.max_output_tokens:
             words, finish_reason = words[: request.max_output_tokens], "length"
+        # AudioChunk's rule: N tokens (a closing <|im_end|> counted) voice min(frames, N - 1).
+        spoken = len(words) if finish_reason == "stop" else len(words) - 1
+        frames = 0
+
+        def chunk(count: int) -> AudioChunk:
+            nonlocal frames
+            frames += count
+            pcm = np.concatenate([self.frame() for _ in range(count)])
+            return AudioChunk(pcm, frames=count, text_tokens_voiced=min(frames, spoken))
+
         try:
             for index, word in enumerate(words):
                 yield TextDelta(word)
-                if request.output_audio:
-                    # A quiet ramp, so that tests can tell the samples apart.
-                    yield AudioChunk(np.linspace(0.0, 0.1, CODEC_FRAME_SAMPLES, dtype=np.float32))
+                if request.output_audio and not self.text_first:
+                    yield chunk(1)
                 if index == 0:
                     if self.fail_next is not None:
                         failure, self.fail_next = self.fail_next, None
                         raise failure
-                    if self.hold is not None:
+                    if self.hold is not None and not self.text_first:
                         await self.hold.wait()
                 await asyncio.sleep(0)  # let the session's other work run, as a real engine would
+            if request.output_audio and self.text_first:
+                for start in range(0, len(words), self.frames_per_chunk):
+                    yield chunk(min(self.frames_per_chunk, len(words) - start))
+                    if start == 0 and self.hold is not None:
+                        await self.hold.wait()
+                    await asyncio.sleep(self.chunk_interval_s)
             audio_frames = len(words) if request.output_audio else 0
             yield TurnDone(
                 text="".join(words),
                 usage=Usage(
                     input_text_tokens=10 * len(request.conversation.items) + 20,
-                    input_audio_tokens=0,
+                    input_audio_tokens=audio_tokens(request),
                     output_text_tokens=len(words),
                     output_audio_tokens=audio_frames,
                 ),
@@ -94,6 +144,15 @@ class ScriptedEngine:
         except (GeneratorExit, asyncio.CancelledError):
             self.cancelled_turns += 1
             raise
+
+
+def audio_tokens(request: TurnRequest) -> int:
+    """The fake's audio encoder: 12.5 tokens per second of user audio (Qwen3-Omni's rate), per clip."""
+    return sum(
+        int(len(item.pcm) / SPEECH_RATE * AUDIO_TOKENS_PER_SECOND)
+        for item in request.conversation.items
+        if isinstance(item, UserAudio)
+    )
 
 
 class _EnergyStream:
@@ -180,14 +239,20 @@ class SessionHarness:
     Each event is checked on the way: JSON-ready, and a known server event with its fields.
     """
 
-    def __init__(self, engine: Engine, vad: Any = None, config: SessionConfig | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        vad: Any = None,
+        config: SessionConfig | None = None,
+        on_ignored_speech: Callable[[], None] | None = None,
+    ) -> None:
         self.engine = engine
         self.output = VirtualAudioOutput()
         self.events: list[dict[str, Any]] = []
         self._new_event = asyncio.Event()
         self.session = RealtimeSession(
             engine=engine, vad=vad if vad is not None else EnergyVad(), output=self.output, send=self._record,
-            config=config,
+            config=config, on_ignored_speech=on_ignored_speech,
         )
 
     def _record(self, event: dict[str, Any]) -> None:
@@ -227,3 +292,33 @@ class SessionHarness:
         done = await self.until("response.done", count, timeout_s=timeout_s)
         self.output.play()
         return done
+
+
+class SocketSessionHarness(SessionHarness):
+    """A RealtimeSession as the WebSocket carries it: an ``EventAudioOutput`` sends the audio as
+    delta events, and the events that describe a media track are not sent (``observe``)."""
+
+    def __init__(self, engine: Engine, vad: Any = None, config: SessionConfig | None = None) -> None:
+        self.engine = engine
+        self.events = []
+        self._new_event = asyncio.Event()
+        self.output = EventAudioOutput(self._record)  # type: ignore[assignment]
+        self.session = RealtimeSession(
+            engine=engine, vad=vad if vad is not None else EnergyVad(), output=self.output, send=self._send,
+            config=config,
+        )
+
+    def _send(self, event: dict[str, Any]) -> None:
+        if self.output.observe(event):
+            self._record(event)
+
+    async def turn_done(self, count: int = 1, *, timeout_s: float = 10.0) -> dict[str, Any]:
+        return await self.until("response.done", count, timeout_s=timeout_s)
+
+    def answer_audio(self, response_id: str) -> bytes:
+        """The decoded bytes of every audio delta of one response, in order."""
+        return b"".join(
+            base64.b64decode(event["delta"])
+            for event in self.of_type("response.output_audio.delta")
+            if event["response_id"] == response_id
+        )

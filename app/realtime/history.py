@@ -5,20 +5,22 @@ holds everything generated and, once its playback has settled, what was *heard* 
 prompt of the next turn is rendered from what was heard (``History.conversation``), and the
 history is kept to whole turns within the session's limits (``History.prune``).
 
-The readers at the bottom turn a client's ``conversation.item.create`` content into items,
-raising :class:`ProtocolError` naming the offending ``param``.
+The readers at the bottom turn a client's ``conversation.item.create`` content (and base64 audio
+in the session's input format) into items, raising :class:`ProtocolError` naming the ``param``.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import soxr
 
+from app.realtime.heard import VoicedAudio
 from app.realtime.ledger import Playback, PlaybackLedger
 from app.realtime.protocol import (
     ClientContentPart,
@@ -40,6 +42,7 @@ from app.realtime.protocol import (
     new_id,
 )
 from app.realtime.session_config import Modality
+from media import g711
 from media.rates import SPEECH_RATE, VOICE_RATE
 from pipeline.conversation import (
     AssistantText,
@@ -67,6 +70,16 @@ class UserEntry:
     def audio_clips(self) -> list[UserAudio]:
         return [part for part in self.parts if isinstance(part, UserAudio)]
 
+    def transcribed(self, content_index: int, transcript: str) -> None:
+        """The audio part at ``content_index`` has a transcript: the prompt may use it, the item shows it."""
+        self.parts = tuple(
+            dataclasses.replace(part, transcript=transcript)
+            if index == content_index and isinstance(part, UserAudio)
+            else part
+            for index, part in enumerate(self.parts)
+        )
+        self.content[content_index] = InputAudioContent(transcript=transcript)
+
 
 @dataclass
 class AssistantEntry:
@@ -74,33 +87,52 @@ class AssistantEntry:
     modality: Modality
     status: str = "in_progress"
     text: str = ""  # everything generated
-    token_ends: list[int] = field(default_factory=list)  # end offset in ``text`` of each delta
-    heard: str | None = None  # set once playback settled; None: the whole text (not cut so far)
-    audio_samples: int = 0
+    token_ends: list[int] = field(default_factory=list)  # end offset in ``text`` of each delta (a token)
+    heard: str | None = None  # set once playback settled; None: not settled yet (see history_text)
+    voiced: VoicedAudio = field(default_factory=VoicedAudio)  # its audio, and the tokens the frames voice
+    ended_early: bool = False  # the response was cancelled or failed: its text ran ahead of its audio
+
+    @property
+    def audio_samples(self) -> int:
+        return self.voiced.samples
 
     def add_delta(self, delta: str) -> None:
         self.text += delta
         self.token_ends.append(len(self.text))
 
+    def add_audio(self, samples: int, *, frames: int, text_tokens_voiced: int) -> None:
+        self.voiced.add(
+            samples, frames=frames, text_tokens_voiced=text_tokens_voiced, tokens_released=len(self.token_ends)
+        )
+
     def history_text(self) -> str:
-        return self.text if self.heard is None else self.heard
+        """The text the next turn sees: what was heard, or what will have been once the audio
+        still queued plays out (all of it for an answer that ended by itself)."""
+        if self.heard is not None:
+            return self.heard
+        if self.ended_early and self.modality == "audio":
+            return self.heard_text(self.audio_samples, finished=False)
+        return self.text
 
-    def heard_text(self, heard_samples: int, total_samples: int) -> str:
-        """The text heard when ``heard_samples`` of ``total_samples`` of its audio were played.
+    def heard_text(self, heard_samples: int, *, finished: bool) -> str:
+        """The text heard when the first ``heard_samples`` of its audio were played.
 
-        The Talker consumes one Thinker token per 80 ms codec step, so cutting the tokens in
-        proportion to the audio played is a sound first alignment.
+        ``finished``: the answer ended by itself (not cancelled, failed or cut): once all its
+        audio has played, all its text was heard. Otherwise the tokens heard are those the
+        played codec frames voiced (``app.realtime.heard``), each delta being one token.
         """
-        if heard_samples >= total_samples:
+        if finished and heard_samples >= self.audio_samples:
             return self.text
-        tokens = len(self.token_ends) * max(heard_samples, 0) // total_samples
+        tokens = self.voiced.tokens_heard(heard_samples)
+        if tokens >= len(self.token_ends):
+            return self.text
         return self.text[: self.token_ends[tokens - 1]] if tokens else ""
 
     def content(self) -> list[ItemContent]:
         if self.status == "in_progress":
             return []
-        if self.modality == "audio":
-            return [OutputAudioContent(transcript=self.text)]
+        if self.modality == "audio":  # once cut short, only what was heard
+            return [OutputAudioContent(transcript=self.history_text())]
         return [OutputTextContent(text=self.text)]
 
     def item(self) -> MessageItem:
@@ -136,6 +168,10 @@ class History:
         previous_id = self._entries[position - 1].id if position > 0 else None
         self._entries.insert(position, entry)
         return previous_id
+
+    def holds(self, entry: Entry) -> bool:
+        """``entry`` is still in the conversation (not deleted, not pruned)."""
+        return any(candidate is entry for candidate in self._entries)
 
     def find(self, item_id: str) -> Entry | None:
         return next((entry for entry in self._entries if entry.id == item_id), None)
@@ -224,28 +260,33 @@ class History:
         playback = ledger.get(entry.id)
         if playback is not None:  # still playing: what is heard later stays within the cut
             playback.limit = samples if playback.limit is None else min(playback.limit, samples)
-        entry.heard = entry.heard_text(samples, entry.audio_samples)
+            playback.truncated = True  # announced here, not again when it settles
+        entry.heard = entry.heard_text(samples, finished=not entry.ended_early)
         return ConversationItemTruncatedEvent(item_id=entry.id, content_index=0, audio_end_ms=event.audio_end_ms)
 
     def settle(self, playback: Playback, played: int) -> bool:
-        """Put what was heard of the item into the history; True when it was cut short."""
+        """Put what was heard of the item into the history; True when it was cut short: not all
+        its audio played, or its response was cancelled or failed (its text ran ahead of the audio)."""
         entry = self.find(playback.item_id)
         if not isinstance(entry, AssistantEntry):
             return False  # deleted by the client meanwhile
         heard = playback.heard(played)
-        cut_short = heard < playback.written
+        finished = not (playback.unfinished or entry.ended_early)
+        cut_short = heard < playback.written or not finished
         if entry.heard is None or cut_short:
-            entry.heard = entry.heard_text(heard, playback.written)
+            entry.heard = entry.heard_text(heard, finished=finished)
         return cut_short
 
-    def settle_cut(self, cut: list[Playback], played: int) -> list[ServerEvent]:
-        """Settles items whose audio was cleared; ``conversation.item.truncated`` for each cut short."""
+    def settle_all(self, playbacks: list[Playback], played: int) -> list[ServerEvent]:
+        """Settles items whose playback ended (played out or cleared); ``conversation.item.truncated``
+        for each cut short, with ``audio_end_ms`` = its audio played (unless the client's own
+        ``conversation.item.truncate`` said so already)."""
         return [
             ConversationItemTruncatedEvent(
                 item_id=playback.item_id, content_index=0, audio_end_ms=playback.heard(played) * 1000 // VOICE_RATE
             )
-            for playback in cut
-            if self.settle(playback, played)
+            for playback in playbacks
+            if self.settle(playback, played) and not playback.truncated
         ]
 
     def conversation(self, instructions: str | None, limits: HistoryLimits) -> Conversation:
@@ -278,7 +319,12 @@ class History:
 def pruned(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
     """``entries`` cut to whole turns (user items up to their answer), newest first, within
     ``limits``; a turn still being answered is always kept, and so are at most
-    ``MAX_UNANSWERED_ITEMS`` trailing user items."""
+    ``MAX_UNANSWERED_ITEMS`` trailing user items.
+
+    The same rule as ``pipeline.prompt.bound_history``: once a turn's audio breaks an audio
+    limit, it and older turns are kept only while every clip of theirs has its transcript (the
+    prompt then carries them as text); ``max_turns`` bounds all kept turns.
+    """
     turns: list[list[Entry]] = []
     pending: list[Entry] = []
     for entry in entries:
@@ -289,14 +335,16 @@ def pruned(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
     kept: list[list[Entry]] = []
     clips = 0
     seconds = 0.0
+    as_text = False
     for turn in reversed(turns):
         audio = [clip for entry in turn if isinstance(entry, UserEntry) for clip in entry.audio_clips()]
-        clips += len(audio)
-        seconds += sum(clip.seconds for clip in audio)
+        if not as_text:
+            clips += len(audio)
+            seconds += sum(clip.seconds for clip in audio)
+            as_text = clips > limits.max_audio_clips or seconds > limits.max_audio_seconds
         in_progress = any(isinstance(entry, AssistantEntry) and entry.status == "in_progress" for entry in turn)
-        if not in_progress and (
-            len(kept) >= limits.max_turns or clips > limits.max_audio_clips or seconds > limits.max_audio_seconds
-        ):
+        untranscribed = as_text and any(clip.transcript is None for clip in audio)
+        if not in_progress and (len(kept) >= limits.max_turns or untranscribed):
             break
         kept.append(turn)
     pending = pending[-MAX_UNANSWERED_ITEMS:]
@@ -315,6 +363,18 @@ def decode_pcm16(data: str, param: str) -> np.ndarray:
     if len(raw) % 2:
         raise ProtocolError("invalid_value", f"{param} is not whole PCM16 samples (odd byte count).", param=param)
     return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+
+
+def decode_input_audio(data: str, format_type: str, param: str) -> tuple[np.ndarray, int]:
+    """Base64 audio in the session's input format → (float32 PCM, its rate): ``audio/pcm`` is PCM16
+    at 24 kHz, ``audio/pcmu`` / ``audio/pcma`` G.711 at 8 kHz; ``ProtocolError`` naming ``param``."""
+    if format_type not in g711.G711_FORMATS:
+        return decode_pcm16(data, param), VOICE_RATE
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError("invalid_value", f"{param} is not valid base64.", param=param) from None
+    return g711.decode(raw, format_type), g711.G711_RATE
 
 
 def checked_text(text: str | None, param: str, *, max_chars: int) -> str:
@@ -341,15 +401,11 @@ def read_user_content(
             if part.audio is None:
                 raise ProtocolError("missing_required_parameter", f"{param}.audio is required.",
                                     param=f"{param}.audio")
-            if input_audio_format != "audio/pcm":
-                raise ProtocolError(
-                    "invalid_value", "Base64 audio must be audio/pcm (PCM16, 24 kHz).", param=f"{param}.audio"
-                )
-            pcm24 = decode_pcm16(part.audio, f"{param}.audio")
-            if pcm24.size < MIN_COMMIT_MS * VOICE_RATE // 1000:
+            pcm, rate = decode_input_audio(part.audio, input_audio_format, f"{param}.audio")
+            if pcm.size < MIN_COMMIT_MS * rate // 1000:
                 raise ProtocolError("invalid_value", f"{param}.audio holds less than {MIN_COMMIT_MS} ms.",
                                     param=f"{param}.audio")
-            pcm16 = soxr.resample(pcm24, VOICE_RATE, SPEECH_RATE).astype(np.float32)
+            pcm16 = soxr.resample(pcm, rate, SPEECH_RATE).astype(np.float32)
             parts.append(UserAudio(pcm16))
             echoed.append(InputAudioContent(transcript=part.transcript))
         else:

@@ -1,23 +1,32 @@
 """Input audio that reaches the session outside WebRTC's 16 kHz stream.
 
 - :class:`ManualBuffer`: manual mode's (``turn_detection: null``) uncommitted input, bounded.
-- :class:`AppendDecoder`: ``input_audio_buffer.append``'s base64 PCM16 at 24 kHz, resampled
-  as one continuous stream to the 16 kHz the VAD and the model hear.
+- :class:`AppendDecoder`: ``input_audio_buffer.append``'s base64 audio in the session's input
+  format (PCM16 at 24 kHz, or G.711 µ-law/A-law at 8 kHz), resampled as one continuous stream
+  to the 16 kHz the VAD and the model hear, and held to real time (``MAX_APPEND_AHEAD_MS``).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 import soxr
 
-from app.realtime.history import MIN_COMMIT_MS, decode_pcm16
+from app.realtime.history import MIN_COMMIT_MS, decode_input_audio
 from app.realtime.protocol import ProtocolError
-from media.rates import SPEECH_RATE, VOICE_RATE
+from media.rates import SPEECH_RATE
 
 # Manual mode keeps at most this much uncommitted input audio (the oldest is dropped).
 MAX_MANUAL_BUFFER_MS = 60_000
+# Appended audio may run ahead of the wall clock by this much; past it an append is refused
+# (``input_audio_too_fast``) and dropped. A microphone streams at real time; SDK examples append
+# a recorded utterance at once, and 20 s holds any single utterance. The bound keeps a client
+# from making the server run VAD over hours of audio in seconds (one append of 256 KiB, 5.5 s
+# of PCM16, costs ~170 VAD windows inline).
+MAX_APPEND_AHEAD_MS = 20_000
 
 
 class ManualBuffer:
@@ -52,19 +61,34 @@ class ManualBuffer:
 
 
 class AppendDecoder:
-    """Base64 ``audio/pcm`` appends → 16 kHz float32, resampled without seams between appends."""
+    """Base64 appends → 16 kHz float32, resampled without seams between appends, at most
+    ``MAX_APPEND_AHEAD_MS`` ahead of real time (a token bucket of audio milliseconds)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic, max_ahead_ms: int = MAX_APPEND_AHEAD_MS) -> None:
+        self._clock = clock
+        self._max_ahead_ms = max_ahead_ms
+        self._budget_ms = float(max_ahead_ms)
+        self._refilled_at = clock()
+        self._format: str | None = None
         self._resampler: soxr.ResampleStream | None = None
 
     def decode(self, audio: str, *, input_audio_format: str) -> np.ndarray:
-        if input_audio_format != "audio/pcm":
+        pcm, rate = decode_input_audio(audio, input_audio_format, "audio")
+        self._admit(pcm.size * 1000 / rate)
+        if self._resampler is None or self._format != input_audio_format:
+            self._format = input_audio_format  # a new format starts a new stream
+            self._resampler = soxr.ResampleStream(rate, SPEECH_RATE, 1, dtype="float32")
+        return self._resampler.resample_chunk(pcm)
+
+    def _admit(self, audio_ms: float) -> None:
+        now = self._clock()
+        self._budget_ms = min(self._max_ahead_ms, self._budget_ms + (now - self._refilled_at) * 1000)
+        self._refilled_at = now
+        if audio_ms > self._budget_ms:
             raise ProtocolError(
-                "invalid_value",
-                "Base64 audio must be audio/pcm (PCM16, 24 kHz); set audio.input.format accordingly.",
+                "input_audio_too_fast",
+                f"Input audio is arriving faster than real time: at most {self._max_ahead_ms / 1000:g} s ahead "
+                f"of the clock is accepted; this append ({audio_ms:.0f} ms) was dropped.",
                 param="audio",
             )
-        pcm24 = decode_pcm16(audio, "audio")
-        if self._resampler is None:
-            self._resampler = soxr.ResampleStream(VOICE_RATE, SPEECH_RATE, 1, dtype="float32")
-        return self._resampler.resample_chunk(pcm24)
+        self._budget_ms -= audio_ms

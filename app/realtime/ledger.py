@@ -43,6 +43,8 @@ class Playback:
     segment_written: int = 0  # samples queued since the output last ran dry
     complete: bool = False  # the response has finished writing
     limit: int | None = None  # samples that count, after a cut or a client truncate
+    unfinished: bool = False  # cleared before its response had written all its audio
+    truncated: bool = False  # the client's conversation.item.truncate cut it (and was answered)
 
     @property
     def written(self) -> int:
@@ -109,6 +111,7 @@ class PlaybackLedger:
         cut = list(self._open.values())
         for playback in cut:
             playback.limit = playback.heard(played_samples)
+            playback.unfinished = not playback.complete
             playback.complete = True
         self._open.clear()
         self._queue_end = played_samples

@@ -183,6 +183,23 @@ class OutputAudioBufferClearEvent(_ClientEventBase):
     type: Literal["output_audio_buffer.clear"]
 
 
+class PlaybackAckEvent(_ClientEventBase):
+    """vLLM-Omni's playback acknowledgement, for transports without a media track (WebSocket).
+
+    The shape of ``AckPlayback`` in vllm-omni 0.30.0 (``vllm_omni/protocol/duplex/commands.py``,
+    read by ``vllm_omni/engine/duplex/realtime_commands.py``): ``played_ms`` is the cumulative
+    audio of one response the client has played; ``committed_ms`` (default ``played_ms``) how
+    much of it counts as heard; the response is named by ``response_id`` or ``item_id`` (neither:
+    the oldest answer not yet played out). Milliseconds may be fractional, as vllm-omni accepts.
+    """
+
+    type: Literal["playback.ack"]
+    played_ms: Annotated[int | float, Field(ge=0, le=86_400_000)]  # a day bounds any real playback
+    committed_ms: Annotated[int | float, Field(ge=0, le=86_400_000)] | None = None
+    response_id: str | None = None
+    item_id: str | None = None
+
+
 ClientEvent = Annotated[
     SessionUpdateEvent
     | InputAudioBufferAppendEvent
@@ -193,7 +210,8 @@ ClientEvent = Annotated[
     | ConversationItemTruncateEvent
     | ResponseCreateEvent
     | ResponseCancelEvent
-    | OutputAudioBufferClearEvent,
+    | OutputAudioBufferClearEvent
+    | PlaybackAckEvent,
     Field(discriminator="type"),
 ]
 _client_event_adapter: TypeAdapter[ClientEvent] = TypeAdapter(ClientEvent)
@@ -285,7 +303,7 @@ class InputTextContent(_ServerModel):
 
 class InputAudioContent(_ServerModel):
     type: Literal["input_audio"] = "input_audio"
-    transcript: str | None = None  # no input transcription: Qwen3-Omni listens to the audio itself
+    transcript: str | None = None  # set once input audio transcription completed (if the session asks)
 
 
 class OutputTextContent(_ServerModel):
@@ -338,9 +356,17 @@ class ServerVadObject(_ServerModel):
     interrupt_response: bool
 
 
+class TranscriptionObject(_ServerModel):
+    """``audio.input.transcription``: the model named is reported; Qwen3-Omni itself transcribes."""
+
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+
+
 class SessionAudioInput(_ServerModel):
     format: AudioFormat
-    transcription: dict[str, Any] | None = None
+    transcription: TranscriptionObject | None = None
     noise_reduction: dict[str, Any] | None = None
     turn_detection: ServerVadObject | None
 
@@ -542,6 +568,58 @@ class ConversationItemDeletedEvent(_ServerEventBase):
     item_id: str
 
 
+class TranscriptionInputTokenDetails(_ServerModel):
+    text_tokens: int
+    audio_tokens: int
+
+
+class TranscriptionUsage(_ServerModel):
+    """Token usage of one transcription (OpenAI's ``tokens`` variant)."""
+
+    type: Literal["tokens"] = "tokens"
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    input_token_details: TranscriptionInputTokenDetails
+
+
+class TranscriptionError(_ServerModel):
+    type: str
+    code: str | None
+    message: str
+    param: str | None = None
+
+
+class ConversationItemInputAudioTranscriptionDeltaEvent(_ServerEventBase):
+    type: Literal["conversation.item.input_audio_transcription.delta"] = (
+        "conversation.item.input_audio_transcription.delta"
+    )
+    item_id: str
+    content_index: int
+    delta: str
+    logprobs: list[Any] | None = None
+
+
+class ConversationItemInputAudioTranscriptionCompletedEvent(_ServerEventBase):
+    type: Literal["conversation.item.input_audio_transcription.completed"] = (
+        "conversation.item.input_audio_transcription.completed"
+    )
+    item_id: str
+    content_index: int
+    transcript: str
+    usage: TranscriptionUsage
+    logprobs: list[Any] | None = None
+
+
+class ConversationItemInputAudioTranscriptionFailedEvent(_ServerEventBase):
+    type: Literal["conversation.item.input_audio_transcription.failed"] = (
+        "conversation.item.input_audio_transcription.failed"
+    )
+    item_id: str
+    content_index: int
+    error: TranscriptionError
+
+
 class ResponseCreatedEvent(_ServerEventBase):
     type: Literal["response.created"] = "response.created"
     response: ResponseObject
@@ -594,6 +672,13 @@ class ResponseOutputAudioTranscriptDoneEvent(_ContentEventBase):
     transcript: str
 
 
+class ResponseOutputAudioDeltaEvent(_ContentEventBase):
+    """Answer audio as an event (WebSocket): base64 in the session's output format."""
+
+    type: Literal["response.output_audio.delta"] = "response.output_audio.delta"
+    delta: str
+
+
 class ResponseOutputAudioDoneEvent(_ContentEventBase):
     type: Literal["response.output_audio.done"] = "response.output_audio.done"
 
@@ -623,6 +708,27 @@ class OutputAudioBufferClearedEvent(_ServerEventBase):
     response_id: str
 
 
+class PlaybackAcknowledgement(_ServerModel):
+    """What ``playback.acknowledged`` reports under ``event``, after vllm-omni's reply
+    (``PlaybackAcknowledged`` in ``vllm_omni/protocol/duplex/events.py``, filled by
+    ``vllm_omni/engine/duplex/session/playback_ledger.py``): the item and response, the played
+    and committed milliseconds as applied, and whether the item's history now holds them."""
+
+    type: Literal["playback.acknowledged"] = "playback.acknowledged"
+    session_id: str
+    item_id: str
+    response_id: str
+    played_ms: int
+    committed_ms: int
+    audio_ms: int  # the item's whole audio: played out when played_ms reaches it
+    history_committed: bool
+
+
+class PlaybackAcknowledgedEvent(_ServerEventBase):
+    type: Literal["playback.acknowledged"] = "playback.acknowledged"
+    event: PlaybackAcknowledgement
+
+
 ServerEvent = Annotated[
     ErrorEvent
     | SessionCreatedEvent
@@ -636,6 +742,9 @@ ServerEvent = Annotated[
     | ConversationItemDoneEvent
     | ConversationItemTruncatedEvent
     | ConversationItemDeletedEvent
+    | ConversationItemInputAudioTranscriptionDeltaEvent
+    | ConversationItemInputAudioTranscriptionCompletedEvent
+    | ConversationItemInputAudioTranscriptionFailedEvent
     | ResponseCreatedEvent
     | ResponseDoneEvent
     | ResponseOutputItemAddedEvent
@@ -644,12 +753,14 @@ ServerEvent = Annotated[
     | ResponseContentPartDoneEvent
     | ResponseOutputAudioTranscriptDeltaEvent
     | ResponseOutputAudioTranscriptDoneEvent
+    | ResponseOutputAudioDeltaEvent
     | ResponseOutputAudioDoneEvent
     | ResponseOutputTextDeltaEvent
     | ResponseOutputTextDoneEvent
     | OutputAudioBufferStartedEvent
     | OutputAudioBufferStoppedEvent
-    | OutputAudioBufferClearedEvent,
+    | OutputAudioBufferClearedEvent
+    | PlaybackAcknowledgedEvent,
     Field(discriminator="type"),
 ]
 server_event_adapter: TypeAdapter[ServerEvent] = TypeAdapter(ServerEvent)

@@ -78,6 +78,9 @@ class Response:
     first_frame_sent_at: float | None = None
     expects_first_frame: bool = False
     first_frame_sent: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set at its first audio, or when it ends: work for the engine that must not delay the
+    # answer (input transcription) waits for it.
+    output_started: asyncio.Event = field(default_factory=asyncio.Event)
 
     def object(self, status: ResponseStatus, **fields: Any) -> ResponseObject:
         return ResponseObject(
@@ -115,6 +118,7 @@ class Response:
             self.first_audio_at = time.monotonic()
             # A paced output reports the first frame it sends (on_playback_started) when nothing plays before it.
             self.expects_first_frame = to_idle_paced_output
+            self.output_started.set()
 
     def first_frame_out(self, response_id: str) -> None:
         """The output sent the first frame of ``response_id``'s audio (its ``on_playback_started``)."""
@@ -193,8 +197,10 @@ def finish_events(
     """The events that close the response; marks its item completed or incomplete.
 
     A response cancelled before it was announced (``response.entry`` unset) gets its
-    ``response.created`` here, so every ``response.done`` has one before it.
+    ``response.created`` here, so every ``response.done`` has one before it. Sets
+    ``output_started``: work waiting for the answer's first output need wait no longer.
     """
+    response.output_started.set()
     entry = response.entry
     events: list[ServerEvent] = []
     if entry is None:

@@ -8,7 +8,9 @@ response, streams the answer, and keeps the conversation *as the user heard it* 
 ``ledger``). Turn detection: ``interrupt_response: false`` (default) is half-duplex — from a
 response's start until its audio has played out, plus ``ECHO_TAIL_MS``, speech is heard but not
 acted on; ``true`` is barge-in — speech start cancels the response, clears the output and
-truncates the item; ``null`` is manual mode (``input_audio_buffer.commit`` + ``response.create``). See docs/SESSION.md.
+truncates the item; ``null`` is manual mode (``input_audio_buffer.commit`` + ``response.create``).
+Server VAD's events are turned into the protocol's by ``app.realtime.turn_taking``.
+docs/SESSION.md has the whole picture.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from app.realtime.event_audio import acknowledge_playback, played_out
 from app.realtime.gate import EventGate
 from app.realtime.history import AssistantEntry, History
 from app.realtime.input_buffer import AppendDecoder, ManualBuffer
@@ -35,13 +38,11 @@ from app.realtime.protocol import (
     InputAudioBufferClearedEvent,
     InputAudioBufferClearEvent,
     InputAudioBufferCommitEvent,
-    InputAudioBufferSpeechStartedEvent,
-    InputAudioBufferSpeechStoppedEvent,
-    InputAudioBufferTimeoutTriggeredEvent,
     OutputAudioBufferClearedEvent,
     OutputAudioBufferClearEvent,
     OutputAudioBufferStartedEvent,
     OutputAudioBufferStoppedEvent,
+    PlaybackAckEvent,
     ProtocolError,
     ResponseCancelEvent,
     ResponseCreateEvent,
@@ -55,26 +56,14 @@ from app.realtime.protocol import (
 )
 from app.realtime.responses import Response, announce_events, apply_response_params, delta_event, finish_events
 from app.realtime.session_config import SessionConfig, TurnDetection
-from media.rates import SPEECH_RATE
-from media.turn_detection import (
-    SpeechStarted,
-    SpeechStopped,
-    UtteranceCommitted,
-    VoiceActivityDetector,
-)
+from app.realtime.transcription import Transcriptions
+from app.realtime.turn_taking import TurnActions, TurnTaking, detector_params
 from media.vad import SpeechModel
-from pipeline.conversation import Conversation
 from pipeline.turn import AudioChunk, Engine, EngineError, TextDelta, TurnDone, TurnRequest
 
 logger = logging.getLogger(__name__)
 
 SESSION_LIFETIME_S = 3_600  # expires_at in session objects, as OpenAI's 60-minute sessions
-# After the assistant's audio has been sent, its tail is still in the browser's jitter buffer
-# and speaker, and its echo reaches the microphone ~100-300 ms later; half-duplex keeps not
-# listening for this long so that tail is not heard as the user.
-ECHO_TAIL_MS = 400
-# What an idle user "said" when idle_timeout_ms triggers a response: a second of silence.
-IDLE_CLIP_MS = 1_000
 
 
 class RealtimeSession:
@@ -89,7 +78,9 @@ class RealtimeSession:
         send: Callable[[dict[str, Any]], None],
         config: SessionConfig | None = None,
         session_id: str | None = None,
+        on_ignored_speech: Callable[[], None] | None = None,
     ) -> None:
+        """``on_ignored_speech`` is called for each utterance half-duplex does not act on (metrics)."""
         self._engine = engine
         self._output = output
         self._send = send
@@ -102,17 +93,16 @@ class RealtimeSession:
         self.session_id = session_id or new_id("sess")
         self._conversation_id = new_id("conv")
         self._expires_at = int(time.time()) + SESSION_LIFETIME_S
-        self._detector = VoiceActivityDetector(vad, (self._config.turn_detection or TurnDetection()).detector_params())
-        self._input_samples = 0  # 16 kHz samples pushed since the session started
+        self._turns = TurnTaking(
+            vad,
+            detector_params(self._config.turn_detection or TurnDetection(), self._config.history),
+            TurnActions(self._emit, self._commit_user_audio, self._busy, self._interrupt, self._respond_to_speech),
+            session_id=self.session_id,
+            on_ignored_speech=on_ignored_speech,
+        )
         self._manual = ManualBuffer()
         self._appends = AppendDecoder()
         self._history = History()
-        self._speech_item_id: str | None = None  # the user item announced by speech_started
-        self._user_speaking = False  # between SpeechStarted and its commit
-        # Half-duplex: input is not acted on while this is set (see ECHO_TAIL_MS).
-        self._deaf = False
-        self._deaf_until_sample: int | None = None  # when listening may resume, once idle
-        self._idle_since_sample: int | None = None  # the assistant's audio ended here (idle_timeout_ms)
         self._response: Response | None = None  # generating, or queued behind a cancelling one
         self._tasks: set[asyncio.Task[None]] = set()
         self._ledger = PlaybackLedger()
@@ -121,6 +111,7 @@ class RealtimeSession:
         self._clearing = False  # inside output.clear(), whose stop callback is not a drain
         self._closed = False
         self._close_lock = asyncio.Lock()
+        self._transcriptions = Transcriptions(engine, self._emit, self._history.holds, self.session_id)
         output.set_listener(self)
 
     # -- public API ------------------------------------------------------------------------
@@ -160,25 +151,18 @@ class RealtimeSession:
         pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
         if pcm.size == 0:
             return
-        self._input_samples += pcm.size
         turn_detection = self._config.turn_detection
         if turn_detection is None:
+            self._turns.skip(pcm.size)
             self._manual.append(pcm)
             return
-        for event in self._detector.push(pcm):
-            if isinstance(event, SpeechStarted):
-                self._on_speech_started(event, turn_detection)
-            elif isinstance(event, SpeechStopped):
-                self._on_speech_stopped(event)
-            elif isinstance(event, UtteranceCommitted):
-                self._on_utterance_committed(event, turn_detection)
-        self._maybe_listen_again()
-        self._maybe_time_out(turn_detection)
+        self._turns.push(pcm, turn_detection)
 
     async def close(self) -> None:
         """Cancel the running response and await every task; safe to call twice."""
         async with self._close_lock:
             self._closed = True
+            await self._transcriptions.close()  # first: an ending response would let them start
             tasks = list(self._tasks)
             for task in tasks:
                 task.cancel()
@@ -191,7 +175,7 @@ class RealtimeSession:
             "items": len(self._history),
             "audio_clips": self._history.audio_clip_count(),
             "playbacks": len(self._ledger),
-            "tasks": len(self._tasks),
+            "tasks": len(self._tasks) + len(self._transcriptions),
             "manual_buffer_samples": self._manual.samples,
             "responses": int(self._response is not None),
         }
@@ -237,23 +221,17 @@ class RealtimeSession:
             await self._cancel_response(event)
         elif isinstance(event, OutputAudioBufferClearEvent):
             await self._clear_output_by_client()
+        elif isinstance(event, PlaybackAckEvent):  # WebSocket: the client says what it played
+            self._emit(acknowledge_playback(event, self._output, self._history, self._ledger, self.session_id))
 
     def _update_session(self, event: SessionUpdateEvent) -> None:
         old = self._config
         new = old.updated(event.session)
         self._config = new
         if new.turn_detection != old.turn_detection:
-            if new.turn_detection is None:
-                self._detector.reset()
-                self._speech_item_id = None
-                self._user_speaking = False
-            else:
-                self._detector.update(new.turn_detection.detector_params())
-                if old.turn_detection is None:  # manual audio is not the VAD's business
-                    self._manual.clear()
-            if new.turn_detection is None or new.turn_detection.interrupt_response:
-                self._deaf = False
-                self._deaf_until_sample = None
+            self._turns.configure(new.turn_detection, new.history)
+            if old.turn_detection is None:  # manual audio is not the VAD's business
+                self._manual.clear()
         self._emit(SessionUpdatedEvent(session=self._session_object()))
 
     def _append_audio(self, event: InputAudioBufferAppendEvent) -> None:
@@ -269,9 +247,7 @@ class RealtimeSession:
 
     def _clear_input(self) -> None:
         self._manual.clear()
-        self._detector.reset()
-        self._speech_item_id = None
-        self._user_speaking = False
+        self._turns.clear()
         self._emit(InputAudioBufferClearedEvent())
 
     def _create_item(self, event: ConversationItemCreateEvent) -> None:
@@ -287,6 +263,7 @@ class RealtimeSession:
 
     def _truncate_item(self, event: ConversationItemTruncateEvent) -> None:
         self._emit(self._history.truncate_item(event, self._ledger))
+        played_out(self._output, event.item_id)
 
     def _create_response(self, event: ResponseCreateEvent) -> None:
         if self._response is not None and not self._response.cancelling:
@@ -308,114 +285,38 @@ class RealtimeSession:
                 "Cancellation failed: no active response found"
                 + (f" with id {event.response_id!r}." if event.response_id else "."),
             )
-        self._request_cancel(response, "client_cancelled")
-        assert response.task is not None
-        await asyncio.wait({response.task})
+        await asyncio.wait({self._request_cancel(response, "client_cancelled")})
 
     async def _clear_output_by_client(self) -> None:
         # OpenAI: clearing the output also stops generating the response whose audio it is.
         response = self._response
         if response is not None and not response.cancelling:
-            self._request_cancel(response, "client_cancelled")
-            assert response.task is not None
-            await asyncio.wait({response.task})
+            await asyncio.wait({self._request_cancel(response, "client_cancelled")})
         self._clear_output(always_announce=True)
 
-    # -- server VAD ------------------------------------------------------------------------
+    # -- server VAD (app.realtime.turn_taking) ---------------------------------------------
 
-    def _on_speech_started(self, event: SpeechStarted, turn_detection: TurnDetection) -> None:
-        self._user_speaking = True
-        self._idle_since_sample = None
-        if self._deaf:
-            return
-        self._speech_item_id = new_id("item")
-        self._emit(InputAudioBufferSpeechStartedEvent(audio_start_ms=event.audio_start_ms, item_id=self._speech_item_id))
-        if turn_detection.interrupt_response and self._busy():
-            self._interrupt()
-
-    def _on_speech_stopped(self, event: SpeechStopped) -> None:
-        if self._deaf:
-            return
-        if self._speech_item_id is None:
-            self._speech_item_id = new_id("item")
-        self._emit(InputAudioBufferSpeechStoppedEvent(audio_end_ms=event.audio_end_ms, item_id=self._speech_item_id))
-
-    def _on_utterance_committed(self, event: UtteranceCommitted, turn_detection: TurnDetection) -> None:
-        self._user_speaking = False
-        if self._deaf:
-            return
-        committed_at = time.monotonic()
-        item_id = self._speech_item_id or new_id("item")
-        self._speech_item_id = None
-        self._commit_user_audio(item_id, event.pcm)
-        if not turn_detection.create_response:
-            return
+    def _respond_to_speech(self, item_id: str, committed_at: float, silence_wait_ms: float) -> None:
+        """Server VAD (or the idle timeout) committed the turn ending with ``item_id``: answer it."""
         if self._response is not None and not self._response.cancelling:
             logger.info("session %s: utterance %s committed while %s is responding; not answering it",
                         self.session_id, item_id, self._response.id)
             return
-        # The VAD committed when the silence wait ended: the input is there now (± this chunk, <= 20 ms).
-        silence_wait_ms = 0.0 if event.forced else float(turn_detection.silence_duration_ms)
         self._start_response(self._session_response(committed_at, silence_wait_ms))
 
     def _session_response(self, started_at: float, silence_wait_ms: float = 0.0) -> Response:
         """A response the server starts by itself, with the session's settings."""
         return Response.for_session(self._config, self._conversation_id, started_at, silence_wait_ms)
 
-    def _maybe_time_out(self, turn_detection: TurnDetection) -> None:
-        """idle_timeout_ms: no speech for that long after the assistant's audio ended prompts a response.
-
-        Time is counted in input audio (WebRTC delivers 20 ms frames even from a muted mic), so
-        it needs no timer task and is exact in tests.
-        """
-        timeout_ms = turn_detection.idle_timeout_ms
-        idle_since = self._idle_since_sample
-        if timeout_ms is None or idle_since is None or self._busy() or self._user_speaking:
-            return
-        if self._input_samples - idle_since < timeout_ms * SPEECH_RATE // 1000:
-            return
-        self._idle_since_sample = None
-        item_id = new_id("item")
-        self._emit(
-            InputAudioBufferTimeoutTriggeredEvent(
-                audio_start_ms=idle_since * 1000 // SPEECH_RATE,
-                audio_end_ms=self._input_samples * 1000 // SPEECH_RATE,
-                item_id=item_id,
-            )
-        )
-        self._commit_user_audio(item_id, np.zeros(IDLE_CLIP_MS * SPEECH_RATE // 1000, dtype=np.float32))
-        if turn_detection.create_response and self._response is None:
-            self._start_response(self._session_response(time.monotonic()))
-
     def _commit_user_audio(self, item_id: str, pcm: np.ndarray) -> None:
         for event in self._history.commit_audio(item_id, pcm):
             self._emit(event)
+        self._transcriptions.transcribe(self._history.require(item_id), self._config.transcription)
         self._prune()
-
-    # -- half-duplex -----------------------------------------------------------------------
 
     def _busy(self) -> bool:
         """The assistant is answering or its audio has not finished playing."""
         return self._response is not None or len(self._ledger) > 0
-
-    def _maybe_listen_again(self) -> None:
-        if (
-            self._deaf
-            and self._deaf_until_sample is not None
-            and self._input_samples >= self._deaf_until_sample
-            and not self._user_speaking
-        ):
-            # Whatever the VAD holds now began while the assistant spoke (or is its echo).
-            self._detector.reset()
-            self._speech_item_id = None
-            self._deaf = False
-            self._deaf_until_sample = None
-
-    def _on_idle(self) -> None:
-        """The assistant has finished speaking (or answering without audio)."""
-        self._idle_since_sample = self._input_samples
-        if self._deaf:
-            self._deaf_until_sample = self._input_samples + ECHO_TAIL_MS * SPEECH_RATE // 1000
 
     # -- responses -------------------------------------------------------------------------
 
@@ -423,11 +324,8 @@ class RealtimeSession:
         previous = self._response.task if self._response is not None else None
         self._response = response
         self._last_response_id = response.id
-        self._idle_since_sample = None
-        turn_detection = self._config.turn_detection
-        if turn_detection is not None and not turn_detection.interrupt_response:
-            self._deaf = True
-            self._deaf_until_sample = None
+        self._turns.response_started(self._config.turn_detection)
+        self._transcriptions.hold_until(response.output_started)
         task = asyncio.create_task(self._run_response(response, previous), name=f"response {response.id}")
         response.task = task
         self._tasks.add(task)
@@ -438,18 +336,20 @@ class RealtimeSession:
         if not task.cancelled() and task.exception() is not None:
             logger.error("session %s: %s crashed", self.session_id, task.get_name(), exc_info=task.exception())
 
-    def _request_cancel(self, response: Response, reason: str) -> None:
+    def _request_cancel(self, response: Response, reason: str) -> asyncio.Task[None]:
+        """Cancels ``response``; its task, to await when the caller must see it end."""
         response.cancelling = True
         response.cancel_reason = reason
         assert response.task is not None
         response.task.cancel()
+        return response.task
 
     async def _run_response(self, response: Response, previous: asyncio.Task[None] | None) -> None:
         try:
             if previous is not None and not previous.done():
                 await asyncio.wait({previous})  # a cancelled response first sends its response.done
             request = TurnRequest(
-                conversation=self._conversation(response.instructions),
+                conversation=self._history.conversation(response.instructions, self._config.history),
                 voice=response.voice,
                 temperature=response.temperature,
                 max_output_tokens=response.max_output_tokens,
@@ -462,7 +362,7 @@ class RealtimeSession:
                     if isinstance(event, TextDelta):
                         self._on_text(response, event.text)
                     elif isinstance(event, AudioChunk):
-                        self._on_audio(response, event.pcm)
+                        self._on_audio(response, event)
                     elif isinstance(event, TurnDone):
                         done = event
             if done is None:
@@ -497,11 +397,12 @@ class RealtimeSession:
         response.entry.add_delta(text)
         self._emit(delta_event(response, text))
 
-    def _on_audio(self, response: Response, pcm: np.ndarray) -> None:
+    def _on_audio(self, response: Response, chunk: AudioChunk) -> None:
+        pcm = chunk.pcm
         if response.modality != "audio" or response.entry is None or pcm.size == 0:
             return
         response.audio_written(to_idle_paced_output=len(self._ledger) == 0 and getattr(self._output, "paced", False))
-        response.entry.audio_samples += pcm.size
+        response.entry.add_audio(pcm.size, frames=chunk.frames, text_tokens_voiced=chunk.text_tokens_voiced)
         self._ledger.write(response.entry.id, response.id, pcm.size, self._output.played_samples)
         self._output.write(pcm)
 
@@ -516,6 +417,8 @@ class RealtimeSession:
     ) -> None:
         entry = response.entry
         previous_id = self._history.previous_id(entry) if entry is not None else None
+        if entry is not None:  # its text ran ahead of its audio: only what is heard counts
+            entry.ended_early = status in ("cancelled", "failed")
         events = finish_events(
             response, status, previous_item_id=previous_id, reason=reason, done=done,
             error_code=error[0] if error else None,
@@ -540,15 +443,15 @@ class RealtimeSession:
         """Retire items whose audio has played out; announce when the assistant stopped speaking."""
         played = self._output.played_samples
         finished = self._ledger.pop_finished(played)
-        for playback in finished:
-            self._history.settle(playback, played)
+        for event in self._history.settle_all(finished, played):  # a cancelled answer's text ran ahead
+            self._emit(event)
         if len(self._ledger) == 0:
             if self._speaking_response_id is not None:
                 response_id = finished[-1].response_id if finished else self._speaking_response_id
                 self._speaking_response_id = None
                 self._emit(OutputAudioBufferStoppedEvent(response_id=response_id))
             if self._response is None:
-                self._on_idle()
+                self._turns.idle()
         if finished:
             self._prune()
 
@@ -573,17 +476,14 @@ class RealtimeSession:
         if (had_audio or always_announce) and response_id is not None:
             self._emit(OutputAudioBufferClearedEvent(response_id=response_id))
         self._speaking_response_id = None
-        for event in self._history.settle_cut(cut, played):
+        for event in self._history.settle_all(cut, played):
             self._emit(event)
         if cut:
             self._prune()
         if self._response is None:
-            self._on_idle()
+            self._turns.idle()
 
     # -- history ---------------------------------------------------------------------------
-
-    def _conversation(self, instructions: str | None) -> Conversation:
-        return self._history.conversation(instructions, self._config.history)
 
     def _prune(self) -> None:
         self._history.prune(self._config.history)

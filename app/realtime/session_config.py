@@ -3,7 +3,7 @@
 OpenAI clients send ``session.update`` right after the data channel opens, with fields this
 server does not implement. The reader accepts GA nesting (``audio.input.turn_detection``…) and
 the older flat beta keys (``voice``, ``turn_detection``, ``modalities``…), ignores what does not
-apply (``model``, ``tools``, ``tracing``, noise reduction, transcription, output speed), maps
+apply (``model``, ``tools``, ``tracing``, noise reduction, output speed), maps
 what has a sensible meaning (``semantic_vad`` → server VAD whose silence wait follows
 ``eagerness``; OpenAI voice names → the current Qwen voice) and rejects only values that are
 really wrong. One bad value rejects the whole update: nothing changes.
@@ -25,10 +25,11 @@ from app.realtime.protocol import (
     SessionAudioInput,
     SessionAudioOutput,
     SessionObject,
+    TranscriptionObject,
 )
 from media.turn_detection import TurnDetectionParams
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, HistoryLimits
-from pipeline.turn import VOICES, Voice
+from pipeline.turn import VOICES, TranscriptionHint, Voice
 
 Modality = Literal["audio", "text"]
 AudioFormatType = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
@@ -74,6 +75,22 @@ class TurnDetection:
 
 
 @dataclass(frozen=True)
+class InputTranscription:
+    """``audio.input.transcription``: committed user audio is transcribed (by Qwen3-Omni itself).
+
+    ``model`` is any name the client gave, only reported back; ``language`` (ISO-639-1) and
+    ``prompt`` are hints for the ASR prompt (``pipeline.prompt``).
+    """
+
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+
+    def hint(self) -> TranscriptionHint:
+        return TranscriptionHint(language=self.language, prompt=self.prompt)
+
+
+@dataclass(frozen=True)
 class SessionConfig:
     instructions: str | None = None  # None: Qwen3-Omni's default speech system prompt
     voice: Voice = "ethan"
@@ -83,6 +100,7 @@ class SessionConfig:
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)  # None: manual commits
     input_audio_format: AudioFormatType = "audio/pcm"  # of base64 audio in events (WebRTC uses Opus)
     output_audio_format: AudioFormatType = "audio/pcm"
+    transcription: InputTranscription | None = None  # None: user audio is not transcribed
     # Server-side, not in the protocol:
     history: HistoryLimits = field(default_factory=HistoryLimits)
     max_text_chars: int = 16_000  # one input_text or the instructions; Settings.max_text_chars
@@ -118,6 +136,9 @@ class SessionConfig:
             audio=SessionAudio(
                 input=SessionAudioInput(
                     format=_format_object(self.input_audio_format),
+                    transcription=None if self.transcription is None else TranscriptionObject(
+                        **dataclasses.asdict(self.transcription)
+                    ),
                     turn_detection=None
                     if td is None
                     else ServerVadObject(
@@ -180,9 +201,10 @@ class _SessionReader:
             self._changes["output_audio_format"] = _beta_format(s["output_audio_format"], "session.output_audio_format")
         if "turn_detection" in s:
             self._changes["turn_detection"] = _turn_detection(s["turn_detection"], "session.turn_detection")
-        for key in ("input_audio_noise_reduction", "input_audio_transcription"):
-            if key in s and s[key] is not None and not isinstance(s[key], Mapping):
-                raise _invalid(f"session.{key}", "must be an object or null")
+        if "input_audio_noise_reduction" in s:
+            _object_or_none(s["input_audio_noise_reduction"], "session.input_audio_noise_reduction")
+        if "input_audio_transcription" in s:
+            self._transcription(s["input_audio_transcription"], "session.input_audio_transcription")
         if "audio" in s:
             self._audio(s["audio"])
         if "tools" in s and not isinstance(s["tools"], list):
@@ -193,6 +215,22 @@ class _SessionReader:
     def _voice(self, value: Any, param: str) -> None:
         self._changes["voice"] = read_voice(value, param, self._changes.get("voice", self._base.voice))
 
+    def _transcription(self, value: Any, param: str) -> None:
+        """Any ``model`` name is accepted (and reported); ``delay``, ``keywords``… are accepted and ignored."""
+        value = _object_or_none(value, param)
+        if value is None:
+            self._changes["transcription"] = None
+            return
+        fields: dict[str, str | None] = {}
+        for key in ("model", "language", "prompt"):
+            field_value = value.get(key)
+            if field_value is not None and not isinstance(field_value, str):
+                raise _invalid(f"{param}.{key}", "must be a string or null")
+            if field_value is not None and len(field_value) > self._base.max_text_chars:
+                raise _invalid(f"{param}.{key}", f"longer than {self._base.max_text_chars} characters")
+            fields[key] = field_value
+        self._changes["transcription"] = InputTranscription(**fields)
+
     def _audio(self, audio: Any) -> None:
         if audio is None:
             return
@@ -202,8 +240,9 @@ class _SessionReader:
         if audio_input:
             if "format" in audio_input:
                 self._changes["input_audio_format"] = _format(audio_input["format"], "session.audio.input.format")
-            for key in ("noise_reduction", "transcription"):
-                _object_or_none(audio_input.get(key), f"session.audio.input.{key}")
+            _object_or_none(audio_input.get("noise_reduction"), "session.audio.input.noise_reduction")
+            if "transcription" in audio_input:
+                self._transcription(audio_input["transcription"], "session.audio.input.transcription")
             if "turn_detection" in audio_input:
                 self._changes["turn_detection"] = _turn_detection(
                     audio_input["turn_detection"], "session.audio.input.turn_detection"

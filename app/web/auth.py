@@ -125,7 +125,13 @@ class Authenticator:
     async def authorize_call(self, request: Request) -> CallGrant:
         if self._api_key is None:
             return CallGrant(via="open")
-        token = _bearer_token(request)
+        return self.authorize_token(_bearer_token(request))
+
+    def authorize_token(self, token: str) -> CallGrant:
+        """The grant of a bearer token (the API key or an ``ek_`` client secret, which is used up);
+        :class:`ApiError` 401 when it is neither."""
+        if self._api_key is None:
+            return CallGrant(via="open")
         if hmac.compare_digest(token.encode(), self._api_key):
             return CallGrant(via="api_key")
         if token.startswith(CLIENT_SECRET_PREFIX):
@@ -140,13 +146,24 @@ class Authenticator:
 
 
 def _bearer_token(request: Request) -> str:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise _unauthorized(
-            "Missing credentials: send 'Authorization: Bearer <API key or ek_ client secret>'.",
-            code="missing_credentials",
-        )
-    return token.strip()
+    token = bearer_token(request.headers.get("authorization", ""))
+    if token is None:
+        raise missing_credentials()
+    return token
+
+
+def bearer_token(authorization: str) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header value; None when it is not one."""
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def missing_credentials() -> ApiError:
+    return _unauthorized(
+        "Missing credentials: send 'Authorization: Bearer <API key or ek_ client secret>' (browsers opening a "
+        "WebSocket: the subprotocol 'openai-insecure-api-key.<key>').",
+        code="missing_credentials",
+    )
 
 
 def _unauthorized(message: str, *, code: str) -> ApiError:

@@ -30,6 +30,7 @@ SERVE_FLAGS = {
     "seed": "seed",
     "generation": "generation",
     "engine_threads": "engine_threads",
+    "attn_implementation": "attn_implementation",
     "cache_dir": "cache_dir",
     "ice_server": "ice_servers",
     "ice_loopback": "ice_loopback",
@@ -44,7 +45,7 @@ SERVE_FLAGS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="omni-rtc", description="Talk to Qwen3-Omni over WebRTC.")
+    parser = argparse.ArgumentParser(prog="omni-rtc", description="Talk to Qwen3-Omni over WebRTC or a WebSocket.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the server (flags override OMNI_RTC_* variables)")
@@ -58,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--generation", type=json.loads, metavar="JSON", help='generation options for every turn, e.g. \'{"max_audio_frames": 250}\''
     )
     serve.add_argument("--engine-threads", type=int, help="torch CPU threads in the engine process")
+    serve.add_argument(
+        "--attn-implementation", choices=["sdpa", "eager", "flash_attention_2"], help="attention kernels (default: transformers' choice, sdpa)"
+    )
     serve.add_argument("--cache-dir", type=Path, help="where the dev model is built (default ~/.cache/omni-rtc)")
     serve.add_argument(
         "--ice-server", action="append", metavar="URL", help="STUN/TURN server URL (stun:host:port, turn:host:port?transport=udp); repeatable"
@@ -86,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     dev_model = commands.add_parser("dev-model", help="build the tiny random-weight Qwen3-Omni checkpoint")
     dev_model.add_argument("--out", type=Path, help="output directory (default: the cache the server uses)")
+    dev_model.add_argument(
+        "--layout",
+        choices=["fused", "hub"],
+        default="fused",
+        help="fused: transformers' own (default); hub: the published checkpoint's shards and per-expert tensors",
+    )
 
     call = commands.add_parser("call", help="call a server: say each WAV, save each answer")
     call.add_argument("url", help="server base URL, e.g. http://127.0.0.1:8000")
@@ -93,6 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("--out", type=Path, required=True, help="directory for the received answers (WAV)")
     call.add_argument("--json", action="store_true", help="print one JSON document instead of lines")
     call.add_argument("--sessions", type=int, default=1, help="concurrent calls, each saying every WAV (default 1)")
+    call.add_argument(
+        "--transport", choices=["webrtc", "websocket"], default="webrtc",
+        help="webrtc: POST /v1/realtime/calls and a media track (default); websocket: GET /v1/realtime, audio in events",
+    )
+    call.add_argument(
+        "--playback-ack", action="store_true",
+        help="websocket: acknowledge each answer as played (vllm-omni's playback.ack) before the next utterance",
+    )
+    call.add_argument("--model", help="websocket: the ?model= to ask for (the server reports the model it serves)")
     call.add_argument("--ice-loopback", action="store_true", help="gather ICE candidates on 127.0.0.1 only")
     call.add_argument("--ice-server", action="append", default=[], metavar="URL", help="STUN/TURN server URL; repeatable")
     call.add_argument("--session", type=json.loads, metavar="JSON", help='session config sent with the offer, e.g. \'{"max_output_tokens": 64}\'')
@@ -134,7 +153,10 @@ def _dev_model(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from pipeline.devmodel import build_dev_model, ensure_dev_model
 
-    path = build_dev_model(args.out) if args.out is not None else ensure_dev_model(Settings().cache_dir)
+    if args.out is not None:
+        path = build_dev_model(args.out, layout=args.layout)
+    else:
+        path = ensure_dev_model(Settings().cache_dir, layout=args.layout)
     print(path)
     return 0
 
@@ -169,21 +191,31 @@ async def _call(args: argparse.Namespace) -> int:
 async def _one_session(args: argparse.Namespace, index: int, utterances: list[tuple[Path, np.ndarray]]) -> dict[str, Any]:
     import httpx
     import soundfile
+    from websockets.exceptions import WebSocketException
 
+    from app.web.socket_client import RealtimeSocketClient
     from app.webrtc.client import ClientError, RealtimeClient
 
     result: dict[str, Any] = {"session": index, "call": None, "turns": [], "ok": False, "error": None}
     out_dir = args.out / f"session-{index}" if args.sessions > 1 else args.out
     out_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        async with RealtimeClient(
+    client: RealtimeClient | RealtimeSocketClient
+    if args.transport == "websocket":
+        client = RealtimeSocketClient(
+            args.url, api_key=args.api_key, session=args.session, model=args.model,
+            acknowledge_playback=args.playback_ack, timeout_s=args.timeout,
+        )
+    else:
+        client = RealtimeClient(
             args.url,
             api_key=args.api_key,
             session=args.session,
             ice_loopback=args.ice_loopback,
             ice_servers=args.ice_server,
             timeout_s=args.timeout,
-        ) as client:
+        )
+    try:
+        async with client:
             result["call"] = client.call_location
             if not args.json:
                 print(f"session {index} connected: {client.call_location}", flush=True)
@@ -195,6 +227,7 @@ async def _one_session(args: argparse.Namespace, index: int, utterances: list[tu
                     "turn": number,
                     "input": str(path),
                     "status": turn.status,
+                    "user_transcript": turn.user_transcript,
                     "transcript": turn.transcript,
                     "audio_seconds": round(turn.audio_seconds, 3),
                     "audible_seconds": round(turn.audible_seconds, 3),
@@ -205,6 +238,8 @@ async def _one_session(args: argparse.Namespace, index: int, utterances: list[tu
                 result["turns"].append(summary)
                 if not args.json:
                     latency = "-" if turn.latency_s is None else f"{turn.latency_s:.2f} s"
+                    if turn.user_transcript is not None:
+                        print(f"session {index} turn {number} user said: {turn.user_transcript!r}", flush=True)
                     print(
                         f"session {index} turn {number} [{turn.status}] {turn.audio_seconds:.2f} s audio "
                         f"({turn.audible_seconds:.2f} s audible), "
@@ -214,7 +249,7 @@ async def _one_session(args: argparse.Namespace, index: int, utterances: list[tu
                 if turn.status not in ("completed", "incomplete"):  # incomplete: max_output_tokens reached
                     raise ClientError(f"turn {number} ended {turn.status}: {turn.response.get('status_details')}")
         result["ok"] = True
-    except (ClientError, OSError, TimeoutError, httpx.HTTPError) as exc:
+    except (ClientError, OSError, TimeoutError, httpx.HTTPError, WebSocketException) as exc:
         result["error"] = str(exc)
         print(f"omni-rtc call: session {index}: {exc}", file=sys.stderr)
     return result

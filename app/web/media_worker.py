@@ -28,7 +28,6 @@ from app.config import Settings
 from app.realtime.ledger import AudioOutput
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
-from app.realtime.slots import SessionSlots
 from app.web.calls import new_call
 from app.web.ipc import post, receive
 from app.web.metrics import Metrics
@@ -110,8 +109,9 @@ class MediaWorker:
         vad = await asyncio.to_thread(SileroVad.load)
         metrics = Metrics(worker=str(self.index))
         engine = EngineProxy(self._engine_name, self._send)
-        # The front counts every worker's sessions (omni_rtc_sessions_open); this gauge stays 0 here.
-        calls = CallRegistry(SessionSlots(_UNLIMITED), on_closed=self._closed(metrics))
+        # The front counts every worker's sessions and their ends (omni_rtc_sessions_open,
+        # omni_rtc_calls): this registry only tells it when a call ends.
+        calls = CallRegistry(_UNLIMITED, on_closed=self._closed)
         reporter = asyncio.create_task(self._report(calls, metrics), name="worker status")
         try:
             while (message := await receive(reader)) is not None:
@@ -150,12 +150,8 @@ class MediaWorker:
         if not task.cancelled() and task.exception() is not None:
             logger.error("media worker %d: %s failed", self.index, task.get_name(), exc_info=task.exception())
 
-    def _closed(self, metrics: Metrics) -> Callable[[Call, str], None]:
-        def closed(call: Call, reason: str) -> None:
-            metrics.calls.labels(reason=reason).inc()
-            self._send({"op": "call_closed", "call_id": call.id, "reason": reason})
-
-        return closed
+    def _closed(self, call: Call, reason: str) -> None:
+        self._send({"op": "call_closed", "call_id": call.id, "reason": reason})
 
     async def _answer(
         self, message: dict[str, Any], calls: CallRegistry, engine: EngineProxy, vad: SileroVad, metrics: Metrics
@@ -163,7 +159,10 @@ class MediaWorker:
         config: SessionConfig = message["config"]
 
         def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
-            return RealtimeSession(engine=engine, vad=vad, output=output, send=send, config=config)
+            return RealtimeSession(
+                engine=engine, vad=vad, output=output, send=send, config=config,
+                on_ignored_speech=metrics.ignored_speech.inc,
+            )
 
         call = calls.admit(
             lambda on_closed: new_call(self._settings, make_session, metrics, on_closed, call_id=message["call_id"])

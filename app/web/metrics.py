@@ -1,13 +1,14 @@
 """Prometheus metrics: one registry per app, fed by the call glue and an engine wrapper.
 
-Nothing here needs the session's cooperation. The numbers come from the two streams the
-glue already sees:
+The numbers come from what the glue already sees:
 
 - the server events a session sends (``response.done`` status, ``error`` type, the speech
   and playback events whose wall-clock spacing is the user-facing latency), read by a
   per-call :class:`CallObserver`;
 - the engine's own ``TurnDone.timings`` (queue wait, time to first Thinker token), read by
-  :class:`app.web.engines.MeteredEngine`, which wraps the shared engine the sessions are given.
+  :class:`app.web.engines.MeteredEngine`, which wraps the shared engine the sessions are given;
+- one session callback, ``on_ignored_speech`` (an utterance half-duplex did not act on),
+  counted in ``ignored_speech``.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 # under load); turn durations run up to minutes for long answers.
 LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 DURATION_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+TRANSPORTS = ("webrtc", "websocket")
 
 
 class Metrics:
@@ -59,16 +61,28 @@ class Metrics:
         # a front process with media workers replaces it with their latest reports.
         self.pacing_snapshots: Callable[[], dict[str, dict[str, Any]]] = lambda: {worker: self.pacing.snapshot()}
         r.register(_PacingCollector(lambda: self.pacing_snapshots()))
-        self.sessions_open = Gauge("omni_rtc_sessions_open", "Calls with an open session.", registry=r)
+        # transport: "webrtc" (POST /v1/realtime/calls) or "websocket" (GET /v1/realtime).
+        self.sessions_open = Gauge(
+            "omni_rtc_sessions_open", "Open sessions, by transport.", ["transport"], registry=r
+        )
+        for transport in TRANSPORTS:
+            self.sessions_open.labels(transport=transport).set(0)
         self.calls = Counter(
-            "omni_rtc_calls", "Calls ended, by why they ended.", ["reason"], registry=r
+            "omni_rtc_calls", "Sessions ended, by transport and why they ended.", ["transport", "reason"], registry=r
         )
         self.turns = Counter(
-            "omni_rtc_turns", "Responses finished, by response.done status.", ["status"], registry=r
+            "omni_rtc_turns", "Responses finished, by transport and response.done status.", ["transport", "status"],
+            registry=r,
         )
         self.errors = Counter(
             "omni_rtc_errors", "Errors by type: error events sent, engine and signaling failures.",
             ["type", "code"], registry=r,
+        )
+        self.ignored_speech = Counter(
+            "omni_rtc_ignored_speech",
+            "Utterances half-duplex did not act on: the user (or the answer's echo) spoke while an "
+            "answer was being given or played. Reported by the session (on_ignored_speech).",
+            registry=r,
         )
         self.end_of_utterance_delay = Histogram(
             "omni_rtc_end_of_utterance_delay_seconds",
@@ -120,8 +134,12 @@ class Metrics:
             for family in self.registry.collect()
         ]
 
-    def observer(self, clock: Callable[[], float] = time.monotonic) -> CallObserver:
-        return CallObserver(self, clock)
+    def set_open_sessions(self, counts: dict[str, int]) -> None:
+        for transport in TRANSPORTS:
+            self.sessions_open.labels(transport=transport).set(counts.get(transport, 0))
+
+    def observer(self, clock: Callable[[], float] = time.monotonic, *, transport: str = "webrtc") -> CallObserver:
+        return CallObserver(self, clock, transport)
 
 
 # (family name, type, help, [(sample name, labels, value)]): one metric family as plain data.
@@ -199,9 +217,10 @@ class _PacingCollector:
 class CallObserver:
     """Reads one call's server events and inbound audio, and turns their timing into metrics."""
 
-    def __init__(self, metrics: Metrics, clock: Callable[[], float]) -> None:
+    def __init__(self, metrics: Metrics, clock: Callable[[], float], transport: str = "webrtc") -> None:
         self._metrics = metrics
         self._clock = clock
+        self._transport = transport
         self._input_samples = 0
         self._silence_ms = 0  # the session's turn_detection.silence_duration_ms, from its events
         self._turn_start: float | None = None  # wall clock the user-facing latency counts from
@@ -241,7 +260,9 @@ class CallObserver:
             self._turn_start = None
         elif kind == _RESPONSE_DONE:
             response = event.get("response") or {}
-            self._metrics.turns.labels(status=str(response.get("status", "unknown"))).inc()
+            self._metrics.turns.labels(
+                transport=self._transport, status=str(response.get("status", "unknown"))
+            ).inc()
             created = self._responses_created.pop(str(response.get("id")), None)
             if created is not None:
                 self._metrics.turn_duration.observe(now - created)

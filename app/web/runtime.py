@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from app.realtime.slots import SessionSlots
 from app.web.errors import ApiError
 from app.web.workers import MediaWorkerPool
 from app.webrtc.call import CallRegistry
@@ -22,8 +21,8 @@ class Runtime:
     for_sessions: Engine  # the engine as sessions get it
     model: str
     vad: SileroVad
-    calls: CallRegistry  # calls in this process (none when media workers carry them)
-    slots: SessionSlots  # --max-sessions, over every transport and worker
+    # Every open session (--max-sessions): calls and WebSockets here, and the media workers' calls.
+    calls: CallRegistry
     workers: MediaWorkerPool | None = None  # --media-workers > 1
 
 

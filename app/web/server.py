@@ -1,4 +1,5 @@
-"""The HTTP server: signaling (``app.web.signaling``), client secrets, health, metrics and the page.
+"""The HTTP server: signaling (``app.web.signaling``), the WebSocket (``app.web.websocket``), client secrets,
+health, metrics and the page.
 
 ``create_app(settings)`` builds a FastAPI app whose lifespan starts what every call shares
 (the engine and the Silero VAD) and, on shutdown, closes every open call before the engine.
@@ -23,7 +24,6 @@ from starlette.middleware.cors import CORSMiddleware
 from app.config import Settings
 from app.realtime.protocol import ProtocolError
 from app.realtime.session_config import SessionConfig
-from app.realtime.slots import SessionSlots
 from app.web.auth import Authenticator, install_auth
 from app.web.calls import call_rtc_configuration
 from app.web.debug import debug_router
@@ -32,6 +32,7 @@ from app.web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from app.web.metrics import Metrics
 from app.web.runtime import Runtime
 from app.web.signaling import signaling_router
+from app.web.websocket import websocket_router
 from app.web.workers import MediaWorkerPool
 from app.webrtc.call import CallRegistry
 from media.vad import SileroVad
@@ -57,20 +58,23 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             else:
                 serving, model = engine, getattr(engine, "name", type(engine).__name__)
             vad = await asyncio.to_thread(SileroVad.load)
-            slots = SessionSlots(settings.max_sessions, on_count=metrics.sessions_open.set)
-            calls = CallRegistry(slots, on_closed=lambda call, reason: metrics.calls.labels(reason=reason).inc())
+            calls = CallRegistry(
+                settings.max_sessions,
+                on_count=metrics.set_open_sessions,
+                on_closed=lambda call, reason: metrics.calls.labels(transport=call.transport, reason=reason).inc(),
+            )
             # Registered after the engine, so it runs before: calls (and their engine turns) end first.
             stack.push_async_callback(calls.close_all)
             # Sessions get the engine with stalled turns failed (not hung) and timings recorded.
             for_sessions = MeteredEngine(StallTimeoutEngine(serving, stall_timeout_s=settings.turn_stall_timeout_s), metrics)
             workers = None
             if settings.media_workers > 1:
-                workers = MediaWorkerPool(settings, settings.media_workers, for_sessions, slots)
+                workers = MediaWorkerPool(settings, settings.media_workers, for_sessions, calls)
                 stack.push_async_callback(workers.close)  # their calls end, then the engine
                 await workers.start()
                 metrics.pacing_snapshots = dict  # none here: each worker's metrics carry its own pacing
             app.state.runtime = Runtime(
-                engine=serving, for_sessions=for_sessions, model=model, vad=vad, calls=calls, slots=slots, workers=workers
+                engine=serving, for_sessions=for_sessions, model=model, vad=vad, calls=calls, workers=workers
             )
             logger.info("serving %s on http://%s:%d", model, settings.host, settings.port)
             try:
@@ -93,6 +97,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     install_auth(app, authenticator, resolve_session)
     app.include_router(signaling_router(settings, authenticator, metrics, base_config))
+    app.include_router(websocket_router(settings, authenticator, metrics, base_config))
     app.include_router(debug_router())
     if settings.cors_origins:
         app.add_middleware(
@@ -116,7 +121,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             {
                 "status": "ok" if alive else "degraded",
                 "model": runtime.model,
-                "sessions": len(runtime.slots),
+                "sessions": len(runtime.calls),
                 "max_sessions": settings.max_sessions,
                 # "overloaded": the worker falls behind pacing its calls' audio (media/pacing.py).
                 "workers": runtime.workers.status() if runtime.workers is not None else [_this_worker(runtime)],
@@ -146,7 +151,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             "skipped_frames": pacing["skipped_frames"],
         }
 
-    # The page and its files (index.html names app.js and style.css relatively), after every
+    # The page and its files (index.html names js/main.js and style.css relatively), after every
     # route above so that none of them is shadowed.
     app.mount("/", StaticFiles(directory=STATIC_DIR, html=True, check_dir=False), name="static")
     return app
@@ -181,6 +186,7 @@ async def _start_engine(settings: Settings) -> tuple[Engine, str]:
         seed=settings.seed,
         generation=settings.generation,
         threads=settings.engine_threads,
+        attn_implementation=settings.attn_implementation,
     )
     await engine.start()
     return engine, model

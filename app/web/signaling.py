@@ -21,14 +21,13 @@ from app.realtime.ledger import AudioOutput
 from app.realtime.protocol import ProtocolError
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
-from app.realtime.slots import CapacityError
 from app.web.auth import Authenticator, CallGrant
 from app.web.calls import new_call
 from app.web.errors import ApiError, rate_limited
 from app.web.metrics import Metrics
 from app.web.runtime import runtime_of
 from app.web.workers import MediaWorkerPool, WorkerUnavailable
-from app.webrtc.call import OfferError, new_call_id
+from app.webrtc.call import CapacityError, OfferError, new_call_id
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +46,15 @@ def signaling_router(
     async def create_call(request: Request, grant: CallGrant = Depends(authenticator.authorize_call)) -> Response:
         runtime = runtime_of(request)
         offer, session = await _read_offer(request, settings)
-        config = _session_config({**(grant.session or {}), **(session or {})}, base_config)
+        config = read_session_config({**(grant.session or {}), **(session or {})}, base_config)
         if runtime.workers is not None:
             return await _place_on_worker(runtime.workers, offer, config, settings, metrics)
 
         def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
-            return RealtimeSession(engine=runtime.for_sessions, vad=runtime.vad, output=output, send=send, config=config)
+            return RealtimeSession(
+                engine=runtime.for_sessions, vad=runtime.vad, output=output, send=send, config=config,
+                on_ignored_speech=metrics.ignored_speech.inc,
+            )
 
         try:
             call = runtime.calls.admit(lambda on_closed: new_call(settings, make_session, metrics, on_closed))
@@ -101,7 +103,7 @@ def signaling_router(
 async def _place_on_worker(
     workers: MediaWorkerPool, offer: str, config: SessionConfig, settings: Settings, metrics: Metrics
 ) -> Response:
-    """The call goes to the least loaded media worker, which answers; its slot is held by the pool."""
+    """The call goes to the least loaded media worker, which answers; the pool registers it (--max-sessions)."""
     call_id = new_call_id()
     try:
         answer = await workers.place_call(call_id, offer, config)
@@ -234,7 +236,7 @@ def check_offer_sdp(body: bytes, *, max_bytes: int) -> str:
     return text
 
 
-def _session_config(partial: dict[str, Any], base: SessionConfig) -> SessionConfig:
+def read_session_config(partial: dict[str, Any], base: SessionConfig) -> SessionConfig:
     try:
         return SessionConfig.from_session(partial, base=base)
     except ProtocolError as exc:

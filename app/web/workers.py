@@ -6,8 +6,9 @@ one of N worker processes (``app.web.media_worker``). A new call goes to the liv
 the fewest calls; its offer travels over IPC and the worker's SDP answer comes back, so the
 peer's media then flows to that worker's own UDP sockets. The front remembers which worker
 holds each call (hang-up goes there) and serves the workers' engine turns from the one engine.
-A worker that dies loses its calls (their slots free at once), is spawned again, and gets new
-calls once it has said hello. docs/ARCHITECTURE.md says why it is built this way.
+Each call placed on a worker is a :class:`RemoteCall` in the front's ``CallRegistry``, so
+``--max-sessions`` counts it with the front's WebSocket sessions. A worker that dies loses its
+calls (they leave the registry at once), is spawned again, and gets new calls once it reports. docs/ARCHITECTURE.md says why it is built this way.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import multiprocessing
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -26,11 +28,10 @@ from typing import Any
 
 from app.config import Settings
 from app.realtime.session_config import SessionConfig
-from app.realtime.slots import SessionSlots
 from app.web.ipc import post, receive
 from app.web.media_worker import run_media_worker
 from app.web.metrics import FamilySamples
-from app.webrtc.call import OfferError
+from app.webrtc.call import CallRegistry, OfferError
 from pipeline.turn import Engine, EngineError
 
 logger = logging.getLogger(__name__)
@@ -76,16 +77,39 @@ class WorkerHandle:
         post(self.writer, message)
 
 
-class MediaWorkerPool:
-    """N media worker processes; every remote call holds one of ``slots``."""
+class RemoteCall:
+    """A call that lives in a media worker, as the front's ``CallRegistry`` holds it."""
 
-    def __init__(self, settings: Settings, count: int, engine: Engine, slots: SessionSlots) -> None:
+    transport = "webrtc"
+
+    def __init__(self, call_id: str, pool: MediaWorkerPool, on_closed: Callable[[Any, str], None]) -> None:
+        self.id = call_id
+        self._pool = pool
+        self._on_closed: Callable[[Any, str], None] | None = on_closed
+
+    async def close(self, reason: str = "closed") -> None:
+        """Ends the call in its worker (which then reports it closed). Safe twice."""
+        with contextlib.suppress(WorkerUnavailable):
+            await self._pool.hang_up(self.id)
+
+    def released(self, reason: str) -> None:
+        """The call is over (its worker said so, or died): it leaves the registry, once."""
+        on_closed, self._on_closed = self._on_closed, None
+        if on_closed is not None:
+            on_closed(self, reason)
+
+
+class MediaWorkerPool:
+    """N media worker processes; each call placed on one is a :class:`RemoteCall` in ``calls``."""
+
+    def __init__(self, settings: Settings, count: int, engine: Engine, calls: CallRegistry) -> None:
         self._settings = settings
         self._engine = engine
-        self._slots = slots
+        self._calls = calls
         self._context = multiprocessing.get_context("spawn")  # no fork of a process with threads and a loop
         self._workers = [WorkerHandle(index, process=self._context.Process()) for index in range(count)]
         self._call_worker: dict[str, WorkerHandle] = {}
+        self._remote: dict[str, RemoteCall] = {}  # offered or answered, until released
         self._requests = 0
         self._directory: tempfile.TemporaryDirectory[str] | None = None
         self._server: asyncio.Server | None = None
@@ -129,26 +153,27 @@ class MediaWorkerPool:
     # -- calls -----------------------------------------------------------------------------
 
     async def place_call(self, call_id: str, sdp: str, config: SessionConfig) -> str:
-        """The worker's SDP answer; raises CapacityError (slots), OfferError or WorkerUnavailable."""
+        """The worker's SDP answer; raises CapacityError (--max-sessions), OfferError or WorkerUnavailable."""
         live = [worker for worker in self._workers if worker.ready]
         if not live:
             raise WorkerUnavailable("no media worker is running")
         worker = min(live, key=lambda w: (w.load, w.index))
-        self._slots.take()
+        remote = self._calls.admit(lambda on_closed: RemoteCall(call_id, self, on_closed))
+        self._remote[call_id] = remote
         worker.reserved += 1
         try:
             reply = await self._ask(worker, {"op": "offer", "call_id": call_id, "sdp": sdp, "config": config})
         except BaseException:
-            worker.reserved -= 1
-            self._slots.give_back()
+            self._release(call_id, "signaling_failed")
             raise
-        worker.reserved -= 1
+        finally:
+            worker.reserved -= 1
         if "sdp" not in reply:
-            self._slots.give_back()
+            self._release(call_id, "bad_offer" if "offer_error" in reply else "signaling_failed")
             if "offer_error" in reply:
                 raise OfferError(reply["offer_error"])
             raise WorkerUnavailable(f"media worker {worker.index} could not answer the offer")
-        return str(reply["sdp"])  # the call was registered when the answer arrived (_handle)
+        return str(reply["sdp"])  # the call joined its worker when the answer arrived (_handle)
 
     async def hang_up(self, call_id: str) -> bool:
         """Ends the call in its worker; False when no worker holds it."""
@@ -245,7 +270,7 @@ class MediaWorkerPool:
             if future is not None and not future.done():
                 future.set_result(message)
         elif op == "call_closed":
-            self._forget_call(worker, message["call_id"])
+            self._forget_call(worker, message["call_id"], message["reason"])
         elif op == "turn":
             turn: int = message["turn"]
             task = asyncio.create_task(self._serve_turn(worker, turn, message["request"]), name=f"turn {turn}")
@@ -288,18 +313,23 @@ class MediaWorkerPool:
         with contextlib.suppress(WorkerUnavailable):
             worker.send({"op": "turn_end", "turn": turn, "error": error})
 
-    def _forget_call(self, worker: WorkerHandle, call_id: str) -> None:
+    def _forget_call(self, worker: WorkerHandle, call_id: str, reason: str) -> None:
         if call_id in worker.calls:
             worker.calls.discard(call_id)
             self._call_worker.pop(call_id, None)
-            self._slots.give_back()
+            self._release(call_id, reason)
+
+    def _release(self, call_id: str, reason: str) -> None:
+        remote = self._remote.pop(call_id, None)
+        if remote is not None:
+            remote.released(reason)
 
     async def _lost(self, worker: WorkerHandle, writer: asyncio.StreamWriter) -> None:
         """The worker's connection ended: it exited or died. Its calls are gone; it is spawned again."""
         was_ready, lost_calls = worker.ready, len(worker.calls)
         worker.ready, worker.writer, worker.pacing, worker.metrics = False, None, None, []
         for call_id in list(worker.calls):
-            self._forget_call(worker, call_id)
+            self._forget_call(worker, call_id, "server_shutdown" if self._closing else "worker_died")
         for future in worker.pending.values():
             if not future.done():
                 future.set_exception(WorkerUnavailable(f"media worker {worker.index} ended"))

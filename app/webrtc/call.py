@@ -26,14 +26,13 @@ import logging
 import secrets
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.exceptions import InternalError, InvalidAccessError, InvalidStateError, OperationError
 
 from app.realtime.protocol import EVENTS_CHANNEL, ProtocolError
-from app.realtime.slots import SessionSlots
 from app.web.metrics import CallObserver
 from app.webrtc.ice import loopback_candidates
 from media.inbound import InboundAudio, release_audio_promptly
@@ -76,6 +75,8 @@ def new_call_id() -> str:
 
 class Call:
     """One peer connection and the session it carries."""
+
+    transport = "webrtc"  # the metrics' label; app.web.websocket.SocketCall is the other
 
     def __init__(
         self,
@@ -353,44 +354,78 @@ class Call:
                 logger.exception("call %s: session failed on a client event", self.id)
 
 
-class CallRegistry:
-    """The open calls of one process, each holding a slot of the server's ``SessionSlots``."""
+class CapacityError(Exception):
+    """Every session slot is taken."""
 
-    def __init__(self, slots: SessionSlots, *, on_closed: Callable[[Call, str], None] | None = None) -> None:
-        self._slots = slots
-        self._calls: dict[str, Call] = {}
+
+class OpenSession(Protocol):
+    """What the registry needs of an open session, over any transport (a :class:`Call`, a WebSocket)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def transport(self) -> str: ...
+    async def close(self, reason: str = ...) -> None: ...
+
+
+SessionT = TypeVar("SessionT", bound=OpenSession)
+
+
+class CallRegistry:
+    """The open sessions of one server, WebRTC calls and WebSockets together, at most ``max_calls``."""
+
+    def __init__(
+        self,
+        max_calls: int,
+        *,
+        on_count: Callable[[dict[str, int]], None] | None = None,
+        on_closed: Callable[[Any, str], None] | None = None,
+    ) -> None:
+        self._max_calls = max_calls
+        self._calls: dict[str, OpenSession] = {}
+        self._on_count = on_count
         self._on_closed = on_closed
 
     def __len__(self) -> int:
         return len(self._calls)
 
     def get(self, call_id: str) -> Call | None:
-        return self._calls.get(call_id)
+        call = self._calls.get(call_id)
+        return call if isinstance(call, Call) else None
 
-    def admit(self, create: Callable[[Callable[[Call, str], None]], Call]) -> Call:
-        """Registers ``create(on_closed)``, or raises ``CapacityError`` when every slot is taken.
+    def admit(self, create: Callable[[Callable[[Any, str], None]], SessionT]) -> SessionT:
+        """Registers ``create(on_closed)``, or raises :class:`CapacityError` when full.
 
         Synchronous, so admission and registration cannot interleave with another offer.
-        The call must invoke ``on_closed`` once it is released; the registry forgets it then.
+        The session must invoke ``on_closed`` once it is released; the registry forgets it then.
         """
-        self._slots.take()
-        try:
-            call = create(self._forget)
-        except BaseException:
-            self._slots.give_back()
-            raise
+        if len(self._calls) >= self._max_calls:
+            raise CapacityError(f"all {self._max_calls} sessions are in use")
+        call = create(self._forget)
         self._calls[call.id] = call
+        self._count_changed()
         return call
+
+    def counts(self) -> dict[str, int]:
+        """Open sessions by transport."""
+        counts: dict[str, int] = {}
+        for call in self._calls.values():
+            counts[call.transport] = counts.get(call.transport, 0) + 1
+        return counts
 
     async def close_all(self, reason: str = "server_shutdown") -> None:
         await _gather_all(call.close(reason) for call in list(self._calls.values()))
 
-    def _forget(self, call: Call, reason: str) -> None:
+    def _forget(self, call: OpenSession, reason: str) -> None:
         if self._calls.pop(call.id, None) is None:
             return
-        self._slots.give_back()
+        self._count_changed()
         if self._on_closed is not None:
             self._on_closed(call, reason)
+
+    def _count_changed(self) -> None:
+        if self._on_count is not None:
+            self._on_count(self.counts())
 
 
 async def _gather_all(closes: Iterable[Any]) -> None:

@@ -6,12 +6,14 @@ and records every frame it receives with its arrival time::
 
     async with RealtimeClient("http://127.0.0.1:8000", ice_loopback=True) as client:
         turn = await client.speak(pcm16k)        # one utterance, then silence
-        print(turn.transcript, turn.audio_seconds, turn.latency_s)
+        print(turn.user_transcript, turn.transcript, turn.audio_seconds, turn.latency_s)
         client.events                            # every server event so far, in order
 
 :meth:`RealtimeClient.speak` is half-duplex: it returns once the answer is done *and* has
 played out (``response.done`` and ``output_audio_buffer.stopped``), so the next utterance
-never overlaps the assistant. Nothing here imports torch or the pipeline.
+never overlaps the assistant; when the session transcribes input audio, it also waits for the
+utterance's transcription (``.completed`` or ``.failed``). Nothing here imports torch or the
+pipeline.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from aiortc.mediastreams import MediaStreamError
 
 from app.realtime.protocol import (
     EVENTS_CHANNEL,
+    ConversationItemInputAudioTranscriptionCompletedEvent,
+    ConversationItemInputAudioTranscriptionFailedEvent,
+    InputAudioBufferCommittedEvent,
     OutputAudioBufferClearedEvent,
     OutputAudioBufferStartedEvent,
     OutputAudioBufferStoppedEvent,
@@ -43,6 +48,7 @@ from app.realtime.protocol import (
     ResponseOutputAudioTranscriptDoneEvent,
     ResponseOutputTextDoneEvent,
     SessionCreatedEvent,
+    SessionUpdatedEvent,
     event_type,
 )
 from app.webrtc.ice import loopback_candidates, rtc_configuration
@@ -90,6 +96,18 @@ class TurnResult:
             if event["type"] == event_type(ResponseOutputTextDoneEvent):
                 return str(event.get("text", ""))
         return ""
+
+    @property
+    def user_transcript(self) -> str | None:
+        """What the user said, as the server transcribed it; None when not transcribed (or it failed)."""
+        committed = committed_item(self.events)
+        for event in self.events:
+            if (
+                event["type"] == event_type(ConversationItemInputAudioTranscriptionCompletedEvent)
+                and event.get("item_id") == committed
+            ):
+                return str(event.get("transcript", ""))
+        return None
 
     @property
     def audio_seconds(self) -> float:
@@ -336,6 +354,22 @@ class RealtimeClient:
 
     # -- speaking --------------------------------------------------------------------
 
+    async def say(self, pcm16k: np.ndarray) -> float:
+        """Says ``pcm16k`` (float32 mono, 16 kHz) without waiting for any answer (full duplex:
+        it may talk over one); returns the wall time its last sample was sent."""
+        pcm48k = soxr.resample(np.asarray(pcm16k, dtype=np.float32), SPEECH_RATE, WIRE_RATE)
+        return await self._microphone.play(pcm48k)
+
+    @property
+    def frames_received(self) -> int:
+        """Audio frames received so far; a mark for :meth:`audio_since`."""
+        return len(self._received.chunks)
+
+    def audio_since(self, mark: int) -> np.ndarray:
+        """Everything received from frame ``mark`` on: float32 mono at 48 kHz, silence included."""
+        chunks = self._received.chunks[mark:]
+        return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
+
     async def speak(self, pcm16k: np.ndarray) -> TurnResult:
         """Says one utterance (float32 mono, 16 kHz) and waits until its answer has played out.
 
@@ -354,6 +388,9 @@ class RealtimeClient:
                     tail_from = len(self._received.chunks)
                     while len(self._received.chunks) - tail_from < PLAYOUT_TAIL_FRAMES:
                         await self._changes()
+                committed = committed_item(self.events[first_event:])
+                if committed is not None and session_transcribes(self.events):
+                    await self._next_event(lambda event: transcription_ended(event, committed), first_event)
         except TimeoutError:
             recent = [event.get("type") for event in self.events[first_event:]][-12:]
             raise ClientError(f"the turn did not finish within {self._timeout_s:g} s; last events: {recent}") from None
@@ -393,3 +430,30 @@ class RealtimeClient:
 
 def _playback_ended(event: dict[str, Any]) -> bool:
     return event.get("type") in (event_type(OutputAudioBufferStoppedEvent), event_type(OutputAudioBufferClearedEvent))
+
+
+def session_transcribes(events: list[dict[str, Any]]) -> bool:
+    """Whether the session, as last announced among ``events``, transcribes input audio."""
+    announced = (event_type(SessionCreatedEvent), event_type(SessionUpdatedEvent))
+    for event in reversed(events):
+        if event.get("type") in announced:
+            audio_input = (event.get("session") or {}).get("audio", {}).get("input") or {}
+            return audio_input.get("transcription") is not None
+    return False
+
+
+def committed_item(events: list[dict[str, Any]]) -> str | None:
+    """The user item the server committed first among ``events``."""
+    for event in events:
+        if event.get("type") == event_type(InputAudioBufferCommittedEvent):
+            return event.get("item_id")
+    return None
+
+
+def transcription_ended(event: dict[str, Any], item_id: str) -> bool:
+    """``event`` ends the transcription of ``item_id`` (completed or failed)."""
+    ended = (
+        event_type(ConversationItemInputAudioTranscriptionCompletedEvent),
+        event_type(ConversationItemInputAudioTranscriptionFailedEvent),
+    )
+    return event.get("type") in ended and event.get("item_id") == item_id

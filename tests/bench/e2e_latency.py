@@ -1,7 +1,12 @@
 """End-to-end latency over WebRTC: end of speech in the fixture -> first audible frame at the client.
 
 Run: .venv/bin/python tests/bench/e2e_latency.py [--turns 10] [--url http://127.0.0.1:8000]
-     [--max-output-tokens 8] [--out tests/bench/results/e2e_latency.json]
+     [--max-output-tokens 8] [--transport webrtc|websocket] [--out tests/bench/results/e2e_latency.json]
+
+``--transport websocket`` measures the same over ``GET /v1/realtime`` with
+``app.web.socket_client.RealtimeSocketClient`` (speech appended in 100 ms events paced as a
+microphone captures them; ``client_ms`` runs to the first ``response.output_audio.delta``),
+written to ``e2e_latency_websocket.json`` by default.
 
 Without ``--url`` it starts ``omni-rtc serve --ice-loopback`` with the dev model on a free
 loopback port (as ``soak.py`` does; answers capped at 25 codec frames). One headless client
@@ -50,7 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from soak import DEV_MODEL_AUDIO_FRAMES, FIXTURES, REPO, TURN_TIMEOUT_S, dev_model_server  # noqa: E402
 
-from app.webrtc.client import RealtimeClient  # noqa: E402  (after the path set-up above)
+from app.web.socket_client import CHUNK_MS, RealtimeSocketClient  # noqa: E402  (after the path set-up above)
+from app.webrtc.client import RealtimeClient  # noqa: E402
 from media.rates import SPEECH_RATE  # noqa: E402
 from media.turn_detection import TurnDetectionParams, UtteranceCommitted, VoiceActivityDetector  # noqa: E402
 from media.vad import WINDOW_SAMPLES, SileroVad  # noqa: E402
@@ -62,17 +68,20 @@ INBOUND_CHUNK_SAMPLES = 320  # 20 ms at 16 kHz: one Opus frame, as media.inbound
 VAD_ALIGNMENTS = 16  # fixture starts 0, 2, 4 ... 30 ms into a 32 ms VAD window
 
 
-def vad_lag_ms(pcm: np.ndarray, params: TurnDetectionParams, vad: SileroVad) -> list[float]:
-    """Per alignment: the server VAD's commit after the fixture's end, beyond silence_duration_ms."""
+def vad_lag_ms(
+    pcm: np.ndarray, params: TurnDetectionParams, vad: SileroVad, chunk_samples: int = INBOUND_CHUNK_SAMPLES
+) -> list[float]:
+    """Per alignment: the server VAD's commit after the fixture's end, beyond silence_duration_ms,
+    with the input arriving in ``chunk_samples`` pieces (20 ms over WebRTC, 100 ms appends over the WebSocket)."""
     lags = []
     for alignment in range(VAD_ALIGNMENTS):
         lead = SPEECH_RATE + alignment * WINDOW_SAMPLES // VAD_ALIGNMENTS  # 1 s of silence, then the shift
         stream = np.concatenate([np.zeros(lead, np.float32), pcm, np.zeros(2 * SPEECH_RATE, np.float32)])
-        end_chunk = -(-(lead + len(pcm)) // INBOUND_CHUNK_SAMPLES)  # the chunk after which the client says "spoken"
+        end_chunk = -(-(lead + len(pcm)) // chunk_samples)  # the chunk after which the client says "spoken"
         detector = VoiceActivityDetector(vad, params)
-        for chunk, start in enumerate(range(0, len(stream), INBOUND_CHUNK_SAMPLES), start=1):
-            if any(isinstance(e, UtteranceCommitted) for e in detector.push(stream[start : start + INBOUND_CHUNK_SAMPLES])):
-                waited_ms = (chunk - end_chunk) * INBOUND_CHUNK_SAMPLES * 1000 / SPEECH_RATE
+        for chunk, start in enumerate(range(0, len(stream), chunk_samples), start=1):
+            if any(isinstance(e, UtteranceCommitted) for e in detector.push(stream[start : start + chunk_samples])):
+                waited_ms = (chunk - end_chunk) * chunk_samples * 1000 / SPEECH_RATE
                 lags.append(waited_ms - params.silence_duration_ms)
                 break
     return lags
@@ -95,11 +104,16 @@ def turn_row(number: int, fixture: str, client_latency_s: float | None, latency:
     }
 
 
-async def run_turns(url: str, turns: int, max_output_tokens: int) -> list[dict[str, Any]]:
+async def run_turns(url: str, turns: int, max_output_tokens: int, transport: str = "webrtc") -> list[dict[str, Any]]:
     speech = {name: sf.read(FIXTURES / name, dtype="float32")[0] for name in UTTERANCES}
     rows = []
     session = {"max_output_tokens": max_output_tokens}
-    async with RealtimeClient(url, ice_loopback=True, session=session, timeout_s=TURN_TIMEOUT_S) as client:
+    client: RealtimeClient | RealtimeSocketClient
+    if transport == "websocket":
+        client = RealtimeSocketClient(url, session=session, timeout_s=TURN_TIMEOUT_S)
+    else:
+        client = RealtimeClient(url, ice_loopback=True, session=session, timeout_s=TURN_TIMEOUT_S)
+    async with client:
         for number in range(1, turns + 1):
             fixture = UTTERANCES[(number - 1) % len(UTTERANCES)]
             result = await client.speak(speech[fixture])
@@ -144,20 +158,26 @@ def main() -> None:
     parser.add_argument("--url", help="a running server (default: start one with the dev model)")
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--max-output-tokens", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--transport", choices=["webrtc", "websocket"], default="webrtc")
+    parser.add_argument("--out", type=Path, help=f"default: {DEFAULT_OUT} (websocket: e2e_latency_websocket.json)")
     args = parser.parse_args()
+    if args.out is None:
+        args.out = DEFAULT_OUT if args.transport == "webrtc" else DEFAULT_OUT.with_name("e2e_latency_websocket.json")
     print("milliseconds; overhead = client - silence_wait - engine_first_audio; wire = client - server's end_of_speech_to_first_audio")
     print(header(), flush=True)
     with contextlib.ExitStack() as stack:
         url = args.url or stack.enter_context(dev_model_server())
-        rows = asyncio.run(run_turns(url, args.turns, args.max_output_tokens))
+        rows = asyncio.run(run_turns(url, args.turns, args.max_output_tokens, args.transport))
     stats = summary(rows)
     for name, values in stats.items():
         print(f"{name:>17}" + "".join(f"{values[c]:>20}" for c in COLUMNS))
     print(f"median overhead beyond silence wait and engine TTFA: {stats['median']['overhead_ms']} ms (target <= 60)")
     vad = SileroVad.load()
     params = TurnDetectionParams()  # the session default: 500 ms silence, threshold 0.5
-    vad_lags = {name: vad_lag_ms(sf.read(FIXTURES / name, dtype="float32")[0], params, vad) for name in UTTERANCES}
+    chunk_samples = INBOUND_CHUNK_SAMPLES if args.transport == "webrtc" else CHUNK_MS * SPEECH_RATE // 1000
+    vad_lags = {
+        name: vad_lag_ms(sf.read(FIXTURES / name, dtype="float32")[0], params, vad, chunk_samples) for name in UTTERANCES
+    }
     for name, lags in vad_lags.items():
         print(f"VAD commit after {name} beyond {params.silence_duration_ms} ms (offline, {len(lags)} alignments): "
               f"median {statistics.median(lags):.0f}, min {min(lags):.0f}, max {max(lags):.0f} ms")

@@ -41,7 +41,7 @@ from pathlib import Path
 import httpx
 import soundfile as sf
 
-from app.realtime.session import ECHO_TAIL_MS
+from app.realtime.turn_taking import ECHO_TAIL_MS
 from app.webrtc.client import RealtimeClient
 
 REPO = Path(__file__).resolve().parents[2]

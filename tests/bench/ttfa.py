@@ -1,7 +1,8 @@
 """Time to first audio: streaming stream_turn vs. the plain generate() it replaces.
 
 Run: .venv/bin/python tests/bench/ttfa.py [--tokens 16 64 256] [--frames-per-token 3]
-     [--probes 5] [--threads 1] [--model DIR] [--device cpu] [--out tests/bench/results/ttfa.json]
+     [--probes 5] [--threads 1] [--model DIR] [--device cpu] [--dtype float32]
+     [--out tests/bench/results/ttfa.json]
 
 One spoken user turn (tests/fixtures/hello.wav after a short text exchange), rendered by the
 real PromptRenderer, answered with forced lengths of N Thinker tokens, both ways in the same
@@ -128,11 +129,12 @@ def measure_generate(model, inputs: ThinkerInputs, tokens: int, frames: int) -> 
     config = model.generation_config
     torch.manual_seed(SEED)
     clock = Clock()
+    # generate() takes its inputs where the model is (stream_turn moves them itself).
     sequences, waveform = model.generate(
-        input_ids=inputs.input_ids,
-        attention_mask=inputs.attention_mask,
-        input_features=inputs.input_features,
-        feature_attention_mask=inputs.feature_attention_mask,
+        input_ids=inputs.input_ids.to(model.device),
+        attention_mask=inputs.attention_mask.to(model.device),
+        input_features=inputs.input_features.to(model.device, model.dtype),
+        feature_attention_mask=inputs.feature_attention_mask.to(model.device),
         speaker="ethan",
         thinker_do_sample=True,
         thinker_temperature=TEMPERATURE,
@@ -180,12 +182,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--model", type=Path, default=None, help="checkpoint dir (default: the dev model)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--out", type=Path, default=REPO / "tests" / "bench" / "results" / "ttfa.json")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
     model_dir = args.model or ensure_dev_model(REPO / ".cache" / "bench" / dev_model_fingerprint(), progress=print)
-    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir).to(args.device).eval()
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir, dtype=getattr(torch, args.dtype))
+    model = model.to(args.device).eval()
     tokenizer = load_tokenizer(model_dir)
     inputs = spoken_turn(PromptRenderer.from_pretrained(model_dir))
 
@@ -257,6 +261,7 @@ def main() -> None:
             "torch": torch.__version__,
             "threads": args.threads,
             "device": args.device,
+            "dtype": args.dtype,
         },
         "prompt": {"text_tokens": inputs.text_tokens, "audio_tokens": inputs.audio_tokens},
         "settings": {

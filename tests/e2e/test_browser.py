@@ -3,7 +3,7 @@
 A fake microphone plays two espeak utterances separated by silence, so the server's VAD commits
 two voice turns; then the test types a text turn and hangs up. One conversation is recorded
 once per module (a browser call costs seconds of CPU) and each test checks one thing it shows.
-The page's test hook, ``window.omniRtc`` (documented at the top of static/app.js), gives the
+The page's test hook, ``window.omniRtc`` (documented in static/js/test-hook.js), gives the
 server events the page received and its RTCPeerConnection for inbound-rtp stats.
 
 The test waits for each answer to *start* (text streaming, audio playing), never for it to
@@ -42,10 +42,17 @@ TYPED_TEXT = "Please answer in one short sentence."
 # measured, an answer that never starts fails the wait.
 TURN_DEADLINE_MS = 120_000
 
-# Watches what a person would see change: every status the page shows, in order, and the
-# loudest the microphone meter got.
+# Watches what a person would see change: every status the page shows, in order, the
+# loudest the microphone meter got, and every text a user turn showed (item id → texts in order).
 SCRIPT_WATCH_DISPLAY = """document.addEventListener("DOMContentLoaded", () => {
-  window.watched = { states: [], meterMax: 0 };
+  window.watched = { states: [], meterMax: 0, userTexts: {} };
+  new MutationObserver(() => {
+    for (const li of document.querySelectorAll("#transcript li.turn.user")) {
+      const texts = (window.watched.userTexts[li.dataset.itemId] ??= []);
+      const text = li.querySelector(".text").textContent;
+      if (texts.at(-1) !== text) texts.push(text);
+    }
+  }).observe(document.getElementById("transcript"), { childList: true, subtree: true, characterData: true });
   const status = document.getElementById("status");
   const meter = document.getElementById("mic-meter");
   new MutationObserver(() => {
@@ -97,6 +104,11 @@ SCRIPT_ANSWER_STARTED = """(turn) => {
 }"""
 
 
+# True once ``count`` user utterances have their transcription completed.
+SCRIPT_TRANSCRIBED = """(count) => window.omniRtc.events.filter(
+  (e) => e.type === "conversation.item.input_audio_transcription.completed").length >= count"""
+
+
 @dataclass(frozen=True)
 class RecordedConversation:
     events: list[dict[str, Any]]          # every server event the page received
@@ -104,6 +116,7 @@ class RecordedConversation:
     latencies: list[dict[str, Any]]       # the page's own per-turn measurements
     states: list[str]                     # the statuses the page showed, in order
     meter_max: float                      # the highest microphone level shown (0-100)
+    user_texts: dict[str, list[str]]      # every text each user turn showed, in order
     inbound_audio: dict[str, float]       # the audio inbound-rtp stats once both voice answers play
     sessions_after_hang_up: int
 
@@ -147,6 +160,9 @@ async def conversation(server_url: str, tmp_path_factory: pytest.TempPathFactory
             await page.fill("#text-input", TYPED_TEXT)
             await page.click("#text-send")
             await wait_for_answer(page, {"typed": TYPED_TEXT})
+            await page.wait_for_function(
+                SCRIPT_TRANSCRIBED, arg=2, timeout=TURN_DEADLINE_MS
+            )
             await page.screenshot(path=TEST_OUTPUT / "browser-conversation.png", full_page=True)
             await page.set_viewport_size({"width": 390, "height": 844})
             await page.screenshot(path=TEST_OUTPUT / "browser-conversation-phone.png", full_page=True)
@@ -163,6 +179,7 @@ async def conversation(server_url: str, tmp_path_factory: pytest.TempPathFactory
         latencies=snapshot["latencies"],
         states=snapshot["watched"]["states"],
         meter_max=snapshot["watched"]["meterMax"],
+        user_texts=snapshot["watched"]["userTexts"],
         inbound_audio=inbound_audio,
         sessions_after_hang_up=await asyncio.to_thread(wait_for_sessions, server_url, 0),
     )
@@ -198,8 +215,28 @@ def test_microphone_meter_moves_with_speech(conversation: RecordedConversation) 
 def test_server_commits_both_spoken_utterances(conversation: RecordedConversation) -> None:
     committed = [event["item_id"] for event in events_of(conversation, "input_audio_buffer.committed")]
     assert len(committed) == 2
+    shown = {turn["itemId"] for turn in turns_of(conversation, "user")}
+    assert set(committed) <= shown
+
+
+def test_page_shows_what_the_user_said_as_it_is_transcribed(conversation: RecordedConversation) -> None:
+    # The page asks for input transcription (its "Show what I said" box is checked by default).
+    transcripts = {
+        event["item_id"]: event["transcript"]
+        for event in events_of(conversation, "conversation.item.input_audio_transcription.completed")
+    }
+    committed = [event["item_id"] for event in events_of(conversation, "input_audio_buffer.committed")]
+    assert set(transcripts) == set(committed) and all(transcripts.values())
     shown = {turn["itemId"]: turn["text"] for turn in turns_of(conversation, "user")}
-    assert [shown[item_id] for item_id in committed] == ["(voice message)", "(voice message)"]
+    assert {item_id: shown[item_id] for item_id in committed} == transcripts
+    deltas = events_of(conversation, "conversation.item.input_audio_transcription.delta")
+    for item_id in committed:
+        texts = conversation.user_texts[item_id]
+        # "(voice message)" until the words come, then one growing text per streamed delta.
+        assert texts[0] == "(voice message)" and texts[-1] == transcripts[item_id]
+        streamed = texts[1:]
+        assert len(streamed) == sum(1 for delta in deltas if delta["item_id"] == item_id)
+        assert all(later.startswith(earlier) for earlier, later in zip(streamed, streamed[1:], strict=False))
 
 
 def test_assistant_text_appears_as_streamed(conversation: RecordedConversation) -> None:
@@ -351,6 +388,7 @@ async def test_session_controls_become_a_session_update(server_url: str, tmp_pat
         await page.uncheck("#barge-in")
         await page.fill("#silence-ms", "800")
         await page.fill("#instructions", "Answer in one word.")
+        await page.uncheck("#transcribe")
         await page.click("#apply")
         await page.wait_for_function(
             "window.omniRtc.events.filter((e) => e.type === 'session.updated').length === 2", timeout=30_000
@@ -363,6 +401,8 @@ async def test_session_controls_become_a_session_update(server_url: str, tmp_pat
     assert effective["instructions"] == "Answer in one word."
     turn_detection = effective["audio"]["input"]["turn_detection"]
     assert (turn_detection["interrupt_response"], turn_detection["silence_duration_ms"]) == (False, 800)
+    assert updated[0]["session"]["audio"]["input"]["transcription"]["model"] == "qwen3-omni"  # on by default
+    assert effective["audio"]["input"]["transcription"] is None
     assert errors == 0
 
 

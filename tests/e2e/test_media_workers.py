@@ -90,7 +90,7 @@ async def test_max_sessions_counts_the_calls_of_every_worker(tmp_path) -> None:
                 async with RealtimeClient(url, ice_loopback=True):
                     pass
             metrics = (await http.get("/metrics")).text
-            assert "omni_rtc_sessions_open 2.0" in metrics
+            assert 'omni_rtc_sessions_open{transport="webrtc"} 2.0' in metrics
 
 
 async def test_a_killed_worker_loses_only_its_calls_and_is_replaced(tmp_path) -> None:

@@ -6,6 +6,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from media.turn_detection import (
+    SegmentCommitted,
     SpeechStarted,
     SpeechStopped,
     TurnCommitBuffer,
@@ -94,29 +95,43 @@ def test_next_prefix_never_reaches_into_committed_audio() -> None:
     assert_ramp(second.pcm, 26 * W, 52 * W)
 
 
-def test_max_utterance_forces_contiguous_commits_while_speech_goes_on() -> None:
+def test_speech_past_max_utterance_is_cut_into_contiguous_segments_of_one_turn() -> None:
     buffer = TurnCommitBuffer(TurnDetectionParams(prefix_padding_ms=0, max_utterance_ms=1000))
     events = feed(buffer, [SPEECH] * 100 + [QUIET] * 16)
-    committed = commits(events)
+    pieces = [event for _, event in events if isinstance(event, SegmentCommitted | UtteranceCommitted)]
     # 1000 ms = 16000 samples is reached after 32 windows (16384 samples): cuts at 32, 64, 96 windows.
-    assert [c.forced for c in committed] == [True, True, True, False]
     bounds = [0, 32 * W, 64 * W, 96 * W, 116 * W]
-    for commit, start, end in zip(committed, bounds, bounds[1:]):
-        assert_ramp(commit.pcm, start, end)
+    for piece, start, end in zip(pieces, bounds[:-1], bounds[1:], strict=True):
+        assert_ramp(piece.pcm, start, end)
+        assert (piece.audio_start_ms, piece.audio_end_ms) == (start // 16, end // 16)
     kinds = [type(event).__name__ for _, event in events]
-    assert kinds == ["SpeechStarted"] + ["SpeechStopped", "UtteranceCommitted", "SpeechStarted"] * 3 + [
-        "SpeechStopped",
-        "UtteranceCommitted",
-    ]
+    assert kinds == ["SpeechStarted"] + ["SegmentCommitted"] * 3 + ["SpeechStopped", "UtteranceCommitted"]
+    assert not pieces[-1].forced
 
 
-def test_max_utterance_during_trailing_silence_ends_the_turn() -> None:
+def test_a_segment_never_ends_in_a_pause_the_silence_ends_the_turn() -> None:
     buffer = TurnCommitBuffer(TurnDetectionParams(prefix_padding_ms=0, max_utterance_ms=1000))
+    # Silence from window 28; the segment limit (window 32) passes during it; the wait ends the turn.
     events = feed(buffer, [SPEECH] * 28 + [QUIET] * 40)
     assert [type(event).__name__ for _, event in events] == ["SpeechStarted", "SpeechStopped", "UtteranceCommitted"]
     (commit,) = commits(events)
-    assert commit.forced
+    assert not commit.forced
+    assert commit.audio_end_ms == 44 * W // 16
     assert not buffer.in_speech
+
+
+def test_max_turn_ends_the_turn_and_speech_going_on_starts_the_next() -> None:
+    params = TurnDetectionParams(prefix_padding_ms=0, max_utterance_ms=1000, max_turn_ms=2000)
+    buffer = TurnCommitBuffer(params)
+    events = feed(buffer, [SPEECH] * 100 + [QUIET] * 16)
+    kinds = [type(event).__name__ for _, event in events]
+    assert kinds == ["SpeechStarted", "SegmentCommitted", "SpeechStopped", "UtteranceCommitted",
+                     "SpeechStarted", "SegmentCommitted", "SpeechStopped", "UtteranceCommitted"]
+    first, second = commits(events)
+    # 2000 ms = 32000 samples of turn: reached after 63 windows (32256 samples).
+    assert first.forced and (first.audio_start_ms, first.audio_end_ms) == (32 * W // 16, 63 * W // 16)
+    assert not second.forced and second.audio_end_ms == 116 * W // 16
+    assert events[4][1] == SpeechStarted(63 * W // 16)
 
 
 def test_reset_drops_the_utterance_and_keeps_counting_time() -> None:
@@ -163,7 +178,8 @@ def test_invalid_params_are_rejected(kwargs: dict) -> None:
 )
 def test_any_windows_commit_contiguous_non_overlapping_ramps(runs, prefix_ms, min_speech_ms) -> None:
     params = TurnDetectionParams(
-        prefix_padding_ms=prefix_ms, silence_duration_ms=200, min_speech_ms=min_speech_ms, max_utterance_ms=700
+        prefix_padding_ms=prefix_ms, silence_duration_ms=200, min_speech_ms=min_speech_ms, max_utterance_ms=700,
+        max_turn_ms=1500,
     )
     buffer = TurnCommitBuffer(params)
     position, pushes, events = 0, 0, []  # events: (number of the push that gave it, event)
@@ -187,6 +203,14 @@ def test_any_windows_commit_contiguous_non_overlapping_ramps(runs, prefix_ms, mi
             assert event.audio_start_ms >= previous_end // 16
         elif isinstance(event, SpeechStopped):
             assert open_utterance
+        elif isinstance(event, SegmentCommitted):  # the utterance goes on right after it
+            assert open_utterance
+            start = int(event.pcm[0])
+            assert start >= previous_end
+            assert_ramp(event.pcm, start, start + event.pcm.size)
+            previous_end = start + event.pcm.size
+            assert (event.audio_start_ms, event.audio_end_ms) == (start // 16, previous_end // 16)
+            continues_forced_cut = True  # the next piece starts at its end
         else:
             assert open_utterance
             open_utterance = False

@@ -1,8 +1,11 @@
 import json
 from pathlib import Path
 
+import numpy as np
+import pytest
 import soundfile
 import torch
+from safetensors import safe_open
 from transformers import (
     AutoConfig,
     GenerationConfig,
@@ -12,8 +15,19 @@ from transformers import (
 
 import pipeline.devmodel
 from pipeline.conversation import Conversation, UserAudio
-from pipeline.devmodel import DEV_MODEL_DIRNAME, DEV_MODEL_VERSION, VERSION_FILE, dev_model, ensure_dev_model
+from pipeline.devmodel import (
+    DEV_MODEL_DIRNAME,
+    DEV_MODEL_VERSION,
+    HUB_LAYOUT_SHARDS,
+    VERSION_FILE,
+    build_dev_model,
+    dev_model,
+    ensure_dev_model,
+)
+from pipeline.generation import GenerationParams, stream_turn
 from pipeline.prompt import PromptRenderer
+from pipeline.tokenizer import load_tokenizer
+from pipeline.turn import AudioChunk, TurnDone
 
 SAMPLES_PER_CODEC_FRAME = 1920  # 80 ms at 24 kHz
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -129,7 +143,7 @@ def test_ensure_reuses_a_built_model_without_rebuilding(dev_model_dir, monkeypat
     assert any("using" in message for message in messages)
 
 
-def _fake_build(out_dir, *, seed=0, progress=None):
+def _fake_build(out_dir, *, seed=0, layout="fused", progress=None):
     (out_dir / "config.json").write_text("{}")
     (out_dir / VERSION_FILE).write_text(DEV_MODEL_VERSION)
     return out_dir
@@ -174,3 +188,78 @@ def test_dev_model_ends_its_answer_and_its_speech_under_generate(dev_model_dir):
     # 200 more frames would take a 0.9^200 < 1e-9 chance.
     frames = wav.shape[-1] / SAMPLES_PER_CODEC_FRAME
     assert len(answer) - 2 <= frames < len(answer) + 200
+
+
+@pytest.fixture(scope="module")
+def hub_layout_dir(tmp_path_factory) -> Path:
+    return build_dev_model(tmp_path_factory.mktemp("hub") / "dev-model-hub", layout="hub")
+
+
+def test_the_default_layout_is_transformers_own_fused_experts(dev_model_dir):
+    with safe_open(dev_model_dir / "model.safetensors", "pt") as weights:
+        names = set(weights.keys())
+    assert "thinker.model.language_model.layers.0.mlp.experts.gate_up_proj" in names
+    assert not any(".experts.0." in name for name in names)
+
+
+def test_the_hub_layout_is_shards_an_index_and_one_tensor_per_expert(hub_layout_dir):
+    index = json.loads((hub_layout_dir / "model.safetensors.index.json").read_text())
+    shards = sorted(path.name for path in hub_layout_dir.glob("*.safetensors"))
+    assert shards == [f"model-{i:05d}-of-{HUB_LAYOUT_SHARDS:05d}.safetensors" for i in range(1, HUB_LAYOUT_SHARDS + 1)]
+    assert set(index["weight_map"].values()) == set(shards)
+    names = set(index["weight_map"])
+    for stored_in in shards:
+        with safe_open(hub_layout_dir / stored_in, "pt") as weights:
+            assert {name for name, shard in index["weight_map"].items() if shard == stored_in} == set(weights.keys())
+    config = AutoConfig.from_pretrained(hub_layout_dir)
+    experts, layers = config.thinker_config.text_config.num_experts, config.thinker_config.text_config.num_hidden_layers
+    # The published checkpoint's names: no language_model level, one gate/up/down per expert.
+    for tower in ("thinker", "talker"):
+        for expert in range(experts):
+            for projection in ("gate_proj", "up_proj", "down_proj"):
+                assert f"{tower}.model.layers.{layers - 1}.mlp.experts.{expert}.{projection}.weight" in names
+    assert {"thinker.model.embed_tokens.weight", "thinker.lm_head.weight", "thinker.audio_tower.conv2d1.weight",
+            "thinker.visual.patch_embed.proj.weight", "talker.codec_head.weight",
+            "code2wav.code_embedding.weight"} <= names
+    assert not any("language_model" in name or "gate_up_proj" in name for name in names)
+
+
+def test_the_hub_layout_names_what_transformers_itself_would_save(hub_layout_dir, tmp_path):
+    """Our writer and transformers' reverse conversion agree on every name, shape and value."""
+    dev_model(seed=0).save_pretrained(tmp_path, save_original_format=True)
+    with safe_open(tmp_path / "model.safetensors", "pt") as theirs:
+        expected = {name: theirs.get_tensor(name) for name in theirs.keys()}
+    index = json.loads((hub_layout_dir / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(expected)
+    for name, shard in index["weight_map"].items():
+        with safe_open(hub_layout_dir / shard, "pt") as ours:
+            assert torch.equal(ours.get_tensor(name), expected[name]), name
+
+
+def greedy_turn(model_dir: Path) -> tuple[str, np.ndarray]:
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir).eval()
+    pcm, _ = soundfile.read(FIXTURES / "hello.wav", dtype="float32")
+    inputs = PromptRenderer.from_pretrained(model_dir).render(Conversation(items=(UserAudio(pcm),)))
+    params = GenerationParams(temperature=0, talker_do_sample=False, max_output_tokens=12, max_audio_frames=20)
+    events = list(stream_turn(model, load_tokenizer(model_dir), inputs, params, lambda: False))
+    done = events[-1]
+    assert isinstance(done, TurnDone)
+    audio = np.concatenate([event.pcm for event in events if isinstance(event, AudioChunk)])
+    return done.text, audio
+
+
+def test_both_layouts_load_the_same_weights_and_give_identical_greedy_turns(dev_model_dir, hub_layout_dir):
+    fused, info = Qwen3OmniMoeForConditionalGeneration.from_pretrained(dev_model_dir, output_loading_info=True)
+    hub, hub_info = Qwen3OmniMoeForConditionalGeneration.from_pretrained(hub_layout_dir, output_loading_info=True)
+    for loading in (info, hub_info):
+        assert not loading["missing_keys"] and not loading["unexpected_keys"] and not loading["mismatched_keys"]
+    fused_weights, hub_weights = fused.state_dict(), hub.state_dict()
+    assert fused_weights.keys() == hub_weights.keys()
+    for name, tensor in fused_weights.items():
+        assert torch.equal(hub_weights[name], tensor), name
+
+    fused_text, fused_audio = greedy_turn(dev_model_dir)
+    hub_text, hub_audio = greedy_turn(hub_layout_dir)
+    assert fused_text and fused_audio.size > 0
+    assert hub_text == fused_text
+    assert np.array_equal(hub_audio, fused_audio)

@@ -88,6 +88,19 @@ async def test_max_output_tokens_reaches_the_thinker(engine):
     assert done.finish_reason == "length"
 
 
+async def test_transcription_turn_is_text_only_and_deterministic(engine):
+    # The engine's force_output_tokens makes this run to the request's own bound (16 + 10/s).
+    request = TurnRequest.transcription(UserAudio(speech()))
+    first = await collect(engine, request)
+    second = await collect(engine, request)
+    assert not any(isinstance(event, AudioChunk) for event in first)
+    done = first[-1]
+    assert isinstance(done, TurnDone) and done.text
+    assert done.usage.output_audio_tokens == 0 and done.usage.input_audio_tokens > 0
+    assert done.usage.output_text_tokens <= request.max_output_tokens
+    assert second[-1].text == done.text
+
+
 async def test_seeded_engine_repeats_a_turn_exactly(engine):
     first = (await collect(engine, short_request(output_audio=False)))[-1]
     second = (await collect(engine, short_request(output_audio=False)))[-1]

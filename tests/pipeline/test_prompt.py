@@ -21,8 +21,9 @@ from pipeline.conversation import (
     UserAudio,
     UserText,
 )
-from pipeline.prompt import PromptRenderer, ThinkerInputs, bound_history, split_turns
+from pipeline.prompt import PromptRenderer, ThinkerInputs, asr_instruction, bound_history, split_turns
 from pipeline.tokenizer import load_tokenizer
+from pipeline.turn import TranscriptionHint, TurnRequest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 AUDIO_START_ID, AUDIO_END_ID, AUDIO_PAD_ID = 151669, 151670, 151675
@@ -298,3 +299,51 @@ def test_user_text_cannot_forge_special_tokens(renderer, tokenizer):
 def test_render_rejects_a_clip_shorter_than_one_analysis_window(renderer):
     with pytest.raises(ValueError, match="at least 400 samples"):
         renderer.render(Conversation((UserAudio(np.zeros(100, dtype=np.float32)),)))
+
+
+def test_turns_beyond_the_audio_budget_reach_the_thinker_as_transcript_tokens(renderer, tokenizer):
+    said = "please book a table for two at seven"
+    old = (UserAudio(_clip(1.0, 1).pcm, transcript=said), AssistantText("Done."))
+    untranscribed = (_clip(1.0, 1), AssistantText("Done."))
+    recent = _audio_turn(1.0, "Sure.", seed=2)
+    limits = HistoryLimits(max_audio_clips=1)  # past clips: the recent turn's
+    with_text = renderer.render(Conversation((*old, *recent, _clip(1.0, 3)), limits=limits))
+    without = renderer.render(Conversation((*untranscribed, *recent, _clip(1.0, 3)), limits=limits))
+
+    assert with_text.audio_tokens == without.audio_tokens == 2 * 13  # the recent and the current clip
+    assert f"<|im_start|>user\n{said}<|im_end|>" in _prompt_text(tokenizer, with_text)
+    said_tokens = len(tokenizer.encode(said, add_special_tokens=False))
+    # The old turn: its transcript and the answer's tokens, in a user and an assistant message.
+    assert with_text.text_tokens - without.text_tokens >= said_tokens + 2
+
+
+def test_transcription_request_renders_qwens_asr_prompt_without_system_message(renderer, tokenizer):
+    inputs = renderer.render_request(TurnRequest.transcription(_clip(1.0)))
+    assert _prompt_text(tokenizer, inputs) == (
+        "<|im_start|>user\n<|audio_start|><|audio_pad|><|audio_end|>Transcribe the audio into text.<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert inputs.audio_tokens == 13
+
+
+def test_transcription_hints_name_the_language_and_give_context(renderer, tokenizer):
+    request = TurnRequest.transcription(_clip(1.0), TranscriptionHint(language="de", prompt="Names: Jürgen, Köln"))
+    assert _prompt_text(tokenizer, renderer.render_request(request)) == (
+        "<|im_start|>system\nNames: Jürgen, Köln<|im_end|>\n"
+        "<|im_start|>user\n<|audio_start|><|audio_pad|><|audio_end|>Transcribe the German audio into text.<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+def test_asr_instruction_follows_qwens_readme():
+    assert asr_instruction(None) == asr_instruction("xx") == "Transcribe the audio into text."
+    assert asr_instruction("EN") == "Transcribe the English audio into text."
+    assert asr_instruction("zh") == "请将这段中文语音转换为纯文本。"
+
+
+def test_transcription_request_is_text_only_greedy_and_bounded(renderer):
+    request = TurnRequest.transcription(_clip(3.0))
+    assert (request.task, request.output_audio, request.temperature) == ("transcribe", False, 0.0)
+    assert request.max_output_tokens == 16 + 30
+    with pytest.raises(ValueError, match="one audio clip"):
+        renderer.render_request(TurnRequest(Conversation((_clip(1.0), _clip(1.0, 1))), task="transcribe"))

@@ -3,6 +3,9 @@
 Properties:
 - the session never raises on a client event, answers every malformed one with ``error``,
   and afterwards still serves a valid turn to ``response.done`` ``completed``;
+- the same over the WebSocket: the session as it carries it (``SocketSessionHarness``), and
+  hostile frames (text or binary) through a real ``GET /v1/realtime`` socket, after which the
+  socket still serves a turn;
 - ``POST /v1/realtime/calls`` never answers 500, whatever the body.
 
 Example counts are fixed and derandomized so CI is repeatable and fast (~1 min on 2 cores
@@ -14,11 +17,14 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+import uvicorn
+import websockets.sync.client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,10 +32,13 @@ from app.config import Settings
 from app.realtime.protocol import CLIENT_EVENT_TYPES, ProtocolError
 from app.realtime.session_config import SessionConfig
 from app.web.server import create_app
-from tests.fakes import ScriptedEngine, SessionHarness
+from tests.e2e.conftest import free_port
+from tests.fakes import ScriptedEngine, SessionHarness, SocketSessionHarness
 
 SESSION_EXAMPLES = 150  # event sequences through one session each (up to 12 events)
 BAD_EVENT_EXAMPLES = 150  # single malformed events, each must get an error
+SOCKET_SESSION_EXAMPLES = 100  # event sequences through one WebSocket-carried session each
+SOCKET_FRAME_EXAMPLES = 40  # frame sequences through a real socket (a connection and a turn each)
 SDP_EXAMPLES = 120  # offers posted to the signaling endpoint (1-3 per example)
 SESSION_CONFIG_EXAMPLES = 300  # session objects read as an offer's or client secret's session
 CLIENT_SECRET_EXAMPLES = 100  # bodies posted to /v1/realtime/client_secrets
@@ -102,15 +111,19 @@ valid_events = st.sampled_from(
         _message("assistant", {"type": "output_text", "text": "earlier answer"}),
         _message("user", {"type": "input_audio", "audio": "AAAA" * 1_600}),  # 0.2 s of silence
         {**_message("user", {"type": "input_text", "text": "first"}), "previous_item_id": "root"},
+        {"type": "playback.ack", "played_ms": 100_000},
+        {"type": "playback.ack", "played_ms": 40, "committed_ms": 0},
     ]
 )
 id_events = st.builds(
     lambda kind, item_id: (
         {"type": "conversation.item.delete", "item_id": item_id}
         if kind == "delete"
+        else {"type": "playback.ack", "item_id": item_id, "played_ms": 10}
+        if kind == "ack"
         else {"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 10}
     ),
-    st.sampled_from(["delete", "truncate"]),
+    st.sampled_from(["delete", "truncate", "ack"]),
     st.text(max_size=10).map(lambda s: "item_" + s),
 )
 
@@ -140,17 +153,27 @@ any_message = st.one_of(
 # -- the session --------------------------------------------------------------------------
 
 
-async def _drive(messages: list[str | bytes]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+async def _drive(
+    messages: list[str | bytes], *, socket: bool = False
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Sends ``messages``, then a valid text turn; returns (events before it, events of it).
 
-    The harness checks every server event against the protocol's schema as it is sent.
+    The harness checks every server event against the protocol's schema as it is sent. With
+    ``socket`` the session is carried as over the WebSocket, where playing is acknowledging.
     """
-    harness = SessionHarness(ScriptedEngine("Hello there"))
+    harness = SocketSessionHarness(ScriptedEngine("Hello there")) if socket else SessionHarness(ScriptedEngine("Hello there"))
     await harness.session.start()
+
+    async def play() -> None:
+        if socket:
+            await harness.send(type="playback.ack", played_ms=100_000)  # whatever is playing, all of it
+        else:
+            harness.output.play()
+
     try:
         for message in messages:
             if message == PLAY:
-                harness.output.play()
+                await play()
             elif message == SPEAK:
                 harness.push(SPEECH)
             else:
@@ -159,7 +182,7 @@ async def _drive(messages: list[str | bytes]) -> tuple[list[dict[str, Any]], lis
         # Whatever state the fuzz left, a client can still have a turn: cancel, then ask.
         await harness.send(type="response.cancel")
         await _settle()
-        harness.output.play()
+        await play()
         before = len(harness.events)
         await harness.session.handle_message(encode(_message("user", {"type": "input_text", "text": "are you there?"})))
         await harness.send(type="response.create", response={"max_output_tokens": "inf"})
@@ -185,6 +208,17 @@ def test_session_survives_any_event_sequence_and_serves_a_turn(messages):
     assert errors == [], errors
     assert len(done) == 1, [e["type"] for e in final]
     assert done[0]["response"]["status"] == "completed"
+
+
+@settings(FUZZ_SETTINGS, max_examples=SOCKET_SESSION_EXAMPLES)
+@given(messages=st.lists(any_message, max_size=12))
+def test_socket_session_survives_any_event_sequence_and_serves_a_turn(messages):
+    before, final = asyncio.run(_drive(messages, socket=True))
+    assert [e for e in before if e["type"] == "error" and e["error"]["type"] == "server_error"] == []
+    assert [e for e in before + final if e["type"].startswith("output_audio_buffer.")] == []
+    done = [e for e in final if e["type"] == "response.done"]
+    assert [e for e in final if e["type"] == "error"] == []
+    assert len(done) == 1 and done[0]["response"]["status"] == "completed"
 
 
 @settings(FUZZ_SETTINGS, max_examples=BAD_EVENT_EXAMPLES)
@@ -446,3 +480,62 @@ def test_client_secrets_never_answer_500(keyed_fuzz_server, body):
         assert json.loads(text)["value"].startswith("ek_")
     else:
         assert json.loads(text)["error"]["message"]
+
+
+# -- the WebSocket ---------------------------------------------------------------------------
+
+
+class SocketFuzzServer:
+    """The real app with the instant engine, served by uvicorn on 127.0.0.1 from its own thread;
+    examples connect to it with the synchronous ``websockets`` client."""
+
+    def __init__(self) -> None:
+        app = create_app(Settings(max_sessions=1_000), engine=ScriptedEngine())
+        port = free_port()
+        self.url = f"ws://127.0.0.1:{port}/v1/realtime"
+        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self._thread = threading.Thread(target=asyncio.run, args=(self._server.serve(),), name="socket fuzz server")
+
+    def __enter__(self) -> SocketFuzzServer:
+        self._thread.start()
+        for _ in range(600):  # up to a minute: start-up loads the VAD
+            if self._server.started:
+                return self
+            time.sleep(0.1)
+        raise RuntimeError("the fuzz server did not start")
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._server.should_exit = True
+        self._thread.join()
+
+
+@pytest.fixture(scope="module")
+def socket_fuzz_server():
+    with SocketFuzzServer() as server:
+        yield server
+
+
+frames = st.one_of(malformed_messages, valid_events.map(encode), id_events.map(encode))
+
+
+@settings(FUZZ_SETTINGS, max_examples=SOCKET_FRAME_EXAMPLES)
+@given(sent=st.lists(frames, max_size=12))
+def test_websocket_answers_any_frames_and_still_serves_a_turn(socket_fuzz_server, sent):
+    events: list[dict[str, Any]] = []
+    with websockets.sync.client.connect(socket_fuzz_server.url, max_size=None) as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+        for frame in sent:
+            ws.send(frame)  # str: a text frame; bytes: a binary frame
+        ws.send(encode({"type": "response.cancel"}))
+        ws.send(encode(_message("user", {"type": "input_text", "text": "are you there?"})))
+        ws.send(encode({"type": "response.create", "event_id": "final", "response": {"metadata": {"turn": "final"}}}))
+        while True:
+            event = json.loads(ws.recv(timeout=10))  # a guard against hangs, not a speed limit
+            events.append(event)
+            if event["type"] == "response.done" and event["response"]["metadata"] == {"turn": "final"}:
+                break
+    errors = [e["error"] for e in events if e["type"] == "error"]
+    assert [e for e in errors if e["type"] == "server_error" or e["event_id"] == "final"] == []
+    assert events[-1]["response"]["status"] == "completed"
+    binary = sum(isinstance(frame, bytes) for frame in sent)
+    assert sum(e["code"] == "invalid_frame" for e in errors) == binary

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from app.realtime.heard import CODEC_FRAME_SAMPLES
 from app.realtime.history import (
     MAX_UNANSWERED_ITEMS,
     AssistantEntry,
@@ -66,8 +67,10 @@ def test_conversation_holds_what_was_heard_of_an_answer():
     history.append(user_text("u1"))
     entry = answer("a1", "one ")
     entry.add_delta("two")
+    entry.add_audio(2 * CODEC_FRAME_SAMPLES, frames=2, text_tokens_voiced=2)
     history.append(entry)
-    cut_short = history.settle(Playback("a1", "r1", segment_start=0, segment_written=200), played=100)
+    playback = Playback("a1", "r1", segment_start=0, segment_written=2 * CODEC_FRAME_SAMPLES)
+    cut_short = history.settle(playback, played=CODEC_FRAME_SAMPLES)
     assert cut_short
     items = history.conversation(None, HistoryLimits()).items
     assert items == (UserText("u1"), AssistantText("one "))
@@ -102,3 +105,12 @@ def test_create_item_at_root_goes_first():
     added, done = history.create_item(event, input_audio_format="audio/pcm", max_chars=100)
     assert ids(history) == ["first", "u1"]
     assert added.previous_item_id is None and done.item.id == "first"
+
+
+def test_a_long_turns_segments_are_kept_or_evicted_together():
+    segments = [user_audio(f"s{n}", 30) for n in range(3)] + [user_audio("s3", 29)]  # 119 s, at the maximum
+    entries = [user_audio("u1", 5), answer("a1"), *segments, answer("a2")]
+    # The whole long turn fits the default budget (120 s, 4 clips); the turn before it does not.
+    assert ids(pruned(entries, HistoryLimits())) == ["s0", "s1", "s2", "s3", "a2"]
+    later = [*entries, user_audio("u3", 2), answer("a3")]
+    assert ids(pruned(later, HistoryLimits())) == ["u3", "a3"]  # never some of its segments

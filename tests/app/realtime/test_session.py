@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from app.realtime.session import ECHO_TAIL_MS
 from app.realtime.session_config import SessionConfig, TurnDetection
+from app.realtime.turn_taking import ECHO_TAIL_MS
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, AssistantText, HistoryLimits, UserAudio, UserText
 from pipeline.turn import EngineError
 from tests.fakes import CODEC_FRAME_SAMPLES, EnergyVad, ScriptedEngine, SessionHarness
@@ -469,7 +469,7 @@ async def test_barge_in_cancels_clears_and_truncates_to_what_was_heard():
     h.push(silence(700))
     await h.turn_done(2)
     assert h.last("response.done")["response"]["status"] == "completed"
-    # Half of one generated word was heard: proportional truncation keeps none of its text.
+    # Half of the first codec frame was heard: a frame counts once all of it has played, so no word.
     items = h.engine.requests[1].conversation.items
     assert [type(item) for item in items] == [UserAudio, UserAudio]
     await h.session.close()
@@ -520,7 +520,8 @@ async def test_output_audio_buffer_clear_stops_generation_and_truncates(h):
 
     assert h.last("response.done")["response"]["status"] == "cancelled"
     assert h.last("output_audio_buffer.cleared")["response_id"] == h.last("response.done")["response"]["id"]
-    assert "conversation.item.truncated" not in h.types()  # the one generated word was fully heard
+    # All the audio generated was heard, but the answer was cut short: its item says so.
+    assert h.last("conversation.item.truncated")["audio_end_ms"] == 80
     h.engine.hold = None
     await h.send(type="response.create")
     await h.turn_done(2)

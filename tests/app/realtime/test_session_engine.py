@@ -5,13 +5,17 @@ Each dev-model turn costs ~1-2 s of CPU, so this module keeps to a few turns on 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from app.realtime.session import ECHO_TAIL_MS
-from app.realtime.session_config import SessionConfig
+from app.realtime.session_config import InputTranscription, SessionConfig
+from app.realtime.turn_taking import ECHO_TAIL_MS
 from media.vad import SileroVad
-from pipeline.conversation import AssistantText, UserAudio
+from pipeline.conversation import AssistantText, HistoryLimits, UserAudio
 from pipeline.engine import TransformersEngine
+from pipeline.tokenizer import load_tokenizer
+from tests.app.realtime.test_transcription import TRANSCRIPTION, assert_openai_parses
 from tests.fakes import SessionHarness
 from tests.speech import load_fixture, silence
 
@@ -93,3 +97,41 @@ async def test_cancelling_a_dev_model_turn_frees_the_session_for_the_next(engine
     assert done["status"] in ("completed", "incomplete")
     assert done["usage"]["output_token_details"]["text_tokens"] <= 4
     await h.session.close()
+
+
+async def _spoken_turns(engine, vad, config: SessionConfig, fixtures: tuple[str, ...]) -> SessionHarness:
+    """One spoken turn per fixture; with transcription on, each is transcribed before the next."""
+    h = SessionHarness(RecordingEngine(engine), vad, config)
+    await h.session.start()
+    for turn, name in enumerate(fixtures, 1):
+        h.push(load_fixture(name))
+        h.push(silence(800))
+        await h.turn_done(turn, timeout_s=TURN_GUARD_S)
+        if config.transcription is not None:
+            await h.until(f"{TRANSCRIPTION}.completed", turn, timeout_s=TURN_GUARD_S)
+        h.push(silence(ECHO_TAIL_MS + 200))
+    await h.session.close()
+    return h
+
+
+async def test_spoken_turns_are_transcribed_and_kept_as_text_beyond_the_audio_budget(engine, vad, dev_model_dir):
+    # A budget of one past clip: the third turn hears the second as audio; the first only as text.
+    config = SessionConfig(max_output_tokens=8, history=HistoryLimits(max_audio_clips=1))
+    fixtures = ("hello", "weather", "hello")
+    on = await _spoken_turns(engine, vad, dataclasses.replace(config, transcription=InputTranscription("any")),
+                             fixtures)
+    off = await _spoken_turns(engine, vad, config, fixtures)
+
+    completed = on.of_type(f"{TRANSCRIPTION}.completed")
+    committed = [event["item_id"] for event in on.of_type("input_audio_buffer.committed")]
+    assert [event["item_id"] for event in completed] == committed
+    assert all(event["transcript"] for event in completed)
+    assert_openai_parses([event for event in on.events if event["type"].startswith(TRANSCRIPTION)])
+    assert off.of_type(f"{TRANSCRIPTION}.completed") == []
+
+    third_on = on.of_type("response.done")[2]["response"]["usage"]["input_token_details"]
+    third_off = off.of_type("response.done")[2]["response"]["usage"]["input_token_details"]
+    assert third_on["audio_tokens"] == third_off["audio_tokens"]  # the same two clips as audio
+    first_transcript = completed[0]["transcript"]
+    tokens = len(load_tokenizer(dev_model_dir).encode(first_transcript, add_special_tokens=False))
+    assert third_on["text_tokens"] - third_off["text_tokens"] >= tokens

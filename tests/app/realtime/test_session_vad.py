@@ -7,8 +7,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from app.realtime.session import ECHO_TAIL_MS
 from app.realtime.session_config import SessionConfig, TurnDetection
+from app.realtime.turn_taking import ECHO_TAIL_MS
 from media.vad import SileroVad
 from pipeline.conversation import AssistantText, UserAudio
 from tests.fakes import CODEC_FRAME_SAMPLES, ScriptedEngine, SessionHarness

@@ -108,6 +108,29 @@ async def test_call_prints_a_line_per_turn_and_runs_concurrent_sessions(scripted
     assert (tmp_path / "session-2" / "turn-1.wav").is_file()
 
 
+@pytest.mark.parametrize("transport", ["webrtc", "websocket"])
+async def test_call_reports_what_the_user_said_when_the_session_transcribes(scripted_server_url, tmp_path, transport):
+    session = {"audio": {"input": {"transcription": {"model": "gpt-4o-transcribe"}}}}
+    argv = ("call", scripted_server_url, "--ice-loopback", "--out", str(tmp_path), "--wav", str(FIXTURES / "hello.wav"),
+            "--session", json.dumps(session), "--transport", transport)
+    code, stdout, stderr = await run_cli(*argv, "--json")
+    assert code == 0, stderr
+    [turn] = json.loads(stdout)["sessions"][0]["turns"]
+    assert turn["user_transcript"] == ScriptedEngine().transcript
+
+    code, stdout, stderr = await run_cli(*argv)
+    assert code == 0, stderr
+    assert f"session 1 turn 1 user said: {ScriptedEngine().transcript!r}" in stdout.splitlines()
+
+
+async def test_call_without_transcription_reports_no_user_transcript(scripted_server_url, tmp_path):
+    code, stdout, stderr = await run_cli(
+        "call", scripted_server_url, "--ice-loopback", "--json", "--out", str(tmp_path), "--wav", str(FIXTURES / "hello.wav"),
+    )
+    assert code == 0, stderr
+    assert json.loads(stdout)["sessions"][0]["turns"][0]["user_transcript"] is None
+
+
 async def test_call_exits_non_zero_when_the_server_refuses(tmp_path):
     app = create_app(Settings(ice_loopback=True, cache_dir=tmp_path, api_key="right-key"), engine=ScriptedEngine())
     async with serving_in_process(app) as url:
@@ -116,3 +139,19 @@ async def test_call_exits_non_zero_when_the_server_refuses(tmp_path):
         )
     assert code == 1
     assert "401" in stderr
+
+
+def test_serve_attention_implementation_from_flag_or_environment(monkeypatch):
+    assert serve_settings(monkeypatch, []).attn_implementation is None
+    assert serve_settings(monkeypatch, ["--attn-implementation", "eager"]).attn_implementation == "eager"
+    from_env = serve_settings(monkeypatch, [], OMNI_RTC_ATTN_IMPLEMENTATION="flash_attention_2")
+    assert from_env.attn_implementation == "flash_attention_2"
+    with pytest.raises(ValueError, match="attn_implementation"):
+        serve_settings(monkeypatch, [], OMNI_RTC_ATTN_IMPLEMENTATION="fast")
+
+
+def test_dev_model_writes_the_hub_layout(tmp_path, capsys):
+    assert main(["dev-model", "--out", str(tmp_path), "--layout", "hub"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert "thinker.model.layers.0.mlp.experts.0.gate_proj.weight" in index["weight_map"]

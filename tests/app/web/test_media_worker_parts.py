@@ -1,4 +1,4 @@
-"""The parts of --media-workers that need no process: the session count, the engine proxy, metric merging."""
+"""The parts of --media-workers that need no process: the engine proxy, metric merging."""
 
 from __future__ import annotations
 
@@ -9,27 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.realtime.slots import CapacityError, SessionSlots
 from app.web.media_worker import EngineProxy
 from app.web.metrics import Metrics
 from pipeline.conversation import Conversation
 from pipeline.turn import AudioChunk, EngineError, TextDelta, TurnRequest
-
-
-def test_slots_hold_the_limit_and_report_the_count() -> None:
-    counts: list[int] = []
-    slots = SessionSlots(2, on_count=counts.append)
-    slots.take()
-    slots.take()
-    with pytest.raises(CapacityError):
-        slots.take()
-    slots.give_back()
-    slots.take()
-    assert (len(slots), counts) == (2, [1, 2, 1, 2])
-    slots.give_back()
-    slots.give_back()
-    with pytest.raises(RuntimeError):
-        slots.give_back()
 
 
 class Front:
@@ -94,13 +77,13 @@ async def test_closing_a_turn_early_cancels_it_in_front_and_drops_its_late_event
 def test_metrics_of_workers_add_up_and_keep_their_worker_labels() -> None:
     front, first, second = Metrics(), Metrics(worker="0"), Metrics(worker="1")
     front.pacing_snapshots = dict  # the front paces nothing
-    front.calls.labels(reason="hangup").inc()
-    first.calls.labels(reason="hangup").inc(2)
-    second.calls.labels(reason="peer_gone").inc()
+    front.calls.labels(transport="webrtc", reason="hangup").inc()
+    first.calls.labels(transport="webrtc", reason="hangup").inc(2)
+    second.calls.labels(transport="webrtc", reason="peer_gone").inc()
     first.pacing.record(0.5, skipped=24)
     text = front.render([first.samples(), second.samples()]).decode()
-    assert 'omni_rtc_calls_total{reason="hangup"} 3.0' in text
-    assert 'omni_rtc_calls_total{reason="peer_gone"} 1.0' in text
+    assert 'omni_rtc_calls_total{reason="hangup",transport="webrtc"} 3.0' in text
+    assert 'omni_rtc_calls_total{reason="peer_gone",transport="webrtc"} 1.0' in text
     assert 'omni_rtc_outbound_frames_skipped_total{worker="0"} 24.0' in text
     assert 'omni_rtc_outbound_frames_skipped_total{worker="1"} 0.0' in text
     assert "_created" not in text

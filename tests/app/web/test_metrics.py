@@ -49,7 +49,7 @@ def test_time_to_first_audio_runs_from_speech_stopped_to_playback_start():
     observer.on_server_event({"type": "response.done", "response": {"id": "resp_1", "status": "completed"}})
     assert sample(metrics, "omni_rtc_time_to_first_audio_seconds_sum") == pytest.approx(1.25)
     assert sample(metrics, "omni_rtc_turn_duration_seconds_sum") == pytest.approx(3.0)
-    assert sample(metrics, "omni_rtc_turns_total", status="completed") == 1
+    assert sample(metrics, "omni_rtc_turns_total", transport="webrtc", status="completed") == 1
 
 
 def test_a_text_answer_records_no_first_audio_and_does_not_skew_the_next_turn():

@@ -220,7 +220,8 @@ async def test_metrics_count_open_sessions(settings):
     async with serving(settings) as http, offering_peer() as pc:
         await post_offer(http, pc.localDescription.sdp)
         body = (await http.get("/metrics")).text
-    assert "omni_rtc_sessions_open 1.0" in body
+    assert 'omni_rtc_sessions_open{transport="webrtc"} 1.0' in body
+    assert 'omni_rtc_sessions_open{transport="websocket"} 0.0' in body
     assert "omni_rtc_time_to_first_audio_seconds_bucket" in body
 
 

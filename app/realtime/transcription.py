@@ -1,0 +1,148 @@
+"""Input audio transcription: Qwen3-Omni writes down what the user said, beside the answer.
+
+When the session sets ``audio.input.transcription``, every committed user audio item gets one
+engine turn of its own (``TurnRequest.transcription``: Qwen3-Omni's ASR prompt, text only,
+greedy) and the client gets OpenAI's events for it: ``…input_audio_transcription.delta`` as the
+words come, then ``.completed`` (the transcript and its token usage) or ``.failed`` (an error).
+The item's ``input_audio`` part carries the transcript from then on, and the history may keep
+the turn as that text once its audio no longer fits the audio budget.
+
+It must not slow the answer. A transcription is submitted to the engine only once the response
+started for the same commit has handed out its first audio (or ended): with a FIFO engine it
+then queues behind the answer's turn; with an engine that batches concurrent turns it joins the
+answer's batch after its first audio, never before. With no response running it is submitted at
+once (a commit without ``create_response``, or a client commit before its ``response.create``;
+on a FIFO engine that response then waits for this transcription).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from app.realtime.history import Entry, UserEntry
+from app.realtime.protocol import (
+    ConversationItemInputAudioTranscriptionCompletedEvent,
+    ConversationItemInputAudioTranscriptionDeltaEvent,
+    ConversationItemInputAudioTranscriptionFailedEvent,
+    TranscriptionError,
+    TranscriptionInputTokenDetails,
+    TranscriptionUsage,
+)
+from app.realtime.session_config import InputTranscription
+from pipeline.conversation import UserAudio
+from pipeline.turn import Engine, EngineError, TextDelta, TurnDone, TurnRequest
+
+logger = logging.getLogger(__name__)
+
+
+class Transcriptions:
+    """The session's transcription tasks; ``close()`` cancels and awaits them (safe twice)."""
+
+    def __init__(
+        self, engine: Engine, emit: Callable[[Any], None], holds_item: Callable[[Entry], bool], session_id: str
+    ) -> None:
+        self._engine = engine
+        self._emit = emit
+        self._holds_item = holds_item  # False once the item was deleted or pruned
+        self._session_id = session_id
+        self._answer_started: asyncio.Event | None = None  # the latest response's first output
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def hold_until(self, answer_started: asyncio.Event) -> None:
+        """A response has been started: transcriptions not yet submitted wait for its first output."""
+        self._answer_started = answer_started
+
+    def transcribe(self, entry: Entry, settings: InputTranscription | None) -> None:
+        """Transcribe a user item's audio parts, if the session asks for it (``settings``)."""
+        if settings is None or self._closed or not isinstance(entry, UserEntry):
+            return
+        for content_index, part in enumerate(entry.parts):
+            if isinstance(part, UserAudio):
+                request = TurnRequest.transcription(part, settings.hint())
+                task = asyncio.create_task(
+                    self._run(entry, content_index, request), name=f"transcription {entry.id}[{content_index}]"
+                )
+                self._tasks.add(task)
+                task.add_done_callback(self._on_task_done)
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("session %s: %s crashed", self._session_id, task.get_name(), exc_info=task.exception())
+
+    async def _run(self, entry: UserEntry, content_index: int, request: TurnRequest) -> None:
+        # Runs first on the loop's next turn, after the commit's response (if any) was started.
+        answer_started = self._answer_started
+        if answer_started is not None:
+            await answer_started.wait()
+        if not self._holds_item(entry):
+            logger.debug("session %s: item %s is gone; not transcribing it", self._session_id, entry.id)
+            return
+        try:
+            done = await self._stream(entry.id, content_index, request)
+        except EngineError as exc:
+            logger.warning("session %s: transcribing %s failed in the engine: %s", self._session_id, entry.id, exc)
+            self._fail(entry.id, content_index, exc.code, str(exc))
+            return
+        except Exception as exc:
+            logger.exception("session %s: transcribing %s failed", self._session_id, entry.id)
+            self._fail(entry.id, content_index, "server_error", f"{type(exc).__name__}: {exc}")
+            return
+        entry.transcribed(content_index, done.text)
+        usage = done.usage
+        self._emit(
+            ConversationItemInputAudioTranscriptionCompletedEvent(
+                item_id=entry.id,
+                content_index=content_index,
+                transcript=done.text,
+                usage=TranscriptionUsage(
+                    input_tokens=usage.input_tokens,
+                    output_tokens=usage.output_text_tokens,
+                    total_tokens=usage.input_tokens + usage.output_text_tokens,
+                    input_token_details=TranscriptionInputTokenDetails(
+                        text_tokens=usage.input_text_tokens, audio_tokens=usage.input_audio_tokens
+                    ),
+                ),
+            )
+        )
+
+    async def _stream(self, item_id: str, content_index: int, request: TurnRequest) -> TurnDone:
+        done: TurnDone | None = None
+        async with contextlib.aclosing(self._engine.run_turn(request)) as turn:
+            async for event in turn:
+                if isinstance(event, TextDelta) and event.text:
+                    self._emit(
+                        ConversationItemInputAudioTranscriptionDeltaEvent(
+                            item_id=item_id, content_index=content_index, delta=event.text
+                        )
+                    )
+                elif isinstance(event, TurnDone):
+                    done = event
+        if done is None:
+            raise EngineError("The engine ended the transcription without TurnDone.", code="engine_protocol_error")
+        return done
+
+    def _fail(self, item_id: str, content_index: int, code: str, message: str) -> None:
+        self._emit(
+            ConversationItemInputAudioTranscriptionFailedEvent(
+                item_id=item_id,
+                content_index=content_index,
+                error=TranscriptionError(type="server_error", code=code, message=message),
+            )
+        )

@@ -1,0 +1,249 @@
+"""Server-VAD turn taking: what the voice activity detector's events mean for the conversation.
+
+While ``turn_detection`` is on, the session hands its 16 kHz input to :class:`TurnTaking`,
+which runs the detector (``media.turn_detection``) and acts through the session
+(:class:`TurnActions`):
+
+- speech starts: ``input_audio_buffer.speech_started`` (with the id of the user item to come)
+  and, with ``interrupt_response: true``, barge-in while the assistant is busy;
+- a *segment* (speech going on past ``max_utterance_ms``, 30 s): the audio so far is committed
+  as a user item (``input_audio_buffer.committed`` and the item events) and listening goes on
+  with a new item id; nothing is answered;
+- the *end of the turn* (the silence wait): ``speech_stopped``, the last segment committed and,
+  with ``create_response``, a response whose prompt holds every segment in order. A turn that
+  reaches :func:`max_turn_ms` of audio (120 s) is ended there: an ``error``
+  (``turn_audio_limit_reached``) names the limit, and what was said is answered;
+- half-duplex (``interrupt_response: false``): from a response's start until its audio has
+  played out, plus ``ECHO_TAIL_MS``, speech is heard but not acted on. Each such utterance is
+  reported (``on_ignored_speech``, for metrics) and logged at debug with the session id;
+- ``idle_timeout_ms``: no speech for that long after the assistant's audio ended prompts a response.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from app.realtime.protocol import (
+    InputAudioBufferSpeechStartedEvent,
+    InputAudioBufferSpeechStoppedEvent,
+    InputAudioBufferTimeoutTriggeredEvent,
+    ProtocolError,
+    ServerEvent,
+    new_id,
+)
+from app.realtime.session_config import TurnDetection
+from media.rates import SPEECH_RATE
+from media.turn_detection import (
+    SegmentCommitted,
+    SpeechStarted,
+    SpeechStopped,
+    TurnDetectionParams,
+    UtteranceCommitted,
+    VoiceActivityDetector,
+)
+from media.vad import SpeechModel
+from pipeline.conversation import HistoryLimits
+
+logger = logging.getLogger(__name__)
+
+# After the assistant's audio has been sent, its tail is still in the browser's jitter buffer
+# and speaker, and its echo reaches the microphone ~100-300 ms later; half-duplex keeps not
+# listening for this long so that tail is not heard as the user.
+ECHO_TAIL_MS = 400
+# What an idle user "said" when idle_timeout_ms triggers a response: a second of silence.
+IDLE_CLIP_MS = 1_000
+TURN_LIMIT_CODE = "turn_audio_limit_reached"
+
+
+def max_turn_ms(history: HistoryLimits) -> int:
+    """The most audio one user turn may hold: the history's audio budget (120 s by default,
+    four 30 s segments), so that the turn, once answered, still fits the next prompt whole."""
+    return int(history.max_audio_seconds * 1000)
+
+
+def detector_params(turn_detection: TurnDetection, history: HistoryLimits) -> TurnDetectionParams:
+    """The detector's settings: the session's, with the turn bounded by the history (a smaller
+    history budget shortens the segments too)."""
+    params = turn_detection.detector_params()
+    limit = max_turn_ms(history)
+    return replace(params, max_turn_ms=limit, max_utterance_ms=min(params.max_utterance_ms, limit))
+
+
+@dataclass(frozen=True)
+class TurnActions:
+    """What turn taking asks of the session."""
+
+    emit: Callable[[ServerEvent], None]
+    commit: Callable[[str, np.ndarray], None]  # a user item holding this audio
+    busy: Callable[[], bool]  # answering, or its audio has not finished playing
+    interrupt: Callable[[], None]  # barge-in: cancel, clear the output, truncate
+    respond: Callable[[str, float, float], None]  # (item id, committed at, silence wait ms)
+
+
+class TurnTaking:
+    """One session's server-VAD state: the detector, the user item being spoken, half-duplex."""
+
+    def __init__(
+        self,
+        vad: SpeechModel,
+        params: TurnDetectionParams,
+        actions: TurnActions,
+        *,
+        session_id: str,
+        on_ignored_speech: Callable[[], None] | None = None,
+    ) -> None:
+        self._detector = VoiceActivityDetector(vad, params)
+        self._act = actions
+        self._session_id = session_id
+        self._on_ignored_speech = on_ignored_speech
+        self.input_samples = 0  # 16 kHz samples pushed since the session started
+        self._speech_item_id: str | None = None  # the user item announced by speech_started
+        self._user_speaking = False  # between SpeechStarted and its commit
+        # Half-duplex: input is not acted on while this is set (see ECHO_TAIL_MS).
+        self._deaf = False
+        self._deaf_until_sample: int | None = None  # when listening may resume, once idle
+        self._idle_since_sample: int | None = None  # the assistant's audio ended here (idle_timeout_ms)
+
+    def push(self, pcm: np.ndarray, turn_detection: TurnDetection) -> None:
+        self.input_samples += pcm.size
+        for event in self._detector.push(pcm):
+            if isinstance(event, SpeechStarted):
+                self._on_speech_started(event, turn_detection)
+            elif isinstance(event, SegmentCommitted):
+                self._on_segment(event)
+            elif isinstance(event, SpeechStopped):
+                self._on_speech_stopped(event)
+            elif isinstance(event, UtteranceCommitted):
+                self._on_utterance_committed(event, turn_detection)
+        self._maybe_listen_again()
+        self._maybe_time_out(turn_detection)
+
+    def skip(self, samples: int) -> None:
+        """Input that server VAD does not see (manual mode): the input clock goes on."""
+        self.input_samples += samples
+
+    def configure(self, new: TurnDetection | None, history: HistoryLimits) -> None:
+        """``turn_detection`` changed (``session.update``)."""
+        if new is None:
+            self.clear()
+        else:
+            self._detector.update(detector_params(new, history))
+        if new is None or new.interrupt_response:
+            self._deaf = False
+            self._deaf_until_sample = None
+
+    def clear(self) -> None:
+        """Drop what the detector holds (``input_audio_buffer.clear``, manual mode)."""
+        self._detector.reset()
+        self._speech_item_id = None
+        self._user_speaking = False
+
+    def response_started(self, turn_detection: TurnDetection | None) -> None:
+        self._idle_since_sample = None
+        if turn_detection is not None and not turn_detection.interrupt_response:
+            self._deaf = True
+            self._deaf_until_sample = None
+
+    def idle(self) -> None:
+        """The assistant has finished speaking (or answering without audio)."""
+        self._idle_since_sample = self.input_samples
+        if self._deaf:
+            self._deaf_until_sample = self.input_samples + ECHO_TAIL_MS * SPEECH_RATE // 1000
+
+    # -- detector events -------------------------------------------------------------------
+
+    def _on_speech_started(self, event: SpeechStarted, turn_detection: TurnDetection) -> None:
+        self._user_speaking = True
+        self._idle_since_sample = None
+        if self._deaf:
+            logger.debug("session %s: speech at %d ms not acted on: the assistant is answering (half-duplex)",
+                         self._session_id, event.audio_start_ms)
+            if self._on_ignored_speech is not None:
+                self._on_ignored_speech()
+            return
+        self._speech_item_id = new_id("item")
+        self._act.emit(
+            InputAudioBufferSpeechStartedEvent(audio_start_ms=event.audio_start_ms, item_id=self._speech_item_id)
+        )
+        if turn_detection.interrupt_response and self._act.busy():
+            self._act.interrupt()
+
+    def _on_segment(self, event: SegmentCommitted) -> None:
+        if self._deaf:
+            return
+        self._act.commit(self._speech_item_id or new_id("item"), event.pcm)
+        self._speech_item_id = new_id("item")  # the rest of the utterance is the next item
+
+    def _on_speech_stopped(self, event: SpeechStopped) -> None:
+        if self._deaf:
+            return
+        if self._speech_item_id is None:
+            self._speech_item_id = new_id("item")
+        self._act.emit(InputAudioBufferSpeechStoppedEvent(audio_end_ms=event.audio_end_ms, item_id=self._speech_item_id))
+
+    def _on_utterance_committed(self, event: UtteranceCommitted, turn_detection: TurnDetection) -> None:
+        self._user_speaking = False
+        if self._deaf:
+            return
+        committed_at = time.monotonic()
+        item_id = self._speech_item_id or new_id("item")
+        self._speech_item_id = None
+        if event.forced:
+            limit_s = self._detector.params.max_turn_ms / 1000
+            self._act.emit(ProtocolError(
+                TURN_LIMIT_CODE,
+                f"The user turn reached the maximum of {limit_s:g} s of audio; what was said up to "
+                f"{event.audio_end_ms} ms is answered now; speech after that point is not part of this turn.",
+            ).to_event())
+        self._act.commit(item_id, event.pcm)
+        if not turn_detection.create_response:
+            return
+        # The VAD committed when the silence wait ended: the input stream is there now (give or
+        # take the rest of this chunk, <= 20 ms from WebRTC).
+        silence_wait_ms = 0.0 if event.forced else float(turn_detection.silence_duration_ms)
+        self._act.respond(item_id, committed_at, silence_wait_ms)
+
+    # -- half-duplex and idle ----------------------------------------------------------------
+
+    def _maybe_listen_again(self) -> None:
+        if (
+            self._deaf
+            and self._deaf_until_sample is not None
+            and self.input_samples >= self._deaf_until_sample
+            and not self._user_speaking
+        ):
+            # Whatever the VAD holds now began while the assistant spoke (or is its echo).
+            self._detector.reset()
+            self._speech_item_id = None
+            self._deaf = False
+            self._deaf_until_sample = None
+
+    def _maybe_time_out(self, turn_detection: TurnDetection) -> None:
+        """idle_timeout_ms: no speech for that long after the assistant's audio ended prompts a response.
+
+        Time is counted in input audio (WebRTC delivers 20 ms frames even from a muted mic), so
+        it needs no timer task and is exact in tests.
+        """
+        timeout_ms = turn_detection.idle_timeout_ms
+        idle_since = self._idle_since_sample
+        if timeout_ms is None or idle_since is None or self._act.busy() or self._user_speaking:
+            return
+        if self.input_samples - idle_since < timeout_ms * SPEECH_RATE // 1000:
+            return
+        self._idle_since_sample = None
+        item_id = new_id("item")
+        self._act.emit(
+            InputAudioBufferTimeoutTriggeredEvent(
+                audio_start_ms=idle_since * 1000 // SPEECH_RATE,
+                audio_end_ms=self.input_samples * 1000 // SPEECH_RATE,
+                item_id=item_id,
+            )
+        )
+        self._act.commit(item_id, np.zeros(IDLE_CLIP_MS * SPEECH_RATE // 1000, dtype=np.float32))
+        if turn_detection.create_response:
+            self._act.respond(item_id, time.monotonic(), 0.0)

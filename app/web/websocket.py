@@ -1,0 +1,325 @@
+"""The Realtime protocol over a WebSocket: ``GET /v1/realtime``, as OpenAI's server-side SDKs speak it.
+
+The same ``RealtimeSession`` as over WebRTC, on a different carrier:
+
+- Events are JSON text frames both ways; ``session.created`` comes first. ``?model=`` is
+  accepted (any name, as ``model`` in ``session.update``) and logged; the session reports the
+  model this server serves.
+- Audio comes in as ``input_audio_buffer.append`` (the session's input format) into the same
+  VAD and turn detection, and leaves as ``response.output_audio.delta`` events
+  (``app.realtime.event_audio.EventAudioOutput``); no ``output_audio_buffer.*`` events.
+- Auth as for calls: ``Authorization: Bearer`` with the API key or an ``ek_`` client secret, or,
+  for browsers (which cannot set headers on a WebSocket), the ``openai-insecure-api-key.<key>``
+  subprotocol. A browser's ``Origin`` must be this server's own or one of ``--cors-origin``.
+  Refusals are HTTP answers with OpenAI's error body (401, 403, 429 + ``Retry-After``).
+- Limits as over WebRTC: the event gate (size, rate), text length, ``--max-session-s`` (then
+  ``session_expired`` and close), and ``--max-sessions`` shared with the WebRTC calls. A binary
+  frame, or any bad event, is answered with an ``error`` event and the socket stays open. Frames
+  over uvicorn's ``ws_max_size`` (16 MiB) close it with 1009, as the server library does.
+- A client that goes (close frame, dropped TCP, missed pings: uvicorn pings every 20 s) ends
+  the session and its engine work; so does one that stops reading while
+  ``MAX_PENDING_BYTES`` of events wait for it.
+
+:class:`SocketCall` owns its reader and writer tasks; ``close()`` ends them, closes the session
+(cancelling its response) and the socket, and is safe twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from fastapi import APIRouter, WebSocket
+from starlette.websockets import WebSocketDisconnect
+
+from app.config import Settings
+from app.realtime.event_audio import EventAudioOutput
+from app.realtime.ledger import AudioOutput
+from app.realtime.protocol import ProtocolError
+from app.realtime.session import RealtimeSession
+from app.realtime.session_config import SessionConfig
+from app.web.auth import Authenticator, CallGrant, bearer_token, missing_credentials
+from app.web.errors import ApiError
+from app.web.metrics import CallObserver, Metrics
+from app.web.runtime import Runtime
+from app.web.signaling import capacity_error, read_session_config
+from app.webrtc.call import CapacityError, Session
+
+logger = logging.getLogger(__name__)
+
+# Browsers cannot set headers on a WebSocket; OpenAI takes the key as this subprotocol.
+API_KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
+REALTIME_SUBPROTOCOL = "realtime"  # what OpenAI's browser examples offer, and we choose
+# Events waiting for a client that does not read them: past this the session ends. 16 MiB holds
+# ~4 minutes of PCM16 answer audio as base64 deltas, far more than any client lags by.
+MAX_PENDING_BYTES = 16 * 1024 * 1024
+# How long queued events (the last deltas, session_expired) get to leave before the socket closes.
+FLUSH_TIMEOUT_S = 2.0
+CLOSE_CODES = {"client_not_reading": 1008, "server_shutdown": 1001}  # else 1000 (normal closure)
+
+SocketSessionFactory = Callable[[AudioOutput, Callable[[dict[str, Any]], None]], Session]
+
+
+def new_socket_id() -> str:
+    return "ws_" + secrets.token_hex(12)
+
+
+class SocketCall:
+    """One WebSocket and the session it carries; registered beside the WebRTC calls."""
+
+    transport = "websocket"
+
+    def __init__(
+        self,
+        websocket: WebSocket,
+        *,
+        make_session: SocketSessionFactory,
+        max_duration_s: float | None = None,
+        observer: CallObserver | None = None,
+        on_closed: Callable[[SocketCall, str], None] | None = None,
+    ) -> None:
+        self.id = new_socket_id()
+        self._websocket = websocket
+        self._max_duration_s = max_duration_s
+        self._observer = observer
+        self._on_closed = on_closed
+        self._outgoing: asyncio.Queue[str | None] = asyncio.Queue()
+        self._pending_bytes = 0
+        self._output = EventAudioOutput(self._enqueue)
+        self._session = make_session(self._output, self._send_event)
+        self._end_reason: str | None = None
+        self._ended = asyncio.Event()
+        self._serving = False
+        self._released = False
+        self.closed = asyncio.Event()
+
+    async def serve(self, subprotocol: str | None) -> None:
+        """Accepts the socket and carries the session until the connection ends; then releases all."""
+        self._serving = True
+        reader: asyncio.Task[None] | None = None
+        writer: asyncio.Task[None] | None = None
+        try:
+            if self._end_reason is None:  # closed (server shutdown) before it was served
+                await self._websocket.accept(subprotocol=subprotocol)
+                writer = asyncio.create_task(self._write(), name=f"{self.id} writer")
+                await self._session.start()
+                reader = asyncio.create_task(self._read(), name=f"{self.id} reader")
+                try:
+                    async with asyncio.timeout(self._max_duration_s):
+                        await self._ended.wait()
+                except TimeoutError:
+                    self._tell_expired()
+                    self.end("max_duration")
+        finally:
+            await self._release(reader, writer)
+
+    def end(self, reason: str) -> None:
+        """Asks the connection to end; ``serve`` releases it. Safe from anywhere, any number of times."""
+        if self._end_reason is None:
+            self._end_reason = reason
+        self._ended.set()
+
+    async def close(self, reason: str = "closed") -> None:
+        """Ends the connection and waits until everything it owns is released. Safe twice."""
+        self.end(reason)
+        if self._serving:
+            await asyncio.shield(self.closed.wait())  # a caller that gives up must not cut the release short
+        else:
+            await self._release(None, None)
+
+    # -- the two directions -------------------------------------------------------------
+
+    async def _read(self) -> None:
+        while True:
+            try:
+                message = await self._websocket.receive()
+            except (WebSocketDisconnect, RuntimeError, OSError):  # Starlette: RuntimeError once disconnected
+                self.end("client_gone")
+                return
+            if message["type"] == "websocket.disconnect":
+                self.end("client_closed")
+                return
+            text = message.get("text")
+            if text is None:
+                self._send_event(
+                    ProtocolError(
+                        "invalid_frame",
+                        "Binary frames carry no events here: send each event as JSON in a text frame "
+                        "(audio goes base64 in input_audio_buffer.append).",
+                    ).to_event().to_json()
+                )
+                continue
+            try:
+                await self._session.handle_message(text)
+            except Exception:  # the session answers bad input itself; this is a bug: keep reading
+                logger.exception("%s: the session failed on a client event", self.id)
+
+    async def _write(self) -> None:
+        while True:
+            text = await self._outgoing.get()
+            if text is None:
+                return
+            self._pending_bytes -= len(text)
+            try:
+                await self._websocket.send_text(text)
+            except (WebSocketDisconnect, RuntimeError, OSError) as exc:
+                logger.debug("%s: sending failed (%s); the client is gone", self.id, exc)
+                self.end("client_gone")
+                return
+
+    def _send_event(self, event: dict[str, Any]) -> None:
+        """The session's ``send``: metrics see every event; the output drops media-track ones."""
+        if self._observer is not None:
+            self._observer.on_server_event(event)
+        if self._output.observe(event):
+            self._enqueue(event)
+
+    def _enqueue(self, event: dict[str, Any]) -> None:
+        if self._end_reason == "client_not_reading":
+            return
+        text = json.dumps(event, separators=(",", ":"))
+        if self._pending_bytes + len(text) > MAX_PENDING_BYTES:
+            logger.warning("%s: %d bytes of events wait for a client that does not read; ending", self.id,
+                           self._pending_bytes)
+            self.end("client_not_reading")
+            return
+        self._pending_bytes += len(text)
+        self._outgoing.put_nowait(text)
+
+    def _tell_expired(self) -> None:
+        assert self._max_duration_s is not None
+        self._send_event(
+            ProtocolError(
+                "session_expired", f"Your session hit the maximum duration of {self._max_duration_s / 60:g} minutes."
+            ).to_event().to_json()
+        )
+
+    # -- release --------------------------------------------------------------------------
+
+    async def _release(self, reader: asyncio.Task[None] | None, writer: asyncio.Task[None] | None) -> None:
+        if self._released:
+            return
+        self._released = True
+        reason = self._end_reason or "closed"
+        try:
+            if reader is not None:
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
+            await self._session.close()  # cancels the running response and its engine turn
+            if writer is not None:
+                await self._flush(writer, reason)
+            if reason not in ("client_closed", "client_gone"):
+                with contextlib.suppress(RuntimeError, OSError):  # already closed by the client or the server
+                    await self._websocket.close(code=CLOSE_CODES.get(reason, 1000), reason=reason)
+        finally:
+            logger.info("%s ended: %s", self.id, reason)
+            self.closed.set()
+            if self._on_closed is not None:
+                self._on_closed(self, reason)
+
+    async def _flush(self, writer: asyncio.Task[None], reason: str) -> None:
+        """Lets queued events leave (bounded by ``FLUSH_TIMEOUT_S``), then stops the writer."""
+        if reason in ("client_closed", "client_gone", "client_not_reading"):
+            writer.cancel()
+        else:
+            self._outgoing.put_nowait(None)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(FLUSH_TIMEOUT_S):
+                    await asyncio.shield(writer)
+            writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await writer
+
+
+def websocket_router(
+    settings: Settings, authenticator: Authenticator, metrics: Metrics, base_config: SessionConfig
+) -> APIRouter:
+    """``GET /v1/realtime``; the runtime (engine, VAD, registry) is read per connection from the app."""
+    router = APIRouter()
+
+    @router.websocket("/v1/realtime")
+    async def realtime(websocket: WebSocket, model: str | None = None) -> None:
+        offered = list(websocket.scope.get("subprotocols") or [])
+        try:
+            runtime = _runtime_of(websocket)
+            _check_origin(websocket, settings.cors_origins)
+            grant = _authorize(websocket, authenticator, offered)
+            config = read_session_config(grant.session or {}, base_config)
+
+            def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
+                return RealtimeSession(
+                    engine=runtime.for_sessions, vad=runtime.vad, output=output, send=send, config=config,
+                    on_ignored_speech=metrics.ignored_speech.inc,
+                )
+
+            try:
+                call = runtime.calls.admit(
+                    lambda on_closed: SocketCall(
+                        websocket, make_session=make_session, max_duration_s=settings.max_session_s,
+                        observer=metrics.observer(transport=SocketCall.transport), on_closed=on_closed,
+                    )
+                )
+            except CapacityError:
+                metrics.errors.labels(type="rate_limit_error", code="too_many_sessions").inc()
+                raise capacity_error(settings.max_sessions) from None
+        except ApiError as error:
+            await _deny(websocket, error)
+            return
+        logger.info("%s: opened (model %r asked for; %d sessions open)", call.id, model, len(runtime.calls))
+        await call.serve(_chosen_subprotocol(offered))
+
+    return router
+
+
+def _runtime_of(websocket: WebSocket) -> Runtime:
+    runtime: Runtime | None = getattr(websocket.app.state, "runtime", None)
+    if runtime is None:
+        raise ApiError(503, "The server is starting or stopping.", type="server_error", code="unavailable")
+    return runtime
+
+
+def _check_origin(websocket: WebSocket, allowed: list[str]) -> None:
+    """Browsers send ``Origin``; only this server's own and the ``--cors-origin`` ones may connect."""
+    origin = websocket.headers.get("origin")
+    if origin is None or origin in allowed or urlsplit(origin).netloc == websocket.headers.get("host"):
+        return
+    raise ApiError(
+        403, f"Origin {origin!r} may not open sessions here; the server allows it with --cors-origin.",
+        code="origin_not_allowed",
+    )
+
+
+def _authorize(websocket: WebSocket, authenticator: Authenticator, offered: list[str]) -> CallGrant:
+    if not authenticator.enabled:
+        return CallGrant(via="open")
+    token = bearer_token(websocket.headers.get("authorization", ""))
+    if token is None:
+        token = next((p[len(API_KEY_SUBPROTOCOL_PREFIX):] for p in offered if p.startswith(API_KEY_SUBPROTOCOL_PREFIX)),
+                     None)
+    if not token:
+        raise missing_credentials()
+    return authenticator.authorize_token(token)
+
+
+def _chosen_subprotocol(offered: list[str]) -> str | None:
+    """``realtime`` when offered, else any other offered one but the key: a browser that offered
+    subprotocols fails the handshake when none is chosen, and the key is never echoed."""
+    if REALTIME_SUBPROTOCOL in offered:
+        return REALTIME_SUBPROTOCOL
+    return next((p for p in offered if not p.startswith(API_KEY_SUBPROTOCOL_PREFIX)), None)
+
+
+async def _deny(websocket: WebSocket, error: ApiError) -> None:
+    """Refuses the handshake with an HTTP answer (OpenAI's error body) where the server can send one."""
+    logger.info("WebSocket refused: %d %s", error.status_code, error.message)
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(error.to_response())
+    else:
+        await websocket.close(code=1008, reason=error.message[:120])  # a close reason holds 123 bytes

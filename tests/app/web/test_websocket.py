@@ -1,0 +1,224 @@
+"""``GET /v1/realtime``: the session over a real WebSocket, served by uvicorn on 127.0.0.1.
+
+The engine is the scripted one (no model); the server, its VAD, auth, limits and the socket are real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+from pydantic import SecretStr
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from app.config import Settings
+from app.realtime.input_buffer import MAX_APPEND_AHEAD_MS
+from app.web.server import create_app
+from app.web.socket_client import RealtimeSocketClient
+from tests.app.realtime.test_fuzz import OFFER_LINES
+from tests.e2e.conftest import serving_in_process
+from tests.fakes import ScriptedEngine
+from tests.speech import load_fixture
+
+API_KEY = "sk-test"
+
+
+@contextlib.asynccontextmanager
+async def serving(settings: Settings, engine: ScriptedEngine | None = None) -> AsyncIterator[str]:
+    async with serving_in_process(create_app(settings, engine=engine or ScriptedEngine("Hello there friend"))) as url:
+        yield url
+
+
+def ws_url(url: str, query: str = "") -> str:
+    return url.replace("http://", "ws://") + "/v1/realtime" + query
+
+
+async def next_event(ws: ClientConnection, event_type: str, *, timeout_s: float = 10.0) -> dict[str, Any]:
+    async with asyncio.timeout(timeout_s):  # a guard against hangs, not a speed limit
+        while True:
+            event = json.loads(await ws.recv())
+            if event["type"] == event_type:
+                return event
+
+
+async def text_turn(ws: ClientConnection) -> list[dict[str, Any]]:
+    await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}}))
+    await ws.send(json.dumps({"type": "response.create"}))
+    events = []
+    async with asyncio.timeout(10):
+        while not events or events[-1]["type"] != "response.done":
+            events.append(json.loads(await ws.recv()))
+    return events
+
+
+def refusal(exc: pytest.ExceptionInfo[InvalidStatus]) -> tuple[int, dict[str, Any]]:
+    response = exc.value.response
+    return response.status_code, json.loads(response.body)["error"]
+
+
+async def test_the_session_is_created_first_and_answers_with_audio_deltas(tmp_path):
+    async with serving(Settings(cache_dir=tmp_path)) as url:
+        async with websockets.connect(ws_url(url, "?model=gpt-realtime")) as ws:
+            created = json.loads(await ws.recv())
+            events = await text_turn(ws)
+    assert created["type"] == "session.created"
+    assert created["session"]["model"] == "scripted-engine"  # the model served, whatever was asked for
+    types = [event["type"] for event in events]
+    assert types.count("response.output_audio.delta") == 3
+    assert not [t for t in types if t.startswith("output_audio_buffer.")]
+    assert events[-1]["response"]["status"] == "completed"
+    audio = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta")
+    assert len(audio) == 3 * 1920 * 2  # three 80 ms frames of PCM16 at 24 kHz
+
+
+async def test_credentials_as_a_header_a_subprotocol_or_a_client_secret(tmp_path):
+    async with serving(Settings(cache_dir=tmp_path, api_key=SecretStr(API_KEY))) as url:
+        with pytest.raises(InvalidStatus) as missing:
+            await websockets.connect(ws_url(url))
+        with pytest.raises(InvalidStatus) as wrong:
+            await websockets.connect(ws_url(url), additional_headers={"Authorization": "Bearer sk-wrong"})
+        async with websockets.connect(ws_url(url), additional_headers={"Authorization": f"Bearer {API_KEY}"}) as ws:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+        # A browser: the key as a subprotocol, beside "realtime", which the server picks.
+        subprotocols = ["realtime", f"openai-insecure-api-key.{API_KEY}"]
+        async with websockets.connect(ws_url(url), subprotocols=subprotocols) as ws:  # type: ignore[arg-type]
+            assert ws.subprotocol == "realtime"
+            assert json.loads(await ws.recv())["type"] == "session.created"
+        beta = [f"openai-insecure-api-key.{API_KEY}", "openai-beta.realtime-v1"]  # never the key back
+        async with websockets.connect(ws_url(url), subprotocols=beta) as ws:  # type: ignore[arg-type]
+            assert ws.subprotocol == "openai-beta.realtime-v1"
+        async with httpx.AsyncClient(base_url=url) as http:
+            minted = await http.post("/v1/realtime/client_secrets", headers={"Authorization": f"Bearer {API_KEY}"},
+                                     json={"session": {"instructions": "Be brief."}})
+        secret = minted.json()["value"]
+        headers = {"Authorization": f"Bearer {secret}"}
+        async with websockets.connect(ws_url(url), additional_headers=headers) as ws:
+            assert json.loads(await ws.recv())["session"]["instructions"] == "Be brief."
+        with pytest.raises(InvalidStatus) as reused:
+            await websockets.connect(ws_url(url), additional_headers=headers)
+    assert refusal(missing) == (401, refusal(missing)[1]) and refusal(missing)[1]["code"] == "missing_credentials"
+    assert refusal(wrong)[0] == 401 and refusal(wrong)[1]["code"] == "invalid_api_key"
+    assert refusal(reused)[0] == 401 and refusal(reused)[1]["code"] == "invalid_client_secret"
+
+
+async def test_browser_origins_are_checked_against_cors_origins(tmp_path):
+    settings = Settings(cache_dir=tmp_path, cors_origins=["https://page.example"])
+    async with serving(settings) as url:
+        with pytest.raises(InvalidStatus) as elsewhere:
+            await websockets.connect(ws_url(url), origin="https://elsewhere.example")  # type: ignore[arg-type]
+        for origin in ("https://page.example", url):  # a listed origin, and the server's own
+            async with websockets.connect(ws_url(url), origin=origin) as ws:  # type: ignore[arg-type]
+                assert json.loads(await ws.recv())["type"] == "session.created"
+    assert refusal(elsewhere)[0] == 403 and refusal(elsewhere)[1]["code"] == "origin_not_allowed"
+
+
+async def test_websocket_and_webrtc_sessions_share_max_sessions(tmp_path):
+    async with serving(Settings(cache_dir=tmp_path, max_sessions=1)) as url:
+        async with websockets.connect(ws_url(url)) as ws:
+            await ws.recv()
+            with pytest.raises(InvalidStatus) as second:
+                await websockets.connect(ws_url(url))
+            async with httpx.AsyncClient(base_url=url) as http:
+                offer = await http.post("/v1/realtime/calls", content="\r\n".join(OFFER_LINES) + "\r\n",
+                                        headers={"Content-Type": "application/sdp"})
+                health = (await http.get("/healthz")).json()
+                metrics = (await http.get("/metrics")).text
+    status, error = refusal(second)
+    assert (status, error["code"]) == (429, "too_many_sessions")
+    assert second.value.response.headers["Retry-After"] == "30"
+    assert offer.status_code == 429
+    assert health["sessions"] == 1
+    assert 'omni_rtc_sessions_open{transport="websocket"} 1.0' in metrics
+
+
+async def test_bad_frames_get_errors_and_the_session_goes_on(tmp_path):
+    settings = Settings(cache_dir=tmp_path)
+    async with serving(settings) as url:
+        async with websockets.connect(ws_url(url)) as ws:
+            await ws.recv()
+            await ws.send(b"\x00\x01 binary")
+            binary = await next_event(ws, "error")
+            await ws.send(json.dumps({"type": "response.create", "padding": "x" * settings.max_event_bytes}))
+            oversized = await next_event(ws, "error")
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": "@@@", "event_id": "b"}))
+            bad_base64 = await next_event(ws, "error")
+            second = base64.b64encode(bytes(2 * 24_000)).decode()  # one second of silence
+            # 10 s past the bound, at once: however slowly this machine sends them, some are refused.
+            for index in range(MAX_APPEND_AHEAD_MS // 1000 + 10):
+                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": second, "event_id": f"a{index}"}))
+            events = await text_turn(ws)
+            too_fast = [event for event in events if event["type"] == "error"]
+            events = events[events.index(too_fast[-1]) + 1:] if too_fast else events
+    assert binary["error"]["code"] == "invalid_frame"
+    assert oversized["error"]["code"] == "event_too_large"
+    assert (bad_base64["error"]["code"], bad_base64["error"]["event_id"]) == ("invalid_value", "b")
+    assert too_fast and {e["error"]["code"] for e in too_fast} == {"input_audio_too_fast"}
+    assert too_fast[-1]["error"]["event_id"] == f"a{MAX_APPEND_AHEAD_MS // 1000 + 9}"  # the last one, at least
+    assert not [e for e in events if e["type"] == "error"]
+    assert events[-1]["response"]["status"] == "completed"
+
+
+async def test_a_vanished_client_releases_the_session_and_its_engine_work(tmp_path):
+    engine = ScriptedEngine("Hello there friend")
+    engine.hold = asyncio.Event()  # the answer stays in generation until the client is gone
+    async with serving(Settings(cache_dir=tmp_path), engine) as url:
+        ws = await websockets.connect(ws_url(url))
+        await ws.recv()
+        await ws.send(json.dumps({"type": "response.create"}))
+        await next_event(ws, "response.output_audio.delta")
+        ws.transport.abort()  # no close frame: the TCP connection just drops
+        async with httpx.AsyncClient(base_url=url) as http:
+            async with asyncio.timeout(10):
+                while (await http.get("/healthz")).json()["sessions"] != 0:
+                    await asyncio.sleep(0.05)
+            metrics = (await http.get("/metrics")).text
+    assert engine.cancelled_turns == 1
+    assert 'omni_rtc_calls_total{reason="client_closed",transport="websocket"} 1.0' in metrics
+
+
+async def test_a_session_past_its_duration_is_told_and_closed(tmp_path):
+    async with serving(Settings(cache_dir=tmp_path, max_session_s=0.5)) as url:
+        async with websockets.connect(ws_url(url)) as ws:
+            await ws.recv()
+            expired = await next_event(ws, "error")
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.recv()
+    assert expired["error"]["code"] == "session_expired"
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
+
+
+async def test_the_socket_client_speaks_two_acknowledged_turns(tmp_path):
+    async with serving(Settings(cache_dir=tmp_path), ScriptedEngine("Hello there friend")) as url:
+        async with RealtimeSocketClient(url, acknowledge_playback=True) as client:
+            turns = [await client.speak(load_fixture(name)) for name in ("hello", "weather")]
+            events = client.events
+    acks = [e["event"] for e in events if e["type"] == "playback.acknowledged"]
+    assert [(ack["played_ms"], ack["history_committed"]) for ack in acks] == [(240, True), (240, True)]
+    for turn in turns:
+        assert turn.status == "completed" and turn.transcript == "Hello there friend"
+        assert turn.sample_rate == 24_000 and turn.audio_seconds == pytest.approx(0.24)
+        assert turn.latency_s is not None and turn.latency_s > 0
+
+
+async def test_shutdown_closes_open_websocket_sessions(tmp_path):
+    engine = ScriptedEngine("Hello there friend")
+    engine.hold = asyncio.Event()  # an answer in generation when the server stops
+    async with serving(Settings(cache_dir=tmp_path), engine) as url:
+        ws = await websockets.connect(ws_url(url))
+        await ws.recv()
+        await ws.send(json.dumps({"type": "response.create"}))
+        await next_event(ws, "response.output_audio.delta")
+    with pytest.raises(ConnectionClosed):
+        async with asyncio.timeout(10):
+            while True:
+                await ws.recv()
+    assert engine.cancelled_turns == 1

@@ -1,0 +1,89 @@
+"""Barge-in over WebRTC keeps only what was heard: the real server in this process, a scripted
+engine whose Thinker is far ahead of its audio, and a real aiortc client that talks over it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from app.config import Settings
+from app.web.cli import read_utterance
+from app.web.server import create_app
+from app.webrtc.client import RealtimeClient
+from media.rates import WIRE_RATE
+from pipeline.conversation import AssistantText
+from tests.e2e.conftest import serving_in_process
+from tests.fakes import ScriptedEngine
+
+pytestmark = pytest.mark.e2e
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+REPLY = " ".join(f"word{n}" for n in range(60))  # 60 tokens, 60 frames: 4.8 s of speech
+FRAME_MS = 80  # one word's codec frame
+WIRE_FRAME_MS = 20  # one RTP packet
+BARGE_IN = {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad", "interrupt_response": True}}}}
+# A received sample louder than this is answer audio (the tone peaks at 0.3; Opus's silence is ~0).
+AUDIBLE = 0.01
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def engine_and_url(tmp_path: Path) -> AsyncIterator[tuple[ScriptedEngine, str]]:
+    # The whole text comes at once; audio comes in 4-frame chunks about as fast as it plays, as
+    # a decoder that just keeps up: at any moment almost everything decoded has been played.
+    engine = ScriptedEngine(REPLY, text_first=True, frames_per_chunk=4, chunk_interval_s=0.3, waveform="tone")
+    app = create_app(Settings(ice_loopback=True, cache_dir=tmp_path), engine=engine)
+    async with serving_in_process(app) as url:
+        yield engine, url
+
+
+def first_answer_ms(audio: np.ndarray) -> float:
+    """Received 48 kHz audio: from the first audible sample to the last one before a pause of
+    100 ms or more (the answer after the barge-in comes seconds later)."""
+    loud = np.flatnonzero(np.abs(audio) > AUDIBLE)
+    if loud.size == 0:
+        return 0.0
+    gaps = np.flatnonzero(np.diff(loud) > WIRE_RATE // 10)
+    end = loud[gaps[0]] if gaps.size else loud[-1]
+    return (end - loud[0] + 1) * 1000 / WIRE_RATE
+
+
+async def test_barge_in_truncates_the_answer_to_the_audio_the_client_received(engine_and_url) -> None:
+    engine, url = engine_and_url
+    async with RealtimeClient(url, ice_loopback=True, session=BARGE_IN) as client:
+        start = len(client.events)
+        await client.say(read_utterance(FIXTURES / "hello.wav"))
+        started = await client.wait_for("output_audio_buffer.started", start=start)
+        mark = client.frames_received
+        while first_answer_ms(client.audio_since(mark)) < 500:  # ~0.5 s of the answer has arrived
+            await asyncio.sleep(0.02)
+        await client.say(read_utterance(FIXTURES / "weather.wav"))  # the user talks over it
+        done = await client.wait_for("response.done", start=start)
+        cleared = await client.wait_for("output_audio_buffer.cleared", start=start)
+        truncated = await client.wait_for("conversation.item.truncated", start=start)
+        deltas_before_cut = [
+            event for event in client.events[start : client.events.index(cleared)]
+            if event["type"] == "response.output_audio_transcript.delta"
+        ]
+        second = await client.wait_for(lambda event: event["type"] == "response.done" and event is not done,
+                                       start=start)
+        received_ms = first_answer_ms(client.audio_since(mark))
+
+    assert done["response"]["status"] == "cancelled"
+    assert done["response"]["status_details"]["reason"] == "turn_detected"
+    assert cleared["response_id"] == started["response_id"] == done["response"]["id"]
+    assert truncated["item_id"] == done["response"]["output"][0]["id"]
+    assert abs(truncated["audio_end_ms"] - received_ms) <= WIRE_FRAME_MS, (truncated, received_ms)
+    # The Thinker was far ahead: all 60 words had streamed, a dozen or so had been heard.
+    heard_words = truncated["audio_end_ms"] // FRAME_MS
+    assert len(deltas_before_cut) == 60
+    assert 6 <= heard_words < 30
+    assert second["response"]["status"] == "completed"
+    heard = " ".join(REPLY.split(" ")[:heard_words]) + " "
+    assert done["response"]["output"][0]["content"][0]["transcript"] == heard
+    answers = [item for item in engine.requests[1].conversation.items if isinstance(item, AssistantText)]
+    assert answers == [AssistantText(heard)]
