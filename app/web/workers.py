@@ -43,6 +43,11 @@ WORKER_START_TIMEOUT_S = 60.0
 OFFER_TIMEOUT_S = 30.0
 # Asked to shut down, a worker closes its calls (each a few ms); past this it is killed.
 WORKER_STOP_TIMEOUT_S = 10.0
+# How often the front checks that every worker process still runs; a dead one is spawned again.
+SUPERVISE_INTERVAL_S = 0.5
+# A worker that died before it ever reported (a crash at start-up) is spawned again only after
+# this long, so that a worker that cannot start does not spin.
+START_RETRY_DELAY_S = 5.0
 
 
 class WorkerUnavailable(Exception):
@@ -66,6 +71,7 @@ class WorkerHandle:
     pending: dict[int, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
     turns: dict[int, asyncio.Task[None]] = field(default_factory=dict)
     restarts: int = 0
+    spawned_at: float = 0.0  # monotonic
 
     @property
     def load(self) -> int:
@@ -116,6 +122,7 @@ class MediaWorkerPool:
         self._connections: set[asyncio.Task[None]] = set()
         self._closing = False
         self._ready = asyncio.Event()
+        self._supervisor: asyncio.Task[None] | None = None
 
     @property
     def socket_path(self) -> str:
@@ -127,6 +134,7 @@ class MediaWorkerPool:
         self._server = await asyncio.start_unix_server(self._on_connection, path=self.socket_path)
         for worker in self._workers:
             self._spawn(worker)
+        self._supervisor = asyncio.create_task(self._supervise(), name="media worker supervisor")
         async with asyncio.timeout(WORKER_START_TIMEOUT_S):
             while not all(worker.ready for worker in self._workers):
                 self._ready.clear()
@@ -138,6 +146,10 @@ class MediaWorkerPool:
         if self._closing:
             return
         self._closing = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
         for worker in self._workers:
             if worker.writer is not None:
                 worker.send({"op": "shutdown"})
@@ -218,6 +230,7 @@ class MediaWorkerPool:
         )
         worker.process.start()
         worker.pid = worker.process.pid
+        worker.spawned_at = time.monotonic()
 
     def _stop(self, worker: WorkerHandle) -> None:
         """Blocking: waits for the process to exit, then kills it (in a thread)."""
@@ -325,7 +338,7 @@ class MediaWorkerPool:
             remote.released(reason)
 
     async def _lost(self, worker: WorkerHandle, writer: asyncio.StreamWriter) -> None:
-        """The worker's connection ended: it exited or died. Its calls are gone; it is spawned again."""
+        """The worker's connection ended: it exited or died. Its calls are gone; the supervisor spawns it again."""
         was_ready, lost_calls = worker.ready, len(worker.calls)
         worker.ready, worker.writer, worker.pacing, worker.metrics = False, None, None, []
         for call_id in list(worker.calls):
@@ -338,17 +351,24 @@ class MediaWorkerPool:
             task.cancel()
         await asyncio.gather(*worker.turns.values(), return_exceptions=True)
         writer.close()
-        if self._closing:
-            return
-        logger.error(
-            "media worker %d (pid %s) ended unexpectedly (%s); %d calls lost; starting it again",
-            worker.index, worker.pid, "was serving" if was_ready else "during start-up", lost_calls,
-        )
-        await asyncio.to_thread(worker.process.join, WORKER_STOP_TIMEOUT_S)
-        worker.restarts += 1
-        started = time.monotonic()
-        self._spawn(worker)
-        logger.info("media worker %d restarted as pid %s in %.1f s", worker.index, worker.pid, time.monotonic() - started)
+        if not self._closing:
+            logger.error(
+                "media worker %d (pid %s) ended unexpectedly (%s); %d calls lost; it will be started again",
+                worker.index, worker.pid, "was serving" if was_ready else "during start-up", lost_calls,
+            )
+
+    async def _supervise(self) -> None:
+        """Spawns again every worker whose process has exited (its connection, if any, cleaned up)."""
+        while True:
+            await asyncio.sleep(SUPERVISE_INTERVAL_S)
+            for worker in self._workers:
+                if worker.writer is not None or worker.process.is_alive():
+                    continue  # running, or its connection is still being cleaned up
+                if not worker.ready and time.monotonic() - worker.spawned_at < START_RETRY_DELAY_S:
+                    continue
+                worker.restarts += 1
+                self._spawn(worker)
+                logger.info("media worker %d started again as pid %s", worker.index, worker.pid)
 
 
 def usable_cores() -> int:
