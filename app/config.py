@@ -41,7 +41,15 @@ class Settings(BaseSettings):
     # Model: a checkpoint directory or a Hugging Face id; None builds and uses the dev model.
     model: str | None = None
     cache_dir: Path = Field(default_factory=_default_cache_dir)
-    device: str = "auto"  # "auto" picks cuda when present, else cpu
+    # The end-of-turn model for semantic_vad (installed by `make`); None: cache_dir's copy.
+    # Missing, the server starts and sessions asking for semantic_vad get an error and server VAD.
+    turn_model: Path | None = None
+    # "auto" picks cuda when present, else cpu; a comma-separated list ("cuda:0,cuda:1") runs
+    # one engine process per device, each turn going to the least loaded one.
+    device: str = "auto"
+    engines: int = Field(1, ge=1)  # engine processes on a single device (e.g. several on CPU)
+    # Turns one engine process decodes together; more wait first in, first out (queue_wait_ms).
+    max_batch: int = Field(8, ge=1)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     seed: int | None = None  # makes turns reproducible
     # pipeline.generation.GenerationParams fields for every turn (JSON in the environment), e.g.
@@ -91,6 +99,24 @@ class Settings(BaseSettings):
                 return json.loads(value)
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @property
+    def engine_devices(self) -> list[str]:
+        """One device per engine process."""
+        devices = [device.strip() for device in self.device.split(",") if device.strip()]
+        return devices * self.engines if len(devices) == 1 else devices
+
+    @model_validator(mode="after")
+    def _one_engine_per_listed_device(self) -> Settings:
+        devices = [device.strip() for device in self.device.split(",") if device.strip()]
+        if not devices:
+            raise ValueError(f"device {self.device!r} names no device")
+        if len(devices) > 1 and self.engines != 1:
+            raise ValueError(
+                f"engines={self.engines} with device={self.device!r}: a device list runs one engine per "
+                "device; give either a list or engines"
+            )
+        return self
 
     @model_validator(mode="after")
     def _refuse_open_public_bind(self) -> Settings:

@@ -19,6 +19,13 @@ The rules, with the defaults of OpenAI's ``server_vad``:
   (a window back at ``threshold`` or above cancels the wait) ends the utterance: it is
   committed up to the end of the window that completed the wait, trailing silence
   included, and ``SpeechStopped.audio_end_ms`` is that commit point;
+- with an end-of-turn policy (``semantic_vad``), the silence does not end the utterance by
+  itself: when it reaches ``candidate_ms`` (and every ``rescore_ms`` after that) the buffer
+  emits an ``EndOfTurnCheck`` with the utterance so far; whoever runs the end-of-turn model
+  answers with ``decide(check_id, probability)``, and a probability >= ``threshold`` commits
+  at once, up to the audio pushed by then. Speech resuming before the answer makes the check
+  stale (its answer is ignored); one check is in flight at a time; ``max_wait_ms`` of silence
+  commits whatever the model said;
 - speech going on past ``max_utterance_ms`` is cut into *segments*, not turns: each stretch of
   ``max_utterance_ms`` is handed on as a ``SegmentCommitted`` while the person is speaking
   (during a trailing silence the cut waits for the silence to end the turn or speech to
@@ -46,13 +53,30 @@ _SAMPLES_PER_MS = SPEECH_RATE // 1000
 
 
 @dataclass(frozen=True)
+class EndOfTurnPolicy:
+    """When to ask the end-of-turn model, how sure it must be, and how long to wait at most."""
+
+    candidate_ms: int  # silence after speech before the first check
+    rescore_ms: int  # further silence between checks while the model says "not finished"; 0: one check
+    threshold: float  # P(finished) at or above which the utterance is committed
+    max_wait_ms: int  # silence that commits whatever the model says
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
+        if not 0 < self.candidate_ms <= self.max_wait_ms or self.rescore_ms < 0:
+            raise ValueError(f"need 0 < candidate_ms <= max_wait_ms and rescore_ms >= 0, got {self}")
+
+
+@dataclass(frozen=True)
 class TurnDetectionParams:
     threshold: float = 0.5
     prefix_padding_ms: int = 300
-    silence_duration_ms: int = 500
+    silence_duration_ms: int = 500  # server VAD's wait; an end-of-turn policy replaces it
     min_speech_ms: int = 250
     max_utterance_ms: int = 30_000  # one segment of a longer utterance
     max_turn_ms: int = 120_000  # all segments of one turn; the session passes its history budget
+    end_of_turn: EndOfTurnPolicy | None = None  # None: server VAD (silence alone ends a turn)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold < 1.0:
@@ -101,9 +125,21 @@ class UtteranceCommitted:
     audio_start_ms: int
     audio_end_ms: int
     forced: bool  # True when max_turn_ms ended the turn, not silence
+    # The silence waited before committing: server VAD's silence_duration_ms; with an end-of-turn
+    # policy, the trailing silence when the model (or max_wait_ms) decided; 0 when forced.
+    silence_wait_ms: int = 0
 
 
-TurnEvent = SpeechStarted | SegmentCommitted | SpeechStopped | UtteranceCommitted
+@dataclass(frozen=True)
+class EndOfTurnCheck:
+    """Ask the end-of-turn model about ``pcm`` (the utterance so far), then call ``decide``."""
+
+    check_id: int
+    pcm: np.ndarray  # since the last segment: the model looks at the last 8 s only
+    silence_ms: int  # trailing silence included in pcm
+
+
+TurnEvent = SpeechStarted | SegmentCommitted | SpeechStopped | UtteranceCommitted | EndOfTurnCheck
 
 
 class _State(enum.Enum):
@@ -132,11 +168,37 @@ class TurnCommitBuffer:
         self._onset = 0  # stream position where the current speech began
         self._turn_start = 0  # stream position of the first sample of the turn's first segment
         self._silence_start: int | None = None  # where the current trailing silence began
+        self._checks = 0  # end-of-turn checks emitted since the trailing silence began
+        self._last_check_id = 0
+        self._pending_check: int | None = None  # the check whose answer may still commit
 
     @property
     def in_speech(self) -> bool:
         """True between SpeechStarted and the commit (or reset) that ends the utterance."""
         return self._state is _State.SPEECH
+
+    @property
+    def hearing_speech(self) -> bool:
+        """In an utterance and not in its trailing silence."""
+        return self._state is _State.SPEECH and self._silence_start is None
+
+    @property
+    def speech_onset(self) -> int | None:
+        """Stream position where the current speech began (pending or confirmed); None when idle."""
+        return None if self._state is _State.IDLE else self._onset
+
+    @property
+    def audio_start(self) -> int:
+        """Stream position of the first sample the current utterance would commit."""
+        return self._buffer_start
+
+    def forget_before(self, position: int) -> None:
+        """Drop audio before ``position``; speech that began before it is dropped whole."""
+        if self._state is not _State.IDLE and self._onset < position:
+            self.reset()
+        else:
+            self._trim_before(position)
+            self._turn_start = max(self._turn_start, self._buffer_start)
 
     def reset(self) -> None:
         """Drop buffered audio and speech state; positions keep counting from the stream start."""
@@ -144,6 +206,21 @@ class TurnCommitBuffer:
         self._chunks = []
         self._buffer_start = self._position
         self._silence_start = None
+        self._pending_check = None
+
+    def decide(self, check_id: int, probability: float) -> list[TurnEvent]:
+        """The end-of-turn model's answer to an ``EndOfTurnCheck``; commits when it says finished.
+
+        A stale answer (speech resumed, the utterance was committed or reset, or the policy was
+        switched off since the check) changes nothing.
+        """
+        policy = self.params.end_of_turn
+        if check_id != self._pending_check or policy is None:
+            return []
+        self._pending_check = None
+        if probability >= policy.threshold:
+            return self._commit(forced=False)
+        return []
 
     def push(self, window: np.ndarray, probability: float) -> list[TurnEvent]:
         if window.ndim != 1 or window.size == 0:
@@ -178,13 +255,20 @@ class TurnCommitBuffer:
         # _State.SPEECH
         if probability >= params.threshold:
             self._silence_start = None
+            self._pending_check = None  # the speaker went on: that check's answer no longer applies
         elif probability < params.negative_threshold and self._silence_start is None:
             self._silence_start = window_start
-        if (
-            self._silence_start is not None
-            and self._position - self._silence_start >= params.silence_duration_ms * _SAMPLES_PER_MS
-        ):
-            return self._commit(forced=False)
+            self._checks = 0
+        if self._silence_start is not None:
+            silence_ms = _ms(self._position - self._silence_start)
+            policy = params.end_of_turn
+            if silence_ms >= (params.silence_duration_ms if policy is None else policy.max_wait_ms):
+                return self._commit(forced=False)
+            if policy is not None and self._pending_check is None and self._check_due(policy, silence_ms):
+                self._checks += 1
+                self._last_check_id += 1
+                self._pending_check = self._last_check_id
+                return [EndOfTurnCheck(self._last_check_id, np.concatenate(self._chunks), silence_ms)]
         if self._position - self._turn_start >= params.max_turn_ms * _SAMPLES_PER_MS:
             return self._commit(forced=True)
         if (
@@ -201,13 +285,27 @@ class TurnCommitBuffer:
         self._buffer_start = end
         return segment
 
+    def _check_due(self, policy: EndOfTurnPolicy, silence_ms: int) -> bool:
+        if self._checks == 0:
+            return silence_ms >= policy.candidate_ms
+        return policy.rescore_ms > 0 and silence_ms >= policy.candidate_ms + self._checks * policy.rescore_ms
+
+    def _silence_wait_ms(self) -> int:
+        if self._silence_start is None:
+            return 0
+        if self.params.end_of_turn is None:
+            return self.params.silence_duration_ms
+        return _ms(self._position - self._silence_start)
+
     def _commit(self, *, forced: bool) -> list[TurnEvent]:
         start, end = self._buffer_start, self._position
         pcm = np.concatenate(self._chunks)
         events: list[TurnEvent] = [
             SpeechStopped(audio_end_ms=_ms(end)),
-            UtteranceCommitted(pcm=pcm, audio_start_ms=_ms(start), audio_end_ms=_ms(end), forced=forced),
+            UtteranceCommitted(pcm=pcm, audio_start_ms=_ms(start), audio_end_ms=_ms(end), forced=forced,
+                               silence_wait_ms=0 if forced else self._silence_wait_ms()),
         ]
+        self._pending_check = None
         self._chunks = []
         self._buffer_start = end
         if forced and self._silence_start is None:
@@ -254,9 +352,29 @@ class VoiceActivityDetector:
     def in_speech(self) -> bool:
         return self._buffer.in_speech
 
+    @property
+    def hearing_speech(self) -> bool:
+        return self._buffer.hearing_speech
+
+    @property
+    def speech_onset_sample(self) -> int | None:
+        return self._buffer.speech_onset
+
+    @property
+    def audio_start_ms(self) -> int:
+        return _ms(self._buffer.audio_start)
+
+    def forget_before(self, position: int) -> None:
+        """Drop buffered audio before input sample ``position``; speech begun before it is dropped."""
+        self._buffer.forget_before(position)
+
     def update(self, params: TurnDetectionParams) -> None:
         """New parameters apply from the next window; an utterance in progress carries on."""
         self._buffer.params = params
+
+    def decide(self, check_id: int, probability: float) -> list[TurnEvent]:
+        """The end-of-turn model's answer to an ``EndOfTurnCheck`` (see ``TurnCommitBuffer.decide``)."""
+        return self._buffer.decide(check_id, probability)
 
     def push(self, pcm: np.ndarray) -> list[TurnEvent]:
         if pcm.ndim != 1 or not np.issubdtype(pcm.dtype, np.floating):

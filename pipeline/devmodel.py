@@ -24,7 +24,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from safetensors.torch import save_file
@@ -32,6 +32,7 @@ from transformers import (
     GenerationConfig,
     Qwen3OmniMoeConfig,
     Qwen3OmniMoeForConditionalGeneration,
+    Qwen3OmniMoeTalkerConfig,
     WhisperFeatureExtractor,
 )
 
@@ -256,7 +257,7 @@ def dev_model(*, seed: int = 0) -> Qwen3OmniMoeForConditionalGeneration:
 def _initialise_talker_experts(model: Qwen3OmniMoeForConditionalGeneration) -> None:
     """transformers 5.24's ``_init_weights`` covers the Thinker's MoE blocks but not the Talker's:
     its experts keep ``torch.empty`` memory (seen: 1e29, denormals, NaN logits) and its router zeros."""
-    std = model.config.talker_config.initializer_range
+    std = cast(Qwen3OmniMoeTalkerConfig, model.config.talker_config).initializer_range
     for layer in model.talker.model.layers:
         torch.nn.init.normal_(layer.mlp.experts.gate_up_proj, mean=0.0, std=std)
         torch.nn.init.normal_(layer.mlp.experts.down_proj, mean=0.0, std=std)
@@ -322,7 +323,7 @@ def _wire_turn_endings(model: Qwen3OmniMoeForConditionalGeneration) -> None:
         _silence_channel(layer)
         layer.mlp.shared_expert.down_proj.weight[_MARKER] = 0.0
     codec_head = talker.codec_head.weight
-    codec_eos = config.talker_config.codec_eos_token_id
+    codec_eos = cast(Qwen3OmniMoeTalkerConfig, config.talker_config).codec_eos_token_id
     codec_head[codec_eos] = 0.0
     codec_head[codec_eos, _MARKER] = _TALKER_STOP_LOGIT_WEIGHT
 

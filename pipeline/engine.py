@@ -1,19 +1,24 @@
-"""Runs Qwen3-Omni turns with ``transformers`` in a separate process, one turn at a time, FIFO.
+"""Runs Qwen3-Omni turns with ``transformers`` in separate processes, decoding concurrent turns together.
 
 The model lives in a spawned engine process (:mod:`pipeline.worker`) so that the server's
 event loop, which paces WebRTC audio every 20 ms, never waits on model compute for the GIL.
 On this side nothing blocks the loop: a reader thread hands each message from the engine
 process to the loop with ``call_soon_threadsafe`` and a writer thread sends (and pickles)
-commands. Turns from all sessions wait in one FIFO; the next one is submitted only when the
-engine process reports the previous one over (done, failed or cancelled), so queue waits are
-real. If the engine process dies, the running turn fails with ``EngineError`` and a new
-process is started for the turns still waiting.
+commands. Up to ``max_batch`` turns run at once in the engine process, decoded together
+(one forward per stage per step for all of them); turns beyond that wait in one FIFO and
+the next is submitted when the engine process reports a running one over (done, failed or
+cancelled), so queue waits are real. If the engine process dies, its running turns fail
+with ``EngineError`` and a new process is started for the turns still waiting.
+
+``EnginePool`` runs one such engine per device (or N on CPU) and sends each turn to the
+least loaded one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -34,6 +39,10 @@ logger = logging.getLogger(__name__)
 # A load can fail for passing reasons (a GPU briefly full); one that fails three times in a
 # row will not succeed on its own.
 _RESTART_ATTEMPTS = 3
+# Turns decoded together by default: on a GPU a step for 8 rows costs little more than one;
+# on the 2-core dev box (dev model, 1 thread) 4 turns make 2.2-2.5x the codec frames/s of one
+# and 8 about 1.8x (tests/bench/batch.py), still far above one at a time.
+DEFAULT_MAX_BATCH = 8
 # How long a stopping engine process gets to finish its current decoding step and exit
 # before it is killed; one step of the real model takes well under a second.
 _STOP_GRACE_S = 10.0
@@ -48,8 +57,8 @@ class _Turn:
     started: float | None = None
     first_text: float | None = None
     first_audio: float | None = None
-    # The consumer went away: events are dropped, but the engine stays busy until the
-    # engine process confirms the turn stopped.
+    # The consumer went away: events are dropped, but the turn keeps its batch slot until
+    # the engine process confirms it stopped.
     abandoned: bool = False
 
     def timings(self, now: float) -> TurnTimings:
@@ -153,6 +162,8 @@ class TransformersEngine:
     reproducible. ``generation`` sets ``pipeline.generation.GenerationParams`` fields for every
     turn (chunking, ``force_output_tokens``); the request sets voice, temperature and length.
     ``threads`` bounds torch's CPU threads in the engine process (None: torch's default).
+    ``max_batch`` turns are decoded together at most; later ones wait FIFO (1: one turn at a
+    time).
     ``attn_implementation`` goes to ``from_pretrained`` (None: transformers' default, sdpa).
     ``audio_output`` True refuses a checkpoint without a Talker at start; False loads no Talker
     and serves text-only turns.
@@ -167,10 +178,15 @@ class TransformersEngine:
         seed: int | None = None,
         generation: dict[str, Any] | None = None,
         threads: int | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
         attn_implementation: str | None = None,
         audio_output: bool = True,
     ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         path = Path(model)
+        self.max_batch = max_batch
+        self.requested_device = device
         self.name = path.name if path.is_dir() else str(model)
         self._spec = worker.WorkerSpec(
             model=str(model),
@@ -180,13 +196,14 @@ class TransformersEngine:
             generation=dict(generation or {}),
             threads=threads,
             log_level=logging.getLogger().getEffectiveLevel(),
+            max_batch=max_batch,
             attn_implementation=attn_implementation,
             audio_output=audio_output,
         )
         self._process: _EngineProcess | None = None
         self._ready: worker.Ready | None = None
         self._waiting: collections.deque[_Turn] = collections.deque()
-        self._running: _Turn | None = None
+        self._running: dict[int, _Turn] = {}
         self._turn_ids = itertools.count(1)
         self._restart_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -199,8 +216,30 @@ class TransformersEngine:
 
     @property
     def queue_depth(self) -> int:
-        """Turns waiting for the model, not counting the one it is running."""
+        """Turns waiting for a batch slot, not counting the ones being decoded."""
         return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        """Turns being decoded now (at most ``max_batch``)."""
+        return len(self._running)
+
+    @property
+    def load(self) -> int:
+        """Turns this engine holds: decoding and waiting."""
+        return len(self._running) + len(self._waiting)
+
+    def describe(self) -> dict[str, Any]:
+        """This engine's state for health reports."""
+        return {
+            "device": self.device or self.requested_device,
+            "alive": self.alive,
+            "pid": self.pid,
+            "restarts": self.restarts,
+            "running": self.running,
+            "queue_depth": self.queue_depth,
+            "max_batch": self.max_batch,
+        }
 
     @property
     def pid(self) -> int | None:
@@ -262,9 +301,9 @@ class TransformersEngine:
         for turn in self._waiting:
             turn.inbox.put_nowait(closed)
         self._waiting.clear()
-        if self._running is not None:
-            self._running.inbox.put_nowait(closed)
-            self._running = None
+        for turn in self._running.values():
+            turn.inbox.put_nowait(closed)
+        self._running.clear()
         process, was_ready = self._process, self._ready
         self._process = self._ready = None
         if process is not None:
@@ -299,15 +338,19 @@ class TransformersEngine:
         self._submit_next()
 
     def _submit_next(self) -> None:
-        if self._running is not None or not self._waiting or self._ready is None or self._process is None:
-            return
-        turn = self._waiting.popleft()
-        turn.started = time.monotonic()
-        self._running = turn
-        self._process.send(worker.Submit(turn.id, turn.request))
+        while (
+            len(self._running) < self.max_batch
+            and self._waiting
+            and self._ready is not None
+            and self._process is not None
+        ):
+            turn = self._waiting.popleft()
+            turn.started = time.monotonic()
+            self._running[turn.id] = turn
+            self._process.send(worker.Submit(turn.id, turn.request))
 
     def _abandon(self, turn: _Turn) -> None:
-        if turn is self._running:
+        if self._running.get(turn.id) is turn:
             turn.abandoned = True
             if self._process is not None:
                 self._process.send(worker.Cancel(turn.id))
@@ -323,11 +366,12 @@ class TransformersEngine:
             if not process.ready.done():
                 process.ready.set_exception(EngineError(message.message, code="engine_load_failed"))
             return
-        turn = self._running
         if process is not self._process:
             logger.debug("dropping a message from a stopped engine process: %r", message)
             return
-        if turn is None or turn.id != getattr(message, "turn_id", None):
+        turn_id = getattr(message, "turn_id", None)
+        turn = self._running.get(turn_id) if isinstance(turn_id, int) else None
+        if turn is None:
             logger.error("dropping an engine message for no running turn: %r", message)
             return
         now = time.monotonic()
@@ -348,7 +392,7 @@ class TransformersEngine:
             turn.inbox.put_nowait(event)
 
     def _finish(self, turn: _Turn, last: TurnDone | EngineError) -> None:
-        self._running = None
+        self._running.pop(turn.id, None)
         if not turn.abandoned:
             turn.inbox.put_nowait(last)
         self._submit_next()
@@ -360,8 +404,8 @@ class TransformersEngine:
         if process is not self._process:
             return
         self._process, was_ready, self._ready = None, self._ready, None
-        if self._running is not None:
-            self._finish(self._running, error)
+        for turn in list(self._running.values()):
+            self._finish(turn, error)
         if self._closed or was_ready is None:
             return
         logger.error("engine process %s exited with code %s; restarting it", process.process.pid, exitcode)
@@ -381,3 +425,58 @@ class TransformersEngine:
         for turn in self._waiting:
             turn.inbox.put_nowait(error)
         self._waiting.clear()
+
+
+class EnginePool:
+    """``pipeline.turn.Engine`` over one ``TransformersEngine`` per device; each turn goes to
+    the least loaded one (fewest turns decoding or waiting; ties to the first).
+
+    ``devices`` lists one device per engine process: ``["cuda:0", "cuda:1"]``, or
+    ``["cpu"] * n`` for n engines on CPU. The other keyword arguments go to every engine.
+    Each engine restarts its own dead process, so a crash fails only that engine's turns.
+    """
+
+    def __init__(self, model: str | Path, *, devices: list[str], **engine_options: Any) -> None:
+        if not devices:
+            raise ValueError("an engine pool needs at least one device")
+        self.engines = [TransformersEngine(model, device=device, **engine_options) for device in devices]
+        self.name = self.engines[0].name
+
+    @property
+    def alive(self) -> bool:
+        """True while at least one engine can take turns."""
+        return any(engine.alive for engine in self.engines)
+
+    @property
+    def restarts(self) -> int:
+        return sum(engine.restarts for engine in self.engines)
+
+    @property
+    def queue_depth(self) -> int:
+        return sum(engine.queue_depth for engine in self.engines)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Each engine's state, in device order."""
+        return [engine.describe() for engine in self.engines]
+
+    async def start(self) -> None:
+        """Start every engine at once; if one fails, stop the others and raise its error."""
+        results = await asyncio.gather(*(engine.start() for engine in self.engines), return_exceptions=True)
+        failure = next((result for result in results if isinstance(result, BaseException)), None)
+        if failure is not None:
+            await self.close()
+            raise failure
+
+    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+        return self._run_turn(request)
+
+    async def _run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+        # Chosen when the turn is first iterated, which is when an engine counts it.
+        engine = min(self.engines, key=lambda engine: (not engine.alive, engine.load))
+        async with contextlib.aclosing(engine.run_turn(request)) as events:
+            async for event in events:
+                yield event
+
+    async def close(self) -> None:
+        """Close every engine; safe to call twice."""
+        await asyncio.gather(*(engine.close() for engine in self.engines))

@@ -26,11 +26,16 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
 from transformers import WhisperFeatureExtractor
-from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeConfig
+from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
+    Qwen3OmniMoeAudioEncoderConfig,
+    Qwen3OmniMoeConfig,
+    Qwen3OmniMoeThinkerConfig,
+)
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
 
 from media.rates import SPEECH_RATE
@@ -163,10 +168,12 @@ class PromptRenderer:
     def from_pretrained(cls, model_dir: str | Path, *, tokenizer=None) -> PromptRenderer:
         """The renderer for a checkpoint; pass ``tokenizer`` when it is already loaded from it."""
         config = Qwen3OmniMoeConfig.from_pretrained(model_dir)
+        thinker_config = cast(Qwen3OmniMoeThinkerConfig, config.thinker_config)
+        audio_config = cast(Qwen3OmniMoeAudioEncoderConfig, thinker_config.audio_config)
         return cls(
             tokenizer if tokenizer is not None else load_tokenizer(model_dir),
             WhisperFeatureExtractor.from_pretrained(model_dir),
-            n_window=config.thinker_config.audio_config.n_window,
+            n_window=audio_config.n_window,
         )
 
     def render(self, conversation: Conversation) -> ThinkerInputs:
@@ -202,7 +209,7 @@ class PromptRenderer:
             features = self._feature_extractor(
                 [np.asarray(clip.pcm, dtype=np.float32) for clip in clips],
                 sampling_rate=SPEECH_RATE,
-                padding=True,
+                padding="longest",  # what padding=True means; the stubs take the string
                 truncation=False,
                 return_attention_mask=True,
                 return_tensors="pt",

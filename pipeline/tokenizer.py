@@ -96,11 +96,11 @@ def build_tokenizer() -> Qwen2Tokenizer:
         vocab=vocab,
         merges=merges,
         # Set below, once the special tokens exist at their ids: naming them here would add
-        # them first, at 151643 and 151644.
-        unk_token=None,
+        # them first, at 151643 and 151644. (transformers' annotations say str; None leaves them unset.)
+        unk_token=None,  # type: ignore[arg-type]
         bos_token=None,
-        eos_token=None,
-        pad_token=None,
+        eos_token=None,  # type: ignore[arg-type]
+        pad_token=None,  # type: ignore[arg-type]
         errors="replace",
         model_max_length=131_072,
         clean_up_tokenization_spaces=False,

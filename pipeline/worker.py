@@ -1,4 +1,4 @@
-"""The engine process: loads one checkpoint and runs turns one at a time, streaming events back.
+"""The engine process: loads one checkpoint and decodes its turns together, streaming events back.
 
 ``TransformersEngine`` starts :func:`main` in a spawned process so that model compute never
 holds the server's GIL. Two one-way pipes join them: commands (``Submit``, ``Cancel``) arrive
@@ -9,6 +9,7 @@ as soon as it is produced. Closing the command pipe stops the process.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import os
@@ -41,6 +42,8 @@ class WorkerSpec:
     # False: a text-only engine (no Talker loaded, turns asking for audio fail). True refuses a
     # checkpoint without a Talker at load, not at its first audio turn.
     audio_output: bool = True
+    # Turns decoded together (see _BatchServer); the parent submits at most this many at a time.
+    max_batch: int = 8
 
 
 # Parent -> engine process.
@@ -133,6 +136,7 @@ class _Loaded:
     base_params: Any
     device: str
     dtype: Any
+    max_batch: int
 
 
 def _load(spec: WorkerSpec) -> _Loaded:
@@ -169,12 +173,12 @@ def _load(spec: WorkerSpec) -> _Loaded:
         spec.model, config=config, dtype=dtype, device_map=device, output_loading_info=True, **options
     )
     model, loading_info = model_and_info
-    missing_talker = sorted(
-        key for key in loading_info["missing_keys"] if key.startswith(("talker.", "code2wav."))
-    )
+    missing_talker = sorted(key for key in loading_info["missing_keys"] if key.startswith(("talker.", "code2wav.")))
     if spec.audio_output and missing_talker:
         raise NoTalkerError(
-            _no_talker_message(spec.model, f"{len(missing_talker)} Talker/Code2Wav weights are missing, e.g. {missing_talker[0]}")
+            _no_talker_message(
+                spec.model, f"{len(missing_talker)} Talker/Code2Wav weights are missing, e.g. {missing_talker[0]}"
+            )
         )
     model.eval()
     tokenizer = load_tokenizer(spec.model)
@@ -185,6 +189,7 @@ def _load(spec: WorkerSpec) -> _Loaded:
         base_params=base_params,
         device=device,
         dtype=dtype,
+        max_batch=spec.max_batch,
     )
     logger.info("loaded %s", spec.model)
     return loaded
@@ -243,38 +248,124 @@ class _Commands:
 def _serve(loaded: _Loaded, commands_connection: Connection, events: Connection) -> None:
     commands = _Commands(commands_connection)
     commands.start()
-    while (submit := commands.submitted.get()) is not None:
-        try:
-            _run_turn(loaded, submit, commands, events)
-        finally:
-            commands.forget(submit.turn_id)
+    _BatchServer(loaded, commands, events, loaded.max_batch).run()
 
 
-def _run_turn(loaded: _Loaded, submit: Submit, commands: _Commands, events: Connection) -> None:
-    from pipeline.generation import stream_turn
+class _BatchServer:
+    """Decodes every admitted turn together, one ``DecodeBatch`` step at a time.
 
-    turn_id = submit.turn_id
-    if commands.is_cancelled(turn_id):
-        events.send(TurnEventMessage(turn_id, TurnDone(text="", usage=Usage(0, 0, 0), finish_reason="cancelled")))
-        return
-    request = submit.request
-    params = dataclasses.replace(
-        loaded.base_params,
-        voice=request.voice,
-        temperature=request.temperature,
-        max_output_tokens=request.max_output_tokens,
-        output_audio=request.output_audio,
-    )
-    try:
-        if params.output_audio and not loaded.model.has_talker:
-            raise ValueError("this engine was started without audio output; ask for text only")
-        inputs = loaded.renderer.render_request(request)
-        should_stop = lambda: commands.is_cancelled(turn_id)  # noqa: E731
-        for event in stream_turn(loaded.model, loaded.tokenizer, inputs, params, should_stop):
-            events.send(TurnEventMessage(turn_id, event))
-            if isinstance(event, TurnDone):
+    Between steps: cancelled turns leave the batch (their ``TurnDone`` says "cancelled"),
+    then at most one submitted turn is prefilled and joins (every waiting one when the batch
+    is empty), so a joining turn delays the others by one prefill, never by a whole answer. The parent submits at most
+    ``max_batch`` turns at a time; any beyond that wait here in FIFO order. A turn whose
+    rendering or prefill fails fails alone; a failure inside a batched step cannot be
+    blamed on one turn, so it fails every turn in the batch and the next ones start afresh.
+    """
+
+    def __init__(self, loaded: _Loaded, commands: _Commands, events: Connection, max_batch: int) -> None:
+        from pipeline.generation import DecodeBatch
+
+        self._loaded = loaded
+        self._commands = commands
+        self._events = events
+        self._max_batch = max_batch
+        self._new_batch = lambda: DecodeBatch[int](loaded.model, loaded.tokenizer)  # noqa: E731
+        self._batch = self._new_batch()
+        self._waiting: collections.deque[Submit] = collections.deque()
+        self._closing = False
+
+    def run(self) -> None:
+        while True:
+            self._collect_commands(block=not self._batch.keys and not self._waiting)
+            if self._closing:
+                for key in self._batch.keys:
+                    self._send(key, self._batch.cancel(key))
                 return
-        raise RuntimeError("stream_turn ended without a TurnDone")
-    except Exception as exc:
-        logger.exception("turn %d failed", turn_id)
-        events.send(TurnFailed(turn_id, f"{type(exc).__name__}: {exc}"))
+            self._leave_cancelled()
+            # One prefill per gap between steps bounds how long decoding turns wait for a
+            # joining one; into an empty batch every waiting turn joins at once (no one waits).
+            admit = len(self._waiting) if not self._batch.keys else 1
+            while admit and self._waiting and len(self._batch.keys) < self._max_batch:
+                self._admit(self._waiting.popleft())
+                admit -= 1
+            if self._batch.keys:
+                self._step()
+
+    def _collect_commands(self, *, block: bool) -> None:
+        submitted = self._commands.submitted
+        try:
+            command = submitted.get() if block else submitted.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if command is None:
+                self._closing = True
+                return
+            self._waiting.append(command)
+            try:
+                command = submitted.get_nowait()
+            except queue.Empty:
+                return
+
+    def _send(self, turn_id: int, event: TurnEvent) -> None:
+        self._events.send(TurnEventMessage(turn_id, event))
+        if isinstance(event, TurnDone):
+            self._commands.forget(turn_id)
+
+    def _fail(self, turn_id: int, exc: Exception) -> None:
+        self._events.send(TurnFailed(turn_id, f"{type(exc).__name__}: {exc}"))
+        self._commands.forget(turn_id)
+
+    def _leave_cancelled(self) -> None:
+        for key in self._batch.keys:
+            if self._commands.is_cancelled(key):
+                self._send(key, self._batch.cancel(key))
+        for submit in [submit for submit in self._waiting if self._commands.is_cancelled(submit.turn_id)]:
+            self._waiting.remove(submit)
+            self._send(submit.turn_id, TurnDone(text="", usage=Usage(0, 0, 0), finish_reason="cancelled"))
+
+    def _admit(self, submit: Submit) -> None:
+        turn_id, request = submit.turn_id, submit.request
+        params = dataclasses.replace(
+            self._loaded.base_params,
+            voice=request.voice,
+            temperature=request.temperature,
+            max_output_tokens=request.max_output_tokens,
+            output_audio=request.output_audio,
+        )
+        try:
+            if params.output_audio and not self._loaded.model.has_talker:
+                raise ValueError("this engine was started without audio output; ask for text only")
+            inputs = self._loaded.renderer.render_request(request)
+            for _, event in self._batch.prefill_thinker(turn_id, inputs, params):
+                self._send(turn_id, event)
+            if self._batch.wants_talker(turn_id):
+                self._batch.prefill_talker(turn_id)
+        except Exception as exc:
+            logger.exception("turn %d failed", turn_id)
+            if turn_id in self._batch.keys:
+                self._batch.cancel(turn_id)
+            self._fail(turn_id, exc)
+            return
+        self._finish_decoded()
+
+    def _step(self) -> None:
+        batch = self._batch
+        try:
+            for key, event in batch.step_thinker():
+                self._send(key, event)
+            batch.step_talker()
+            if batch.chunks_due():
+                for key, event in batch.decode_chunks():
+                    self._send(key, event)
+        except Exception as exc:
+            logger.exception("a decoding step failed; failing the %d turn(s) in the batch", len(batch.keys))
+            for key in batch.keys:
+                self._fail(key, exc)
+            self._batch = self._new_batch()
+            return
+        self._finish_decoded()
+
+    def _finish_decoded(self) -> None:
+        for key in self._batch.finished_keys():
+            self._send(key, self._batch.finish(key))

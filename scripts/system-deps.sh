@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Debian packages the test suite needs: Chromium for the browser test, espeak-ng and sox to
-# regenerate the speech fixtures. Installs only what is missing (CI runs as root).
+# Debian packages the test suite needs: Chromium for the browser test, espeak-ng, flite and sox
+# to regenerate the speech fixtures. Installs only what is missing (CI runs as root).
 set -euo pipefail
 missing=()
 command -v chromium >/dev/null || missing+=(chromium)
 command -v espeak-ng >/dev/null || missing+=(espeak-ng)
+command -v flite >/dev/null || missing+=(flite)
 command -v sox >/dev/null || missing+=(sox)
 command -v unshare >/dev/null || missing+=(util-linux)
 command -v ip >/dev/null || missing+=(iproute2)

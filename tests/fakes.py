@@ -245,6 +245,7 @@ class SessionHarness:
         vad: Any = None,
         config: SessionConfig | None = None,
         on_ignored_speech: Callable[[], None] | None = None,
+        end_of_turn: Any = None,
     ) -> None:
         self.engine = engine
         self.output = VirtualAudioOutput()
@@ -252,7 +253,7 @@ class SessionHarness:
         self._new_event = asyncio.Event()
         self.session = RealtimeSession(
             engine=engine, vad=vad if vad is not None else EnergyVad(), output=self.output, send=self._record,
-            config=config, on_ignored_speech=on_ignored_speech,
+            config=config, on_ignored_speech=on_ignored_speech, end_of_turn=end_of_turn,
         )
 
     def _record(self, event: dict[str, Any]) -> None:

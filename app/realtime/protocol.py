@@ -356,6 +356,13 @@ class ServerVadObject(_ServerModel):
     interrupt_response: bool
 
 
+class SemanticVadObject(_ServerModel):
+    type: Literal["semantic_vad"] = "semantic_vad"
+    eagerness: Literal["low", "medium", "high", "auto"]
+    create_response: bool
+    interrupt_response: bool
+
+
 class TranscriptionObject(_ServerModel):
     """``audio.input.transcription``: the model named is reported; Qwen3-Omni itself transcribes."""
 
@@ -368,7 +375,7 @@ class SessionAudioInput(_ServerModel):
     format: AudioFormat
     transcription: TranscriptionObject | None = None
     noise_reduction: dict[str, Any] | None = None
-    turn_detection: ServerVadObject | None
+    turn_detection: ServerVadObject | SemanticVadObject | None
 
 
 class SessionAudioOutput(_ServerModel):

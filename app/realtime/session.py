@@ -3,7 +3,7 @@
 In: 16 kHz float32 PCM (``push_audio``) and client events as JSON text (``handle_message``).
 Out: server events as JSON-ready dicts (``send``) and 24 kHz float32 PCM (``AudioOutput.write``).
 
-The session hears utterances end (server VAD) or takes client commits, runs one engine turn per
+The session hears utterances end (server VAD, or semantic VAD: ``end_of_turn``) or takes client commits, runs one engine turn per
 response, streams the answer, and keeps the conversation *as the user heard it* (``history``,
 ``ledger``). Turn detection: ``interrupt_response: false`` (default) is half-duplex — from a
 response's start until its audio has played out, plus ``ECHO_TAIL_MS``, speech is heard but not
@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from app.realtime.end_of_turn import SemanticVad
 from app.realtime.event_audio import acknowledge_playback, played_out
 from app.realtime.gate import EventGate
 from app.realtime.history import AssistantEntry, History
@@ -58,6 +59,7 @@ from app.realtime.responses import Response, announce_events, apply_response_par
 from app.realtime.session_config import SessionConfig, TurnDetection
 from app.realtime.transcription import Transcriptions
 from app.realtime.turn_taking import TurnActions, TurnTaking, detector_params
+from media.end_of_turn import EndOfTurnModel
 from media.vad import SpeechModel
 from pipeline.turn import AudioChunk, Engine, EngineError, TextDelta, TurnDone, TurnRequest
 
@@ -79,24 +81,28 @@ class RealtimeSession:
         config: SessionConfig | None = None,
         session_id: str | None = None,
         on_ignored_speech: Callable[[], None] | None = None,
+        end_of_turn: EndOfTurnModel | None = None,
     ) -> None:
-        """``on_ignored_speech`` is called for each utterance half-duplex does not act on (metrics)."""
+        """``on_ignored_speech`` is called for each utterance half-duplex does not act on (metrics).
+        ``end_of_turn``: the model semantic_vad needs; without it, semantic_vad is refused (server VAD stays)."""
         self._engine = engine
         self._output = output
         self._send = send
-        self._config = config or SessionConfig()
+        self.session_id = session_id or new_id("sess")
+        self._semantic = SemanticVad(end_of_turn, self._on_end_of_turn_answer, name=self.session_id)
+        self._config, self._start_error = self._semantic.runnable(config or SessionConfig())
         self._gate = EventGate(
             max_bytes=self._config.max_event_bytes,
             per_second=self._config.max_events_per_second,
             burst=self._config.max_event_burst,
         )
-        self.session_id = session_id or new_id("sess")
         self._conversation_id = new_id("conv")
         self._expires_at = int(time.time()) + SESSION_LIFETIME_S
         self._turns = TurnTaking(
             vad,
             detector_params(self._config.turn_detection or TurnDetection(), self._config.history),
-            TurnActions(self._emit, self._commit_user_audio, self._busy, self._interrupt, self._respond_to_speech),
+            TurnActions(self._emit, self._commit_user_audio, self._busy, self._interrupt, self._respond_to_speech,
+                        self._semantic.submit),
             session_id=self.session_id,
             on_ignored_speech=on_ignored_speech,
         )
@@ -123,6 +129,8 @@ class RealtimeSession:
     async def start(self) -> None:
         """Announce the session: ``session.created`` with the full effective session."""
         self._emit(SessionCreatedEvent(session=self._session_object()))
+        if self._start_error is not None:
+            self._emit(self._start_error.to_event())
 
     async def handle_message(self, raw: str | bytes) -> None:
         """Handle one client event (JSON text); every mistake is answered with an ``error``."""
@@ -163,6 +171,7 @@ class RealtimeSession:
         async with self._close_lock:
             self._closed = True
             await self._transcriptions.close()  # first: an ending response would let them start
+            await self._semantic.close()
             tasks = list(self._tasks)
             for task in tasks:
                 task.cancel()
@@ -226,7 +235,9 @@ class RealtimeSession:
 
     def _update_session(self, event: SessionUpdateEvent) -> None:
         old = self._config
-        new = old.updated(event.session)
+        new, unavailable = self._semantic.runnable(old.updated(event.session))
+        if unavailable is not None:
+            self._emit(unavailable.for_event(event.event_id).to_event())
         self._config = new
         if new.turn_detection != old.turn_detection:
             self._turns.configure(new.turn_detection, new.history)
@@ -295,6 +306,10 @@ class RealtimeSession:
         self._clear_output(always_announce=True)
 
     # -- server VAD (app.realtime.turn_taking) ---------------------------------------------
+
+    def _on_end_of_turn_answer(self, check_id: int, probability: float) -> None:
+        if not self._closed and self._config.turn_detection is not None:
+            self._turns.decide(check_id, probability, self._config.turn_detection)
 
     def _respond_to_speech(self, item_id: str, committed_at: float, silence_wait_ms: float) -> None:
         """Server VAD (or the idle timeout) committed the turn ending with ``item_id``: answer it."""

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from app.realtime.protocol import (
     AudioFormat,
     ProtocolError,
+    SemanticVadObject,
     ServerVadObject,
     SessionAudio,
     SessionAudioInput,
@@ -27,7 +28,7 @@ from app.realtime.protocol import (
     SessionObject,
     TranscriptionObject,
 )
-from media.turn_detection import TurnDetectionParams
+from media.turn_detection import EndOfTurnPolicy, TurnDetectionParams
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, HistoryLimits
 from pipeline.turn import VOICES, TranscriptionHint, Voice
 
@@ -40,10 +41,21 @@ MAX_TEMPERATURE = 2.0
 OPENAI_VOICES = frozenset(
     {"alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar", "fable", "onyx", "nova"}
 )
-# semantic_vad has no semantic model here; its eagerness picks the silence wait of server VAD.
-# OpenAI: "low" waits longer for the user to continue, "high" answers quickly, "auto" = "medium".
-# 500 ms is server VAD's default; low doubles it plus margin, high cuts it to ~1/3 s.
-SILENCE_MS_BY_EAGERNESS = {"low": 1200, "medium": 700, "auto": 700, "high": 350}
+Eagerness = Literal["low", "medium", "high", "auto"]
+# semantic_vad: the end-of-turn model (media/end_of_turn.py) is asked at a short silence and
+# commits when it says "finished"; max_wait_ms commits anyway. OpenAI: "low" lets the user take
+# their time, "high" answers quickly, "auto" = "medium". Chosen from tests/bench/turn_taking.py
+# over tests/fixtures/turns (docs/SESSION.md has the figures).
+END_OF_TURN_BY_EAGERNESS: dict[Eagerness, EndOfTurnPolicy] = {
+    # One check at 128 ms of silence: re-checking later splits more paused sentences than it
+    # speeds finished ones (the model's P(finished) rises with the silence it hears). A higher
+    # threshold for low kept no more pauses whole and made most finished sentences wait it out:
+    # low differs from medium by its longer wait.
+    "low": EndOfTurnPolicy(candidate_ms=128, rescore_ms=0, threshold=0.8, max_wait_ms=2000),
+    "medium": EndOfTurnPolicy(candidate_ms=128, rescore_ms=0, threshold=0.8, max_wait_ms=1200),
+    "high": EndOfTurnPolicy(candidate_ms=96, rescore_ms=320, threshold=0.5, max_wait_ms=800),
+    "auto": EndOfTurnPolicy(candidate_ms=128, rescore_ms=0, threshold=0.8, max_wait_ms=1200),
+}
 _BETA_AUDIO_FORMATS: dict[str, AudioFormatType] = {
     "pcm16": "audio/pcm",
     "g711_ulaw": "audio/pcmu",
@@ -53,8 +65,10 @@ _BETA_AUDIO_FORMATS: dict[str, AudioFormatType] = {
 
 @dataclass(frozen=True)
 class TurnDetection:
-    """Server VAD settings (``audio.input.turn_detection``)."""
+    """Turn detection settings (``audio.input.turn_detection``): server VAD, or semantic VAD."""
 
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
+    eagerness: Eagerness = "auto"  # semantic_vad only
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
@@ -71,7 +85,12 @@ class TurnDetection:
             threshold=self.threshold,
             prefix_padding_ms=self.prefix_padding_ms,
             silence_duration_ms=self.silence_duration_ms,
+            end_of_turn=END_OF_TURN_BY_EAGERNESS[self.eagerness] if self.type == "semantic_vad" else None,
         )
+
+    def as_server_vad(self) -> TurnDetection:
+        """The same settings with server VAD's silence wait (when semantic VAD is not available)."""
+        return dataclasses.replace(self, type="server_vad", eagerness="auto")
 
 
 @dataclass(frozen=True)
@@ -141,6 +160,12 @@ class SessionConfig:
                     ),
                     turn_detection=None
                     if td is None
+                    else SemanticVadObject(
+                        eagerness=td.eagerness,
+                        create_response=td.create_response,
+                        interrupt_response=td.interrupt_response,
+                    )
+                    if td.type == "semantic_vad"
                     else ServerVadObject(
                         threshold=td.threshold,
                         prefix_padding_ms=td.prefix_padding_ms,
@@ -343,9 +368,10 @@ def _turn_detection(value: Any, param: str) -> TurnDetection | None:
     changes: dict[str, Any] = {}
     if kind == "semantic_vad":
         eagerness = value.get("eagerness", "auto")
-        if not isinstance(eagerness, str) or eagerness not in SILENCE_MS_BY_EAGERNESS:
+        if not isinstance(eagerness, str) or eagerness not in END_OF_TURN_BY_EAGERNESS:
             raise _invalid(f"{param}.eagerness", "must be 'low', 'medium', 'high' or 'auto'")
-        changes["silence_duration_ms"] = SILENCE_MS_BY_EAGERNESS[eagerness]
+        changes["type"] = "semantic_vad"
+        changes["eagerness"] = eagerness
     elif kind == "server_vad":
         if "threshold" in value:
             threshold = value["threshold"]

@@ -13,9 +13,16 @@ which runs the detector (``media.turn_detection``) and acts through the session
   with ``create_response``, a response whose prompt holds every segment in order. A turn that
   reaches :func:`max_turn_ms` of audio (120 s) is ended there: an ``error``
   (``turn_audio_limit_reached``) names the limit, and what was said is answered;
+- semantic VAD: the detector asks for end-of-turn checks (``EndOfTurnCheck``), which the
+  session scores off the event loop (``app.realtime.end_of_turn``) and answers with ``decide``;
 - half-duplex (``interrupt_response: false``): from a response's start until its audio has
   played out, plus ``ECHO_TAIL_MS``, speech is heard but not acted on. Each such utterance is
-  reported (``on_ignored_speech``, for metrics) and logged at debug with the session id;
+  reported (``on_ignored_speech``, for metrics) and logged at debug with the session id. The
+  tail suppresses echo, not the user: speech whose onset the VAD puts inside the tail (at or
+  after the answer's last frame, give or take one 32 ms window) and that is still going on when
+  the tail ends is a quick reply, and a user turn; its audio starts where the speech started
+  (less the prefix padding, never before the answer's last frame). A short blip confined to
+  the tail has gone quiet by then and is dropped when it ends;
 - ``idle_timeout_ms``: no speech for that long after the assistant's audio ended prompts a response.
 """
 
@@ -39,14 +46,16 @@ from app.realtime.protocol import (
 from app.realtime.session_config import TurnDetection
 from media.rates import SPEECH_RATE
 from media.turn_detection import (
+    EndOfTurnCheck,
     SegmentCommitted,
     SpeechStarted,
     SpeechStopped,
     TurnDetectionParams,
+    TurnEvent,
     UtteranceCommitted,
     VoiceActivityDetector,
 )
-from media.vad import SpeechModel
+from media.vad import WINDOW_SAMPLES, SpeechModel
 from pipeline.conversation import HistoryLimits
 
 logger = logging.getLogger(__name__)
@@ -83,6 +92,7 @@ class TurnActions:
     busy: Callable[[], bool]  # answering, or its audio has not finished playing
     interrupt: Callable[[], None]  # barge-in: cancel, clear the output, truncate
     respond: Callable[[str, float, float], None]  # (item id, committed at, silence wait ms)
+    check_end_of_turn: Callable[[EndOfTurnCheck], None] | None = None  # semantic VAD: score, then decide()
 
 
 class TurnTaking:
@@ -107,11 +117,21 @@ class TurnTaking:
         # Half-duplex: input is not acted on while this is set (see ECHO_TAIL_MS).
         self._deaf = False
         self._deaf_until_sample: int | None = None  # when listening may resume, once idle
+        self._ignored_reported = False  # the utterance half-duplex is dropping was counted
         self._idle_since_sample: int | None = None  # the assistant's audio ended here (idle_timeout_ms)
 
     def push(self, pcm: np.ndarray, turn_detection: TurnDetection) -> None:
         self.input_samples += pcm.size
-        for event in self._detector.push(pcm):
+        self._handle(self._detector.push(pcm), turn_detection)
+        self._maybe_listen_again()
+        self._maybe_time_out(turn_detection)
+
+    def decide(self, check_id: int, probability: float, turn_detection: TurnDetection) -> None:
+        """The end-of-turn model's answer to a check (semantic VAD); a stale one changes nothing."""
+        self._handle(self._detector.decide(check_id, probability), turn_detection)
+
+    def _handle(self, events: list[TurnEvent], turn_detection: TurnDetection) -> None:
+        for event in events:
             if isinstance(event, SpeechStarted):
                 self._on_speech_started(event, turn_detection)
             elif isinstance(event, SegmentCommitted):
@@ -120,8 +140,8 @@ class TurnTaking:
                 self._on_speech_stopped(event)
             elif isinstance(event, UtteranceCommitted):
                 self._on_utterance_committed(event, turn_detection)
-        self._maybe_listen_again()
-        self._maybe_time_out(turn_detection)
+            elif isinstance(event, EndOfTurnCheck) and self._act.check_end_of_turn is not None:
+                self._act.check_end_of_turn(event)
 
     def skip(self, samples: int) -> None:
         """Input that server VAD does not see (manual mode): the input clock goes on."""
@@ -142,6 +162,7 @@ class TurnTaking:
         self._detector.reset()
         self._speech_item_id = None
         self._user_speaking = False
+        self._ignored_reported = False
 
     def response_started(self, turn_detection: TurnDetection | None) -> None:
         self._idle_since_sample = None
@@ -161,10 +182,8 @@ class TurnTaking:
         self._user_speaking = True
         self._idle_since_sample = None
         if self._deaf:
-            logger.debug("session %s: speech at %d ms not acted on: the assistant is answering (half-duplex)",
-                         self._session_id, event.audio_start_ms)
-            if self._on_ignored_speech is not None:
-                self._on_ignored_speech()
+            if self._deaf_until_sample is None:  # in the echo tail it may be a quick reply: judged later
+                self._ignore(event.audio_start_ms)
             return
         self._speech_item_id = new_id("item")
         self._act.emit(
@@ -189,6 +208,9 @@ class TurnTaking:
     def _on_utterance_committed(self, event: UtteranceCommitted, turn_detection: TurnDetection) -> None:
         self._user_speaking = False
         if self._deaf:
+            if not self._ignored_reported:
+                self._ignore(event.audio_start_ms)
+            self._ignored_reported = False
             return
         committed_at = time.monotonic()
         item_id = self._speech_item_id or new_id("item")
@@ -205,23 +227,42 @@ class TurnTaking:
             return
         # The VAD committed when the silence wait ended: the input stream is there now (give or
         # take the rest of this chunk, <= 20 ms from WebRTC).
-        silence_wait_ms = 0.0 if event.forced else float(turn_detection.silence_duration_ms)
-        self._act.respond(item_id, committed_at, silence_wait_ms)
+        self._act.respond(item_id, committed_at, float(event.silence_wait_ms))
 
     # -- half-duplex and idle ----------------------------------------------------------------
 
+    def _ignore(self, audio_start_ms: int) -> None:
+        """Half-duplex does not act on this utterance: log and count it, once."""
+        logger.debug("session %s: speech at %d ms not acted on: the assistant is answering (half-duplex)",
+                     self._session_id, audio_start_ms)
+        self._ignored_reported = True
+        if self._on_ignored_speech is not None:
+            self._on_ignored_speech()
+
     def _maybe_listen_again(self) -> None:
-        if (
-            self._deaf
-            and self._deaf_until_sample is not None
-            and self.input_samples >= self._deaf_until_sample
-            and not self._user_speaking
-        ):
-            # Whatever the VAD holds now began while the assistant spoke (or is its echo).
-            self._detector.reset()
-            self._speech_item_id = None
-            self._deaf = False
-            self._deaf_until_sample = None
+        until = self._deaf_until_sample
+        if not self._deaf or until is None or self.input_samples < until:
+            return
+        tail_start = until - ECHO_TAIL_MS * SPEECH_RATE // 1000
+        onset = self._detector.speech_onset_sample
+        # The VAD places an onset at the start of its 32 ms window: the window holding the
+        # tail's first sample counts as inside the tail.
+        if onset is None or onset + WINDOW_SAMPLES <= tail_start:
+            if self._user_speaking:
+                return  # began while the assistant spoke (or is its echo): dropped when it ends
+            self._detector.reset()  # whatever the VAD holds began while the assistant spoke
+        elif self._user_speaking and not self._detector.hearing_speech:
+            return  # a blip in the tail, quiet now: a turn only if it resumes before it ends
+        else:
+            self._detector.forget_before(min(onset, tail_start))  # the answer's time is not the user's
+        self._speech_item_id = None
+        self._deaf = False
+        self._deaf_until_sample = None
+        self._ignored_reported = False
+        if self._user_speaking:  # a quick reply: speech begun in the echo tail goes on
+            self._speech_item_id = new_id("item")
+            self._act.emit(InputAudioBufferSpeechStartedEvent(audio_start_ms=self._detector.audio_start_ms,
+                                                              item_id=self._speech_item_id))
 
     def _maybe_time_out(self, turn_detection: TurnDetection) -> None:
         """idle_timeout_ms: no speech for that long after the assistant's audio ended prompts a response.

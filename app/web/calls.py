@@ -1,8 +1,10 @@
-"""How this server builds a call from its settings (ICE servers, timeouts, metrics), in whichever
-process carries it: the server process, or a media worker (``app.web.media_worker``)."""
+"""How this server builds a call from its settings (ICE servers, timeouts, metrics, the end-of-turn
+model), in whichever process carries it: the server process, or a media worker
+(``app.web.media_worker``)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from aiortc import RTCConfiguration
@@ -11,6 +13,9 @@ from app.config import Settings
 from app.web.metrics import Metrics
 from app.webrtc.call import Call, SessionFactory
 from app.webrtc.ice import rtc_configuration
+from media.end_of_turn import SmartTurnModel, default_model_path
+
+logger = logging.getLogger(__name__)
 
 
 def call_rtc_configuration(settings: Settings) -> RTCConfiguration:
@@ -40,3 +45,15 @@ def new_call(
         on_closed=on_closed,
         pacing_stats=metrics.pacing,
     )
+
+
+def load_end_of_turn_model(settings: Settings) -> SmartTurnModel | None:
+    """The end-of-turn model for semantic_vad, or None (logged) when it is missing or damaged."""
+    path = settings.turn_model or default_model_path(settings.cache_dir)
+    try:
+        model = SmartTurnModel.load(path)
+    except (OSError, ValueError) as exc:
+        logger.error("semantic_vad is unavailable, sessions asking for it get server_vad: %s", exc)
+        return None
+    logger.info("end-of-turn model for semantic_vad: %s", path)
+    return model

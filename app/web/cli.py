@@ -26,12 +26,15 @@ SERVE_FLAGS = {
     "port": "port",
     "model": "model",
     "device": "device",
+    "engines": "engines",
+    "max_batch": "max_batch",
     "dtype": "dtype",
     "seed": "seed",
     "generation": "generation",
     "engine_threads": "engine_threads",
     "attn_implementation": "attn_implementation",
     "cache_dir": "cache_dir",
+    "turn_model": "turn_model",
     "ice_server": "ice_servers",
     "ice_loopback": "ice_loopback",
     "cors_origin": "cors_origins",
@@ -52,7 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 8000)")
     serve.add_argument("--model", help="checkpoint directory or Hugging Face id (default: the built-in dev model)")
-    serve.add_argument("--device", help="torch device: auto, cpu, cuda, cuda:1 ... (default auto)")
+    serve.add_argument(
+        "--device", help="torch device: auto, cpu, cuda, cuda:1 ...; a list (cuda:0,cuda:1) runs one engine per device (default auto)"
+    )
+    serve.add_argument("--engines", type=int, help="engine processes on the one device, e.g. several on CPU (default 1)")
+    serve.add_argument("--max-batch", type=int, help="turns one engine decodes together; more wait in line (default 8)")
     serve.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
     serve.add_argument("--seed", type=int, help="make turns reproducible")
     serve.add_argument(
@@ -63,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--attn-implementation", choices=["sdpa", "eager", "flash_attention_2"], help="attention kernels (default: transformers' choice, sdpa)"
     )
     serve.add_argument("--cache-dir", type=Path, help="where the dev model is built (default ~/.cache/omni-rtc)")
+    serve.add_argument("--turn-model", type=Path, help="semantic_vad's end-of-turn model (default: the cache dir's)")
     serve.add_argument(
         "--ice-server", action="append", metavar="URL", help="STUN/TURN server URL (stun:host:port, turn:host:port?transport=udp); repeatable"
     )

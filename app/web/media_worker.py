@@ -28,10 +28,11 @@ from app.config import Settings
 from app.realtime.ledger import AudioOutput
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
-from app.web.calls import new_call
+from app.web.calls import load_end_of_turn_model, new_call
 from app.web.ipc import post, receive
 from app.web.metrics import Metrics
 from app.webrtc.call import Call, CallRegistry, OfferError
+from media.end_of_turn import EndOfTurnModel
 from media.vad import SileroVad
 from pipeline.turn import EngineError, TurnEvent, TurnRequest
 
@@ -107,6 +108,7 @@ class MediaWorker:
         self._writer = writer
         self._send({"op": "hello", "worker": self.index, "pid": os.getpid()})
         vad = await asyncio.to_thread(SileroVad.load)
+        end_of_turn = await asyncio.to_thread(load_end_of_turn_model, self._settings)
         metrics = Metrics(worker=str(self.index))
         engine = EngineProxy(self._engine_name, self._send)
         # The front counts every worker's sessions and their ends (omni_rtc_sessions_open,
@@ -119,7 +121,8 @@ class MediaWorker:
                 if op in ("turn_event", "turn_end"):
                     engine.deliver(message)
                 elif op == "offer":
-                    self._start(self._answer(message, calls, engine, vad, metrics), f"offer {message['call_id']}")
+                    answer = self._answer(message, calls, engine, vad, end_of_turn, metrics)
+                    self._start(answer, f"offer {message['call_id']}")
                 elif op == "hangup":
                     self._start(self._hang_up(message, calls), f"hangup {message['call_id']}")
                 elif op == "shutdown":
@@ -154,14 +157,20 @@ class MediaWorker:
         self._send({"op": "call_closed", "call_id": call.id, "reason": reason})
 
     async def _answer(
-        self, message: dict[str, Any], calls: CallRegistry, engine: EngineProxy, vad: SileroVad, metrics: Metrics
+        self,
+        message: dict[str, Any],
+        calls: CallRegistry,
+        engine: EngineProxy,
+        vad: SileroVad,
+        end_of_turn: EndOfTurnModel | None,
+        metrics: Metrics,
     ) -> None:
         config: SessionConfig = message["config"]
 
         def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
             return RealtimeSession(
                 engine=engine, vad=vad, output=output, send=send, config=config,
-                on_ignored_speech=metrics.ignored_speech.inc,
+                on_ignored_speech=metrics.ignored_speech.inc, end_of_turn=end_of_turn,
             )
 
         call = calls.admit(

@@ -1,4 +1,4 @@
-"""What the server's lifespan builds and every route reads: the engine, the VAD, the calls."""
+"""What the server's lifespan builds and every route reads: the engine, the VADs, the calls."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from fastapi import Request
 from app.web.errors import ApiError
 from app.web.workers import MediaWorkerPool
 from app.webrtc.call import CallRegistry
+from media.end_of_turn import EndOfTurnModel
 from media.vad import SileroVad
 from pipeline.turn import Engine
 
@@ -23,6 +24,7 @@ class Runtime:
     vad: SileroVad
     # Every open session (--max-sessions): calls and WebSockets here, and the media workers' calls.
     calls: CallRegistry
+    end_of_turn: EndOfTurnModel | None = None  # None: not installed; semantic_vad is refused
     workers: MediaWorkerPool | None = None  # --media-workers > 1
 
 

@@ -2,7 +2,7 @@
 health, metrics and the page.
 
 ``create_app(settings)`` builds a FastAPI app whose lifespan starts what every call shares
-(the engine and the Silero VAD) and, on shutdown, closes every open call before the engine.
+(the engine, the Silero VAD and the end-of-turn model) and, on shutdown, closes every open call before the engine.
 An engine passed in is the caller's: the app uses it but neither starts nor closes it.
 """
 
@@ -25,7 +25,7 @@ from app.config import Settings
 from app.realtime.protocol import ProtocolError
 from app.realtime.session_config import SessionConfig
 from app.web.auth import Authenticator, install_auth
-from app.web.calls import call_rtc_configuration
+from app.web.calls import call_rtc_configuration, load_end_of_turn_model
 from app.web.debug import debug_router
 from app.web.engines import MeteredEngine, StallTimeoutEngine
 from app.web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -58,6 +58,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             else:
                 serving, model = engine, getattr(engine, "name", type(engine).__name__)
             vad = await asyncio.to_thread(SileroVad.load)
+            end_of_turn = await asyncio.to_thread(load_end_of_turn_model, settings)
             calls = CallRegistry(
                 settings.max_sessions,
                 on_count=metrics.set_open_sessions,
@@ -74,7 +75,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 await workers.start()
                 metrics.pacing_snapshots = dict  # none here: each worker's metrics carry its own pacing
             app.state.runtime = Runtime(
-                engine=serving, for_sessions=for_sessions, model=model, vad=vad, calls=calls, workers=workers
+                engine=serving, for_sessions=for_sessions, model=model, vad=vad, calls=calls,
+                end_of_turn=end_of_turn, workers=workers,
             )
             logger.info("serving %s on http://%s:%d", model, settings.host, settings.port)
             try:
@@ -117,19 +119,27 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         if runtime is None:
             return JSONResponse({"status": "starting", "sessions": 0}, status_code=503)
         alive = bool(getattr(runtime.engine, "alive", True))
+        engine: dict[str, Any] = {
+            "alive": alive,
+            "restarts": int(getattr(runtime.engine, "restarts", 0)),
+            "queue_depth": int(getattr(runtime.engine, "queue_depth", 0)),
+        }
+        # An engine pool describes each engine process (device, pid, running turns...).
+        describe = getattr(runtime.engine, "describe", None)
+        engines = describe() if describe is not None else []
+        if engines:
+            engine["engines"] = engines
+        # Some engine of a pool restarting: degraded, but still serving (200) while one is alive.
+        healthy = alive and all(entry["alive"] for entry in engines)
         return JSONResponse(
             {
-                "status": "ok" if alive else "degraded",
+                "status": "ok" if healthy else "degraded",
                 "model": runtime.model,
                 "sessions": len(runtime.calls),
                 "max_sessions": settings.max_sessions,
                 # "overloaded": the worker falls behind pacing its calls' audio (media/pacing.py).
                 "workers": runtime.workers.status() if runtime.workers is not None else [_this_worker(runtime)],
-                "engine": {
-                    "alive": alive,
-                    "restarts": int(getattr(runtime.engine, "restarts", 0)),
-                    "queue_depth": int(getattr(runtime.engine, "queue_depth", 0)),
-                },
+                "engine": engine,
             },
             status_code=200 if alive else 503,
         )
@@ -171,7 +181,7 @@ async def _start_engine(settings: Settings) -> tuple[Engine, str]:
     # Imported here: the engine pulls in torch and transformers, which the CLI's other
     # commands and the client never need.
     from pipeline.devmodel import ensure_dev_model
-    from pipeline.engine import TransformersEngine
+    from pipeline.engine import EnginePool
 
     if settings.model is None:
         model_dir = await asyncio.to_thread(ensure_dev_model, settings.cache_dir)
@@ -179,9 +189,10 @@ async def _start_engine(settings: Settings) -> tuple[Engine, str]:
         logger.info("no model given: using the dev model at %s", model_dir)
     else:
         model = settings.model
-    engine = TransformersEngine(
+    engine = EnginePool(
         model,
-        device=settings.device,
+        devices=settings.engine_devices,
+        max_batch=settings.max_batch,
         dtype=settings.dtype,
         seed=settings.seed,
         generation=settings.generation,

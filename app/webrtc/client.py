@@ -377,10 +377,9 @@ class RealtimeClient:
         """
         first_event = len(self.events)
         first_frame = len(self._received.chunks)
-        pcm48k = soxr.resample(np.asarray(pcm16k, dtype=np.float32), SPEECH_RATE, WIRE_RATE)
         try:
             async with asyncio.timeout(self._timeout_s):
-                spoken_at = await self._microphone.play(pcm48k)
+                spoken_at = await self.say(pcm16k)
                 done = await self._next_event(event_type(ResponseDoneEvent), first_event)
                 response = done["response"]
                 if self._expects_playback(first_event, response):

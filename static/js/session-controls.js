@@ -1,5 +1,5 @@
-// The session settings form (voice, instructions, barge-in, silence wait, input transcription)
-// ⇄ session.update,
+// The session settings form (voice, instructions, barge-in, end of turn: server VAD with its
+// silence or semantic VAD with its eagerness, input transcription) ⇄ session.update,
 // and the effective session the server last reported (session.created / session.updated).
 
 export class SessionControls {
@@ -10,12 +10,24 @@ export class SessionControls {
     this.bargeIn = elements.bargeIn;
     this.transcribe = elements.transcribe;
     this.silenceMs = elements.silenceMs;
+    this.turnDetection = elements.turnDetection;
+    this.eagerness = elements.eagerness;
+    this.serverVadFields = elements.serverVadFields;
+    this.semanticVadFields = elements.semanticVadFields;
     this.note = elements.sessionNote;
     this.session = null;   // the effective session, kept across calls
+    this.turnDetection.addEventListener("change", () => this.showTurnDetectionFields());
   }
 
+  /** Server VAD's fixed silence wait; semantic VAD's varies per turn (response.done's latency has it). */
   silenceWaitMs() {
     return this.session?.audio?.input?.turn_detection?.silence_duration_ms ?? 0;
+  }
+
+  showTurnDetectionFields() {
+    const semantic = this.turnDetection.value === "semantic_vad";
+    this.serverVadFields.hidden = semantic;
+    this.semanticVadFields.hidden = !semantic;
   }
 
   createsResponses() {
@@ -25,11 +37,17 @@ export class SessionControls {
 
   updateEvent() {
     const current = this.session?.audio?.input?.turn_detection;
-    const turnDetection = {
-      ...(current ?? { type: "server_vad" }),
-      silence_duration_ms: Number(this.silenceMs.value),
+    const common = {
+      create_response: current?.create_response ?? true,
       interrupt_response: this.bargeIn.checked,
     };
+    const turnDetection = this.turnDetection.value === "semantic_vad"
+      ? { type: "semantic_vad", eagerness: this.eagerness.value, ...common }
+      : {
+        ...(current?.type === "server_vad" ? current : { type: "server_vad" }),
+        silence_duration_ms: Number(this.silenceMs.value),
+        ...common,
+      };
     // Any model name is accepted; the server's own model transcribes.
     const transcription = this.transcribe.checked ? { model: "qwen3-omni" } : null;
     const update = {
@@ -63,6 +81,9 @@ export class SessionControls {
     if (detection) {
       if (typeof detection.interrupt_response === "boolean") this.bargeIn.checked = detection.interrupt_response;
       if (typeof detection.silence_duration_ms === "number") this.silenceMs.value = detection.silence_duration_ms;
+      if (typeof detection.eagerness === "string") this.eagerness.value = detection.eagerness;
+      if (detection.type === "server_vad" || detection.type === "semantic_vad") this.turnDetection.value = detection.type;
+      this.showTurnDetectionFields();
     }
   }
 

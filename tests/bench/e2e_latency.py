@@ -2,11 +2,16 @@
 
 Run: .venv/bin/python tests/bench/e2e_latency.py [--turns 10] [--url http://127.0.0.1:8000]
      [--max-output-tokens 8] [--transport webrtc|websocket] [--out tests/bench/results/e2e_latency.json]
+     [--turn-detection server_vad|semantic_vad[:low|medium|high]] [--utterances espeak|finished]
 
 ``--transport websocket`` measures the same over ``GET /v1/realtime`` with
 ``app.web.socket_client.RealtimeSocketClient`` (speech appended in 100 ms events paced as a
 microphone captures them; ``client_ms`` runs to the first ``response.output_audio.delta``),
 written to ``e2e_latency_websocket.json`` by default.
+
+``--turn-detection`` is sent with the session (default server_vad, 500 ms). ``--utterances
+finished`` speaks the finished sentences of tests/fixtures/turns (Flite voices, labelled for
+turn-taking) instead of the two espeak-ng fixtures.
 
 Without ``--url`` it starts ``omni-rtc serve --ice-loopback`` with the dev model on a free
 loopback port (as ``soak.py`` does; answers capped at 25 codec frames). One headless client
@@ -63,6 +68,8 @@ from media.vad import WINDOW_SAMPLES, SileroVad  # noqa: E402
 
 DEFAULT_OUT = REPO / "tests" / "bench" / "results" / "e2e_latency.json"
 UTTERANCES = ("hello.wav", "weather.wav")
+FINISHED = tuple(f"turns/finished_{n:02d}_{voice}.wav" for n, voice in ((3, "slt85"), (4, "awb110"), (7, "awb90"),
+                                                                          (10, "rms100"), (1, "awb90")))
 COLUMNS = ("client_ms", "silence_wait_ms", "engine_first_audio_ms", "other_ms", "wire_ms", "overhead_ms")
 INBOUND_CHUNK_SAMPLES = 320  # 20 ms at 16 kHz: one Opus frame, as media.inbound delivers it
 VAD_ALIGNMENTS = 16  # fixture starts 0, 2, 4 ... 30 ms into a 32 ms VAD window
@@ -104,18 +111,34 @@ def turn_row(number: int, fixture: str, client_latency_s: float | None, latency:
     }
 
 
-async def run_turns(url: str, turns: int, max_output_tokens: int, transport: str = "webrtc") -> list[dict[str, Any]]:
-    speech = {name: sf.read(FIXTURES / name, dtype="float32")[0] for name in UTTERANCES}
+def turn_detection_object(spec: str) -> dict[str, Any]:
+    """``server_vad`` or ``semantic_vad[:eagerness]`` as a session's turn_detection."""
+    kind, _, eagerness = spec.partition(":")
+    if kind == "server_vad" and not eagerness:
+        return {"type": "server_vad", "silence_duration_ms": 500}
+    if kind == "semantic_vad" and eagerness in ("", "low", "medium", "high", "auto"):
+        return {"type": "semantic_vad", "eagerness": eagerness or "auto"}
+    raise argparse.ArgumentTypeError(f"expected server_vad or semantic_vad[:low|medium|high|auto], got {spec!r}")
+
+
+async def run_turns(url: str, turns: int, max_output_tokens: int, transport: str = "webrtc",
+                    turn_detection: dict[str, Any] | None = None,
+                    utterances: tuple[str, ...] = UTTERANCES) -> list[dict[str, Any]]:
+    speech = {name: sf.read(FIXTURES / name, dtype="float32")[0] for name in utterances}
     rows = []
-    session = {"max_output_tokens": max_output_tokens}
+    turn_detection = turn_detection or turn_detection_object("server_vad")
+    session = {"max_output_tokens": max_output_tokens, "audio": {"input": {"turn_detection": turn_detection}}}
     client: RealtimeClient | RealtimeSocketClient
     if transport == "websocket":
         client = RealtimeSocketClient(url, session=session, timeout_s=TURN_TIMEOUT_S)
     else:
         client = RealtimeClient(url, ice_loopback=True, session=session, timeout_s=TURN_TIMEOUT_S)
     async with client:
+        effective = client.events[0]["session"]["audio"]["input"]["turn_detection"]
+        if effective["type"] != turn_detection["type"]:
+            raise SystemExit(f"the server runs {effective['type']}, not {turn_detection['type']}: {client.events[1:2]}")
         for number in range(1, turns + 1):
-            fixture = UTTERANCES[(number - 1) % len(UTTERANCES)]
+            fixture = utterances[(number - 1) % len(utterances)]
             result = await client.speak(speech[fixture])
             latency = next(e for e in result.events if e["type"] == "response.done").get("latency")
             row = turn_row(number, fixture, result.latency_s, latency)
@@ -145,12 +168,12 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 def header() -> str:
-    return f"{'turn':>4} {'fixture':<12}" + "".join(f"{column.removesuffix('_ms'):>20}" for column in COLUMNS)
+    return f"{'turn':>4} {'fixture':<28}" + "".join(f"{column.removesuffix('_ms'):>20}" for column in COLUMNS)
 
 
 def format_row(row: dict[str, Any]) -> str:
     cells = "".join(f"{'-' if row[c] is None else row[c]:>20}" for c in COLUMNS)
-    return f"{row['turn']:>4} {row['fixture']:<12}{cells}"
+    return f"{row['turn']:>4} {row['fixture']:<28}{cells}"
 
 
 def main() -> None:
@@ -160,14 +183,19 @@ def main() -> None:
     parser.add_argument("--max-output-tokens", type=int, default=8)
     parser.add_argument("--transport", choices=["webrtc", "websocket"], default="webrtc")
     parser.add_argument("--out", type=Path, help=f"default: {DEFAULT_OUT} (websocket: e2e_latency_websocket.json)")
+    parser.add_argument("--turn-detection", type=turn_detection_object, default=turn_detection_object("server_vad"),
+                        metavar="server_vad|semantic_vad[:EAGERNESS]")
+    parser.add_argument("--utterances", choices=["espeak", "finished"], default="espeak")
     args = parser.parse_args()
+    utterances = UTTERANCES if args.utterances == "espeak" else FINISHED
     if args.out is None:
         args.out = DEFAULT_OUT if args.transport == "webrtc" else DEFAULT_OUT.with_name("e2e_latency_websocket.json")
     print("milliseconds; overhead = client - silence_wait - engine_first_audio; wire = client - server's end_of_speech_to_first_audio")
     print(header(), flush=True)
     with contextlib.ExitStack() as stack:
         url = args.url or stack.enter_context(dev_model_server())
-        rows = asyncio.run(run_turns(url, args.turns, args.max_output_tokens, args.transport))
+        rows = asyncio.run(run_turns(url, args.turns, args.max_output_tokens, args.transport, args.turn_detection,
+                                     utterances))
     stats = summary(rows)
     for name, values in stats.items():
         print(f"{name:>17}" + "".join(f"{values[c]:>20}" for c in COLUMNS))
@@ -176,7 +204,7 @@ def main() -> None:
     params = TurnDetectionParams()  # the session default: 500 ms silence, threshold 0.5
     chunk_samples = INBOUND_CHUNK_SAMPLES if args.transport == "webrtc" else CHUNK_MS * SPEECH_RATE // 1000
     vad_lags = {
-        name: vad_lag_ms(sf.read(FIXTURES / name, dtype="float32")[0], params, vad, chunk_samples) for name in UTTERANCES
+        name: vad_lag_ms(sf.read(FIXTURES / name, dtype="float32")[0], params, vad, chunk_samples) for name in utterances
     }
     for name, lags in vad_lags.items():
         print(f"VAD commit after {name} beyond {params.silence_duration_ms} ms (offline, {len(lags)} alignments): "
@@ -189,6 +217,7 @@ def main() -> None:
     args.out.write_text(json.dumps(
         {
             "args": {k: str(v) for k, v in vars(args).items()},
+            "turn_detection": args.turn_detection,
             "server": args.url or f"dev model, answers capped at {DEV_MODEL_AUDIO_FRAMES} codec frames",
             "platform": platform.platform(),
             "load_average": os.getloadavg(),

@@ -406,6 +406,33 @@ async def test_session_controls_become_a_session_update(server_url: str, tmp_pat
     assert errors == 0
 
 
+async def test_end_of_turn_choice_switches_to_semantic_vad_and_back(server_url: str, tmp_path: Path) -> None:
+    async with page_with_a_silent_microphone(server_url, tmp_path) as page:
+        await connect(page)
+        assert await page.locator("#eagerness").is_hidden()
+        await page.select_option("#turn-detection", "semantic_vad")
+        silence_hidden = await page.locator("#silence-ms").is_hidden()
+        await page.select_option("#eagerness", "high")
+        await page.click("#apply")
+        await page.wait_for_function(
+            "window.omniRtc.events.filter((e) => e.type === 'session.updated').length === 2", timeout=30_000
+        )
+        await page.select_option("#turn-detection", "server_vad")
+        await page.fill("#silence-ms", "700")
+        await page.click("#apply")
+        await page.wait_for_function(
+            "window.omniRtc.events.filter((e) => e.type === 'session.updated').length === 3", timeout=30_000
+        )
+        updated = await page.evaluate("window.omniRtc.events.filter((e) => e.type === 'session.updated')")
+        errors = await page.locator("#errors .error").count()
+    assert silence_hidden
+    semantic = updated[1]["session"]["audio"]["input"]["turn_detection"]
+    assert (semantic["type"], semantic["eagerness"]) == ("semantic_vad", "high")
+    server = updated[2]["session"]["audio"]["input"]["turn_detection"]
+    assert (server["type"], server["silence_duration_ms"]) == ("server_vad", 700)
+    assert errors == 0
+
+
 async def test_echo_cancellation_toggle_replaces_the_microphone_track(server_url: str, tmp_path: Path) -> None:
     sender_echo_cancellation = (
         "window.omniRtc.pc.getSenders().find((s) => s.track?.kind === 'audio').track.getSettings().echoCancellation"

@@ -12,7 +12,7 @@ import soundfile
 
 from media.rates import VOICE_RATE
 from pipeline.conversation import Conversation, UserAudio, UserText
-from pipeline.engine import TransformersEngine
+from pipeline.engine import EnginePool, TransformersEngine
 from pipeline.turn import AudioChunk, EngineError, TextDelta, TurnDone, TurnRequest
 from pipeline.worker import ENGINE_NICENESS
 
@@ -132,7 +132,16 @@ async def test_cancelling_the_consuming_task_cancels_the_turn(engine):
     assert isinstance(events[-1], TurnDone)
 
 
-async def test_concurrent_turns_are_served_first_in_first_out(engine):
+@pytest.fixture(scope="module")
+async def one_at_a_time(dev_model_dir):
+    engine = TransformersEngine(dev_model_dir, device="cpu", seed=0, threads=1, generation=GENERATION, max_batch=1)
+    await engine.start()
+    yield engine
+    await engine.close()
+
+
+async def test_turns_beyond_max_batch_wait_first_in_first_out(one_at_a_time):
+    engine = one_at_a_time
     order = []
 
     async def run(name):
@@ -144,11 +153,42 @@ async def test_concurrent_turns_are_served_first_in_first_out(engine):
     first = asyncio.create_task(run("first"))
     second = asyncio.create_task(run("second"))
     await asyncio.sleep(0)
-    assert engine.queue_depth == 1
+    assert (engine.running, engine.queue_depth) == (1, 1)
     _, second_done = await asyncio.gather(first, second)
     assert order == sorted(order)  # every "first" event before any "second" one
     assert order[0] == "first"
     assert second_done.timings.queue_wait > 0
+
+
+async def test_concurrent_turns_are_decoded_together_and_each_gets_what_it_gets_alone(engine):
+    spoken = short_request(temperature=0)
+    typed = TurnRequest(
+        conversation=Conversation(items=(UserText("hi there, how are you?"),)), temperature=0, max_output_tokens=8
+    )
+    alone = {name: await collect(engine, request) for name, request in (("spoken", spoken), ("typed", typed))}
+    order = []
+
+    async def run(name, request):
+        events = []
+        async for event in engine.run_turn(request):
+            order.append(name)
+            events.append(event)
+        return events
+
+    spoken_task = asyncio.create_task(run("spoken", spoken))
+    typed_task = asyncio.create_task(run("typed", typed))
+    await asyncio.sleep(0)
+    assert (engine.running, engine.queue_depth) == (2, 0)
+    together = dict(zip(("spoken", "typed"), await asyncio.gather(spoken_task, typed_task)))
+    assert order != sorted(order)  # interleaved: neither waited for the other to finish
+    for name, events in together.items():
+        done, expected = events[-1], alone[name][-1]
+        assert (done.text, done.usage) == (expected.text, expected.usage)
+        assert done.timings.queue_wait < done.timings.first_text
+        chunks = [event for event in events if isinstance(event, AudioChunk)]
+        expected_chunks = [event for event in alone[name] if isinstance(event, AudioChunk)]
+        assert sum(chunk.frames for chunk in chunks) == sum(chunk.frames for chunk in expected_chunks)
+    assert engine.describe()["running"] == 0
 
 
 async def test_the_engine_process_yields_the_cpu_to_the_server(engine):
@@ -192,6 +232,55 @@ async def test_close_fails_waiting_turns_and_is_safe_twice(dev_model_dir):
     for task in (running, waiting):
         with pytest.raises(EngineError, match="closed"):
             await task
+
+
+async def test_a_killed_engine_process_fails_every_turn_of_its_batch_and_the_next_turns_complete(engine):
+    turns = [engine.run_turn(long_request()) for _ in range(2)]
+    for turn in turns:
+        assert isinstance(await anext(turn), TextDelta)
+    assert engine.running == 2
+    os.kill(engine.pid, signal.SIGKILL)
+    for turn in turns:
+        with pytest.raises(EngineError) as failure:
+            async for _ in turn:
+                pass
+        assert failure.value.code == "engine_died"
+    results = await asyncio.wait_for(
+        asyncio.gather(collect(engine, short_request()), collect(engine, short_request())), HANG_GUARD_S
+    )
+    assert all(isinstance(events[-1], TurnDone) for events in results)
+
+
+async def test_a_pool_sends_turns_to_the_least_loaded_engine_and_a_crash_fails_only_its_turns(dev_model_dir):
+    pool = EnginePool(dev_model_dir, devices=["cpu", "cpu"], seed=0, threads=1, generation=GENERATION)
+    await pool.start()
+    try:
+        first, second = pool.run_turn(long_request()), pool.run_turn(long_request())
+        for turn in (first, second):
+            assert isinstance(await anext(turn), TextDelta)
+        assert [engine["running"] for engine in pool.describe()] == [1, 1]
+        victim = pool.engines[0]
+        os.kill(victim.pid, signal.SIGKILL)
+        with pytest.raises(EngineError) as failure:
+            async for _ in first:
+                pass
+        assert failure.value.code == "engine_died"
+        # The other engine's turn goes on.
+        assert isinstance(await anext(second), TextDelta)
+        await second.aclose()
+        events = await asyncio.wait_for(collect(pool, short_request()), HANG_GUARD_S)
+        assert isinstance(events[-1], TurnDone)
+        await asyncio.wait_for(_restarted(victim), HANG_GUARD_S)
+        described = pool.describe()
+        assert [engine["restarts"] for engine in described] == [1, 0] and all(engine["alive"] for engine in described)
+    finally:
+        await pool.close()
+        await pool.close()
+
+
+async def _restarted(engine):
+    while not engine.alive:
+        await asyncio.sleep(0.05)
 
 
 async def test_unknown_generation_option_fails_start_with_a_clear_error(dev_model_dir):

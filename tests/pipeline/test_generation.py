@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
-from pipeline.generation import GenerationParams, _TextStream, stream_turn
+from pipeline.generation import DecodeBatch, GenerationParams, _TextStream, stream_turn
 from pipeline.prompt import PromptRenderer
 from pipeline.tokenizer import load_tokenizer
 from pipeline.turn import AudioChunk, TextDelta, TurnDone
@@ -86,24 +86,25 @@ def pcm_of(events) -> np.ndarray:
 
 
 class Recorder:
-    """Records, through hooks, what reaches the Thinker (token ids), the Talker (input
-    embeddings: codec frame plus text, per step) and Code2Wav (codes)."""
+    """Records, through hooks, what reaches the Thinker's and the Talker's first decoder layer
+    (input embeddings: the prompt, then one entry per step: the answer token fed back, or the
+    codec frame plus text) and Code2Wav (codes)."""
 
     def __init__(self, model) -> None:
-        self.fed_ids: list[int] = []
+        self.thinker_inputs: list[torch.Tensor] = []
         self.talker_inputs: list[torch.Tensor] = []
         self.code_calls: list[torch.Tensor] = []
         self._handles = [
-            model.thinker.register_forward_pre_hook(self._on_thinker, with_kwargs=True),
-            model.talker.register_forward_pre_hook(self._on_talker, with_kwargs=True),
+            model.thinker.model.language_model.layers[0].register_forward_pre_hook(self._on_thinker),
+            model.talker.model.layers[0].register_forward_pre_hook(self._on_talker),
             model.code2wav.register_forward_pre_hook(self._on_code2wav),
         ]
 
-    def _on_thinker(self, module, args, kwargs):
-        self.fed_ids += kwargs["input_ids"][0].tolist()
+    def _on_thinker(self, module, args):
+        self.thinker_inputs.append(args[0].clone())
 
-    def _on_talker(self, module, args, kwargs):
-        self.talker_inputs.append(kwargs["inputs_embeds"].clone())
+    def _on_talker(self, module, args):
+        self.talker_inputs.append(args[0].clone())
 
     def _on_code2wav(self, module, args):
         self.code_calls.append(args[0].clone())
@@ -163,7 +164,10 @@ def streamed(model, tokenizer, inputs, **params):
 def assert_same_computation(events, recorder: Recorder, codes, reference_run, *, max_audio_frames: int) -> None:
     """The same Thinker tokens, Talker input embeddings step by step, codec frames and waveform."""
     answer, reference_recorder, reference_codes, reference_wave = reference_run
-    assert recorder.fed_ids == reference_recorder.fed_ids  # the prompt, then each answer token fed back
+    # The prompt, then each answer token fed back.
+    assert len(recorder.thinker_inputs) == len(reference_recorder.thinker_inputs)
+    for step, (fed, expected) in enumerate(zip(recorder.thinker_inputs, reference_recorder.thinker_inputs)):
+        assert torch.equal(fed, expected), f"thinker step {step}"
     # At the frame limit generate() runs one more Talker forward, whose code it drops.
     extra = 1 if codes.shape[-1] == max_audio_frames else 0
     assert len(reference_recorder.talker_inputs) == len(recorder.talker_inputs) + extra
@@ -229,8 +233,13 @@ def test_audio_chunks_concatenate_to_one_decode_of_all_frames(model, long_turn):
     np.testing.assert_allclose(wave, whole, rtol=0, atol=WAVEFORM_ATOL)
 
 
-def test_first_chunk_holds_four_frames_then_chunks_hold_twenty_five(model, long_turn):
-    events, codes = long_turn
+def test_first_chunk_holds_four_frames_then_chunks_hold_twenty_five(model, tokenizer, inputs):
+    events, _, codes = streamed(
+        model,
+        tokenizer,
+        inputs,
+        **greedy(force_output_tokens=80, max_output_tokens=80, max_audio_frames=80, adaptive_chunks=False),
+    )
     sizes = [len(event.pcm) for event in events if isinstance(event, AudioChunk)]
     with torch.inference_mode():
         first = model.code2wav(codes[..., :4])[0, 0]
@@ -247,7 +256,13 @@ def test_exact_waveform_with_left_context_covering_code2wav_attention(model, tok
         model,
         tokenizer,
         inputs,
-        **greedy(force_output_tokens=80, max_output_tokens=80, max_audio_frames=80, left_context_frames=72),
+        **greedy(
+            force_output_tokens=80,
+            max_output_tokens=80,
+            max_audio_frames=80,
+            left_context_frames=72,
+            adaptive_chunks=False,
+        ),
     )
     with torch.inference_mode():
         whole = model.code2wav(codes)[0, 0].numpy()
@@ -388,3 +403,227 @@ def test_text_stream_emits_only_whole_characters(tokenizer, text):
     deltas = [stream.push(token) for token in tokenizer.encode(text)] + [stream.flush()]
     assert all("\ufffd" not in delta for delta in deltas)
     assert "".join(deltas) == text == stream.text
+
+
+class FrameClock:
+    """A clock that reads ``seconds_per_frame`` per Talker step taken so far: the engine's speed
+    as the adaptive chunk schedule sees it, without depending on the machine."""
+
+    def __init__(self, model, seconds_per_frame: float) -> None:
+        self.steps = 0
+        self.seconds_per_frame = seconds_per_frame
+        self._handle = model.talker.model.layers[0].register_forward_pre_hook(self._on_step)
+
+    def _on_step(self, module, args):
+        self.steps += 1
+
+    def __call__(self) -> float:
+        return self.steps * self.seconds_per_frame
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+def adaptive_turn(model, tokenizer, inputs, seconds_per_frame: float):
+    clock = FrameClock(model, seconds_per_frame)
+    recorder = Recorder(model)
+    params = GenerationParams(**greedy(force_output_tokens=80, max_output_tokens=80, max_audio_frames=120))
+    try:
+        events = list(stream_turn(model, tokenizer, inputs, params, never, clock=clock))
+    finally:
+        clock.close()
+        recorder.close()
+    return events, recorder.streamed_codes(params.left_context_frames)
+
+
+def chunk_frames(events) -> list[int]:
+    return [event.frames for event in events if isinstance(event, AudioChunk)]
+
+
+def test_adaptive_chunks_grow_while_the_audio_runs_ahead_and_still_equal_one_decode(model, tokenizer, inputs):
+    # Four times faster than real time (20 ms per 80 ms frame): the buffer ahead of the
+    # listener grows, and so do the chunks, up to chunk_frames.
+    events, codes = adaptive_turn(model, tokenizer, inputs, seconds_per_frame=0.02)
+    sizes = chunk_frames(events)
+    assert sizes[0] == 4
+    assert sizes[1:-1] == sorted(sizes[1:-1]) and sizes[1] < 25 and max(sizes) == 25
+    assert sum(sizes) == codes.shape[-1] == events[-1].usage.output_audio_tokens
+    with torch.inference_mode():
+        whole = model.code2wav(codes)[0, 0].numpy()
+    wave = pcm_of(events)
+    assert wave.shape == whole.shape
+    np.testing.assert_allclose(wave, whole, rtol=0, atol=WAVEFORM_ATOL)
+
+
+def test_adaptive_chunks_stay_small_when_the_engine_is_slower_than_real_time(model, tokenizer, inputs):
+    # 200 ms per 80 ms frame: the listener is never ahead; every chunk is as small as the first.
+    events, codes = adaptive_turn(model, tokenizer, inputs, seconds_per_frame=0.2)
+    sizes = chunk_frames(events)
+    assert all(size == 4 for size in sizes[:-1]) and 1 <= sizes[-1] <= 4
+    with torch.inference_mode():
+        whole = model.code2wav(codes)[0, 0].numpy()
+    np.testing.assert_allclose(pcm_of(events), whole, rtol=0, atol=WAVEFORM_ATOL)
+
+
+@pytest.mark.parametrize("talker_stops_by_itself", [False, True])
+def test_audio_chunks_count_their_frames_and_the_text_tokens_voiced(model, tokenizer, inputs, talker_stops_by_itself):
+    if talker_stops_by_itself:
+        # The Talker ends its speech with codec EOS after the text (greedy: the dev model does).
+        params = greedy(max_output_tokens=10, max_audio_frames=60)
+    else:
+        params = greedy(force_output_tokens=12, max_output_tokens=12, max_audio_frames=60)
+    events = run(model, tokenizer, inputs, **params)
+    done = events[-1]
+    chunks = [event for event in events if isinstance(event, AudioChunk)]
+    assert sum(chunk.frames for chunk in chunks) == done.usage.output_audio_tokens
+    # The answer's last token is replaced by <tts_eos>: N tokens (a closing <|im_end|>
+    # counted) voice N - 1. Cut by length, that is the text tokens less one.
+    answer_tokens = done.usage.output_text_tokens + (1 if done.finish_reason == "stop" else 0)
+    frames_so_far = 0
+    for chunk in chunks:
+        frames_so_far += chunk.frames
+        assert chunk.text_tokens_voiced == min(frames_so_far, answer_tokens - 1)
+    if done.usage.output_audio_tokens >= answer_tokens - 1:
+        assert chunks[-1].text_tokens_voiced == answer_tokens - 1
+
+
+@pytest.fixture(scope="module")
+def history_inputs(dev_model_dir):
+    """A longer conversation: three past exchanges, then spoken audio."""
+    pcm, _ = sf.read(FIXTURES / "hello.wav", dtype="float32")
+    items = (
+        UserText("hi there"),
+        AssistantText("hello! how can I help you today?"),
+        UserText("what is the weather like in Paris in spring?"),
+        AssistantText("mild, often rainy, lovely in April."),
+        UserText("and in winter?"),
+        AssistantText("cold and grey."),
+        UserAudio(pcm),
+    )
+    return PromptRenderer.from_pretrained(dev_model_dir).render(Conversation(items=items))
+
+
+def drive(model, tokenizer, plan, *, cancel_at=None):
+    """Run turns through one DecodeBatch: ``plan`` maps a key to (join step, inputs, params);
+    ``cancel_at`` maps a key to the step before which it is cancelled. Returns each key's
+    events and the batch's largest cache size and its cache size at the end."""
+    cancel_at = cancel_at or {}
+    batch = DecodeBatch(model, tokenizer)
+    events = {key: [] for key in plan}
+    rows_seen = []
+    step = 0
+    while step <= max(join for join, _, _ in plan.values()) or batch.keys:
+        for key, (join, inputs, params) in plan.items():
+            if join == step:
+                events[key] += [event for _, event in batch.prefill_thinker(key, inputs, GenerationParams(**params))]
+                if batch.wants_talker(key):
+                    batch.prefill_talker(key)
+        for key, when in cancel_at.items():
+            if when == step and key in batch.keys:
+                events[key].append(batch.cancel(key))
+        rows_seen.append((len(batch.thinker_rows), len(batch.talker_rows)))
+        for key, event in batch.step_thinker():
+            events[key].append(event)
+        batch.step_talker()
+        if batch.chunks_due():
+            for key, event in batch.decode_chunks():
+                events[key].append(event)
+        for key in batch.finished_keys():
+            events[key].append(batch.finish(key))
+        step += 1
+    return events, rows_seen, batch
+
+
+def assert_same_turn(batched, alone, *, atol):
+    assert [type(event) for event in batched] == [type(event) for event in alone]
+    assert batched[-1] == alone[-1]  # text, usage, finish reason
+    for got, expected in zip(batched, alone):
+        if isinstance(expected, TextDelta):
+            assert got == expected
+        elif isinstance(expected, AudioChunk):
+            assert (got.frames, got.text_tokens_voiced) == (expected.frames, expected.text_tokens_voiced)
+            np.testing.assert_allclose(got.pcm, expected.pcm, rtol=0, atol=atol)
+
+
+# Batched Code2Wav and batched matrix products round differently from one row's.
+BATCH_WAVEFORM_ATOL = 1e-5
+
+
+def test_turns_decoded_together_equal_each_turn_alone(model, tokenizer, inputs, typed_inputs, history_inputs):
+    fixed = {"adaptive_chunks": False}
+    plan = {
+        "spoken": (0, inputs, greedy(force_output_tokens=20, max_output_tokens=20, max_audio_frames=40, **fixed)),
+        "typed": (3, typed_inputs, greedy(force_output_tokens=12, max_output_tokens=12, max_audio_frames=30, **fixed)),
+        "history": (
+            7,
+            history_inputs,
+            greedy(force_output_tokens=30, max_output_tokens=30, max_audio_frames=36, **fixed),
+        ),
+        "text only": (5, typed_inputs, greedy(force_output_tokens=9, max_output_tokens=9, output_audio=False)),
+    }
+    events, rows_seen, batch = drive(model, tokenizer, plan)
+    assert max(thinker for thinker, _ in rows_seen) == 4 and max(talker for _, talker in rows_seen) == 3
+    for key, (_, turn_inputs, params) in plan.items():
+        alone = run(model, tokenizer, turn_inputs, **params)
+        assert_same_turn(events[key], alone, atol=BATCH_WAVEFORM_ATOL)
+    assert batch.keys == [] and batch.cache_bytes() == 0
+
+
+def test_sampled_turns_in_a_batch_draw_what_they_draw_alone(model, tokenizer, inputs, history_inputs):
+    sampled = {"temperature": 0.9, "max_output_tokens": 10, "max_audio_frames": 16, "adaptive_chunks": False}
+    plan = {"a": (0, inputs, {**sampled, "seed": 11}), "b": (2, history_inputs, {**sampled, "seed": 12})}
+    events, _, _ = drive(model, tokenizer, plan)
+    for key, (_, turn_inputs, params) in plan.items():
+        assert_same_turn(events[key], run(model, tokenizer, turn_inputs, **params), atol=BATCH_WAVEFORM_ATOL)
+
+
+def test_a_cancelled_turn_leaves_the_batch_at_the_next_step_and_frees_its_rows(model, tokenizer, inputs, typed_inputs):
+    fixed = {"adaptive_chunks": False}
+    plan = {
+        "stays": (0, inputs, greedy(force_output_tokens=16, max_output_tokens=16, max_audio_frames=24, **fixed)),
+        "cancelled": (
+            0,
+            typed_inputs,
+            greedy(force_output_tokens=40, max_output_tokens=40, max_audio_frames=60, **fixed),
+        ),
+    }
+    events, rows_seen, _ = drive(model, tokenizer, plan, cancel_at={"cancelled": 6})
+    assert rows_seen[5] == (2, 2) and rows_seen[6] == (1, 1)
+    done = events["cancelled"][-1]
+    assert done.finish_reason == "cancelled" and done.usage.output_text_tokens == 7  # prefill, steps 0-5
+    assert_same_turn(events["stays"], run(model, tokenizer, inputs, **plan["stays"][2]), atol=BATCH_WAVEFORM_ATOL)
+
+
+def test_a_batch_releases_cache_memory_as_turns_leave(model, tokenizer, inputs, history_inputs):
+    batch = DecodeBatch(model, tokenizer)
+    short = GenerationParams(**greedy(force_output_tokens=4, max_output_tokens=4, max_audio_frames=6))
+    long = GenerationParams(**greedy(force_output_tokens=30, max_output_tokens=30, max_audio_frames=40))
+    for key, turn_inputs, params in (("long", inputs, long), ("short", history_inputs, short)):
+        batch.prefill_thinker(key, turn_inputs, params)
+        batch.prefill_talker(key)
+    both = batch.cache_bytes()
+    while "short" not in batch.finished_keys():
+        batch.step_thinker()
+        batch.step_talker()
+        if batch.chunks_due():
+            batch.decode_chunks()
+    batch.finish("short")
+    # The longer history's rows and the padding the other row needed for it are gone.
+    assert batch.cache_bytes() < both / 2
+    batch.cancel("long")
+    assert batch.cache_bytes() == 0
+
+
+def test_padded_rows_are_masked_with_eager_attention_too(dev_model_dir, tokenizer, inputs, history_inputs):
+    # Rows of different prompt lengths are left-padded; eager attention adds the mask to its
+    # scores (sdpa takes it either way), so the padding must be masked additively.
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(dev_model_dir, attn_implementation="eager").eval()
+    fixed = {"adaptive_chunks": False}
+    plan = {
+        "short": (0, inputs, greedy(force_output_tokens=10, max_output_tokens=10, max_audio_frames=16, **fixed)),
+        "long": (2, history_inputs, greedy(force_output_tokens=10, max_output_tokens=10, max_audio_frames=16, **fixed)),
+    }
+    assert inputs.input_ids.shape[1] != history_inputs.input_ids.shape[1]
+    events, _, _ = drive(model, tokenizer, plan)
+    for key, (_, turn_inputs, params) in plan.items():
+        assert_same_turn(events[key], run(model, tokenizer, turn_inputs, **params), atol=BATCH_WAVEFORM_ATOL)

@@ -101,13 +101,14 @@ async def test_openai_client_session_update_is_accepted_and_mapped(h):
     )
 
     session = h.last("session.updated")["session"]
+    # This session has no end-of-turn model: semantic_vad is refused, the rest applies.
     assert session["audio"]["input"]["turn_detection"]["type"] == "server_vad"
-    assert session["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 1200
+    assert session["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 500
     assert session["audio"]["input"]["turn_detection"]["interrupt_response"] is True
     assert session["audio"]["output"]["voice"] == "ethan"  # an OpenAI voice keeps the Qwen voice
     assert session["audio"]["output"]["speed"] == 1.0  # accepted, not applied
     assert session["tools"] == [] and session["tracing"] is None
-    assert h.of_type("error") == []
+    assert [e["error"]["code"] for e in h.of_type("error")] == ["semantic_vad_unavailable"]
 
 
 async def test_beta_flat_session_keys_are_understood(h):

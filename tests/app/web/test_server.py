@@ -273,3 +273,29 @@ async def test_a_client_secret_places_one_call_with_its_session(settings):
         again = await http.post("/v1/realtime/calls", content=pc.localDescription.sdp, headers=headers)
     assert first.status_code == 201
     assert again.status_code == 401
+
+
+class TwoEnginePool(FakeEngine):
+    """An engine pool whose second engine process is being restarted."""
+
+    restarts = 1
+    queue_depth = 0
+
+    def describe(self) -> list[dict]:
+        return [
+            {"device": "cuda:0", "alive": True, "pid": 11, "restarts": 0, "running": 2, "queue_depth": 0, "max_batch": 8},
+            {"device": "cuda:1", "alive": False, "pid": None, "restarts": 1, "running": 0, "queue_depth": 0, "max_batch": 8},
+        ]
+
+
+async def test_healthz_shows_each_engine_of_a_pool_and_degraded_while_one_restarts(settings):
+    app = create_app(settings, engine=TwoEnginePool())
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as http:
+            response = await http.get("/healthz")
+    assert response.status_code == 200  # one engine still serves
+    body = response.json()
+    assert body["status"] == "degraded"
+    assert [engine["device"] for engine in body["engine"]["engines"]] == ["cuda:0", "cuda:1"]
+    assert [engine["alive"] for engine in body["engine"]["engines"]] == [True, False]

@@ -1,0 +1,253 @@
+"""The session's semantic_vad's decisions, its missing model, and quick replies in the echo tail.
+
+The VAD is the energy stand-in (exact speech boundaries); the end-of-turn model is a fake whose
+answer the test sets, and which can hold its answer back to let audio arrive meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from app.realtime.session_config import END_OF_TURN_BY_EAGERNESS, SessionConfig
+from app.realtime.turn_taking import ECHO_TAIL_MS
+from pipeline.conversation import UserAudio
+from tests.fakes import CODEC_FRAME_SAMPLES, ScriptedEngine, SessionHarness
+
+RATE = 16_000
+MEDIUM = END_OF_TURN_BY_EAGERNESS["medium"]
+SEMANTIC = {"type": "session.update", "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}}
+
+
+def tone(ms: int) -> np.ndarray:
+    t = np.arange(ms * RATE // 1000) / RATE
+    return (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+
+
+def silence(ms: int) -> np.ndarray:
+    return np.zeros(ms * RATE // 1000, dtype=np.float32)
+
+
+class FakeEndOfTurn:
+    """Answers ``probability``; with ``hold()``, each answer waits until ``release()``."""
+
+    def __init__(self, probability: float) -> None:
+        self.probability_to_answer = probability
+        self.asked: list[int] = []  # samples of each utterance it was asked about
+        self._gate: threading.Event | None = None
+
+    def hold(self) -> None:
+        self._gate = threading.Event()
+
+    def release(self) -> None:
+        assert self._gate is not None
+        self._gate.set()
+
+    def probability(self, pcm: np.ndarray) -> float:
+        self.asked.append(pcm.size)
+        if self._gate is not None:
+            self._gate.wait(timeout=10)  # runs in a worker thread: the loop goes on meanwhile
+        return self.probability_to_answer
+
+
+async def semantic_session(model: FakeEndOfTurn | None, *, eagerness: str = "medium",
+                           reply: str = "Sure.") -> SessionHarness:
+    harness = SessionHarness(ScriptedEngine(reply), end_of_turn=model)
+    await harness.session.start()
+    await harness.send(type="session.update",
+                       session={"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": eagerness}}}})
+    return harness
+
+
+async def settle() -> None:
+    """Let worker threads' answers reach the loop (bounded: a guard against hangs)."""
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+
+
+async def test_finished_utterance_is_committed_at_the_candidate_silence_not_after_server_vads_wait():
+    model = FakeEndOfTurn(0.95)
+    h = await semantic_session(model)
+    h.push(tone(800))
+    h.push(silence(MEDIUM.candidate_ms + 40))  # the check is asked at candidate_ms of silence
+    await h.until("input_audio_buffer.committed")
+    h.push(silence(100))
+    await h.turn_done()
+
+    assert h.last("session.updated")["session"]["audio"]["input"]["turn_detection"] == {
+        "type": "semantic_vad", "eagerness": "medium", "create_response": True, "interrupt_response": False,
+    }
+    assert model.asked, "the model was asked"
+    stopped = h.last("input_audio_buffer.speech_stopped")["audio_end_ms"]
+    assert 800 + MEDIUM.candidate_ms <= stopped < 800 + 500  # before server VAD's 500 ms wait
+    (clip,) = h.engine.requests[0].conversation.items
+    assert isinstance(clip, UserAudio) and clip.pcm.size == stopped * RATE // 1000
+    latency = h.last("response.done")["latency"]
+    assert latency["silence_wait_ms"] == stopped - 800  # the silence actually waited
+    await h.session.close()
+
+
+async def test_unfinished_utterance_waits_until_the_max_wait():
+    model = FakeEndOfTurn(0.05)
+    h = await semantic_session(model)
+    h.push(tone(800))
+    h.push(silence(MEDIUM.max_wait_ms - 100))
+    await settle()
+    assert "input_audio_buffer.speech_stopped" not in h.types()
+
+    h.push(silence(200))
+    await h.until("input_audio_buffer.committed")
+    assert h.last("input_audio_buffer.speech_stopped")["audio_end_ms"] >= 800 + MEDIUM.max_wait_ms
+    await h.session.close()
+
+
+async def test_a_pause_the_model_calls_unfinished_keeps_the_sentence_in_one_turn():
+    model = FakeEndOfTurn(0.05)
+    h = await semantic_session(model)
+    h.push(tone(700))
+    h.push(silence(700))  # past server VAD's 500 ms, short of the max wait
+    await settle()
+    model.probability_to_answer = 0.95
+    h.push(tone(600))
+    h.push(silence(MEDIUM.candidate_ms + 40))
+    await h.turn_done()
+
+    assert h.types().count("input_audio_buffer.committed") == 1
+    (clip,) = h.engine.requests[0].conversation.items
+    assert clip.pcm.size >= (700 + 700 + 600) * RATE // 1000
+    await h.session.close()
+
+
+async def test_an_answer_arriving_after_the_user_spoke_again_is_ignored():
+    model = FakeEndOfTurn(0.95)
+    model.hold()
+    h = await semantic_session(model)
+    h.push(tone(700))
+    h.push(silence(MEDIUM.candidate_ms + 40))  # the check is out, its answer held back
+    await asyncio.sleep(0.05)
+    h.push(tone(500))  # the user goes on before the model answers "finished"
+    model.release()
+    await settle()
+    assert "input_audio_buffer.committed" not in h.types()
+
+    h.push(silence(MEDIUM.candidate_ms + 40))
+    await h.turn_done()
+    (clip,) = h.engine.requests[0].conversation.items
+    assert clip.pcm.size >= (700 + MEDIUM.candidate_ms + 500) * RATE // 1000  # one turn, both parts
+    await h.session.close()
+
+
+async def test_eagerness_changed_mid_session_applies_to_the_next_utterance():
+    model = FakeEndOfTurn(0.7)  # between high's threshold and medium's
+    h = await semantic_session(model, eagerness="medium")
+    h.push(tone(600))
+    h.push(silence(MEDIUM.max_wait_ms + 100))
+    await h.turn_done()
+    first_wait = h.last("input_audio_buffer.speech_stopped")["audio_end_ms"] - 600
+    h.push(silence(ECHO_TAIL_MS + 100))
+
+    await h.send(type="session.update",
+                 session={"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "high"}}}})
+    assert h.last("session.updated")["session"]["audio"]["input"]["turn_detection"]["eagerness"] == "high"
+    start_ms = h.of_type("input_audio_buffer.speech_stopped")[0]["audio_end_ms"] + ECHO_TAIL_MS + 100
+    h.push(tone(600))
+    h.push(silence(END_OF_TURN_BY_EAGERNESS["high"].candidate_ms + 40))
+    await h.until("input_audio_buffer.committed", 2)
+    second_wait = h.last("input_audio_buffer.speech_stopped")["audio_end_ms"] - 600
+    assert first_wait >= MEDIUM.max_wait_ms  # medium: 0.7 is not sure enough
+    assert second_wait - start_ms < 500  # high: 0.7 is
+    await h.session.close()
+
+
+async def test_semantic_vad_without_the_model_is_an_error_and_server_vad_stays():
+    h = SessionHarness(ScriptedEngine("Sure."), end_of_turn=None)
+    await h.session.start()
+    await h.send(**SEMANTIC, event_id="evt_semantic")
+
+    error = h.last("error")["error"]
+    assert error["code"] == "semantic_vad_unavailable" and error["event_id"] == "evt_semantic"
+    turn_detection = h.last("session.updated")["session"]["audio"]["input"]["turn_detection"]
+    assert turn_detection["type"] == "server_vad" and turn_detection["silence_duration_ms"] == 500
+    h.push(tone(600))
+    h.push(silence(700))
+    await h.turn_done()  # server VAD still answers
+    assert h.last("input_audio_buffer.speech_stopped")["audio_end_ms"] >= 600 + 500
+    await h.session.close()
+
+
+async def test_a_session_created_with_semantic_vad_and_no_model_starts_with_server_vad_and_an_error():
+    config = SessionConfig.from_session({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}})
+    h = SessionHarness(ScriptedEngine("Sure."), config=config, end_of_turn=None)
+    await h.session.start()
+
+    assert h.types() == ["session.created", "error"]
+    assert h.events[0]["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+    assert h.events[1]["error"]["code"] == "semantic_vad_unavailable"
+    await h.session.close()
+
+
+# -- quick replies in the echo tail ---------------------------------------------------------------
+
+
+async def answered_and_played(h: SessionHarness) -> None:
+    h.push(tone(600))
+    h.push(silence(700))
+    await h.turn_done()
+    assert h.types()[-1] == "output_audio_buffer.stopped"
+
+
+@pytest.mark.parametrize("delay_ms", [0, 100, 200, 300])
+async def test_a_reply_starting_inside_the_echo_tail_and_going_on_is_a_turn(delay_ms):
+    h = SessionHarness(ScriptedEngine("Sure, here it is."))
+    await h.session.start()
+    await answered_and_played(h)
+    tail_start_ms = 600 + 700  # the input pushed when output_audio_buffer.stopped came
+
+    h.push(silence(delay_ms))
+    h.push(tone(1000))  # starts inside the 400 ms tail, goes on past it
+    h.push(silence(700))
+    await h.turn_done(2)
+
+    second_started = h.of_type("input_audio_buffer.speech_started")[1]
+    # From where the speech started (the VAD's 32 ms window), never from the answer's time.
+    assert tail_start_ms - 32 <= second_started["audio_start_ms"] <= tail_start_ms + delay_ms
+    assert len(h.engine.requests) == 2
+    clip = h.engine.requests[1].conversation.items[-1]
+    assert isinstance(clip, UserAudio)
+    assert clip.pcm.size >= (1000 + 500) * RATE // 1000  # from where the speech started, not the tail's end
+    await h.session.close()
+
+
+async def test_a_blip_confined_to_the_echo_tail_is_ignored():
+    h = SessionHarness(ScriptedEngine("Sure, here it is."))
+    await h.session.start()
+    await answered_and_played(h)
+
+    h.push(tone(300))  # 250 ms makes speech; it ends inside the 400 ms tail
+    h.push(silence(1000))
+    await asyncio.sleep(0)
+
+    assert h.types().count("input_audio_buffer.speech_started") == 1
+    assert len(h.engine.requests) == 1
+    await h.session.close()
+
+
+async def test_speech_begun_while_the_answer_played_is_still_not_a_turn():
+    h = SessionHarness(ScriptedEngine("one two three four"))
+    await h.session.start()
+    h.push(tone(600))
+    h.push(silence(700))
+    await h.until("response.done")
+    h.output.play(CODEC_FRAME_SAMPLES)
+    h.push(tone(200))  # echo of the answer while it plays...
+    h.output.play()
+    h.push(tone(800))  # ...going on through the tail
+    h.push(silence(800))
+    await asyncio.sleep(0)
+
+    assert h.types().count("input_audio_buffer.speech_started") == 1
+    assert len(h.engine.requests) == 1
+    await h.session.close()
