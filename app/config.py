@@ -75,6 +75,9 @@ class Settings(BaseSettings):
     # Limits. Past each one the client gets a clear error (HTTP status, or an `error` event
     # while the session goes on).
     max_sessions: int = Field(16, ge=1)  # concurrent calls; the next offer gets 429 + Retry-After
+    # Media worker processes. 1: every call in the server process (one core's worth of calls);
+    # N > 1: calls spread over N processes behind the one port (app/web/workers.py).
+    media_workers: int = Field(1, ge=1)
     max_sdp_bytes: int = Field(65_536, ge=1_024)  # offer body; browsers send 3-8 KB; past it 413
     # One data-channel event. 256 KiB carries ~5 s of base64 PCM16 audio in conversation.item.create.
     max_event_bytes: int = Field(262_144, ge=1_024)

@@ -124,7 +124,8 @@ class InboundAudio:
 
     def _deliver(self, frames: list[av.AudioFrame]) -> None:
         pcm = [frame.to_ndarray().mean(axis=0, dtype=np.float32) for frame in frames]  # planar: [channels, n]
-        if pcm:
-            samples = np.concatenate(pcm)
-            if samples.size:
-                self._on_audio(samples)
+        if not pcm:
+            return
+        samples = pcm[0] if len(pcm) == 1 else np.concatenate(pcm)  # one frame out per frame in, nearly always
+        if samples.size:
+            self._on_audio(samples)

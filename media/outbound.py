@@ -26,12 +26,14 @@ import numpy as np
 import soxr
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from media.pacing import FRAME_SAMPLES, FramePacer
+from media.pacing import FRAME_SAMPLES, FramePacer, PacingStats
 from media.rates import VOICE_RATE, WIRE_RATE
 
 logger = logging.getLogger(__name__)
 
 _UPSAMPLING = WIRE_RATE // VOICE_RATE
+# Sent whenever nothing is queued (most frames of a call): one buffer, no per-frame conversion.
+_SILENT_FRAME = np.zeros(FRAME_SAMPLES, dtype=np.int16)
 
 
 class PlaybackListener(Protocol):
@@ -47,15 +49,19 @@ class OutboundAudioTrack(MediaStreamTrack):
     """
 
     kind = "audio"
+    # Sends in real time by itself and reports the first frame of audio after silence
+    # (on_playback_started) as it hands it on: a session may wait for that to time its answers.
+    paced = True
 
     def __init__(
         self,
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        pacing_stats: PacingStats | None = None,
     ) -> None:
         super().__init__()
-        self._pacer = FramePacer(clock=clock, sleep=sleep)
+        self._pacer = FramePacer(clock=clock, sleep=sleep, stats=pacing_stats)
         self._resampler = soxr.ResampleStream(VOICE_RATE, WIRE_RATE, 1, dtype="float32", quality="HQ")
         self._resampler_holds_audio = False
         self._queue: deque[np.ndarray] = deque()  # 48 kHz float32 chunks not yet sent
@@ -100,15 +106,21 @@ class OutboundAudioTrack(MediaStreamTrack):
             raise MediaStreamError
         await self._pacer.wait_until_due()
         samples = self._take_frame()
+        if samples is None:
+            return self._pacer.frame(_SILENT_FRAME)
         return self._pacer.frame(np.clip(np.rint(samples * 32767.0), -32768, 32767).astype(np.int16))
 
-    def _take_frame(self) -> np.ndarray:
+    def _take_frame(self) -> np.ndarray | None:
+        """The next 20 ms of queued audio, zero-padded; None when nothing is queued (silence)."""
         if self._queued < FRAME_SAMPLES and self._resampler_holds_audio:
             # Nothing more to resample right now: release soxr's withheld tail (as if
             # silence followed) so the end of an answer is never stuck in the filter.
             self._enqueue(self._resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True))
             self._resampler.clear()
             self._resampler_holds_audio = False
+        if not self._queue:
+            self._set_playing(False)
+            return None
         frame = np.zeros(FRAME_SAMPLES, dtype=np.float32)
         filled = 0
         while filled < FRAME_SAMPLES and self._queue:

@@ -7,15 +7,22 @@ does not catch up after a real stall (the event loop blocked longer than ``MAX_L
 sending the missed frames back to back would burst them into the peer's jitter buffer. Instead
 the schedule moves forward by the stall; pts stays continuous (pts = samples sent, time base
 1/48000), so the peer simply sees the packets arrive late once.
+
+Overload must not be silent: every pacer of a process may report to one :class:`PacingStats`,
+which counts each frame's lateness in a fixed histogram, the frames sent late and the frame slots
+skipped, says whether the process is overloaded, and logs a warning (at most one per window)
+when it is. Recording costs a clock read, a bisect and two increments per frame.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from fractions import Fraction
+from typing import Any
 
 import av
 import numpy as np
@@ -29,6 +36,85 @@ TIME_BASE = Fraction(1, WIRE_RATE)
 # Lateness beyond which the schedule moves forward instead of catching up: 3 frames.
 # Ordinary event-loop jitter is a few ms; a stall this long is worth a late packet, not a burst.
 MAX_LATENESS_S = 0.06
+FRAME_S = FRAME_SAMPLES / WIRE_RATE
+# Upper bounds (seconds) of the lateness histogram: loop jitter is 0-5 ms; from one frame (20 ms)
+# on the peer's jitter buffer sees a hole; past 60 ms the schedule moves.
+LATENESS_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.2, 0.5, 1.0)
+# A frame handed out a whole frame period after it was due is "late": the listener hears a gap.
+LATE_S = FRAME_S
+# Overloaded: in the last window, at least this share of frames was late or skipped. 1 % is one
+# audible hole every 2 s per call, well past what loop jitter causes (p99 lateness ~5 ms when not
+# overloaded, measured with tests/bench/media_capacity.py).
+OVERLOAD_WINDOW_S = 10.0
+OVERLOAD_SHARE = 0.01
+# The share is taken of at least this many frames (one call's window), so that a young or quiet
+# window needs 5 bad frames, not one hiccup, to count as overloaded.
+OVERLOAD_MIN_FRAMES = 500
+
+
+class PacingStats:
+    """Lateness of the outbound frames of every track in one process (one media worker)."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.bucket_counts = [0] * (len(LATENESS_BUCKETS_S) + 1)  # the last: above every bound
+        self.lateness_sum_s = 0.0
+        self.frames = 0
+        self.late_frames = 0  # handed out LATE_S or more after they were due
+        self.skipped_frames = 0  # frame slots the schedule moved past after a stall
+        self._window_start = clock()
+        self._window = (0, 0)  # frames, and late or skipped frames, since _window_start
+        self._last_window: tuple[int, int] = (0, 0)
+
+    def record(self, lateness_s: float, skipped: int = 0) -> None:
+        """One frame handed out ``lateness_s`` after it was due, after ``skipped`` lost slots."""
+        self.bucket_counts[bisect.bisect_left(LATENESS_BUCKETS_S, lateness_s)] += 1
+        self.lateness_sum_s += lateness_s
+        self.frames += 1
+        bad = skipped + (lateness_s >= LATE_S)
+        self.late_frames += lateness_s >= LATE_S
+        self.skipped_frames += skipped
+        frames, late = self._window
+        self._window = (frames + 1, late + bad)
+        now = self._clock()
+        if now - self._window_start >= OVERLOAD_WINDOW_S:
+            self._close_window(now)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counts as plain data (for /metrics and /healthz, and to send between processes)."""
+        return {
+            "bucket_counts": list(self.bucket_counts),
+            "lateness_sum_s": self.lateness_sum_s,
+            "frames": self.frames,
+            "late_frames": self.late_frames,
+            "skipped_frames": self.skipped_frames,
+            "overloaded": self.overloaded,
+        }
+
+    @property
+    def overloaded(self) -> bool:
+        """Whether the last full window (or the current one, once it is as bad) missed frames."""
+        self._expire(self._clock())
+        return any(_over(window) for window in (self._last_window, self._window))
+
+    def _expire(self, now: float) -> None:
+        if now - self._window_start >= 2 * OVERLOAD_WINDOW_S:  # idle: nothing recent to judge
+            self._window_start, self._window, self._last_window = now, (0, 0), (0, 0)
+
+    def _close_window(self, now: float) -> None:
+        self._last_window, self._window, self._window_start = self._window, (0, 0), now
+        if _over(self._last_window):
+            frames, late = self._last_window
+            logger.warning(
+                "media worker falling behind: %d of %d outbound frames late or skipped in the last %.0f s "
+                "(listeners hear holes); it carries more calls than its core can pace",
+                late, frames, OVERLOAD_WINDOW_S,
+            )
+
+
+def _over(window: tuple[int, int]) -> bool:
+    frames, late = window
+    return late > 0 and late >= OVERLOAD_SHARE * max(frames, OVERLOAD_MIN_FRAMES)
 
 
 class FramePacer:
@@ -39,9 +125,11 @@ class FramePacer:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        stats: PacingStats | None = None,
     ) -> None:
         self._clock = clock
         self._sleep = sleep
+        self._stats = stats
         self._start: float | None = None  # clock time of pts 0
         self.pts = 0  # 48 kHz samples sent so far
 
@@ -54,9 +142,15 @@ class FramePacer:
         due = self._start + self.pts / WIRE_RATE
         if now < due:
             await self._sleep(due - now)
+            if self._stats is not None:
+                self._stats.record(max(self._clock() - due, 0.0))  # the sleep may overshoot: a busy loop
         elif now - due > MAX_LATENESS_S:
             logger.debug("outbound audio %.0f ms late: moving the schedule instead of bursting", (now - due) * 1e3)
             self._start += now - due
+            if self._stats is not None:
+                self._stats.record(now - due, skipped=int((now - due) / FRAME_S + 1e-9))  # whole periods lost
+        elif self._stats is not None:
+            self._stats.record(now - due)
 
     def frame(self, pcm16: np.ndarray) -> av.AudioFrame:
         """The next frame holding ``FRAME_SAMPLES`` int16 samples, stamped with the next pts."""

@@ -482,9 +482,11 @@ class ResponseLatency(_ServerModel):
 
     ``end_of_speech_to_first_audio_ms`` = ``silence_wait_ms`` (audio the VAD waited through
     before committing; 0 for client commits and text turns) + time from commit to the first
-    audio chunk handed to the output. Of the latter, ``engine_first_audio_ms`` is the engine's
-    own time to first audio (``TurnTimings.first_audio``, including ``queue_wait_ms``) and
-    ``other_ms`` the rest (session, transport to the engine process, event loop).
+    audio frame handed to the transport (WebRTC: the outbound track's first frame of the answer;
+    an output that does not report its frames: the first chunk handed to it). Of the latter,
+    ``engine_first_audio_ms`` is the engine's own time to first audio (``TurnTimings.first_audio``,
+    including ``queue_wait_ms``) and ``other_ms`` the rest (session, transport to the engine
+    process, event loop, and the wait for the outbound track's next frame slot).
     """
 
     end_of_speech_to_first_audio_ms: float

@@ -11,6 +11,8 @@ without a running session.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +51,11 @@ from app.realtime.protocol import (
 from app.realtime.session_config import Modality, SessionConfig, read_max_output_tokens, read_voice
 from pipeline.turn import TurnDone, TurnTimings, Usage, Voice
 
+# How long response.done may wait for the answer's first frame to reach the transport. A paced
+# track sends the first queued frame within 20 ms; only a worker far behind takes longer, and
+# then the reported latency should include that wait. Bounded so that response.done never hangs.
+FIRST_FRAME_WAIT_S = 1.0
+
 
 @dataclass
 class Response:
@@ -66,7 +73,11 @@ class Response:
     entry: AssistantEntry | None = None  # set when response.created has been sent
     cancelling: bool = False
     cancel_reason: str | None = None
-    first_audio_at: float | None = None
+    first_audio_at: float | None = None  # monotonic: the first audio chunk handed to the output
+    # Monotonic: the output handed that audio's first frame to the transport (its on_playback_started).
+    first_frame_sent_at: float | None = None
+    expects_first_frame: bool = False
+    first_frame_sent: asyncio.Event = field(default_factory=asyncio.Event)
     # Set at its first audio, or when it ends: work for the engine that must not delay the
     # answer (input transcription) waits for it.
     output_started: asyncio.Event = field(default_factory=asyncio.Event)
@@ -100,6 +111,28 @@ class Response:
             started_at=started_at,
             silence_wait_ms=silence_wait_ms,
         )
+
+    def audio_written(self, *, to_idle_paced_output: bool) -> None:
+        """Audio of this response went to the output (a paced one with nothing queued, or not)."""
+        if self.first_audio_at is None:
+            self.first_audio_at = time.monotonic()
+            # A paced output reports the first frame it sends (on_playback_started) when nothing plays before it.
+            self.expects_first_frame = to_idle_paced_output
+            self.output_started.set()
+
+    def first_frame_out(self, response_id: str) -> None:
+        """The output sent the first frame of ``response_id``'s audio (its ``on_playback_started``)."""
+        if response_id == self.id and self.first_frame_sent_at is None:
+            self.first_frame_sent_at = time.monotonic()
+            self.first_frame_sent.set()
+
+    async def wait_first_frame(self) -> None:
+        """Before ``response.done``: let the first frame reach the transport, so that its latency does."""
+        if not self.expects_first_frame or self.first_frame_sent_at is not None:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(FIRST_FRAME_WAIT_S):
+                await self.first_frame_sent.wait()
 
     def content_ids(self) -> dict[str, Any]:
         assert self.entry is not None
@@ -219,10 +252,15 @@ def response_usage(usage: Usage) -> ResponseUsage:
 
 
 def latency(response: Response, timings: TurnTimings | None) -> ResponseLatency | None:
-    """Where the time from end of speech to first audio went; None for a response without audio."""
+    """Where the time from end of speech to first audio went; None for a response without audio.
+
+    First audio is the first frame handed to the transport when the output reported it (a paced
+    WebRTC track), else the first chunk handed to the output.
+    """
     if response.first_audio_at is None:
         return None
-    to_first_audio_ms = response.silence_wait_ms + (response.first_audio_at - response.started_at) * 1000
+    first_audio_at = response.first_frame_sent_at or response.first_audio_at
+    to_first_audio_ms = response.silence_wait_ms + (first_audio_at - response.started_at) * 1000
     engine_ms = timings.first_audio * 1000 if timings is not None and timings.first_audio is not None else None
     return ResponseLatency(
         end_of_speech_to_first_audio_ms=round(to_first_audio_ms, 1),

@@ -198,6 +198,8 @@ class RealtimeSession:
         if playback is not None:
             self._speaking_response_id = playback.response_id
             self._emit(OutputAudioBufferStartedEvent(response_id=playback.response_id))
+            if self._response is not None:
+                self._response.first_frame_out(playback.response_id)
 
     def on_playback_stopped(self) -> None:
         if self._closed or self._clearing:
@@ -380,6 +382,7 @@ class RealtimeSession:
                         done = event
             if done is None:
                 raise EngineError("The engine ended the turn without TurnDone.", code="engine_protocol_error")
+            await response.wait_first_frame()
             if done.finish_reason == "length":
                 self._finish_response(response, "incomplete", reason="max_output_tokens", done=done)
             elif done.finish_reason == "cancelled":
@@ -413,9 +416,7 @@ class RealtimeSession:
         pcm = chunk.pcm
         if response.modality != "audio" or response.entry is None or pcm.size == 0:
             return
-        if response.first_audio_at is None:
-            response.first_audio_at = time.monotonic()
-            response.output_started.set()
+        response.audio_written(to_idle_paced_output=len(self._ledger) == 0 and getattr(self._output, "paced", False))
         response.entry.add_audio(pcm.size, frames=chunk.frames, text_tokens_voiced=chunk.text_tokens_voiced)
         self._ledger.write(response.entry.id, response.id, pcm.size, self._output.played_samples)
         self._output.write(pcm)

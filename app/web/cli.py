@@ -39,6 +39,7 @@ SERVE_FLAGS = {
     "ice_loopback": "ice_loopback",
     "cors_origin": "cors_origins",
     "max_sessions": "max_sessions",
+    "media_workers": "media_workers",
     "disconnect_timeout": "disconnect_timeout_s",
     "api_key": "api_key",
     "allow_unauthenticated_public": "allow_unauthenticated_public",
@@ -81,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--cors-origin", action="append", metavar="ORIGIN", help="allow browser calls from ORIGIN; repeatable")
     serve.add_argument("--max-sessions", type=int, help="concurrent calls before 429 (default 16)")
+    serve.add_argument(
+        "--media-workers", type=int, metavar="N",
+        help="processes that carry the calls, behind the one port (default 1: all in the server process)",
+    )
     serve.add_argument("--disconnect-timeout", type=float, metavar="SECONDS", help="end a call whose peer sent no media this long (default 10)")
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or an ek_ client secret) to place calls")
     serve.add_argument(

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from app.realtime.protocol import (
@@ -30,6 +31,7 @@ from app.realtime.protocol import (
     SessionUpdatedEvent,
     event_type,
 )
+from media.pacing import LATENESS_BUCKETS_S, PacingStats
 from media.rates import SPEECH_RATE
 
 _SESSION_CONFIGURED = (event_type(SessionCreatedEvent), event_type(SessionUpdatedEvent))
@@ -50,9 +52,15 @@ TRANSPORTS = ("webrtc", "websocket")
 class Metrics:
     """Every metric of one server; ``render()`` is the ``/metrics`` body."""
 
-    def __init__(self) -> None:
+    def __init__(self, worker: str = "0") -> None:
+        """``worker``: the name this process's pacing is reported under (a media worker's index)."""
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.pacing = PacingStats()  # every call's outbound track in this process reports here
+        # Each media worker's PacingStats.snapshot() by worker name: by default this process's own;
+        # a front process with media workers replaces it with their latest reports.
+        self.pacing_snapshots: Callable[[], dict[str, dict[str, Any]]] = lambda: {worker: self.pacing.snapshot()}
+        r.register(_PacingCollector(lambda: self.pacing_snapshots()))
         # transport: "webrtc" (POST /v1/realtime/calls) or "websocket" (GET /v1/realtime).
         self.sessions_open = Gauge(
             "omni_rtc_sessions_open", "Open sessions, by transport.", ["transport"], registry=r
@@ -104,8 +112,27 @@ class Metrics:
             buckets=DURATION_BUCKETS, registry=r,
         )
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, others: list[list[FamilySamples]] | None = None) -> bytes:
+        """The exposition text; ``others``: other processes' :meth:`samples`, summed in by name and labels.
+
+        Summing is right for every metric here: counters and histograms of different processes
+        add up, and the one gauge of counts (open sessions) too.
+        """
+        if not others:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry(auto_describe=False)
+        merged.register(_MergedCollector([self.samples(), *others]))
+        return generate_latest(merged)
+
+    def samples(self) -> list[FamilySamples]:
+        """Every metric's samples as plain data, to send to the process that serves /metrics."""
+        return [
+            (family.name, family.type, family.documentation,
+             # _created (a timestamp per process) does not add up; Prometheus does without it.
+             [(sample.name, dict(sample.labels), sample.value) for sample in family.samples
+              if not sample.name.endswith("_created")])
+            for family in self.registry.collect()
+        ]
 
     def set_open_sessions(self, counts: dict[str, int]) -> None:
         for transport in TRANSPORTS:
@@ -113,6 +140,78 @@ class Metrics:
 
     def observer(self, clock: Callable[[], float] = time.monotonic, *, transport: str = "webrtc") -> CallObserver:
         return CallObserver(self, clock, transport)
+
+
+# (family name, type, help, [(sample name, labels, value)]): one metric family as plain data.
+FamilySamples = tuple[str, str, str, list[tuple[str, dict[str, str], float]]]
+
+
+class _MergedCollector:
+    """Several processes' families, samples with the same name and labels summed."""
+
+    def __init__(self, sources: list[list[FamilySamples]]) -> None:
+        self._sources = sources
+
+    def collect(self) -> list[Metric]:
+        families: dict[str, Metric] = {}
+        sums: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+        for source in self._sources:
+            for name, kind, documentation, samples in source:
+                if name not in families:
+                    families[name] = Metric(name, documentation, kind)
+                    sums[name] = {}
+                totals = sums[name]
+                for sample_name, labels, value in samples:
+                    key = (sample_name, tuple(sorted(labels.items())))
+                    totals[key] = totals.get(key, 0.0) + value
+        for name, family in families.items():
+            for (sample_name, label_pairs), value in sums[name].items():
+                family.add_sample(sample_name, dict(label_pairs), value)
+        return list(families.values())
+
+
+class _PacingCollector:
+    """Each media worker's outbound pacing (``PacingStats.snapshot()``), read at scrape time.
+
+    Counting happens in ``media.pacing`` with plain integers per frame; the Prometheus families
+    are built only when ``/metrics`` is read.
+    """
+
+    def __init__(self, snapshots: Callable[[], dict[str, dict[str, Any]]]) -> None:
+        self._snapshots = snapshots
+
+    def collect(self) -> list[Metric]:
+        lateness = HistogramMetricFamily(
+            "omni_rtc_outbound_frame_lateness_seconds",
+            "How long after its due time each outbound 20 ms audio frame was handed out, per media worker.",
+            labels=["worker"],
+        )
+        late = CounterMetricFamily(
+            "omni_rtc_outbound_frames_late",
+            "Outbound audio frames handed out a whole frame (20 ms) or more after they were due, per media worker.",
+            labels=["worker"],
+        )
+        skipped = CounterMetricFamily(
+            "omni_rtc_outbound_frames_skipped",
+            "Outbound frame slots skipped when a stall moved the pacing schedule forward, per media worker.",
+            labels=["worker"],
+        )
+        overloaded = GaugeMetricFamily(
+            "omni_rtc_media_worker_overloaded",
+            "1 when at least 1 % of a media worker's outbound frames in the last 10 s were late or skipped.",
+            labels=["worker"],
+        )
+        for worker, snapshot in sorted(self._snapshots().items()):
+            counts = snapshot["bucket_counts"]
+            cumulative, buckets = 0, []
+            for bound, count in zip([*map(str, LATENESS_BUCKETS_S), "+Inf"], counts, strict=True):
+                cumulative += count
+                buckets.append((bound, cumulative))
+            lateness.add_metric([worker], buckets, sum_value=snapshot["lateness_sum_s"])
+            late.add_metric([worker], snapshot["late_frames"])
+            skipped.add_metric([worker], snapshot["skipped_frames"])
+            overloaded.add_metric([worker], 1.0 if snapshot["overloaded"] else 0.0)
+        return [lateness, late, skipped, overloaded]
 
 
 class CallObserver:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from app.web.errors import ApiError
+from app.web.workers import MediaWorkerPool
 from app.webrtc.call import CallRegistry
 from media.end_of_turn import EndOfTurnModel
 from media.vad import SileroVad
@@ -21,8 +22,10 @@ class Runtime:
     for_sessions: Engine  # the engine as sessions get it
     model: str
     vad: SileroVad
+    # Every open session (--max-sessions): calls and WebSockets here, and the media workers' calls.
     calls: CallRegistry
     end_of_turn: EndOfTurnModel | None = None  # None: not installed; semantic_vad is refused
+    workers: MediaWorkerPool | None = None  # --media-workers > 1
 
 
 def runtime_of(request: Request) -> Runtime:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,15 +25,16 @@ from app.config import Settings
 from app.realtime.protocol import ProtocolError
 from app.realtime.session_config import SessionConfig
 from app.web.auth import Authenticator, install_auth
+from app.web.calls import call_rtc_configuration, load_end_of_turn_model
 from app.web.debug import debug_router
 from app.web.engines import MeteredEngine, StallTimeoutEngine
 from app.web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from app.web.metrics import Metrics
 from app.web.runtime import Runtime
-from app.web.signaling import call_rtc_configuration, signaling_router
+from app.web.signaling import signaling_router
 from app.web.websocket import websocket_router
+from app.web.workers import MediaWorkerPool
 from app.webrtc.call import CallRegistry
-from media.end_of_turn import SmartTurnModel, default_model_path
 from media.vad import SileroVad
 from pipeline.turn import Engine
 
@@ -56,18 +58,26 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             else:
                 serving, model = engine, getattr(engine, "name", type(engine).__name__)
             vad = await asyncio.to_thread(SileroVad.load)
-            end_of_turn = await asyncio.to_thread(_load_end_of_turn_model, settings)
+            end_of_turn = await asyncio.to_thread(load_end_of_turn_model, settings)
             calls = CallRegistry(
                 settings.max_sessions,
                 on_count=metrics.set_open_sessions,
                 on_closed=lambda call, reason: metrics.calls.labels(transport=call.transport, reason=reason).inc(),
             )
-            # Registered last, so it runs first: calls (and their engine turns) end before the engine.
+            # Registered after the engine, so it runs before: calls (and their engine turns) end first.
             stack.push_async_callback(calls.close_all)
             # Sessions get the engine with stalled turns failed (not hung) and timings recorded.
             for_sessions = MeteredEngine(StallTimeoutEngine(serving, stall_timeout_s=settings.turn_stall_timeout_s), metrics)
-            app.state.runtime = Runtime(engine=serving, for_sessions=for_sessions, model=model, vad=vad, calls=calls,
-                                        end_of_turn=end_of_turn)
+            workers = None
+            if settings.media_workers > 1:
+                workers = MediaWorkerPool(settings, settings.media_workers, for_sessions, calls)
+                stack.push_async_callback(workers.close)  # their calls end, then the engine
+                await workers.start()
+                metrics.pacing_snapshots = dict  # none here: each worker's metrics carry its own pacing
+            app.state.runtime = Runtime(
+                engine=serving, for_sessions=for_sessions, model=model, vad=vad, calls=calls,
+                end_of_turn=end_of_turn, workers=workers,
+            )
             logger.info("serving %s on http://%s:%d", model, settings.host, settings.port)
             try:
                 yield
@@ -127,31 +137,34 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 "model": runtime.model,
                 "sessions": len(runtime.calls),
                 "max_sessions": settings.max_sessions,
+                # "overloaded": the worker falls behind pacing its calls' audio (media/pacing.py).
+                "workers": runtime.workers.status() if runtime.workers is not None else [_this_worker(runtime)],
                 "engine": engine,
             },
             status_code=200 if alive else 503,
         )
 
     @app.get("/metrics")
-    async def prometheus() -> Response:
-        return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
+    async def prometheus(request: Request) -> Response:
+        runtime = getattr(request.app.state, "runtime", None)
+        workers = runtime.workers if runtime is not None else None
+        return Response(
+            metrics.render(workers.metric_samples() if workers is not None else None), media_type=METRICS_CONTENT_TYPE
+        )
+
+    def _this_worker(runtime: Runtime) -> dict[str, Any]:
+        """This process as the one media worker."""
+        pacing = metrics.pacing.snapshot()
+        return {
+            "worker": "0", "pid": os.getpid(), "alive": True, "sessions": len(runtime.calls), "restarts": 0,
+            "overloaded": pacing["overloaded"], "late_frames": pacing["late_frames"],
+            "skipped_frames": pacing["skipped_frames"],
+        }
 
     # The page and its files (index.html names js/main.js and style.css relatively), after every
     # route above so that none of them is shadowed.
     app.mount("/", StaticFiles(directory=STATIC_DIR, html=True, check_dir=False), name="static")
     return app
-
-
-def _load_end_of_turn_model(settings: Settings) -> SmartTurnModel | None:
-    """The end-of-turn model for semantic_vad, or None (logged) when it is missing or damaged."""
-    path = settings.turn_model or default_model_path(settings.cache_dir)
-    try:
-        model = SmartTurnModel.load(path)
-    except (OSError, ValueError) as exc:
-        logger.error("semantic_vad is unavailable, sessions asking for it get server_vad: %s", exc)
-        return None
-    logger.info("end-of-turn model for semantic_vad: %s", path)
-    return model
 
 
 def _base_session_config(settings: Settings) -> SessionConfig:

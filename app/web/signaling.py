@@ -12,7 +12,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from aiortc import RTCConfiguration
 from aiortc import sdp as aiortc_sdp
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -23,11 +22,12 @@ from app.realtime.protocol import ProtocolError
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
 from app.web.auth import Authenticator, CallGrant
+from app.web.calls import new_call
 from app.web.errors import ApiError, rate_limited
 from app.web.metrics import Metrics
 from app.web.runtime import runtime_of
-from app.webrtc.call import Call, CapacityError, OfferError, SessionFactory
-from app.webrtc.ice import rtc_configuration
+from app.web.workers import MediaWorkerPool, WorkerUnavailable
+from app.webrtc.call import CapacityError, OfferError, new_call_id
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,8 @@ def signaling_router(
         runtime = runtime_of(request)
         offer, session = await _read_offer(request, settings)
         config = read_session_config({**(grant.session or {}), **(session or {})}, base_config)
+        if runtime.workers is not None:
+            return await _place_on_worker(runtime.workers, offer, config, settings, metrics)
 
         def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
             return RealtimeSession(
@@ -55,7 +57,7 @@ def signaling_router(
             )
 
         try:
-            call = runtime.calls.admit(lambda on_closed: _new_call(settings, make_session, metrics, on_closed))
+            call = runtime.calls.admit(lambda on_closed: new_call(settings, make_session, metrics, on_closed))
         except CapacityError:
             metrics.errors.labels(type="rate_limit_error", code="too_many_sessions").inc()
             raise capacity_error(settings.max_sessions) from None
@@ -80,13 +82,45 @@ def signaling_router(
     @router.post("/v1/realtime/calls/{call_id}/hangup", status_code=204)  # OpenAI's name for it
     async def hang_up(call_id: str, request: Request) -> Response:
         await authenticator.require_api_key(request)
-        call = runtime_of(request).calls.get(call_id)
-        if call is None:
+        runtime = runtime_of(request)
+        if runtime.workers is not None:
+            try:
+                found = await runtime.workers.hang_up(call_id)
+            except WorkerUnavailable:
+                found = False  # the worker died: the call is gone with it
+        else:
+            call = runtime.calls.get(call_id)
+            found = call is not None
+            if call is not None:
+                await call.close("hangup")
+        if not found:
             raise ApiError(404, f"No open call {call_id!r}.", code="call_not_found", param="call_id")
-        await call.close("hangup")
         return Response(status_code=204)
 
     return router
+
+
+async def _place_on_worker(
+    workers: MediaWorkerPool, offer: str, config: SessionConfig, settings: Settings, metrics: Metrics
+) -> Response:
+    """The call goes to the least loaded media worker, which answers; the pool registers it (--max-sessions)."""
+    call_id = new_call_id()
+    try:
+        answer = await workers.place_call(call_id, offer, config)
+    except CapacityError:
+        metrics.errors.labels(type="rate_limit_error", code="too_many_sessions").inc()
+        raise capacity_error(settings.max_sessions) from None
+    except OfferError as exc:
+        metrics.errors.labels(type="invalid_request_error", code="invalid_sdp").inc()
+        raise ApiError(400, str(exc), code="invalid_sdp") from None
+    except WorkerUnavailable as exc:
+        metrics.errors.labels(type="server_error", code="media_worker_unavailable").inc()
+        raise ApiError(503, f"No media worker could take the call: {exc}", type="server_error",
+                       code="media_worker_unavailable") from None
+    logger.info("call %s: answered by media worker %s", call_id, workers.worker_of(call_id))
+    return Response(
+        answer, status_code=201, media_type=SDP_CONTENT_TYPE, headers={"Location": f"/v1/realtime/calls/{call_id}"}
+    )
 
 
 def capacity_error(max_sessions: int) -> ApiError:
@@ -94,27 +128,6 @@ def capacity_error(max_sessions: int) -> ApiError:
         f"The server is serving its maximum of {max_sessions} sessions; try again shortly.",
         code="too_many_sessions",
         retry_after_s=CAPACITY_RETRY_AFTER_S,
-    )
-
-
-def call_rtc_configuration(settings: Settings) -> RTCConfiguration:
-    """The ICE servers every call uses; a bad URL raises ``ValueError`` naming it."""
-    credential = settings.turn_credential.get_secret_value() if settings.turn_credential else None
-    return rtc_configuration(settings.ice_servers, username=settings.turn_username, credential=credential)
-
-
-def _new_call(
-    settings: Settings, make_session: SessionFactory, metrics: Metrics, on_closed: Callable[[Call, str], None]
-) -> Call:
-    return Call(
-        make_session=make_session,
-        configuration=call_rtc_configuration(settings),
-        ice_loopback=settings.ice_loopback,
-        connect_timeout_s=settings.connect_timeout_s,
-        disconnect_timeout_s=settings.disconnect_timeout_s,
-        max_duration_s=settings.max_session_s,
-        observer=metrics.observer(),
-        on_closed=on_closed,
     )
 
 

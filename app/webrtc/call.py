@@ -36,7 +36,9 @@ from app.realtime.protocol import EVENTS_CHANNEL, ProtocolError
 from app.web.metrics import CallObserver
 from app.webrtc.ice import loopback_candidates
 from media.inbound import InboundAudio, release_audio_promptly
+from media.opus import OpusTrack
 from media.outbound import OutboundAudioTrack
+from media.pacing import PacingStats
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +90,10 @@ class Call:
         observer: CallObserver | None = None,
         on_closed: Callable[[Call, str], None] | None = None,
         call_id: str | None = None,
+        pacing_stats: PacingStats | None = None,
     ) -> None:
         self.id = call_id or new_call_id()
+        self._pacing_stats = pacing_stats
         self._make_session = make_session
         self._configuration = configuration
         self._ice_loopback = ice_loopback
@@ -126,7 +130,7 @@ class Call:
         pc = RTCPeerConnection(self._configuration)
         self._pc = pc
         self._resources.push_async_callback(pc.close)
-        output = OutboundAudioTrack()
+        output = OutboundAudioTrack(pacing_stats=self._pacing_stats)
         self._resources.callback(output.stop)
         session = self._make_session(output, self._send)
         self._session = session
@@ -155,7 +159,7 @@ class Call:
         for transceiver in pc.getTransceivers():
             if transceiver.kind == "audio":
                 release_audio_promptly(transceiver.receiver)
-        pc.addTrack(output)
+        pc.addTrack(OpusTrack(output))  # encoded here: see media/opus.py for what aiortc's sender would spend
         answer = await pc.createAnswer()
         # aiortc gathers every candidate inside setLocalDescription, so the answer is complete.
         with loopback_candidates(self._ice_loopback):

@@ -1,0 +1,42 @@
+"""Messages between the front process and its media workers: length-prefixed pickles on a unix socket.
+
+Pickle, because both ends are this server's own processes (spawned by it, connecting to a
+socket in a directory only its user can open) and the messages carry the engine's own types
+(``TurnRequest``, ``AudioChunk`` with numpy arrays) both ways. A message is a dict with an
+``op``; writing is synchronous (the socket is local and the reader always drains it), so a
+message is never half-written by a cancelled task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import struct
+from typing import Any
+
+_HEADER = struct.Struct("!I")
+# A turn event is at most one audio chunk (~80 ms, 8 KB); an offer or answer SDP a few KB.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+def post(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
+    """Queues one message on ``writer``; a closed connection drops it (its reader learns of the end)."""
+    if writer.is_closing():
+        return
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    writer.write(_HEADER.pack(len(data)) + data)
+
+
+async def receive(reader: asyncio.StreamReader) -> dict[str, Any] | None:
+    """The next message, or None when the other process closed the connection (or died)."""
+    try:
+        header = await reader.readexactly(_HEADER.size)
+        (size,) = _HEADER.unpack(header)
+        if size > MAX_MESSAGE_BYTES:
+            raise ValueError(f"an IPC message of {size} bytes (limit {MAX_MESSAGE_BYTES})")
+        message = pickle.loads(await reader.readexactly(size))
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+    if not isinstance(message, dict):
+        raise ValueError(f"an IPC message is a dict, got {type(message).__name__}")
+    return message

@@ -1,0 +1,216 @@
+"""A media worker process: the calls placed on it, whole (peer, data channel, session, VAD, track).
+
+The front process (``app.web.workers``) spawns it and hands it offers over IPC (``app.web.ipc``);
+the worker answers with the SDP and from then on the call lives here: aiortc's peer and its
+UDP sockets, the session, the VAD and the paced outbound track all run on this process's own
+event loop and GIL, so a busy worker never delays another's audio. The engine stays in the
+front process: sessions here get an :class:`EngineProxy` that streams each turn over the
+same connection. The worker reports its calls' ends, its session count, its pacing and its
+metrics; when the front goes away the worker closes its calls and exits.
+
+Messages, front → worker: ``offer`` (call id, SDP, session config), ``hangup``,
+``turn_event``/``turn_end`` (a turn's events), ``shutdown``. Worker → front: ``hello``,
+``answer`` (reply to ``offer``/``hangup``), ``call_closed``, ``status`` (every
+``STATUS_INTERVAL_S``), ``turn``/``cancel_turn``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+from app.config import Settings
+from app.realtime.ledger import AudioOutput
+from app.realtime.session import RealtimeSession
+from app.realtime.session_config import SessionConfig
+from app.web.calls import load_end_of_turn_model, new_call
+from app.web.ipc import post, receive
+from app.web.metrics import Metrics
+from app.webrtc.call import Call, CallRegistry, OfferError
+from media.end_of_turn import EndOfTurnModel
+from media.vad import SileroVad
+from pipeline.turn import EngineError, TurnEvent, TurnRequest
+
+logger = logging.getLogger(__name__)
+
+# How often a worker reports its sessions, pacing and metrics: /healthz and /metrics in the
+# front are at most this old.
+STATUS_INTERVAL_S = 0.5
+# The front enforces --max-sessions across workers; a worker admits whatever it is given.
+_UNLIMITED = 1_000_000
+
+
+class EngineProxy:
+    """The front process's engine, as sessions in a worker get it: each turn streamed over IPC.
+
+    Closing a turn's iterator before it ended cancels the turn in the front (``cancel_turn``).
+    An ``EngineError`` in the front is raised here with its code.
+    """
+
+    def __init__(self, name: str, send: Callable[[dict[str, Any]], None]) -> None:
+        self.name = name
+        self._send = send
+        self._turns: dict[int, asyncio.Queue[dict[str, Any]]] = {}
+        self._ids = itertools.count(1)
+
+    async def start(self) -> None:
+        """The engine is the front process's."""
+
+    async def close(self) -> None:
+        """The engine is the front process's."""
+
+    async def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+        turn = next(self._ids)
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._turns[turn] = queue
+        ended = False
+        try:
+            self._send({"op": "turn", "turn": turn, "request": request})
+            while True:
+                message = await queue.get()
+                if message["op"] == "turn_event":
+                    yield message["event"]
+                    continue
+                ended = True
+                if message.get("error") is not None:
+                    code, text = message["error"]
+                    raise EngineError(text, code=code)
+                return
+        finally:
+            del self._turns[turn]
+            if not ended:
+                self._send({"op": "cancel_turn", "turn": turn})
+
+    def deliver(self, message: dict[str, Any]) -> None:
+        """A ``turn_event`` or ``turn_end`` from the front; a cancelled turn's late events are dropped."""
+        queue = self._turns.get(message["turn"])
+        if queue is not None:
+            queue.put_nowait(message)
+
+
+class MediaWorker:
+    """One worker's loop: the connection to the front, its calls, its status reports."""
+
+    def __init__(self, index: int, settings: Settings, engine_name: str) -> None:
+        self.index = index
+        self._settings = settings
+        self._engine_name = engine_name
+        self._writer: asyncio.StreamWriter | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def serve(self, socket_path: str) -> None:
+        reader, writer = await asyncio.open_unix_connection(socket_path)
+        self._writer = writer
+        self._send({"op": "hello", "worker": self.index, "pid": os.getpid()})
+        vad = await asyncio.to_thread(SileroVad.load)
+        end_of_turn = await asyncio.to_thread(load_end_of_turn_model, self._settings)
+        metrics = Metrics(worker=str(self.index))
+        engine = EngineProxy(self._engine_name, self._send)
+        # The front counts every worker's sessions and their ends (omni_rtc_sessions_open,
+        # omni_rtc_calls): this registry only tells it when a call ends.
+        calls = CallRegistry(_UNLIMITED, on_closed=self._closed)
+        reporter = asyncio.create_task(self._report(calls, metrics), name="worker status")
+        try:
+            while (message := await receive(reader)) is not None:
+                op = message["op"]
+                if op in ("turn_event", "turn_end"):
+                    engine.deliver(message)
+                elif op == "offer":
+                    answer = self._answer(message, calls, engine, vad, end_of_turn, metrics)
+                    self._start(answer, f"offer {message['call_id']}")
+                elif op == "hangup":
+                    self._start(self._hang_up(message, calls), f"hangup {message['call_id']}")
+                elif op == "shutdown":
+                    break
+                else:
+                    logger.error("media worker %d: unknown message %r from the front", self.index, op)
+        finally:
+            reporter.cancel()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(reporter, *self._tasks, return_exceptions=True)
+            await calls.close_all()
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    def _send(self, message: dict[str, Any]) -> None:
+        assert self._writer is not None
+        post(self._writer, message)
+
+    def _start(self, work: Any, name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("media worker %d: %s failed", self.index, task.get_name(), exc_info=task.exception())
+
+    def _closed(self, call: Call, reason: str) -> None:
+        self._send({"op": "call_closed", "call_id": call.id, "reason": reason})
+
+    async def _answer(
+        self,
+        message: dict[str, Any],
+        calls: CallRegistry,
+        engine: EngineProxy,
+        vad: SileroVad,
+        end_of_turn: EndOfTurnModel | None,
+        metrics: Metrics,
+    ) -> None:
+        config: SessionConfig = message["config"]
+
+        def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
+            return RealtimeSession(
+                engine=engine, vad=vad, output=output, send=send, config=config,
+                on_ignored_speech=metrics.ignored_speech.inc, end_of_turn=end_of_turn,
+            )
+
+        call = calls.admit(
+            lambda on_closed: new_call(self._settings, make_session, metrics, on_closed, call_id=message["call_id"])
+        )
+        reply: dict[str, Any] = {"op": "answer", "request": message["request"], "call_id": call.id}
+        try:
+            reply["sdp"] = await call.answer(message["sdp"])
+        except OfferError as exc:
+            await call.close("bad_offer")
+            reply["offer_error"] = str(exc)
+        except BaseException:
+            await call.close("signaling_failed")
+            reply["failed"] = True
+            self._send(reply)
+            raise
+        self._send(reply)
+
+    async def _hang_up(self, message: dict[str, Any], calls: CallRegistry) -> None:
+        call = calls.get(message["call_id"])
+        if call is not None:
+            await call.close("hangup")
+        self._send({"op": "answer", "request": message["request"], "found": call is not None})
+
+    async def _report(self, calls: CallRegistry, metrics: Metrics) -> None:
+        while True:
+            self._send(
+                {
+                    "op": "status",
+                    "sessions": len(calls),
+                    "pacing": metrics.pacing.snapshot(),
+                    "metrics": metrics.samples(),
+                }
+            )
+            await asyncio.sleep(STATUS_INTERVAL_S)
+
+
+def run_media_worker(index: int, socket_path: str, settings: Settings, engine_name: str) -> None:
+    """The worker process's entry point (``multiprocessing`` spawns it)."""
+    logging.basicConfig(
+        level=settings.log_level.upper(), format=f"%(asctime)s %(levelname)s worker-{index} %(name)s: %(message)s"
+    )
+    asyncio.run(MediaWorker(index, settings, engine_name).serve(socket_path))

@@ -1,0 +1,376 @@
+"""The front process's media workers: spawned, placed on, watched, restarted.
+
+``omni-rtc serve --media-workers N`` (N > 1) keeps HTTP, the page, auth, client secrets,
+signaling, the session count and the engine in this (front) process, and runs every call in
+one of N worker processes (``app.web.media_worker``). A new call goes to the live worker with
+the fewest calls; its offer travels over IPC and the worker's SDP answer comes back, so the
+peer's media then flows to that worker's own UDP sockets. The front remembers which worker
+holds each call (hang-up goes there) and serves the workers' engine turns from the one engine.
+Each call placed on a worker is a :class:`RemoteCall` in the front's ``CallRegistry``, so
+``--max-sessions`` counts it with the front's WebSocket sessions. A worker that dies loses its
+calls (they leave the registry at once), is spawned again, and gets new calls once it reports. docs/ARCHITECTURE.md says why it is built this way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+from app.config import Settings
+from app.realtime.session_config import SessionConfig
+from app.web.ipc import post, receive
+from app.web.media_worker import run_media_worker
+from app.web.metrics import FamilySamples
+from app.webrtc.call import CallRegistry, OfferError
+from pipeline.turn import Engine, EngineError
+
+logger = logging.getLogger(__name__)
+
+# A worker imports aiortc, FastAPI and onnxruntime and loads the VAD: ~2-5 s on a loaded core.
+WORKER_START_TIMEOUT_S = 60.0
+# Answering an offer gathers loopback/host candidates: well under a second; a worker that takes
+# this long is stuck, and the client gets a 503 rather than waiting forever.
+OFFER_TIMEOUT_S = 30.0
+# Asked to shut down, a worker closes its calls (each a few ms); past this it is killed.
+WORKER_STOP_TIMEOUT_S = 10.0
+# How often the front checks that every worker process still runs; a dead one is spawned again.
+SUPERVISE_INTERVAL_S = 0.5
+# A worker that died before it ever reported (a crash at start-up) is spawned again only after
+# this long, so that a worker that cannot start does not spin.
+START_RETRY_DELAY_S = 5.0
+
+
+class WorkerUnavailable(Exception):
+    """No live worker to place the call on, or the worker died while answering."""
+
+
+@dataclass
+class WorkerHandle:
+    """What the front knows of one worker process."""
+
+    index: int
+    process: BaseProcess
+    pid: int | None = None
+    writer: asyncio.StreamWriter | None = None
+    ready: bool = False  # said hello; takes calls
+    calls: set[str] = field(default_factory=set)
+    reserved: int = 0  # offers sent, not yet answered
+    reported_sessions: int = 0
+    pacing: dict[str, Any] | None = None
+    metrics: list[FamilySamples] = field(default_factory=list)
+    pending: dict[int, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
+    turns: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    restarts: int = 0
+    spawned_at: float = 0.0  # monotonic
+
+    @property
+    def load(self) -> int:
+        return len(self.calls) + self.reserved
+
+    def send(self, message: dict[str, Any]) -> None:
+        if self.writer is None:
+            raise WorkerUnavailable(f"media worker {self.index} is not connected")
+        post(self.writer, message)
+
+
+class RemoteCall:
+    """A call that lives in a media worker, as the front's ``CallRegistry`` holds it."""
+
+    transport = "webrtc"
+
+    def __init__(self, call_id: str, pool: MediaWorkerPool, on_closed: Callable[[Any, str], None]) -> None:
+        self.id = call_id
+        self._pool = pool
+        self._on_closed: Callable[[Any, str], None] | None = on_closed
+
+    async def close(self, reason: str = "closed") -> None:
+        """Ends the call in its worker (which then reports it closed). Safe twice."""
+        with contextlib.suppress(WorkerUnavailable):
+            await self._pool.hang_up(self.id)
+
+    def released(self, reason: str) -> None:
+        """The call is over (its worker said so, or died): it leaves the registry, once."""
+        on_closed, self._on_closed = self._on_closed, None
+        if on_closed is not None:
+            on_closed(self, reason)
+
+
+class MediaWorkerPool:
+    """N media worker processes; each call placed on one is a :class:`RemoteCall` in ``calls``."""
+
+    def __init__(self, settings: Settings, count: int, engine: Engine, calls: CallRegistry) -> None:
+        self._settings = settings
+        self._engine = engine
+        self._calls = calls
+        self._context = multiprocessing.get_context("spawn")  # no fork of a process with threads and a loop
+        self._workers = [WorkerHandle(index, process=self._context.Process()) for index in range(count)]
+        self._call_worker: dict[str, WorkerHandle] = {}
+        self._remote: dict[str, RemoteCall] = {}  # offered or answered, until released
+        self._requests = 0
+        self._directory: tempfile.TemporaryDirectory[str] | None = None
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._closing = False
+        self._ready = asyncio.Event()
+        self._supervisor: asyncio.Task[None] | None = None
+
+    @property
+    def socket_path(self) -> str:
+        assert self._directory is not None
+        return str(Path(self._directory.name) / "workers.sock")
+
+    async def start(self) -> None:
+        self._directory = tempfile.TemporaryDirectory(prefix="omni-rtc-")  # mode 0700: this user only
+        self._server = await asyncio.start_unix_server(self._on_connection, path=self.socket_path)
+        for worker in self._workers:
+            self._spawn(worker)
+        self._supervisor = asyncio.create_task(self._supervise(), name="media worker supervisor")
+        async with asyncio.timeout(WORKER_START_TIMEOUT_S):
+            while not all(worker.ready for worker in self._workers):
+                self._ready.clear()
+                await self._ready.wait()
+        logger.info("%d media workers ready: pids %s", len(self._workers), [w.pid for w in self._workers])
+
+    async def close(self) -> None:
+        """Stops every worker (their calls end) and the IPC server. Safe twice."""
+        if self._closing:
+            return
+        self._closing = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        for worker in self._workers:
+            if worker.writer is not None:
+                worker.send({"op": "shutdown"})
+        await asyncio.gather(*(asyncio.to_thread(self._stop, worker) for worker in self._workers))
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._directory is not None:
+            self._directory.cleanup()
+
+    # -- calls -----------------------------------------------------------------------------
+
+    async def place_call(self, call_id: str, sdp: str, config: SessionConfig) -> str:
+        """The worker's SDP answer; raises CapacityError (--max-sessions), OfferError or WorkerUnavailable."""
+        live = [worker for worker in self._workers if worker.ready]
+        if not live:
+            raise WorkerUnavailable("no media worker is running")
+        worker = min(live, key=lambda w: (w.load, w.index))
+        remote = self._calls.admit(lambda on_closed: RemoteCall(call_id, self, on_closed))
+        self._remote[call_id] = remote
+        worker.reserved += 1
+        try:
+            reply = await self._ask(worker, {"op": "offer", "call_id": call_id, "sdp": sdp, "config": config})
+        except BaseException:
+            self._release(call_id, "signaling_failed")
+            raise
+        finally:
+            worker.reserved -= 1
+        if "sdp" not in reply:
+            self._release(call_id, "bad_offer" if "offer_error" in reply else "signaling_failed")
+            if "offer_error" in reply:
+                raise OfferError(reply["offer_error"])
+            raise WorkerUnavailable(f"media worker {worker.index} could not answer the offer")
+        return str(reply["sdp"])  # the call joined its worker when the answer arrived (_handle)
+
+    async def hang_up(self, call_id: str) -> bool:
+        """Ends the call in its worker; False when no worker holds it."""
+        worker = self._call_worker.get(call_id)
+        if worker is None:
+            return False
+        reply = await self._ask(worker, {"op": "hangup", "call_id": call_id})
+        return bool(reply.get("found"))
+
+    def worker_of(self, call_id: str) -> int | None:
+        worker = self._call_worker.get(call_id)
+        return None if worker is None else worker.index
+
+    # -- health and metrics ------------------------------------------------------------------
+
+    def status(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "worker": str(worker.index),
+                "pid": worker.pid,
+                "alive": worker.ready and worker.process.is_alive(),
+                "sessions": len(worker.calls),
+                "restarts": worker.restarts,
+                "overloaded": bool(worker.pacing and worker.pacing["overloaded"]),
+                "late_frames": worker.pacing["late_frames"] if worker.pacing else 0,
+                "skipped_frames": worker.pacing["skipped_frames"] if worker.pacing else 0,
+            }
+            for worker in self._workers
+        ]
+
+    def metric_samples(self) -> list[list[FamilySamples]]:
+        return [worker.metrics for worker in self._workers if worker.ready and worker.metrics]
+
+    # -- processes and their connections ------------------------------------------------------
+
+    def _spawn(self, worker: WorkerHandle) -> None:
+        worker.process = self._context.Process(
+            target=run_media_worker,
+            args=(worker.index, self.socket_path, self._settings, self._engine.name),
+            name=f"omni-rtc media worker {worker.index}",
+            daemon=True,  # never outlives the front, however the front ends
+        )
+        worker.process.start()
+        worker.pid = worker.process.pid
+        worker.spawned_at = time.monotonic()
+
+    def _stop(self, worker: WorkerHandle) -> None:
+        """Blocking: waits for the process to exit, then kills it (in a thread)."""
+        process = worker.process
+        if process.pid is None:
+            return
+        process.join(WORKER_STOP_TIMEOUT_S)
+        if process.is_alive():
+            logger.warning("media worker %d (pid %s) did not stop; killing it", worker.index, process.pid)
+            process.kill()
+            process.join()
+
+    def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.create_task(self._serve_worker(reader, writer), name="media worker connection")
+        self._connections.add(task)
+        task.add_done_callback(self._connections.discard)
+
+    async def _serve_worker(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hello = await receive(reader)
+        if hello is None or hello.get("op") != "hello" or not 0 <= hello.get("worker", -1) < len(self._workers):
+            logger.error("a process connected to the media worker socket without a valid hello: %r", hello)
+            writer.close()
+            return
+        worker = self._workers[hello["worker"]]
+        worker.writer, worker.pid = writer, hello["pid"]
+        try:
+            while (message := await receive(reader)) is not None:
+                self._handle(worker, message)
+        finally:
+            await self._lost(worker, writer)
+
+    def _handle(self, worker: WorkerHandle, message: dict[str, Any]) -> None:
+        op = message["op"]
+        if op == "status":
+            worker.reported_sessions = message["sessions"]
+            worker.pacing, worker.metrics = message["pacing"], message["metrics"]
+            if not worker.ready:  # the first report: the VAD is loaded, calls can come
+                worker.ready = True
+                self._ready.set()
+        elif op == "answer":
+            future = worker.pending.pop(message["request"], None)
+            if "sdp" in message:
+                if future is None:  # answered after the client was given up on: end the call
+                    worker.send({"op": "hangup", "call_id": message["call_id"], "request": 0})
+                    return
+                # Registered here, before any later message of this worker is read: its
+                # call_closed may be next in the stream, and must find the call.
+                worker.calls.add(message["call_id"])
+                self._call_worker[message["call_id"]] = worker
+            if future is not None and not future.done():
+                future.set_result(message)
+        elif op == "call_closed":
+            self._forget_call(worker, message["call_id"], message["reason"])
+        elif op == "turn":
+            turn: int = message["turn"]
+            task = asyncio.create_task(self._serve_turn(worker, turn, message["request"]), name=f"turn {turn}")
+            worker.turns[turn] = task
+            task.add_done_callback(lambda _: worker.turns.pop(turn, None))
+        elif op == "cancel_turn":
+            turn_task = worker.turns.get(message["turn"])
+            if turn_task is not None:
+                turn_task.cancel()
+        else:
+            logger.error("media worker %d sent an unknown message %r", worker.index, op)
+
+    async def _ask(self, worker: WorkerHandle, message: dict[str, Any]) -> dict[str, Any]:
+        self._requests += 1
+        request = self._requests
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        worker.pending[request] = future
+        try:
+            worker.send({**message, "request": request})
+            async with asyncio.timeout(OFFER_TIMEOUT_S):
+                return await future
+        except TimeoutError:
+            raise WorkerUnavailable(f"media worker {worker.index} did not answer in {OFFER_TIMEOUT_S:g} s") from None
+        finally:
+            worker.pending.pop(request, None)
+
+    async def _serve_turn(self, worker: WorkerHandle, turn: int, request: Any) -> None:
+        error: tuple[str, str] | None = None
+        try:
+            async with contextlib.aclosing(self._engine.run_turn(request)) as events:
+                async for event in events:
+                    worker.send({"op": "turn_event", "turn": turn, "event": event})
+        except EngineError as exc:
+            error = (exc.code, str(exc))
+        except WorkerUnavailable:
+            return  # the worker is gone: nobody to tell
+        except Exception as exc:
+            logger.exception("media worker %d: a turn failed in the front", worker.index)
+            error = ("engine_error", f"{type(exc).__name__}: {exc}")
+        with contextlib.suppress(WorkerUnavailable):
+            worker.send({"op": "turn_end", "turn": turn, "error": error})
+
+    def _forget_call(self, worker: WorkerHandle, call_id: str, reason: str) -> None:
+        if call_id in worker.calls:
+            worker.calls.discard(call_id)
+            self._call_worker.pop(call_id, None)
+            self._release(call_id, reason)
+
+    def _release(self, call_id: str, reason: str) -> None:
+        remote = self._remote.pop(call_id, None)
+        if remote is not None:
+            remote.released(reason)
+
+    async def _lost(self, worker: WorkerHandle, writer: asyncio.StreamWriter) -> None:
+        """The worker's connection ended: it exited or died. Its calls are gone; the supervisor spawns it again."""
+        was_ready, lost_calls = worker.ready, len(worker.calls)
+        worker.ready, worker.writer, worker.pacing, worker.metrics = False, None, None, []
+        for call_id in list(worker.calls):
+            self._forget_call(worker, call_id, "server_shutdown" if self._closing else "worker_died")
+        for future in worker.pending.values():
+            if not future.done():
+                future.set_exception(WorkerUnavailable(f"media worker {worker.index} ended"))
+        worker.pending.clear()
+        for task in list(worker.turns.values()):
+            task.cancel()
+        await asyncio.gather(*worker.turns.values(), return_exceptions=True)
+        writer.close()
+        if not self._closing:
+            logger.error(
+                "media worker %d (pid %s) ended unexpectedly (%s); %d calls lost; it will be started again",
+                worker.index, worker.pid, "was serving" if was_ready else "during start-up", lost_calls,
+            )
+
+    async def _supervise(self) -> None:
+        """Spawns again every worker whose process has exited (its connection, if any, cleaned up)."""
+        while True:
+            await asyncio.sleep(SUPERVISE_INTERVAL_S)
+            for worker in self._workers:
+                if worker.writer is not None or worker.process.is_alive():
+                    continue  # running, or its connection is still being cleaned up
+                if not worker.ready and time.monotonic() - worker.spawned_at < START_RETRY_DELAY_S:
+                    continue
+                worker.restarts += 1
+                self._spawn(worker)
+                logger.info("media worker %d started again as pid %s", worker.index, worker.pid)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity), at least 1."""
+    return max(1, len(os.sched_getaffinity(0)))

@@ -1,0 +1,89 @@
+"""The parts of --media-workers that need no process: the engine proxy, metric merging."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.web.media_worker import EngineProxy
+from app.web.metrics import Metrics
+from pipeline.conversation import Conversation
+from pipeline.turn import AudioChunk, EngineError, TextDelta, TurnRequest
+
+
+class Front:
+    """Plays the front process for one EngineProxy: records what it is sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.proxy = EngineProxy("front-engine", self.sent.append)
+
+    async def turn_started(self) -> int:
+        while not self.sent:
+            await asyncio.sleep(0)
+        return int(self.sent[0]["turn"])
+
+
+async def test_a_turn_streams_its_events_and_ends() -> None:
+    front = Front()
+    request = TurnRequest(conversation=Conversation(items=[]))
+    chunk = AudioChunk(np.zeros(1920, dtype=np.float32))
+
+    async def play_front() -> None:
+        turn = await front.turn_started()
+        assert front.sent[0]["request"] is request
+        front.proxy.deliver({"op": "turn_event", "turn": turn, "event": TextDelta("Hi")})
+        front.proxy.deliver({"op": "turn_event", "turn": turn, "event": chunk})
+        front.proxy.deliver({"op": "turn_end", "turn": turn, "error": None})
+
+    player = asyncio.create_task(play_front())
+    events = [event async for event in front.proxy.run_turn(request)]
+    await player
+    assert events == [TextDelta("Hi"), chunk]
+    assert [message["op"] for message in front.sent] == ["turn"]  # ended: nothing to cancel
+
+
+async def test_an_engine_error_in_front_is_raised_with_its_code() -> None:
+    front = Front()
+
+    async def play_front() -> None:
+        turn = await front.turn_started()
+        front.proxy.deliver({"op": "turn_end", "turn": turn, "error": ("engine_timeout", "nothing for 60 s")})
+
+    player = asyncio.create_task(play_front())
+    with pytest.raises(EngineError, match="nothing for 60 s") as raised:
+        async for _ in front.proxy.run_turn(TurnRequest(conversation=Conversation(items=[]))):
+            pass
+    await player
+    assert raised.value.code == "engine_timeout"
+
+
+async def test_closing_a_turn_early_cancels_it_in_front_and_drops_its_late_events() -> None:
+    front = Front()
+    turn_events = front.proxy.run_turn(TurnRequest(conversation=Conversation(items=[])))
+    async with contextlib.aclosing(turn_events):
+        pending = asyncio.ensure_future(anext(turn_events))
+        turn = await front.turn_started()
+        front.proxy.deliver({"op": "turn_event", "turn": turn, "event": TextDelta("Hi")})
+        assert await pending == TextDelta("Hi")
+    assert front.sent[-1] == {"op": "cancel_turn", "turn": turn}
+    front.proxy.deliver({"op": "turn_event", "turn": turn, "event": TextDelta("late")})  # ignored
+
+
+def test_metrics_of_workers_add_up_and_keep_their_worker_labels() -> None:
+    front, first, second = Metrics(), Metrics(worker="0"), Metrics(worker="1")
+    front.pacing_snapshots = dict  # the front paces nothing
+    front.calls.labels(transport="webrtc", reason="hangup").inc()
+    first.calls.labels(transport="webrtc", reason="hangup").inc(2)
+    second.calls.labels(transport="webrtc", reason="peer_gone").inc()
+    first.pacing.record(0.5, skipped=24)
+    text = front.render([first.samples(), second.samples()]).decode()
+    assert 'omni_rtc_calls_total{reason="hangup",transport="webrtc"} 3.0' in text
+    assert 'omni_rtc_calls_total{reason="peer_gone",transport="webrtc"} 1.0' in text
+    assert 'omni_rtc_outbound_frames_skipped_total{worker="0"} 24.0' in text
+    assert 'omni_rtc_outbound_frames_skipped_total{worker="1"} 0.0' in text
+    assert "_created" not in text

@@ -1,0 +1,127 @@
+"""``--media-workers 2``: calls spread over worker processes behind one port, one engine in front.
+
+A real server (uvicorn in this process as the front, two spawned media workers), real aiortc
+peers, the real VAD; the engine is the scripted stand-in, served from the front to the workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from app.config import Settings
+from app.web.server import create_app
+from app.webrtc.client import ClientError, RealtimeClient
+from tests.e2e.conftest import serving_in_process
+from tests.fakes import ScriptedEngine
+from tests.speech import load_fixture
+
+# Worker processes start (imports, VAD) and report every 0.5 s; a restart takes as long as a start.
+SETTLE_S = 90.0
+
+
+@contextlib.asynccontextmanager
+async def front(tmp_path: Any, **settings: Any) -> AsyncIterator[tuple[str, httpx.AsyncClient]]:
+    app = create_app(
+        Settings(ice_loopback=True, cache_dir=tmp_path, media_workers=2, **settings), engine=ScriptedEngine("Hi there")
+    )
+    async with serving_in_process(app) as url, httpx.AsyncClient(base_url=url) as http:
+        yield url, http
+
+
+async def health(http: httpx.AsyncClient) -> dict[str, Any]:
+    return (await http.get("/healthz")).json()
+
+
+async def until(http: httpx.AsyncClient, condition: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """/healthz once ``condition`` holds (a guard against hangs, not a speed limit)."""
+    async with asyncio.timeout(SETTLE_S):
+        while not condition(body := await health(http)):
+            await asyncio.sleep(0.2)
+    return body
+
+
+def sessions_by_worker(body: dict[str, Any]) -> list[int]:
+    return [worker["sessions"] for worker in body["workers"]]
+
+
+def call_id(client: RealtimeClient) -> str:
+    assert client.call_location is not None
+    return client.call_location.rsplit("/", 1)[1]
+
+
+async def answered(client: RealtimeClient) -> None:
+    turn = await client.speak(load_fixture("hello"))
+    assert turn.status == "completed"
+    assert turn.transcript == "Hi there"
+    assert turn.audible_seconds > 0
+
+
+async def test_calls_spread_over_workers_and_hang_up_reaches_the_right_one(tmp_path) -> None:
+    async with front(tmp_path) as (url, http):
+        body = await health(http)
+        assert [worker["alive"] for worker in body["workers"]] == [True, True]
+        assert len({worker["pid"] for worker in body["workers"]} | {os.getpid()}) == 3
+        async with RealtimeClient(url, ice_loopback=True) as first, RealtimeClient(url, ice_loopback=True) as second:
+            body = await until(http, lambda b: sessions_by_worker(b) == [1, 1])
+            assert body["sessions"] == 2
+            await asyncio.gather(answered(first), answered(second))  # the engine in front serves both workers
+
+            assert (await http.delete(f"/v1/realtime/calls/{call_id(second)}")).status_code == 204
+            body = await until(http, lambda b: b["sessions"] == 1)
+            assert sessions_by_worker(body) == [1, 0]
+            assert (await http.delete(f"/v1/realtime/calls/{call_id(second)}")).status_code == 404
+            await answered(first)  # the other worker's call goes on
+
+
+async def test_max_sessions_counts_the_calls_of_every_worker(tmp_path) -> None:
+    async with front(tmp_path, max_sessions=2) as (url, http):
+        async with RealtimeClient(url, ice_loopback=True), RealtimeClient(url, ice_loopback=True):
+            assert sessions_by_worker(await until(http, lambda b: b["sessions"] == 2)) == [1, 1]
+            with pytest.raises(ClientError, match="429"):
+                async with RealtimeClient(url, ice_loopback=True):
+                    pass
+            metrics = (await http.get("/metrics")).text
+            assert 'omni_rtc_sessions_open{transport="webrtc"} 2.0' in metrics
+
+
+async def test_a_killed_worker_loses_only_its_calls_and_is_replaced(tmp_path) -> None:
+    async with front(tmp_path) as (url, http):
+        async with RealtimeClient(url, ice_loopback=True) as survivor, RealtimeClient(url, ice_loopback=True):
+            body = await until(http, lambda b: sessions_by_worker(b) == [1, 1])
+            victim = body["workers"][1]["pid"]
+            os.kill(victim, signal.SIGKILL)
+            body = await until(http, lambda b: b["sessions"] == 1 and all(w["alive"] for w in b["workers"]))
+            assert sessions_by_worker(body) == [1, 0]
+            assert body["workers"][1]["pid"] != victim
+            assert body["workers"][1]["restarts"] == 1
+            await answered(survivor)
+            async with RealtimeClient(url, ice_loopback=True) as newcomer:  # the next call is placed and served
+                assert sessions_by_worker(await until(http, lambda b: b["sessions"] == 2)) == [1, 1]
+                await answered(newcomer)
+
+
+async def test_an_overloaded_worker_shows_in_healthz_and_metrics(tmp_path) -> None:
+    async with front(tmp_path) as (url, http):
+        async with RealtimeClient(url, ice_loopback=True), RealtimeClient(url, ice_loopback=True):
+            body = await until(http, lambda b: sessions_by_worker(b) == [1, 1])
+            stalled = body["workers"][0]["pid"]
+            await asyncio.sleep(1.0)  # the calls' frames flow on time
+            os.kill(stalled, signal.SIGSTOP)  # as a worker starved of CPU: nothing paced for 500 ms
+            await asyncio.sleep(0.5)
+            os.kill(stalled, signal.SIGCONT)
+            body = await until(http, lambda b: b["workers"][0]["overloaded"])
+            assert body["workers"][0]["skipped_frames"] >= 20  # 500 ms: 25 slots, less the 60 ms catch-up
+            metrics = (await http.get("/metrics")).text
+            assert 'omni_rtc_media_worker_overloaded{worker="0"} 1.0' in metrics
+            assert 'omni_rtc_media_worker_overloaded{worker="1"}' in metrics  # each worker apart
+            [skipped] = re.findall(r'^omni_rtc_outbound_frames_skipped_total\{worker="0"\} (\S+)$', metrics, re.MULTILINE)
+            assert float(skipped) >= body["workers"][0]["skipped_frames"]  # the same count, or a later report
