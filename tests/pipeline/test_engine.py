@@ -204,6 +204,22 @@ async def test_a_failing_turn_raises_engine_error_and_the_next_turn_works(engine
     assert isinstance(events[-1], TurnDone)
 
 
+async def test_a_failing_turn_submitted_with_others_fails_alone(engine):
+    # Submitted in one burst, the three reach the engine together; the bad one fails at
+    # rendering and the other two are prefilled and decoded as they are alone.
+    bad = TurnRequest(conversation=Conversation(items=(UserAudio(np.zeros(10, dtype=np.float32)),)))
+    good = short_request(temperature=0)
+    alone = await collect(engine, good)
+    results = await asyncio.gather(
+        collect(engine, good), collect(engine, bad), collect(engine, good), return_exceptions=True
+    )
+    assert isinstance(results[1], EngineError) and "ValueError" in str(results[1])
+    for events in (results[0], results[2]):
+        assert isinstance(events, list)
+        assert (events[-1].text, events[-1].usage) == (alone[-1].text, alone[-1].usage)
+    assert engine.describe()["running"] == 0
+
+
 async def test_a_killed_engine_process_fails_its_turn_and_is_restarted(engine):
     restarts = engine.restarts
     turn = engine.run_turn(long_request())
