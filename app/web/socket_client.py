@@ -24,7 +24,6 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -45,7 +44,8 @@ from app.realtime.protocol import (
     SessionUpdateEvent,
     event_type,
 )
-from app.webrtc.client import ClientError, TurnResult, committed_item, session_transcribes, transcription_ended
+from app.webrtc.client import TurnResult, committed_item, session_transcribes, transcription_ended
+from app.webrtc.client_events import ClientError, ServerEventLog
 from media import g711
 from media.rates import SPEECH_RATE, VOICE_RATE
 
@@ -57,7 +57,7 @@ _DELTA = event_type(ResponseOutputAudioDeltaEvent)
 _SESSION_EVENTS = (event_type(SessionCreatedEvent), event_type(SessionUpdatedEvent))
 
 
-class RealtimeSocketClient:
+class RealtimeSocketClient(ServerEventLog):
     """One WebSocket session with an omni-rtc (or OpenAI Realtime) server."""
 
     def __init__(
@@ -76,14 +76,12 @@ class RealtimeSocketClient:
         self._api_key = api_key
         self._session = session
         self._acknowledge = acknowledge_playback
-        self._timeout_s = timeout_s
-        self.events: list[dict[str, Any]] = []
+        super().__init__(timeout_s)
         self.arrived_at: list[float] = []  # time.monotonic() of each event's arrival
         self.call_location: str | None = None  # the session id, once created
         self._output_format = "audio/pcm"
         self._ws: ClientConnection | None = None
         self._receiver: asyncio.Task[None] | None = None
-        self._changed: asyncio.Future[None] | None = None
 
     async def __aenter__(self) -> RealtimeSocketClient:
         try:
@@ -142,34 +140,12 @@ class RealtimeSocketClient:
 
     # -- events ----------------------------------------------------------------------
 
-    def _notify(self) -> None:
-        if self._changed is not None and not self._changed.done():
-            self._changed.set_result(None)
-
-    async def _changes(self) -> None:
-        if self._receiver is not None and self._receiver.done():
-            raise ClientError("the server closed the session")
-        if self._changed is None or self._changed.done():
-            self._changed = asyncio.get_running_loop().create_future()
-        await asyncio.shield(self._changed)
+    def _server_gone(self) -> bool:
+        return self._receiver is not None and self._receiver.done()
 
     async def send(self, event: dict[str, Any]) -> None:
         assert self._ws is not None, "connect() first"
         await self._ws.send(json.dumps({key: value for key, value in event.items() if value is not None}))
-
-    async def wait_for(
-        self, match: str | Callable[[dict[str, Any]], bool], *, start: int = 0, timeout_s: float | None = None
-    ) -> dict[str, Any]:
-        """The first event from index ``start`` on of this type (or passing this test)."""
-        matches = (lambda event: event.get("type") == match) if isinstance(match, str) else match
-        async with asyncio.timeout(self._timeout_s if timeout_s is None else timeout_s):
-            seen = start
-            while True:
-                for event in self.events[seen:]:
-                    if matches(event):
-                        return event
-                seen = max(seen, len(self.events))
-                await self._changes()
 
     # -- speaking --------------------------------------------------------------------
 

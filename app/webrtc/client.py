@@ -25,7 +25,6 @@ import logging
 import re
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +50,7 @@ from app.realtime.protocol import (
     SessionUpdatedEvent,
     event_type,
 )
+from app.webrtc.client_events import ClientError, ServerEventLog
 from app.webrtc.ice import loopback_candidates, rtc_configuration
 from media.inbound import release_audio_promptly
 from media.pacing import FRAME_SAMPLES, FramePacer
@@ -65,10 +65,6 @@ AUDIBLE_PEAK = 10 ** (-60 / 20)
 # jitter buffer, and a half-duplex server keeps ignoring speech for a moment (omni-rtc: 400 ms
 # of echo tail). Wait for this much further received audio before the turn ends.
 PLAYOUT_TAIL_FRAMES = 50  # 1 s
-
-
-class ClientError(Exception):
-    """The server refused the call, or a turn could not complete."""
 
 
 @dataclass
@@ -185,7 +181,7 @@ class _Received:
         self.arrived_at.append(time.monotonic())
 
 
-class RealtimeClient:
+class RealtimeClient(ServerEventLog):
     """One call to an omni-rtc (or OpenAI Realtime WebRTC) server."""
 
     def __init__(
@@ -211,10 +207,8 @@ class RealtimeClient:
         self._ice_loopback = ice_loopback
         self._ice_servers = ice_servers or []
         self._offer_candidates = offer_candidates
-        self._timeout_s = timeout_s
-        self.events: list[dict[str, Any]] = []
+        super().__init__(timeout_s)
         self.call_location: str | None = None
-        self._changed: asyncio.Future[None] | None = None
         self._pc: RTCPeerConnection | None = None
         self._microphone = MicrophoneTrack()
         self._received = _Received()
@@ -316,41 +310,11 @@ class RealtimeClient:
         self.events.append(event)
         self._notify()
 
-    def _notify(self) -> None:
-        if self._changed is not None and not self._changed.done():
-            self._changed.set_result(None)
-
-    async def _changes(self) -> None:
-        """Waits for the next received event or frame."""
-        if self._changed is None or self._changed.done():
-            self._changed = asyncio.get_running_loop().create_future()
-        await asyncio.shield(self._changed)
-
     async def send(self, event: dict[str, Any]) -> None:
         """Sends one client event on ``oai-events``."""
         await self._channel_open.wait()
         assert self._channel is not None  # opened by connect()
         self._channel.send(json.dumps(event))
-
-    async def wait_for(
-        self, match: str | Callable[[dict[str, Any]], bool], *, start: int = 0, timeout_s: float | None = None
-    ) -> dict[str, Any]:
-        """The first event from index ``start`` on of this type (or passing this test).
-
-        ``timeout_s`` defaults to the client's timeout; past it, ``TimeoutError``.
-        """
-        async with asyncio.timeout(self._timeout_s if timeout_s is None else timeout_s):
-            return await self._next_event(match, start)
-
-    async def _next_event(self, match: str | Callable[[dict[str, Any]], bool], start: int) -> dict[str, Any]:
-        matches = (lambda event: event.get("type") == match) if isinstance(match, str) else match
-        seen = start
-        while True:
-            for event in self.events[seen:]:
-                if matches(event):
-                    return event
-            seen = max(seen, len(self.events))
-            await self._changes()
 
     # -- speaking --------------------------------------------------------------------
 
