@@ -17,7 +17,7 @@ decodes every frame at once. The first sound therefore comes after the whole tur
    ``max_output_tokens`` cut it) is replaced by ``<tts_eos>``, and once the text is used up the
    Talker continues on ``<tts_pad>`` until it samples codec EOS (or reaches ``max_audio_frames``).
 4. After ``first_chunk_frames`` frames, then whenever a chunk is due (its size adapts to how
-   far the audio is ahead of the listener, see ``_AudioChunker``), Code2Wav decodes the new
+   far the audio is ahead of the listener, see ``AudioChunker``), Code2Wav decodes the new
    frames with ``left_context_frames`` frames of left context and the audio is yielded at once.
 
 Positions, caches, processors and the code predictor mirror ``generate()``, so with greedy
@@ -25,7 +25,7 @@ decoding in both stages the stream produces the same tokens and codec frames as
 ``generate()``: streaming changes when things happen, not what is computed. Sampled turns draw
 from the same distributions with each turn's own generator (other random numbers than
 ``generate()``'s). Decoding steps call the decoder layers directly (``_DecoderStack``) with
-left-padded caches (``_KVCache``) so that any number of turns decode together
+left-padded caches (``KVCache``) so that any number of turns decode together
 (``DecodeBatch``); a turn alone is a batch of one.
 
 Code2Wav's upsampling blocks each look one step ahead (a transposed convolution whose last
@@ -46,17 +46,16 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
-from transformers import DynamicCache, LogitsProcessorList
-from transformers.generation.logits_process import (
-    RepetitionPenaltyLogitsProcessor,
-    SuppressTokensLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
 
-from media.rates import VOICE_RATE
+from pipeline.kv_cache import KVCache
 from pipeline.prompt import ThinkerInputs
+from pipeline.sampling import (
+    Sampler,
+    choose_rows,
+    sampling_processors,
+    thinker_sampling,
+)
+from pipeline.streaming import AudioChunker, TextStream
 from pipeline.turn import VOICES, AudioChunk, FinishReason, TextDelta, TurnDone, TurnEvent, Usage
 
 # max_output_tokens=None ("inf" in the protocol) still needs a bound; 4096 is the protocol's
@@ -64,13 +63,6 @@ from pipeline.turn import VOICES, AudioChunk, FinishReason, TextDelta, TurnDone,
 UNBOUNDED_OUTPUT_TOKENS = 4096
 # generate()'s talker_max_new_tokens: 4096 frames are 5.5 minutes of speech.
 DEFAULT_MAX_AUDIO_FRAMES = 4096
-# Qwen's recommended Thinker sampling (the Qwen3-Omni README's vLLM example: temperature 0.6,
-# top_p 0.95, top_k 20, no repetition penalty), used for what the checkpoint's generation config
-# does not name. docs/MODEL.md says why these and not vllm-omni's.
-QWEN_THINKER_TEMPERATURE = 0.6
-QWEN_THINKER_TOP_P = 0.95
-QWEN_THINKER_TOP_K = 20
-QWEN_THINKER_REPETITION_PENALTY = 1.0
 # Qwen3's <think> and </think> (tests/pipeline/test_tokenizer.py checks the ids): an Instruct
 # Thinker must never open a reasoning block that the Talker would then read aloud.
 THINK_TOKEN_IDS = (151667, 151668)
@@ -105,7 +97,7 @@ class GenerationParams:
     # False: greedy codec frames and code predictor, as generate(talker_do_sample=False).
     talker_do_sample: bool = True
     # Chunks after the first sized by how far the audio is ahead of the listener (see
-    # _AudioChunker); False: every later chunk holds chunk_frames.
+    # AudioChunker); False: every later chunk holds chunk_frames.
     adaptive_chunks: bool = True
 
     def __post_init__(self) -> None:
@@ -180,326 +172,6 @@ def _events(keyed: list[tuple[str, TurnEvent]]) -> Iterator[TurnEvent]:
     return (event for _, event in keyed)
 
 
-@dataclass(frozen=True)
-class ThinkerSampling:
-    do_sample: bool
-    temperature: float
-    top_k: int
-    top_p: float
-    repetition_penalty: float
-
-
-def thinker_sampling(generation_config, temperature: float | None) -> ThinkerSampling:
-    """The Thinker's sampling for a turn whose request asks for ``temperature``.
-
-    The request's temperature wins (the session's ``temperature``; <= 0 means greedy). Every
-    other value comes from the checkpoint's generation config where it names one, else from
-    Qwen's recommendation; a request without a temperature takes the checkpoint's (greedy
-    when its config says ``do_sample: false``), else Qwen's.
-    """
-
-    def configured(name: str, recommended):
-        value = getattr(generation_config, name, None)
-        return recommended if value is None else value
-
-    if temperature is None:
-        temperature = configured("temperature", QWEN_THINKER_TEMPERATURE)
-        if generation_config.do_sample is False:
-            temperature = 0.0
-    return ThinkerSampling(
-        do_sample=temperature > 0,
-        temperature=temperature,
-        top_k=configured("top_k", QWEN_THINKER_TOP_K),
-        top_p=configured("top_p", QWEN_THINKER_TOP_P),
-        repetition_penalty=configured("repetition_penalty", QWEN_THINKER_REPETITION_PENALTY),
-    )
-
-
-def _sampling_processors(
-    *,
-    do_sample: bool,
-    temperature: float | None,
-    top_k: int | None,
-    top_p: float | None,
-    repetition_penalty: float | None,
-    suppress_tokens: list[int] | None = None,
-    device: torch.device,
-) -> LogitsProcessorList:
-    """The processors generate() builds for these settings, in generate()'s order."""
-    processors = LogitsProcessorList()
-    if repetition_penalty is not None and repetition_penalty != 1.0:
-        processors.append(RepetitionPenaltyLogitsProcessor(penalty=repetition_penalty))
-    if suppress_tokens:
-        processors.append(SuppressTokensLogitsProcessor(suppress_tokens, device=str(device)))
-    if do_sample:
-        if temperature is not None and temperature != 1.0:
-            processors.append(TemperatureLogitsWarper(temperature))
-        if top_k is not None and top_k != 0:
-            processors.append(TopKLogitsWarper(top_k=top_k, min_tokens_to_keep=1))
-        if top_p is not None and top_p < 1.0:
-            processors.append(TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1))
-    return processors
-
-
-class _SuppressTokens:
-    """``SuppressTokensLogitsProcessor`` with its mask built once per vocabulary size (the
-    original rebuilds it with ``torch.isin`` over the whole vocabulary every step)."""
-
-    def __init__(self, suppress_tokens: torch.Tensor) -> None:
-        self._tokens = suppress_tokens
-        self._mask: torch.Tensor | None = None
-
-    def __call__(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
-        if self._mask is None or self._mask.shape[-1] != scores.shape[-1]:
-            vocab = torch.arange(scores.shape[-1], device=scores.device)
-            self._mask = torch.isin(vocab, self._tokens.to(scores.device))
-        return scores.masked_fill(self._mask, -float("inf"))
-
-
-class _Sampler:
-    """One turn's choice of a token from scores: its processors, then argmax or a draw.
-
-    When the processors end in generate()'s warpers with a top-k (temperature, top-k, top-p,
-    in that order), the draw is made among the top-k candidates only: the same distribution
-    as generate()'s softmax and draw over the whole vocabulary, where everything outside the
-    top k is -inf (ties at the k-th score aside), without sorting and drawing over 152k
-    entries each step. The draw inverts the candidates' cumulative distribution at a uniform
-    number from the turn's own generator, so turns in one batch draw together and each turn
-    draws what it would alone. Other processors run as given, in order, before it.
-    """
-
-    def __init__(self, processors: LogitsProcessorList, *, do_sample: bool, generator: torch.Generator | None) -> None:
-        self.do_sample = do_sample
-        self._generator = generator
-        self.temperature: float | None = None
-        self.top_k: int | None = None
-        self.top_p: float | None = None
-        processors = LogitsProcessorList(
-            _SuppressTokens(processor.suppress_tokens)
-            if isinstance(processor, SuppressTokensLogitsProcessor)
-            else processor
-            for processor in processors
-        )
-        self._processors = processors
-        tail = list(processors)
-        top_p = tail.pop() if tail and isinstance(tail[-1], TopPLogitsWarper) else None
-        top_k = tail.pop() if tail and isinstance(tail[-1], TopKLogitsWarper) else None
-        temperature = tail.pop() if tail and isinstance(tail[-1], TemperatureLogitsWarper) else None
-        if do_sample and top_k is not None:
-            self._processors = LogitsProcessorList(tail)
-            self.top_k = top_k.top_k
-            self.top_p = None if top_p is None else top_p.top_p
-            self.temperature = None if temperature is None else temperature.temperature
-
-    @property
-    def needs_context(self) -> bool:
-        """Whether any processor reads the ids so far (a repetition penalty does)."""
-        return len(self._processors) > 0
-
-    @property
-    def draws_top_k(self) -> bool:
-        return self.do_sample and self.top_k is not None
-
-    def process(self, context: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        """[1, vocab] float32 scores through the processors that come before the draw."""
-        return self._processors(context, scores) if len(self._processors) else scores  # type: ignore[arg-type]
-
-    def uniforms(self, count: int, device: torch.device) -> torch.Tensor:
-        """[count] uniform numbers in [0, 1) from this turn's generator."""
-        return torch.rand(count, generator=self._generator, device=device)
-
-    def draw_full(self, scores: torch.Tensor) -> torch.Tensor:
-        """A draw over the whole vocabulary (processors without a top-k): [1, vocab] -> [1, 1]."""
-        return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1, generator=self._generator)
-
-
-def _choose_rows(samplers: list[_Sampler], scores: torch.Tensor, uniforms: torch.Tensor | None = None) -> torch.Tensor:
-    """[rows, vocab] processed scores -> [rows, 1] ids, each row by its own sampler.
-
-    Greedy rows take the argmax; rows that draw among a top-k with the same k and top-p are
-    warped and drawn together, each at its own uniform number (``uniforms`` [rows], or one
-    fresh from each row's generator).
-    """
-    if not any(sampler.do_sample for sampler in samplers):
-        return torch.argmax(scores, dim=-1, keepdim=True)
-    groups: dict[tuple[int, float | None] | None, list[int]] = {}
-    for row, sampler in enumerate(samplers):
-        key = (sampler.top_k, sampler.top_p) if sampler.top_k is not None and sampler.do_sample else None
-        groups.setdefault(key, []).append(row)
-    if len(groups) == 1:  # the common case: every row alike, no regrouping
-        return _choose_group(samplers, list(range(len(samplers))), next(iter(groups)), scores, uniforms)
-    chosen = torch.empty((len(samplers), 1), dtype=torch.long, device=scores.device)
-    for key, rows in groups.items():
-        index = torch.tensor(rows, device=scores.device)
-        group_uniforms = None if uniforms is None else uniforms.index_select(0, index)
-        picks = _choose_group(samplers, rows, key, scores.index_select(0, index), group_uniforms)
-        chosen.index_copy_(0, index, picks)
-    return chosen
-
-
-def _choose_group(
-    samplers: list[_Sampler],
-    rows: list[int],
-    key: tuple[int, float | None] | None,
-    group: torch.Tensor,
-    uniforms: torch.Tensor | None,
-) -> torch.Tensor:
-    """``_choose_rows`` for ``rows`` (of ``samplers``) that share ``key``; ``group`` holds their scores."""
-    if key is None:
-        return torch.cat(
-            [
-                samplers[row].draw_full(group[i : i + 1])
-                if samplers[row].do_sample
-                else group[i : i + 1].argmax(-1, keepdim=True)
-                for i, row in enumerate(rows)
-            ]
-        )
-    top_k, top_p = key
-    temperatures = [samplers[row].temperature or 1.0 for row in rows]
-    if any(temperature != 1.0 for temperature in temperatures):
-        # Multiplied by the reciprocal, per row: the same bits for a row alone or batched
-        # (a division by a scalar and by a tensor can round differently).
-        inverse = torch.tensor([1.0 / t for t in temperatures], device=group.device, dtype=group.dtype)
-        group = group * inverse[:, None]
-    values, indices = torch.topk(group, min(top_k, group.shape[-1]), dim=-1)
-    probs = torch.softmax(values, dim=-1)
-    if top_p is not None:
-        # TopPLogitsWarper drops a candidate when the candidates ranked below it hold at
-        # most 1 - top_p of the probability, i.e. when those ranked above it hold top_p.
-        drop = torch.cumsum(probs, dim=-1) - probs >= top_p
-        drop[:, 0] = False
-        probs = torch.softmax(values.masked_fill(drop, -float("inf")), dim=-1)
-    if uniforms is None:
-        draws = torch.cat([samplers[row].uniforms(1, group.device) for row in rows])
-    else:
-        draws = uniforms
-    cumulative = torch.cumsum(probs, dim=-1)
-    # Candidate j is drawn when cumulative[j - 1] <= u * total < cumulative[j]: never
-    # one of probability 0 (dropped by top-p, sorted last), whatever rounding does.
-    picks = (cumulative <= draws[:, None] * cumulative[:, -1:]).sum(dim=-1, keepdim=True)
-    picks = torch.minimum(picks, (probs > 0).sum(dim=-1, keepdim=True) - 1)
-    return indices.gather(-1, picks)
-
-
-class _KVCache:
-    """Keys and values of one decoder stack for a batch of rows, as the attention layers use them.
-
-    The layers call ``update(keys, values, layer_idx)`` and attend over what it returns. Rows
-    are left-padded: row ``r`` holds its entries in slots ``[pad[r], length)``, so every row's
-    newest entry sits in the same slot and one forward serves all rows; ``mask`` hides the
-    padding. Storage grows by doubling, so a decoding step writes one slot instead of copying
-    the whole cache as ``DynamicCache``'s ``torch.cat`` does.
-    """
-
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], pads: list[int], length: int) -> None:
-        self._keys = keys  # per layer [rows, kv heads, capacity, head dim]
-        self._values = values
-        self.pads = pads
-        self.length = length
-        self._pad_tensor = torch.tensor(pads, device=keys[0].device) if any(pads) else None
-        self._dtype = keys[0].dtype
-
-    @classmethod
-    def of(cls, cache: DynamicCache, pads: list[int] | None = None) -> _KVCache:
-        """Take over a prefill's ``DynamicCache``, its rows left-padded by ``pads``."""
-        keys: list[torch.Tensor] = [layer.keys for layer in cache.layers]  # type: ignore[union-attr,misc]
-        values: list[torch.Tensor] = [layer.values for layer in cache.layers]  # type: ignore[union-attr,misc]
-        pads = pads or [0] * keys[0].shape[0]
-        # A padding slot's entries are never attended to, but a fully masked query can leave
-        # NaN there, and 0 x NaN is NaN in the attention's product: zero them.
-        for row, pad in enumerate(pads):
-            for tensor in (*keys, *values):
-                tensor[row, :, :pad] = 0
-        return cls(keys, values, pads, keys[0].shape[2])
-
-    @classmethod
-    def empty(cls, *, layers: int, rows: int, heads: int, head_dim: int, capacity: int, dtype, device) -> _KVCache:
-        shape = (rows, heads, capacity, head_dim)
-        keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        return cls(keys, values, [0] * rows, 0)
-
-    @property
-    def rows(self) -> int:
-        return len(self.pads)
-
-    def reset(self) -> None:
-        """Forget every entry, keep the storage (the code predictor starts each frame afresh)."""
-        self.length = 0
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        end = self.length + key_states.shape[2]
-        if end > self._keys[layer_idx].shape[2]:
-            self._grow(end)
-        keys, values = self._keys[layer_idx], self._values[layer_idx]
-        keys[:, :, self.length : end] = key_states
-        values[:, :, self.length : end] = value_states
-        return keys[:, :, :end], values[:, :, :end]
-
-    def advance(self, steps: int) -> None:
-        """The forward that wrote ``steps`` new slots in every layer is over."""
-        self.length += steps
-
-    def mask(self, steps: int = 1) -> torch.Tensor | None:
-        """[rows, 1, 1, length + steps]: 0 where a row attends (one new position), the dtype's
-        minimum over its padding; None without padding."""
-        if self._pad_tensor is None:
-            return None
-        slots = torch.arange(self.length + steps, device=self._pad_tensor.device)
-        padding = (slots[None, :] < self._pad_tensor[:, None])[:, None, None, :]
-        # Additive, as eager attention needs it (sdpa takes it too); flash attention would need
-        # a 2-D padding mask instead.
-        mask = torch.zeros(padding.shape, dtype=self._dtype, device=padding.device)
-        return mask.masked_fill(padding, torch.finfo(self._dtype).min)
-
-    def _grow(self, needed: int) -> None:
-        capacity = max(needed, 2 * self._keys[0].shape[2])
-        for store in (self._keys, self._values):
-            for layer, old in enumerate(store):
-                new = old.new_zeros((*old.shape[:2], capacity, old.shape[3]))
-                new[:, :, : self.length] = old[:, :, : self.length]
-                store[layer] = new
-
-    def joined(self, other: _KVCache) -> _KVCache:
-        """This cache's rows, then ``other``'s, right-aligned on a common length."""
-        length = max(self.length, other.length)
-        keys: list[torch.Tensor] = []
-        values: list[torch.Tensor] = []
-        pads: list[int] = []
-        for cache in (self, other):
-            shift = length - cache.length
-            pads += [pad + shift for pad in cache.pads]
-        for layer in range(len(self._keys)):
-            for store, source in ((keys, "_keys"), (values, "_values")):
-                mine, theirs = getattr(self, source)[layer], getattr(other, source)[layer]
-                new = mine.new_zeros((self.rows + other.rows, mine.shape[1], length + _CACHE_HEADROOM, mine.shape[3]))
-                new[: self.rows, :, length - self.length : length] = mine[:, :, : self.length]
-                new[self.rows :, :, length - other.length : length] = theirs[:, :, : other.length]
-                store.append(new)
-        return _KVCache(keys, values, pads, length)
-
-    def kept(self, rows: list[int]) -> _KVCache:
-        """Only ``rows`` (in that order), without the padding they all share: memory is released."""
-        pads = [self.pads[row] for row in rows]
-        trim = min(pads)
-        index = torch.tensor(rows, device=self._keys[0].device)
-        length = self.length - trim
-
-        def select(tensor: torch.Tensor) -> torch.Tensor:
-            new = tensor.new_zeros((len(rows), tensor.shape[1], length + _CACHE_HEADROOM, tensor.shape[3]))
-            new[:, :, :length] = tensor.index_select(0, index)[:, :, trim : self.length]
-            return new
-
-        keys = [select(tensor) for tensor in self._keys]
-        values = [select(tensor) for tensor in self._values]
-        return _KVCache(keys, values, [pad - trim for pad in pads], length)
-
-    def nbytes(self) -> int:
-        return sum(tensor.numel() * tensor.element_size() for tensor in (*self._keys, *self._values))
-
-
-# Slots allocated beyond a cache's length when rows join or leave: 64 steps before it grows.
-_CACHE_HEADROOM = 64
 
 
 @dataclass
@@ -564,7 +236,7 @@ class _ThinkerPrompt:
 
 
 class _DecoderStack:
-    """One stage's decoder layers called directly for decoding steps, with a ``_KVCache``.
+    """One stage's decoder layers called directly for decoding steps, with a ``KVCache``.
 
     ``model.forward`` would rebuild the causal mask, the cache bookkeeping and output records
     every step; a step needs only rotary embeddings, the layers and the final norm.
@@ -578,7 +250,7 @@ class _DecoderStack:
     def __call__(
         self,
         hidden: torch.Tensor,
-        cache: _KVCache,
+        cache: KVCache,
         *,
         positions: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -609,7 +281,7 @@ class _ThinkerTurn:
         self._force_tokens = params.force_output_tokens or 0
         sampling = thinker_sampling(generation_config, params.temperature)
         do_sample = sampling.do_sample
-        processors = _sampling_processors(
+        processors = sampling_processors(
             do_sample=do_sample,
             temperature=sampling.temperature,
             top_k=sampling.top_k,
@@ -618,7 +290,7 @@ class _ThinkerTurn:
             suppress_tokens=list(THINK_TOKEN_IDS),
             device=device,
         )
-        self.sampler = _Sampler(processors, do_sample=do_sample, generator=generator)
+        self.sampler = Sampler(processors, do_sample=do_sample, generator=generator)
         self.tokens: list[int] = []
         self.finish_reason: FinishReason = "stop"
         self.finished = False
@@ -673,7 +345,7 @@ class _TalkerTurn:
             configured = getattr(generation_config, f"talker_{name}", None)
             sampling[name] = default if configured is None else configured
         vocab_size = talker_config.text_config.vocab_size
-        processors = _sampling_processors(
+        processors = sampling_processors(
             do_sample=do_sample,
             suppress_tokens=[
                 i for i in range(vocab_size - _TALKER_SUPPRESSED_SPAN, vocab_size) if i != self._codec_eos
@@ -681,10 +353,10 @@ class _TalkerTurn:
             device=device,
             **sampling,
         )
-        self.sampler = _Sampler(processors, do_sample=do_sample, generator=generator)
+        self.sampler = Sampler(processors, do_sample=do_sample, generator=generator)
         # generate() samples the code predictor with top-k 50 / top-p 0.8 whenever the talker samples.
-        self.predictor_sampler = _Sampler(
-            _sampling_processors(
+        self.predictor_sampler = Sampler(
+            sampling_processors(
                 do_sample=do_sample,
                 temperature=None,
                 top_k=_CODE_PREDICTOR_TOP_K,
@@ -735,7 +407,7 @@ TurnKey = TypeVar("TurnKey", bound=Hashable)
 @dataclass
 class _Speech:
     talker: _TalkerTurn
-    audio: _AudioChunker
+    audio: AudioChunker
 
 
 @dataclass
@@ -743,7 +415,7 @@ class _Rows(Generic[TurnKey]):
     """One stage's batched decoding state: row ``r`` is ``turns[r]``."""
 
     turns: list[_Turn[TurnKey]]
-    cache: _KVCache
+    cache: KVCache
     positions: torch.Tensor  # [3, rows, 1] multimodal RoPE positions of the last fed entry
     last: torch.Tensor  # [rows, 1] last sampled id (answer token or first-layer code)
     hidden: torch.Tensor  # [rows, 1, hidden] last layer's output at the last position
@@ -784,7 +456,7 @@ class _SpeechModel:
         self.predictor_heads = list(predictor.lm_head)
         self.predictor_embeddings = list(predictor.model.codec_embedding)
         self.num_code_groups: int = model.config.talker_config.num_code_groups
-        self.predictor_caches: dict[int, _KVCache] = {}
+        self.predictor_caches: dict[int, KVCache] = {}
         self.predictor_rope: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
@@ -805,7 +477,7 @@ class _Turn(Generic[TurnKey]):
         else:
             self.generator.manual_seed(seed)
         self.thinker = _ThinkerTurn(model, params, self.generator)
-        self.text = _TextStream(tokenizer)
+        self.text = TextStream(tokenizer)
         # Set by the Talker's prefill: the turn speaks.
         self.speech: _Speech | None = None
         # Set by the Thinker's prefill for the Talker's: the prompt's input embeddings (audio
@@ -853,7 +525,7 @@ class DecodeBatch(Generic[TurnKey]):
     A turn joins with ``prefill_thinker`` (and ``prefill_talker`` when it speaks), between
     steps; it leaves the Thinker's rows when its text ends and the Talker's when its audio
     does, and ``finish`` or ``cancel`` forget it. Each stage keeps one left-padded
-    ``_KVCache`` for its rows, with each row's own (multimodal RoPE) positions: joining
+    ``KVCache`` for its rows, with each row's own (multimodal RoPE) positions: joining
     right-aligns the new turn's cache with the others, leaving drops its row and the padding
     no row needs any more. Sampling is per turn (its own settings, processors and seeded
     generator), so a turn's tokens do not depend on who else is in the batch; with greedy
@@ -942,7 +614,7 @@ class DecodeBatch(Generic[TurnKey]):
             last_hidden = output.last_hidden_state[:, -1:]
             logits = thinker.lm_head(last_hidden)[:, -1, :]
             scores = torch.cat([turn.thinker.scores(logits[row : row + 1]) for row, turn in enumerate(turns)])
-            tokens = _choose_rows([turn.thinker.sampler for turn in turns], scores)
+            tokens = choose_rows([turn.thinker.sampler for turn in turns], scores)
             for row, (turn, prompt) in enumerate(zip(turns, rows)):
                 pad = batch.pads[row]
                 if turn.params.output_audio:
@@ -951,7 +623,7 @@ class DecodeBatch(Generic[TurnKey]):
                     turn.prompt_hidden = output.hidden_states[layer][row : row + 1, pad:]
                 turn.thinker.sequence = prompt.input_ids
                 turn.thinker.accept(tokens[row : row + 1])
-            cache = _KVCache.of(output.cache, batch.pads)
+            cache = KVCache.of(output.cache, batch.pads)
         token_ids = tokens[:, 0].tolist()
         events: list[tuple[TurnKey, TurnEvent]] = []
         for turn, token_id in zip(turns, token_ids):
@@ -1017,7 +689,7 @@ class DecodeBatch(Generic[TurnKey]):
             hidden = output.hidden_states[0][-1][:, -1:]
             speeches = [
                 _Speech(
-                    _TalkerTurn(model, turn.params, turn.generator), _AudioChunker(model.code2wav, turn.params, turn.clock)
+                    _TalkerTurn(model, turn.params, turn.generator), AudioChunker(model.code2wav, turn.params, turn.clock)
                 )
                 for turn in turns
             ]
@@ -1025,10 +697,10 @@ class DecodeBatch(Generic[TurnKey]):
             scores = torch.cat(
                 [speech.talker.scores(logits[row : row + 1], consumed_through=-1) for row, speech in enumerate(speeches)]
             )
-            codes = _choose_rows([speech.talker.sampler for speech in speeches], scores)
+            codes = choose_rows([speech.talker.sampler for speech in speeches], scores)
             for row, speech in enumerate(speeches):
                 speech.talker.accept(codes[row : row + 1])
-            cache = _KVCache.of(output.cache, pads)
+            cache = KVCache.of(output.cache, pads)
         for turn, speech, code_id in zip(turns, speeches, codes[:, 0].tolist()):
             speech.talker.absorb_code(code_id)
             turn.speech = speech
@@ -1158,7 +830,7 @@ class DecodeBatch(Generic[TurnKey]):
             state.hidden = hidden[:, -1:]
             logits = self._thinker_head(hidden[:, -1])
             scores = torch.cat([turn.thinker.scores(logits[row : row + 1]) for row, turn in enumerate(rows)])
-            state.last = _choose_rows([turn.thinker.sampler for turn in rows], scores)
+            state.last = choose_rows([turn.thinker.sampler for turn in rows], scores)
             for row, turn in enumerate(rows):
                 turn.thinker.accept(state.last[row : row + 1])
             token_ids = state.last[:, 0].tolist()
@@ -1234,7 +906,7 @@ class DecodeBatch(Generic[TurnKey]):
                     for row, speech in enumerate(speeches)
                 ]
             )
-            state.last = _choose_rows([speech.talker.sampler for speech in speeches], scores)
+            state.last = choose_rows([speech.talker.sampler for speech in speeches], scores)
             for row, speech in enumerate(speeches):
                 speech.talker.accept(state.last[row : row + 1])
             code_ids = state.last[:, 0].tolist()
@@ -1274,7 +946,7 @@ class DecodeBatch(Generic[TurnKey]):
         codes, embeds = [], []
         for group in range(1, groups):
             logits = speech_model.predictor_heads[group - 1](output[:, -1]).float()
-            code = _choose_rows(samplers, logits, None if uniforms is None else uniforms[:, group - 1])
+            code = choose_rows(samplers, logits, None if uniforms is None else uniforms[:, group - 1])
             embed = speech_model.predictor_embeddings[group - 1](code)
             codes.append(code)
             embeds.append(embed)
@@ -1285,7 +957,7 @@ class DecodeBatch(Generic[TurnKey]):
 
     def _predictor_cache(
         self, speech_model: _SpeechModel, rows: int, like: torch.Tensor
-    ) -> tuple[_KVCache, tuple[torch.Tensor, torch.Tensor]]:
+    ) -> tuple[KVCache, tuple[torch.Tensor, torch.Tensor]]:
         """One cache per batch size, reused every frame; the rotary table for its 16 positions, computed once."""
         if speech_model.predictor_rope is None:
             positions = torch.arange(speech_model.num_code_groups + 1, device=like.device)[None]
@@ -1294,7 +966,7 @@ class DecodeBatch(Generic[TurnKey]):
         if cache is None:
             attention = speech_model.predictor_stack.layers[0].self_attn
             config = speech_model.talker.code_predictor.config
-            cache = _KVCache.empty(
+            cache = KVCache.empty(
                 layers=len(speech_model.predictor_stack.layers),
                 rows=rows,
                 heads=config.num_key_value_heads,
@@ -1338,113 +1010,3 @@ class DecodeBatch(Generic[TurnKey]):
             events.append((turn.key, AudioChunk(pcm, frames=frames, text_tokens_voiced=voiced)))
         return events
 
-
-class _AudioChunker:
-    """Collects a turn's codec frames; turns due chunks into final 24 kHz samples.
-
-    Each chunk is decoded with up to ``left_context_frames`` already decoded frames before
-    it and yields the samples from the last emitted one on. The first chunk is due at
-    ``first_chunk_frames``. After it, with ``adaptive_chunks``, a chunk is due once it holds
-    as many frames as can be computed in half the audio still buffered ahead of the listener
-    (measured: audio emitted minus time since the first chunk, against this turn's frames
-    per second so far), between ``first_chunk_frames`` and ``chunk_frames``: small chunks
-    while the listener is close to running out, larger ones (less Code2Wav work per frame)
-    once far ahead. Without it every later chunk holds ``chunk_frames``.
-    """
-
-    def __init__(self, code2wav, params: GenerationParams, clock: Callable[[], float]) -> None:
-        self._samples_per_frame = int(code2wav.total_upsample)
-        self._left_context = params.left_context_frames
-        self._first_chunk = params.first_chunk_frames
-        self._chunk_frames = params.chunk_frames
-        self._adaptive = params.adaptive_chunks
-        self._clock = clock
-        self._frames: list[torch.Tensor] = []
-        self.decoded_frames = 0  # frames covered by decoded chunks
-        self._emitted_samples = 0  # waveform samples yielded so far
-        self._pending_start = 0  # first frame of the chunk being decoded (with its context)
-        self._first_frame_at: float | None = None
-        self._first_audio_at: float | None = None
-
-    @property
-    def pending_frames(self) -> int:
-        return len(self._frames) - self.decoded_frames
-
-    def push(self, frame: torch.Tensor) -> None:
-        if self._first_frame_at is None:
-            self._first_frame_at = self._clock()
-        self._frames.append(frame)
-
-    def chunk_due(self, last: bool = False) -> bool:
-        """True when the pending frames make a chunk; ``last``: no more frames will come."""
-        pending = self.pending_frames
-        if pending == 0:
-            return False
-        if last:
-            return True
-        if self.decoded_frames == 0:
-            return pending >= self._first_chunk
-        return pending >= self._next_chunk_frames()
-
-    def _next_chunk_frames(self) -> int:
-        if not self._adaptive or self._first_audio_at is None or self._first_frame_at is None:
-            return self._chunk_frames
-        now = self._clock()
-        ahead_s = self._emitted_samples / VOICE_RATE - (now - self._first_audio_at)
-        seconds_per_frame = (now - self._first_frame_at) / len(self._frames)
-        if seconds_per_frame <= 0:
-            return self._chunk_frames
-        affordable = int(ahead_s / (2 * seconds_per_frame))
-        return max(self._first_chunk, min(self._chunk_frames, affordable))
-
-    def pending_codes(self) -> torch.Tensor:
-        """[1, groups, frames]: the pending frames with their left context."""
-        self._pending_start = max(0, self.decoded_frames - self._left_context)
-        return torch.stack(self._frames[self._pending_start :], dim=-1).unsqueeze(0)
-
-    def emit(self, wav: np.ndarray) -> tuple[int, np.ndarray]:
-        """Code2Wav's output for ``pending_codes`` -> (frames completed, new final samples)."""
-        start = self._pending_start
-        # wav[k] is waveform sample start * 1920 + k; its tail (the samples that would need
-        # frames after the last one) is simply absent, so everything it holds is final.
-        offset = self._emitted_samples - start * self._samples_per_frame
-        pcm = wav[offset:]
-        self._emitted_samples = start * self._samples_per_frame + wav.shape[-1]
-        frames = len(self._frames) - self.decoded_frames
-        self.decoded_frames = len(self._frames)
-        if self._first_audio_at is None:
-            self._first_audio_at = self._clock()
-        return frames, pcm
-
-
-class _TextStream:
-    """Incremental detokenization that only ever emits whole characters.
-
-    Qwen's byte-level BPE splits multi-byte characters across tokens; the tokens since the
-    last emitted delta are decoded together and held back while they end in an incomplete
-    UTF-8 sequence (decoded as U+FFFD) until the next token or ``flush``.
-    """
-
-    def __init__(self, tokenizer) -> None:
-        self._tokenizer = tokenizer
-        self._pending: list[int] = []
-        self._parts: list[str] = []
-
-    @property
-    def text(self) -> str:
-        return "".join(self._parts)
-
-    def push(self, token: int) -> str:
-        self._pending.append(token)
-        if self._decode_pending().endswith("\ufffd"):
-            return ""
-        return self.flush()
-
-    def flush(self) -> str:
-        decoded = self._decode_pending()
-        self._pending.clear()
-        self._parts.append(decoded)
-        return decoded
-
-    def _decode_pending(self) -> str:
-        return self._tokenizer.decode(self._pending, skip_special_tokens=True, clean_up_tokenization_spaces=False)

@@ -17,8 +17,9 @@ from pipeline import worker
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, Conversation, UserText
 from pipeline.devmodel import dev_generation_config, dev_model_config
 from pipeline.engine import TransformersEngine
-from pipeline.generation import THINK_TOKEN_IDS, GenerationParams, stream_turn, thinker_sampling
+from pipeline.generation import THINK_TOKEN_IDS, GenerationParams, stream_turn
 from pipeline.prompt import PromptRenderer
+from pipeline.sampling import thinker_sampling
 from pipeline.tokenizer import build_tokenizer, load_tokenizer
 from pipeline.turn import EngineError, TurnDone, TurnRequest
 

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
-from pipeline.generation import DecodeBatch, GenerationParams, _TextStream, stream_turn
+from pipeline.generation import DecodeBatch, GenerationParams, stream_turn
 from pipeline.prompt import PromptRenderer
+from pipeline.streaming import TextStream
 from pipeline.tokenizer import load_tokenizer
 from pipeline.turn import AudioChunk, TextDelta, TurnDone
 
@@ -399,7 +400,7 @@ def test_bad_generation_params_are_refused(bad):
 @settings(max_examples=60, deadline=None)
 @given(st.text(alphabet=st.sampled_from(list("aé ü你好世界🙂👍🏽\nß€")), max_size=40))
 def test_text_stream_emits_only_whole_characters(tokenizer, text):
-    stream = _TextStream(tokenizer)
+    stream = TextStream(tokenizer)
     deltas = [stream.push(token) for token in tokenizer.encode(text)] + [stream.flush()]
     assert all("\ufffd" not in delta for delta in deltas)
     assert "".join(deltas) == text == stream.text
