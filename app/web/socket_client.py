@@ -45,7 +45,7 @@ from app.realtime.protocol import (
     event_type,
 )
 from app.webrtc.client import TurnResult, committed_item, session_transcribes, transcription_ended
-from app.webrtc.client_events import ClientError, ServerEventLog
+from app.webrtc.client_events import ClientError, RealtimeClientBase
 from media import g711
 from media.rates import SPEECH_RATE, VOICE_RATE
 
@@ -57,7 +57,7 @@ _DELTA = event_type(ResponseOutputAudioDeltaEvent)
 _SESSION_EVENTS = (event_type(SessionCreatedEvent), event_type(SessionUpdatedEvent))
 
 
-class RealtimeSocketClient(ServerEventLog):
+class RealtimeSocketClient(RealtimeClientBase):
     """One WebSocket session with an omni-rtc (or OpenAI Realtime) server."""
 
     def __init__(
@@ -82,17 +82,6 @@ class RealtimeSocketClient(ServerEventLog):
         self._output_format = "audio/pcm"
         self._ws: ClientConnection | None = None
         self._receiver: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> RealtimeSocketClient:
-        try:
-            await self.connect()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def connect(self) -> None:
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}

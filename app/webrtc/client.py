@@ -50,7 +50,7 @@ from app.realtime.protocol import (
     SessionUpdatedEvent,
     event_type,
 )
-from app.webrtc.client_events import ClientError, ServerEventLog
+from app.webrtc.client_events import ClientError, RealtimeClientBase
 from app.webrtc.ice import loopback_candidates, rtc_configuration
 from media.inbound import release_audio_promptly
 from media.pacing import FRAME_SAMPLES, FramePacer
@@ -181,7 +181,7 @@ class _Received:
         self.arrived_at.append(time.monotonic())
 
 
-class RealtimeClient(ServerEventLog):
+class RealtimeClient(RealtimeClientBase):
     """One call to an omni-rtc (or OpenAI Realtime WebRTC) server."""
 
     def __init__(
@@ -215,17 +215,6 @@ class RealtimeClient(ServerEventLog):
         self._receiver: asyncio.Task[None] | None = None
         self._channel_open = asyncio.Event()
         self._channel: RTCDataChannel | None = None
-
-    async def __aenter__(self) -> RealtimeClient:
-        try:
-            await self.connect()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     # -- connection ------------------------------------------------------------------
 

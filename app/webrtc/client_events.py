@@ -1,11 +1,11 @@
-"""What both headless clients (WebRTC and WebSocket) share: the server events received, in
-order, and waiting for the next one that matches."""
+"""What both headless clients (WebRTC and WebSocket) share: ``async with`` connecting and
+closing, the server events received in order, and waiting for the next one that matches."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 EventMatch = str | Callable[[dict[str, Any]], bool]  # an event type, or a test of the event
 
@@ -14,13 +14,31 @@ class ClientError(Exception):
     """The server refused the call, or a turn could not complete."""
 
 
-class ServerEventLog:
-    """``events`` in arrival order; ``wait_for`` returns the first match from an index on."""
+class RealtimeClientBase:
+    """A client's ``events`` in arrival order; ``wait_for`` returns the first match from an index
+    on. A subclass connects (``connect``) and releases everything (``close``, safe twice)."""
 
     def __init__(self, timeout_s: float) -> None:
         self.events: list[dict[str, Any]] = []
         self._timeout_s = timeout_s
         self._changed: asyncio.Future[None] | None = None
+
+    async def connect(self) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.connect()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
     async def wait_for(self, match: EventMatch, *, start: int = 0, timeout_s: float | None = None) -> dict[str, Any]:
         """The first event from index ``start`` on of this type (or passing this test).

@@ -19,61 +19,19 @@ answer's audible time within 10 % of its audio time (``--sessions 1 --generation
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO / "tests" / "fixtures"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@contextlib.contextmanager
-def server(max_batch: int, generation: str | None) -> Iterator[str]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "app.web.cli", "serve", "--port", str(port), "--device", "cpu", "--seed", "0",
-               "--ice-loopback", "--log-level", "warning", "--max-batch", str(max_batch)]
-    if generation:
-        command += ["--generation", generation]
-    process = subprocess.Popen(command, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
-    try:
-        give_up = time.monotonic() + 600.0  # may build the dev model first
-        while True:
-            if process.poll() is not None:
-                raise SystemExit(f"the server exited with {process.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/healthz", timeout=5.0).json().get("status") == "ok":
-                    break
-            if time.monotonic() > give_up:
-                raise SystemExit("the server did not become healthy")
-            time.sleep(0.5)
-        yield url
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+from soak import FIXTURES, REPO, dev_model_server  # noqa: E402
 
 
 def call(url: str, sessions: int, wavs: list[Path], session: str | None) -> dict[str, Any]:
@@ -125,7 +83,7 @@ def main() -> None:
     runs = []
     for max_batch in args.max_batch:
         load_before = os.getloadavg()[0]
-        with server(max_batch, args.generation) as url:
+        with dev_model_server("--max-batch", str(max_batch), generation=args.generation) as url:
             result = call(url, args.sessions, wavs, args.session)
         rows = rows_of(result)
         latencies = [row["eos_to_first_audio_s"] for row in rows if row["eos_to_first_audio_s"] is not None]

@@ -183,19 +183,22 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+# The random dev model's Talker never says EOS: cap each answer at 2 s of speech.
+CAPPED_ANSWERS = json.dumps({"max_audio_frames": DEV_MODEL_AUDIO_FRAMES})
+
+
 @contextlib.contextmanager
-def dev_model_server() -> Iterator[str]:
-    """``omni-rtc serve`` with the dev model on a free loopback port; yields its URL."""
+def dev_model_server(*serve_args: str, generation: str | None = CAPPED_ANSWERS) -> Iterator[str]:
+    """``omni-rtc serve`` with the dev model on a free loopback port (plus ``serve_args``, and
+    ``--generation`` unless None); yields its URL once healthy, interrupts it afterwards."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "app.web.cli", "serve", "--port", str(port), "--device", "cpu", "--seed", "0",
-         "--ice-loopback", "--log-level", "warning",
-         # The random dev model's Talker never says EOS: cap each answer at 2 s of speech.
-         "--generation", json.dumps({"max_audio_frames": DEV_MODEL_AUDIO_FRAMES})],
-        env=env,
-    )
+    command = [sys.executable, "-m", "app.web.cli", "serve", "--port", str(port), "--device", "cpu", "--seed", "0",
+               "--ice-loopback", "--log-level", "warning", *serve_args]
+    if generation is not None:
+        command += ["--generation", generation]
+    process = subprocess.Popen(command, env=env)
     try:
         give_up = time.monotonic() + 600.0  # may build the dev model first
         while True:
