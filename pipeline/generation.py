@@ -990,13 +990,16 @@ class DecodeBatch(Generic[TurnKey]):
         return bool(self._due())
 
     def decode_chunks(self) -> list[tuple[TurnKey, TurnEvent]]:
-        """Decode every due chunk (a turn's last frames once its audio ended); chunks of the same
-        shape go through Code2Wav together."""
+        """Decode every due chunk (a turn's last frames once its audio ended). On an accelerator
+        chunks of the same shape go through Code2Wav together; on a CPU each goes alone,
+        because Code2Wav's upsampled activations outgrow the cache: four 50-frame chunks
+        together cost 59 ms against 4 x 13 ms alone (dev model, one core)."""
         due = self._due()
-        groups: dict[tuple[int, ...], list[tuple[TurnKey, torch.Tensor]]] = {}
+        together = self._model.code2wav.device.type != "cpu"
+        groups: dict[tuple[int, ...] | TurnKey, list[tuple[TurnKey, torch.Tensor]]] = {}
         for turn, speech in due:
             codes = speech.audio.pending_codes()
-            groups.setdefault(tuple(codes.shape), []).append((turn.key, codes))
+            groups.setdefault(tuple(codes.shape) if together else turn.key, []).append((turn.key, codes))
         events: list[tuple[TurnKey, TurnEvent]] = []
         decoded: dict[TurnKey, np.ndarray] = {}
         with torch.inference_mode():
