@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -13,6 +14,14 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 def _default_cache_dir() -> Path:
     return Path.home() / ".cache" / "omni-rtc"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (taskset, cgroup cpusets) where the
+    platform has one, else every core; at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
 
 
 def is_loopback_host(host: str) -> bool:
@@ -75,9 +84,10 @@ class Settings(BaseSettings):
     # Limits. Past each one the client gets a clear error (HTTP status, or an `error` event
     # while the session goes on).
     max_sessions: int = Field(16, ge=1)  # concurrent calls; the next offer gets 429 + Retry-After
-    # Media worker processes. 1: every call in the server process (one core's worth of calls);
+    # Media worker processes; by default one per usable core, since one process carries one
+    # core's worth of calls (aiortc runs on the GIL). 1: every call in the server process itself;
     # N > 1: calls spread over N processes behind the one port (app/web/workers.py).
-    media_workers: int = Field(1, ge=1)
+    media_workers: int = Field(default_factory=usable_cores, ge=1)
     max_sdp_bytes: int = Field(65_536, ge=1_024)  # offer body; browsers send 3-8 KB; past it 413
     # One data-channel event. 256 KiB carries ~5 s of base64 PCM16 audio in conversation.item.create.
     max_event_bytes: int = Field(262_144, ge=1_024)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from app.config import Settings
+from app.config import Settings, usable_cores
 
 # Flag -> Settings field, for the flags `serve` passes on only when given.
 SERVE_FLAGS = {
@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-sessions", type=int, help="concurrent calls before 429 (default 16)")
     serve.add_argument(
         "--media-workers", type=int, metavar="N",
-        help="processes that carry the calls, behind the one port (default 1: all in the server process)",
+        help="processes that carry the calls, behind the one port (default: the usable cores, here "
+        f"{usable_cores()}; 1: every call in the server process)",
     )
     serve.add_argument("--disconnect-timeout", type=float, metavar="SECONDS", help="end a call whose peer sent no media this long (default 10)")
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or an ek_ client secret) to place calls")

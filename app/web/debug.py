@@ -1,4 +1,8 @@
-"""``GET /debug/resources``: what the server process holds, for soak tests and leak hunts.
+"""``GET /debug/resources``: what the server's processes hold, for soak tests and leak hunts.
+
+The front (or only) process's figures at the top level; with media workers, ``workers`` lists
+each worker's own figures (``app.web.resources``), fetched over the workers' IPC, since a
+call's peer, session and tasks live in its worker.
 
 Answers only clients on loopback: the figures (open files, task count) help whoever
 probes for weaknesses, and a leak check runs on the server's own machine anyway.
@@ -6,45 +10,13 @@ probes for weaknesses, and a leak check runs on the server's own machine anyway.
 
 from __future__ import annotations
 
-import asyncio
-import re
-import threading
-from collections import Counter
 from typing import Any
 
-import psutil
 from fastapi import APIRouter, Request
 
 from app.config import is_loopback_host
 from app.web.errors import ApiError
-
-_THREAD_NUMBER = re.compile(r"[_-]?\d+(?: \(.*\))?$")  # "Thread-3 (worker)" -> "Thread"
-
-
-def process_resources() -> dict[str, Any]:
-    """RSS, threads, open file descriptors and asyncio tasks of this process, right now."""
-    process = psutil.Process()
-    children = process.children(recursive=True)
-    return {
-        "rss_bytes": process.memory_info().rss,
-        "threads": threading.active_count(),
-        # Python threads by name without their number ("asyncio_3" -> "asyncio"): the default
-        # executor's pool grows on demand up to its size, so a leak shows as another kind growing.
-        "thread_kinds": dict(Counter(_THREAD_NUMBER.sub("", thread.name) for thread in threading.enumerate())),
-        "os_threads": process.num_threads(),  # includes native pools (torch, onnxruntime, av)
-        "fds": process.num_fds(),
-        "asyncio_tasks": len(asyncio.all_tasks()),
-        # The engine process (and multiprocessing's helpers): where the model's memory lives.
-        "child_processes": len(children),
-        "children_rss_bytes": sum(_rss(child) for child in children),
-    }
-
-
-def _rss(process: psutil.Process) -> int:
-    try:
-        return process.memory_info().rss
-    except psutil.NoSuchProcess:  # ended between listing and reading (an engine restart)
-        return 0
+from app.web.resources import process_resources
 
 
 def debug_router() -> APIRouter:
@@ -55,6 +27,11 @@ def debug_router() -> APIRouter:
         client = request.client
         if client is None or not is_loopback_host(client.host):
             raise ApiError(403, "/debug/resources answers loopback clients only.", code="forbidden")
-        return process_resources()
+        figures = process_resources()
+        runtime = getattr(request.app.state, "runtime", None)
+        workers = runtime.workers if runtime is not None else None
+        if workers is not None:
+            figures["workers"] = await workers.resources()
+        return figures
 
     return router

@@ -8,9 +8,9 @@ front process: sessions here get an :class:`EngineProxy` that streams each turn 
 same connection. The worker reports its calls' ends, its session count, its pacing and its
 metrics; when the front goes away the worker closes its calls and exits.
 
-Messages, front → worker: ``offer`` (call id, SDP, session config), ``hangup``,
-``turn_event``/``turn_end`` (a turn's events), ``shutdown``. Worker → front: ``hello``,
-``answer`` (reply to ``offer``/``hangup``), ``call_closed``, ``status`` (every
+Messages, front → worker: ``offer`` (call id, SDP, session config), ``hangup``, ``resources``
+(for ``/debug/resources``), ``turn_event``/``turn_end`` (a turn's events), ``shutdown``.
+Worker → front: ``hello``, ``answer`` (reply to ``offer``/``hangup``/``resources``), ``call_closed``, ``status`` (every
 ``STATUS_INTERVAL_S``), ``turn``/``cancel_turn``.
 """
 
@@ -31,6 +31,7 @@ from app.realtime.session_config import SessionConfig
 from app.web.calls import load_end_of_turn_model, new_call
 from app.web.ipc import post, receive
 from app.web.metrics import Metrics
+from app.web.resources import process_resources
 from app.webrtc.call import Call, CallRegistry, OfferError
 from media.end_of_turn import EndOfTurnModel
 from media.vad import SileroVad
@@ -125,6 +126,8 @@ class MediaWorker:
                     self._start(answer, f"offer {message['call_id']}")
                 elif op == "hangup":
                     self._start(self._hang_up(message, calls), f"hangup {message['call_id']}")
+                elif op == "resources":  # psutil reads /proc: well under a millisecond
+                    self._send({"op": "answer", "request": message["request"], "resources": process_resources()})
                 elif op == "shutdown":
                     break
                 else:

@@ -1,8 +1,8 @@
 """The front process's media workers: spawned, placed on, watched, restarted.
 
-``omni-rtc serve --media-workers N`` (N > 1) keeps HTTP, the page, auth, client secrets,
-signaling, the session count and the engine in this (front) process, and runs every call in
-one of N worker processes (``app.web.media_worker``). A new call goes to the live worker with
+``omni-rtc serve --media-workers N`` (N > 1; by default one per usable core) keeps HTTP, the
+page, auth, client secrets, signaling, the session count and the engine in this (front)
+process, and runs every call in one of N worker processes (``app.web.media_worker``). A new call goes to the live worker with
 the fewest calls; its offer travels over IPC and the worker's SDP answer comes back, so the
 peer's media then flows to that worker's own UDP sockets. The front remembers which worker
 holds each call (hang-up goes there) and serves the workers' engine turns from the one engine.
@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
-import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -41,6 +40,9 @@ WORKER_START_TIMEOUT_S = 60.0
 # Answering an offer gathers loopback/host candidates: well under a second; a worker that takes
 # this long is stuck, and the client gets a 503 rather than waiting forever.
 OFFER_TIMEOUT_S = 30.0
+# A worker measures its resources in well under a millisecond; one silent this long is stuck
+# (or stopped), and /debug/resources reports it not alive rather than hang.
+RESOURCES_TIMEOUT_S = 5.0
 # Asked to shut down, a worker closes its calls (each a few ms); past this it is killed.
 WORKER_STOP_TIMEOUT_S = 10.0
 # How often the front checks that every worker process still runs; a dead one is spawned again.
@@ -216,6 +218,21 @@ class MediaWorkerPool:
             for worker in self._workers
         ]
 
+    async def resources(self) -> list[dict[str, Any]]:
+        """Each worker's ``process_resources()``, asked over IPC; a worker not running says only that."""
+
+        async def one(worker: WorkerHandle) -> dict[str, Any]:
+            entry: dict[str, Any] = {"worker": str(worker.index), "pid": worker.pid, "alive": False}
+            if not worker.ready:
+                return entry
+            try:
+                reply = await self._ask(worker, {"op": "resources"}, timeout_s=RESOURCES_TIMEOUT_S)
+            except WorkerUnavailable:
+                return entry
+            return {**entry, "alive": True, **reply["resources"]}
+
+        return list(await asyncio.gather(*(one(worker) for worker in self._workers)))
+
     def metric_samples(self) -> list[list[FamilySamples]]:
         return [worker.metrics for worker in self._workers if worker.ready and worker.metrics]
 
@@ -296,17 +313,19 @@ class MediaWorkerPool:
         else:
             logger.error("media worker %d sent an unknown message %r", worker.index, op)
 
-    async def _ask(self, worker: WorkerHandle, message: dict[str, Any]) -> dict[str, Any]:
+    async def _ask(
+        self, worker: WorkerHandle, message: dict[str, Any], timeout_s: float = OFFER_TIMEOUT_S
+    ) -> dict[str, Any]:
         self._requests += 1
         request = self._requests
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         worker.pending[request] = future
         try:
             worker.send({**message, "request": request})
-            async with asyncio.timeout(OFFER_TIMEOUT_S):
+            async with asyncio.timeout(timeout_s):
                 return await future
         except TimeoutError:
-            raise WorkerUnavailable(f"media worker {worker.index} did not answer in {OFFER_TIMEOUT_S:g} s") from None
+            raise WorkerUnavailable(f"media worker {worker.index} did not answer in {timeout_s:g} s") from None
         finally:
             worker.pending.pop(request, None)
 
@@ -369,8 +388,3 @@ class MediaWorkerPool:
                 worker.restarts += 1
                 self._spawn(worker)
                 logger.info("media worker %d started again as pid %s", worker.index, worker.pid)
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity), at least 1."""
-    return max(1, len(os.sched_getaffinity(0)))

@@ -125,3 +125,22 @@ async def test_an_overloaded_worker_shows_in_healthz_and_metrics(tmp_path) -> No
             assert 'omni_rtc_media_worker_overloaded{worker="1"}' in metrics  # each worker apart
             [skipped] = re.findall(r'^omni_rtc_outbound_frames_skipped_total\{worker="0"\} (\S+)$', metrics, re.MULTILINE)
             assert float(skipped) >= body["workers"][0]["skipped_frames"]  # the same count, or a later report
+
+
+async def test_debug_resources_shows_each_worker_besides_the_front(tmp_path) -> None:
+    async with front(tmp_path) as (url, http):
+        async with RealtimeClient(url, ice_loopback=True):
+            body = await until(http, lambda b: sessions_by_worker(b) == [1, 0])
+            figures = (await http.get("/debug/resources")).json()
+    assert figures["rss_bytes"] > 0  # the front's own figures stay at the top level
+    workers = figures["workers"]
+    assert [(w["worker"], w["pid"], w["alive"]) for w in workers] == [
+        (w["worker"], w["pid"], True) for w in body["workers"]
+    ]
+    for worker in workers:
+        assert set(worker) >= {"rss_bytes", "threads", "thread_kinds", "os_threads", "fds", "asyncio_tasks"}
+        assert worker["thread_kinds"]["MainThread"] == 1
+    with_call, idle = workers
+    # The call lives in worker 0: its peer's UDP sockets and its tasks are there, not in the front.
+    assert with_call["fds"] > idle["fds"]
+    assert with_call["asyncio_tasks"] > idle["asyncio_tasks"]

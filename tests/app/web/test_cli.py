@@ -56,6 +56,28 @@ def test_serve_refuses_invalid_settings_with_a_message(capsys):
     assert "API key" in capsys.readouterr().err
 
 
+def test_media_workers_default_to_the_usable_cores(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 2, 5})  # as under `taskset -c 0,2,5`
+    assert serve_settings(monkeypatch, []).media_workers == 3
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {1})
+    assert serve_settings(monkeypatch, []).media_workers == 1  # one core: every call in the server process
+    assert serve_settings(monkeypatch, ["--media-workers", "4"]).media_workers == 4
+    assert serve_settings(monkeypatch, [], OMNI_RTC_MEDIA_WORKERS="1").media_workers == 1
+
+
+def test_media_workers_default_without_affinity_is_every_core(monkeypatch):
+    monkeypatch.delattr("os.sched_getaffinity")  # macOS and Windows have none
+    monkeypatch.setattr("os.cpu_count", lambda: 6)
+    assert serve_settings(monkeypatch, []).media_workers == 6
+    monkeypatch.setattr("os.cpu_count", lambda: None)  # undeterminable
+    assert serve_settings(monkeypatch, []).media_workers == 1
+
+
+def test_serve_refuses_zero_media_workers_naming_the_key(capsys):
+    assert main(["serve", "--media-workers", "0"]) == 2
+    assert "media_workers" in capsys.readouterr().err
+
+
 def test_call_refuses_an_unreadable_wav(tmp_path, capsys):
     not_audio = tmp_path / "notes.wav"
     not_audio.write_text("not audio")
