@@ -8,7 +8,7 @@ one thread, answers capped at 25 codec frames = 2 s), as the e2e tests do, and s
 this machine (``/debug/resources`` answers loopback clients only).
 
 Phases, each read from ``GET /debug/resources`` (server RSS, threads, fds, asyncio tasks, and
-the engine process's RSS):
+its child processes' RSS: the engine and the media workers; each media worker's own figures too):
 
 1. warm-up: one call with a text turn and a spoken turn, so that first-use allocations
    (model caches, thread pools, codecs) are in the baseline; the baseline is read after it;
@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import soundfile as sf
@@ -63,6 +64,9 @@ class Snapshot:
     os_threads: int
     fds: int
     sessions: int
+    # Each media worker's own figures (``/debug/resources`` ``workers``; none with one process):
+    # the calls' peers, sessions and tasks live there.
+    workers: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -90,6 +94,7 @@ async def read_snapshot(http: httpx.AsyncClient, phase: str) -> Snapshot:
         os_threads=figures["os_threads"],
         fds=figures["fds"],
         sessions=sessions,
+        workers=figures.get("workers", []),
     )
 
 
@@ -221,12 +226,18 @@ def dev_model_server(*serve_args: str, generation: str | None = CAPPED_ANSWERS) 
 
 
 def table(result: SoakResult) -> str:
-    rows = [f"{'phase':<22}{'RSS MB':>9}{'engine MB':>11}{'tasks':>7}{'threads':>9}{'os thr':>8}{'fds':>6}{'sessions':>10}"]
+    rows = [f"{'phase':<22}{'RSS MB':>9}{'child MB':>11}{'tasks':>7}{'threads':>9}{'os thr':>8}{'fds':>6}{'sessions':>10}"]
     for s in result.snapshots:
         rows.append(
             f"{s.phase:<22}{s.rss_bytes / 2**20:>9.1f}{s.children_rss_bytes / 2**20:>11.1f}{s.asyncio_tasks:>7}"
             f"{s.threads:>9}{s.os_threads:>8}{s.fds:>6}{s.sessions:>10}"
         )
+        for worker in s.workers:
+            rows.append(
+                f"{'  worker ' + worker['worker']:<22}{worker.get('rss_bytes', 0) / 2**20:>9.1f}{'':>11}"
+                f"{worker.get('asyncio_tasks', '-'):>7}{worker.get('threads', '-'):>9}{worker.get('os_threads', '-'):>8}"
+                f"{worker.get('fds', '-'):>6}"
+            )
     rows.append(f"turns: {result.turns} {result.turn_statuses}; cycles: {result.cycles}; "
                 f"seconds: { {k: round(v, 1) for k, v in result.seconds.items()} }")
     return "\n".join(rows)

@@ -122,15 +122,23 @@ async def test_healthz_reports_a_dead_engine_as_degraded_with_its_restarts():
     assert response.json()["engine"]["restarts"] == 2
 
 
-def engine_processes(server_url: str) -> list[psutil.Process]:
-    """The dev-model server's engine process(es): spawned children of the serving process."""
+def engine_process(server_url: str) -> psutil.Process:
+    """The dev-model server's one engine process, known by what the server says it is.
+
+    The serving process has other spawned children (its media workers, multiprocessing's
+    resource tracker), so the engine is the pid /healthz gives for it, checked to be a child of
+    the server and none of its media workers.
+    """
     port = server_url.rsplit(":", 1)[1]
-    servers = [
+    [server] = [
         process for process in psutil.Process().children(recursive=True)
         if "serve" in process.cmdline() and port in process.cmdline()
     ]
-    assert len(servers) == 1, servers
-    return [child for child in servers[0].children() if any("spawn_main" in part for part in child.cmdline())]
+    health = get_json(f"{server_url}/healthz")
+    [engine_pid] = [engine["pid"] for engine in health["engine"]["engines"]]
+    assert engine_pid in {child.pid for child in server.children()}
+    assert engine_pid not in {worker["pid"] for worker in health["workers"]}
+    return psutil.Process(engine_pid)
 
 
 def wait_for_health(server_url: str, restarts: int) -> dict[str, Any]:
@@ -149,13 +157,13 @@ def wait_for_health(server_url: str, restarts: int) -> dict[str, Any]:
 
 async def test_killed_engine_process_is_restarted_and_reported(server_url: str):
     before = get_json(f"{server_url}/healthz")["engine"]["restarts"]
-    [engine] = engine_processes(server_url)
+    engine = engine_process(server_url)
     engine.kill()
     engine.wait(timeout=30)
     health = await asyncio.to_thread(wait_for_health, server_url, before + 1)
     assert health.get("status") == "ok", health
     assert health["engine"]["restarts"] == before + 1
-    [restarted] = engine_processes(server_url)
+    restarted = engine_process(server_url)
     assert restarted.pid != engine.pid
     async with RealtimeClient(server_url, ice_loopback=True, timeout_s=120.0) as client:
         await client.send({"type": "session.update", "session": {"output_modalities": ["text"], "max_output_tokens": 8}})

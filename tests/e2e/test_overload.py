@@ -27,7 +27,9 @@ def metric(text: str, name: str) -> float:
 
 
 async def test_a_worker_that_falls_behind_is_reported_overloaded(tmp_path) -> None:
-    app = create_app(Settings(ice_loopback=True, cache_dir=tmp_path), engine=ScriptedEngine())
+    # One process (media_workers=1): the call must live on this test's own loop, which it blocks.
+    # A worker process behind a front is stalled the same way in test_media_workers (SIGSTOP).
+    app = create_app(Settings(ice_loopback=True, cache_dir=tmp_path, media_workers=1), engine=ScriptedEngine())
     async with serving_in_process(app) as url:
         async with httpx.AsyncClient(base_url=url) as http:
             before = (await http.get("/healthz")).json()["workers"]

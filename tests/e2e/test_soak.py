@@ -56,6 +56,28 @@ def test_counts_return_to_their_start(soak: SoakResult, count: str):
     assert (after_turns, end) == (start, start)
 
 
+def worker_figures(soak: SoakResult, phase: str, figure: str) -> dict[str, object]:
+    """Each media worker's ``figure`` at ``phase``, by worker and pid (a restarted worker differs)."""
+    return {f"{worker['worker']}/{worker['pid']}": worker[figure] for worker in soak.snapshot(phase).workers}
+
+
+@pytest.mark.parametrize("count", ["asyncio_tasks", "fds"])
+def test_each_media_worker_returns_to_its_start(soak: SoakResult, count: str):
+    """The calls lived in the media workers (the server runs one per core by default)."""
+    start, after_turns, end = (worker_figures(soak, phase, count) for phase in ("start", "after_turns", "end"))
+    assert (after_turns, end) == (start, start)
+
+
+def test_each_media_workers_threads_return_to_their_start_but_the_executor_pool(soak: SoakResult):
+    def named(phase: str) -> dict[str, object]:
+        return {
+            worker: {kind: n for kind, n in kinds.items() if kind != EXECUTOR_THREADS}
+            for worker, kinds in worker_figures(soak, phase, "thread_kinds").items()
+        }
+
+    assert (named("after_turns"), named("end")) == (named("start"), named("start"))
+
+
 def test_threads_return_to_their_start_but_the_executor_pool(soak: SoakResult):
     def named(phase: str) -> dict[str, int]:
         return {kind: n for kind, n in soak.snapshot(phase).thread_kinds.items() if kind != EXECUTOR_THREADS}
@@ -68,6 +90,6 @@ def test_server_rss_returns_within_tolerance(soak: SoakResult):
     assert soak.snapshot("end").rss_bytes - soak.snapshot("start").rss_bytes <= RSS_TOLERANCE_BYTES
 
 
-def test_engine_rss_returns_within_tolerance(soak: SoakResult):
+def test_engine_and_worker_rss_return_within_tolerance(soak: SoakResult):
     growth = soak.snapshot("end").children_rss_bytes - soak.snapshot("start").children_rss_bytes
     assert growth <= RSS_TOLERANCE_BYTES
