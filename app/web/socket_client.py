@@ -129,8 +129,8 @@ class RealtimeSocketClient(RealtimeClientBase):
 
     # -- events ----------------------------------------------------------------------
 
-    def _server_gone(self) -> bool:
-        return self._receiver is not None and self._receiver.done()
+    def _server_gone(self) -> str | None:
+        return "the server closed the session" if self._receiver is not None and self._receiver.done() else None
 
     async def send(self, event: dict[str, Any]) -> None:
         assert self._ws is not None, "connect() first"

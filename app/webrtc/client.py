@@ -65,6 +65,12 @@ AUDIBLE_PEAK = 10 ** (-60 / 20)
 # jitter buffer, and a half-duplex server keeps ignoring speech for a moment (omni-rtc: 400 ms
 # of echo tail). Wait for this much further received audio before the turn ends.
 PLAYOUT_TAIL_FRAMES = 50  # 1 s
+# The server sends a 20 ms frame every 20 ms for the whole call, silence included, so a
+# connected call that receives nothing this long has lost its server: a process killed
+# outright (say a media worker) sends no close, and aiortc alone would notice only when ICE
+# consent expires (6 unanswered checks 4-6 s apart: ~30 s). The server's own idle track
+# never pauses longer than a stalled loop, well under a second (tests/e2e/test_overload.py).
+SERVER_SILENCE_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -194,12 +200,15 @@ class RealtimeClient(RealtimeClientBase):
         ice_servers: list[str] | None = None,
         offer_candidates: bool = True,
         timeout_s: float = 120.0,
+        server_silence_timeout_s: float = SERVER_SILENCE_TIMEOUT_S,
     ) -> None:
         """``url`` is the server's base URL; ``session`` goes with the offer (multipart).
 
         ``offer_candidates=False`` strips the candidates from the offer, as browsers posting
         before gathering do; the server then learns this peer as peer-reflexive.
-        ``timeout_s`` bounds connecting and each turn.
+        ``timeout_s`` bounds connecting and each turn. Once the server has been heard, no audio
+        frame from it for ``server_silence_timeout_s`` ends the call (``ended``), and waiting
+        for events or a turn raises :class:`ClientError` saying so.
         """
         self.url = url.rstrip("/")
         self._api_key = api_key
@@ -215,6 +224,9 @@ class RealtimeClient(RealtimeClientBase):
         self._receiver: asyncio.Task[None] | None = None
         self._channel_open = asyncio.Event()
         self._channel: RTCDataChannel | None = None
+        self._server_silence_timeout_s = server_silence_timeout_s
+        self._heard_at: float | None = None  # monotonic time of the server's last frame or event
+        self.ended: str | None = None  # why the call ended (the server closed it or went silent, or close()); None while it runs
 
     # -- connection ------------------------------------------------------------------
 
@@ -232,6 +244,7 @@ class RealtimeClient(RealtimeClientBase):
             if transceiver.kind == "audio":
                 release_audio_promptly(transceiver.receiver)
         pc.on("track", self._on_track)
+        pc.on("connectionstatechange", self._on_connection_state)
         with loopback_candidates(self._ice_loopback):
             await pc.setLocalDescription(await pc.createOffer())
         offer = pc.localDescription.sdp
@@ -265,6 +278,8 @@ class RealtimeClient(RealtimeClientBase):
 
     async def close(self) -> None:
         """Hangs up (closes the peer connection, as a browser tab does). Safe twice."""
+        if self.ended is None:
+            self.ended = "hung up"
         if self._pc is not None:
             await self._pc.close()
         self._microphone.stop()
@@ -279,14 +294,40 @@ class RealtimeClient(RealtimeClientBase):
             self._receiver = asyncio.create_task(self._receive(track), name="client audio receiver")
 
     async def _receive(self, track: MediaStreamTrack) -> None:
+        silence_s = self._server_silence_timeout_s
         while True:
+            # Until the server is first heard (a frame or an event) silence means nothing yet:
+            # connecting has its own timeout.
+            silent_for = 0.0 if self._heard_at is None else time.monotonic() - self._heard_at
             try:
-                frame = await track.recv()
+                async with asyncio.timeout(max(silence_s - silent_for, 0.0)):
+                    frame = await track.recv()
             except MediaStreamError:
-                return  # the server ended the track (call closed)
+                self._end("the server closed the call")
+                return
+            except TimeoutError:
+                if self._heard_at is not None and time.monotonic() - self._heard_at >= silence_s:
+                    self._end(f"nothing heard from the server for {silence_s:g} s (no audio frame, no event)")
+                    return
+                continue
             assert isinstance(frame, av.AudioFrame)  # the answer's track is audio
+            self._heard_at = time.monotonic()
             self._received.add(frame)
             self._notify()
+
+    def _on_connection_state(self) -> None:
+        assert self._pc is not None
+        if self._pc.connectionState in ("failed", "closed"):
+            self._end(f"the connection {self._pc.connectionState}")
+
+    def _end(self, reason: str) -> None:
+        if self.ended is None:
+            self.ended = reason
+            logger.info("call %s ended: %s", self.call_location, reason)
+        self._notify()
+
+    def _server_gone(self) -> str | None:
+        return self.ended
 
     # -- events ----------------------------------------------------------------------
 
@@ -296,6 +337,7 @@ class RealtimeClient(RealtimeClientBase):
         except json.JSONDecodeError:
             logger.error("the server sent a data-channel message that is not JSON: %.200r", message)
             return
+        self._heard_at = time.monotonic()
         self.events.append(event)
         self._notify()
 

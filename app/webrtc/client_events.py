@@ -65,11 +65,13 @@ class RealtimeClientBase:
 
     async def _changes(self) -> None:
         """Waits for the next arrival; ``ClientError`` once the server has gone."""
-        if self._server_gone():
-            raise ClientError("the server closed the session")
+        gone = self._server_gone()
+        if gone:
+            raise ClientError(gone)
         if self._changed is None or self._changed.done():
             self._changed = asyncio.get_running_loop().create_future()
         await asyncio.shield(self._changed)
 
-    def _server_gone(self) -> bool:
-        return False
+    def _server_gone(self) -> str | None:
+        """Why the session is over (the server closed it, or went silent), or None while it runs."""
+        return None

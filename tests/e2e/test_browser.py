@@ -20,6 +20,8 @@ import asyncio
 import contextlib
 import json
 import math
+import os
+import signal
 import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -29,9 +31,12 @@ from typing import Any
 import pytest
 from playwright.async_api import Page, async_playwright
 
+from app.config import Settings
+from app.web.server import create_app
 from app.web.signaling import capacity_error
 from tests.e2e.browser_chromium import Silence, launch_chromium, write_fake_microphone
-from tests.e2e.conftest import open_sessions, wait_for_sessions
+from tests.e2e.conftest import get_json, open_sessions, serving_in_process, wait_for_sessions
+from tests.fakes import ScriptedEngine
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -378,6 +383,37 @@ async def test_page_reconnects_when_the_call_drops(server_url: str, tmp_path: Pa
     assert second_call != first_call
     assert states == ["connecting", "listening", "reconnecting", "listening"]
     assert error.startswith("Call dropped")
+    assert sessions_while_reconnected == 1
+
+
+async def test_page_notices_its_media_worker_dying_and_reconnects_to_a_live_one(tmp_path: Path) -> None:
+    """A killed worker sends nothing more, not even a close: the page must not wait for ICE consent (~30 s).
+
+    Chrome marks the connection not receiving after 2.5 s without packets and turns ICE
+    "disconnected"; the page drops the call after DISCONNECT_GRACE_MS of it (static/js/call.js),
+    where consent expiry would have said "the connection failed".
+    """
+    app = create_app(Settings(ice_loopback=True, cache_dir=tmp_path, media_workers=2), engine=ScriptedEngine())
+    async with serving_in_process(app) as url, page_with_a_silent_microphone(url, tmp_path) as page:
+        await connect(page)
+        first_call = await page.evaluate("window.omniRtc.callUrl")
+        workers = (await asyncio.to_thread(get_json, f"{url}/healthz"))["workers"]
+        [victim] = [worker["pid"] for worker in workers if worker["sessions"] == 1]
+        os.kill(victim, signal.SIGKILL)
+
+        await page.wait_for_function(
+            "window.omniRtc.events.filter((e) => e.type === 'session.created').length === 2"
+            " && window.omniRtc.state === 'listening'",
+            timeout=TURN_DEADLINE_MS,
+        )
+        second_call = await page.evaluate("window.omniRtc.callUrl")
+        states = await page.evaluate("window.watched.states")
+        error = await page.locator("#errors .error span").first.inner_text()
+        sessions_while_reconnected = await asyncio.to_thread(open_sessions, url)
+        await page.click("#hangup")
+    assert second_call != first_call
+    assert states == ["connecting", "listening", "reconnecting", "listening"]
+    assert error == "Call dropped: the connection was interrupted."
     assert sessions_while_reconnected == 1
 
 

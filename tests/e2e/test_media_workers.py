@@ -95,14 +95,18 @@ async def test_max_sessions_counts_the_calls_of_every_worker(tmp_path) -> None:
 
 async def test_a_killed_worker_loses_only_its_calls_and_is_replaced(tmp_path) -> None:
     async with front(tmp_path) as (url, http):
-        async with RealtimeClient(url, ice_loopback=True) as survivor, RealtimeClient(url, ice_loopback=True):
+        async with RealtimeClient(url, ice_loopback=True) as survivor, RealtimeClient(url, ice_loopback=True) as doomed:
             body = await until(http, lambda b: sessions_by_worker(b) == [1, 1])
-            victim = body["workers"][1]["pid"]
+            victim = body["workers"][1]["pid"]  # the second call's worker: the first call had taken worker 0
             os.kill(victim, signal.SIGKILL)
             body = await until(http, lambda b: b["sessions"] == 1 and all(w["alive"] for w in b["workers"]))
             assert sessions_by_worker(body) == [1, 0]
             assert body["workers"][1]["pid"] != victim
             assert body["workers"][1]["restarts"] == 1
+            # The dead worker's peer sees its call end: its audio stopped (ICE consent would take ~30 s).
+            with pytest.raises(ClientError, match="nothing heard from the server"):
+                await doomed.wait_for("never.sent", timeout_s=SETTLE_S)
+            assert survivor.ended is None
             await answered(survivor)
             async with RealtimeClient(url, ice_loopback=True) as newcomer:  # the next call is placed and served
                 assert sessions_by_worker(await until(http, lambda b: b["sessions"] == 2)) == [1, 1]
