@@ -114,7 +114,11 @@ class MediaWorkerPool:
         self._settings = settings
         self._engine = engine
         self._calls = calls
-        self._context = multiprocessing.get_context("spawn")  # no fork of a process with threads and a loop
+        # forkserver: each worker is forked from a clean single-threaded server process that has
+        # imported the worker's modules once (~0.4 s of imports saved per worker start and
+        # restart); never a fork of this process, which has threads and a running loop.
+        self._context = multiprocessing.get_context("forkserver")
+        self._context.set_forkserver_preload(["app.web.media_worker"])
         self._workers = [WorkerHandle(index, process=self._context.Process()) for index in range(count)]
         self._call_worker: dict[str, WorkerHandle] = {}
         self._remote: dict[str, RemoteCall] = {}  # offered or answered, until released
