@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 from collections.abc import AsyncIterator
 
@@ -17,7 +18,7 @@ import pytest
 from aiortc import RTCPeerConnection
 from pydantic import SecretStr
 
-from app.config import Settings
+from app.config import Settings, usable_cores
 from app.web.server import create_app
 from app.webrtc.ice import loopback_candidates, rtc_configuration
 from pipeline.turn import AudioChunk, TextDelta, TurnDone, TurnEvent, TurnRequest, Usage
@@ -90,6 +91,23 @@ async def test_healthz_reports_status_model_and_no_sessions(settings):
     assert body["model"] == "fake-engine"
     assert body["sessions"] == 0
     assert body["engine"] == {"alive": True, "restarts": 0, "queue_depth": 0}
+
+
+async def test_one_media_worker_is_this_process_and_the_default_one_per_core(settings):
+    one = settings.model_copy(update={"media_workers": 1})
+    async with serving(one) as http, offering_peer() as pc:
+        assert (await post_offer(http, pc.localDescription.sdp)).status_code == 201
+        [worker] = (await http.get("/healthz")).json()["workers"]
+        resources = (await http.get("/debug/resources")).json()
+    # --media-workers 1: the call lives in the server process itself, which has no worker processes.
+    assert (worker["worker"], worker["pid"], worker["sessions"]) == ("0", os.getpid(), 1)
+    assert "workers" not in resources
+
+    assert settings.media_workers == usable_cores()  # the fixture gives none: the default
+    async with serving(settings) as http:
+        workers = (await http.get("/healthz")).json()["workers"]
+    assert len(workers) == usable_cores()
+    assert os.getpid() not in {worker["pid"] for worker in workers} or usable_cores() == 1
 
 
 async def test_garbage_offer_is_400_with_a_json_message(settings):
