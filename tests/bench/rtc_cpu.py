@@ -105,6 +105,9 @@ def main() -> None:
     command = [
         sys.executable, "-m", "app.web.cli", "serve", "--port", str(args.port), "--device", "cpu",
         "--ice-loopback", "--engine-threads", "1", "--seed", "0", "--log-level", "warning",
+        # Every call in the server process, as the split above assumes (its children are the
+        # engine); tests/bench/media_capacity.py measures the media workers' whole tree.
+        "--media-workers", "1",
     ]
     if args.model:
         command += ["--model", args.model]
