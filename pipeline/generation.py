@@ -88,7 +88,14 @@ class GenerationParams:
     output_audio: bool = True
     seed: int | None = None
     first_chunk_frames: int = 4
+    # Later chunks without adaptive_chunks (vllm-omni's 25 frames, 2 s).
     chunk_frames: int = 25
+    # The largest adaptive chunk (100 frames, 8 s of audio): once the audio is far ahead of the
+    # listener, few large chunks re-decode less left context than many small ones (25-frame
+    # chunks decode 50 frames for every 25 they emit, 100-frame ones 125 for 100) and pay
+    # Code2Wav's per-call cost (~2 ms on the dev model, one core) less often. Qwen's own
+    # chunked_decode uses 300-frame chunks.
+    max_chunk_frames: int = 100
     left_context_frames: int = 25
     force_output_tokens: int | None = None  # benchmarks only: suppress EOS until N tokens
     # Extensions beyond the agreed fields (defaults keep the agreed behaviour):
@@ -96,8 +103,8 @@ class GenerationParams:
     max_audio_frames: int = DEFAULT_MAX_AUDIO_FRAMES
     # False: greedy codec frames and code predictor, as generate(talker_do_sample=False).
     talker_do_sample: bool = True
-    # Chunks after the first sized by how far the audio is ahead of the listener (see
-    # AudioChunker); False: every later chunk holds chunk_frames.
+    # Chunks after the first sized by how far the audio is ahead of the listener, up to
+    # max_chunk_frames (see AudioChunker); False: every later chunk holds chunk_frames.
     adaptive_chunks: bool = True
 
     def __post_init__(self) -> None:
@@ -107,7 +114,7 @@ class GenerationParams:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1 or None, got {value}")
-        for name in ("first_chunk_frames", "chunk_frames", "max_audio_frames"):
+        for name in ("first_chunk_frames", "chunk_frames", "max_chunk_frames", "max_audio_frames"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         # A chunk's last samples need the next frame; the next chunk recomputes them from its
