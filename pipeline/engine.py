@@ -323,6 +323,9 @@ class TransformersEngine:
         except BaseException as exc:
             if self._process is process:
                 self._process = None
+            # Nobody awaits this process's readiness any more: its exit must not set an
+            # exception there that nobody retrieves.
+            process.ready.cancel()
             # After a load failure the process exits by itself; when start() is cancelled it
             # may be deep in loading weights, which it would not interrupt for a closed pipe.
             await asyncio.to_thread(process.join, _STOP_GRACE_S if isinstance(exc, EngineError) else 0.0)
