@@ -485,6 +485,7 @@ class _Turn(Generic[TurnKey]):
             self.generator.manual_seed(seed)
         self.thinker = _ThinkerTurn(model, params, self.generator)
         self.text = TextStream(tokenizer)
+        self._tokens_held = 0  # answer tokens pushed since the last delta (held-back UTF-8 pieces)
         # Set by the Talker's prefill: the turn speaks.
         self.speech: _Speech | None = None
         # Set by the Thinker's prefill for the Talker's: the prompt's input embeddings (audio
@@ -512,11 +513,20 @@ class _Turn(Generic[TurnKey]):
         )
         return TurnDone(text=self.text.text, usage=usage, finish_reason=finish_reason)
 
-    def text_delta(self, token: int) -> str:
-        """The text a new Thinker token releases; a stop token is never text, only the end of it."""
-        delta = "" if token in self.thinker.stop_ids else self.text.push(token)
+    def text_delta(self, token: int) -> TextDelta | None:
+        """The text a new Thinker token releases, with the answer tokens it completes; a stop
+        token is never text, only the end of it."""
+        if token in self.thinker.stop_ids:
+            text = ""
+        else:
+            self._tokens_held += 1
+            text = self.text.push(token)
         if self.thinker.finished:
-            delta += self.text.flush()
+            text += self.text.flush()
+        if not text:
+            return None
+        delta = TextDelta(text, tokens=max(1, self._tokens_held))
+        self._tokens_held = 0
         return delta
 
     def voiced_tokens(self, frames: int) -> int:
@@ -637,7 +647,7 @@ class DecodeBatch(Generic[TurnKey]):
             turn.thinker.record(token_id)
             self._turns[turn.key] = turn
             if delta := turn.text_delta(token_id):
-                events.append((turn.key, TextDelta(delta)))
+                events.append((turn.key, delta))
         joined = _Rows(turns, cache, batch.position_ids[-3:, :, -1:], tokens, last_hidden).kept(
             [row for row, turn in enumerate(turns) if not turn.thinker.finished]
         )
@@ -859,7 +869,7 @@ class DecodeBatch(Generic[TurnKey]):
                 else:
                     turn.speech.talker.trailing.append(projected[fed.index(row)].unsqueeze(0))
             if delta := turn.text_delta(token_ids[row]):
-                events.append((turn.key, TextDelta(delta)))
+                events.append((turn.key, delta))
             if not turn.thinker.finished:
                 keep.append(row)
         self._thinking = state.kept(keep)

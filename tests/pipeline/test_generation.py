@@ -307,6 +307,8 @@ def test_deltas_concatenate_to_the_text_and_usage_counts_the_turn(model, tokeniz
     done = events[-1]
     assert isinstance(done, TurnDone) and sum(isinstance(event, TurnDone) for event in events) == 1
     assert "".join(event.text for event in events if isinstance(event, TextDelta)) == done.text
+    # Every answer token is released in exactly one delta (held-back UTF-8 pieces included).
+    assert sum(event.tokens for event in events if isinstance(event, TextDelta)) == done.usage.output_text_tokens
     assert "<|im_end|>" not in done.text
     assert done.usage.input_text_tokens == inputs.text_tokens
     assert done.usage.input_audio_tokens == inputs.audio_tokens
