@@ -161,7 +161,8 @@ class TransformersEngine:
     present; ``dtype`` "auto" is bfloat16 on GPU, float32 on CPU. ``seed`` makes every turn
     reproducible. ``generation`` sets ``pipeline.generation.GenerationParams`` fields for every
     turn (chunking, ``force_output_tokens``); the request sets voice, temperature and length.
-    ``threads`` bounds torch's CPU threads in the engine process (None: torch's default).
+    ``threads`` bounds torch's CPU threads in the engine process (None: torch's default, or on a
+    CPU this engine's share of the usable cores when ``cpu_share`` engines run on it).
     ``max_batch`` turns are decoded together at most; later ones wait FIFO (1: one turn at a
     time).
     ``attn_implementation`` goes to ``from_pretrained`` (None: transformers' default, sdpa).
@@ -178,6 +179,7 @@ class TransformersEngine:
         seed: int | None = None,
         generation: dict[str, Any] | None = None,
         threads: int | None = None,
+        cpu_share: int = 1,
         max_batch: int = DEFAULT_MAX_BATCH,
         attn_implementation: str | None = None,
         audio_output: bool = True,
@@ -195,6 +197,7 @@ class TransformersEngine:
             seed=seed,
             generation=dict(generation or {}),
             threads=threads,
+            cpu_share=cpu_share,
             log_level=logging.getLogger().getEffectiveLevel(),
             max_batch=max_batch,
             attn_implementation=attn_implementation,
@@ -235,6 +238,7 @@ class TransformersEngine:
             "device": self.device or self.requested_device,
             "alive": self.alive,
             "pid": self.pid,
+            "threads": self._ready.threads if self._ready is not None else None,
             "restarts": self.restarts,
             "running": self.running,
             "queue_depth": self.queue_depth,
@@ -323,6 +327,9 @@ class TransformersEngine:
         except BaseException as exc:
             if self._process is process:
                 self._process = None
+            # Nobody awaits this process's readiness any more: its exit must not set an
+            # exception there that nobody retrieves.
+            process.ready.cancel()
             # After a load failure the process exits by itself; when start() is cancelled it
             # may be deep in loading weights, which it would not interrupt for a closed pipe.
             await asyncio.to_thread(process.join, _STOP_GRACE_S if isinstance(exc, EngineError) else 0.0)
@@ -439,7 +446,9 @@ class EnginePool:
     def __init__(self, model: str | Path, *, devices: list[str], **engine_options: Any) -> None:
         if not devices:
             raise ValueError("an engine pool needs at least one device")
-        self.engines = [TransformersEngine(model, device=device, **engine_options) for device in devices]
+        self.engines = [
+            TransformersEngine(model, device=device, cpu_share=len(devices), **engine_options) for device in devices
+        ]
         self.name = self.engines[0].name
 
     @property

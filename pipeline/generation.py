@@ -88,7 +88,14 @@ class GenerationParams:
     output_audio: bool = True
     seed: int | None = None
     first_chunk_frames: int = 4
+    # Later chunks without adaptive_chunks (vllm-omni's 25 frames, 2 s).
     chunk_frames: int = 25
+    # The largest adaptive chunk (100 frames, 8 s of audio): once the audio is far ahead of the
+    # listener, few large chunks re-decode less left context than many small ones (25-frame
+    # chunks decode 50 frames for every 25 they emit, 100-frame ones 125 for 100) and pay
+    # Code2Wav's per-call cost (~2 ms on the dev model, one core) less often. Qwen's own
+    # chunked_decode uses 300-frame chunks.
+    max_chunk_frames: int = 100
     left_context_frames: int = 25
     force_output_tokens: int | None = None  # benchmarks only: suppress EOS until N tokens
     # Extensions beyond the agreed fields (defaults keep the agreed behaviour):
@@ -96,8 +103,8 @@ class GenerationParams:
     max_audio_frames: int = DEFAULT_MAX_AUDIO_FRAMES
     # False: greedy codec frames and code predictor, as generate(talker_do_sample=False).
     talker_do_sample: bool = True
-    # Chunks after the first sized by how far the audio is ahead of the listener (see
-    # AudioChunker); False: every later chunk holds chunk_frames.
+    # Chunks after the first sized by how far the audio is ahead of the listener, up to
+    # max_chunk_frames (see AudioChunker); False: every later chunk holds chunk_frames.
     adaptive_chunks: bool = True
 
     def __post_init__(self) -> None:
@@ -107,7 +114,7 @@ class GenerationParams:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1 or None, got {value}")
-        for name in ("first_chunk_frames", "chunk_frames", "max_audio_frames"):
+        for name in ("first_chunk_frames", "chunk_frames", "max_chunk_frames", "max_audio_frames"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         # A chunk's last samples need the next frame; the next chunk recomputes them from its
@@ -478,6 +485,7 @@ class _Turn(Generic[TurnKey]):
             self.generator.manual_seed(seed)
         self.thinker = _ThinkerTurn(model, params, self.generator)
         self.text = TextStream(tokenizer)
+        self._tokens_held = 0  # answer tokens pushed since the last delta (held-back UTF-8 pieces)
         # Set by the Talker's prefill: the turn speaks.
         self.speech: _Speech | None = None
         # Set by the Thinker's prefill for the Talker's: the prompt's input embeddings (audio
@@ -505,11 +513,20 @@ class _Turn(Generic[TurnKey]):
         )
         return TurnDone(text=self.text.text, usage=usage, finish_reason=finish_reason)
 
-    def text_delta(self, token: int) -> str:
-        """The text a new Thinker token releases; a stop token is never text, only the end of it."""
-        delta = "" if token in self.thinker.stop_ids else self.text.push(token)
+    def text_delta(self, token: int) -> TextDelta | None:
+        """The text a new Thinker token releases, with the answer tokens it completes; a stop
+        token is never text, only the end of it."""
+        if token in self.thinker.stop_ids:
+            text = ""
+        else:
+            self._tokens_held += 1
+            text = self.text.push(token)
         if self.thinker.finished:
-            delta += self.text.flush()
+            text += self.text.flush()
+        if not text:
+            return None
+        delta = TextDelta(text, tokens=max(1, self._tokens_held))
+        self._tokens_held = 0
         return delta
 
     def voiced_tokens(self, frames: int) -> int:
@@ -630,7 +647,7 @@ class DecodeBatch(Generic[TurnKey]):
             turn.thinker.record(token_id)
             self._turns[turn.key] = turn
             if delta := turn.text_delta(token_id):
-                events.append((turn.key, TextDelta(delta)))
+                events.append((turn.key, delta))
         joined = _Rows(turns, cache, batch.position_ids[-3:, :, -1:], tokens, last_hidden).kept(
             [row for row, turn in enumerate(turns) if not turn.thinker.finished]
         )
@@ -852,7 +869,7 @@ class DecodeBatch(Generic[TurnKey]):
                 else:
                     turn.speech.talker.trailing.append(projected[fed.index(row)].unsqueeze(0))
             if delta := turn.text_delta(token_ids[row]):
-                events.append((turn.key, TextDelta(delta)))
+                events.append((turn.key, delta))
             if not turn.thinker.finished:
                 keep.append(row)
         self._thinking = state.kept(keep)

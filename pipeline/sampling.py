@@ -202,13 +202,15 @@ def choose_group(
             ]
         )
     top_k, top_p = key
+    values, indices = torch.topk(group, min(top_k, group.shape[-1]), dim=-1)
     temperatures = [samplers[row].temperature or 1.0 for row in rows]
     if any(temperature != 1.0 for temperature in temperatures):
-        # Multiplied by the reciprocal, per row: the same bits for a row alone or batched
-        # (a division by a scalar and by a tensor can round differently).
+        # A positive temperature keeps the order, so only the k candidates are scaled, not the
+        # whole vocabulary (152k per Thinker row). Multiplied by the reciprocal, per row: the
+        # same bits for a row alone or batched (a division by a scalar and by a tensor can
+        # round differently).
         inverse = torch.tensor([1.0 / t for t in temperatures], device=group.device, dtype=group.dtype)
-        group = group * inverse[:, None]
-    values, indices = torch.topk(group, min(top_k, group.shape[-1]), dim=-1)
+        values = values * inverse[:, None]
     probs = torch.softmax(values, dim=-1)
     if top_p is not None:
         # TopPLogitsWarper drops a candidate when the candidates ranked below it hold at

@@ -22,7 +22,7 @@ class AudioChunker:
     ``first_chunk_frames``. After it, with ``adaptive_chunks``, a chunk is due once it holds
     as many frames as can be computed in half the audio still buffered ahead of the listener
     (measured: audio emitted minus time since the first chunk, against this turn's frames
-    per second so far), between ``first_chunk_frames`` and ``chunk_frames``: small chunks
+    per second so far), between ``first_chunk_frames`` and ``max_chunk_frames``: small chunks
     while the listener is close to running out, larger ones (less Code2Wav work per frame)
     once far ahead. Without it every later chunk holds ``chunk_frames``.
     """
@@ -32,6 +32,7 @@ class AudioChunker:
         self._left_context = params.left_context_frames
         self._first_chunk = params.first_chunk_frames
         self._chunk_frames = params.chunk_frames
+        self._max_chunk_frames = params.max_chunk_frames
         self._adaptive = params.adaptive_chunks
         self._clock = clock
         self._frames: list[torch.Tensor] = []
@@ -70,7 +71,7 @@ class AudioChunker:
         if seconds_per_frame <= 0:
             return self._chunk_frames
         affordable = int(ahead_s / (2 * seconds_per_frame))
-        return max(self._first_chunk, min(self._chunk_frames, affordable))
+        return max(self._first_chunk, min(self._max_chunk_frames, affordable))
 
     def pending_codes(self) -> torch.Tensor:
         """[1, groups, frames]: the pending frames with their left context."""

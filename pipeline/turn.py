@@ -59,7 +59,12 @@ class TurnRequest:
 
 @dataclass(frozen=True)
 class TextDelta:
+    """Answer text as it is released. ``tokens``: the Thinker tokens it completes; more than one
+    when a character's UTF-8 bytes span tokens and were held back until whole (the session maps
+    audio heard to tokens, then tokens to text)."""
+
     text: str
+    tokens: int = 1
 
 
 @dataclass(frozen=True)

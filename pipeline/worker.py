@@ -40,6 +40,10 @@ class WorkerSpec:
     # GenerationParams fields applied to every turn, e.g. {"force_output_tokens": 64}.
     generation: dict[str, Any] = field(default_factory=dict)
     threads: int | None = None
+    # Engine processes of one pool on this machine: on a CPU, without ``threads``, each takes its
+    # share of the usable cores (torch would give every one of them all the cores, and N engines
+    # would then contend for each core N ways).
+    cpu_share: int = 1
     log_level: int = logging.INFO
     # from_pretrained's attn_implementation ("sdpa", "eager", "flash_attention_2"); None: transformers' default.
     attn_implementation: str | None = None
@@ -68,6 +72,7 @@ class Ready:
     pid: int
     device: str
     dtype: str
+    threads: int  # torch's CPU threads in the engine process
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,14 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def resolve_dtype(dtype: str, device: str):
@@ -124,7 +137,14 @@ def main(spec: WorkerSpec, commands: Connection, events: Connection) -> None:
         logger.exception("loading %s failed", spec.model)
         events.send(LoadFailed(f"loading {spec.model} failed: {type(exc).__name__}: {exc}"))
         return
-    events.send(Ready(pid=os.getpid(), device=loaded.device, dtype=str(loaded.dtype).removeprefix("torch.")))
+    events.send(
+        Ready(
+            pid=os.getpid(),
+            device=loaded.device,
+            dtype=str(loaded.dtype).removeprefix("torch."),
+            threads=loaded.threads,
+        )
+    )
     _serve(loaded, commands, events)
 
 
@@ -141,6 +161,7 @@ class _Loaded:
     device: str
     dtype: Any
     max_batch: int
+    threads: int
 
 
 def _load(spec: WorkerSpec) -> _Loaded:
@@ -151,8 +172,12 @@ def _load(spec: WorkerSpec) -> _Loaded:
     from pipeline.prompt import PromptRenderer
     from pipeline.tokenizer import load_tokenizer
 
-    if spec.threads is not None:
-        torch.set_num_threads(spec.threads)
+    device = resolve_device(spec.device)
+    threads = spec.threads
+    if threads is None and device == "cpu" and spec.cpu_share > 1:
+        threads = max(1, usable_cores() // spec.cpu_share)
+    if threads is not None:
+        torch.set_num_threads(threads)
     unknown = set(spec.generation) - {f.name for f in dataclasses.fields(GenerationParams)}
     if unknown:
         raise ValueError(f"unknown generation options {sorted(unknown)}")
@@ -160,7 +185,6 @@ def _load(spec: WorkerSpec) -> _Loaded:
     if spec.seed is not None:
         base_params = dataclasses.replace(base_params, seed=spec.seed)
 
-    device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
     # Checked before the weights load: a refused 30B checkpoint should fail in seconds, not minutes.
     config = Qwen3OmniMoeConfig.from_pretrained(spec.model)
@@ -194,6 +218,7 @@ def _load(spec: WorkerSpec) -> _Loaded:
         device=device,
         dtype=dtype,
         max_batch=spec.max_batch,
+        threads=torch.get_num_threads(),
     )
     logger.info("loaded %s", spec.model)
     return loaded

@@ -87,7 +87,7 @@ class AssistantEntry:
     modality: Modality
     status: str = "in_progress"
     text: str = ""  # everything generated
-    token_ends: list[int] = field(default_factory=list)  # end offset in ``text`` of each delta (a token)
+    token_ends: list[int] = field(default_factory=list)  # end offset in ``text`` of each answer token so far
     heard: str | None = None  # set once playback settled; None: not settled yet (see history_text)
     voiced: VoicedAudio = field(default_factory=VoicedAudio)  # its audio, and the tokens the frames voice
     ended_early: bool = False  # the response was cancelled or failed: its text ran ahead of its audio
@@ -96,8 +96,13 @@ class AssistantEntry:
     def audio_samples(self) -> int:
         return self.voiced.samples
 
-    def add_delta(self, delta: str) -> None:
+    def add_delta(self, delta: str, *, tokens: int = 1) -> None:
+        """``delta`` completes ``tokens`` answer tokens. Of a delta held back until a character's
+        UTF-8 pieces were whole, only its last token ends the text: the earlier ones end where
+        the previous delta did, so a character is heard once all of its tokens are."""
+        start = len(self.text)
         self.text += delta
+        self.token_ends.extend([start] * (tokens - 1))
         self.token_ends.append(len(self.text))
 
     def add_audio(self, samples: int, *, frames: int, text_tokens_voiced: int) -> None:
@@ -119,7 +124,7 @@ class AssistantEntry:
 
         ``finished``: the answer ended by itself (not cancelled, failed or cut): once all its
         audio has played, all its text was heard. Otherwise the tokens heard are those the
-        played codec frames voiced (``app.realtime.heard``), each delta being one token.
+        played codec frames voiced (``app.realtime.heard``), mapped to text by ``token_ends``.
         """
         if finished and heard_samples >= self.audio_samples:
             return self.text

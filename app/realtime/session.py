@@ -375,7 +375,7 @@ class RealtimeSession:
             async with contextlib.aclosing(self._engine.run_turn(request)) as turn:
                 async for event in turn:
                     if isinstance(event, TextDelta):
-                        self._on_text(response, event.text)
+                        self._on_text(response, event)
                     elif isinstance(event, AudioChunk):
                         self._on_audio(response, event)
                     elif isinstance(event, TurnDone):
@@ -406,11 +406,11 @@ class RealtimeSession:
         for event in announce_events(response, previous_id):
             self._emit(event)
 
-    def _on_text(self, response: Response, text: str) -> None:
-        if not text or response.entry is None:
+    def _on_text(self, response: Response, delta: TextDelta) -> None:
+        if not delta.text or response.entry is None:
             return
-        response.entry.add_delta(text)
-        self._emit(delta_event(response, text))
+        response.entry.add_delta(delta.text, tokens=delta.tokens)
+        self._emit(delta_event(response, delta.text))
 
     def _on_audio(self, response: Response, chunk: AudioChunk) -> None:
         pcm = chunk.pcm

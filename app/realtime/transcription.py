@@ -13,6 +13,10 @@ then queues behind the answer's turn; with an engine that batches concurrent tur
 answer's batch after its first audio, never before. With no response running it is submitted at
 once (a commit without ``create_response``, or a client commit before its ``response.create``;
 on a FIFO engine that response then waits for this transcription).
+
+A clip of digital silence (every sample zero: the idle timeout's clip, a muted microphone's
+commit) holds no words: its transcript is "" without an engine turn, which could only cost a
+visitor's answer time and might make up words.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from app.realtime.history import Entry, UserEntry
 from app.realtime.protocol import (
@@ -34,7 +40,7 @@ from app.realtime.protocol import (
 )
 from app.realtime.session_config import InputTranscription
 from pipeline.conversation import UserAudio
-from pipeline.turn import Engine, EngineError, TextDelta, TurnDone, TurnRequest
+from pipeline.turn import Engine, EngineError, TextDelta, TurnDone, TurnRequest, Usage
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +72,7 @@ class Transcriptions:
             return
         for content_index, part in enumerate(entry.parts):
             if isinstance(part, UserAudio):
-                request = TurnRequest.transcription(part, settings.hint())
+                request = None if not np.any(part.pcm) else TurnRequest.transcription(part, settings.hint())
                 task = asyncio.create_task(
                     self._run(entry, content_index, request), name=f"transcription {entry.id}[{content_index}]"
                 )
@@ -86,7 +92,8 @@ class Transcriptions:
         if not task.cancelled() and task.exception() is not None:
             logger.error("session %s: %s crashed", self._session_id, task.get_name(), exc_info=task.exception())
 
-    async def _run(self, entry: UserEntry, content_index: int, request: TurnRequest) -> None:
+    async def _run(self, entry: UserEntry, content_index: int, request: TurnRequest | None) -> None:
+        """Transcribe one audio part; ``request`` None: digital silence, transcribed as "" at once."""
         # Runs first on the loop's next turn, after the commit's response (if any) was started.
         answer_started = self._answer_started
         if answer_started is not None:
@@ -94,16 +101,19 @@ class Transcriptions:
         if not self._holds_item(entry):
             logger.debug("session %s: item %s is gone; not transcribing it", self._session_id, entry.id)
             return
-        try:
-            done = await self._stream(entry.id, content_index, request)
-        except EngineError as exc:
-            logger.warning("session %s: transcribing %s failed in the engine: %s", self._session_id, entry.id, exc)
-            self._fail(entry.id, content_index, exc.code, str(exc))
-            return
-        except Exception as exc:
-            logger.exception("session %s: transcribing %s failed", self._session_id, entry.id)
-            self._fail(entry.id, content_index, "server_error", f"{type(exc).__name__}: {exc}")
-            return
+        if request is None:
+            done = TurnDone(text="", usage=Usage(0, 0, 0), finish_reason="stop")
+        else:
+            try:
+                done = await self._stream(entry.id, content_index, request)
+            except EngineError as exc:
+                logger.warning("session %s: transcribing %s failed in the engine: %s", self._session_id, entry.id, exc)
+                self._fail(entry.id, content_index, exc.code, str(exc))
+                return
+            except Exception as exc:
+                logger.exception("session %s: transcribing %s failed", self._session_id, entry.id)
+                self._fail(entry.id, content_index, "server_error", f"{type(exc).__name__}: {exc}")
+                return
         entry.transcribed(content_index, done.text)
         usage = done.usage
         self._emit(

@@ -81,14 +81,16 @@ class MeteredEngine(EngineWrapper):
             async with contextlib.aclosing(self._engine.run_turn(request)) as events:
                 async for event in events:
                     if isinstance(event, TurnDone):
-                        self._observe(event)
+                        self._observe(request, event)
                     yield event
         except EngineError as exc:
             self._metrics.errors.labels(type="engine_error", code=exc.code).inc()
             raise
 
-    def _observe(self, done: TurnDone) -> None:
+    def _observe(self, request: TurnRequest, done: TurnDone) -> None:
+        # Labelled by task: transcriptions are short, greedy and scheduled after answers; mixed
+        # into the answers' figures they would hide how long visitors wait for an answer.
         timings = done.timings
-        self._metrics.engine_queue_wait.observe(timings.queue_wait)
+        self._metrics.engine_queue_wait.labels(task=request.task).observe(timings.queue_wait)
         if timings.first_text is not None:
-            self._metrics.thinker_first_token.observe(timings.first_text)
+            self._metrics.thinker_first_token.labels(task=request.task).observe(timings.first_text)

@@ -98,13 +98,14 @@ class Metrics:
         )
         self.thinker_first_token = Histogram(
             "omni_rtc_thinker_first_token_seconds",
-            "Engine: from turn submission to the first Thinker text token (includes queue wait).",
-            buckets=LATENCY_BUCKETS, registry=r,
+            "Engine: from turn submission to the first Thinker text token (includes queue wait); "
+            "task: respond (an answer) or transcribe (input transcription).",
+            ["task"], buckets=LATENCY_BUCKETS, registry=r,
         )
         self.engine_queue_wait = Histogram(
             "omni_rtc_engine_queue_wait_seconds",
-            "Engine: time a turn waited for the engine before it started.",
-            buckets=LATENCY_BUCKETS, registry=r,
+            "Engine: time a turn waited for the engine before it started; task: respond or transcribe.",
+            ["task"], buckets=LATENCY_BUCKETS, registry=r,
         )
         self.turn_duration = Histogram(
             "omni_rtc_turn_duration_seconds",

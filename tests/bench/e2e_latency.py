@@ -2,14 +2,17 @@
 
 Run: .venv/bin/python tests/bench/e2e_latency.py [--turns 10] [--url http://127.0.0.1:8000]
      [--max-output-tokens 8] [--transport webrtc|websocket] [--out tests/bench/results/e2e_latency.json]
-     [--turn-detection server_vad|semantic_vad[:low|medium|high]] [--utterances espeak|finished]
+     [--turn-detection server_vad|semantic_vad[:low|medium|high] ...] [--utterances espeak|finished]
 
 ``--transport websocket`` measures the same over ``GET /v1/realtime`` with
 ``app.web.socket_client.RealtimeSocketClient`` (speech appended in 100 ms events paced as a
 microphone captures them; ``client_ms`` runs to the first ``response.output_audio.delta``),
 written to ``e2e_latency_websocket.json`` by default.
 
-``--turn-detection`` is sent with the session (default server_vad, 500 ms). ``--utterances
+``--turn-detection`` is sent with the session (default server_vad, 500 ms). Given several modes
+(``--turn-detection server_vad semantic_vad:medium``), one session per mode is opened and the
+modes take turns utterance by utterance in one run, so that other jobs' load falls on each alike;
+the JSON's ``median_client_ms_drop`` is the first mode's median client_ms minus each other's. ``--utterances
 finished`` speaks the finished sentences of tests/fixtures/turns (Flite voices, labelled for
 turn-taking) instead of the two espeak-ng fixtures.
 
@@ -121,30 +124,44 @@ def turn_detection_object(spec: str) -> dict[str, Any]:
     raise argparse.ArgumentTypeError(f"expected server_vad or semantic_vad[:low|medium|high|auto], got {spec!r}")
 
 
-async def run_turns(url: str, turns: int, max_output_tokens: int, transport: str = "webrtc",
-                    turn_detection: dict[str, Any] | None = None,
-                    utterances: tuple[str, ...] = UTTERANCES) -> list[dict[str, Any]]:
-    speech = {name: sf.read(FIXTURES / name, dtype="float32")[0] for name in utterances}
-    rows = []
-    turn_detection = turn_detection or turn_detection_object("server_vad")
-    session = {"max_output_tokens": max_output_tokens, "audio": {"input": {"turn_detection": turn_detection}}}
-    client: RealtimeClient | RealtimeSocketClient
+def mode_name(turn_detection: dict[str, Any]) -> str:
+    if turn_detection["type"] == "server_vad":
+        return f"server_vad {turn_detection['silence_duration_ms']} ms"
+    return f"semantic_vad {turn_detection['eagerness']}"
+
+
+def open_client(url: str, transport: str, session: dict[str, Any]) -> RealtimeClient | RealtimeSocketClient:
     if transport == "websocket":
-        client = RealtimeSocketClient(url, session=session, timeout_s=TURN_TIMEOUT_S)
-    else:
-        client = RealtimeClient(url, ice_loopback=True, session=session, timeout_s=TURN_TIMEOUT_S)
-    async with client:
-        effective = client.events[0]["session"]["audio"]["input"]["turn_detection"]
-        if effective["type"] != turn_detection["type"]:
-            raise SystemExit(f"the server runs {effective['type']}, not {turn_detection['type']}: {client.events[1:2]}")
+        return RealtimeSocketClient(url, session=session, timeout_s=TURN_TIMEOUT_S)
+    return RealtimeClient(url, ice_loopback=True, session=session, timeout_s=TURN_TIMEOUT_S)
+
+
+async def run_turns(url: str, turns: int, max_output_tokens: int, transport: str = "webrtc",
+                    turn_detections: list[dict[str, Any]] | None = None,
+                    utterances: tuple[str, ...] = UTTERANCES) -> dict[str, list[dict[str, Any]]]:
+    """``turns`` turns per turn-detection mode, one session per mode, all open at once; the modes
+    take turns utterance by utterance, so that load from other jobs falls on each alike."""
+    speech = {name: sf.read(FIXTURES / name, dtype="float32")[0] for name in utterances}
+    modes = turn_detections or [turn_detection_object("server_vad")]
+    rows: dict[str, list[dict[str, Any]]] = {mode_name(mode): [] for mode in modes}
+    async with contextlib.AsyncExitStack() as stack:
+        clients = []
+        for mode in modes:
+            session = {"max_output_tokens": max_output_tokens, "audio": {"input": {"turn_detection": mode}}}
+            client = await stack.enter_async_context(open_client(url, transport, session))
+            effective = client.events[0]["session"]["audio"]["input"]["turn_detection"]
+            if effective["type"] != mode["type"]:
+                raise SystemExit(f"the server runs {effective['type']}, not {mode['type']}: {client.events[1:2]}")
+            clients.append((mode_name(mode), client))
         for number in range(1, turns + 1):
             fixture = utterances[(number - 1) % len(utterances)]
-            result = await client.speak(speech[fixture])
-            latency = next(e for e in result.events if e["type"] == "response.done").get("latency")
-            row = turn_row(number, fixture, result.latency_s, latency)
-            row["status"] = result.status
-            rows.append(row)
-            print(format_row(row), flush=True)
+            for name, client in clients:
+                result = await client.speak(speech[fixture])
+                latency = next(e for e in result.events if e["type"] == "response.done").get("latency")
+                row = turn_row(number, fixture, result.latency_s, latency)
+                row["status"] = result.status
+                rows[name].append(row)
+                print(f"{name:<22}" + format_row(row), flush=True)
     return rows
 
 
@@ -179,27 +196,34 @@ def format_row(row: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--url", help="a running server (default: start one with the dev model)")
-    parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--turns", type=int, default=10, help="turns per turn-detection mode")
     parser.add_argument("--max-output-tokens", type=int, default=8)
     parser.add_argument("--transport", choices=["webrtc", "websocket"], default="webrtc")
     parser.add_argument("--out", type=Path, help=f"default: {DEFAULT_OUT} (websocket: e2e_latency_websocket.json)")
-    parser.add_argument("--turn-detection", type=turn_detection_object, default=turn_detection_object("server_vad"),
-                        metavar="server_vad|semantic_vad[:EAGERNESS]")
+    parser.add_argument("--turn-detection", type=turn_detection_object, nargs="+",
+                        default=[turn_detection_object("server_vad")], metavar="server_vad|semantic_vad[:EAGERNESS]",
+                        help="one or more modes; several run side by side, turn by turn, in one run")
     parser.add_argument("--utterances", choices=["espeak", "finished"], default="espeak")
     args = parser.parse_args()
     utterances = UTTERANCES if args.utterances == "espeak" else FINISHED
     if args.out is None:
         args.out = DEFAULT_OUT if args.transport == "webrtc" else DEFAULT_OUT.with_name("e2e_latency_websocket.json")
     print("milliseconds; overhead = client - silence_wait - engine_first_audio; wire = client - server's end_of_speech_to_first_audio")
-    print(header(), flush=True)
+    print(f"{'mode':<22}" + header(), flush=True)
     with contextlib.ExitStack() as stack:
         url = args.url or stack.enter_context(dev_model_server())
         rows = asyncio.run(run_turns(url, args.turns, args.max_output_tokens, args.transport, args.turn_detection,
                                      utterances))
-    stats = summary(rows)
-    for name, values in stats.items():
-        print(f"{name:>17}" + "".join(f"{values[c]:>20}" for c in COLUMNS))
-    print(f"median overhead beyond silence wait and engine TTFA: {stats['median']['overhead_ms']} ms (target <= 60)")
+    stats = {name: summary(mode_rows) for name, mode_rows in rows.items()}
+    for mode, mode_stats in stats.items():
+        for name, values in mode_stats.items():
+            print(f"{mode:<22}{name:>9}" + "".join(f"{values[c]:>20}" for c in COLUMNS))
+        print(f"{mode}: median overhead beyond silence wait and engine TTFA: {mode_stats['median']['overhead_ms']} ms"
+              " (target <= 60)")
+    first, *others = stats
+    drops = {other: round(stats[first]["median"]["client_ms"] - stats[other]["median"]["client_ms"], 1) for other in others}
+    for other, drop in drops.items():
+        print(f"median end of speech -> first audio, {first} minus {other}: {drop} ms")
     vad = SileroVad.load()
     params = TurnDetectionParams()  # the session default: 500 ms silence, threshold 0.5
     chunk_samples = INBOUND_CHUNK_SAMPLES if args.transport == "webrtc" else CHUNK_MS * SPEECH_RATE // 1000
@@ -211,8 +235,8 @@ def main() -> None:
               f"median {statistics.median(lags):.0f}, min {min(lags):.0f}, max {max(lags):.0f} ms")
     all_lags = [lag for lags in vad_lags.values() for lag in lags]
     vad_median = statistics.median(all_lags)
-    print(f"median overhead less the VAD's median lag ({vad_median:.0f} ms): "
-          f"{stats['median']['overhead_ms'] - vad_median:.0f} ms of transport, session and pacing")
+    print(f"median overhead less the VAD's median lag ({vad_median:.0f} ms), {first}: "
+          f"{stats[first]['median']['overhead_ms'] - vad_median:.0f} ms of transport, session and pacing")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(
         {
@@ -222,6 +246,7 @@ def main() -> None:
             "platform": platform.platform(),
             "load_average": os.getloadavg(),
             "summary": stats,
+            "median_client_ms_drop": drops,
             "vad_lag_ms": {"per_fixture": vad_lags, "median": vad_median},
             "turns": rows,
         },

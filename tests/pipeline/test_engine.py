@@ -294,6 +294,16 @@ async def test_a_pool_sends_turns_to_the_least_loaded_engine_and_a_crash_fails_o
         await pool.close()
 
 
+async def test_engines_sharing_a_cpu_share_its_cores_unless_threads_are_given(dev_model_dir):
+    pool = EnginePool(dev_model_dir, devices=["cpu", "cpu"], seed=0, generation=GENERATION)
+    await pool.start()
+    try:
+        share = max(1, len(os.sched_getaffinity(0)) // 2)
+        assert [engine["threads"] for engine in pool.describe()] == [share, share]
+    finally:
+        await pool.close()
+
+
 async def _restarted(engine):
     while not engine.alive:
         await asyncio.sleep(0.05)

@@ -307,6 +307,8 @@ def test_deltas_concatenate_to_the_text_and_usage_counts_the_turn(model, tokeniz
     done = events[-1]
     assert isinstance(done, TurnDone) and sum(isinstance(event, TurnDone) for event in events) == 1
     assert "".join(event.text for event in events if isinstance(event, TextDelta)) == done.text
+    # Every answer token is released in exactly one delta (held-back UTF-8 pieces included).
+    assert sum(event.tokens for event in events if isinstance(event, TextDelta)) == done.usage.output_text_tokens
     assert "<|im_end|>" not in done.text
     assert done.usage.input_text_tokens == inputs.text_tokens
     assert done.usage.input_audio_tokens == inputs.audio_tokens
@@ -425,10 +427,10 @@ class FrameClock:
         self._handle.remove()
 
 
-def adaptive_turn(model, tokenizer, inputs, seconds_per_frame: float):
+def adaptive_turn(model, tokenizer, inputs, seconds_per_frame: float, **settings):
     clock = FrameClock(model, seconds_per_frame)
     recorder = Recorder(model)
-    params = GenerationParams(**greedy(force_output_tokens=80, max_output_tokens=80, max_audio_frames=120))
+    params = GenerationParams(**greedy(force_output_tokens=80, max_output_tokens=80, max_audio_frames=120, **settings))
     try:
         events = list(stream_turn(model, tokenizer, inputs, params, never, clock=clock))
     finally:
@@ -441,13 +443,18 @@ def chunk_frames(events) -> list[int]:
     return [event.frames for event in events if isinstance(event, AudioChunk)]
 
 
-def test_adaptive_chunks_grow_while_the_audio_runs_ahead_and_still_equal_one_decode(model, tokenizer, inputs):
+@pytest.mark.parametrize("max_chunk_frames", [25, 100])
+def test_adaptive_chunks_grow_while_the_audio_runs_ahead_and_still_equal_one_decode(
+    model, tokenizer, inputs, max_chunk_frames
+):
     # Four times faster than real time (20 ms per 80 ms frame): the buffer ahead of the
-    # listener grows, and so do the chunks, up to chunk_frames.
-    events, codes = adaptive_turn(model, tokenizer, inputs, seconds_per_frame=0.02)
+    # listener grows, and so do the chunks, up to max_chunk_frames (here: 4, 5, 10, 20, 25, 15
+    # frames with 25; 4, 5, 10, 20, 40 with the default 100).
+    events, codes = adaptive_turn(model, tokenizer, inputs, seconds_per_frame=0.02, max_chunk_frames=max_chunk_frames)
     sizes = chunk_frames(events)
     assert sizes[0] == 4
-    assert sizes[1:-1] == sorted(sizes[1:-1]) and sizes[1] < 25 and max(sizes) == 25
+    assert sizes[1:-1] == sorted(sizes[1:-1]) and sizes[1] < 25
+    assert max(sizes) == 25 if max_chunk_frames == 25 else 25 < max(sizes) <= max_chunk_frames
     assert sum(sizes) == codes.shape[-1] == events[-1].usage.output_audio_tokens
     with torch.inference_mode():
         whole = model.code2wav(codes)[0, 0].numpy()

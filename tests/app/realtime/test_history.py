@@ -76,6 +76,16 @@ def test_conversation_holds_what_was_heard_of_an_answer():
     assert items == (UserText("u1"), AssistantText("one "))
 
 
+@pytest.mark.parametrize("tokens_heard, heard", [(1, "ok "), (2, "ok "), (3, "ok café")])
+def test_a_character_held_back_across_tokens_is_heard_once_all_of_its_tokens_are(tokens_heard, heard):
+    # "ok " is one token; "café" needed two (its "é" split across UTF-8 pieces) and came as one
+    # delta: hearing the first of those two voices no more text than "ok ".
+    entry = answer("a1", "ok ")
+    entry.add_delta("café", tokens=2)
+    entry.add_audio(3 * CODEC_FRAME_SAMPLES, frames=3, text_tokens_voiced=3)
+    assert entry.heard_text(tokens_heard * CODEC_FRAME_SAMPLES, finished=False) == heard
+
+
 def test_an_answer_nobody_heard_is_left_out_of_the_prompt():
     history = History()
     history.append(user_text("u1"))

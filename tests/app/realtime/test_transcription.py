@@ -13,7 +13,7 @@ import pytest
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
-from app.realtime.session_config import SessionConfig
+from app.realtime.session_config import SessionConfig, TurnDetection
 from app.realtime.turn_taking import ECHO_TAIL_MS
 from pipeline.conversation import HistoryLimits, UserAudio
 from pipeline.turn import EngineError, TurnRequest
@@ -201,4 +201,21 @@ async def test_close_cancels_a_waiting_transcription():
     assert h.session.stats()["tasks"] == 2  # the response and the transcription waiting on it
     await h.session.close()
     assert h.session.stats()["tasks"] == 0
+    await h.session.close()
+
+
+async def test_the_idle_timeouts_silent_clip_is_transcribed_as_nothing_without_the_engine():
+    h = await started(SessionConfig(turn_detection=TurnDetection(idle_timeout_ms=1_000)))
+    await h.send(**ON)
+    h.utter()
+    await next_turn(h, 1)
+    await h.until(f"{TRANSCRIPTION}.completed")
+    h.push(silence(1_100))
+    await h.turn_done(2)
+    idle_item = h.last("input_audio_buffer.timeout_triggered")["item_id"]
+    completed = await h.until(f"{TRANSCRIPTION}.completed", 2)
+    assert completed["item_id"] == idle_item
+    assert completed["transcript"] == "" and completed["usage"]["total_tokens"] == 0
+    assert_openai_parses([completed])
+    assert [request.task for request in h.engine.requests] == ["respond", "transcribe", "respond"]
     await h.session.close()

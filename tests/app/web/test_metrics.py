@@ -105,8 +105,16 @@ async def test_metered_engine_records_queue_wait_and_first_token():
     metrics = Metrics()
     events = [event async for event in MeteredEngine(TimedEngine(), metrics).run_turn(TurnRequest(Conversation()))]
     assert isinstance(events[-1], TurnDone)
-    assert sample(metrics, "omni_rtc_engine_queue_wait_seconds_sum") == pytest.approx(0.5)
-    assert sample(metrics, "omni_rtc_thinker_first_token_seconds_sum") == pytest.approx(0.75)
+    assert sample(metrics, "omni_rtc_engine_queue_wait_seconds_sum", task="respond") == pytest.approx(0.5)
+    assert sample(metrics, "omni_rtc_thinker_first_token_seconds_sum", task="respond") == pytest.approx(0.75)
+
+
+async def test_metered_engine_keeps_transcriptions_apart_from_answers():
+    metrics = Metrics()
+    request = TurnRequest(Conversation(), task="transcribe")
+    _ = [event async for event in MeteredEngine(TimedEngine(), metrics).run_turn(request)]
+    assert sample(metrics, "omni_rtc_engine_queue_wait_seconds_sum", task="transcribe") == pytest.approx(0.5)
+    assert sample(metrics, "omni_rtc_engine_queue_wait_seconds_count", task="respond") == 0
 
 
 async def test_metered_engine_counts_engine_errors_and_reraises():
