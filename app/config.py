@@ -4,24 +4,17 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from pipeline.worker import usable_cores  # the engine sizes its threads by the same count
+
 
 def _default_cache_dir() -> Path:
     return Path.home() / ".cache" / "omni-rtc"
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity (taskset, cgroup cpusets) where the
-    platform has one, else every core; at least 1."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
 
 
 def is_loopback_host(host: str) -> bool:

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from app.config import Settings, usable_cores
+from app.config import Settings
+from pipeline.worker import usable_cores
 
 # Flag -> Settings field, for the flags `serve` passes on only when given.
 SERVE_FLAGS = {

@@ -18,10 +18,11 @@ import pytest
 from aiortc import RTCPeerConnection
 from pydantic import SecretStr
 
-from app.config import Settings, usable_cores
+from app.config import Settings
 from app.web.server import create_app
 from app.webrtc.ice import loopback_candidates, rtc_configuration
 from pipeline.turn import AudioChunk, TextDelta, TurnDone, TurnEvent, TurnRequest, Usage
+from pipeline.worker import usable_cores
 
 
 class FakeEngine:
