@@ -249,7 +249,9 @@ class MediaWorkerPool:
             target=run_media_worker,
             args=(worker.index, self.socket_path, self._settings, self._engine.name),
             name=f"omni-rtc media worker {worker.index}",
-            daemon=True,  # never outlives the front, however the front ends
+            # Stopped by the front at its exit; a front killed outright closes the IPC socket,
+            # and a worker whose connection ends closes its calls and exits.
+            daemon=True,
         )
         worker.process.start()
         worker.pid = worker.process.pid

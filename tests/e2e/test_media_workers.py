@@ -11,16 +11,20 @@ import contextlib
 import os
 import re
 import signal
+import subprocess
+import sys
+import textwrap
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from app.config import Settings
 from app.web.server import create_app
 from app.webrtc.client import ClientError, RealtimeClient
-from tests.e2e.conftest import serving_in_process
+from tests.e2e.conftest import free_port, serving_in_process
 from tests.fakes import ScriptedEngine
 from tests.speech import load_fixture
 
@@ -148,3 +152,34 @@ async def test_debug_resources_shows_each_worker_besides_the_front(tmp_path) -> 
     # The call lives in worker 0: its peer's UDP sockets and its tasks are there, not in the front.
     assert with_call["fds"] > idle["fds"]
     assert with_call["asyncio_tasks"] > idle["asyncio_tasks"]
+
+
+async def test_workers_end_with_a_front_killed_outright(tmp_path) -> None:
+    """SIGKILL gives the front no chance to stop its workers: each sees its IPC connection end and exits."""
+    port = free_port()
+    serve = textwrap.dedent(f"""
+        import uvicorn
+        from app.config import Settings
+        from app.web.server import create_app
+        from tests.fakes import ScriptedEngine
+        settings = Settings(ice_loopback=True, cache_dir={str(tmp_path)!r}, media_workers=2)
+        uvicorn.run(create_app(settings, engine=ScriptedEngine()), host="127.0.0.1", port={port}, log_level="warning")
+    """)
+    front_process = subprocess.Popen([sys.executable, "-c", serve])
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            async with asyncio.timeout(SETTLE_S):
+                while True:
+                    with contextlib.suppress(httpx.TransportError):
+                        body = await health(http)
+                        if len(body["workers"]) == 2 and all(worker["alive"] for worker in body["workers"]):
+                            break
+                    await asyncio.sleep(0.2)
+        workers = [psutil.Process(worker["pid"]) for worker in body["workers"]]
+        front_process.kill()
+        front_process.wait()
+        for worker in workers:  # psutil.TimeoutExpired if one outlives its front
+            await asyncio.to_thread(worker.wait, SETTLE_S)
+    finally:
+        front_process.kill()
+        front_process.wait()
