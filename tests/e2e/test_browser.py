@@ -364,22 +364,29 @@ async def connect(page: Page) -> None:
     await page.wait_for_function("window.omniRtc.state === 'listening'", timeout=TURN_DEADLINE_MS)
 
 
+async def reconnected(page: Page, url: str) -> tuple[str, list[str], str, int]:
+    """Wait for the page's second call to listen; its URL, the states it went through, the first
+    error it showed and the server's open sessions then. Hangs up."""
+    await page.wait_for_function(
+        "window.omniRtc.events.filter((e) => e.type === 'session.created').length === 2"
+        " && window.omniRtc.state === 'listening'",
+        timeout=TURN_DEADLINE_MS,
+    )
+    second_call = await page.evaluate("window.omniRtc.callUrl")
+    states = await page.evaluate("window.watched.states")
+    error = await page.locator("#errors .error span").first.inner_text()
+    sessions = await asyncio.to_thread(open_sessions, url)
+    await page.click("#hangup")
+    return second_call, states, error, sessions
+
+
 async def test_page_reconnects_when_the_call_drops(server_url: str, tmp_path: Path) -> None:
     async with page_with_a_silent_microphone(server_url, tmp_path) as page:
         await connect(page)
         first_call = await page.evaluate("window.omniRtc.callUrl")
         assert await asyncio.to_thread(end_call_on_server, server_url + first_call) == 204
 
-        await page.wait_for_function(
-            "window.omniRtc.events.filter((e) => e.type === 'session.created').length === 2"
-            " && window.omniRtc.state === 'listening'",
-            timeout=TURN_DEADLINE_MS,
-        )
-        second_call = await page.evaluate("window.omniRtc.callUrl")
-        states = await page.evaluate("window.watched.states")
-        error = await page.locator("#errors .error span").first.inner_text()
-        sessions_while_reconnected = await asyncio.to_thread(open_sessions, server_url)
-        await page.click("#hangup")
+        second_call, states, error, sessions_while_reconnected = await reconnected(page, server_url)
     assert second_call != first_call
     assert states == ["connecting", "listening", "reconnecting", "listening"]
     assert error.startswith("Call dropped")
@@ -401,16 +408,7 @@ async def test_page_notices_its_media_worker_dying_and_reconnects_to_a_live_one(
         [victim] = [worker["pid"] for worker in workers if worker["sessions"] == 1]
         os.kill(victim, signal.SIGKILL)
 
-        await page.wait_for_function(
-            "window.omniRtc.events.filter((e) => e.type === 'session.created').length === 2"
-            " && window.omniRtc.state === 'listening'",
-            timeout=TURN_DEADLINE_MS,
-        )
-        second_call = await page.evaluate("window.omniRtc.callUrl")
-        states = await page.evaluate("window.watched.states")
-        error = await page.locator("#errors .error span").first.inner_text()
-        sessions_while_reconnected = await asyncio.to_thread(open_sessions, url)
-        await page.click("#hangup")
+        second_call, states, error, sessions_while_reconnected = await reconnected(page, url)
     assert second_call != first_call
     assert states == ["connecting", "listening", "reconnecting", "listening"]
     assert error == "Call dropped: the connection was interrupted."
