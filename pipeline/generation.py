@@ -24,7 +24,7 @@ Positions, caches, processors and the code predictor mirror ``generate()``, so w
 decoding in both stages the stream produces the same tokens and codec frames as
 ``generate()``: streaming changes when things happen, not what is computed. Sampled turns draw
 from the same distributions with each turn's own generator (other random numbers than
-``generate()``'s). Decoding steps call the decoder layers directly (``_DecoderStack``) with
+``generate()``'s). Decoding steps call the decoder layers directly (``DecoderStack``) with
 left-padded caches (``KVCache``) so that any number of turns decode together
 (``DecodeBatch``); a turn alone is a batch of one.
 
@@ -42,42 +42,24 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
 
+from pipeline.decoder import DecoderStack, SpeechModel
 from pipeline.kv_cache import KVCache
 from pipeline.prompt import ThinkerInputs
-from pipeline.sampling import (
-    Sampler,
-    choose_rows,
-    sampling_processors,
-    thinker_sampling,
-)
+from pipeline.sampling import choose_rows, thinker_sampling
 from pipeline.streaming import AudioChunker, TextStream
 from pipeline.turn import VOICES, AudioChunk, FinishReason, TextDelta, TurnDone, TurnEvent, Usage
+from pipeline.turn_stages import TalkerTurn, ThinkerTurn
 
-# max_output_tokens=None ("inf" in the protocol) still needs a bound; 4096 is the protocol's
-# largest numeric value.
-UNBOUNDED_OUTPUT_TOKENS = 4096
 # generate()'s talker_max_new_tokens: 4096 frames are 5.5 minutes of speech.
 DEFAULT_MAX_AUDIO_FRAMES = 4096
-# Qwen3's <think> and </think> (tests/pipeline/test_tokenizer.py checks the ids): an Instruct
-# Thinker must never open a reasoning block that the Talker would then read aloud.
-THINK_TOKEN_IDS = (151667, 151668)
 # temperature <= 0 promises a reproducible turn; the Talker still samples (greedy codec frames
 # degenerate), so an unseeded greedy turn seeds its sampling with this.
 GREEDY_TURN_SEED = 0
-
-# generate()'s talker sampling, used where the checkpoint's generation config names none.
-_TALKER_SAMPLING_DEFAULTS = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05}
-# generate() suppresses the top 1024 talker ids (special codec tokens) except codec EOS.
-_TALKER_SUPPRESSED_SPAN = 1024
-# generate()'s code predictor sampling (the talker's prepare_inputs_for_generation).
-_CODE_PREDICTOR_TOP_K = 50
-_CODE_PREDICTOR_TOP_P = 0.8
-
 
 @dataclass(frozen=True)
 class GenerationParams:
@@ -242,178 +224,13 @@ class _ThinkerPrompt:
         return cls(input_ids, attention_mask, position_ids, features, feature_mask, pads)
 
 
-class _DecoderStack:
-    """One stage's decoder layers called directly for decoding steps, with a ``KVCache``.
-
-    ``model.forward`` would rebuild the causal mask, the cache bookkeeping and output records
-    every step; a step needs only rotary embeddings, the layers and the final norm.
-    """
-
-    def __init__(self, text_model) -> None:
-        self.layers = list(text_model.layers)
-        self.norm = text_model.norm
-        self.rotary = text_model.rotary_emb
-
-    def __call__(
-        self,
-        hidden: torch.Tensor,
-        cache: KVCache,
-        *,
-        positions: torch.Tensor | None = None,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        """[rows, n, hidden] inputs -> [rows, n, hidden] normed outputs; ``cache`` advances by n."""
-        if position_embeddings is None:
-            position_embeddings = self.rotary(hidden, positions)
-        mask = cache.mask(hidden.shape[1]) if hidden.shape[1] == 1 else None
-        for layer in self.layers:
-            hidden = layer(hidden, attention_mask=mask, cache=cache, position_embeddings=position_embeddings)
-        cache.advance(hidden.shape[1])
-        return self.norm(hidden)
-
-
-class _ThinkerTurn:
-    """One turn's Thinker bookkeeping: its tokens, sampling, and when its text ends."""
-
-    def __init__(self, model, params: GenerationParams, generator: torch.Generator | None) -> None:
-        generation_config = model.generation_config
-        device = model.thinker.device
-        stop_ids = {model.config.im_end_token_id}
-        configured = generation_config.eos_token_id
-        if configured is not None:
-            stop_ids.update([configured] if isinstance(configured, int) else configured)
-        self.stop_ids = frozenset(stop_ids)
-        self._stop_tensor = torch.tensor(sorted(self.stop_ids), device=device)
-        self._max_tokens = params.max_output_tokens or UNBOUNDED_OUTPUT_TOKENS
-        self._force_tokens = params.force_output_tokens or 0
-        sampling = thinker_sampling(generation_config, params.temperature)
-        do_sample = sampling.do_sample
-        processors = sampling_processors(
-            do_sample=do_sample,
-            temperature=sampling.temperature,
-            top_k=sampling.top_k,
-            top_p=sampling.top_p,
-            repetition_penalty=sampling.repetition_penalty,
-            suppress_tokens=list(THINK_TOKEN_IDS),
-            device=device,
-        )
-        self.sampler = Sampler(processors, do_sample=do_sample, generator=generator)
-        self.tokens: list[int] = []
-        self.finish_reason: FinishReason = "stop"
-        self.finished = False
-        # Prompt and answer ids, for the repetition penalty (the prompt is set by the prefill).
-        self.sequence = torch.empty((1, 0), dtype=torch.long, device=device)
-
-    @property
-    def answer_tokens(self) -> int:
-        """Answer tokens generated so far, not counting a closing stop token."""
-        if self.tokens and self.tokens[-1] in self.stop_ids:
-            return len(self.tokens) - 1
-        return len(self.tokens)
-
-    def scores(self, logits: torch.Tensor) -> torch.Tensor:
-        """[1, vocab] logits of the last position -> scores ready for the draw."""
-        scores = logits.to(dtype=torch.float32, copy=True)
-        if len(self.tokens) < self._force_tokens:
-            scores[:, self._stop_tensor] = -float("inf")
-        return self.sampler.process(self.sequence, scores)
-
-    def accept(self, token: torch.Tensor) -> None:
-        """The [1, 1] token drawn from ``scores`` joins the context the processors read."""
-        if self.sampler.needs_context:
-            self.sequence = torch.cat([self.sequence, token], dim=-1)
-
-    def record(self, token_id: int) -> None:
-        self.tokens.append(token_id)
-        if token_id in self.stop_ids:
-            self.finished, self.finish_reason = True, "stop"
-        elif len(self.tokens) >= self._max_tokens:
-            self.finished, self.finish_reason = True, "length"
-
-
-class _TalkerTurn:
-    """One turn's Talker bookkeeping: the text it is fed, its codes, sampling, and when it ends.
-
-    Talker step ``j`` completes frame ``j`` (the code predictor adds the 15 residual codes to
-    the last sampled first-layer code) and samples the next first-layer code from the frame
-    plus trailing text entry ``j``: answer token ``j + 1``, or ``<tts_eos>`` for the answer's
-    last token, then ``<tts_pad>`` once the text is used up.
-    """
-
-    def __init__(self, model, params: GenerationParams, generator: torch.Generator | None) -> None:
-        talker_config = model.config.talker_config
-        device = model.talker.device
-        self._codec_eos = talker_config.codec_eos_token_id
-        self._max_frames = params.max_audio_frames
-        do_sample = params.talker_do_sample
-        generation_config = model.generation_config
-        sampling: dict[str, Any] = {}
-        for name, default in _TALKER_SAMPLING_DEFAULTS.items():
-            configured = getattr(generation_config, f"talker_{name}", None)
-            sampling[name] = default if configured is None else configured
-        vocab_size = talker_config.text_config.vocab_size
-        processors = sampling_processors(
-            do_sample=do_sample,
-            suppress_tokens=[
-                i for i in range(vocab_size - _TALKER_SUPPRESSED_SPAN, vocab_size) if i != self._codec_eos
-            ],
-            device=device,
-            **sampling,
-        )
-        self.sampler = Sampler(processors, do_sample=do_sample, generator=generator)
-        # generate() samples the code predictor with top-k 50 / top-p 0.8 whenever the talker samples.
-        self.predictor_sampler = Sampler(
-            sampling_processors(
-                do_sample=do_sample,
-                temperature=None,
-                top_k=_CODE_PREDICTOR_TOP_K,
-                top_p=_CODE_PREDICTOR_TOP_P,
-                repetition_penalty=None,
-                device=device,
-            ),
-            do_sample=do_sample,
-            generator=generator,
-        )
-        # Benchmarks force long answers from random weights; keep the Talker from stopping
-        # before it has spoken them (until it has consumed the <tts_eos> entry).
-        self._hold_eos = params.force_output_tokens is not None
-        self.trailing: list[torch.Tensor] = []
-        self.text_done = False
-        self.generated = torch.empty((1, 0), dtype=torch.long, device=device)
-        self.frames = 0
-        self.finished = False
-
-    def scores(self, logits: torch.Tensor, *, consumed_through: int) -> torch.Tensor:
-        """[1, vocab] logits after trailing entry ``consumed_through`` -> scores ready for the draw."""
-        scores = logits.to(dtype=torch.float32, copy=True)
-        text_pending = not self.text_done or consumed_through < len(self.trailing) - 1
-        if self._hold_eos and text_pending:
-            scores[:, self._codec_eos] = -float("inf")
-        return self.sampler.process(self.generated, scores)
-
-    def accept(self, code: torch.Tensor) -> None:
-        """The [1, 1] first-layer code drawn from ``scores``."""
-        self.generated = torch.cat([self.generated, code], dim=-1)
-
-    def frame_done(self) -> bool:
-        """Count a completed frame; true when it is the last one allowed."""
-        self.frames += 1
-        if self.frames >= self._max_frames:
-            self.finished = True
-        return self.finished
-
-    def absorb_code(self, code_id: int) -> None:
-        if code_id == self._codec_eos:
-            self.finished = True
-
-
 # What a DecodeBatch knows its turns by (the engine process: turn ids).
 TurnKey = TypeVar("TurnKey", bound=Hashable)
 
 
 @dataclass
 class _Speech:
-    talker: _TalkerTurn
+    talker: TalkerTurn
     audio: AudioChunker
 
 
@@ -452,21 +269,6 @@ class _Rows(Generic[TurnKey]):
         )
 
 
-class _SpeechModel:
-    """The Talker's modules as a decoding step calls them."""
-
-    def __init__(self, model) -> None:
-        self.talker = model.talker
-        self.stack = _DecoderStack(self.talker.model)
-        predictor = self.talker.code_predictor
-        self.predictor_stack = _DecoderStack(predictor.model)
-        self.predictor_heads = list(predictor.lm_head)
-        self.predictor_embeddings = list(predictor.model.codec_embedding)
-        self.num_code_groups: int = model.config.talker_config.num_code_groups
-        self.predictor_caches: dict[int, KVCache] = {}
-        self.predictor_rope: tuple[torch.Tensor, torch.Tensor] | None = None
-
-
 class _Turn(Generic[TurnKey]):
     """Everything a ``DecodeBatch`` keeps for one turn."""
 
@@ -483,7 +285,7 @@ class _Turn(Generic[TurnKey]):
             self.generator.seed()
         else:
             self.generator.manual_seed(seed)
-        self.thinker = _ThinkerTurn(model, params, self.generator)
+        self.thinker = ThinkerTurn(model, params, self.generator)
         self.text = TextStream(tokenizer)
         self._tokens_held = 0  # answer tokens pushed since the last delta (held-back UTF-8 pieces)
         # Set by the Talker's prefill: the turn speaks.
@@ -558,13 +360,13 @@ class DecodeBatch(Generic[TurnKey]):
         self._clock = clock
         self._turns: dict[TurnKey, _Turn[TurnKey]] = {}
         thinker_text = model.thinker.model.language_model
-        self._thinker_stack = _DecoderStack(thinker_text)
+        self._thinker_stack = DecoderStack(thinker_text)
         self._thinker_embed = thinker_text.embed_tokens
         self._thinker_head = model.thinker.lm_head
         self._thinking: _Rows[TurnKey] | None = None
         self._speaking: _Rows[TurnKey] | None = None
         # None: a checkpoint loaded without audio output (text-only turns).
-        self._speech_model = _SpeechModel(model) if getattr(model, "talker", None) is not None else None
+        self._speech_model = SpeechModel(model) if getattr(model, "talker", None) is not None else None
         self._tts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
@@ -577,7 +379,7 @@ class DecodeBatch(Generic[TurnKey]):
         """Turns whose audio goes on, in row order."""
         return [] if self._speaking is None else self._speaking.turns
 
-    def _speech(self) -> _SpeechModel:
+    def _speech(self) -> SpeechModel:
         if self._speech_model is None:
             raise ValueError("this model was loaded without its Talker: ask for text only")
         return self._speech_model
@@ -706,7 +508,7 @@ class DecodeBatch(Generic[TurnKey]):
             hidden = output.hidden_states[0][-1][:, -1:]
             speeches = [
                 _Speech(
-                    _TalkerTurn(model, turn.params, turn.generator), AudioChunker(model.code2wav, turn.params, turn.clock)
+                    TalkerTurn(model, turn.params, turn.generator), AudioChunker(model.code2wav, turn.params, turn.clock)
                 )
                 for turn in turns
             ]
@@ -886,8 +688,8 @@ class DecodeBatch(Generic[TurnKey]):
         speeches = [turn.speaking() for turn in state.turns]
         with torch.inference_mode():
             last_code_embed = talker.get_input_embeddings()(state.last)
-            residual_codes, residual_embeds = self._predict_residual_codes(
-                speech_model, speeches, state.hidden, last_code_embed
+            residual_codes, residual_embeds = speech_model.residual_codes(
+                [speech.talker.predictor_sampler for speech in speeches], state.hidden, last_code_embed
             )
             frames = torch.cat((state.last, residual_codes), dim=-1)
         keep = []
@@ -933,68 +735,6 @@ class DecodeBatch(Generic[TurnKey]):
             if not speech.talker.finished:
                 keep.append(row)
         self._speaking = state.kept(keep)
-
-    def _predict_residual_codes(
-        self, speech_model: _SpeechModel, speeches: list[_Speech], hidden: torch.Tensor, last_code_embed: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The code predictor's 15 residual codes ([rows, 15]) and their embeddings ([rows, 15, hidden]).
-
-        What generate()'s ``code_predictor.generate(...)`` computes, as a plain loop over the
-        decoder layers with one reused cache: a two-position prefill (last Talker hidden state,
-        first-layer code), then one code per step, code ``k`` embedded by embedding table
-        ``k - 1`` and scored by head ``k``. All rows have the same length: no padding.
-        """
-        cache, (cos, sin) = self._predictor_cache(speech_model, len(speeches), hidden)
-        samplers = [speech.talker.predictor_sampler for speech in speeches]
-        groups = speech_model.num_code_groups
-        # One uniform per residual code and sampling row, drawn up front from each turn's
-        # generator (a greedy row draws none, as alone).
-        uniforms = None
-        if any(sampler.do_sample for sampler in samplers):
-            uniforms = torch.stack(
-                [
-                    sampler.uniforms(groups - 1, hidden.device) if sampler.do_sample else hidden.new_zeros(groups - 1)
-                    for sampler in samplers
-                ]
-            )
-        output = speech_model.predictor_stack(
-            torch.cat((hidden, last_code_embed), dim=1), cache, position_embeddings=(cos[:, :2], sin[:, :2])
-        )
-        codes, embeds = [], []
-        for group in range(1, groups):
-            logits = speech_model.predictor_heads[group - 1](output[:, -1]).float()
-            code = choose_rows(samplers, logits, None if uniforms is None else uniforms[:, group - 1])
-            embed = speech_model.predictor_embeddings[group - 1](code)
-            codes.append(code)
-            embeds.append(embed)
-            if group < groups - 1:
-                position = (cos[:, group + 1 : group + 2], sin[:, group + 1 : group + 2])
-                output = speech_model.predictor_stack(embed, cache, position_embeddings=position)
-        return torch.cat(codes, dim=-1), torch.cat(embeds, dim=1)
-
-    def _predictor_cache(
-        self, speech_model: _SpeechModel, rows: int, like: torch.Tensor
-    ) -> tuple[KVCache, tuple[torch.Tensor, torch.Tensor]]:
-        """One cache per batch size, reused every frame; the rotary table for its 16 positions, computed once."""
-        if speech_model.predictor_rope is None:
-            positions = torch.arange(speech_model.num_code_groups + 1, device=like.device)[None]
-            speech_model.predictor_rope = speech_model.predictor_stack.rotary(like, positions)
-        cache = speech_model.predictor_caches.get(rows)
-        if cache is None:
-            attention = speech_model.predictor_stack.layers[0].self_attn
-            config = speech_model.talker.code_predictor.config
-            cache = KVCache.empty(
-                layers=len(speech_model.predictor_stack.layers),
-                rows=rows,
-                heads=config.num_key_value_heads,
-                head_dim=attention.head_dim,
-                capacity=speech_model.num_code_groups + 1,
-                dtype=like.dtype,
-                device=like.device,
-            )
-            speech_model.predictor_caches[rows] = cache
-        cache.reset()
-        return cache, speech_model.predictor_rope
 
     def _due(self) -> list[tuple[_Turn[TurnKey], _Speech]]:
         return [

@@ -12,7 +12,7 @@ forced length of N Thinker tokens (sampling as ttfa.py: temperature 0.8, seed 0)
   sampling, the Talker's projection of it);
 - talker step: ``DecodeBatch.step_talker`` less the code predictor inside it (one
   first-layer codec token: forward, processors, sampling);
-- code predictor: ``DecodeBatch._predict_residual_codes`` (the 15 residual codes of a frame);
+- code predictor: ``SpeechModel.residual_codes`` (pipeline/decoder.py: the 15 residual codes of a frame);
 - code2wav: ``DecodeBatch.decode_chunks`` (per frame = all chunks / frames);
 - prefill: the Thinker's and the Talker's prefill (once per turn, not per frame);
 - python overhead: the turn's time outside all of the above (the ``stream_turn`` loop,
@@ -45,6 +45,7 @@ from transformers import Qwen3OmniMoeForConditionalGeneration
 
 import pipeline.devmodel
 from pipeline import generation
+from pipeline.decoder import SpeechModel
 from pipeline.devmodel import ensure_dev_model
 from pipeline.generation import GenerationParams, stream_turn
 from pipeline.prompt import PromptRenderer
@@ -62,7 +63,7 @@ STAGES: tuple[tuple[str, type, str], ...] = (
     ("talker prefill", generation.DecodeBatch, "prefill_talker"),
     ("thinker step", generation.DecodeBatch, "step_thinker"),
     ("talker step", generation.DecodeBatch, "step_talker"),
-    ("code predictor", generation.DecodeBatch, "_predict_residual_codes"),
+    ("code predictor", SpeechModel, "residual_codes"),
     ("code2wav", generation.DecodeBatch, "decode_chunks"),
 )
 HOST_SYNCS = ("item", "tolist", "cpu", "numpy")

@@ -11,17 +11,18 @@ import pytest
 import torch
 from transformers import GenerationConfig, Qwen3OmniMoeForConditionalGeneration
 
-import pipeline.generation
 import pipeline.tokenizer
+import pipeline.turn_stages
 from pipeline import worker
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, Conversation, UserText
 from pipeline.devmodel import dev_generation_config, dev_model_config
 from pipeline.engine import TransformersEngine
-from pipeline.generation import THINK_TOKEN_IDS, GenerationParams, stream_turn
+from pipeline.generation import GenerationParams, stream_turn
 from pipeline.prompt import PromptRenderer
 from pipeline.sampling import thinker_sampling
 from pipeline.tokenizer import build_tokenizer, load_tokenizer
 from pipeline.turn import EngineError, TurnDone, TurnRequest
+from pipeline.turn_stages import THINK_TOKEN_IDS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "preprocessor_config.json")
@@ -124,7 +125,7 @@ def test_the_thinker_never_writes_think_tokens(dev_model_dir, monkeypatch):
     text = answer()
     assert text and "<think>" not in text and "</think>" not in text
     # Without the suppression the same Thinker writes nothing else (the test can fail).
-    monkeypatch.setattr(pipeline.generation, "THINK_TOKEN_IDS", ())
+    monkeypatch.setattr(pipeline.turn_stages, "THINK_TOKEN_IDS", ())
     assert re.fullmatch(r"(</?think>)+", answer())
 
 
