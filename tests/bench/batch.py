@@ -23,9 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -44,6 +41,7 @@ from pipeline.engine import TransformersEngine
 from pipeline.turn import AudioChunk, TurnDone, TurnRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import machine, write_report  # noqa: E402
 from ttfa import FIXTURES, REPO, SEED, TEMPERATURE, dev_model_fingerprint  # noqa: E402
 
 MODES = {"batched": 8, "fifo": 1}
@@ -176,13 +174,7 @@ def main() -> None:
         "benchmark": "batch",
         "command": " ".join([".venv/bin/python", "tests/bench/batch.py", *sys.argv[1:]]),
         "model": f"dev model v{pipeline.devmodel.DEV_MODEL_VERSION}" if args.model is None else str(args.model),
-        "machine": {
-            "platform": platform.platform(),
-            "cpu_count": os.cpu_count(),
-            "torch": torch.__version__,
-            "threads": args.threads,
-            "device": args.device,
-        },
+        "machine": machine(torch=torch.__version__, threads=args.threads, device=args.device),
         "settings": {
             "tokens": args.tokens,
             "frames_cap": args.frames_per_token * args.tokens,
@@ -194,9 +186,7 @@ def main() -> None:
         "rows": rows,
         "ratios": ratios,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

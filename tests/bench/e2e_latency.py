@@ -48,9 +48,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import os
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -61,6 +58,7 @@ import soundfile as sf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import machine, write_report  # noqa: E402
 from soak import DEV_MODEL_AUDIO_FRAMES, FIXTURES, REPO, TURN_TIMEOUT_S, dev_model_server  # noqa: E402
 
 from app.web.socket_client import CHUNK_MS, RealtimeSocketClient  # noqa: E402  (after the path set-up above)
@@ -237,22 +235,16 @@ def main() -> None:
     vad_median = statistics.median(all_lags)
     print(f"median overhead less the VAD's median lag ({vad_median:.0f} ms), {first}: "
           f"{stats[first]['median']['overhead_ms'] - vad_median:.0f} ms of transport, session and pacing")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(
-        {
-            "args": {k: str(v) for k, v in vars(args).items()},
-            "turn_detection": args.turn_detection,
-            "server": args.url or f"dev model, answers capped at {DEV_MODEL_AUDIO_FRAMES} codec frames",
-            "platform": platform.platform(),
-            "load_average": os.getloadavg(),
-            "summary": stats,
-            "median_client_ms_drop": drops,
-            "vad_lag_ms": {"per_fixture": vad_lags, "median": vad_median},
-            "turns": rows,
-        },
-        indent=2,
-    ) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "turn_detection": args.turn_detection,
+        "server": args.url or f"dev model, answers capped at {DEV_MODEL_AUDIO_FRAMES} codec frames",
+        "machine": machine(),
+        "summary": stats,
+        "median_client_ms_drop": drops,
+        "vad_lag_ms": {"per_fixture": vad_lags, "median": vad_median},
+        "turns": rows,
+    })
 
 
 if __name__ == "__main__":

@@ -30,8 +30,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -53,6 +51,7 @@ from pipeline.tokenizer import load_tokenizer
 from pipeline.turn import AudioChunk, TurnDone
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import machine, write_report  # noqa: E402
 from ttfa import REPO, SEED, TEMPERATURE, dev_model_fingerprint, spoken_turn  # noqa: E402
 
 # (stage, class, method): the methods whose time is charged to a stage. The talker step's
@@ -205,14 +204,7 @@ def main() -> None:
     entry = {
         "command": " ".join([".venv/bin/python", "tests/bench/frame_cost.py", *sys.argv[1:]]),
         "model": f"dev model v{pipeline.devmodel.DEV_MODEL_VERSION}" if args.model is None else str(args.model),
-        "machine": {
-            "platform": platform.platform(),
-            "cpu_count": os.cpu_count(),
-            "torch": torch.__version__,
-            "threads": args.threads,
-            "device": args.device,
-            "dtype": args.dtype,
-        },
+        "machine": machine(torch=torch.__version__, threads=args.threads, device=args.device, dtype=args.dtype),
         "settings": {"tokens": args.tokens, "frames_cap": frames_cap, "temperature": TEMPERATURE, "seed": SEED},
         "ms_per_frame": median,
         "host_syncs_per_frame": syncs,
@@ -223,9 +215,7 @@ def main() -> None:
     if args.out.exists():
         report = json.loads(args.out.read_text())
     report["runs"][args.label] = entry
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out} ({args.label})")
+    write_report(args.out, report, note=f" ({args.label})")
 
 
 if __name__ == "__main__":

@@ -29,11 +29,9 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +41,8 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+
+from harness import free_port, wait_until_healthy, write_report  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures"
 STARTUP_DEADLINE_S = 120.0
@@ -327,27 +327,6 @@ def tree_cpu_seconds(process: psutil.Process, *, leave_out: psutil.Process | Non
     return total
 
 
-def wait_until_healthy(url: str, server: subprocess.Popen[bytes]) -> None:
-    give_up = time.monotonic() + STARTUP_DEADLINE_S
-    while time.monotonic() < give_up:
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited with {server.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/healthz", timeout=5) as response:
-                if json.load(response)["status"] == "ok":
-                    return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError("the server did not become healthy")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server-cores", default="0", help="cores the server may use: 0, 0,1 or 0-3 (default 0)")
@@ -390,7 +369,7 @@ def main() -> None:
     server = subprocess.Popen(command, cwd=args.server_repo, env=environment)
     rows = []
     try:
-        wait_until_healthy(url, server)
+        wait_until_healthy(url, server, STARTUP_DEADLINE_S)
         process = psutil.Process(server.pid)
         server_affinity = sorted(process.cpu_affinity())
         for sessions in args.sessions:
@@ -426,9 +405,7 @@ def main() -> None:
         "largest_passing_sessions": best,
         "sessions_per_core": per_core,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, result)
 
 
 if __name__ == "__main__":

@@ -24,13 +24,14 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+
+from harness import wait_until_healthy, write_report  # noqa: E402
 
 from app.webrtc.client import RealtimeClient  # noqa: E402  (after the path set-up above)
 
@@ -77,21 +78,6 @@ async def streaming(url: str, sessions: int, seconds: float, server: psutil.Proc
             await client.close()
 
 
-def wait_until_healthy(url: str, server: subprocess.Popen) -> None:
-    give_up = time.monotonic() + STARTUP_DEADLINE_S
-    while time.monotonic() < give_up:
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited with {server.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/healthz", timeout=5) as response:
-                if json.load(response)["status"] == "ok":
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("the server did not become healthy")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=5)
@@ -113,7 +99,7 @@ def main() -> None:
         command += ["--model", args.model]
     server = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL)
     try:
-        wait_until_healthy(url, server)
+        wait_until_healthy(url, server, STARTUP_DEADLINE_S, poll_s=0.5)
         process = psutil.Process(server.pid)
         time.sleep(3)
         window = Window(process)
@@ -154,9 +140,7 @@ def main() -> None:
         "windows": rows,
         "talking_turns": [{k: turn[k] for k in ("status", "audio_seconds", "audible_seconds", "latency_s")} for turn in turns],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, result)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import machine, write_report  # noqa: E402
 from soak import FIXTURES, REPO, dev_model_server  # noqa: E402
 
 
@@ -118,16 +118,14 @@ def main() -> None:
     report[args.label] = {
         "command": " ".join([".venv/bin/python", "tests/bench/rtc_sessions.py", *sys.argv[1:]]),
         "model": "dev model",
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
+        "machine": machine(),
         "sessions": args.sessions,
         "wavs": [wav.name for wav in wavs],
         "generation": args.generation,
         "session": args.session,
         "runs": runs,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

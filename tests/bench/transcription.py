@@ -30,9 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -48,9 +45,14 @@ from media.vad import SileroVad
 from pipeline.conversation import HistoryLimits
 from pipeline.devmodel import ensure_dev_model
 from pipeline.engine import TransformersEngine
-from tests.bench.ttfa import dev_model_fingerprint
-from tests.fakes import SessionHarness
-from tests.speech import load_fixture, silence
+
+# Run as a script, this folder is first on sys.path; the repository root is needed for tests.*.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from harness import machine, write_report  # noqa: E402
+from ttfa import dev_model_fingerprint  # noqa: E402
+
+from tests.fakes import SessionHarness  # noqa: E402
+from tests.speech import load_fixture, silence  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 COMPLETED = "conversation.item.input_audio_transcription.completed"
@@ -212,21 +214,12 @@ def main() -> None:
         "benchmark": "transcription",
         "command": " ".join([".venv/bin/python", "tests/bench/transcription.py", *sys.argv[1:]]),
         "model": f"dev model v{pipeline.devmodel.DEV_MODEL_VERSION}" if args.model is None else str(args.model),
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "torch": torch.__version__,
-            "threads": args.threads,
-            "device": args.device,
-        },
+        "machine": machine(torch=torch.__version__, threads=args.threads, device=args.device),
         "settings": {"rounds": args.rounds, "answer_tokens": args.answer_tokens, "frames_per_token": 3},
         "sessions": results,
         "ratios": ratios,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

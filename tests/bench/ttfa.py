@@ -30,9 +30,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -41,6 +38,7 @@ from pathlib import Path
 import soundfile as sf
 import torch
 import transformers
+from harness import machine, write_report  # this folder: a script's is first on sys.path
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
 import pipeline.devmodel
@@ -254,15 +252,7 @@ def main() -> None:
         "benchmark": "ttfa",
         "command": " ".join([".venv/bin/python", "tests/bench/ttfa.py", *sys.argv[1:]]),
         "model": f"dev model v{pipeline.devmodel.DEV_MODEL_VERSION}" if args.model is None else str(args.model),
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "torch": torch.__version__,
-            "threads": args.threads,
-            "device": args.device,
-            "dtype": args.dtype,
-        },
+        "machine": machine(torch=torch.__version__, threads=args.threads, device=args.device, dtype=args.dtype),
         "prompt": {"text_tokens": inputs.text_tokens, "audio_tokens": inputs.audio_tokens},
         "settings": {
             "temperature": TEMPERATURE,
@@ -273,9 +263,7 @@ def main() -> None:
         "rows": rows,
         "ratios": ratios,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

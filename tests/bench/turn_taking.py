@@ -22,14 +22,13 @@ import argparse
 import asyncio
 import json
 import math
-import os
-import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
+from harness import machine, write_report  # this folder: a script's is first on sys.path
 
 from app.realtime.session_config import END_OF_TURN_BY_EAGERNESS
 from media.end_of_turn import SmartTurnModel, default_model_path
@@ -274,16 +273,14 @@ def main() -> None:
     report = {
         "bench": "turn_taking",
         "command": "python tests/bench/turn_taking.py" + (" --sweep" if args.sweep else ""),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "machine": machine(),
         "fixtures": len(fixtures),
         "results": results,
         "pacing_lateness_ms": pacing,
         "per_fixture": per_fixture,
         **({"sweep": grid} if grid is not None else {}),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

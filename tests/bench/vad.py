@@ -11,15 +11,13 @@ onnxruntime runs single-threaded, as in the server.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import time
 from pathlib import Path
 
 import numpy as np
 import onnxruntime
 import soundfile as sf
+from harness import machine, write_report  # this folder: a script's is first on sys.path
 
 from media.rates import SPEECH_RATE
 from media.turn_detection import TurnDetectionParams, VoiceActivityDetector
@@ -94,7 +92,7 @@ def main() -> None:
         "core_share_per_session": round(core_share, 5),
         "sessions_per_core": int(1 / core_share),
         "onnxruntime": onnxruntime.__version__,
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "machine": machine(),
     }
 
     print(f"{'measure':<28}{'mean µs':>10}{'p50 µs':>10}{'p99 µs':>10}{'max µs':>10}")
@@ -105,11 +103,7 @@ def main() -> None:
         f"VAD uses {core_share:.2%} of a core per session (~{result['sessions_per_core']} sessions/core)"
     )
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = args.out.with_suffix(".tmp")
-    temporary.write_text(json.dumps(result, indent=2) + "\n")
-    temporary.replace(args.out)
-    print(f"wrote {args.out}")
+    write_report(args.out, result)
 
 
 if __name__ == "__main__":

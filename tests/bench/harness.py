@@ -1,0 +1,60 @@
+"""What the benchmarks share: a loopback server's port and health, the machine, the result file.
+
+Benchmarks run as scripts (``.venv/bin/python tests/bench/NAME.py``), so they import this as
+``harness``: a script's own folder is first on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_until_healthy(url: str, server: subprocess.Popen[bytes], deadline_s: float, poll_s: float = 0.3) -> None:
+    """Until ``GET /healthz`` says "ok"; ``RuntimeError`` if the server exits or ``deadline_s`` passes
+    (the first start may build the dev model)."""
+    give_up = time.monotonic() + deadline_s
+    while time.monotonic() < give_up:
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited with {server.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=5) as response:
+                if json.load(response)["status"] == "ok":
+                    return
+        except OSError:
+            pass  # not listening yet, or 503 while its engine loads
+        time.sleep(poll_s)
+    raise RuntimeError(f"the server did not become healthy in {deadline_s:.0f} s")
+
+
+def machine(**extra: Any) -> dict[str, Any]:
+    """This machine as a result file records it, plus the run's own settings (threads, device...)."""
+    return {
+        "platform": platform.platform(),
+        "processor": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        **extra,
+    }
+
+
+def write_report(out: Path, report: dict[str, Any], note: str = "") -> None:
+    """Write the result file whole or not at all (a run interrupted mid-write leaves the last one)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".tmp")
+    partial.write_text(json.dumps(report, indent=2) + "\n")
+    partial.replace(out)
+    print(f"wrote {out}{note}")
