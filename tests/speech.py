@@ -20,3 +20,9 @@ def load_fixture(name: str) -> np.ndarray:
 
 def silence(ms: int) -> np.ndarray:
     return np.zeros(ms * RATE // 1000, dtype=np.float32)
+
+
+def tone(ms: int, amplitude: float = 0.3) -> np.ndarray:
+    """A 220 Hz tone: what the energy VAD of the session tests hears as speech."""
+    t = np.arange(ms * RATE // 1000) / RATE
+    return (amplitude * np.sin(2 * np.pi * 220 * t)).astype(np.float32)

@@ -22,18 +22,10 @@ from app.realtime.protocol import PlaybackAckEvent, ProtocolError
 from media import g711
 from pipeline.conversation import AssistantText
 from tests.fakes import CODEC_FRAME_SAMPLES, ScriptedEngine, SessionHarness, SocketSessionHarness
+from tests.speech import silence, tone
 
 REPLY = "Hello there friend"  # three words: three 80 ms frames of audio
 RATE = 16_000
-
-
-def tone(ms: int) -> np.ndarray:
-    t = np.arange(ms * RATE // 1000) / RATE
-    return (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
-
-
-def silence(ms: int) -> np.ndarray:
-    return np.zeros(ms * RATE // 1000, dtype=np.float32)
 
 
 async def append(h: SocketSessionHarness, pcm16k: np.ndarray, *, chunk_ms: int = 100) -> None:

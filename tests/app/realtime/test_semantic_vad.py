@@ -16,19 +16,11 @@ from app.realtime.session_config import END_OF_TURN_BY_EAGERNESS, SessionConfig
 from app.realtime.turn_taking import ECHO_TAIL_MS
 from pipeline.conversation import UserAudio
 from tests.fakes import CODEC_FRAME_SAMPLES, ScriptedEngine, SessionHarness
+from tests.speech import silence, tone
 
 RATE = 16_000
 MEDIUM = END_OF_TURN_BY_EAGERNESS["medium"]
 SEMANTIC = {"type": "session.update", "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}}
-
-
-def tone(ms: int) -> np.ndarray:
-    t = np.arange(ms * RATE // 1000) / RATE
-    return (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
-
-
-def silence(ms: int) -> np.ndarray:
-    return np.zeros(ms * RATE // 1000, dtype=np.float32)
 
 
 class FakeEndOfTurn:

@@ -18,17 +18,9 @@ from app.realtime.turn_taking import ECHO_TAIL_MS
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, AssistantText, HistoryLimits, UserAudio, UserText
 from pipeline.turn import EngineError
 from tests.fakes import CODEC_FRAME_SAMPLES, EnergyVad, ScriptedEngine, SessionHarness
+from tests.speech import silence, tone
 
 RATE = 16_000
-
-
-def tone(ms: int, amplitude: float = 0.3) -> np.ndarray:
-    t = np.arange(ms * RATE // 1000) / RATE
-    return (amplitude * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
-
-
-def silence(ms: int) -> np.ndarray:
-    return np.zeros(ms * RATE // 1000, dtype=np.float32)
 
 
 class Harness(SessionHarness):

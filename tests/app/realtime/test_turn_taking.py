@@ -12,17 +12,9 @@ from app.realtime.session_config import SessionConfig
 from app.realtime.turn_taking import ECHO_TAIL_MS, TURN_LIMIT_CODE
 from pipeline.conversation import AssistantText, UserAudio
 from tests.fakes import EnergyVad, ScriptedEngine, SessionHarness
+from tests.speech import silence, tone
 
 RATE = 16_000
-
-
-def tone(ms: int) -> np.ndarray:
-    t = np.arange(ms * RATE // 1000) / RATE
-    return (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
-
-
-def silence(ms: int) -> np.ndarray:
-    return np.zeros(ms * RATE // 1000, dtype=np.float32)
 
 
 class Counter:
