@@ -368,6 +368,9 @@ class DecodeBatch(Generic[TurnKey]):
         # None: a checkpoint loaded without audio output (text-only turns).
         self._speech_model = SpeechModel(model) if getattr(model, "talker", None) is not None else None
         self._tts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        # Due chunks of one shape go through Code2Wav together on an accelerator, one call each on a CPU.
+        code2wav = getattr(model, "code2wav", None)  # None: loaded without audio output
+        self._code2wav_batches = code2wav is not None and code2wav.device.type != "cpu"
 
     @property
     def thinker_rows(self) -> list[_Turn[TurnKey]]:
@@ -752,11 +755,10 @@ class DecodeBatch(Generic[TurnKey]):
         because Code2Wav's upsampled activations outgrow the cache: four 50-frame chunks
         together cost 59 ms against 4 x 13 ms alone (dev model, one core)."""
         due = self._due()
-        together = self._model.code2wav.device.type != "cpu"
         groups: dict[tuple[int, ...] | TurnKey, list[tuple[TurnKey, torch.Tensor]]] = {}
         for turn, speech in due:
             codes = speech.audio.pending_codes()
-            groups.setdefault(tuple(codes.shape) if together else turn.key, []).append((turn.key, codes))
+            groups.setdefault(tuple(codes.shape) if self._code2wav_batches else turn.key, []).append((turn.key, codes))
         events: list[tuple[TurnKey, TurnEvent]] = []
         decoded: dict[TurnKey, np.ndarray] = {}
         with torch.inference_mode():
