@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# Debian packages the test suite needs: Chromium for the browser test, espeak-ng, flite and sox
-# to regenerate the speech fixtures. Installs only what is missing (CI runs as root).
+# Debian packages the test suite needs: Chromium for the browser test, espeak-ng, flite, festival
+# (with three English voices) and sox to regenerate the speech fixtures. Installs only what is
+# missing (CI runs as root).
 set -euo pipefail
 missing=()
 command -v chromium >/dev/null || missing+=(chromium)
 command -v espeak-ng >/dev/null || missing+=(espeak-ng)
 command -v flite >/dev/null || missing+=(flite)
+command -v festival >/dev/null || missing+=(festival)
+# tests/fixtures/turns/make_turns.py's Festival voices: kal and ked (diphone), slt (HTS).
+for voice in festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts; do
+  dpkg-query -W -f='${Status}' "$voice" 2>/dev/null | grep -q "ok installed" || missing+=("$voice")
+done
 command -v sox >/dev/null || missing+=(sox)
 command -v unshare >/dev/null || missing+=(util-linux)
 command -v ip >/dev/null || missing+=(iproute2)
