@@ -22,10 +22,15 @@ The rules, with the defaults of OpenAI's ``server_vad``:
 - with an end-of-turn policy (``semantic_vad``), the silence does not end the utterance by
   itself: when it reaches ``candidate_ms`` (and every ``rescore_ms`` after that) the buffer
   emits an ``EndOfTurnCheck`` with the utterance so far; whoever runs the end-of-turn model
-  answers with ``decide(check_id, probability)``, and a probability >= ``threshold`` commits
-  at once, up to the audio pushed by then. Speech resuming before the answer makes the check
-  stale (its answer is ignored); one check is in flight at a time; ``max_wait_ms`` of silence
-  commits whatever the model said;
+  answers with ``decide(check_id, probability)`` (the sound) and, when the check asks for the
+  words too (``words``), ``decide_words(check_id, probability)`` (P(the transcript is a complete
+  turn), or None when that check failed). The rule, ``EndOfTurnPolicy``: the sound at or above
+  ``threshold`` commits at once, up to the audio pushed by then, unless the words say "not
+  finished" (below ``words_incomplete_below``; a sound-finished answer waits for the words when
+  they were asked); the sound below ``confident_below``, or the words saying "not finished",
+  hold the turn open for ``confident_wait_ms`` of silence; anything else waits ``max_wait_ms``
+  (also the wait before any answer has come). Speech resuming makes a check stale (its answers
+  are ignored); one check is in flight at a time; the wait reached commits whatever was said;
 - speech going on past ``max_utterance_ms`` is cut into *segments*, not turns: each stretch of
   ``max_utterance_ms`` is handed on as a ``SegmentCommitted`` while the person is speaking
   (during a trailing silence the cut waits for the silence to end the turn or speech to
@@ -54,18 +59,37 @@ _SAMPLES_PER_MS = SPEECH_RATE // 1000
 
 @dataclass(frozen=True)
 class EndOfTurnPolicy:
-    """When to ask the end-of-turn model, how sure it must be, and how long to wait at most."""
+    """When to ask the end-of-turn model, how sure it must be, and how long to wait at most.
+
+    The wait follows the answer's confidence (docs/SESSION.md has the table per eagerness): a
+    confident "not finished" is held for ``confident_wait_ms``, an unsure one for ``max_wait_ms``.
+    """
 
     candidate_ms: int  # silence after speech before the first check
     rescore_ms: int  # further silence between checks while the model says "not finished"; 0: one check
     threshold: float  # P(finished) at or above which the utterance is committed
-    max_wait_ms: int  # silence that commits whatever the model says
+    max_wait_ms: int  # silence that commits when the model is unsure (or has not answered yet)
+    confident_below: float = 0.0  # P(finished) below this is a confident "not finished"...
+    confident_wait_ms: int = 0  # ...held open this long; also when the words say "not finished"
+    words_incomplete_below: float = 0.1  # the words' P(complete turn) below this: "not finished"
+    # The words' P(complete turn) at or above this commits a turn the sound is unsure of
+    # (confident_below <= P(finished) < threshold); None: the words never commit by themselves.
+    words_complete_at: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold <= 1.0:
             raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
         if not 0 < self.candidate_ms <= self.max_wait_ms or self.rescore_ms < 0:
             raise ValueError(f"need 0 < candidate_ms <= max_wait_ms and rescore_ms >= 0, got {self}")
+        if not 0.0 <= self.confident_below <= self.threshold or not 0.0 <= self.words_incomplete_below <= 1.0:
+            raise ValueError(f"need 0 <= confident_below <= threshold and words_incomplete_below in [0, 1], got {self}")
+        if self.confident_wait_ms and self.confident_wait_ms < self.max_wait_ms:
+            raise ValueError(f"confident_wait_ms must be 0 or at least max_wait_ms, got {self}")
+
+    @property
+    def longest_wait_ms(self) -> int:
+        """The most silence any answer holds a turn open: a forced commit comes by then."""
+        return max(self.max_wait_ms, self.confident_wait_ms)
 
 
 @dataclass(frozen=True)
@@ -77,6 +101,8 @@ class TurnDetectionParams:
     max_utterance_ms: int = 30_000  # one segment of a longer utterance
     max_turn_ms: int = 120_000  # all segments of one turn; the session passes its history budget
     end_of_turn: EndOfTurnPolicy | None = None  # None: server VAD (silence alone ends a turn)
+    # A text judge answers checks too (decide_words): the first check of each silence asks for the words.
+    judge_words: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold < 1.0:
@@ -137,6 +163,7 @@ class EndOfTurnCheck:
     check_id: int
     pcm: np.ndarray  # since the last segment: the model looks at the last 8 s only
     silence_ms: int  # trailing silence included in pcm
+    words: bool = False  # also judge the words (answer with decide_words): the silence's first check
 
 
 TurnEvent = SpeechStarted | SegmentCommitted | SpeechStopped | UtteranceCommitted | EndOfTurnCheck
@@ -170,7 +197,13 @@ class TurnCommitBuffer:
         self._silence_start: int | None = None  # where the current trailing silence began
         self._checks = 0  # end-of-turn checks emitted since the trailing silence began
         self._last_check_id = 0
-        self._pending_check: int | None = None  # the check whose answer may still commit
+        self._pending_check: int | None = None  # the check whose sound answer may still commit
+        # What this silence's answers said (reset when speech resumes or the utterance ends).
+        self._sound: float | None = None  # the latest sound answer
+        self._words_check: int | None = None  # the check that asked for the words
+        self._words_pending = False  # their answer has not come yet
+        self._words: float | None = None  # P(complete turn) by the words; None: not asked, or failed
+        self._hold_confident = False  # an answer said "not finished" with confidence: confident_wait_ms
 
     @property
     def in_speech(self) -> bool:
@@ -206,10 +239,10 @@ class TurnCommitBuffer:
         self._chunks = []
         self._buffer_start = self._position
         self._silence_start = None
-        self._pending_check = None
+        self._forget_answers()
 
     def decide(self, check_id: int, probability: float) -> list[TurnEvent]:
-        """The end-of-turn model's answer to an ``EndOfTurnCheck``; commits when it says finished.
+        """The end-of-turn model's answer to an ``EndOfTurnCheck``: P(finished) by the sound.
 
         A stale answer (speech resumed, the utterance was committed or reset, or the policy was
         switched off since the check) changes nothing.
@@ -218,9 +251,42 @@ class TurnCommitBuffer:
         if check_id != self._pending_check or policy is None:
             return []
         self._pending_check = None
-        if probability >= policy.threshold:
+        self._sound = probability
+        return self._apply(policy)
+
+    def decide_words(self, check_id: int, probability: float | None) -> list[TurnEvent]:
+        """The text judge's answer to a check that asked for the words: P(the transcript is a
+        complete turn), or None when the judge failed (the sound alone decides then)."""
+        policy = self.params.end_of_turn
+        if check_id != self._words_check or not self._words_pending or policy is None:
+            return []
+        self._words_pending = False
+        self._words = probability
+        return self._apply(policy)
+
+    def _apply(self, policy: EndOfTurnPolicy) -> list[TurnEvent]:
+        """The rule of ``EndOfTurnPolicy`` over what this silence's answers said so far."""
+        sound, words = self._sound, self._words
+        if (words is not None and words < policy.words_incomplete_below) or (
+            sound is not None and sound < policy.confident_below
+        ):
+            self._hold_confident = True
+            return []
+        if sound is None or self._words_pending:
+            return []
+        if sound >= policy.threshold or (
+            policy.words_complete_at is not None and words is not None and words >= policy.words_complete_at
+        ):
             return self._commit(forced=False)
         return []
+
+    def _forget_answers(self) -> None:
+        self._pending_check = None
+        self._sound = None
+        self._words_check = None
+        self._words_pending = False
+        self._words = None
+        self._hold_confident = False
 
     def push(self, window: np.ndarray, probability: float) -> list[TurnEvent]:
         if window.ndim != 1 or window.size == 0:
@@ -255,20 +321,24 @@ class TurnCommitBuffer:
         # _State.SPEECH
         if probability >= params.threshold:
             self._silence_start = None
-            self._pending_check = None  # the speaker went on: that check's answer no longer applies
+            self._forget_answers()  # the speaker went on: that silence's answers no longer apply
         elif probability < params.negative_threshold and self._silence_start is None:
             self._silence_start = window_start
             self._checks = 0
+            self._forget_answers()
         if self._silence_start is not None:
             silence_ms = _ms(self._position - self._silence_start)
             policy = params.end_of_turn
-            if silence_ms >= (params.silence_duration_ms if policy is None else policy.max_wait_ms):
+            if silence_ms >= (params.silence_duration_ms if policy is None else self._wait_ms(policy)):
                 return self._commit(forced=False)
             if policy is not None and self._pending_check is None and self._check_due(policy, silence_ms):
                 self._checks += 1
                 self._last_check_id += 1
                 self._pending_check = self._last_check_id
-                return [EndOfTurnCheck(self._last_check_id, np.concatenate(self._chunks), silence_ms)]
+                words = params.judge_words and self._checks == 1
+                if words:
+                    self._words_check, self._words_pending = self._last_check_id, True
+                return [EndOfTurnCheck(self._last_check_id, np.concatenate(self._chunks), silence_ms, words)]
         if self._position - self._turn_start >= params.max_turn_ms * _SAMPLES_PER_MS:
             return self._commit(forced=True)
         if (
@@ -284,6 +354,10 @@ class TurnCommitBuffer:
         self._chunks = []
         self._buffer_start = end
         return segment
+
+    def _wait_ms(self, policy: EndOfTurnPolicy) -> int:
+        """The silence that commits now: longer once an answer said "not finished" with confidence."""
+        return policy.longest_wait_ms if self._hold_confident else policy.max_wait_ms
 
     def _check_due(self, policy: EndOfTurnPolicy, silence_ms: int) -> bool:
         if self._checks == 0:
@@ -305,7 +379,7 @@ class TurnCommitBuffer:
             UtteranceCommitted(pcm=pcm, audio_start_ms=_ms(start), audio_end_ms=_ms(end), forced=forced,
                                silence_wait_ms=0 if forced else self._silence_wait_ms()),
         ]
-        self._pending_check = None
+        self._forget_answers()
         self._chunks = []
         self._buffer_start = end
         if forced and self._silence_start is None:
@@ -375,6 +449,10 @@ class VoiceActivityDetector:
     def decide(self, check_id: int, probability: float) -> list[TurnEvent]:
         """The end-of-turn model's answer to an ``EndOfTurnCheck`` (see ``TurnCommitBuffer.decide``)."""
         return self._buffer.decide(check_id, probability)
+
+    def decide_words(self, check_id: int, probability: float | None) -> list[TurnEvent]:
+        """The text judge's answer to a check that asked for the words (``TurnCommitBuffer.decide_words``)."""
+        return self._buffer.decide_words(check_id, probability)
 
     def push(self, pcm: np.ndarray) -> list[TurnEvent]:
         if pcm.ndim != 1 or not np.issubdtype(pcm.dtype, np.floating):
