@@ -224,6 +224,20 @@ class _ThinkerPrompt:
         return cls(input_ids, attention_mask, position_ids, features, feature_mask, pads)
 
 
+def message_end_probability(model, inputs: ThinkerInputs, end_id: int) -> float:
+    """The Thinker's probability that ``end_id`` (``<|im_end|>``) comes next after ``inputs``: one
+    forward pass without a cache, the LM head on the last position only (semantic VAD's text
+    judge, task "end_of_turn")."""
+    thinker = model.thinker
+    with torch.inference_mode():
+        prompt = _ThinkerPrompt.of(thinker, inputs)
+        output = thinker.model(input_ids=prompt.input_ids, attention_mask=prompt.attention_mask,
+                               position_ids=prompt.position_ids, use_cache=False, output_router_logits=False,
+                               use_audio_in_video=False)
+        logits = thinker.lm_head(output.last_hidden_state[:, -1:])[0, -1].float()
+        return float(torch.softmax(logits, dim=-1)[end_id])
+
+
 # What a DecodeBatch knows its turns by (the engine process: turn ids).
 TurnKey = TypeVar("TurnKey", bound=Hashable)
 

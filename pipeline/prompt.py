@@ -180,9 +180,15 @@ class PromptRenderer:
         return self._render(conversation.system_prompt, bound_history(conversation))
 
     def render_request(self, request: TurnRequest) -> ThinkerInputs:
-        """The Thinker's inputs for ``request``: an answer to its conversation, or a transcription."""
+        """The Thinker's inputs for ``request``: an answer to its conversation, a transcription, or
+        an open user message whose end is scored (``end_of_turn``)."""
         if request.task == "respond":
             return self.render(request.conversation)
+        if request.task == "end_of_turn":
+            texts = [item for item in request.conversation.items if isinstance(item, UserText)]
+            if len(texts) != 1 or len(request.conversation.items) != 1:
+                raise ValueError("an end-of-turn turn takes one user text and nothing else")
+            return self.render_open_user_message(texts[0].text)
         clips = [item for item in request.conversation.items if isinstance(item, UserAudio)]
         if len(clips) != 1 or len(request.conversation.items) != 1:
             raise ValueError(
@@ -191,6 +197,19 @@ class PromptRenderer:
         hint = request.hint or TranscriptionHint()
         clip = UserAudio(clips[0].pcm)
         return self._render(hint.prompt or None, (clip, UserText(asr_instruction(hint.language))))
+
+    def render_open_user_message(self, text: str) -> ThinkerInputs:
+        """``<|im_start|>user\n{text}``, the message left open: the next token says whether it ends."""
+        ids = [self._special_ids[IM_START]]
+        ids += self._tokenizer.encode(f"user\n{text}", add_special_tokens=False, split_special_tokens=True)
+        input_ids = torch.tensor([ids], dtype=torch.long)
+        return ThinkerInputs(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), input_features=None,
+                             feature_attention_mask=None, text_tokens=len(ids), audio_tokens=0)
+
+    @property
+    def message_end_id(self) -> int:
+        """``<|im_end|>``: the token that closes a message."""
+        return self._special_ids[IM_END]
 
     def _render(self, system_prompt: str | None, items: Sequence[ConversationItem]) -> ThinkerInputs:
         clips = [item for item in items if isinstance(item, UserAudio)]

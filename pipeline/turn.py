@@ -8,13 +8,14 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from pipeline.conversation import Conversation, UserAudio
+from pipeline.conversation import Conversation, UserAudio, UserText
 
 Voice = Literal["ethan", "chelsie", "aiden"]
 VOICES: tuple[Voice, ...] = ("ethan", "chelsie", "aiden")
 # "respond": answer the conversation. "transcribe": write down what its one user clip says
-# (Qwen3-Omni's own ASR prompt, pipeline.prompt.PromptRenderer.render_request).
-TurnTask = Literal["respond", "transcribe"]
+# (Qwen3-Omni's own ASR prompt, pipeline.prompt.PromptRenderer.render_request). "end_of_turn":
+# how likely its one user text is a whole message (TurnDone.end_of_turn_probability; no text).
+TurnTask = Literal["respond", "transcribe", "end_of_turn"]
 
 # A transcript's length bound: fast speech is ~4 words (~6 tokens) a second in English and ~6
 # characters a second in Chinese; 10 tokens a second plus 16 leaves room and still stops a
@@ -55,6 +56,13 @@ class TurnRequest:
             task="transcribe",
             hint=hint or TranscriptionHint(),
         )
+
+    @classmethod
+    def end_of_turn(cls, text: str) -> TurnRequest:
+        """The Thinker's P(``<|im_end|>``) right after ``text`` as an open user message: one
+        forward pass, no token generated (``TurnDone.end_of_turn_probability``)."""
+        return cls(conversation=Conversation(items=(UserText(text),)), temperature=0.0, max_output_tokens=1,
+                   output_audio=False, task="end_of_turn")
 
 
 @dataclass(frozen=True)
@@ -130,6 +138,7 @@ class TurnDone:
     usage: Usage
     finish_reason: FinishReason
     timings: TurnTimings = field(default_factory=TurnTimings)
+    end_of_turn_probability: float | None = None  # task "end_of_turn" only
 
 
 TurnEvent = TextDelta | AudioChunk | TurnDone

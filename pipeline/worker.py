@@ -363,7 +363,11 @@ class _BatchServer:
             self._send(submit.turn_id, TurnDone(text="", usage=Usage(0, 0, 0), finish_reason="cancelled"))
 
     def _admit(self, submits: list[Submit]) -> None:
-        """Prefill the turns together; if that fails, one at a time, so a bad turn fails alone."""
+        """Prefill the turns together; if that fails, one at a time, so a bad turn fails alone.
+        End-of-turn scores take one forward each and never join the batch."""
+        for submit in [submit for submit in submits if submit.request.task == "end_of_turn"]:
+            self._score_end_of_turn(submit)
+        submits = [submit for submit in submits if submit.request.task != "end_of_turn"]
         rendered = [prepared for submit in submits if (prepared := self._render(submit)) is not None]
         if len(rendered) > 1:
             try:
@@ -385,6 +389,21 @@ class _BatchServer:
                     self._batch.cancel(prepared[0])
                 self._fail(prepared[0], exc)
         self._finish_decoded()
+
+    def _score_end_of_turn(self, submit: Submit) -> None:
+        from pipeline.generation import message_end_probability
+
+        renderer = self._loaded.renderer
+        try:
+            inputs = renderer.render_request(submit.request)
+            probability = message_end_probability(self._loaded.model, inputs, renderer.message_end_id)
+        except Exception as exc:
+            logger.exception("turn %d failed", submit.turn_id)
+            self._fail(submit.turn_id, exc)
+            return
+        usage = Usage(input_text_tokens=inputs.text_tokens, input_audio_tokens=0, output_text_tokens=0)
+        self._send(submit.turn_id, TurnDone(text="", usage=usage, finish_reason="stop",
+                                            end_of_turn_probability=probability))
 
     def _render(self, submit: Submit) -> tuple[int, ThinkerInputs, GenerationParams] | None:
         """The turn's Thinker inputs and settings; None (and the turn failed) when it cannot start."""

@@ -10,6 +10,7 @@ import psutil
 import pytest
 import soundfile
 
+from app.realtime.text_judge import EngineTextJudge
 from media.rates import VOICE_RATE
 from pipeline.conversation import Conversation, UserAudio, UserText
 from pipeline.engine import EnginePool, TransformersEngine
@@ -99,6 +100,26 @@ async def test_transcription_turn_is_text_only_and_deterministic(engine):
     assert done.usage.output_audio_tokens == 0 and done.usage.input_audio_tokens > 0
     assert done.usage.output_text_tokens <= request.max_output_tokens
     assert second[-1].text == done.text
+
+
+async def test_end_of_turn_turn_scores_the_open_message_without_generating(engine):
+    unfinished = await collect(engine, TurnRequest.end_of_turn("Please put the"))
+    finished = await collect(engine, TurnRequest.end_of_turn("Please put the groceries in the fridge."))
+    again = await collect(engine, TurnRequest.end_of_turn("Please put the"))
+    (done,) = unfinished  # no text, no audio: one forward, one answer
+    assert isinstance(done, TurnDone) and done.text == "" and done.usage.output_text_tokens == 0
+    assert 0.0 <= done.end_of_turn_probability <= 1.0
+    assert again[-1].end_of_turn_probability == done.end_of_turn_probability
+    # The dev model's judgement is noise, but it reads the words: other words, another answer.
+    assert finished[-1].end_of_turn_probability != done.end_of_turn_probability
+
+
+async def test_engine_text_judge_transcribes_with_qwens_asr_then_scores_the_transcript(engine):
+    verdict = await EngineTextJudge(engine).judge(speech())
+    transcript = (await collect(engine, TurnRequest.transcription(UserAudio(speech()))))[-1].text.strip()
+    scored = (await collect(engine, TurnRequest.end_of_turn(transcript)))[-1]
+    assert verdict.transcript == transcript
+    assert verdict.complete == scored.end_of_turn_probability
 
 
 async def test_seeded_engine_repeats_a_turn_exactly(engine):

@@ -347,3 +347,11 @@ def test_transcription_request_is_text_only_greedy_and_bounded(renderer):
     assert request.max_output_tokens == 16 + 30
     with pytest.raises(ValueError, match="one audio clip"):
         renderer.render_request(TurnRequest(Conversation((_clip(1.0), _clip(1.0, 1))), task="transcribe"))
+
+
+def test_end_of_turn_request_leaves_the_user_message_open(renderer, tokenizer):
+    inputs = renderer.render_request(TurnRequest.end_of_turn("Please put the"))
+    assert _prompt_text(tokenizer, inputs) == "<|im_start|>user\nPlease put the"  # the next token: <|im_end|>?
+    assert inputs.audio_tokens == 0 and inputs.input_features is None
+    with pytest.raises(ValueError, match="one user text"):
+        renderer.render_request(TurnRequest(Conversation((_clip(1.0),)), task="end_of_turn"))
