@@ -46,6 +46,11 @@ class Settings(BaseSettings):
     # The end-of-turn model for semantic_vad (installed by `make`); None: cache_dir's copy.
     # Missing, the server starts and sessions asking for semantic_vad get an error and server VAD.
     turn_model: Path | None = None
+    # semantic_vad's second opinion from the words (app/realtime/text_judge.py): "engine" has
+    # Qwen3-Omni transcribe the utterance at each candidate silence and score whether its text is
+    # a complete turn (two short engine turns per check). Off by default: the dev model's words
+    # are noise, and on a CPU a check costs as much as a turn. Turn it on with real weights.
+    turn_text_judge: Literal["off", "engine"] = "off"
     # "auto" picks cuda when present, else cpu; a comma-separated list ("cuda:0,cuda:1") runs
     # one engine process per device, each turn going to the least loaded one.
     device: str = "auto"

@@ -246,6 +246,7 @@ class SessionHarness:
         config: SessionConfig | None = None,
         on_ignored_speech: Callable[[], None] | None = None,
         end_of_turn: Any = None,
+        text_judge: Any = None,
     ) -> None:
         self.engine = engine
         self.output = VirtualAudioOutput()
@@ -253,7 +254,7 @@ class SessionHarness:
         self._new_event = asyncio.Event()
         self.session = RealtimeSession(
             engine=engine, vad=vad if vad is not None else EnergyVad(), output=self.output, send=self._record,
-            config=config, on_ignored_speech=on_ignored_speech, end_of_turn=end_of_turn,
+            config=config, on_ignored_speech=on_ignored_speech, end_of_turn=end_of_turn, text_judge=text_judge,
         )
 
     def _record(self, event: dict[str, Any]) -> None:

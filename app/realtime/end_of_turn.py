@@ -6,6 +6,11 @@ The end-of-turn model costs tens of milliseconds per decision on a CPU core
 the detector meanwhile; the answer is handed back on the loop and applied to the detector's
 state *then*: if the user spoke again in between, the check has gone stale and its answer is
 ignored (``TurnCommitBuffer.decide``), and a commit includes the silence that arrived meanwhile.
+
+With a text judge (``app.realtime.text_judge``, the ``turn_text_judge`` setting), a check that asks
+for the words (the first of each silence) is also judged by them, concurrently with the sound: the
+two answers reach the detector separately (``decide``, ``decide_words``), and its policy combines
+them (``media.turn_detection.EndOfTurnPolicy``). A judge that fails answers None: the sound decides.
 """
 
 from __future__ import annotations
@@ -13,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 
 from app.realtime.protocol import ProtocolError
 from app.realtime.session_config import SessionConfig
+from app.realtime.text_judge import TextJudge
 from media.end_of_turn import EndOfTurnModel
 from media.turn_detection import EndOfTurnCheck
 
@@ -30,11 +36,27 @@ class SemanticVad:
     a config asking for semantic_vad is run as server VAD and the client gets an error.
     """
 
-    def __init__(self, model: EndOfTurnModel | None, on_answer: Callable[[int, float], None], *, name: str) -> None:
+    def __init__(
+        self,
+        model: EndOfTurnModel | None,
+        on_answer: Callable[[int, float], None],
+        *,
+        name: str,
+        text_judge: TextJudge | None = None,
+        on_words: Callable[[int, float | None], None] | None = None,
+    ) -> None:
+        if (text_judge is None) != (on_words is None):
+            raise ValueError("a text judge needs on_words, and on_words a text judge")
         self._model = model
         self._on_answer = on_answer
         self._name = name
+        self._text_judge = text_judge
+        self._on_words = on_words
         self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def judges_words(self) -> bool:
+        return self._text_judge is not None
 
     def runnable(self, config: SessionConfig) -> tuple[SessionConfig, ProtocolError | None]:
         """``config`` as it can run here, and the error to send when it had to change."""
@@ -52,7 +74,12 @@ class SemanticVad:
     def submit(self, check: EndOfTurnCheck) -> None:
         if self._model is None:  # runnable() keeps semantic_vad off: no checks come
             raise RuntimeError("an end-of-turn check without an end-of-turn model")
-        task = asyncio.create_task(self._score(check), name=f"{self._name} end-of-turn check {check.check_id}")
+        self._start(self._score(check), f"{self._name} end-of-turn check {check.check_id}")
+        if check.words and self._text_judge is not None:
+            self._start(self._judge_words(check), f"{self._name} end-of-turn check {check.check_id}: words")
+
+    def _start(self, work: Coroutine[None, None, None], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -65,6 +92,19 @@ class SemanticVad:
             logger.exception("%s: end-of-turn check %d failed", self._name, check.check_id)
             return
         self._on_answer(check.check_id, probability)
+
+    async def _judge_words(self, check: EndOfTurnCheck) -> None:
+        assert self._text_judge is not None and self._on_words is not None  # submit() checked
+        try:
+            verdict = await self._text_judge.judge(check.pcm)
+        except Exception:
+            # The sound decides alone; the failure must be visible.
+            logger.exception("%s: judging the words of end-of-turn check %d failed", self._name, check.check_id)
+            self._on_words(check.check_id, None)
+            return
+        logger.debug("%s: end-of-turn check %d: words %r, P(complete) %s", self._name, check.check_id,
+                     verdict.transcript, verdict.complete)
+        self._on_words(check.check_id, verdict.complete)
 
     async def close(self) -> None:
         """Cancel checks in flight (a thread already running finishes, unheard); safe twice."""

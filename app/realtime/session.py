@@ -57,6 +57,7 @@ from app.realtime.protocol import (
 )
 from app.realtime.responses import Response, announce_events, apply_response_params, delta_event, finish_events
 from app.realtime.session_config import SessionConfig, TurnDetection
+from app.realtime.text_judge import TextJudge
 from app.realtime.transcription import Transcriptions
 from app.realtime.turn_taking import TurnActions, TurnTaking, detector_params
 from media.end_of_turn import EndOfTurnModel
@@ -82,14 +83,18 @@ class RealtimeSession:
         session_id: str | None = None,
         on_ignored_speech: Callable[[], None] | None = None,
         end_of_turn: EndOfTurnModel | None = None,
+        text_judge: TextJudge | None = None,
     ) -> None:
         """``on_ignored_speech`` is called for each utterance half-duplex does not act on (metrics).
-        ``end_of_turn``: the model semantic_vad needs; without it, semantic_vad is refused (server VAD stays)."""
+        ``end_of_turn``: the model semantic_vad needs; without it, semantic_vad is refused (server VAD stays).
+        ``text_judge``: semantic_vad also judges the words said (``app.realtime.text_judge``)."""
         self._engine = engine
         self._output = output
         self._send = send
         self.session_id = session_id or new_id("sess")
-        self._semantic = SemanticVad(end_of_turn, self._on_end_of_turn_answer, name=self.session_id)
+        self._semantic = SemanticVad(end_of_turn, self._on_end_of_turn_answer, name=self.session_id,
+                                     text_judge=text_judge,
+                                     on_words=self._on_words_answer if text_judge is not None else None)
         self._config, self._start_error = self._semantic.runnable(config or SessionConfig())
         self._gate = EventGate(
             max_bytes=self._config.max_event_bytes,
@@ -100,11 +105,13 @@ class RealtimeSession:
         self._expires_at = int(time.time()) + SESSION_LIFETIME_S
         self._turns = TurnTaking(
             vad,
-            detector_params(self._config.turn_detection or TurnDetection(), self._config.history),
+            detector_params(self._config.turn_detection or TurnDetection(), self._config.history,
+                            judge_words=self._semantic.judges_words),
             TurnActions(self._emit, self._commit_user_audio, self._busy, self._interrupt, self._respond_to_speech,
                         self._semantic.submit),
             session_id=self.session_id,
             on_ignored_speech=on_ignored_speech,
+            judge_words=self._semantic.judges_words,
         )
         self._manual = ManualBuffer()
         self._appends = AppendDecoder()
@@ -310,6 +317,10 @@ class RealtimeSession:
     def _on_end_of_turn_answer(self, check_id: int, probability: float) -> None:
         if not self._closed and self._config.turn_detection is not None:
             self._turns.decide(check_id, probability, self._config.turn_detection)
+
+    def _on_words_answer(self, check_id: int, probability: float | None) -> None:
+        if not self._closed and self._config.turn_detection is not None:
+            self._turns.decide_words(check_id, probability, self._config.turn_detection)
 
     def _respond_to_speech(self, item_id: str, committed_at: float, silence_wait_ms: float) -> None:
         """Server VAD (or the idle timeout) committed the turn ending with ``item_id``: answer it."""

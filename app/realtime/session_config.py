@@ -43,19 +43,19 @@ OPENAI_VOICES = frozenset(
 )
 Eagerness = Literal["low", "medium", "high", "auto"]
 # semantic_vad: the end-of-turn model (media/end_of_turn.py) is asked at a short silence and
-# commits when it says "finished"; max_wait_ms commits anyway. OpenAI: "low" lets the user take
-# their time, "high" answers quickly, "auto" = "medium". Chosen from tests/bench/turn_taking.py
-# over tests/fixtures/turns (docs/SESSION.md has the figures).
+# commits when it says "finished"; how long an unfinished turn is held open follows how sure it
+# is (and, with a text judge, the words). OpenAI: "low" lets the user take their time, "high"
+# answers quickly, "auto" = "medium". Chosen from tests/bench/turn_taking.py over
+# tests/fixtures/turns (docs/SESSION.md has the table, the rule and the figures).
 END_OF_TURN_BY_EAGERNESS: dict[Eagerness, EndOfTurnPolicy] = {
-    # One check, early: re-checking later splits more paused sentences than it speeds finished
-    # ones (the model's P(finished) rises with the silence it hears). Over the fixtures, a check
-    # at 96 ms of silence with threshold 0.75 keeps as many paused sentences whole (88%) as one
-    # at 128 ms with 0.8, and commits finished ones 23 ms sooner (policy delay 160 vs 183 ms,
-    # before the model's own 35-75 ms); low keeps the later, stricter check and waits longer.
-    "low": EndOfTurnPolicy(candidate_ms=128, rescore_ms=0, threshold=0.8, max_wait_ms=2000),
-    "medium": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.75, max_wait_ms=1200),
-    "high": EndOfTurnPolicy(candidate_ms=96, rescore_ms=320, threshold=0.5, max_wait_ms=800),
-    "auto": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.75, max_wait_ms=1200),
+    "low": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.8, max_wait_ms=2000,
+                           confident_below=0.1, confident_wait_ms=4000),
+    "medium": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.75, max_wait_ms=1200,
+                              confident_below=0.1, confident_wait_ms=3000),
+    "high": EndOfTurnPolicy(candidate_ms=96, rescore_ms=320, threshold=0.5, max_wait_ms=800,
+                            confident_below=0.05, confident_wait_ms=2000, words_complete_at=0.8),
+    "auto": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.75, max_wait_ms=1200,
+                            confident_below=0.1, confident_wait_ms=3000),
 }
 _BETA_AUDIO_FORMATS: dict[str, AudioFormatType] = {
     "pcm16": "audio/pcm",

@@ -75,12 +75,16 @@ def max_turn_ms(history: HistoryLimits) -> int:
     return int(history.max_audio_seconds * 1000)
 
 
-def detector_params(turn_detection: TurnDetection, history: HistoryLimits) -> TurnDetectionParams:
+def detector_params(
+    turn_detection: TurnDetection, history: HistoryLimits, *, judge_words: bool = False
+) -> TurnDetectionParams:
     """The detector's settings: the session's, with the turn bounded by the history (a smaller
-    history budget shortens the segments too)."""
+    history budget shortens the segments too); ``judge_words``: a text judge answers semantic
+    VAD's checks too."""
     params = turn_detection.detector_params()
     limit = max_turn_ms(history)
-    return replace(params, max_turn_ms=limit, max_utterance_ms=min(params.max_utterance_ms, limit))
+    return replace(params, max_turn_ms=limit, max_utterance_ms=min(params.max_utterance_ms, limit),
+                   judge_words=judge_words and params.end_of_turn is not None)
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,9 @@ class TurnTaking:
         *,
         session_id: str,
         on_ignored_speech: Callable[[], None] | None = None,
+        judge_words: bool = False,
     ) -> None:
+        self._judge_words = judge_words  # a text judge answers semantic VAD's checks too (decide_words)
         self._detector = VoiceActivityDetector(vad, params)
         self._act = actions
         self._session_id = session_id
@@ -130,6 +136,10 @@ class TurnTaking:
         """The end-of-turn model's answer to a check (semantic VAD); a stale one changes nothing."""
         self._handle(self._detector.decide(check_id, probability), turn_detection)
 
+    def decide_words(self, check_id: int, probability: float | None, turn_detection: TurnDetection) -> None:
+        """The text judge's answer to a check (semantic VAD); a stale one changes nothing."""
+        self._handle(self._detector.decide_words(check_id, probability), turn_detection)
+
     def _handle(self, events: list[TurnEvent], turn_detection: TurnDetection) -> None:
         for event in events:
             if isinstance(event, SpeechStarted):
@@ -152,7 +162,7 @@ class TurnTaking:
         if new is None:
             self.clear()
         else:
-            self._detector.update(detector_params(new, history))
+            self._detector.update(detector_params(new, history, judge_words=self._judge_words))
         if new is None or new.interrupt_response:
             self._deaf = False
             self._deaf_until_sample = None

@@ -10,10 +10,12 @@ from collections.abc import Callable
 from aiortc import RTCConfiguration
 
 from app.config import Settings
+from app.realtime.text_judge import EngineTextJudge, TextJudge
 from app.web.metrics import Metrics
 from app.webrtc.call import Call, SessionFactory
 from app.webrtc.ice import rtc_configuration
 from media.end_of_turn import SmartTurnModel, default_model_path
+from pipeline.turn import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +47,11 @@ def new_call(
         on_closed=on_closed,
         pacing_stats=metrics.pacing,
     )
+
+
+def text_judge(settings: Settings, engine: Engine) -> TextJudge | None:
+    """semantic_vad's judge of the words (``turn_text_judge``): Qwen3-Omni on the sessions' engine."""
+    return EngineTextJudge(engine) if settings.turn_text_judge == "engine" else None
 
 
 def load_end_of_turn_model(settings: Settings) -> SmartTurnModel | None:

@@ -36,6 +36,7 @@ SERVE_FLAGS = {
     "attn_implementation": "attn_implementation",
     "cache_dir": "cache_dir",
     "turn_model": "turn_model",
+    "turn_text_judge": "turn_text_judge",
     "ice_server": "ice_servers",
     "ice_loopback": "ice_loopback",
     "cors_origin": "cors_origins",
@@ -72,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--cache-dir", type=Path, help="where the dev model is built (default ~/.cache/omni-rtc)")
     serve.add_argument("--turn-model", type=Path, help="semantic_vad's end-of-turn model (default: the cache dir's)")
+    serve.add_argument(
+        "--turn-text-judge", choices=["off", "engine"],
+        help="semantic_vad also judges the words, by Qwen3-Omni's ASR and its P(end of message) (default off)",
+    )
     serve.add_argument(
         "--ice-server", action="append", metavar="URL", help="STUN/TURN server URL (stun:host:port, turn:host:port?transport=udp); repeatable"
     )

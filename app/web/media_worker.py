@@ -28,7 +28,7 @@ from app.config import Settings
 from app.realtime.ledger import AudioOutput
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
-from app.web.calls import load_end_of_turn_model, new_call
+from app.web.calls import load_end_of_turn_model, new_call, text_judge
 from app.web.ipc import post, receive
 from app.web.metrics import Metrics
 from app.web.resources import process_resources
@@ -174,6 +174,7 @@ class MediaWorker:
             return RealtimeSession(
                 engine=engine, vad=vad, output=output, send=send, config=config,
                 on_ignored_speech=metrics.ignored_speech.inc, end_of_turn=end_of_turn,
+                text_judge=text_judge(self._settings, engine),
             )
 
         call = calls.admit(

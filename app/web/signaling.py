@@ -22,7 +22,7 @@ from app.realtime.protocol import ProtocolError
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
 from app.web.auth import Authenticator, CallGrant
-from app.web.calls import new_call
+from app.web.calls import new_call, text_judge
 from app.web.errors import ApiError, rate_limited
 from app.web.metrics import Metrics
 from app.web.runtime import runtime_of
@@ -54,6 +54,7 @@ def signaling_router(
             return RealtimeSession(
                 engine=runtime.for_sessions, vad=runtime.vad, output=output, send=send, config=config,
                 on_ignored_speech=metrics.ignored_speech.inc, end_of_turn=runtime.end_of_turn,
+                text_judge=text_judge(settings, runtime.for_sessions),
             )
 
         try:

@@ -45,6 +45,7 @@ from app.realtime.protocol import ProtocolError
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
 from app.web.auth import Authenticator, CallGrant, bearer_token, missing_credentials
+from app.web.calls import text_judge
 from app.web.errors import ApiError
 from app.web.metrics import CallObserver, Metrics
 from app.web.runtime import Runtime
@@ -257,6 +258,7 @@ def websocket_router(
                 return RealtimeSession(
                     engine=runtime.for_sessions, vad=runtime.vad, output=output, send=send, config=config,
                     on_ignored_speech=metrics.ignored_speech.inc, end_of_turn=runtime.end_of_turn,
+                    text_judge=text_judge(settings, runtime.for_sessions),
                 )
 
             try:

@@ -17,6 +17,7 @@ from app.realtime.turn_taking import ECHO_TAIL_MS
 from pipeline.conversation import UserAudio
 from tests.fakes import CODEC_FRAME_SAMPLES, ScriptedEngine, SessionHarness
 from tests.speech import silence, tone
+from tests.words import TranscriptJudge
 
 RATE = 16_000
 MEDIUM = END_OF_TURN_BY_EAGERNESS["medium"]
@@ -46,12 +47,20 @@ class FakeEndOfTurn:
 
 
 async def semantic_session(model: FakeEndOfTurn | None, *, eagerness: str = "medium",
-                           reply: str = "Sure.") -> SessionHarness:
-    harness = SessionHarness(ScriptedEngine(reply), end_of_turn=model)
+                           reply: str = "Sure.", text_judge: TranscriptJudge | None = None) -> SessionHarness:
+    harness = SessionHarness(ScriptedEngine(reply), end_of_turn=model, text_judge=text_judge)
     await harness.session.start()
     await harness.send(type="session.update",
                        session={"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": eagerness}}}})
     return harness
+
+
+async def answered_at_the_candidate_silence(h: SessionHarness, then_ms: int) -> None:
+    """Silence up to the check, its answers back on the loop, then ``then_ms`` more silence (pushed
+    at once, the session would reach its wait before the worker thread answers)."""
+    h.push(silence(MEDIUM.candidate_ms + 40))
+    await settle()
+    h.push(silence(then_ms))
 
 
 async def settle() -> None:
@@ -82,8 +91,8 @@ async def test_finished_utterance_is_committed_at_the_candidate_silence_not_afte
     await h.session.close()
 
 
-async def test_unfinished_utterance_waits_until_the_max_wait():
-    model = FakeEndOfTurn(0.05)
+async def test_an_unsure_not_finished_waits_until_the_max_wait():
+    model = FakeEndOfTurn(0.5)  # below the threshold, above confident_below: unsure
     h = await semantic_session(model)
     h.push(tone(800))
     h.push(silence(MEDIUM.max_wait_ms - 100))
@@ -129,6 +138,92 @@ async def test_an_answer_arriving_after_the_user_spoke_again_is_ignored():
     await h.turn_done()
     (clip,) = h.engine.requests[0].conversation.items
     assert clip.pcm.size >= (700 + MEDIUM.candidate_ms + 500) * RATE // 1000  # one turn, both parts
+    await h.session.close()
+
+
+# -- waits that follow the model's confidence -----------------------------------------------------
+
+
+async def test_a_confident_not_finished_is_held_through_a_2_5_s_pause():
+    model = FakeEndOfTurn(0.02)  # below medium's confident_below: "not finished", and sure of it
+    h = await semantic_session(model)
+    h.push(tone(700))
+    await answered_at_the_candidate_silence(h, 2500 - MEDIUM.candidate_ms - 40)  # past the unsure wait
+    await settle()
+    assert "input_audio_buffer.speech_stopped" not in h.types()
+
+    model.probability_to_answer = 0.95
+    h.push(tone(600))  # the speaker goes on
+    h.push(silence(MEDIUM.candidate_ms + 40))
+    await h.turn_done()
+    assert h.types().count("input_audio_buffer.committed") == 1
+    (clip,) = h.engine.requests[0].conversation.items
+    assert clip.pcm.size >= (700 + 2500 + 600) * RATE // 1000  # one turn across the pause
+    await h.session.close()
+
+
+async def test_a_confident_not_finished_is_still_committed_at_the_documented_maximum():
+    model = FakeEndOfTurn(0.02)
+    h = await semantic_session(model)
+    h.push(tone(700))
+    await answered_at_the_candidate_silence(h, MEDIUM.confident_wait_ms - 100 - MEDIUM.candidate_ms - 40)
+    await settle()
+    assert "input_audio_buffer.speech_stopped" not in h.types()
+
+    h.push(silence(200))
+    await h.turn_done()
+    assert MEDIUM.confident_wait_ms == MEDIUM.longest_wait_ms == 3000  # docs/SESSION.md's table
+    wait = h.last("response.done")["latency"]["silence_wait_ms"]
+    assert MEDIUM.confident_wait_ms <= wait < MEDIUM.confident_wait_ms + 64  # the VAD's 32 ms windows
+    await h.session.close()
+
+
+# -- the words' second opinion (the stand-in judge reads a given transcript) -------------------------
+
+
+async def test_please_put_the_is_held_though_the_sound_says_finished():
+    model = FakeEndOfTurn(0.95)  # the sound is sure the speaker has finished
+    judge = TranscriptJudge("Please put the")
+    h = await semantic_session(model, text_judge=judge)
+    h.push(tone(900))
+    await answered_at_the_candidate_silence(h, 2000)  # well past the unsure wait: the words hold the turn
+    await settle()
+    assert judge.judged == ["Please put the"]
+    assert "input_audio_buffer.speech_stopped" not in h.types()
+
+    judge.transcript = "Please put the groceries in the fridge."
+    h.push(tone(800))  # "...groceries in the fridge."
+    h.push(silence(MEDIUM.candidate_ms + 40))
+    await h.turn_done()
+    assert judge.judged == ["Please put the", "Please put the groceries in the fridge."]
+    assert h.types().count("input_audio_buffer.committed") == 1
+    await h.session.close()
+
+
+async def test_please_put_the_groceries_in_the_fridge_is_committed_at_the_candidate_silence():
+    model = FakeEndOfTurn(0.95)
+    judge = TranscriptJudge("Please put the groceries in the fridge.")
+    h = await semantic_session(model, text_judge=judge)
+    h.push(tone(1700))
+    h.push(silence(MEDIUM.candidate_ms + 40))
+    await h.turn_done()
+    assert judge.judged == ["Please put the groceries in the fridge."]
+    wait = h.last("response.done")["latency"]["silence_wait_ms"]
+    assert wait < 500  # as the sound alone would: sooner than server VAD's wait
+    await h.session.close()
+
+
+async def test_a_failing_text_judge_leaves_the_decision_to_the_sound():
+    class Broken:
+        async def judge(self, pcm):
+            raise RuntimeError("the engine is gone")
+
+    model = FakeEndOfTurn(0.95)
+    h = await semantic_session(model, text_judge=Broken())  # type: ignore[arg-type]
+    h.push(tone(800))
+    h.push(silence(MEDIUM.candidate_ms + 40))
+    await h.turn_done()
+    assert h.last("response.done")["latency"]["silence_wait_ms"] < 500
     await h.session.close()
 
 
