@@ -22,9 +22,11 @@ The rules, with the defaults of OpenAI's ``server_vad``:
 - with an end-of-turn policy (``semantic_vad``), the silence does not end the utterance by
   itself: when it reaches ``candidate_ms`` (and every ``rescore_ms`` after that) the buffer
   emits an ``EndOfTurnCheck`` with the utterance so far; whoever runs the end-of-turn model
-  answers with ``decide(check_id, probability)`` (the sound) and, when the check asks for the
-  words too (``words``), ``decide_words(check_id, probability)`` (P(the transcript is a complete
-  turn), or None when that check failed). The rule, ``EndOfTurnPolicy``: the sound at or above
+  answers with ``decide(check_id, probability)``. With ``judge_words``, a check of the words
+  (``words``, not ``sound``) is emitted as the silence starts, its first quiet window (an ASR
+  turn takes longer than the sound model, and is given that head start), answered with
+  ``decide_words(check_id, probability)``: P(the transcript is a complete turn), or None when
+  the judge failed. The rule, ``EndOfTurnPolicy``: the sound at or above
   ``threshold`` commits at once, up to the audio pushed by then, unless the words say "not
   finished" (below ``words_incomplete_below``; a sound-finished answer waits for the words when
   they were asked); the sound below ``confident_below``, or the words saying "not finished",
@@ -101,7 +103,7 @@ class TurnDetectionParams:
     max_utterance_ms: int = 30_000  # one segment of a longer utterance
     max_turn_ms: int = 120_000  # all segments of one turn; the session passes its history budget
     end_of_turn: EndOfTurnPolicy | None = None  # None: server VAD (silence alone ends a turn)
-    # A text judge answers checks too (decide_words): the first check of each silence asks for the words.
+    # A text judge answers too (decide_words): each silence's first window asks for the words.
     judge_words: bool = False
 
     def __post_init__(self) -> None:
@@ -158,12 +160,14 @@ class UtteranceCommitted:
 
 @dataclass(frozen=True)
 class EndOfTurnCheck:
-    """Ask the end-of-turn model about ``pcm`` (the utterance so far), then call ``decide``."""
+    """Ask about ``pcm`` (the utterance so far): the end-of-turn model (``sound``: answer with
+    ``decide``) or the text judge (``words``: answer with ``decide_words``)."""
 
     check_id: int
     pcm: np.ndarray  # since the last segment: the model looks at the last 8 s only
     silence_ms: int  # trailing silence included in pcm
-    words: bool = False  # also judge the words (answer with decide_words): the silence's first check
+    sound: bool = True
+    words: bool = False
 
 
 TurnEvent = SpeechStarted | SegmentCommitted | SpeechStopped | UtteranceCommitted | EndOfTurnCheck
@@ -331,14 +335,16 @@ class TurnCommitBuffer:
             policy = params.end_of_turn
             if silence_ms >= (params.silence_duration_ms if policy is None else self._wait_ms(policy)):
                 return self._commit(forced=False)
+            checks: list[TurnEvent] = []
+            if policy is not None and params.judge_words and self._words_check is None:
+                checks.append(self._check(silence_ms, sound=False))
+                self._words_check, self._words_pending = self._last_check_id, True
             if policy is not None and self._pending_check is None and self._check_due(policy, silence_ms):
                 self._checks += 1
-                self._last_check_id += 1
+                checks.append(self._check(silence_ms, sound=True))
                 self._pending_check = self._last_check_id
-                words = params.judge_words and self._checks == 1
-                if words:
-                    self._words_check, self._words_pending = self._last_check_id, True
-                return [EndOfTurnCheck(self._last_check_id, np.concatenate(self._chunks), silence_ms, words)]
+            if checks:
+                return checks
         if self._position - self._turn_start >= params.max_turn_ms * _SAMPLES_PER_MS:
             return self._commit(forced=True)
         if (
@@ -354,6 +360,11 @@ class TurnCommitBuffer:
         self._chunks = []
         self._buffer_start = end
         return segment
+
+    def _check(self, silence_ms: int, *, sound: bool) -> EndOfTurnCheck:
+        self._last_check_id += 1
+        return EndOfTurnCheck(self._last_check_id, np.concatenate(self._chunks), silence_ms, sound=sound,
+                              words=not sound)
 
     def _wait_ms(self, policy: EndOfTurnPolicy) -> int:
         """The silence that commits now: longer once an answer said "not finished" with confidence."""

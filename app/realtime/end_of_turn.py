@@ -7,10 +7,11 @@ the detector meanwhile; the answer is handed back on the loop and applied to the
 state *then*: if the user spoke again in between, the check has gone stale and its answer is
 ignored (``TurnCommitBuffer.decide``), and a commit includes the silence that arrived meanwhile.
 
-With a text judge (``app.realtime.text_judge``, the ``turn_text_judge`` setting), a check that asks
-for the words (the first of each silence) is also judged by them, concurrently with the sound: the
-two answers reach the detector separately (``decide``, ``decide_words``), and its policy combines
-them (``media.turn_detection.EndOfTurnPolicy``). A judge that fails answers None: the sound decides.
+With a text judge (``app.realtime.text_judge``, the ``turn_text_judge`` setting), the detector also
+asks for the words, once per silence, as it starts; they are judged concurrently with the sound
+(an ASR engine turn, off the loop by nature). The answers reach the detector separately
+(``decide``, ``decide_words``), and its policy combines them
+(``media.turn_detection.EndOfTurnPolicy``). A judge that fails answers None: the sound decides.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ class SemanticVad:
     def submit(self, check: EndOfTurnCheck) -> None:
         if self._model is None:  # runnable() keeps semantic_vad off: no checks come
             raise RuntimeError("an end-of-turn check without an end-of-turn model")
-        self._start(self._score(check), f"{self._name} end-of-turn check {check.check_id}")
+        if check.sound:
+            self._start(self._score(check), f"{self._name} end-of-turn check {check.check_id}")
         if check.words and self._text_judge is not None:
             self._start(self._judge_words(check), f"{self._name} end-of-turn check {check.check_id}: words")
 

@@ -203,11 +203,13 @@ def run_one(vad: RecordedVad, scores: CachedScores, policy: Policy, fixture: Fix
         position_ms = (start + CHUNK_SAMPLES) * 1000 // SPEECH_RATE
         for event in events:
             if isinstance(event, EndOfTurnCheck):
-                probability, elapsed = scores.score(fixture.name, event.pcm)
-                model_times.append(elapsed)
-                model_s += elapsed
-                decisions += 1
-                answers = [(elapsed * 1000 if model_latency else 0.0, probability, False)]
+                answers: list[tuple[float, float, bool]] = []
+                if event.sound:
+                    probability, elapsed = scores.score(fixture.name, event.pcm)
+                    model_times.append(elapsed)
+                    model_s += elapsed
+                    decisions += 1
+                    answers.append((elapsed * 1000 if model_latency else 0.0, probability, False))
                 if event.words:
                     word_checks += 1
                     answers.append((words_latency_ms if model_latency else 0.0,

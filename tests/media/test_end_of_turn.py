@@ -106,29 +106,30 @@ def test_a_confident_not_finished_holds_for_the_confident_wait_and_no_longer() -
     assert commit.silence_wait_ms == 94 * W // 16 and CONFIDENT.longest_wait_ms == 3000
 
 
-def test_the_words_are_awaited_when_asked_and_their_not_finished_holds_the_turn() -> None:
+def test_the_words_are_asked_as_the_silence_starts_and_their_not_finished_holds_the_turn() -> None:
     buffer = TurnCommitBuffer(TurnDetectionParams(end_of_turn=CONFIDENT, judge_words=True))
-    (check,) = checks(push(buffer, [SPEECH] * 20 + [QUIET] * 3))
-    assert check.words
-    assert buffer.decide(check.check_id, 0.95) == []  # the sound says finished; the words are due
-    assert buffer.decide_words(check.check_id, 0.02) == []  # "Please put the": not finished
+    (words,) = checks(push(buffer, [SPEECH] * 20 + [QUIET]))  # the silence's first window
+    assert (words.words, words.sound, words.silence_ms) == (True, False, 32)
+    (sound,) = checks(push(buffer, [QUIET] * 2))  # the sound at candidate_ms, as without words
+    assert (sound.words, sound.sound, sound.silence_ms) == (False, True, 96)
+    assert buffer.decide(sound.check_id, 0.95) == []  # the sound says finished; the words are due
+    assert buffer.decide_words(words.check_id, 0.02) == []  # "Please put the": not finished
     assert committed(push(buffer, [QUIET] * 60)) == []  # past max_wait_ms
     push(buffer, [SPEECH] * 5)  # "...groceries in the fridge."
-    (second,) = checks(push(buffer, [QUIET] * 3))
-    assert second.words  # a new silence asks the words again
-    assert buffer.decide_words(second.check_id, 0.9) == []  # the sound has not answered yet
-    (commit,) = committed(buffer.decide(second.check_id, 0.95))
+    words, sound = checks(push(buffer, [QUIET] * 3))  # a new silence asks the words again
+    assert buffer.decide_words(words.check_id, 0.9) == []  # the sound has not answered yet
+    (commit,) = committed(buffer.decide(sound.check_id, 0.95))
     assert commit.pcm.size == (20 + 63 + 5 + 3) * W  # one turn
 
 
 def test_a_failed_words_check_leaves_the_sound_to_decide_and_stale_words_change_nothing() -> None:
     buffer = TurnCommitBuffer(TurnDetectionParams(end_of_turn=CONFIDENT, judge_words=True))
-    (check,) = checks(push(buffer, [SPEECH] * 20 + [QUIET] * 3))
-    push(buffer, [SPEECH] * 3)  # the speaker went on: that check is stale
-    assert buffer.decide_words(check.check_id, 0.02) == [] and buffer.decide(check.check_id, 0.95) == []
-    (second,) = checks(push(buffer, [QUIET] * 3))
-    assert buffer.decide(second.check_id, 0.95) == []
-    assert committed(buffer.decide_words(second.check_id, None))  # the judge failed: the sound decides
+    stale_words, stale_sound = checks(push(buffer, [SPEECH] * 20 + [QUIET] * 3))
+    push(buffer, [SPEECH] * 3)  # the speaker went on: both checks are stale
+    assert buffer.decide_words(stale_words.check_id, 0.02) == [] and buffer.decide(stale_sound.check_id, 0.95) == []
+    words, sound = checks(push(buffer, [QUIET] * 3))
+    assert buffer.decide(sound.check_id, 0.95) == []
+    assert committed(buffer.decide_words(words.check_id, None))  # the judge failed: the sound decides
 
 
 def test_server_vad_asks_no_model_and_reports_its_configured_wait() -> None:
