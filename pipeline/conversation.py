@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from media.rates import SPEECH_RATE
+from pipeline.images import image_tokens
 
 # The system prompt the Qwen3-Omni README (github.com/QwenLM/Qwen3-Omni, "Usage Tips", "Prompt for
 # Audio-Visual Interaction") recommends for spoken interaction: the Thinker writes short,
@@ -60,13 +61,34 @@ class UserText:
 
 
 @dataclass(frozen=True)
+class UserImage:
+    """One image the user showed (an ``input_image`` part, or a camera frame): PNG or JPEG bytes,
+    already fitted to its pixel budget (``pipeline.images.fit``), and that budget (``max_pixels``),
+    which the image processor fits it to again (a no-op for an image already fitted)."""
+
+    data: bytes
+    width: int
+    height: int
+    max_pixels: int
+
+    @property
+    def tokens(self) -> int:
+        """Its ``<|image_pad|>`` tokens in the prompt."""
+        return image_tokens(self.width, self.height, self.max_pixels)
+
+
+@dataclass(frozen=True)
 class AssistantText:
     """What the assistant said, as the user heard it (truncated when cut off)."""
 
     text: str
 
 
-ConversationItem = UserAudio | UserText | AssistantText
+ConversationItem = UserAudio | UserText | UserImage | AssistantText
+
+# What stands in the prompt for an image of an older turn once images no longer fit the history's
+# image budget: the model knows one was shown, the prompt does not pay for its pixels.
+IMAGE_NOTE = "(an image was shown here)"
 
 
 @dataclass(frozen=True)
@@ -75,6 +97,8 @@ class HistoryLimits:
 
     The audio limits bound the clips heard as audio; an older turn whose clips all have
     transcripts stays as their text instead (``max_turns`` still bounds every kept turn).
+    ``max_image_tokens`` bounds the image tokens of past turns: older turns lose their images
+    first (each becomes ``IMAGE_NOTE``), and keep their audio.
     """
 
     max_turns: int = 8
@@ -82,6 +106,9 @@ class HistoryLimits:
     # Also the most audio one user turn may hold (app.realtime.turn_taking): four 30 s segments,
     # ~1,560 audio tokens at 13 per second, so a turn that long, once answered, still fits whole.
     max_audio_seconds: float = 120.0
+    # Four camera turns at the default budget (5 frames of <= 196 tokens each); one 1 MP "high"
+    # image takes 1,000. The turn being answered keeps its images whatever they cost.
+    max_image_tokens: int = 4_096
 
 
 @dataclass(frozen=True)
