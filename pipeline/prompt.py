@@ -123,7 +123,7 @@ def bound_history(conversation: Conversation) -> tuple[ConversationItem, ...]:
     stretch right before the current turn, audio for the newest turns and text before them.
     Images go before audio: the first past turn whose images would take the past turns' image
     tokens over ``max_image_tokens``, and every older one, keep a note (``IMAGE_NOTE``) for each
-    run of images instead. The current turn is always whole.
+    run of images instead (``noted``). The current turn is always whole.
     """
     limits = conversation.limits
     past, current = split_turns(conversation.items)
@@ -148,22 +148,21 @@ def bound_history(conversation: Conversation) -> tuple[ConversationItem, ...]:
         if not images_noted:
             image_tokens += sum(item.tokens for item in turn if isinstance(item, UserImage))
             images_noted = image_tokens > limits.max_image_tokens
-        if images_noted:
-            turn = images_as_notes(turn)
-        kept.append(turn)
+        kept.append(noted(turn, drop_images=images_noted))
     return tuple(item for turn in reversed(kept) for item in turn) + current
 
 
-def images_as_notes(items: Sequence[ConversationItem]) -> tuple[ConversationItem, ...]:
-    """``items`` with each run of consecutive images replaced by one ``IMAGE_NOTE``."""
-    noted: list[ConversationItem] = []
+def noted(items: Sequence[ConversationItem], *, drop_images: bool) -> tuple[ConversationItem, ...]:
+    """``items`` with each image replaced by ``IMAGE_NOTE`` when ``drop_images``, and each run of
+    notes (a camera turn's frames; a history that dropped images one by one) written once."""
+    note = UserText(IMAGE_NOTE)
+    kept: list[ConversationItem] = []
     for item in items:
-        if isinstance(item, UserImage):
-            if not (noted and noted[-1] == UserText(IMAGE_NOTE)):
-                noted.append(UserText(IMAGE_NOTE))
-        else:
-            noted.append(item)
-    return tuple(noted)
+        if drop_images and isinstance(item, UserImage):
+            item = note
+        if not (item == note and kept and kept[-1] == note):
+            kept.append(item)
+    return tuple(kept)
 
 
 def asr_instruction(language: str | None) -> str:

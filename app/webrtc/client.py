@@ -9,6 +9,9 @@ and records every frame it receives with its arrival time::
         print(turn.user_transcript, turn.transcript, turn.audio_seconds, turn.latency_s)
         client.events                            # every server event so far, in order
 
+With ``video=`` (a Y4M video or a PNG/JPEG image) it also sends a camera track, sendonly, as
+the page does with its camera on (``app.webrtc.video_file.VideoFileTrack``).
+
 :meth:`RealtimeClient.speak` is half-duplex: it returns once the answer is done *and* has
 played out (``response.done`` and ``output_audio_buffer.stopped``), so the next utterance
 never overlaps the assistant; when the session transcribes input audio, it also waits for the
@@ -26,6 +29,7 @@ import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import av
@@ -37,6 +41,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from app.realtime.protocol import (
     EVENTS_CHANNEL,
+    ConversationItemDoneEvent,
     ConversationItemInputAudioTranscriptionCompletedEvent,
     ConversationItemInputAudioTranscriptionFailedEvent,
     InputAudioBufferCommittedEvent,
@@ -52,6 +57,7 @@ from app.realtime.protocol import (
 )
 from app.webrtc.client_events import ClientError, RealtimeClientBase
 from app.webrtc.ice import loopback_candidates, rtc_configuration
+from app.webrtc.video_file import VideoFileTrack
 from media.inbound import release_audio_promptly
 from media.pacing import FRAME_SAMPLES, FramePacer
 from media.rates import SPEECH_RATE, WIRE_RATE
@@ -118,6 +124,16 @@ class TurnResult:
     @property
     def usage(self) -> dict[str, Any]:
         return dict(self.response.get("usage") or {})
+
+    @property
+    def images_shown(self) -> int:
+        """Camera frames (``input_image`` parts) the server put into the committed utterance's item."""
+        committed = committed_item(self.events)
+        for event in self.events:
+            item = event.get("item") or {}
+            if event["type"] == event_type(ConversationItemDoneEvent) and item.get("id") == committed:
+                return sum(part.get("type") == "input_image" for part in item.get("content", []))
+        return 0
 
     def event_types(self) -> list[str]:
         return [event["type"] for event in self.events]
@@ -201,8 +217,11 @@ class RealtimeClient(RealtimeClientBase):
         offer_candidates: bool = True,
         timeout_s: float = 120.0,
         server_silence_timeout_s: float = SERVER_SILENCE_TIMEOUT_S,
+        video: str | Path | None = None,
+        video_fps: float | None = None,
     ) -> None:
         """``url`` is the server's base URL; ``session`` goes with the offer (multipart).
+        ``video``: a file to send as the camera (``video_fps`` overrides its frame rate).
 
         ``offer_candidates=False`` strips the candidates from the offer, as browsers posting
         before gathering do; the server then learns this peer as peer-reflexive.
@@ -220,6 +239,7 @@ class RealtimeClient(RealtimeClientBase):
         self.call_location: str | None = None
         self._pc: RTCPeerConnection | None = None
         self._microphone = MicrophoneTrack()
+        self.camera = VideoFileTrack(video, fps=video_fps) if video is not None else None
         self._received = _Received()
         self._receiver: asyncio.Task[None] | None = None
         self._channel_open = asyncio.Event()
@@ -238,6 +258,8 @@ class RealtimeClient(RealtimeClientBase):
         channel.on("open", self._channel_open.set)
         channel.on("message", self._on_message)
         pc.addTrack(self._microphone)
+        if self.camera is not None:
+            pc.addTransceiver(self.camera, direction="sendonly")  # the server never sends video
         for transceiver in pc.getTransceivers():
             # Frames are recorded, not played: hand each on as it arrives, as the server does
             # (aiortc's default holds 4 packets, 80 ms, which would count as answer latency).
@@ -283,6 +305,8 @@ class RealtimeClient(RealtimeClientBase):
         if self._pc is not None:
             await self._pc.close()
         self._microphone.stop()
+        if self.camera is not None:
+            self.camera.stop()
         if self._receiver is not None:
             self._receiver.cancel()
             with contextlib.suppress(asyncio.CancelledError):
