@@ -106,7 +106,7 @@ class HistoryLimits:
     # Also the most audio one user turn may hold (app.realtime.turn_taking): four 30 s segments,
     # ~1,560 audio tokens at 13 per second, so a turn that long, once answered, still fits whole.
     max_audio_seconds: float = 120.0
-    # Four camera turns at the default budget (5 frames of <= 196 tokens each); one 1 MP "high"
+    # Eight camera turns at the default budget (5 frames of <= 98 tokens each); one 1 MP "high"
     # image takes 1,000. The turn being answered keeps its images whatever they cost.
     max_image_tokens: int = 4_096
 

@@ -59,11 +59,13 @@ END_OF_TURN_BY_EAGERNESS: dict[Eagerness, EndOfTurnPolicy] = {
     "high": EndOfTurnPolicy(candidate_ms=96, rescore_ms=320, threshold=0.5, max_wait_ms=800),
     "auto": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.75, max_wait_ms=1200),
 }
-# An image's pixel budget by OpenAI's ``detail``: "low" is the camera's default budget (448 x 448
-# pixels, at most 196 tokens: a 4:3 frame is 512 x 384, 192 tokens); "high" about a megapixel
-# (at most 980 tokens). "auto" lets the image keep what it has up to "high": small images stay
-# small (the processor never enlarges past 3,136 pixels), large ones are not refused detail.
-DETAIL_MAX_PIXELS = {"low": 200_704, "high": 1_003_520, "auto": 1_003_520}
+# An image's pixel budget by OpenAI's ``detail``. "low" is 448 x 224 pixels, at most 98 tokens (a
+# 4:3 image is 352 x 256, 88 tokens: about what "low" costs on OpenAI's models, 85); it is also
+# the camera's default, because frames cost time to first audio: on the dev model 4 frames at
+# 88 tokens add 36% to a spoken turn's, at 192 tokens (448 x 448) 94% (tests/bench/README.md,
+# "vision"). "high" is about a megapixel (at most 980 tokens). "auto" lets the image keep what it
+# has up to "high": small images stay small (the processor never enlarges past 3,136 pixels).
+DETAIL_MAX_PIXELS = {"low": 100_352, "high": 1_003_520, "auto": 1_003_520}
 # session.video bounds: frames beyond these add prompt tokens, not understanding.
 MAX_VIDEO_FPS = 5.0
 MAX_FRAMES_PER_TURN = 16

@@ -4,7 +4,7 @@
 // replaceTrack, never a new offer: the server samples a few frames a second of whatever
 // arrives and puts them into the spoken turns (docs/SESSION.md, "Camera").
 
-// Enough for the model (the server scales frames to its pixel budget, ~448 x 448) and cheap to
+// Enough for the model (the server scales frames to its pixel budget, 352 x 256 for 4:3) and cheap to
 // encode; the server samples 1 frame a second while the person speaks, so 15 fps is plenty.
 const CAMERA_CONSTRAINTS = { width: { ideal: 640 }, height: { ideal: 480 }, frameRate: { ideal: 15 } };
 

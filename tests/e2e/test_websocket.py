@@ -154,7 +154,7 @@ async def test_openai_python_sdk_shows_an_image_and_bad_images_get_errors(server
 
     assert [part["type"] for part in added["item"]["content"]] == ["input_image", "input_text"]
     assert shown["status"] == "completed"
-    assert shown["usage"]["input_token_details"]["image_tokens"] == image_tokens(640, 480, 200_704) == 192
+    assert shown["usage"]["input_token_details"]["image_tokens"] == image_tokens(640, 480, 100_352) == 88
     assert too_large["type"] == "error" and too_large["error"]["code"] == "event_too_large"
     assert not_an_image["type"] == "error"
     assert (not_an_image["error"]["code"], not_an_image["error"]["param"]) == (
@@ -162,7 +162,7 @@ async def test_openai_python_sdk_shows_an_image_and_bad_images_get_errors(server
     )
     # The session went on: the next turn is answered, its prompt still holding the first image.
     assert after["status"] == "completed"
-    assert after["usage"]["input_token_details"]["image_tokens"] == 192
+    assert after["usage"]["input_token_details"]["image_tokens"] == 88
     assert wait_for_sessions(server_url, 0) == 0
 
 

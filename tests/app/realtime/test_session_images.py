@@ -62,9 +62,9 @@ async def test_an_input_image_and_text_reach_the_prompt_in_order(h):
     items = h.engine.requests[0].conversation.items
     assert [type(item) for item in items] == [UserImage, UserText]
     image = items[0]
-    assert (image.width, image.height, image.max_pixels) == (512, 384, DETAIL_MAX_PIXELS["low"])
+    assert (image.width, image.height, image.max_pixels) == (352, 256, DETAIL_MAX_PIXELS["low"])
     assert probe(image.data).format == "JPEG"  # fitted to the budget once, here
-    assert done["response"]["usage"]["input_token_details"]["image_tokens"] == image.tokens == 192
+    assert done["response"]["usage"]["input_token_details"]["image_tokens"] == image.tokens == 88
     echoed = h.of_type("conversation.item.done")[0]["item"]["content"]
     assert echoed[0] == {"type": "input_image", "image_url": None, "detail": "low"}
 
@@ -154,7 +154,7 @@ async def test_a_spoken_turn_takes_the_frame_before_it_and_the_last_frames_durin
     content = h.of_type("conversation.item.done")[0]["item"]["content"]
     assert [part["type"] for part in content] == ["input_image"] * 5 + ["input_audio"]
     usage = h.last("response.done")["response"]["usage"]["input_token_details"]
-    assert usage["image_tokens"] == 5 * 192
+    assert usage["image_tokens"] == 5 * 88
 
 
 async def test_frames_never_start_a_turn_by_themselves(h):
@@ -172,13 +172,13 @@ async def test_the_camera_is_sampled_faster_while_the_user_speaks(h):
     h.push(silence(700))
     await h.turn_done()
     assert (idle.interval_s, speaking.interval_s) == (4.0, 1.0)
-    assert speaking.size(1280, 720) == (576, 320)  # within the default budget, multiples of 32
+    assert speaking.size(1280, 720) == (416, 224)  # within the default budget, multiples of 32
     assert h.session.video_plan().interval_s == 4.0
 
 
 async def test_session_update_sets_the_camera_and_session_updated_shows_it(h):
     assert h.events[0]["session"]["video"] == {
-        "speaking_fps": 1.0, "idle_fps": 0.25, "frames_per_turn": 4, "max_pixels": 200_704,
+        "speaking_fps": 1.0, "idle_fps": 0.25, "frames_per_turn": 4, "max_pixels": 100_352,
     }
     await h.send(type="session.update", session={"video": {"speaking_fps": 2, "frames_per_turn": 0}})
     assert h.last("session.updated")["session"]["video"]["speaking_fps"] == 2.0
@@ -220,8 +220,8 @@ def test_turn_frames_stay_bounded_and_a_segment_takes_only_its_own():
 
 
 async def test_older_turns_lose_their_images_first_keeping_a_note():
-    # 192 tokens per frame, two per turn: 500 tokens of past images hold the newest turn's two.
-    config = SessionConfig(history=HistoryLimits(max_image_tokens=500), video=VideoInput(frames_per_turn=1))
+    # 88 tokens per frame, two per turn: 200 tokens of past images hold the newest turn's two.
+    config = SessionConfig(history=HistoryLimits(max_image_tokens=200), video=VideoInput(frames_per_turn=1))
     h = Harness(config)
     await h.session.start()
     for turn in range(3):
