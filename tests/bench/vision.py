@@ -4,6 +4,11 @@ the real vision tower.
 Run: .venv/bin/python tests/bench/vision.py [--frames 0 1 4 5] [--probes 5] [--threads 1]
      [--encoder-frames 1 4] [--encoder-repeats 2] [--skip-encoder] [--out tests/bench/results/vision.json]
 
+sampling (media/video.py, one core): what keeping one camera frame costs the media worker:
+``encode_frame`` (swscale to the session's default budget, JPEG at quality 90) of a decoded
+640x480 and a 1280x720 YUV 4:2:0 frame, median of 20; it runs in a worker thread, never on the
+event loop.
+
 ttfa (dev model, CPU): one spoken turn (tests/fixtures/hello.wav after a short exchange) with N
 camera frames before the audio, as a committed utterance holds them: 640x480 frames fitted to
 the camera's default budget (512x384, 192 tokens each). Time to the first AudioChunk, *including*
@@ -30,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+import av
 import numpy as np
 import soundfile as sf
 import torch
@@ -42,11 +48,12 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3Omni
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from media.video import encode_frame  # noqa: E402
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserImage, UserText  # noqa: E402
 from pipeline.devmodel import ensure_dev_model  # noqa: E402
 from pipeline.generation import GenerationParams, stream_turn  # noqa: E402
-from pipeline.images import fitted_size, probe  # noqa: E402
 from pipeline.images import fit as fit_image  # noqa: E402
+from pipeline.images import fitted_size, probe  # noqa: E402
 from pipeline.prompt import PromptRenderer  # noqa: E402
 from pipeline.tokenizer import load_tokenizer  # noqa: E402
 from pipeline.turn import AudioChunk  # noqa: E402
@@ -163,6 +170,25 @@ def measure_encoder(frame_counts: list[int], repeats: int) -> list[dict]:
     return rows
 
 
+def measure_sampling(repeats: int = 20) -> list[dict]:
+    rows = []
+    for width, height in ((640, 480), (1280, 720)):
+        pixels = np.random.default_rng(0).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+        frame = av.VideoFrame.from_ndarray(pixels, format="rgb24").reformat(format="yuv420p")
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            sampled = encode_frame(frame, lambda w, h: fitted_size(w, h, max_pixels=CAMERA_PIXELS))
+            times.append(time.perf_counter() - started)
+        rows.append({
+            "frame": f"{width}x{height}",
+            "kept_as": f"{sampled.width}x{sampled.height}",
+            "jpeg_bytes": len(sampled.data),
+            "encode_ms": round(statistics.median(times) * 1000, 2),
+        })
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--frames", type=int, nargs="+", default=[0, 1, 4, 5])
@@ -175,6 +201,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
+    sampling = measure_sampling()
+    print("keeping one camera frame (scale + JPEG, media/video.py encode_frame), median of 20")
+    for row in sampling:
+        print(f"  {row['frame']:>9} -> {row['kept_as']:>7}: {row['encode_ms']:.2f} ms, {row['jpeg_bytes']} bytes")
     ttfa = measure_ttfa(args.frames, args.probes)
     print("dev model, one spoken turn, time to first audio (rendering included), median of", args.probes)
     print(f"{'frames':>6} {'image tokens':>12} {'first audio s':>14} {'vs ' + str(args.frames[0]) + ' frames':>12}")
@@ -187,7 +217,8 @@ def main() -> None:
         print(f"{'frames':>6} {'call s':>8} {'per frame s':>12}")
         for row in encoder:
             print(f"{row['frames']:>6} {row['call_s']:>8.3f} {row['per_frame_s']:>12.3f}")
-    write_report(args.out, {"machine": machine(threads=args.threads), "ttfa": ttfa, "encoder": encoder})
+    report = {"machine": machine(threads=args.threads), "sampling": sampling, "ttfa": ttfa, "encoder": encoder}
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":
