@@ -52,8 +52,12 @@ from app.realtime.protocol import (
 )
 from app.webrtc.client_events import ClientError, RealtimeClientBase
 from app.webrtc.ice import loopback_candidates, rtc_configuration
-from media.inbound import release_audio_promptly
+from app.webrtc.network import CallNetwork
+from app.webrtc.sdp import with_opus_inband_fec
+from media.jitter_buffer import ReceiveStats
+from media.opus import OpusTrack
 from media.pacing import FRAME_SAMPLES, FramePacer
+from media.playout import receive_audio
 from media.rates import SPEECH_RATE, WIRE_RATE
 
 logger = logging.getLogger(__name__)
@@ -167,10 +171,14 @@ class MicrophoneTrack(MediaStreamTrack):
 
 @dataclass
 class _Received:
-    """Every frame from the server: mono float32 at 48 kHz, with its arrival time."""
+    """Every frame from the server: mono float32 at 48 kHz, with its arrival time, its RTP time
+    (``pts``, 48 kHz from the stream's first packet) and where its audio came from (``"packet"``,
+    or ``"fec"``/``"plc"`` for a frame the jitter buffer rebuilt or concealed)."""
 
     chunks: list[np.ndarray] = field(default_factory=list)
     arrived_at: list[float] = field(default_factory=list)
+    pts: list[int] = field(default_factory=list)
+    origins: list[str] = field(default_factory=list)
 
     def add(self, frame: av.AudioFrame) -> None:
         array = frame.to_ndarray()
@@ -185,6 +193,8 @@ class _Received:
             mono = soxr.resample(mono, frame.sample_rate, WIRE_RATE)
         self.chunks.append(mono.astype(np.float32))
         self.arrived_at.append(time.monotonic())
+        self.pts.append(int(frame.pts or 0))
+        self.origins.append(frame.opaque if isinstance(frame.opaque, str) else "packet")
 
 
 class RealtimeClient(RealtimeClientBase):
@@ -201,6 +211,7 @@ class RealtimeClient(RealtimeClientBase):
         offer_candidates: bool = True,
         timeout_s: float = 120.0,
         server_silence_timeout_s: float = SERVER_SILENCE_TIMEOUT_S,
+        jitter_buffer: bool = True,
     ) -> None:
         """``url`` is the server's base URL; ``session`` goes with the offer (multipart).
 
@@ -208,7 +219,10 @@ class RealtimeClient(RealtimeClientBase):
         before gathering do; the server then learns this peer as peer-reflexive.
         ``timeout_s`` bounds connecting and each turn. Once the server has been heard, no audio
         frame from it for ``server_silence_timeout_s`` ends the call (``ended``), and waiting
-        for events or a turn raises :class:`ClientError` saying so.
+        for events or a turn raises :class:`ClientError` saying so. The answer's audio goes through
+        the same jitter buffer as the server's inbound audio (``jitter_buffer=False``: aiortc's own
+        path, no concealment); the microphone is Opus-encoded with in-band FEC tuned to the loss
+        the server reports, as browsers do.
         """
         self.url = url.rstrip("/")
         self._api_key = api_key
@@ -220,6 +234,10 @@ class RealtimeClient(RealtimeClientBase):
         self.call_location: str | None = None
         self._pc: RTCPeerConnection | None = None
         self._microphone = MicrophoneTrack()
+        self._jitter_buffer = jitter_buffer
+        self._network: CallNetwork | None = None
+        self._source: MediaStreamTrack | None = None  # the answer's audio as read: the jitter buffer's track
+        self.receive_stats: ReceiveStats | None = None  # the answer's jitter buffer, once its track arrives
         self._received = _Received()
         self._receiver: asyncio.Task[None] | None = None
         self._channel_open = asyncio.Event()
@@ -237,21 +255,19 @@ class RealtimeClient(RealtimeClientBase):
         self._channel = channel
         channel.on("open", self._channel_open.set)
         channel.on("message", self._on_message)
-        pc.addTrack(self._microphone)
-        for transceiver in pc.getTransceivers():
-            # Frames are recorded, not played: hand each on as it arrives, as the server does
-            # (aiortc's default holds 4 packets, 80 ms, which would count as answer latency).
-            if transceiver.kind == "audio":
-                release_audio_promptly(transceiver.receiver)
+        microphone = OpusTrack(self._microphone)
+        pc.addTrack(microphone)
+        self._network = CallNetwork(pc, name="client", outbound=microphone)
         pc.on("track", self._on_track)
         pc.on("connectionstatechange", self._on_connection_state)
         with loopback_candidates(self._ice_loopback):
             await pc.setLocalDescription(await pc.createOffer())
-        offer = pc.localDescription.sdp
+        offer = with_opus_inband_fec(pc.localDescription.sdp)  # as browsers offer
         if not self._offer_candidates:
             offer = re.sub(r"^a=(candidate|end-of-candidates).*\r?\n", "", offer, flags=re.MULTILINE)
         answer = await self._post_offer(offer)
         await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+        self._network.start()
         async with asyncio.timeout(self._timeout_s):
             await self._channel_open.wait()
             await self.wait_for(event_type(SessionCreatedEvent))
@@ -280,6 +296,8 @@ class RealtimeClient(RealtimeClientBase):
         """Hangs up (closes the peer connection, as a browser tab does). Safe twice."""
         if self.ended is None:
             self.ended = "hung up"
+        if self._network is not None:
+            await self._network.close()
         if self._pc is not None:
             await self._pc.close()
         self._microphone.stop()
@@ -288,10 +306,20 @@ class RealtimeClient(RealtimeClientBase):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._receiver
             self._receiver = None
+        if self._source is not None:
+            self._source.stop()
 
     def _on_track(self, track: MediaStreamTrack) -> None:
-        if track.kind == "audio" and self._receiver is None:
-            self._receiver = asyncio.create_task(self._receive(track), name="client audio receiver")
+        if track.kind != "audio" or self._receiver is not None:
+            return
+        assert self._pc is not None
+        receiver = next(t.receiver for t in self._pc.getTransceivers() if t.receiver.track is track)
+        # Frames are recorded, not played: each is handed on as soon as it is due (in order, or
+        # concealed at its deadline), as the server's inbound audio is.
+        source = receive_audio(receiver, jitter_buffer=self._jitter_buffer)
+        self._source = source
+        self.receive_stats = getattr(source, "stats", None)
+        self._receiver = asyncio.create_task(self._receive(source), name="client audio receiver")
 
     async def _receive(self, track: MediaStreamTrack) -> None:
         silence_s = self._server_silence_timeout_s
