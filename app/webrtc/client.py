@@ -25,6 +25,7 @@ import logging
 import re
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,6 +213,7 @@ class RealtimeClient(RealtimeClientBase):
         timeout_s: float = 120.0,
         server_silence_timeout_s: float = SERVER_SILENCE_TIMEOUT_S,
         jitter_buffer: bool = True,
+        answer_filter: Callable[[str], str] | None = None,
     ) -> None:
         """``url`` is the server's base URL; ``session`` goes with the offer (multipart).
 
@@ -222,7 +224,8 @@ class RealtimeClient(RealtimeClientBase):
         for events or a turn raises :class:`ClientError` saying so. The answer's audio goes through
         the same jitter buffer as the server's inbound audio (``jitter_buffer=False``: aiortc's own
         path, no concealment); the microphone is Opus-encoded with in-band FEC tuned to the loss
-        the server reports, as browsers do.
+        the server reports, as browsers do. ``answer_filter``, when given, rewrites the server's
+        SDP answer before it is used (tests route a call through an impairing relay with it).
         """
         self.url = url.rstrip("/")
         self._api_key = api_key
@@ -235,6 +238,7 @@ class RealtimeClient(RealtimeClientBase):
         self._pc: RTCPeerConnection | None = None
         self._microphone = MicrophoneTrack()
         self._jitter_buffer = jitter_buffer
+        self._answer_filter = answer_filter
         self._network: CallNetwork | None = None
         self._source: MediaStreamTrack | None = None  # the answer's audio as read: the jitter buffer's track
         self.receive_stats: ReceiveStats | None = None  # the answer's jitter buffer, once its track arrives
@@ -266,6 +270,8 @@ class RealtimeClient(RealtimeClientBase):
         if not self._offer_candidates:
             offer = re.sub(r"^a=(candidate|end-of-candidates).*\r?\n", "", offer, flags=re.MULTILINE)
         answer = await self._post_offer(offer)
+        if self._answer_filter is not None:
+            answer = self._answer_filter(answer)
         await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
         self._network.start()
         async with asyncio.timeout(self._timeout_s):
