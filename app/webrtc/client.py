@@ -86,6 +86,7 @@ class TurnResult:
     response: dict[str, Any]  # the response object of response.done
     audio: np.ndarray  # answer audio as received: float32 mono, 48 kHz, first to last audible frame
     latency_s: float | None  # last utterance sample sent -> first audible frame received
+    spoken_at: float = 0.0  # monotonic time the utterance's last sample was sent
     # Seconds of audible frames in ``audio``; less than its length when playback stalled (the
     # engine fell behind real time) or the answer pauses.
     audible_seconds: float = 0.0
@@ -126,6 +127,17 @@ class TurnResult:
 
     def event_types(self) -> list[str]:
         return [event["type"] for event in self.events]
+
+
+@dataclass(frozen=True)
+class ReceivedFrame:
+    """One received frame: its RTP time (48 kHz, from the stream's first packet), where its audio
+    came from (``"packet"``, ``"fec"``, ``"plc"``), its arrival (monotonic) and its peak level."""
+
+    pts: int
+    origin: str
+    arrived_at: float
+    peak: float
 
 
 class MicrophoneTrack(MediaStreamTrack):
@@ -248,6 +260,7 @@ class RealtimeClient(RealtimeClientBase):
         self._channel: RTCDataChannel | None = None
         self._server_silence_timeout_s = server_silence_timeout_s
         self._heard_at: float | None = None  # monotonic time of the server's last frame or event
+        self.event_arrivals: list[float] = []  # monotonic arrival time of each of ``events``
         self.ended: str | None = None  # why the call ended (the server closed it or went silent, or close()); None while it runs
 
     # -- connection ------------------------------------------------------------------
@@ -373,6 +386,7 @@ class RealtimeClient(RealtimeClientBase):
             return
         self._heard_at = time.monotonic()
         self.events.append(event)
+        self.event_arrivals.append(self._heard_at)
         self._notify()
 
     async def send(self, event: dict[str, Any]) -> None:
@@ -393,6 +407,17 @@ class RealtimeClient(RealtimeClientBase):
     def frames_received(self) -> int:
         """Audio frames received so far; a mark for :meth:`audio_since`."""
         return len(self._received.chunks)
+
+    def frames_since(self, mark: int) -> list[ReceivedFrame]:
+        """Each frame received from frame ``mark`` on, as the answer's timeline sees it."""
+        received = self._received
+        return [
+            ReceivedFrame(pts=pts, origin=origin, arrived_at=at, peak=float(np.max(np.abs(chunk), initial=0.0)))
+            for pts, origin, at, chunk in zip(
+                received.pts[mark:], received.origins[mark:], received.arrived_at[mark:], received.chunks[mark:],
+                strict=True,
+            )
+        ]
 
     def audio_since(self, mark: int) -> np.ndarray:
         """Everything received from frame ``mark`` on: float32 mono at 48 kHz, silence included."""
@@ -429,6 +454,7 @@ class RealtimeClient(RealtimeClientBase):
             audible_seconds=audible_samples / WIRE_RATE,
             audio=audio,
             latency_s=None if first_audible_at is None else first_audible_at - spoken_at,
+            spoken_at=spoken_at,
         )
 
     def _expects_playback(self, first_event: int, response: dict[str, Any]) -> bool:
