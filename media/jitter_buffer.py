@@ -16,7 +16,9 @@ slot has a deadline and the timeline never stops:
   ``MAX_DEPTH_S``. Loopback gives ~25 ms; 30 ms of jitter ~55 ms.
 
 With nothing buffered at all, concealment goes on for ``MAX_IDLE_CONCEAL_S`` and then pauses (the
-peer stopped sending, or a long outage); when packets come back, the gap is filled with concealment
+peer stopped sending, or a long outage), at most one frame per frame period: after this process
+stalled, its socket holds packets it has not read yet, and concealing every slot whose deadline
+passed during the stall would turn them all late; when packets come back, the gap is filled with concealment
 up to ``MAX_FILL_S`` so that N seconds spoken are N seconds heard, and past that the timeline
 jumps to the new packet. Everything here is plain computation on the times it is given.
 """
@@ -128,6 +130,7 @@ class AudioJitterBuffer:
         self._next_timestamp = 0  # playout position: the first sample not yet released
         self._frame_samples = DEFAULT_FRAME_SAMPLES
         self._idle_concealed = 0  # samples concealed in a row with nothing buffered
+        self._idle_concealed_at = float("-inf")  # when the last of them was
         self._decoded: deque[int] = deque(maxlen=_RECENT_SEQUENCES)
         self._last_arrival: tuple[float, int] | None = None  # arrival, timestamp: RFC 3550 jitter
 
@@ -169,8 +172,10 @@ class AudioJitterBuffer:
         head = self._head()
         if head is not None and head.timestamp < self._next_timestamp + _GRANULE:
             return float("-inf")
-        if head is None and self._idle_concealed >= MAX_IDLE_CONCEAL_S * self._rate:
-            return None
+        if head is None:
+            if self._idle_concealed >= MAX_IDLE_CONCEAL_S * self._rate:
+                return None
+            return max(self._deadline(self._next_timestamp), self._idle_concealed_at + self._frame_samples / self._rate)
         return self._deadline(self._next_timestamp)
 
     def pop(self, now: float) -> list[PlayoutFrame]:
@@ -184,8 +189,10 @@ class AudioJitterBuffer:
             if now < self._deadline(self._next_timestamp):
                 break
             if head is None:
-                if self._idle_concealed >= MAX_IDLE_CONCEAL_S * self._rate:
+                paused = self._idle_concealed >= MAX_IDLE_CONCEAL_S * self._rate
+                if paused or now < self._idle_concealed_at + self._frame_samples / self._rate:
                     break
+                self._idle_concealed_at = now
                 frames.append(self._conceal(self._frame_samples, idle=True))
                 continue
             gap = head.timestamp - self._next_timestamp
@@ -257,6 +264,7 @@ class AudioJitterBuffer:
         del self._buffer[packet.sequence]
         self._decoded.append(packet.sequence)
         self._idle_concealed = 0
+        self._idle_concealed_at = float("-inf")
         try:
             pcm = self._decoder.decode(packet.payload)
         except OpusError as exc:

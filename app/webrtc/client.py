@@ -87,6 +87,9 @@ class TurnResult:
     audio: np.ndarray  # answer audio as received: float32 mono, 48 kHz, first to last audible frame
     latency_s: float | None  # last utterance sample sent -> first audible frame received
     spoken_at: float = 0.0  # monotonic time the utterance's last sample was sent
+    # Where the utterance began in the microphone's stream (ms of audio sent before it, silence
+    # included): against the server's audio_start_ms it shows how much of the stream was heard.
+    spoken_from_ms: float = 0.0
     # Seconds of audible frames in ``audio``; less than its length when playback stalled (the
     # engine fell behind real time) or the answer pauses.
     audible_seconds: float = 0.0
@@ -151,6 +154,12 @@ class MicrophoneTrack(MediaStreamTrack):
         self._offset = 0  # samples of _pending[0] already sent
         self._pacer = FramePacer()
         self._drained: asyncio.Future[float] | None = None
+
+    @property
+    def queued_until_ms(self) -> float:
+        """Where audio queued now will start in the stream: ms sent so far plus ms still queued."""
+        queued = sum(len(chunk) for chunk in self._pending) - self._offset
+        return (self._pacer.pts + queued) * 1000 / WIRE_RATE
 
     def play(self, pcm48k: np.ndarray) -> asyncio.Future[float]:
         """Queues float32 audio; the future resolves to the wall time its last sample was sent."""
@@ -338,6 +347,8 @@ class RealtimeClient(RealtimeClientBase):
         source = receive_audio(receiver, jitter_buffer=self._jitter_buffer)
         self._source = source
         self.receive_stats = getattr(source, "stats", None)
+        if self._network is not None:
+            self._network.watch_inbound(source)
         self._receiver = asyncio.create_task(self._receive(source), name="client audio receiver")
 
     async def _receive(self, track: MediaStreamTrack) -> None:
@@ -431,6 +442,7 @@ class RealtimeClient(RealtimeClientBase):
         """
         first_event = len(self.events)
         first_frame = len(self._received.chunks)
+        spoken_from_ms = self._microphone.queued_until_ms
         try:
             async with asyncio.timeout(self._timeout_s):
                 spoken_at = await self.say(pcm16k)
@@ -455,6 +467,7 @@ class RealtimeClient(RealtimeClientBase):
             audio=audio,
             latency_s=None if first_audible_at is None else first_audible_at - spoken_at,
             spoken_at=spoken_at,
+            spoken_from_ms=spoken_from_ms,
         )
 
     def _expects_playback(self, first_event: int, response: dict[str, Any]) -> bool:

@@ -207,7 +207,7 @@ class CallNetwork:
             self._warned = True
             logger.warning(
                 "call %s: %.0f %% of the peer's audio packets and %.0f %% of ours lost over the last %d s "
-                "(the network, not the server: speech is concealed, turns go on)",
+                "(a bad network: lost audio is concealed, turns go on)",
                 self._name, inbound_loss * 100, peer_loss * 100, LOSS_MEMORY_SAMPLES * self._interval_s,
             )
         elif worst <= LOSS_WARNING:

@@ -20,9 +20,11 @@ Per condition (medians over its turns unless said):
 - ``commit_ms``: the utterance's last sample sent -> ``input_audio_buffer.committed`` at the client;
   ``late_commit_ms``: the most any turn committed later than the same utterance's median at 0 %
   (target at 5 %: <= 150);
-- ``heard_pct``: the least, over turns, of the speech the server's VAD heard (speech_started ->
-  speech_stopped on the session's input timeline) against the same utterance's median at 0 %
-  (target at 5 %: >= 98; the VAD's 32 ms windows make ~1.5 % of a 2 s utterance its resolution);
+- ``heard_pct``: how much of what the client sent the server's input timeline holds (the audio
+  the VAD and the prompt are cut from): from one utterance's start to the next, the advance of
+  ``speech_started.audio_start_ms`` against the microphone stream's own (``TurnResult.spoken_from_ms``),
+  the least over the call's intervals (target at 5 %: >= 98; ~7 s intervals and the VAD's 32 ms
+  windows make ~0.5 % its resolution);
 - ``srv_fec``/``srv_plc``/``srv_late``: inbound frames the server rebuilt from FEC, concealed by
   PLC, and packets it dropped as late, over the call (``response.done``'s ``latency.network``;
   none before: aiortc's path neither measures nor conceals);
@@ -78,7 +80,8 @@ class Turn:
     utterance: str
     ok: bool
     commit_ms: float | None = None
-    heard_ms: float | None = None  # speech_started -> speech_stopped on the server's input timeline
+    spoken_from_ms: float | None = None  # the utterance's start in the microphone's stream
+    heard_from_ms: float | None = None  # speech_started's audio_start_ms: the same on the server's timeline
     answer_intact_pct: float | None = None
     answer_gap_ms: float | None = None
     error: str | None = None
@@ -122,10 +125,10 @@ async def one_turn(client: RealtimeClient, name: str) -> Turn:
     for event, arrived in zip(events, arrivals, strict=True):
         if event["type"] == "input_audio_buffer.committed" and turn.commit_ms is None:
             turn.commit_ms = (arrived - result.spoken_at) * 1000
-    started = next((e["audio_start_ms"] for e in events if e["type"] == "input_audio_buffer.speech_started"), None)
-    stopped = next((e["audio_end_ms"] for e in events if e["type"] == "input_audio_buffer.speech_stopped"), None)
-    if started is not None and stopped is not None:
-        turn.heard_ms = stopped - started
+    turn.spoken_from_ms = result.spoken_from_ms
+    turn.heard_from_ms = next(
+        (e["audio_start_ms"] for e in events if e["type"] == "input_audio_buffer.speech_started"), None
+    )
     timeline = answer_timeline(client.frames_since(first_frame))
     if timeline is not None:
         turn.answer_intact_pct, turn.answer_gap_ms = timeline
@@ -166,20 +169,21 @@ def summarise(conditions: list[Condition]) -> dict[tuple[str, str], dict[str, An
             if turns:
                 reference[(condition.label, utterance)] = {
                     "commit_ms": statistics.median(t.commit_ms for t in turns),  # type: ignore[misc]
-                    "heard_ms": statistics.median(t.heard_ms for t in turns if t.heard_ms is not None),
                 }
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for condition in conditions:
         turns = condition.turns
-        late, heard = [], []
+        late = []
         for turn in turns:
             ref = reference.get((condition.label, turn.utterance))
-            if ref is None:
-                continue
-            if turn.commit_ms is not None:
+            if ref is not None and turn.commit_ms is not None:
                 late.append(turn.commit_ms - ref["commit_ms"])
-            if turn.heard_ms is not None and ref["heard_ms"]:
-                heard.append(100 * turn.heard_ms / ref["heard_ms"])
+        heard = []
+        for before, after in zip(turns, turns[1:]):
+            if None in (before.heard_from_ms, after.heard_from_ms, before.spoken_from_ms, after.spoken_from_ms):
+                continue
+            sent = after.spoken_from_ms - before.spoken_from_ms  # type: ignore[operator]
+            heard.append(100 * (after.heard_from_ms - before.heard_from_ms) / sent)  # type: ignore[operator]
         network = condition.server_network or {}
         commits = [t.commit_ms for t in turns if t.commit_ms is not None]
         intact = [t.answer_intact_pct for t in turns if t.answer_intact_pct is not None]

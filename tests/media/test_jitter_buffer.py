@@ -152,11 +152,14 @@ def test_concealment_pauses_when_the_peer_stops_and_fills_the_gap_when_it_resume
     buffer = AudioJitterBuffer()
     push(buffer, packets, [0, 1, 2])
     frames = buffer.pop(T0 + 5.0)  # nothing more for seconds
+    assert [frame.origin for frame in frames] == ["packet"] * 3 + ["plc"]  # one frame per period, not a burst
+    for tick in range(1, 20):
+        frames += buffer.pop(T0 + 5.0 + tick * FRAME_S)
     concealed = [frame for frame in frames if frame.origin == "plc"]
     assert sum(frame.pcm.size for frame in concealed) == MAX_IDLE_CONCEAL_S * 48_000
     assert buffer.next_deadline() is None  # paused: nothing to do until a packet comes
     push(buffer, packets, [30])  # 27 frames (540 ms) after the last one: the gap is filled
-    timeline = frames + buffer.pop(T0 + 5.0)
+    timeline = frames + buffer.pop(T0 + 6.0)
     assert [frame.timestamp for frame in timeline[:31]] == [index * FRAME for index in range(31)]
     assert timeline[30].origin == "packet"
 
@@ -187,3 +190,17 @@ def test_an_undecodable_packet_is_concealed_and_logged(caplog: pytest.LogCapture
         frames = buffer.pop(T0 + 1.0)
     assert [frame.origin for frame in frames][:3] == ["packet", "plc", "packet"]
     assert "undecodable" in caplog.text
+
+
+def test_after_a_stall_of_this_process_unread_packets_are_not_turned_late() -> None:
+    packets = speech_packets(0)
+    buffer = AudioJitterBuffer()
+    push(buffer, packets, [0, 1, 2])
+    buffer.pop(T0 + 2 * FRAME_S)
+    stalled_until = T0 + 0.5  # the loop was blocked: packets 3-24 wait unread in the socket
+    assert [frame.origin for frame in buffer.pop(stalled_until)] == ["plc"]  # one slot, not 22
+    for sequence in range(3, 25):
+        buffer.push(sequence, sequence * FRAME, packets[sequence], stalled_until)
+    frames = buffer.pop(stalled_until)
+    assert [frame.origin for frame in frames] == ["packet"] * 21
+    assert buffer.stats.packets_late == 1  # only the one whose slot was concealed
