@@ -11,9 +11,12 @@ slot has a deadline and the timeline never stops:
 - the deadline of the slot at RTP time ``t`` is ``base + t / rate + depth``: ``base`` is the
   smallest transit offset (arrival - t / rate) of the last ``DELAY_WINDOW`` packets (2 s), so the
   fastest recent packet sets the clock and the sender's clock drift is followed; ``depth`` is one
-  frame (the next packet must be here to lend its FEC) plus the 95th percentile of how much later
-  than the fastest the recent packets came, plus ``DEPTH_SLACK_S``, within ``MIN_DEPTH_S`` and
-  ``MAX_DEPTH_S``. Loopback gives ~25 ms; 30 ms of jitter ~55 ms.
+  frame (the next packet must be here to lend its FEC) plus the most any of those packets came
+  later than the fastest, plus ``DEPTH_SLACK_S``, within ``MIN_DEPTH_S`` and ``MAX_DEPTH_S``.
+  Loopback gives 30 ms; 30 ms of jitter ~55 ms. The most, not a percentile: depth costs nothing
+  while packets come in order (they never wait for a deadline), and one packet that came 80 ms
+  late (a stalled sender or a stalled receiving loop) had better find the next hole's deadline
+  80 ms later for the next 2 s than be turned late again.
 
 With nothing buffered at all, concealment goes on for ``MAX_IDLE_CONCEAL_S`` and then pauses (the
 peer stopped sending, or a long outage), at most one frame per frame period: after this process
@@ -43,7 +46,6 @@ START_DEPTH_S = 0.04  # until DEPTH_MIN_PACKETS have measured the jitter
 MAX_DEPTH_S = 0.12
 DEPTH_SLACK_S = 0.005  # the loop's timer lateness (media/pacing.py: p99 ~5 ms)
 DEPTH_MIN_PACKETS = 10
-DELAY_QUANTILE = 0.95
 MAX_IDLE_CONCEAL_S = 0.2
 MAX_FILL_S = 1.0
 DEFAULT_FRAME_SAMPLES = 960  # 20 ms at 48 kHz: every browser's Opus ptime
@@ -104,8 +106,7 @@ class _Clock:
         self.offsets.append(offset)
         self.base = min(self.offsets)
         if len(self.offsets) >= DEPTH_MIN_PACKETS:
-            ordered = sorted(self.offsets)
-            spread = ordered[int(DELAY_QUANTILE * (len(ordered) - 1))] - self.base
+            spread = max(self.offsets) - self.base
             self.depth = min(max(frame_s + spread + DEPTH_SLACK_S, MIN_DEPTH_S), MAX_DEPTH_S)
 
 

@@ -13,7 +13,7 @@ Each sample:
   highest fraction the peer reported in the last ``LOSS_MEMORY_SAMPLES`` (5 s), since a fraction
   is over ~50 packets and noisy (at 5 % loss one report says 2 %, the next 8 %);
 - logs a warning when the loss of either direction over that window passes ``LOSS_WARNING`` (10 %),
-  once until it has fallen back under it;
+  once until it has fallen back under half of it (a loss hovering around 10 % is one warning);
 - reports the figures to an observer (metrics), which also gets them once more at the end.
 
 ``response.done`` carries the figures as they stand (``latency.network``: :meth:`annotate`).
@@ -210,5 +210,5 @@ class CallNetwork:
                 "(a bad network: lost audio is concealed, turns go on)",
                 self._name, inbound_loss * 100, peer_loss * 100, LOSS_MEMORY_SAMPLES * self._interval_s,
             )
-        elif worst <= LOSS_WARNING:
+        elif worst <= LOSS_WARNING / 2:
             self._warned = False

@@ -23,7 +23,7 @@ Per condition (medians over its turns unless said):
 - ``heard_pct``: how much of what the client sent the server's input timeline holds (the audio
   the VAD and the prompt are cut from): from one utterance's start to the next, the advance of
   ``speech_started.audio_start_ms`` against the microphone stream's own (``TurnResult.spoken_from_ms``),
-  the least over the call's intervals (target at 5 %: >= 98; ~7 s intervals and the VAD's 32 ms
+  the least over the call's intervals from its second utterance on (needs ``--turns`` >= 3) (target at 5 %: >= 98; ~7 s intervals and the VAD's 32 ms
   windows make ~0.5 % its resolution);
 - ``srv_fec``/``srv_plc``/``srv_late``: inbound frames the server rebuilt from FEC, concealed by
   PLC, and packets it dropped as late, over the call (``response.done``'s ``latency.network``;
@@ -179,7 +179,9 @@ def summarise(conditions: list[Condition]) -> dict[tuple[str, str], dict[str, An
             if ref is not None and turn.commit_ms is not None:
                 late.append(turn.commit_ms - ref["commit_ms"])
         heard = []
-        for before, after in zip(turns, turns[1:]):
+        # From the second utterance on: the first one's audio_start_ms can be clamped at 0 by the
+        # prefix padding (the call's first 300 ms).
+        for before, after in zip(turns[1:], turns[2:]):
             if None in (before.heard_from_ms, after.heard_from_ms, before.spoken_from_ms, after.spoken_from_ms):
                 continue
             sent = after.spoken_from_ms - before.spoken_from_ms  # type: ignore[operator]

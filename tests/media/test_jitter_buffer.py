@@ -176,7 +176,7 @@ def test_depth_follows_the_jitter_within_its_bounds() -> None:
     for sequence in range(40):
         wild.push(sequence, sequence * FRAME, packets[sequence], T0 + sequence * FRAME_S + rng.uniform(0, 0.5))
     assert steady.depth_s == pytest.approx(0.03)  # the least: one frame for the next packet's FEC, and slack
-    assert 0.045 < jittery.depth_s < 0.06  # 20 ms + ~28 ms (95th percentile of 0-30 ms) + 5 ms
+    assert 0.045 < jittery.depth_s < 0.056  # 20 ms + up to 30 ms (the most of 0-30 ms) + 5 ms
     assert wild.depth_s == MAX_DEPTH_S
     assert jittery.stats.jitter_s > steady.stats.jitter_s
 
