@@ -102,6 +102,12 @@ class Metrics:
             "task: respond (an answer) or transcribe (input transcription).",
             ["task"], buckets=LATENCY_BUCKETS, registry=r,
         )
+        self.engine_first_audio = Histogram(
+            "omni_rtc_engine_first_audio_seconds",
+            "Engine: from turn submission to the answer's first audio chunk (includes queue wait); "
+            "for a vLLM-Omni engine, from sending the request to its first audio chunk.",
+            ["task"], buckets=LATENCY_BUCKETS, registry=r,
+        )
         self.engine_queue_wait = Histogram(
             "omni_rtc_engine_queue_wait_seconds",
             "Engine: time a turn waited for the engine before it started; task: respond or transcribe.",
