@@ -112,6 +112,7 @@ class ReceivedRequest:
     chunks_planned: int = 0
     chunks_sent: int = 0
     audio_chunks_sent: int = 0
+    first_audio_at: float | None = None  # the first audio chunk sent
     done_at: float | None = None  # [DONE] sent
     closed_at: float | None = None  # the client went away before [DONE]
     ended: threading.Event = field(default_factory=threading.Event)
@@ -125,9 +126,9 @@ class ReceivedRequest:
         return self.ended.wait(timeout_s)
 
 
-def answer_audio() -> np.ndarray:
-    """The recorded answer: long_story.wav (espeak-ng, 16 kHz) at Qwen3-Omni's 24 kHz."""
-    pcm, rate = soundfile.read(FIXTURES / "long_story.wav", dtype="float32")
+def answer_audio(name: str = "long_story") -> np.ndarray:
+    """A speech fixture (espeak-ng, 16 kHz) at Qwen3-Omni's 24 kHz, as an answer's audio."""
+    pcm, rate = soundfile.read(FIXTURES / f"{name}.wav", dtype="float32")
     return soxr.resample(pcm, rate, VOICE_RATE).astype(np.float32)
 
 
@@ -141,6 +142,7 @@ class ReplayServer:
     def __init__(self, *, pace: Pace | None = None, api_key: str | None = None, port: int = 0) -> None:
         self.pace = pace or Pace()
         self.api_key = api_key
+        # What every answer says (its text cut into "tokens" at spaces) and speaks; tests may swap them.
         self.answer_text = ANSWER_TEXT
         self.answer = answer_audio()
         self.transcript = TRANSCRIPT
@@ -354,7 +356,9 @@ class ReplayServer:
                     raise ConnectionAbortedError("the replay cuts the connection")  # uvicorn closes it
                 yield f"data: {data}\n\n"
                 received.chunks_sent += 1
-                received.audio_chunks_sent += '"modality":"audio"' in data
+                if '"modality":"audio"' in data:
+                    received.audio_chunks_sent += 1
+                    received.first_audio_at = received.first_audio_at or time.monotonic()
             received.done_at = time.monotonic()
         finally:
             if received.done_at is None:
