@@ -211,8 +211,9 @@ async def _one_session(args: argparse.Namespace, index: int, utterances: list[tu
     import soundfile
     from websockets.exceptions import WebSocketException
 
-    from app.web.socket_client import RealtimeSocketClient
-    from app.webrtc.client import ClientError, RealtimeClient
+    from app.client.base import ClientError
+    from app.client.webrtc import RealtimeClient
+    from app.client.websocket import RealtimeSocketClient
 
     result: dict[str, Any] = {"session": index, "call": None, "turns": [], "ok": False, "error": None}
     out_dir = args.out / f"session-{index}" if args.sessions > 1 else args.out
