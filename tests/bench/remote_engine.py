@@ -35,8 +35,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from harness import free_port, machine, wait_until_healthy, write_report  # noqa: E402
 
-from app.web.socket_client import RealtimeSocketClient  # noqa: E402
-from app.webrtc.client import RealtimeClient  # noqa: E402
+from app.client.webrtc import RealtimeClient  # noqa: E402
+from app.client.websocket import RealtimeSocketClient  # noqa: E402
 from tests.vllm_omni_replay import Pace, ReplayServer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

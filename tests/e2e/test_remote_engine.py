@@ -28,9 +28,9 @@ import numpy as np
 import pytest
 import soundfile
 
+from app.client.webrtc import AUDIBLE_PEAK, RealtimeClient
+from app.client.websocket import RealtimeSocketClient
 from app.web.cli import read_utterance
-from app.web.socket_client import RealtimeSocketClient
-from app.webrtc.client import AUDIBLE_PEAK, RealtimeClient
 from tests.e2e.conftest import SHUTDOWN_DEADLINE_S, free_port, get_json
 from tests.vllm_omni_replay import (
     ANSWER_TEXT,
