@@ -116,7 +116,7 @@ async def ended(request: ReceivedRequest) -> None:
     assert await asyncio.to_thread(request.wait_ended, DEADLINE_S)
 
 
-async def text_turn(client: RealtimeSocketClient, text: str) -> dict[str, Any]:
+async def text_turn(client: RealtimeClient | RealtimeSocketClient, text: str) -> dict[str, Any]:
     """A typed user message and its response; the response's ``response.done``."""
     start = len(client.events)
     await client.send({"type": "conversation.item.create",
@@ -249,6 +249,21 @@ async def test_an_engine_server_failure_fails_the_turn_and_the_session_goes_on(
     assert error["code"] == code
     assert "Internal server error" not in error["message"]  # a fixed message, never the server's text
     assert served["status"] == "completed" and served["output"][0]["content"][0]["text"] == HELLO
+
+
+async def test_webrtc_an_engine_server_failure_fails_the_turn_and_the_call_goes_on(
+    server_url: str, replay: ReplayServer
+) -> None:
+    """The same through a media worker: its turn runs on the front's engine over IPC."""
+    text_only = {**SESSION, "output_modalities": ["text"]}
+    async with RealtimeClient(server_url, ice_loopback=True, session=text_only, timeout_s=DEADLINE_S) as client:
+        replay.fail_next("malformed_chunk")
+        start = len(client.events)
+        failed = await text_turn(client, "Hello?")
+        error = (await client.wait_for("error", start=start))["error"]
+        served = await text_turn(client, "Hello again?")
+    assert failed["status"] == "failed" and error["code"] == "engine_protocol_error"
+    assert served["status"] == "completed"
 
 
 async def test_an_unreachable_engine_server_fails_turns_and_shows_in_healthz(server_url: str, replay: ReplayServer) -> None:
