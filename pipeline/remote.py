@@ -22,7 +22,7 @@ error, reports an error in its stream, sends a chunk that is not serving_chat's,
 stream early raises :class:`~pipeline.turn.EngineError` with a code and a fixed message (the
 details go to the log). A stream that stalls is failed by the server's stall timeout
 (app/web/engines.py), which closes it. Each server's reachability (its ``GET /v1/models``,
-asked every ``probe_interval_s`` and told by every turn) is in :meth:`RemoteEngine.describe`.
+asked every ``PROBE_INTERVAL_S`` and told by every turn) is in :meth:`RemoteEngine.describe`.
 """
 
 from __future__ import annotations
@@ -106,18 +106,17 @@ class RemoteEngine:
         api_key: str | None = None,
         model: str | None = None,
         seed: int | None = None,
-        probe_interval_s: float = PROBE_INTERVAL_S,
     ) -> None:
         self.url = url.rstrip("/")
         self.name = model or DEFAULT_NAME
         self._model = model
         self._seed = seed
-        self._probe_interval_s = probe_interval_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.AsyncClient(
             base_url=self.url + "/",
             headers=headers,
-            # No read timeout: a stream that stalls is the stall timeout's (turn_stall_timeout_s).
+            # No read timeout: a stream that stalls is the stall timeout's (turn_stall_timeout_s). A
+            # request body is at most a few MB (the history's audio): seconds even on a slow link.
             timeout=httpx.Timeout(connect=CONNECT_TIMEOUT_S, read=None, write=30.0, pool=CONNECT_TIMEOUT_S),
             # One connection per streaming turn; sessions (--max-sessions) bound how many.
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
@@ -194,7 +193,7 @@ class RemoteEngine:
 
     async def _probe_every(self) -> None:
         while True:
-            await asyncio.sleep(self._probe_interval_s)
+            await asyncio.sleep(PROBE_INTERVAL_S)
             await self.probe()
 
     def _reached(self) -> None:
