@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from app.client.turn import TurnResult
+from app.client.webrtc import RealtimeClient
 from app.web.cli import read_utterance
-from app.webrtc.client import RealtimeClient, TurnResult
 from media.jitter_buffer import ReceiveStats
 from tests.netem import DirectionCounts, ImpairedRelay, Impairment
 
