@@ -48,13 +48,14 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat
 
 from media.rates import SPEECH_RATE
 from pipeline.conversation import (
-    IMAGE_NOTE,
     AssistantText,
     Conversation,
     ConversationItem,
     UserAudio,
     UserImage,
     UserText,
+    asr_instruction,
+    bound_history,
 )
 from pipeline.images import MIN_PIXELS, decode_rgb
 from pipeline.tokenizer import load_tokenizer
@@ -70,20 +71,6 @@ VISION_END = "<|vision_end|>"
 IMAGE_PAD = "<|image_pad|>"
 MEL_BINS = 128
 
-# Qwen3-Omni's README: its 19 speech input languages (ISO-639-1 codes; Cantonese has none,
-# "yue" is its ISO-639-3 code) and its ASR prompts.
-ASR_LANGUAGES = {
-    "en": "English", "zh": "Chinese", "yue": "Cantonese", "ko": "Korean", "ja": "Japanese",
-    "de": "German", "ru": "Russian", "it": "Italian", "fr": "French", "es": "Spanish",
-    "pt": "Portuguese", "ms": "Malay", "nl": "Dutch", "id": "Indonesian", "tr": "Turkish",
-    "vi": "Vietnamese", "ar": "Arabic", "ur": "Urdu",
-}
-ASR_PROMPT = "Transcribe the audio into text."
-ASR_PROMPT_FOR_LANGUAGE = "Transcribe the {language} audio into text."
-ASR_PROMPT_CHINESE = "请将这段中文语音转换为纯文本。"
-
-Turn = tuple[ConversationItem, ...]
-
 
 @dataclass(frozen=True)
 class ThinkerInputs:
@@ -96,82 +83,6 @@ class ThinkerInputs:
     pixel_values: torch.Tensor | None = None  # [patches, 3 * 2 * 16 * 16] float32, every image's in prompt order
     image_grid_thw: torch.Tensor | None = None  # [images, 3] long: (1, patch rows, patch columns)
     image_tokens: int = 0  # expanded <|image_pad|> tokens
-
-
-def split_turns(items: Sequence[ConversationItem]) -> tuple[list[Turn], Turn]:
-    """Past turns (user items up to and including the next assistant item) and the current one.
-
-    The current turn is the user items after the last assistant item: the turn being answered.
-    """
-    turns: list[Turn] = []
-    pending: list[ConversationItem] = []
-    for item in items:
-        pending.append(item)
-        if isinstance(item, AssistantText):
-            turns.append(tuple(pending))
-            pending = []
-    return turns, tuple(pending)
-
-
-def bound_history(conversation: Conversation) -> tuple[ConversationItem, ...]:
-    """The items one turn sees: the current turn plus as many whole past turns as the limits allow.
-
-    Past turns are taken newest first. ``max_turns`` bounds them all. The first turn whose audio
-    would break an audio limit (clip count or seconds) and every older one are kept as text, each
-    clip replaced by its transcript (``UserAudio.transcript``); the first such turn with a clip
-    that has no transcript ends the history. What is kept is always a contiguous, answered
-    stretch right before the current turn, audio for the newest turns and text before them.
-    Images go before audio: the first past turn whose images would take the past turns' image
-    tokens over ``max_image_tokens``, and every older one, keep a note (``IMAGE_NOTE``) for each
-    run of images instead (``noted``). The current turn is always whole.
-    """
-    limits = conversation.limits
-    past, current = split_turns(conversation.items)
-    kept: list[Turn] = []
-    clips = 0
-    seconds = 0.0
-    as_text = False
-    image_tokens = 0
-    images_noted = False
-    for turn in reversed(past):
-        if len(kept) >= limits.max_turns:
-            break
-        audio = [item for item in turn if isinstance(item, UserAudio)]
-        if not as_text:
-            clips += len(audio)
-            seconds += sum(clip.seconds for clip in audio)
-            as_text = clips > limits.max_audio_clips or seconds > limits.max_audio_seconds
-        if as_text:
-            if any(clip.transcript is None for clip in audio):
-                break
-            turn = tuple(UserText(item.transcript or "") if isinstance(item, UserAudio) else item for item in turn)
-        if not images_noted:
-            image_tokens += sum(item.tokens for item in turn if isinstance(item, UserImage))
-            images_noted = image_tokens > limits.max_image_tokens
-        kept.append(noted(turn, drop_images=images_noted))
-    return tuple(item for turn in reversed(kept) for item in turn) + current
-
-
-def noted(items: Sequence[ConversationItem], *, drop_images: bool) -> tuple[ConversationItem, ...]:
-    """``items`` with each image replaced by ``IMAGE_NOTE`` when ``drop_images``, and each run of
-    notes (a camera turn's frames; a history that dropped images one by one) written once."""
-    note = UserText(IMAGE_NOTE)
-    kept: list[ConversationItem] = []
-    for item in items:
-        if drop_images and isinstance(item, UserImage):
-            item = note
-        if not (item == note and kept and kept[-1] == note):
-            kept.append(item)
-    return tuple(kept)
-
-
-def asr_instruction(language: str | None) -> str:
-    """Qwen3-Omni's ASR prompt for ``language`` (ISO-639-1; an unknown one gets the generic prompt)."""
-    code = (language or "").strip().lower()
-    if code == "zh":
-        return ASR_PROMPT_CHINESE
-    name = ASR_LANGUAGES.get(code)
-    return ASR_PROMPT if name is None else ASR_PROMPT_FOR_LANGUAGE.format(language=name)
 
 
 @dataclass(frozen=True)

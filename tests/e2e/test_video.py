@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from app.client.turn import TurnResult
+from app.client.webrtc import RealtimeClient
 from app.web.cli import read_utterance
-from app.webrtc.client import RealtimeClient, TurnResult
 from pipeline.images import image_tokens
 from tests.pictures import write_y4m
 

@@ -22,8 +22,11 @@ from pipeline.conversation import (
     UserAudio,
     UserImage,
     UserText,
+    asr_instruction,
+    bound_history,
+    split_turns,
 )
-from pipeline.prompt import PromptRenderer, ThinkerInputs, asr_instruction, bound_history, split_turns
+from pipeline.prompt import PromptRenderer, ThinkerInputs
 from pipeline.tokenizer import load_tokenizer
 from pipeline.turn import TranscriptionHint, TurnRequest
 from tests.pictures import encoded
