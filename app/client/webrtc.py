@@ -205,6 +205,7 @@ class RealtimeClient(RealtimeClientBase):
         self._offer_candidates = offer_candidates
         super().__init__(timeout_s)
         self.call_location: str | None = None
+        self.answer_sdp: str | None = None  # the server's SDP answer, as used
         self._pc: RTCPeerConnection | None = None
         self._microphone = MicrophoneTrack()
         self.camera = VideoFileTrack(video, fps=video_fps) if video is not None else None
@@ -246,6 +247,7 @@ class RealtimeClient(RealtimeClientBase):
         answer = await self._post_offer(offer)
         if self._answer_filter is not None:
             answer = self._answer_filter(answer)
+        self.answer_sdp = answer
         await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
         self._network.start()
         async with asyncio.timeout(self._timeout_s):

@@ -95,8 +95,7 @@ async def recorded(server_url: str, tmp_path_factory: pytest.TempPathFactory) ->
     video = write_y4m(tmp_path_factory.mktemp("video") / "camera.y4m", width=WIDTH, height=HEIGHT, fps=FPS, frames=40)
     speech = read_utterance(FIXTURES / "weather.wav")
     async with RealtimeClient(server_url, ice_loopback=True, session=SESSION, video=video) as client:
-        assert client._pc is not None
-        answer = client._pc.remoteDescription.sdp
+        answer = client.answer_sdp or ""
         negotiated = "m=video" in answer and "a=recvonly" in answer.split("m=video", 1)[1]
         # Idle: the frames between two manual commits (the microphone sends silence meanwhile).
         await asyncio.sleep(0.5)
