@@ -1,12 +1,19 @@
-"""The conversation a turn is rendered from: items, instructions and the history bound."""
+"""The conversation a turn is rendered from: items, instructions, the history bound, and the prompts
+Qwen3-Omni is given (its spoken-chat system prompt and its ASR instruction).
+
+Nothing here needs torch: the in-process engine (``pipeline.prompt``) and the vLLM-Omni
+client (``pipeline.chat_completions``) render the same conversation.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from media.rates import SPEECH_RATE
+from pipeline.images import image_tokens
 
 # The system prompt the Qwen3-Omni README (github.com/QwenLM/Qwen3-Omni, "Usage Tips", "Prompt for
 # Audio-Visual Interaction") recommends for spoken interaction: the Thinker writes short,
@@ -36,6 +43,18 @@ DEFAULT_SYSTEM_PROMPT = (
     "Keep replies concise and conversational, as if talking face-to-face."
 )
 
+# Qwen3-Omni's README: its 19 speech input languages (ISO-639-1 codes; Cantonese has none,
+# "yue" is its ISO-639-3 code) and its ASR prompts.
+ASR_LANGUAGES = {
+    "en": "English", "zh": "Chinese", "yue": "Cantonese", "ko": "Korean", "ja": "Japanese",
+    "de": "German", "ru": "Russian", "it": "Italian", "fr": "French", "es": "Spanish",
+    "pt": "Portuguese", "ms": "Malay", "nl": "Dutch", "id": "Indonesian", "tr": "Turkish",
+    "vi": "Vietnamese", "ar": "Arabic", "ur": "Urdu",
+}
+ASR_PROMPT = "Transcribe the audio into text."
+ASR_PROMPT_FOR_LANGUAGE = "Transcribe the {language} audio into text."
+ASR_PROMPT_CHINESE = "请将这段中文语音转换为纯文本。"
+
 
 @dataclass(frozen=True)
 class UserAudio:
@@ -43,7 +62,7 @@ class UserAudio:
 
     ``transcript`` (input audio transcription, when the session asked for it) lets the
     utterance stay in the prompt as text once its audio no longer fits the history's audio
-    budget (``pipeline.prompt.bound_history``).
+    budget (:func:`bound_history`).
     """
 
     pcm: np.ndarray
@@ -60,13 +79,34 @@ class UserText:
 
 
 @dataclass(frozen=True)
+class UserImage:
+    """One image the user showed (an ``input_image`` part, or a camera frame): PNG or JPEG bytes,
+    already fitted to its pixel budget (``pipeline.images.fit``), and that budget (``max_pixels``),
+    which the image processor fits it to again (a no-op for an image already fitted)."""
+
+    data: bytes
+    width: int
+    height: int
+    max_pixels: int
+
+    @property
+    def tokens(self) -> int:
+        """Its ``<|image_pad|>`` tokens in the prompt."""
+        return image_tokens(self.width, self.height, self.max_pixels)
+
+
+@dataclass(frozen=True)
 class AssistantText:
     """What the assistant said, as the user heard it (truncated when cut off)."""
 
     text: str
 
 
-ConversationItem = UserAudio | UserText | AssistantText
+ConversationItem = UserAudio | UserText | UserImage | AssistantText
+
+# What stands in the prompt for an image of an older turn once images no longer fit the history's
+# image budget: the model knows one was shown, the prompt does not pay for its pixels.
+IMAGE_NOTE = "(an image was shown here)"
 
 
 @dataclass(frozen=True)
@@ -75,6 +115,8 @@ class HistoryLimits:
 
     The audio limits bound the clips heard as audio; an older turn whose clips all have
     transcripts stays as their text instead (``max_turns`` still bounds every kept turn).
+    ``max_image_tokens`` bounds the image tokens of past turns: older turns lose their images
+    first (each becomes ``IMAGE_NOTE``), and keep their audio.
     """
 
     max_turns: int = 8
@@ -82,6 +124,9 @@ class HistoryLimits:
     # Also the most audio one user turn may hold (app.realtime.turn_taking): four 30 s segments,
     # ~1,560 audio tokens at 13 per second, so a turn that long, once answered, still fits whole.
     max_audio_seconds: float = 120.0
+    # Eight camera turns at the default budget (5 frames of <= 98 tokens each); one 1 MP "high"
+    # image takes 1,000. The turn being answered keeps its images whatever they cost.
+    max_image_tokens: int = 4_096
 
 
 @dataclass(frozen=True)
@@ -99,3 +144,82 @@ class Conversation:
     @property
     def system_prompt(self) -> str:
         return DEFAULT_SYSTEM_PROMPT if self.instructions is None else self.instructions
+
+
+Turn = tuple[ConversationItem, ...]
+
+
+def split_turns(items: Sequence[ConversationItem]) -> tuple[list[Turn], Turn]:
+    """Past turns (user items up to and including the next assistant item) and the current one.
+
+    The current turn is the user items after the last assistant item: the turn being answered.
+    """
+    turns: list[Turn] = []
+    pending: list[ConversationItem] = []
+    for item in items:
+        pending.append(item)
+        if isinstance(item, AssistantText):
+            turns.append(tuple(pending))
+            pending = []
+    return turns, tuple(pending)
+
+
+def bound_history(conversation: Conversation) -> tuple[ConversationItem, ...]:
+    """The items one turn sees: the current turn plus as many whole past turns as the limits allow.
+
+    Past turns are taken newest first. ``max_turns`` bounds them all. The first turn whose audio
+    would break an audio limit (clip count or seconds) and every older one are kept as text, each
+    clip replaced by its transcript (``UserAudio.transcript``); the first such turn with a clip
+    that has no transcript ends the history. What is kept is always a contiguous, answered
+    stretch right before the current turn, audio for the newest turns and text before them.
+    Images go before audio: the first past turn whose images would take the past turns' image
+    tokens over ``max_image_tokens``, and every older one, keep a note (``IMAGE_NOTE``) for each
+    run of images instead (``noted``). The current turn is always whole.
+    """
+    limits = conversation.limits
+    past, current = split_turns(conversation.items)
+    kept: list[Turn] = []
+    clips = 0
+    seconds = 0.0
+    as_text = False
+    past_image_tokens = 0
+    images_noted = False
+    for turn in reversed(past):
+        if len(kept) >= limits.max_turns:
+            break
+        audio = [item for item in turn if isinstance(item, UserAudio)]
+        if not as_text:
+            clips += len(audio)
+            seconds += sum(clip.seconds for clip in audio)
+            as_text = clips > limits.max_audio_clips or seconds > limits.max_audio_seconds
+        if as_text:
+            if any(clip.transcript is None for clip in audio):
+                break
+            turn = tuple(UserText(item.transcript or "") if isinstance(item, UserAudio) else item for item in turn)
+        if not images_noted:
+            past_image_tokens += sum(item.tokens for item in turn if isinstance(item, UserImage))
+            images_noted = past_image_tokens > limits.max_image_tokens
+        kept.append(noted(turn, drop_images=images_noted))
+    return tuple(item for turn in reversed(kept) for item in turn) + current
+
+
+def noted(items: Sequence[ConversationItem], *, drop_images: bool) -> tuple[ConversationItem, ...]:
+    """``items`` with each image replaced by ``IMAGE_NOTE`` when ``drop_images``, and each run of
+    notes (a camera turn's frames; a history that dropped images one by one) written once."""
+    note = UserText(IMAGE_NOTE)
+    kept: list[ConversationItem] = []
+    for item in items:
+        if drop_images and isinstance(item, UserImage):
+            item = note
+        if not (item == note and kept and kept[-1] == note):
+            kept.append(item)
+    return tuple(kept)
+
+
+def asr_instruction(language: str | None) -> str:
+    """Qwen3-Omni's ASR prompt for ``language`` (ISO-639-1; an unknown one gets the generic prompt)."""
+    code = (language or "").strip().lower()
+    if code == "zh":
+        return ASR_PROMPT_CHINESE
+    name = ASR_LANGUAGES.get(code)
+    return ASR_PROMPT if name is None else ASR_PROMPT_FOR_LANGUAGE.format(language=name)

@@ -34,6 +34,8 @@ SERVE_FLAGS = {
     "generation": "generation",
     "engine_threads": "engine_threads",
     "attn_implementation": "attn_implementation",
+    "engine_url": "engine_urls",
+    "engine_api_key": "engine_api_key",
     "cache_dir": "cache_dir",
     "turn_model": "turn_model",
     "turn_text_judge": "turn_text_judge",
@@ -43,6 +45,8 @@ SERVE_FLAGS = {
     "max_sessions": "max_sessions",
     "media_workers": "media_workers",
     "disconnect_timeout": "disconnect_timeout_s",
+    "max_image_bytes": "max_image_bytes",
+    "jitter_buffer": "jitter_buffer",
     "api_key": "api_key",
     "allow_unauthenticated_public": "allow_unauthenticated_public",
     "log_level": "log_level",
@@ -71,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--attn-implementation", choices=["sdpa", "eager", "flash_attention_2"], help="attention kernels (default: transformers' choice, sdpa)"
     )
+    serve.add_argument(
+        "--engine-url", action="append", metavar="URL",
+        help="run turns on this vLLM-Omni server (its API base, e.g. http://gpu-1:8091/v1) instead of the "
+        "in-process engine; repeatable: each turn goes to the least loaded one",
+    )
+    serve.add_argument("--engine-api-key", metavar="KEY", help="the vLLM-Omni servers' API key (vllm serve --api-key)")
     serve.add_argument("--cache-dir", type=Path, help="where the dev model is built (default ~/.cache/omni-rtc)")
     serve.add_argument("--turn-model", type=Path, help="semantic_vad's end-of-turn model (default: the cache dir's)")
     serve.add_argument(
@@ -94,6 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
         f"{usable_cores()}; 1: every call in the server process)",
     )
     serve.add_argument("--disconnect-timeout", type=float, metavar="SECONDS", help="end a call whose peer sent no media this long (default 10)")
+    serve.add_argument(
+        "--max-image-bytes", type=int, metavar="BYTES", help="the largest input_image a client may send (default 10 MiB)"
+    )
+    serve.add_argument(
+        "--jitter-buffer", action=argparse.BooleanOptionalAction, default=None,
+        help="inbound audio through omni-rtc's jitter buffer: playout deadline, FEC and PLC (default on); "
+        "--no-jitter-buffer: aiortc's own receive path",
+    )
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or an ek_ client secret) to place calls")
     serve.add_argument(
         "--allow-unauthenticated-public",
@@ -118,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("--out", type=Path, required=True, help="directory for the received answers (WAV)")
     call.add_argument("--json", action="store_true", help="print one JSON document instead of lines")
     call.add_argument("--sessions", type=int, default=1, help="concurrent calls, each saying every WAV (default 1)")
+    call.add_argument(
+        "--video", type=Path, metavar="FILE",
+        help="webrtc: send FILE as the camera, looped (a Y4M or other video, or a PNG/JPEG image)",
+    )
     call.add_argument(
         "--transport", choices=["webrtc", "websocket"], default="webrtc",
         help="webrtc: POST /v1/realtime/calls and a media track (default); websocket: GET /v1/realtime, audio in events",
@@ -159,8 +181,15 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.web.server import create_app
+    from app.web.websocket import max_frame_bytes
 
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        ws_max_size=max_frame_bytes(settings),
+    )
     return 0
 
 
@@ -190,6 +219,19 @@ async def _call(args: argparse.Namespace) -> int:
     if args.sessions < 1:
         print("omni-rtc call: --sessions must be at least 1", file=sys.stderr)
         return 2
+    if args.video is not None and args.transport != "webrtc":
+        print("omni-rtc call: --video needs --transport webrtc (a WebSocket carries no video)", file=sys.stderr)
+        return 2
+    if args.video is not None:
+        import av
+
+        from app.client.video_file import VideoFileTrack
+
+        try:
+            VideoFileTrack(args.video).stop()
+        except (OSError, ValueError, av.FFmpegError) as exc:
+            print(f"omni-rtc call: cannot read --video {args.video}: {exc}", file=sys.stderr)
+            return 2
     try:
         utterances = [(path, read_utterance(path)) for path in args.wav]
     except (OSError, RuntimeError) as exc:  # soundfile raises RuntimeError subclasses for bad files
@@ -208,8 +250,9 @@ async def _one_session(args: argparse.Namespace, index: int, utterances: list[tu
     import soundfile
     from websockets.exceptions import WebSocketException
 
-    from app.web.socket_client import RealtimeSocketClient
-    from app.webrtc.client import ClientError, RealtimeClient
+    from app.client.base import ClientError
+    from app.client.webrtc import RealtimeClient
+    from app.client.websocket import RealtimeSocketClient
 
     result: dict[str, Any] = {"session": index, "call": None, "turns": [], "ok": False, "error": None}
     out_dir = args.out / f"session-{index}" if args.sessions > 1 else args.out
@@ -228,6 +271,7 @@ async def _one_session(args: argparse.Namespace, index: int, utterances: list[tu
             ice_loopback=args.ice_loopback,
             ice_servers=args.ice_server,
             timeout_s=args.timeout,
+            video=args.video,
         )
     try:
         async with client:
@@ -247,12 +291,17 @@ async def _one_session(args: argparse.Namespace, index: int, utterances: list[tu
                     "audio_seconds": round(turn.audio_seconds, 3),
                     "audible_seconds": round(turn.audible_seconds, 3),
                     "latency_s": None if turn.latency_s is None else round(turn.latency_s, 3),
+                    "images": turn.images_shown,
                     "usage": turn.usage,
                     "output": str(saved),
                 }
                 result["turns"].append(summary)
                 if not args.json:
                     latency = "-" if turn.latency_s is None else f"{turn.latency_s:.2f} s"
+                    if turn.images_shown:
+                        image_tokens = turn.usage.get("input_token_details", {}).get("image_tokens")
+                        print(f"session {index} turn {number} camera: {turn.images_shown} frames, "
+                              f"{image_tokens} image tokens", flush=True)
                     if turn.user_transcript is not None:
                         print(f"session {index} turn {number} user said: {turn.user_transcript!r}", flush=True)
                     print(

@@ -3,6 +3,9 @@
 The session is transport-agnostic; a call gives it
 
 - the peer's audio (``media.inbound.InboundAudio`` on the remote track → ``push_audio``),
+- the peer's camera, when it offers a video track (VP8 or H.264, received only):
+  ``media.video.VideoSampler`` keeps the frames the session asks for (``video_plan``) and
+  hands them on (``add_video_frame``),
 - an output (``media.outbound.OutboundAudioTrack``, sent as the answer's audio track),
 - a ``send`` callback that puts each server event on the ``oai-events`` data channel as JSON
   (events sent before the peer opens the channel wait and go out, in order, on open),
@@ -33,12 +36,16 @@ from aiortc import MediaStreamTrack, RTCConfiguration, RTCDataChannel, RTCPeerCo
 from aiortc.exceptions import InternalError, InvalidAccessError, InvalidStateError, OperationError
 
 from app.realtime.protocol import EVENTS_CHANNEL, ProtocolError
-from app.web.metrics import CallObserver
 from app.webrtc.ice import loopback_candidates
-from media.inbound import InboundAudio, release_audio_promptly
+from app.webrtc.network import CallNetwork, NetworkObserver
+from app.webrtc.sdp import with_opus_inband_fec
+from media.frames import FramePlan, SampledFrame
+from media.inbound import InboundAudio
 from media.opus import OpusTrack
 from media.outbound import OutboundAudioTrack
 from media.pacing import PacingStats
+from media.playout import receive_audio
+from media.video import VideoSampler
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +64,24 @@ class Session(Protocol):
     async def start(self) -> None: ...
     async def handle_message(self, raw: str | bytes) -> None: ...
     def push_audio(self, pcm: np.ndarray) -> None: ...
+    def add_video_frame(self, frame: SampledFrame) -> None: ...
+    def video_plan(self) -> FramePlan | None: ...
     async def close(self) -> None: ...
     def on_playback_started(self) -> None: ...
     def on_playback_stopped(self) -> None: ...
+
+
+class CallObserver(NetworkObserver, Protocol):
+    """What watches a call from outside (the server's metrics: ``app.web.metrics.CallMetrics``).
+
+    A protocol of this layer, so that the call imports nothing of the HTTP service above it. Its
+    network figures come through ``app.webrtc.network.NetworkObserver``."""
+
+    def on_input_audio(self, samples: int) -> None:
+        """``samples`` more 16 kHz samples were handed to the session."""
+
+    def on_server_event(self, event: dict[str, Any]) -> None:
+        """The session sent ``event`` to the peer."""
 
 
 SessionFactory = Callable[[OutboundAudioTrack, Callable[[dict[str, Any]], None]], Session]
@@ -91,8 +113,12 @@ class Call:
         on_closed: Callable[[Call, str], None] | None = None,
         call_id: str | None = None,
         pacing_stats: PacingStats | None = None,
+        jitter_buffer: bool = True,
     ) -> None:
+        """``jitter_buffer``: inbound audio through ``media.playout`` (False: aiortc's own path)."""
         self.id = call_id or new_call_id()
+        self._jitter_buffer = jitter_buffer
+        self._network: CallNetwork | None = None
         self._pacing_stats = pacing_stats
         self._make_session = make_session
         self._configuration = configuration
@@ -107,6 +133,7 @@ class Call:
         self._pc: RTCPeerConnection | None = None
         self._session: Session | None = None
         self._inbound: InboundAudio | None = None
+        self._video: VideoSampler | None = None
         self._channel: RTCDataChannel | None = None
         self._pending_events: deque[str] = deque()
         self._messages: asyncio.Queue[str | bytes] = asyncio.Queue(MAX_QUEUED_MESSAGES)
@@ -136,6 +163,10 @@ class Call:
         self._session = session
         self._resources.push_async_callback(session.close)
         output.set_listener(session)
+        opus = OpusTrack(output)  # encoded here: see media/opus.py for what aiortc's sender would spend
+        self._resources.callback(opus.stop)
+        self._network = CallNetwork(pc, name=self.id, outbound=opus, observer=self._observer)
+        self._resources.push_async_callback(self._network.close)  # before the peer connection closes
 
         pc.on("connectionstatechange", self._on_connection_state)
         pc.on("datachannel", self._on_datachannel)
@@ -152,22 +183,23 @@ class Call:
             raise OfferError(f"the SDP offer could not be parsed: {exc or type(exc).__name__}") from exc
         if not any(t.kind == "audio" for t in pc.getTransceivers()):
             raise OfferError("the SDP offer has no audio m-line; a call needs one (sendrecv or recvonly)")
+        if sum(t.kind == "video" for t in pc.getTransceivers()) > 1:
+            raise OfferError("the SDP offer has more than one video m-line; a call takes one camera (sendonly)")
         if pc.sctp is None:
             raise OfferError(
                 f"the SDP offer has no data channel (m=application); open one named {EVENTS_CHANNEL!r} before offering"
             )
-        for transceiver in pc.getTransceivers():
-            if transceiver.kind == "audio":
-                release_audio_promptly(transceiver.receiver)
-        pc.addTrack(OpusTrack(output))  # encoded here: see media/opus.py for what aiortc's sender would spend
+        pc.addTrack(opus)
         answer = await pc.createAnswer()
         # aiortc gathers every candidate inside setLocalDescription, so the answer is complete.
         with loopback_candidates(self._ice_loopback):
             await pc.setLocalDescription(answer)
 
         await session.start()
+        self._network.start()
         self._supervisor = asyncio.create_task(self._supervise(), name=f"call {self.id}")
-        return pc.localDescription.sdp
+        # aiortc writes no Opus fmtp: say that this side decodes in-band FEC (app/webrtc/sdp.py).
+        return with_opus_inband_fec(pc.localDescription.sdp)
 
     def end(self, reason: str) -> None:
         """Asks the call to end; the supervisor releases it. Safe from any callback, any number of times."""
@@ -261,6 +293,8 @@ class Call:
         try:
             if self._inbound is not None:
                 self._resources.push_async_callback(self._inbound.close)
+            if self._video is not None:
+                self._resources.push_async_callback(self._video.close)
             await self._resources.aclose()
         finally:
             logger.info("call %s ended: %s", self.id, reason)
@@ -304,10 +338,23 @@ class Call:
             )
 
     def _on_track(self, track: MediaStreamTrack) -> None:
+        assert self._session is not None
+        if track.kind == "video" and self._video is None:
+            # aiortc queues every decoded frame for whoever reads the track: the sampler reads them all.
+            self._video = VideoSampler(track, plan=self._session.video_plan, on_frame=self._session.add_video_frame)
+            self._video.start()
+            return
         if track.kind != "audio" or self._inbound is not None:
             logger.warning("call %s: ignoring an extra %s track", self.id, track.kind)
             return
-        self._inbound = InboundAudio(track, on_audio=self._on_audio)
+        assert self._pc is not None
+        receiver = next(t.receiver for t in self._pc.getTransceivers() if t.receiver.track is track)
+        # The track event comes inside setRemoteDescription, before any media can flow.
+        source = receive_audio(receiver, jitter_buffer=self._jitter_buffer)
+        self._resources.callback(source.stop)
+        if self._network is not None:
+            self._network.watch_inbound(source)
+        self._inbound = InboundAudio(source, on_audio=self._on_audio)
         self._inbound.start()
 
     def _on_audio(self, pcm: np.ndarray) -> None:
@@ -323,6 +370,8 @@ class Call:
     # -- events both ways ------------------------------------------------------------
 
     def _send(self, event: dict[str, Any]) -> None:
+        if self._network is not None:
+            self._network.annotate(event)
         if self._observer is not None:
             self._observer.on_server_event(event)
         text = json.dumps(event, separators=(",", ":"))
