@@ -32,7 +32,7 @@ The rules, with the defaults of OpenAI's ``server_vad``:
   they were asked); the sound below ``confident_below``, or the words saying "not finished",
   hold the turn open for ``confident_wait_ms`` of silence; anything else waits ``max_wait_ms``
   (also the wait before any answer has come). Speech resuming makes a check stale (its answers
-  are ignored); one check is in flight at a time; the wait reached commits whatever was said;
+  are ignored); one sound check is in flight at a time; the wait reached commits whatever was said;
 - speech going on past ``max_utterance_ms`` is cut into *segments*, not turns: each stretch of
   ``max_utterance_ms`` is handed on as a ``SegmentCommitted`` while the person is speaking
   (during a trailing silence the cut waits for the silence to end the turn or speech to

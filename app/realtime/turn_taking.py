@@ -153,6 +153,10 @@ class TurnTaking:
                 self._on_speech_stopped(event)
             elif isinstance(event, UtteranceCommitted):
                 self._on_utterance_committed(event, turn_detection)
+            elif isinstance(event, EndOfTurnCheck) and event.words and self._deaf:
+                # Speech heard while the assistant answers is mostly its echo: its words are not
+                # worth an engine turn. No judgement: the sound decides (a quick reply included).
+                self._handle(self._detector.decide_words(event.check_id, None), turn_detection)
             elif isinstance(event, EndOfTurnCheck) and self._act.check_end_of_turn is not None:
                 self._act.check_end_of_turn(event)
 

@@ -213,6 +213,20 @@ async def test_please_put_the_groceries_in_the_fridge_is_committed_at_the_candid
     await h.session.close()
 
 
+async def test_speech_heard_while_the_assistant_answers_costs_no_words_check():
+    judge = TranscriptJudge("What time is it?")
+    h = await semantic_session(FakeEndOfTurn(0.95), reply="one two three four", text_judge=judge)
+    h.push(tone(600))
+    h.push(silence(MEDIUM.candidate_ms + 40))
+    await h.until("response.done")
+    h.output.play(CODEC_FRAME_SAMPLES)  # the answer is playing (half-duplex)...
+    h.push(tone(600))  # ...and its echo reaches the microphone
+    h.push(silence(300))
+    await settle()
+    assert judge.judged == ["What time is it?"]  # the user's turn only: no engine turn for the echo
+    await h.session.close()
+
+
 async def test_a_failing_text_judge_leaves_the_decision_to_the_sound():
     class Broken:
         async def judge(self, pcm):
