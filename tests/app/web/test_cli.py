@@ -13,6 +13,8 @@ import pytest_asyncio
 import soundfile
 
 from app.config import Settings
+from app.realtime.text_judge import EngineTextJudge
+from app.web.calls import text_judge
 from app.web.cli import _settings, build_parser, main
 from app.web.server import create_app
 from tests.e2e.conftest import serving_in_process
@@ -170,6 +172,17 @@ def test_serve_attention_implementation_from_flag_or_environment(monkeypatch):
     assert from_env.attn_implementation == "flash_attention_2"
     with pytest.raises(ValueError, match="attn_implementation"):
         serve_settings(monkeypatch, [], OMNI_RTC_ATTN_IMPLEMENTATION="fast")
+
+
+def test_serve_turn_text_judge_is_off_unless_asked_and_then_runs_on_the_engine(monkeypatch):
+    engine = ScriptedEngine()
+    assert serve_settings(monkeypatch, []).turn_text_judge == "off"
+    assert text_judge(serve_settings(monkeypatch, []), engine) is None
+    judge = text_judge(serve_settings(monkeypatch, ["--turn-text-judge", "engine"]), engine)
+    assert isinstance(judge, EngineTextJudge)
+    assert serve_settings(monkeypatch, [], OMNI_RTC_TURN_TEXT_JUDGE="engine").turn_text_judge == "engine"
+    with pytest.raises(ValueError, match="turn_text_judge"):
+        serve_settings(monkeypatch, [], OMNI_RTC_TURN_TEXT_JUDGE="lexical")
 
 
 def test_dev_model_writes_the_hub_layout(tmp_path, capsys):
