@@ -51,11 +51,13 @@ def write_fake_microphone(path: Path, segments: Iterable[Path | Silence]) -> Pat
     return path
 
 
-async def launch_chromium(playwright: Playwright, *, microphone: Path | None) -> Browser:
+async def launch_chromium(
+    playwright: Playwright, *, microphone: Path | None, extra_args: Iterable[str] = ()
+) -> Browser:
     """Headless Chromium. With ``microphone``, getUserMedia is granted without a prompt and
     captures the WAV (played once, then silence); without it, no permission is granted, so a
     page that asks for the microphone is refused."""
-    args = list(QUIET_ARGS)
+    args = [*QUIET_ARGS, *extra_args]
     if microphone is not None:
         args += [
             "--use-fake-ui-for-media-stream",
