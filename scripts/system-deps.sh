@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Debian packages the test suite needs: Chromium for the browser test, espeak-ng, flite and sox
-# to regenerate the speech fixtures. Installs only what is missing (CI runs as root).
+# to regenerate the speech fixtures, nginx, Caddy and coturn for the deployment's edge tests
+# (docs/DEPLOY.md). Installs only what is missing (CI runs as root).
 set -euo pipefail
 missing=()
 command -v chromium >/dev/null || missing+=(chromium)
@@ -9,6 +10,10 @@ command -v flite >/dev/null || missing+=(flite)
 command -v sox >/dev/null || missing+=(sox)
 command -v unshare >/dev/null || missing+=(util-linux)
 command -v ip >/dev/null || missing+=(iproute2)
+command -v nsenter >/dev/null || missing+=(util-linux)
+command -v nginx >/dev/null || missing+=(nginx)
+command -v caddy >/dev/null || missing+=(caddy)
+command -v turnserver >/dev/null || missing+=(coturn)
 if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" -ne 0 ]; then
   echo "missing Debian packages: ${missing[*]} (run as root, or: sudo apt-get install ${missing[*]})" >&2
@@ -16,3 +21,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 apt-get update
 DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+# The tests run their own nginx, Caddy and coturn with their own configs; the services the
+# packages install (listening on 80, 443 and 3478 where systemd runs them) are not wanted.
+if [ -d /run/systemd/system ]; then
+  systemctl disable --now nginx caddy coturn 2>/dev/null || true
+fi
