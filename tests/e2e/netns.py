@@ -43,7 +43,7 @@ class Sandbox:
         return ["nsenter", "-t", str(self.pid(namespace)), "-n", "--", *argv]
 
     def run(self, namespace: str, argv: Sequence[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.command(namespace, argv), check=True, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
+        return subprocess.run(self.command(namespace, argv), check=True, capture_output=True, text=True, **kwargs)
 
 
 @contextlib.contextmanager

@@ -146,7 +146,7 @@ def _server_command(kind: str, model_dir: Path) -> list[str]:
     return [
         sys.executable, "-m", "app.web.cli", "serve", "--host", SERVER_ADDRESS, "--port", str(KINDS[kind]["http_port"]),
         "--api-key", API_KEY, "--allowed-host", RELAY_ADDRESS, "--ice-server", turn_url, *credentials,
-        "--model", str(model_dir), "--device", "cpu", "--seed", "0", "--media-workers", "1", "--log-level", "info",
+        "--model", str(model_dir), "--device", "cpu", "--seed", "0", "--log-level", "info",
     ]
 
 

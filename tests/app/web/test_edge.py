@@ -19,6 +19,7 @@ from fastapi import Request
 from pydantic import ValidationError
 
 from app.config import Settings
+from app.web.cli import main
 from app.web.edge import HostAllowList, OriginPolicy, default_allowed_hosts, host_of, machine_names_and_addresses
 from app.web.server import create_app
 from tests.app.web.test_server import offering_peer
@@ -272,3 +273,14 @@ async def test_keyless_servers_show_metrics_to_local_clients(tmp_path):
     async with asgi_client(settings_for(tmp_path)) as http:
         assert (await http.get("/metrics")).status_code == 200
         assert "sessions" in json.loads((await http.get("/healthz")).text)
+
+
+def test_serve_runs_uvicorn_without_its_own_forwarded_header_reading(monkeypatch, tmp_path):
+    """uvicorn believes X-Forwarded-For from 127.0.0.1 unless told not to: a same-host proxy would
+    make every visitor local. ``omni-rtc serve`` turns it off; the app reads trusted proxies itself."""
+    ran: dict[str, object] = {}
+    monkeypatch.setattr("uvicorn.run", lambda app, **options: ran.update(options))
+    assert main(["serve", "--tls", "self-signed", "--cache-dir", str(tmp_path)]) == 0
+    assert ran["proxy_headers"] is False
+    assert ran["ssl_certfile"] == tmp_path / "tls" / "self-signed.pem"
+
