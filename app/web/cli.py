@@ -34,6 +34,8 @@ SERVE_FLAGS = {
     "generation": "generation",
     "engine_threads": "engine_threads",
     "attn_implementation": "attn_implementation",
+    "engine_url": "engine_urls",
+    "engine_api_key": "engine_api_key",
     "cache_dir": "cache_dir",
     "turn_model": "turn_model",
     "ice_server": "ice_servers",
@@ -81,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--attn-implementation", choices=["sdpa", "eager", "flash_attention_2"], help="attention kernels (default: transformers' choice, sdpa)"
     )
+    serve.add_argument(
+        "--engine-url", action="append", metavar="URL",
+        help="run turns on this vLLM-Omni server (its API base, e.g. http://gpu-1:8091/v1) instead of the "
+        "in-process engine; repeatable: each turn goes to the least loaded one",
+    )
+    serve.add_argument("--engine-api-key", metavar="KEY", help="the vLLM-Omni servers' API key (vllm serve --api-key)")
     serve.add_argument("--cache-dir", type=Path, help="where the dev model is built (default ~/.cache/omni-rtc)")
     serve.add_argument("--turn-model", type=Path, help="semantic_vad's end-of-turn model (default: the cache dir's)")
     serve.add_argument(
@@ -254,8 +262,9 @@ async def _one_session(args: argparse.Namespace, index: int, utterances: list[tu
     import soundfile
     from websockets.exceptions import WebSocketException
 
-    from app.web.socket_client import RealtimeSocketClient
-    from app.webrtc.client import ClientError, RealtimeClient
+    from app.client.base import ClientError
+    from app.client.webrtc import RealtimeClient
+    from app.client.websocket import RealtimeSocketClient
 
     result: dict[str, Any] = {"session": index, "call": None, "turns": [], "ok": False, "error": None}
     out_dir = args.out / f"session-{index}" if args.sessions > 1 else args.out

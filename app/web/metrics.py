@@ -4,7 +4,7 @@ The numbers come from what the glue already sees:
 
 - the server events a session sends (``response.done`` status, ``error`` type, the speech
   and playback events whose wall-clock spacing is the user-facing latency), read by a
-  per-call :class:`CallObserver`;
+  per-call :class:`CallMetrics`;
 - the engine's own ``TurnDone.timings`` (queue wait, time to first Thinker token), read by
   :class:`app.web.engines.MeteredEngine`, which wraps the shared engine the sessions are given;
 - one session callback, ``on_ignored_speech`` (an utterance half-duplex did not act on),
@@ -102,6 +102,12 @@ class Metrics:
             "task: respond (an answer) or transcribe (input transcription).",
             ["task"], buckets=LATENCY_BUCKETS, registry=r,
         )
+        self.engine_first_audio = Histogram(
+            "omni_rtc_engine_first_audio_seconds",
+            "Engine: from turn submission to the answer's first audio chunk (includes queue wait); "
+            "for a vLLM-Omni engine, from sending the request to its first audio chunk.",
+            ["task"], buckets=LATENCY_BUCKETS, registry=r,
+        )
         self.engine_queue_wait = Histogram(
             "omni_rtc_engine_queue_wait_seconds",
             "Engine: time a turn waited for the engine before it started; task: respond or transcribe.",
@@ -139,8 +145,8 @@ class Metrics:
         for transport in TRANSPORTS:
             self.sessions_open.labels(transport=transport).set(counts.get(transport, 0))
 
-    def observer(self, clock: Callable[[], float] = time.monotonic, *, transport: str = "webrtc") -> CallObserver:
-        return CallObserver(self, clock, transport)
+    def observer(self, clock: Callable[[], float] = time.monotonic, *, transport: str = "webrtc") -> CallMetrics:
+        return CallMetrics(self, clock, transport)
 
 
 # (family name, type, help, [(sample name, labels, value)]): one metric family as plain data.
@@ -215,7 +221,7 @@ class _PacingCollector:
         return [lateness, late, skipped, overloaded]
 
 
-class CallObserver:
+class CallMetrics:
     """Reads one call's server events and inbound audio, and turns their timing into metrics."""
 
     def __init__(self, metrics: Metrics, clock: Callable[[], float], transport: str = "webrtc") -> None:

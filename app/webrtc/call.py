@@ -33,7 +33,6 @@ from aiortc import MediaStreamTrack, RTCConfiguration, RTCDataChannel, RTCPeerCo
 from aiortc.exceptions import InternalError, InvalidAccessError, InvalidStateError, OperationError
 
 from app.realtime.protocol import EVENTS_CHANNEL, ProtocolError
-from app.web.metrics import CallObserver
 from app.webrtc.ice import loopback_candidates, missing_relay, selected_candidate_pair
 from media.inbound import InboundAudio, release_audio_promptly
 from media.opus import OpusTrack
@@ -60,6 +59,18 @@ class Session(Protocol):
     async def close(self) -> None: ...
     def on_playback_started(self) -> None: ...
     def on_playback_stopped(self) -> None: ...
+
+
+class CallObserver(Protocol):
+    """What watches a call from outside (the server's metrics: ``app.web.metrics.CallMetrics``).
+
+    A protocol of this layer, so that the call imports nothing of the HTTP service above it."""
+
+    def on_input_audio(self, samples: int) -> None:
+        """``samples`` more 16 kHz samples were handed to the session."""
+
+    def on_server_event(self, event: dict[str, Any]) -> None:
+        """The session sent ``event`` to the peer."""
 
 
 SessionFactory = Callable[[OutboundAudioTrack, Callable[[dict[str, Any]], None]], Session]

@@ -38,10 +38,10 @@ from playwright.async_api import Request, async_playwright
 from websockets.asyncio.client import connect as websocket_connect
 from websockets.exceptions import InvalidStatus
 
+from app.client.webrtc import RealtimeClient
+from app.client.websocket import RealtimeSocketClient
 from app.web.cli import read_utterance
-from app.web.socket_client import RealtimeSocketClient
 from app.web.tls import ensure_self_signed
-from app.webrtc.client import RealtimeClient
 from tests.e2e.browser_chromium import Silence, launch_chromium, write_fake_microphone
 from tests.e2e.conftest import DISCONNECT_TIMEOUT_S, GENERATION, free_port
 from tests.e2e.deploy_doc import deploy_block, env_file, unit_value

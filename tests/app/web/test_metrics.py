@@ -109,6 +109,12 @@ async def test_metered_engine_records_queue_wait_and_first_token():
     assert sample(metrics, "omni_rtc_thinker_first_token_seconds_sum", task="respond") == pytest.approx(0.75)
 
 
+async def test_metered_engine_records_first_audio():
+    metrics = Metrics()
+    _ = [event async for event in MeteredEngine(TimedEngine(), metrics).run_turn(TurnRequest(Conversation()))]
+    assert sample(metrics, "omni_rtc_engine_first_audio_seconds_sum", task="respond") == pytest.approx(1.0)
+
+
 async def test_metered_engine_keeps_transcriptions_apart_from_answers():
     metrics = Metrics()
     request = TurnRequest(Conversation(), task="transcribe")

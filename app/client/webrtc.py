@@ -36,22 +36,17 @@ import soxr
 from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
+from app.client.base import ClientError, RealtimeClientBase
+from app.client.turn import TurnResult, committed_item, session_transcribes, transcription_ended
 from app.realtime.protocol import (
     EVENTS_CHANNEL,
-    ConversationItemInputAudioTranscriptionCompletedEvent,
-    ConversationItemInputAudioTranscriptionFailedEvent,
-    InputAudioBufferCommittedEvent,
     OutputAudioBufferClearedEvent,
     OutputAudioBufferStartedEvent,
     OutputAudioBufferStoppedEvent,
     ResponseDoneEvent,
-    ResponseOutputAudioTranscriptDoneEvent,
-    ResponseOutputTextDoneEvent,
     SessionCreatedEvent,
-    SessionUpdatedEvent,
     event_type,
 )
-from app.webrtc.client_events import ClientError, RealtimeClientBase
 from app.webrtc.ice import (
     CandidatePair,
     IceServer,
@@ -79,56 +74,6 @@ PLAYOUT_TAIL_FRAMES = 50  # 1 s
 # consent expires (6 unanswered checks 4-6 s apart: ~30 s). The server's own idle track
 # never pauses longer than a stalled loop, well under a second (tests/e2e/test_overload.py).
 SERVER_SILENCE_TIMEOUT_S = 5.0
-
-
-@dataclass
-class TurnResult:
-    """One utterance and the answer to it."""
-
-    events: list[dict[str, Any]]  # the server events of this turn, in arrival order
-    response: dict[str, Any]  # the response object of response.done
-    audio: np.ndarray  # answer audio as received: float32 mono, 48 kHz, first to last audible frame
-    latency_s: float | None  # last utterance sample sent -> first audible frame received
-    # Seconds of audible frames in ``audio``; less than its length when playback stalled (the
-    # engine fell behind real time) or the answer pauses.
-    audible_seconds: float = 0.0
-    sample_rate: int = WIRE_RATE
-
-    @property
-    def status(self) -> str:
-        return str(self.response.get("status"))
-
-    @property
-    def transcript(self) -> str:
-        for event in self.events:
-            if event["type"] == event_type(ResponseOutputAudioTranscriptDoneEvent):
-                return str(event.get("transcript", ""))
-            if event["type"] == event_type(ResponseOutputTextDoneEvent):
-                return str(event.get("text", ""))
-        return ""
-
-    @property
-    def user_transcript(self) -> str | None:
-        """What the user said, as the server transcribed it; None when not transcribed (or it failed)."""
-        committed = committed_item(self.events)
-        for event in self.events:
-            if (
-                event["type"] == event_type(ConversationItemInputAudioTranscriptionCompletedEvent)
-                and event.get("item_id") == committed
-            ):
-                return str(event.get("transcript", ""))
-        return None
-
-    @property
-    def audio_seconds(self) -> float:
-        return len(self.audio) / self.sample_rate
-
-    @property
-    def usage(self) -> dict[str, Any]:
-        return dict(self.response.get("usage") or {})
-
-    def event_types(self) -> list[str]:
-        return [event["type"] for event in self.events]
 
 
 class MicrophoneTrack(MediaStreamTrack):
@@ -478,30 +423,3 @@ class RealtimeClient(RealtimeClientBase):
 
 def _playback_ended(event: dict[str, Any]) -> bool:
     return event.get("type") in (event_type(OutputAudioBufferStoppedEvent), event_type(OutputAudioBufferClearedEvent))
-
-
-def session_transcribes(events: list[dict[str, Any]]) -> bool:
-    """Whether the session, as last announced among ``events``, transcribes input audio."""
-    announced = (event_type(SessionCreatedEvent), event_type(SessionUpdatedEvent))
-    for event in reversed(events):
-        if event.get("type") in announced:
-            audio_input = (event.get("session") or {}).get("audio", {}).get("input") or {}
-            return audio_input.get("transcription") is not None
-    return False
-
-
-def committed_item(events: list[dict[str, Any]]) -> str | None:
-    """The user item the server committed first among ``events``."""
-    for event in events:
-        if event.get("type") == event_type(InputAudioBufferCommittedEvent):
-            return event.get("item_id")
-    return None
-
-
-def transcription_ended(event: dict[str, Any], item_id: str) -> bool:
-    """``event`` ends the transcription of ``item_id`` (completed or failed)."""
-    ended = (
-        event_type(ConversationItemInputAudioTranscriptionCompletedEvent),
-        event_type(ConversationItemInputAudioTranscriptionFailedEvent),
-    )
-    return event.get("type") in ended and event.get("item_id") == item_id
