@@ -10,8 +10,8 @@ and which client counts as local.
 - **Forwarded headers** (``X-Forwarded-For``, ``X-Forwarded-Proto``) are believed only from
   ``--trusted-proxy`` peers (uvicorn's ``ProxyHeadersMiddleware``, configured here rather than by
   uvicorn, whose default believes 127.0.0.1: a proxy on the same host would make every client
-  look local). A server *without* an API key refuses any request that carries forwarding headers
-  from a peer it does not trust (``403 proxy_not_trusted``): it was put behind a proxy without
+  look local). A server *without* an API key (it can have no trusted proxy) refuses any request
+  that carries forwarding headers (``403 proxy_not_trusted``): it was put behind a proxy without
   being told, and its loopback bind no longer means its clients are local.
 - **Local**: :func:`is_local_client` — a loopback peer that is not a trusted proxy and sent no
   forwarding header. ``/debug/*`` answers it, or the API key.
@@ -48,7 +48,9 @@ FORWARDING_HEADERS = frozenset(
 def machine_names_and_addresses() -> list[str]:
     """This machine's host name (also as ``NAME.local``, its mDNS name) and every interface address."""
     hostname = socket.gethostname()
-    names = [hostname, f"{hostname}.local"] if hostname and "." not in hostname else [hostname] if hostname else []
+    names = [hostname] if hostname else []
+    if hostname and "." not in hostname:
+        names.append(f"{hostname}.local")
     addresses = [
         address.address.split("%")[0]  # an IPv6 link-local address carries its zone: fe80::1%eth0
         for entries in psutil.net_if_addrs().values()
@@ -89,7 +91,7 @@ class HostAllowList:
             elif pattern.startswith("*."):
                 self._suffixes.append(pattern[1:])
             elif pattern:
-                self._exact.add(canonical_host(host_of(pattern) if not _is_ip(pattern) else pattern))
+                self._exact.add(canonical_host(host_of(pattern)))
 
     def allows(self, host_header: str | None) -> bool:
         if self._any:
@@ -98,14 +100,6 @@ class HostAllowList:
             return False
         host = canonical_host(host_of(host_header))
         return host in self._exact or any(host.endswith(suffix) for suffix in self._suffixes)
-
-
-def _is_ip(value: str) -> bool:
-    try:
-        ipaddress.ip_address(value.strip("[]"))
-    except ValueError:
-        return False
-    return True
 
 
 def canonical_host(host: str) -> str:
@@ -143,9 +137,6 @@ class TrustedProxies:
 
     def __init__(self, proxies: Iterable[str]) -> None:
         self.networks = [ipaddress.ip_network(proxy, strict=False) for proxy in proxies]
-
-    def __bool__(self) -> bool:
-        return bool(self.networks)
 
     def __contains__(self, host: object) -> bool:
         if not isinstance(host, str):
