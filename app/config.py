@@ -91,6 +91,10 @@ class Settings(BaseSettings):
     # ends. Browsers send a 20 ms frame even when muted; aiortc alone notices a vanished
     # peer only when ICE consent expires (6 missed checks x 5 s = ~30 s).
     disconnect_timeout_s: float = Field(10.0, gt=0)
+    # Inbound audio through omni-rtc's jitter buffer (media/jitter_buffer.py: a playout deadline,
+    # FEC and PLC concealment). False: aiortc's own receive path, which stalls on every lost packet;
+    # the fallback should an aiortc upgrade refuse the receiver tap, and the "before" of the network bench.
+    jitter_buffer: bool = True
 
     # Limits. Past each one the client gets a clear error (HTTP status, or an `error` event
     # while the session goes on).
@@ -170,6 +174,17 @@ class Settings(BaseSettings):
             )
         if self.engine_api_key is not None and not self.engine_urls:
             raise ValueError("engine_api_key is set without engine_urls: it is sent to vLLM-Omni servers only")
+        return self
+
+    @model_validator(mode="after")
+    def _jitter_buffer_needs_a_known_aiortc(self) -> Settings:
+        if self.jitter_buffer:
+            from media.receiver_tap import UnsupportedAiortc, check_aiortc  # aiortc loads only when asked
+
+            try:
+                check_aiortc()
+            except UnsupportedAiortc as exc:
+                raise ValueError(f"jitter_buffer: {exc}") from None
         return self
 
     @model_validator(mode="after")

@@ -44,6 +44,7 @@ SERVE_FLAGS = {
     "max_sessions": "max_sessions",
     "media_workers": "media_workers",
     "disconnect_timeout": "disconnect_timeout_s",
+    "jitter_buffer": "jitter_buffer",
     "api_key": "api_key",
     "allow_unauthenticated_public": "allow_unauthenticated_public",
     "log_level": "log_level",
@@ -108,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
         f"{usable_cores()}; 1: every call in the server process)",
     )
     serve.add_argument("--disconnect-timeout", type=float, metavar="SECONDS", help="end a call whose peer sent no media this long (default 10)")
+    serve.add_argument(
+        "--jitter-buffer", action=argparse.BooleanOptionalAction, default=None,
+        help="inbound audio through omni-rtc's jitter buffer: playout deadline, FEC and PLC (default on); "
+        "--no-jitter-buffer: aiortc's own receive path",
+    )
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or an ek_ client secret) to place calls")
     serve.add_argument(
         "--allow-unauthenticated-public",
