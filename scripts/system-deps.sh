@@ -27,8 +27,10 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 apt-get update
 DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
-# The tests run their own nginx, Caddy and coturn with their own configs; the services the
-# packages install (listening on 80, 443 and 3478 where systemd runs them) are not wanted.
+# The tests run their own nginx, Caddy and coturn with their own configs: the services just
+# installed with them (listening on 80, 443 and 3478 where systemd runs them) are not wanted.
 if [ -d /run/systemd/system ]; then
-  systemctl disable --now nginx caddy coturn 2>/dev/null || true
+  for service in nginx caddy coturn; do
+    if [[ " ${missing[*]} " == *" $service "* ]]; then systemctl disable --now "$service" 2>/dev/null || true; fi
+  done
 fi
