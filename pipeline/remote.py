@@ -214,6 +214,8 @@ class RemoteEngine:
     async def _run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
         if self._closed:
             raise EngineError("the engine was closed")
+        if request.task == "end_of_turn":  # chat completions return text, not a next-token probability
+            raise EngineError("A vLLM-Omni server does not score the end of a turn.", code="unsupported_task")
         submitted = time.monotonic()
         self.running += 1  # before the first await: a pool choosing for the next turn counts this one
         try:

@@ -116,6 +116,14 @@ async def test_a_transcription_is_text_only(replay: ReplayServer) -> None:
     assert isinstance(done, TurnDone) and done.text == TRANSCRIPT and done.finish_reason == "stop"
 
 
+async def test_an_end_of_turn_score_is_refused_without_asking_the_server(replay: ReplayServer) -> None:
+    asked = len(replay.requests)
+    async with started(replay.url) as engine:
+        with pytest.raises(EngineError) as refused:
+            await run(engine, TurnRequest.end_of_turn("Please put the"))
+    assert refused.value.code == "unsupported_task" and len(replay.requests) == asked
+
+
 async def test_max_output_tokens_ends_the_answer_with_length(replay: ReplayServer) -> None:
     request = TurnRequest(Conversation(items=(UserText("Hi"),)), max_output_tokens=4)
     async with started(replay.url) as engine:

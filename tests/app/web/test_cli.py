@@ -41,6 +41,8 @@ def test_serve_takes_what_no_flag_gives_from_the_environment(monkeypatch):
         [],
         OMNI_RTC_ICE_LOOPBACK="true",
         OMNI_RTC_ICE_SERVERS="stun:127.0.0.1:3478, turn:127.0.0.1:3478?transport=udp",
+        OMNI_RTC_TURN_USERNAME="user",
+        OMNI_RTC_TURN_CREDENTIAL="password",
         OMNI_RTC_CORS_ORIGINS="https://a.example,https://b.example",
     )
     assert settings.ice_loopback is True
@@ -183,6 +185,8 @@ def test_serve_turn_text_judge_is_off_unless_asked_and_then_runs_on_the_engine(m
     assert serve_settings(monkeypatch, [], OMNI_RTC_TURN_TEXT_JUDGE="engine").turn_text_judge == "engine"
     with pytest.raises(ValueError, match="turn_text_judge"):
         serve_settings(monkeypatch, [], OMNI_RTC_TURN_TEXT_JUDGE="lexical")
+    with pytest.raises(ValueError, match="turn_text_judge 'engine' set with engine_urls"):
+        serve_settings(monkeypatch, ["--turn-text-judge", "engine", "--engine-url", "http://127.0.0.1:8091/v1"])
 
 
 def test_dev_model_writes_the_hub_layout(tmp_path, capsys):
