@@ -8,6 +8,10 @@ The prompt follows Qwen3-Omni's chat template::
     ...
     <|im_start|>assistant\\n
 
+with its tool format where the conversation has tools, function calls or their outputs
+(``pipeline.tool_format``), and the start of a forced call after the last line when
+``tool_choice`` asks for one (``ThinkerInputs.answer_prefix``).
+
 and, like ``Qwen3OmniMoeProcessor``, expands each ``<|audio_pad|>`` to the audio encoder's
 output length for its clip and extracts all clips' log-mel features in one Whisper call
 (padded to the longest clip, never truncated).
@@ -43,10 +47,17 @@ from pipeline.conversation import (
     AssistantText,
     Conversation,
     ConversationItem,
+    FunctionCall,
+    FunctionOutput,
+    Tool,
+    ToolChoice,
     UserAudio,
     UserText,
+    group_turns,
+    item_role,
 )
 from pipeline.tokenizer import load_tokenizer
+from pipeline.tool_format import answer_prefix, call_text, offers_tools, output_text, system_content
 from pipeline.turn import TranscriptionHint, TurnRequest
 
 IM_START = "<|im_start|>"
@@ -79,21 +90,17 @@ class ThinkerInputs:
     feature_attention_mask: torch.Tensor | None  # [n_clips, frames] long
     text_tokens: int  # prompt tokens that are not <|audio_pad|>
     audio_tokens: int  # expanded <|audio_pad|> tokens
+    # The assistant's answer as the prompt already starts it: a forced call's opening
+    # (tool_choice "required" or a named function), which the answer's tokens continue.
+    answer_prefix: str = ""
 
 
 def split_turns(items: Sequence[ConversationItem]) -> tuple[list[Turn], Turn]:
-    """Past turns (user items up to and including the next assistant item) and the current one.
-
-    The current turn is the user items after the last assistant item: the turn being answered.
-    """
-    turns: list[Turn] = []
-    pending: list[ConversationItem] = []
-    for item in items:
-        pending.append(item)
-        if isinstance(item, AssistantText):
-            turns.append(tuple(pending))
-            pending = []
-    return turns, tuple(pending)
+    """Past turns (items up to and including the next assistant answer, a function call kept
+    with its output: ``pipeline.conversation.group_turns``) and the current one, the items
+    after the last answer: the turn being answered."""
+    turns, pending = group_turns(items, item_role)
+    return [tuple(turn) for turn in turns], tuple(pending)
 
 
 def bound_history(conversation: Conversation) -> tuple[ConversationItem, ...]:
@@ -177,7 +184,9 @@ class PromptRenderer:
         )
 
     def render(self, conversation: Conversation) -> ThinkerInputs:
-        return self._render(conversation.system_prompt, bound_history(conversation))
+        return self._render(
+            conversation.system_prompt, bound_history(conversation), conversation.tools, conversation.tool_choice
+        )
 
     def render_request(self, request: TurnRequest) -> ThinkerInputs:
         """The Thinker's inputs for ``request``: an answer to its conversation, or a transcription."""
@@ -192,7 +201,13 @@ class PromptRenderer:
         clip = UserAudio(clips[0].pcm)
         return self._render(hint.prompt or None, (clip, UserText(asr_instruction(hint.language))))
 
-    def _render(self, system_prompt: str | None, items: Sequence[ConversationItem]) -> ThinkerInputs:
+    def _render(
+        self,
+        system_prompt: str | None,
+        items: Sequence[ConversationItem],
+        tools: tuple[Tool, ...] = (),
+        tool_choice: ToolChoice = ToolChoice(),
+    ) -> ThinkerInputs:
         clips = [item for item in items if isinstance(item, UserAudio)]
         for index, clip in enumerate(clips):
             if clip.pcm.ndim != 1 or len(clip.pcm) < self._min_clip_samples:
@@ -220,8 +235,10 @@ class PromptRenderer:
             frames = feature_attention_mask.sum(-1)
             pad_counts = _get_feat_extract_output_lengths(frames, self._n_window).tolist()
 
+        prefix = answer_prefix(tool_choice) if offers_tools(tools, tool_choice) else ""
+        pieces = self._pieces(system_prompt, items, tools if offers_tools(tools, tool_choice) else (), prefix)
         ids: list[int] = []
-        for piece in self._merge_text(self._pieces(system_prompt, items)):
+        for piece in self._merge_text(pieces):
             if isinstance(piece, str):
                 # User and assistant text is data: "<|im_end|>" typed by a user stays plain text.
                 ids.extend(self._tokenizer.encode(piece, add_special_tokens=False, split_special_tokens=True))
@@ -239,6 +256,7 @@ class PromptRenderer:
             feature_attention_mask=feature_attention_mask,
             text_tokens=len(ids) - audio_tokens,
             audio_tokens=audio_tokens,
+            answer_prefix=prefix,
         )
 
     def _token_id(self, token: str) -> int:
@@ -247,23 +265,50 @@ class PromptRenderer:
             raise ValueError(f"tokenizer has no {token} token")
         return ids[0]
 
-    def _pieces(self, system_prompt: str | None, items: Sequence[ConversationItem]) -> Iterator[_Piece]:
-        """None: no system message (Qwen's ASR setting)."""
+    def _pieces(
+        self, system_prompt: str | None, items: Sequence[ConversationItem], tools: tuple[Tool, ...], prefix: str
+    ) -> Iterator[_Piece]:
+        """None: no system message (Qwen's ASR setting). ``tools``: the tool block after the
+        system prompt; ``prefix``: how the assistant's answer starts.
+
+        Messages follow the template: consecutive user items are one user message; an answer
+        opens an assistant message that its function calls join; consecutive function outputs
+        are one user message of ``<tool_response>`` blocks.
+        """
         im_start, im_end = self._special_ids[IM_START], self._special_ids[IM_END]
-        if system_prompt is not None:
+        if tools:
+            yield from (im_start, f"system\n{system_content(system_prompt, tools)}", im_end, "\n")
+        elif system_prompt is not None:
             yield from (im_start, f"system\n{system_prompt}", im_end, "\n")
         clip = 0
-        in_user_message = False
+        open_message: str | None = None  # "user", "assistant" or "outputs": the message being written
+        assistant_text = False  # the open assistant message has text
+        calls = 0  # calls in the open assistant message
         for item in items:
-            if isinstance(item, AssistantText):
-                if in_user_message:
-                    yield from (im_end, "\n")
-                    in_user_message = False
-                yield from (im_start, f"assistant\n{item.text}", im_end, "\n")
+            if isinstance(item, AssistantText | FunctionCall):
+                if isinstance(item, AssistantText) or open_message != "assistant":
+                    if open_message is not None:
+                        yield from (im_end, "\n")
+                    text = item.text if isinstance(item, AssistantText) else ""
+                    yield from (im_start, f"assistant\n{text}")
+                    open_message, assistant_text, calls = "assistant", bool(text), 0
+                if isinstance(item, FunctionCall):
+                    yield call_text(item, newline_before=assistant_text or calls > 0)
+                    calls += 1
                 continue
-            if not in_user_message:
+            if isinstance(item, FunctionOutput):
+                if open_message != "outputs":
+                    if open_message is not None:
+                        yield from (im_end, "\n")
+                    yield from (im_start, "user")
+                    open_message = "outputs"
+                yield output_text(item)
+                continue
+            if open_message != "user":
+                if open_message is not None:
+                    yield from (im_end, "\n")
                 yield from (im_start, "user\n")
-                in_user_message = True
+                open_message = "user"
             if isinstance(item, UserAudio):
                 yield from (self._special_ids[AUDIO_START], _AudioSlot(clip), self._special_ids[AUDIO_END])
                 clip += 1
@@ -271,9 +316,9 @@ class PromptRenderer:
                 yield item.text
             else:
                 raise TypeError(f"not a conversation item: {item!r}")
-        if in_user_message:
+        if open_message is not None:
             yield from (im_end, "\n")
-        yield from (im_start, "assistant\n")
+        yield from (im_start, f"assistant\n{prefix}")
 
     @staticmethod
     def _merge_text(pieces: Iterator[_Piece]) -> Iterator[_Piece]:
