@@ -27,6 +27,19 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+def load_dev_replies(path: Path | None) -> tuple[str, ...]:
+    """The replies of a ``--dev-replies`` file: a JSON list of answer texts (``ValueError`` naming it)."""
+    if path is None:
+        return ()
+    try:
+        replies = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"dev_replies: cannot read {path} as JSON ({type(exc).__name__})") from None
+    if not isinstance(replies, list) or not all(isinstance(reply, str) for reply in replies):
+        raise ValueError(f"dev_replies: {path} must hold a JSON list of answer texts")
+    return tuple(replies)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OMNI_RTC_", extra="forbid")
 
@@ -60,6 +73,9 @@ class Settings(BaseSettings):
     engine_threads: int | None = Field(None, ge=1)  # torch CPU threads in the engine process
     # from_pretrained's attention kernels; None: transformers' default (sdpa). docs/MODEL.md.
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] | None = None
+    # A JSON list of answer texts the model says, one per response of each session, then its own:
+    # for the dev model in tests and demos (make it call a tool); it scripts any checkpoint.
+    dev_replies: Path | None = None
 
     # WebRTC. List settings read from the environment as comma-separated values (or JSON lists).
     ice_servers: Annotated[list[str], NoDecode] = Field(default_factory=list)  # stun:/turn: URLs
@@ -119,6 +135,11 @@ class Settings(BaseSettings):
                 f"engines={self.engines} with device={self.device!r}: a device list runs one engine per "
                 "device; give either a list or engines"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _readable_dev_replies(self) -> Settings:
+        load_dev_replies(self.dev_replies)  # read again where it is used: checked here, at start
         return self
 
     @model_validator(mode="after")

@@ -34,6 +34,7 @@ SERVE_FLAGS = {
     "generation": "generation",
     "engine_threads": "engine_threads",
     "attn_implementation": "attn_implementation",
+    "dev_replies": "dev_replies",
     "cache_dir": "cache_dir",
     "turn_model": "turn_model",
     "ice_server": "ice_servers",
@@ -69,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--engine-threads", type=int, help="torch CPU threads in the engine process")
     serve.add_argument(
         "--attn-implementation", choices=["sdpa", "eager", "flash_attention_2"], help="attention kernels (default: transformers' choice, sdpa)"
+    )
+    serve.add_argument(
+        "--dev-replies", type=Path, metavar="FILE",
+        help="a JSON list of answer texts the dev model says, one per response of each session, then its own",
     )
     serve.add_argument("--cache-dir", type=Path, help="where the dev model is built (default ~/.cache/omni-rtc)")
     serve.add_argument("--turn-model", type=Path, help="semantic_vad's end-of-turn model (default: the cache dir's)")
