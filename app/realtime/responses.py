@@ -10,8 +10,9 @@ without a running session.
 A response that may call functions (its tools offered: ``pipeline.tool_format.offers_tools``)
 opens its message item at its first text or audio, not at once: an answer that is only calls
 has no message. Each call is an item of its own after it (``output_item.added``,
-``conversation.item.added``, ``function_call_arguments.delta`` …, ``.done``,
-``output_item.done``, ``conversation.item.done``), and ``response.done`` lists them all.
+``conversation.item.added``, ``function_call_arguments.delta`` … as the model writes it; then,
+when the response ends, ``.done``, ``output_item.done``, ``conversation.item.done``), and
+``response.done`` lists them all.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from app.realtime.session_config import Modality, SessionConfig, read_max_output
 from app.realtime.tools import check_choice, read_tool_choice, read_tools
 from pipeline.conversation import Tool, ToolChoice
 from pipeline.tool_format import offers_tools
-from pipeline.turn import TurnDone, TurnTimings, Usage, Voice
+from pipeline.turn import FunctionCallDone, TurnDone, TurnTimings, Usage, Voice
 
 # How long response.done may wait for the answer's first frame to reach the transport. A paced
 # track sends the first queued frame within 20 ms; only a worker far behind takes longer, and
@@ -86,6 +87,7 @@ class Response:
     # Its items in output order: the message (``entry``) and the function calls after it.
     output: list[AssistantEntry | FunctionCallEntry] = field(default_factory=list)
     announced: bool = False  # response.created sent
+    written: dict[str, FunctionCallDone] = field(default_factory=dict)  # calls the model finished, by item id
     call_problems: list[str] = field(default_factory=list)  # calls not as their function takes them
     cancelling: bool = False
     cancel_reason: str | None = None

@@ -451,26 +451,39 @@ class RealtimeSession:
         self._emit(delta_event(response, delta.text))
 
     def _on_call(self, response: Response, event: FunctionCallStarted | FunctionCallDelta | FunctionCallDone) -> None:
-        """A function call of the answer: an item of its own, streamed as the model writes it."""
-        calls = response.calls
+        """A function call of the answer: an item of its own, its arguments streamed as written.
+        It is done when the response is (``_close_calls``)."""
         if isinstance(event, FunctionCallStarted):
             call = FunctionCallEntry(new_id("item"), new_id("call"), event.name)
             response.output.append(call)
             for server_event in call_added_events(response, call, self._history.append(call)):
                 self._emit(server_event)
             return
-        call = calls[event.index]
+        call = response.calls[event.index]
         if isinstance(event, FunctionCallDelta):
             call.arguments += event.delta
             self._emit(call_delta_event(response, call, event.delta))
             return
         call.arguments = event.arguments
-        call.status = "completed" if event.closed else "incomplete"
-        problem = "the call is not {\"name\": …, \"arguments\": …}" if not event.well_formed else None
-        if event.closed and (problem or (problem := arguments_problem(response.tools, call.name, call.arguments))):
-            response.call_problems.append(f"{call.call_id} ({call.name or 'no name'}): {problem}")
-        for server_event in call_done_events(response, call, self._history.previous_id(call)):
-            self._emit(server_event)
+        response.written[call.id] = event
+
+    def _close_calls(self, response: Response, status: ResponseStatus) -> None:
+        """Each call is done as the response ends, not when the model closed it: a client runs a
+        call at its ``output_item.done`` and asks for the next response at once, which it may
+        only do once this one is over (OpenAI sends a call's done events last as well). A call
+        the model wrote whole is completed unless the response was cancelled or failed; one it
+        did not finish is incomplete (and never reaches a prompt). Arguments that are not what
+        the function takes are delivered as written, and ``response.done`` says so."""
+        for call in response.calls:
+            written = response.written.get(call.id)
+            made = written is not None and written.closed and status in ("completed", "incomplete")
+            call.status = "completed" if made else "incomplete"
+            if made and written is not None:
+                problem = None if written.well_formed else 'the call is not {"name": …, "arguments": …}'
+                if problem or (problem := arguments_problem(response.tools, call.name, call.arguments)):
+                    response.call_problems.append(f"{call.call_id} ({call.name or 'no name'}): {problem}")
+            for event in call_done_events(response, call, self._history.previous_id(call)):
+                self._emit(event)
 
     def _on_audio(self, response: Response, chunk: AudioChunk) -> None:
         pcm = chunk.pcm
@@ -491,11 +504,7 @@ class RealtimeSession:
         done: TurnDone | None = None,
         error: tuple[str, str] | None = None,
     ) -> None:
-        for call in response.calls:  # cut off while the model wrote it: never made
-            if call.status == "in_progress":
-                call.status = "incomplete"
-                for event in call_done_events(response, call, self._history.previous_id(call)):
-                    self._emit(event)
+        self._close_calls(response, status)
         if response.announced and not response.output:  # a plain answer has its item, even empty
             self._open_message(response)
         entry = response.entry

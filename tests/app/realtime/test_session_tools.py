@@ -46,7 +46,7 @@ class Answer:
 
 class CallingEngine:
     """Answers each turn with the next ``Answer``, as the engine streams one (the arguments in two
-    deltas); holds before the first call's end while ``hold`` is set."""
+    deltas); waits on ``hold`` (when set) inside each call, and on ``hold_after`` after them."""
 
     name = "calling-engine"
 
@@ -54,6 +54,7 @@ class CallingEngine:
         self.answers = list(answers)
         self.requests: list[TurnRequest] = []
         self.hold: asyncio.Event | None = None
+        self.hold_after: asyncio.Event | None = None
 
     async def run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
         self.requests.append(request)
@@ -74,6 +75,8 @@ class CallingEngine:
             yield FunctionCallDelta(index, arguments[half:])
             last = index == len(answer.calls) - 1
             yield FunctionCallDone(index, name, arguments, closed=answer.closed or not last)
+        if self.hold_after is not None:
+            await self.hold_after.wait()
         usage = Usage(input_text_tokens=20, input_audio_tokens=0, output_text_tokens=len(words) + 9,
                       output_audio_tokens=len(words) if request.output_audio else 0)
         yield TurnDone(text=answer.speech, usage=usage, finish_reason="stop" if answer.closed else "length")
@@ -148,6 +151,29 @@ async def test_a_call_streams_as_its_own_item_and_the_response_lists_it(calling)
         ("function_call", "completed", PARIS)
     ]
     assert not h.of_type("response.content_part.added")  # no message: nothing was said
+
+
+async def test_a_call_is_done_when_its_response_is_so_its_output_can_ask_for_the_next_at_once(calling):
+    h = calling
+    h.engine.hold_after = asyncio.Event()
+    await h.send(type="conversation.item.create",
+                 item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Time?"}]})
+    await h.send(type="response.create")
+    await h.until("response.function_call_arguments.delta", 2)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not h.of_type("response.output_item.done")  # written whole, but the answer goes on
+    h.engine.hold_after.set()
+    done = await h.until("response.output_item.done")
+    # As a client does: the output and the next response the moment the call is done.
+    await h.send(type="conversation.item.create",
+                 item={"type": "function_call_output", "call_id": done["item"]["call_id"], "output": "noon"})
+    await h.send(type="response.create")
+    assert (await h.turn_done(2))["response"]["status"] == "completed"
+    assert not h.of_type("error")
+    tail = types_after(h, "response.function_call_arguments.done")
+    assert tail[:4] == ["response.function_call_arguments.done", "response.output_item.done",
+                        "conversation.item.done", "response.done"]
 
 
 async def test_speech_before_a_call_is_its_message_then_the_call_follows():
