@@ -18,7 +18,17 @@ import json
 import secrets
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SerializerFunctionWrapHandler,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    model_serializer,
+)
 
 # The data channel WebRTC clients open for events (OpenAI's name for it).
 EVENTS_CHANNEL = "oai-events"
@@ -403,12 +413,20 @@ RealtimeItem = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem
 
 
 class ContentPart(_ServerModel):
-    """``response.content_part.*``'s part: ``audio`` (with transcript) or ``text``."""
+    """``response.content_part.*``'s part: ``audio`` (with transcript) or ``text``.
+
+    The fields a part does not have are left out, not null, as OpenAI sends them: the OpenAI
+    Agents SDK's schema takes each as an optional string and drops a part with a null.
+    """
 
     type: Literal["audio", "text"]
     text: str | None = None
     audio: str | None = None
     transcript: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {key: value for key, value in handler(self).items() if value is not None}
 
 
 # -- session -------------------------------------------------------------------------------
