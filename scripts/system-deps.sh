@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Debian packages the test suite needs: Chromium for the browser test, espeak-ng, flite and sox
-# to regenerate the speech fixtures. Installs only what is missing (CI runs as root).
+# Debian packages the test suite needs: Chromium for the browser test, npm to install the OpenAI
+# Agents JS SDK it drives (tests/e2e/sdk), espeak-ng, flite and sox to regenerate the speech
+# fixtures. Installs only what is missing (CI runs as root).
 set -euo pipefail
 missing=()
 command -v chromium >/dev/null || missing+=(chromium)
+command -v npm >/dev/null || missing+=(npm)
 command -v espeak-ng >/dev/null || missing+=(espeak-ng)
 command -v flite >/dev/null || missing+=(flite)
 command -v sox >/dev/null || missing+=(sox)
