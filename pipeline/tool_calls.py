@@ -19,9 +19,7 @@ import re
 
 from pipeline.streaming import TextStream
 from pipeline.tool_format import TOOL_CALL_END, TOOL_CALL_START
-from pipeline.turn import FunctionCallDelta, FunctionCallDone, FunctionCallStarted
-
-CallEvent = FunctionCallStarted | FunctionCallDelta | FunctionCallDone
+from pipeline.turn import FunctionCallDelta, FunctionCallDone, FunctionCallEvent, FunctionCallStarted
 
 # The body up to the arguments: the name is known here (a JSON string, escapes allowed).
 _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:')
@@ -41,7 +39,7 @@ class ToolCallStream:
         self.open_id, self.close_id = tokenizer.convert_tokens_to_ids([TOOL_CALL_START, TOOL_CALL_END])
         self._call: _Call | None = None
         self._calls = 0
-        self._prefix_events: list[CallEvent] = []
+        self._prefix_events: list[FunctionCallEvent] = []
         if prefix.startswith(TOOL_CALL_START):
             self._prefix_events = self._open(prefix.removeprefix(TOOL_CALL_START))
 
@@ -53,7 +51,7 @@ class ToolCallStream:
     def opens(self, token: int) -> bool:
         return token == self.open_id
 
-    def push(self, token: int) -> list[CallEvent]:
+    def push(self, token: int) -> list[FunctionCallEvent]:
         """Events for a token of the answer once it is (or with this token becomes) calls."""
         events, self._prefix_events = self._prefix_events, []
         if token == self.open_id:
@@ -68,7 +66,7 @@ class ToolCallStream:
             return events
         return events + self._call.feed(self._call.decoder.push(token))
 
-    def end(self) -> list[CallEvent]:
+    def end(self) -> list[FunctionCallEvent]:
         """The answer ended (its stop token, or its length): a call still open is delivered as written."""
         events, self._prefix_events = self._prefix_events, []
         if self._call is not None:
@@ -76,7 +74,7 @@ class ToolCallStream:
             self._call = None
         return events
 
-    def _open(self, text: str) -> list[CallEvent]:
+    def _open(self, text: str) -> list[FunctionCallEvent]:
         self._call = _Call(self._calls, TextStream(self._tokenizer))
         self._calls += 1
         return self._call.feed(text)
@@ -93,9 +91,9 @@ class _Call:
         self._arguments_at = 0  # where the arguments start in the body (once the name is known)
         self._sent = 0  # characters of the arguments delivered so far
 
-    def feed(self, text: str) -> list[CallEvent]:
+    def feed(self, text: str) -> list[FunctionCallEvent]:
         self._body += text
-        events: list[CallEvent] = []
+        events: list[FunctionCallEvent] = []
         if self._name is None:
             header = _HEADER.match(self._body)
             if header is None:
@@ -110,7 +108,7 @@ class _Call:
             self._sent = ready
         return events
 
-    def finish(self, *, closed: bool) -> list[CallEvent]:
+    def finish(self, *, closed: bool) -> list[FunctionCallEvent]:
         events = self.feed(self.decoder.flush())
         body = self._parsed()
         if self._name is None:  # never read as {"name": …, "arguments": …}: deliver what there is

@@ -170,7 +170,7 @@ class TurnDone:
 
 
 FunctionCallEvent = FunctionCallStarted | FunctionCallDelta | FunctionCallDone
-TurnEvent = TextDelta | AudioChunk | FunctionCallStarted | FunctionCallDelta | FunctionCallDone | TurnDone
+TurnEvent = TextDelta | AudioChunk | FunctionCallEvent | TurnDone
 
 
 class EngineError(Exception):

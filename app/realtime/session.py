@@ -78,7 +78,7 @@ from pipeline.turn import (
     Engine,
     EngineError,
     FunctionCallDelta,
-    FunctionCallDone,
+    FunctionCallEvent,
     FunctionCallStarted,
     TextDelta,
     TurnDone,
@@ -405,7 +405,7 @@ class RealtimeSession:
                         self._on_text(response, event)
                     elif isinstance(event, AudioChunk):
                         self._on_audio(response, event)
-                    elif isinstance(event, FunctionCallStarted | FunctionCallDelta | FunctionCallDone):
+                    elif isinstance(event, FunctionCallEvent):
                         self._on_call(response, event)
                     elif isinstance(event, TurnDone):
                         done = event
@@ -450,7 +450,7 @@ class RealtimeSession:
         self._open_message(response).add_delta(delta.text, tokens=delta.tokens)
         self._emit(delta_event(response, delta.text))
 
-    def _on_call(self, response: Response, event: FunctionCallStarted | FunctionCallDelta | FunctionCallDone) -> None:
+    def _on_call(self, response: Response, event: FunctionCallEvent) -> None:
         """A function call of the answer: an item of its own, its arguments streamed as written.
         It is done when the response is (``_close_calls``)."""
         if isinstance(event, FunctionCallStarted):
