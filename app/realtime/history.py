@@ -354,9 +354,10 @@ class History:
         if isinstance(item, ClientFunctionCallItem):
             arguments = checked_text(item.arguments, "item.arguments", max_chars=max_chars)
             return FunctionCallEntry(item_id, item.call_id, item.name, arguments, status="completed")
-        if not any(isinstance(entry, FunctionCallEntry) and entry.call_id == item.call_id for entry in self._entries):
+        made = (entry for entry in self._entries if isinstance(entry, FunctionCallEntry) and entry.status == "completed")
+        if not any(entry.call_id == item.call_id for entry in made):  # a call cut off was never made
             raise ProtocolError(
-                "item_not_found", f"No function call with call_id {item.call_id!r} in the conversation.",
+                "item_not_found", f"No completed function call with call_id {item.call_id!r} in the conversation.",
                 param="item.call_id",
             )
         return FunctionOutputEntry(item_id, item.call_id, checked_text(item.output, "item.output", max_chars=max_chars))

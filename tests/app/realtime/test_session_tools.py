@@ -261,6 +261,9 @@ async def test_a_call_the_answer_stopped_inside_is_incomplete_and_left_out_of_th
     assert done["status"] == "incomplete"
     assert done["output"][0]["status"] == "incomplete"
     assert not h.of_type("response.function_call_arguments.done")
+    await h.send(type="conversation.item.create",
+                 item={"type": "function_call_output", "call_id": done["output"][0]["call_id"], "output": "x"})
+    assert h.last("error")["error"]["code"] == "item_not_found"  # the call was never made
     await ask(h, "Try again?")
     assert not [i for i in h.engine.requests[1].conversation.items if isinstance(i, FunctionCall)]
     await h.session.close()
