@@ -97,6 +97,8 @@ class MeteredEngine(EngineWrapper):
         self._metrics.engine_queue_wait.labels(task=request.task).observe(timings.queue_wait)
         if timings.first_text is not None:
             self._metrics.thinker_first_token.labels(task=request.task).observe(timings.first_text)
+        if timings.first_audio is not None:
+            self._metrics.engine_first_audio.labels(task=request.task).observe(timings.first_audio)
 
 
 class DevReplies(EngineWrapper):
@@ -120,4 +122,3 @@ class DevReplies(EngineWrapper):
 def for_session(engine: Engine, replies: tuple[str, ...]) -> Engine:
     """The engine one session gets: scripted when there are dev replies."""
     return DevReplies(engine, replies) if replies else engine
-

@@ -13,8 +13,10 @@ from pipeline.conversation import (
     Tool,
     ToolChoice,
     UserText,
+    bound_history,
+    split_turns,
 )
-from pipeline.prompt import PromptRenderer, bound_history, split_turns
+from pipeline.prompt import PromptRenderer
 from pipeline.tokenizer import load_tokenizer
 
 TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE, TOOL_RESPONSE_END = 151657, 151658, 151665, 151666
