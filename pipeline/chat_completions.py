@@ -22,8 +22,10 @@ The request (:func:`chat_request`):
   deploy defaults with the sampling fields a request sets explicitly, ``max_tokens`` among them
   (``max_completion_tokens`` is not); the Talker and Code2Wav keep their deploy defaults.
 - ``stream: true`` with ``stream_options.include_usage``: the usage chunk comes last.
-- Function calling is not carried (*decided*, docs/VLLM_OMNI.md): a turn that offers tools or
-  holds function calls is refused (:class:`ToolsUnsupported`) rather than sent without them.
+- Function calling is not carried (*decided*, docs/VLLM_OMNI.md): tools offered with
+  ``tool_choice`` ``auto`` are left out (the model answers without calling, as before tools
+  were read at all); a turn that must call (``required``, a named function) or holds function
+  calls or outputs is refused (:class:`ToolsUnsupported`).
 
 The stream (:func:`read_chunk`): server-sent events, each ``data:`` one JSON chunk, then
 ``data: [DONE]``. A chunk's top-level ``modality`` says what ``choices[0].delta.content`` holds:
@@ -98,9 +100,8 @@ class ToolsUnsupported(ValueError):
 
 def _messages(request: TurnRequest) -> list[dict[str, Any]]:
     conversation = request.conversation
-    if offers_tools(conversation.tools, conversation.tool_choice) or any(
-        isinstance(item, FunctionCall | FunctionOutput) for item in conversation.items
-    ):
+    must_call = offers_tools(conversation.tools, conversation.tool_choice) and conversation.tool_choice.mode != "auto"
+    if must_call or any(isinstance(item, FunctionCall | FunctionOutput) for item in conversation.items):
         raise ToolsUnsupported("function calling is not carried to vLLM-Omni servers")
     if request.task == "transcribe":
         clips = [item for item in request.conversation.items if isinstance(item, UserAudio)]

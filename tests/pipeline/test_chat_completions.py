@@ -105,19 +105,22 @@ def test_history_goes_as_system_user_and_assistant_messages() -> None:
 @pytest.mark.parametrize(
     "conversation",
     [
-        Conversation((UserText("Time?"),), tools=(Tool("get_time"),)),
+        Conversation((UserText("Time?"),), tools=(Tool("get_time"),), tool_choice=ToolChoice("required")),
+        Conversation((UserText("Time?"),), tools=(Tool("get_time"),), tool_choice=ToolChoice("function", "get_time")),
         Conversation((UserText("Time?"), FunctionCall("c1", "get_time", "{}"), FunctionOutput("c1", "noon"))),
     ],
-    ids=["tools-offered", "calls-in-history"],
+    ids=["required", "named", "calls-in-history"],
 )
-def test_function_calling_is_refused_not_dropped(conversation: Conversation) -> None:
+def test_a_turn_that_must_call_or_holds_calls_is_refused(conversation: Conversation) -> None:
     with pytest.raises(ToolsUnsupported):
         chat_request(TurnRequest(conversation))
 
 
-def test_tools_not_offered_are_no_obstacle() -> None:
-    conversation = Conversation((UserText("Time?"),), tools=(Tool("get_time"),), tool_choice=ToolChoice("none"))
-    assert "tools" not in chat_request(TurnRequest(conversation))
+@pytest.mark.parametrize("choice", ["auto", "none"])
+def test_tools_the_model_may_leave_alone_are_left_out(choice: str) -> None:
+    conversation = Conversation((UserText("Time?"),), tools=(Tool("get_time"),), tool_choice=ToolChoice(choice))
+    plain = chat_request(TurnRequest(Conversation((UserText("Time?"),))))
+    assert chat_request(TurnRequest(conversation)) == plain
 
 
 def test_default_instructions_are_qwens_spoken_chat_prompt() -> None:
