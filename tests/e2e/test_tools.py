@@ -24,9 +24,10 @@ from pydantic import TypeAdapter
 from tests.e2e.browser_chromium import Silence, launch_chromium, write_fake_microphone
 from tests.e2e.conftest import running_server, wait_for_sessions
 
-pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
 SDK_DIR = Path(__file__).resolve().parent / "sdk"
+TEST_OUTPUT = Path(__file__).resolve().parents[2] / "test-output"
 SDK_BUNDLE = SDK_DIR / "node_modules" / "@openai" / "agents-realtime" / "dist" / "bundle"
 CALL_ARGUMENTS = {"timezone": "Europe/Paris"}
 ANSWER = "It is noon in Paris."
@@ -127,6 +128,7 @@ async def serve_sdk_page(page: Page, base_url: str) -> None:
     await page.route(f"{base_url}/sdk-test/**", fulfil)
 
 
+@pytest.mark.browser
 async def test_the_openai_agents_sdk_runs_the_tool_and_speaks_the_answer(tools_server: str, chromium: Browser) -> None:
     assert (SDK_BUNDLE / "openai-realtime-agents.mjs").is_file(), (
         "the Agents SDK is missing: `make test` installs it (npm ci in tests/e2e/sdk)"
@@ -171,6 +173,7 @@ async def test_the_openai_agents_sdk_runs_the_tool_and_speaks_the_answer(tools_s
     assert wait_for_sessions(tools_server, 0) == 0
 
 
+@pytest.mark.browser
 async def test_the_page_runs_its_tool_and_shows_call_and_result(tools_server: str, chromium: Browser) -> None:
     page = await chromium.new_page()
     try:
@@ -190,6 +193,8 @@ async def test_the_page_runs_its_tool_and_shows_call_and_result(tools_server: st
                 text: li.querySelector(".text").textContent }))"""
         )
         sent = await page.evaluate("window.omniRtc.sent")
+        TEST_OUTPUT.mkdir(exist_ok=True)
+        await page.screenshot(path=TEST_OUTPUT / "page-tool-call.png", full_page=True)  # for a person to look at
         await page.click("#hangup")
     finally:
         await page.close()
