@@ -117,6 +117,9 @@ class Settings(BaseSettings):
     max_event_bytes: int = Field(262_144, ge=1_024)
     max_events_per_second: float = Field(50.0, gt=0)  # sustained client event rate per session
     max_event_burst: int = Field(100, ge=1)  # events accepted at once before the rate applies
+    # One input_image's bytes; the event carrying it may be that much (as base64) over max_event_bytes.
+    # 10 MiB holds any phone photo; over WebRTC the data channel takes 256 KiB messages at most.
+    max_image_bytes: int = Field(10_485_760, ge=1_024, le=16_777_216)
     # Characters in one text field of a client event (input_text, instructions); ~4k tokens.
     max_text_chars: int = Field(16_000, ge=1)
     max_session_s: float = Field(3_600.0, gt=0)  # a call ends after this long, as OpenAI's do at 60 min

@@ -9,6 +9,9 @@ and records every frame it receives with its arrival time::
         print(turn.user_transcript, turn.transcript, turn.audio_seconds, turn.latency_s)
         client.events                            # every server event so far, in order
 
+With ``video=`` (a Y4M video or a PNG/JPEG image) it also sends a camera track, sendonly, as
+the page does with its camera on (``app.client.video_file.VideoFileTrack``).
+
 :meth:`RealtimeClient.speak` is half-duplex: it returns once the answer is done *and* has
 played out (``response.done`` and ``output_audio_buffer.stopped``), so the next utterance
 never overlaps the assistant; when the session transcribes input audio, it also waits for the
@@ -27,6 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import av
@@ -38,6 +42,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from app.client.base import ClientError, RealtimeClientBase
 from app.client.turn import TurnResult, committed_item, session_transcribes, transcription_ended
+from app.client.video_file import VideoFileTrack
 from app.realtime.protocol import (
     EVENTS_CHANNEL,
     OutputAudioBufferClearedEvent,
@@ -176,6 +181,8 @@ class RealtimeClient(RealtimeClientBase):
         server_silence_timeout_s: float = SERVER_SILENCE_TIMEOUT_S,
         jitter_buffer: bool = True,
         answer_filter: Callable[[str], str] | None = None,
+        video: str | Path | None = None,
+        video_fps: float | None = None,
     ) -> None:
         """``url`` is the server's base URL; ``session`` goes with the offer (multipart).
 
@@ -188,6 +195,7 @@ class RealtimeClient(RealtimeClientBase):
         path, no concealment); the microphone is Opus-encoded with in-band FEC tuned to the loss
         the server reports, as browsers do. ``answer_filter``, when given, rewrites the server's
         SDP answer before it is used (tests route a call through an impairing relay with it).
+        ``video``: a file to send as the camera (``video_fps`` overrides its frame rate).
         """
         self.url = url.rstrip("/")
         self._api_key = api_key
@@ -197,8 +205,10 @@ class RealtimeClient(RealtimeClientBase):
         self._offer_candidates = offer_candidates
         super().__init__(timeout_s)
         self.call_location: str | None = None
+        self.answer_sdp: str | None = None  # the server's SDP answer, as used
         self._pc: RTCPeerConnection | None = None
         self._microphone = MicrophoneTrack()
+        self.camera = VideoFileTrack(video, fps=video_fps) if video is not None else None
         self._jitter_buffer = jitter_buffer
         self._answer_filter = answer_filter
         self._network: CallNetwork | None = None
@@ -224,6 +234,8 @@ class RealtimeClient(RealtimeClientBase):
         channel.on("message", self._on_message)
         microphone = OpusTrack(self._microphone)
         pc.addTrack(microphone)
+        if self.camera is not None:
+            pc.addTransceiver(self.camera, direction="sendonly")  # the server never sends video
         self._network = CallNetwork(pc, name="client", outbound=microphone)
         pc.on("track", self._on_track)
         pc.on("connectionstatechange", self._on_connection_state)
@@ -235,6 +247,7 @@ class RealtimeClient(RealtimeClientBase):
         answer = await self._post_offer(offer)
         if self._answer_filter is not None:
             answer = self._answer_filter(answer)
+        self.answer_sdp = answer
         await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
         self._network.start()
         async with asyncio.timeout(self._timeout_s):
@@ -270,6 +283,8 @@ class RealtimeClient(RealtimeClientBase):
         if self._pc is not None:
             await self._pc.close()
         self._microphone.stop()
+        if self.camera is not None:
+            self.camera.stop()
         if self._receiver is not None:
             self._receiver.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -45,6 +45,7 @@ SERVE_FLAGS = {
     "max_sessions": "max_sessions",
     "media_workers": "media_workers",
     "disconnect_timeout": "disconnect_timeout_s",
+    "max_image_bytes": "max_image_bytes",
     "jitter_buffer": "jitter_buffer",
     "api_key": "api_key",
     "allow_unauthenticated_public": "allow_unauthenticated_public",
@@ -104,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--disconnect-timeout", type=float, metavar="SECONDS", help="end a call whose peer sent no media this long (default 10)")
     serve.add_argument(
+        "--max-image-bytes", type=int, metavar="BYTES", help="the largest input_image a client may send (default 10 MiB)"
+    )
+    serve.add_argument(
         "--jitter-buffer", action=argparse.BooleanOptionalAction, default=None,
         help="inbound audio through omni-rtc's jitter buffer: playout deadline, FEC and PLC (default on); "
         "--no-jitter-buffer: aiortc's own receive path",
@@ -132,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("--out", type=Path, required=True, help="directory for the received answers (WAV)")
     call.add_argument("--json", action="store_true", help="print one JSON document instead of lines")
     call.add_argument("--sessions", type=int, default=1, help="concurrent calls, each saying every WAV (default 1)")
+    call.add_argument(
+        "--video", type=Path, metavar="FILE",
+        help="webrtc: send FILE as the camera, looped (a Y4M or other video, or a PNG/JPEG image)",
+    )
     call.add_argument(
         "--transport", choices=["webrtc", "websocket"], default="webrtc",
         help="webrtc: POST /v1/realtime/calls and a media track (default); websocket: GET /v1/realtime, audio in events",
@@ -173,8 +181,15 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.web.server import create_app
+    from app.web.websocket import max_frame_bytes
 
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        ws_max_size=max_frame_bytes(settings),
+    )
     return 0
 
 
@@ -204,6 +219,19 @@ async def _call(args: argparse.Namespace) -> int:
     if args.sessions < 1:
         print("omni-rtc call: --sessions must be at least 1", file=sys.stderr)
         return 2
+    if args.video is not None and args.transport != "webrtc":
+        print("omni-rtc call: --video needs --transport webrtc (a WebSocket carries no video)", file=sys.stderr)
+        return 2
+    if args.video is not None:
+        import av
+
+        from app.client.video_file import VideoFileTrack
+
+        try:
+            VideoFileTrack(args.video).stop()
+        except (OSError, ValueError, av.FFmpegError) as exc:
+            print(f"omni-rtc call: cannot read --video {args.video}: {exc}", file=sys.stderr)
+            return 2
     try:
         utterances = [(path, read_utterance(path)) for path in args.wav]
     except (OSError, RuntimeError) as exc:  # soundfile raises RuntimeError subclasses for bad files
@@ -243,6 +271,7 @@ async def _one_session(args: argparse.Namespace, index: int, utterances: list[tu
             ice_loopback=args.ice_loopback,
             ice_servers=args.ice_server,
             timeout_s=args.timeout,
+            video=args.video,
         )
     try:
         async with client:
@@ -262,12 +291,17 @@ async def _one_session(args: argparse.Namespace, index: int, utterances: list[tu
                     "audio_seconds": round(turn.audio_seconds, 3),
                     "audible_seconds": round(turn.audible_seconds, 3),
                     "latency_s": None if turn.latency_s is None else round(turn.latency_s, 3),
+                    "images": turn.images_shown,
                     "usage": turn.usage,
                     "output": str(saved),
                 }
                 result["turns"].append(summary)
                 if not args.json:
                     latency = "-" if turn.latency_s is None else f"{turn.latency_s:.2f} s"
+                    if turn.images_shown:
+                        image_tokens = turn.usage.get("input_token_details", {}).get("image_tokens")
+                        print(f"session {index} turn {number} camera: {turn.images_shown} frames, "
+                              f"{image_tokens} image tokens", flush=True)
                     if turn.user_transcript is not None:
                         print(f"session {index} turn {number} user said: {turn.user_transcript!r}", flush=True)
                     print(

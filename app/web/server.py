@@ -175,6 +175,7 @@ def _base_session_config(settings: Settings) -> SessionConfig:
         max_event_bytes=settings.max_event_bytes,
         max_events_per_second=settings.max_events_per_second,
         max_event_burst=settings.max_event_burst,
+        max_image_bytes=settings.max_image_bytes,
     )
 
 

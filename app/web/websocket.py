@@ -15,7 +15,9 @@ The same ``RealtimeSession`` as over WebRTC, on a different carrier:
 - Limits as over WebRTC: the event gate (size, rate), text length, ``--max-session-s`` (then
   ``session_expired`` and close), and ``--max-sessions`` shared with the WebRTC calls. A binary
   frame, or any bad event, is answered with an ``error`` event and the socket stays open. Frames
-  over uvicorn's ``ws_max_size`` (16 MiB) close it with 1009, as the server library does.
+  over uvicorn's ``ws_max_size`` (``max_frame_bytes``: 32 MiB with the default image limit) close
+  it with 1009, as the server library does; frames up to it are read, so an image too large for
+  ``--max-image-bytes`` gets an ``error`` (a 20 MB photo is 27 MB of base64).
 - A client that goes (close frame, dropped TCP, missed pings: uvicorn pings every 20 s) ends
   the session and its engine work; so does one that stops reading while
   ``MAX_PENDING_BYTES`` of events wait for it.
@@ -52,6 +54,18 @@ from app.web.signaling import capacity_error, read_session_config
 from app.webrtc.call import CapacityError, Session
 
 logger = logging.getLogger(__name__)
+
+# The least frame the server reads before closing with 1009: a 20 MiB photo is 27 MiB of base64,
+# and is answered with an error (uvicorn's own default is 16 MiB).
+MIN_MAX_FRAME_BYTES = 32 * 1024 * 1024
+
+
+def max_frame_bytes(settings: Settings) -> int:
+    """uvicorn's ``ws_max_size``: at least twice the largest image event, so that an image over the
+    limit is read and refused with an ``error``, not answered by a closed socket."""
+    largest_event = settings.max_event_bytes + 4 * -(-settings.max_image_bytes // 3)
+    return max(MIN_MAX_FRAME_BYTES, 2 * largest_event)
+
 
 # Browsers cannot set headers on a WebSocket; OpenAI takes the key as this subprotocol.
 API_KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."

@@ -11,7 +11,8 @@ import { PageTools } from "./tools.js";
 const RECONNECT_DELAYS_MS = [1000, 2000, 4000, 8000, 16000];
 
 export class CallControls {
-  constructor({ view, transcript, signaling, sessionControls, hook, remoteAudio }) {
+  constructor({ view, transcript, signaling, sessionControls, hook, remoteAudio, camera }) {
+    this.camera = camera;
     this.view = view;
     this.transcript = transcript;
     this.signaling = signaling;
@@ -67,6 +68,7 @@ export class CallControls {
       view: this.view,
       hook: this.hook,
       remoteAudio: this.remoteAudio,
+      camera: this.camera,
       owner: this,
     });
     this.call = thisCall;
