@@ -35,7 +35,6 @@ import logging
 import secrets
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
@@ -47,6 +46,7 @@ from app.realtime.protocol import ProtocolError
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
 from app.web.auth import Authenticator, CallGrant, bearer_token, missing_credentials
+from app.web.edge import OriginPolicy
 from app.web.errors import ApiError
 from app.web.metrics import CallMetrics, Metrics
 from app.web.runtime import Runtime
@@ -257,13 +257,14 @@ def websocket_router(
 ) -> APIRouter:
     """``GET /v1/realtime``; the runtime (engine, VAD, registry) is read per connection from the app."""
     router = APIRouter()
+    origins = OriginPolicy(settings)
 
     @router.websocket("/v1/realtime")
     async def realtime(websocket: WebSocket, model: str | None = None) -> None:
         offered = list(websocket.scope.get("subprotocols") or [])
         try:
             runtime = _runtime_of(websocket)
-            _check_origin(websocket, settings.cors_origins)
+            _check_origin(websocket, origins)
             grant = _authorize(websocket, authenticator, offered)
             config = read_session_config(grant.session or {}, base_config)
 
@@ -299,10 +300,10 @@ def _runtime_of(websocket: WebSocket) -> Runtime:
     return runtime
 
 
-def _check_origin(websocket: WebSocket, allowed: list[str]) -> None:
+def _check_origin(websocket: WebSocket, origins: OriginPolicy) -> None:
     """Browsers send ``Origin``; only this server's own and the ``--cors-origin`` ones may connect."""
     origin = websocket.headers.get("origin")
-    if origin is None or origin in allowed or urlsplit(origin).netloc == websocket.headers.get("host"):
+    if origins.allows(origin, websocket.headers.get("host")):
         return
     raise ApiError(
         403, f"Origin {origin!r} may not open sessions here; the server allows it with --cors-origin.",

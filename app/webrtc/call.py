@@ -36,7 +36,7 @@ from aiortc import MediaStreamTrack, RTCConfiguration, RTCDataChannel, RTCPeerCo
 from aiortc.exceptions import InternalError, InvalidAccessError, InvalidStateError, OperationError
 
 from app.realtime.protocol import EVENTS_CHANNEL, ProtocolError
-from app.webrtc.ice import loopback_candidates
+from app.webrtc.ice import loopback_candidates, missing_relay, selected_candidate_pair
 from app.webrtc.network import CallNetwork, NetworkObserver
 from app.webrtc.sdp import with_opus_inband_fec
 from media.frames import FramePlan, SampledFrame
@@ -194,6 +194,12 @@ class Call:
         # aiortc gathers every candidate inside setLocalDescription, so the answer is complete.
         with loopback_candidates(self._ice_loopback):
             await pc.setLocalDescription(answer)
+        unrelayed = missing_relay(self._configuration, pc.localDescription.sdp)
+        if unrelayed:
+            logger.warning(
+                "call %s: no relay candidate from %s: the TURN server refused the credentials or is unreachable",
+                self.id, ", ".join(unrelayed),
+            )
 
         await session.start()
         self._network.start()
@@ -310,6 +316,10 @@ class Call:
         logger.debug("call %s: connection %s", self.id, state)
         if state == "connected":
             self._connected = True
+            pair = selected_candidate_pair(self._pc)
+            # Which path the media takes: "relay" means through the TURN server (docs/DEPLOY.md).
+            logger.info("call %s: connected (candidates: ours %s, the peer's %s)", self.id,
+                        pair.local if pair else "unknown", pair.remote if pair else "unknown")
             self._wakeup.set()
         elif state in ("failed", "closed"):
             self.end(f"connection_{state}")

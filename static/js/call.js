@@ -48,7 +48,10 @@ export class Call {
     this.micStream = micStream;
     this.meter.start(micStream);
 
-    this.pc = new RTCPeerConnection();
+    // Asked for each call, after the microphone (whose prompt may wait long): TURN credentials are fresh.
+    const iceServers = await this.signaling.iceServers();
+    if (this.closed) return;
+    this.pc = new RTCPeerConnection({ iceServers });
     this.hook.pc = this.pc;
     this.pc.ontrack = (event) => {
       this.remoteAudio.srcObject = event.streams[0] ?? new MediaStream([event.track]);

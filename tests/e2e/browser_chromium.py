@@ -52,12 +52,15 @@ def write_fake_microphone(path: Path, segments: Iterable[Path | Silence]) -> Pat
     return path
 
 
-async def launch_chromium(playwright: Playwright, *, microphone: Path | None, camera: Path | None = None) -> Browser:
+async def launch_chromium(
+    playwright: Playwright, *, microphone: Path | None, camera: Path | None = None, extra_args: Iterable[str] = ()
+) -> Browser:
     """Headless Chromium. With ``microphone``, getUserMedia is granted without a prompt and
     captures the WAV (played once, then silence); without it, no permission is granted, so a
     page that asks for the microphone is refused. ``camera``: a Y4M file the fake camera plays
-    (looped); without it the fake camera shows Chromium's own test pattern."""
-    args = list(QUIET_ARGS)
+    (looped); without it the fake camera shows Chromium's own test pattern. ``extra_args`` go
+    to Chromium as they are."""
+    args = [*QUIET_ARGS, *extra_args]
     if microphone is not None:
         args += [
             "--use-fake-ui-for-media-stream",
