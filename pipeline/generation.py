@@ -52,6 +52,7 @@ from pipeline.kv_cache import KVCache
 from pipeline.prompt import ThinkerInputs
 from pipeline.sampling import choose_rows, thinker_sampling
 from pipeline.streaming import AudioChunker, TextStream
+from pipeline.tool_calls import ToolCallStream
 from pipeline.turn import VOICES, AudioChunk, FinishReason, TextDelta, TurnDone, TurnEvent, Usage
 from pipeline.turn_stages import TalkerTurn, ThinkerTurn
 
@@ -80,6 +81,9 @@ class GenerationParams:
     max_chunk_frames: int = 100
     left_context_frames: int = 25
     force_output_tokens: int | None = None  # benchmarks only: suppress EOS until N tokens
+    # The answer's tokens, ending with its stop token, taken instead of sampled (the dev model's
+    # scripted replies, TurnRequest.forced_reply); they draw no random numbers.
+    forced_tokens: tuple[int, ...] | None = None
     # Extensions beyond the agreed fields (defaults keep the agreed behaviour):
     # a safety cap on codec frames per turn (the Talker normally ends with codec EOS first).
     max_audio_frames: int = DEFAULT_MAX_AUDIO_FRAMES
@@ -96,6 +100,8 @@ class GenerationParams:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1 or None, got {value}")
+        if self.forced_tokens is not None and not self.forced_tokens:
+            raise ValueError("forced_tokens must hold at least one token or be None")
         for name in ("first_chunk_frames", "chunk_frames", "max_chunk_frames", "max_audio_frames"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -313,6 +319,9 @@ class _Turn(Generic[TurnKey]):
         self.thinker = ThinkerTurn(model, params, self.generator)
         self.text = TextStream(tokenizer)
         self._tokens_held = 0  # answer tokens pushed since the last delta (held-back UTF-8 pieces)
+        # Function calls: from the first <tool_call> on the answer is calls, no longer speech.
+        self.calls = ToolCallStream(tokenizer, inputs.answer_prefix)
+        self._spoken_tokens: int | None = None  # answer tokens before the first call, once it began
         # Set by the Talker's prefill: the turn speaks.
         self.speech: _Speech | None = None
         # Set by the Thinker's prefill for the Talker's: the prompt's input embeddings (audio
@@ -341,6 +350,34 @@ class _Turn(Generic[TurnKey]):
         )
         return TurnDone(text=self.text.text, usage=usage, finish_reason=finish_reason)
 
+    @property
+    def feeds_talker(self) -> bool:
+        """The Talker takes this turn's newest token as text: it speaks, and its speech goes on."""
+        return (
+            self.speech is not None
+            and not self.speech.talker.text_done
+            and not self.thinker.finished
+            and self.calls.speaking
+        )
+
+    def token_events(self, token: int) -> list[TurnEvent]:
+        """What a new (recorded) Thinker token releases: speech text, or from the first
+        ``<tool_call>`` on, function calls (``pipeline.tool_calls``)."""
+        if self.calls.speaking and not self.calls.opens(token):
+            delta = self.text_delta(token)
+            return [] if delta is None else [delta]
+        events: list[TurnEvent] = []
+        if self.calls.speaking:  # this token opens the first call: the speech ended before it
+            self._spoken_tokens = len(self.thinker.tokens) - 1
+            if held := self.text.flush():
+                events.append(TextDelta(held, tokens=max(1, self._tokens_held)))
+            self._tokens_held = 0
+        if token not in self.thinker.stop_ids:
+            events.extend(self.calls.push(token))
+        if self.thinker.finished:
+            events.extend(self.calls.end())
+        return events
+
     def text_delta(self, token: int) -> TextDelta | None:
         """The text a new Thinker token releases, with the answer tokens it completes; a stop
         token is never text, only the end of it."""
@@ -359,7 +396,10 @@ class _Turn(Generic[TurnKey]):
 
     def voiced_tokens(self, frames: int) -> int:
         """Answer tokens spoken by the first ``frames`` frames (see ``AudioChunk.text_tokens_voiced``)."""
-        spoken = len(self.thinker.tokens) - 1 if self.thinker.finished else len(self.thinker.tokens)
+        if self._spoken_tokens is not None:  # the speech ended where the first call began
+            spoken = self._spoken_tokens
+        else:
+            spoken = len(self.thinker.tokens) - 1 if self.thinker.finished else len(self.thinker.tokens)
         return min(frames, spoken)
 
 
@@ -483,8 +523,7 @@ class DecodeBatch(Generic[TurnKey]):
         for turn, token_id in zip(turns, token_ids):
             turn.thinker.record(token_id)
             self._turns[turn.key] = turn
-            if delta := turn.text_delta(token_id):
-                events.append((turn.key, delta))
+            events.extend((turn.key, event) for event in turn.token_events(token_id))
         joined = _Rows(turns, cache, batch.position_ids[-3:, :, -1:], tokens, last_hidden).kept(
             [row for row, turn in enumerate(turns) if not turn.thinker.finished]
         )
@@ -494,9 +533,10 @@ class DecodeBatch(Generic[TurnKey]):
 
     def wants_talker(self, key: TurnKey) -> bool:
         """An answer of one token is only its end marker (or one token cut short): nothing to
-        speak, and generate() cannot build a Talker prompt for it either."""
+        speak, and generate() cannot build a Talker prompt for it either. Nor is there for one
+        that begins with a function call."""
         turn = self._turns[key]
-        return turn.params.output_audio and not turn.thinker.finished
+        return turn.params.output_audio and not turn.thinker.finished and turn.calls.speaking
 
     def prefill_talker(self, key: TurnKey) -> None:
         """Build the turn's Talker prompt as generate() does and prefill it; the turn joins the Talker's rows."""
@@ -696,8 +736,9 @@ class DecodeBatch(Generic[TurnKey]):
             token_ids = state.last[:, 0].tolist()
             for row, turn in enumerate(rows):
                 turn.thinker.record(token_ids[row])
+            released = [turn.token_events(token_ids[row]) for row, turn in enumerate(rows)]
             # The Talker's trailing text: each new token projected, in one call for all rows.
-            fed = [row for row, turn in enumerate(rows) if turn.speech is not None and not turn.thinker.finished]
+            fed = [row for row, turn in enumerate(rows) if turn.feeds_talker]
             if fed:
                 talker = self._speech().talker
                 ids = state.last if len(fed) == len(rows) else state.last[fed]
@@ -705,14 +746,13 @@ class DecodeBatch(Generic[TurnKey]):
         events: list[tuple[TurnKey, TurnEvent]] = []
         keep = []
         for row, turn in enumerate(rows):
-            if turn.speech is not None:
-                if turn.thinker.finished:
+            if turn.speech is not None and not turn.speech.talker.text_done:
+                if row in fed:
+                    turn.speech.talker.trailing.append(projected[fed.index(row)].unsqueeze(0))
+                else:  # the text ended, or a function call began: generate()'s <tts_eos> in its place
                     turn.speech.talker.trailing.append(self._tts_embeds()[1])
                     turn.speech.talker.text_done = True
-                else:
-                    turn.speech.talker.trailing.append(projected[fed.index(row)].unsqueeze(0))
-            if delta := turn.text_delta(token_ids[row]):
-                events.append((turn.key, delta))
+            events.extend((turn.key, event) for event in released[row])
             if not turn.thinker.finished:
                 keep.append(row)
         self._thinking = state.kept(keep)

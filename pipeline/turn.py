@@ -43,6 +43,9 @@ class TurnRequest:
     output_audio: bool = True
     task: TurnTask = "respond"
     hint: TranscriptionHint | None = None  # task "transcribe" only
+    # The answer's text, forced through the real tokenizer instead of sampled (the dev model's
+    # scripted replies, ``omni-rtc serve --dev-replies``); it continues any forced call opening.
+    forced_reply: str | None = None
 
     @classmethod
     def transcription(cls, clip: UserAudio, hint: TranscriptionHint | None = None) -> TurnRequest:
@@ -102,6 +105,40 @@ class AudioChunk:
 
 
 @dataclass(frozen=True)
+class FunctionCallStarted:
+    """The answer began function call ``index`` (0-based, in the answer) of function ``name``.
+
+    From the first call on the answer's speech is over: the Talker was fed none of the call's
+    markup and no text after it. Each call streams as one ``FunctionCallStarted``, its
+    arguments' ``FunctionCallDelta``s, then one ``FunctionCallDone``.
+    """
+
+    index: int
+    name: str
+
+
+@dataclass(frozen=True)
+class FunctionCallDelta:
+    """More of call ``index``'s arguments, as the model writes them (JSON text)."""
+
+    index: int
+    delta: str
+
+
+@dataclass(frozen=True)
+class FunctionCallDone:
+    """Call ``index`` as written: ``arguments`` is its deltas joined. ``closed``: the model ended
+    it with ``</tool_call>`` (False: the answer stopped inside it). ``well_formed``: its body
+    was ``{"name": …, "arguments": …}`` (False: delivered as written, name possibly empty)."""
+
+    index: int
+    name: str
+    arguments: str
+    closed: bool = True
+    well_formed: bool = True
+
+
+@dataclass(frozen=True)
 class Usage:
     input_text_tokens: int
     input_audio_tokens: int
@@ -142,7 +179,8 @@ class TurnDone:
     end_of_turn_probability: float | None = None  # task "end_of_turn" only
 
 
-TurnEvent = TextDelta | AudioChunk | TurnDone
+FunctionCallEvent = FunctionCallStarted | FunctionCallDelta | FunctionCallDone
+TurnEvent = TextDelta | AudioChunk | FunctionCallEvent | TurnDone
 
 
 class EngineError(Exception):

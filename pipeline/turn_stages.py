@@ -42,8 +42,10 @@ class ThinkerTurn:
         self._stop_tensor = torch.tensor(sorted(self.stop_ids), device=device)
         self._max_tokens = params.max_output_tokens or UNBOUNDED_OUTPUT_TOKENS
         self._force_tokens = params.force_output_tokens or 0
+        # A forced answer is taken greedily from scores that allow only its next token: no draw.
+        self._forced = params.forced_tokens
         sampling = thinker_sampling(generation_config, params.temperature)
-        do_sample = sampling.do_sample
+        do_sample = sampling.do_sample and self._forced is None
         processors = sampling_processors(
             do_sample=do_sample,
             temperature=sampling.temperature,
@@ -70,6 +72,10 @@ class ThinkerTurn:
     def scores(self, logits: torch.Tensor) -> torch.Tensor:
         """[1, vocab] logits of the last position -> scores ready for the draw."""
         scores = logits.to(dtype=torch.float32, copy=True)
+        if self._forced is not None:
+            scores.fill_(-float("inf"))
+            scores[:, self._forced[min(len(self.tokens), len(self._forced) - 1)]] = 0.0
+            return scores
         if len(self.tokens) < self._force_tokens:
             scores[:, self._stop_tensor] = -float("inf")
         return self.sampler.process(self.sequence, scores)

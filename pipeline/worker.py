@@ -282,6 +282,13 @@ class _Commands:
             self.submitted.put(None)
 
 
+def forced_tokens(tokenizer, reply: str) -> tuple[int, ...]:
+    """A scripted reply as the Thinker would write it: its tokens (Qwen's tool tokens included,
+    as the model writes them), then ``<|im_end|>``."""
+    ids = tokenizer.encode(reply, add_special_tokens=False)
+    return (*ids, tokenizer.convert_tokens_to_ids("<|im_end|>"))
+
+
 def _serve(loaded: _Loaded, commands_connection: Connection, events: Connection) -> None:
     commands = _Commands(commands_connection)
     commands.start()
@@ -416,6 +423,8 @@ class _BatchServer:
             output_audio=request.output_audio,
         )
         try:
+            if request.forced_reply is not None:
+                params = dataclasses.replace(params, forced_tokens=forced_tokens(self._loaded.tokenizer, request.forced_reply))
             if params.output_audio and not self._loaded.model.has_talker:
                 raise ValueError("this engine was started without audio output; ask for text only")
             return turn_id, self._loaded.renderer.render_request(request), params

@@ -24,17 +24,23 @@ from app.realtime.heard import VoicedAudio
 from app.realtime.ledger import Playback, PlaybackLedger
 from app.realtime.protocol import (
     ClientContentPart,
+    ClientFunctionCallItem,
+    ClientFunctionCallOutputItem,
+    ClientMessageItem,
     ConversationItemAddedEvent,
     ConversationItemCreateEvent,
     ConversationItemDeletedEvent,
     ConversationItemDoneEvent,
     ConversationItemTruncatedEvent,
     ConversationItemTruncateEvent,
+    FunctionCallItem,
+    FunctionCallOutputItem,
     InputAudioBufferCommittedEvent,
     InputAudioContent,
     InputImageContent,
     InputTextContent,
     ItemContent,
+    ItemStatus,
     MessageItem,
     OutputAudioContent,
     OutputTextContent,
@@ -50,10 +56,14 @@ from pipeline.conversation import (
     AssistantText,
     Conversation,
     ConversationItem,
+    FunctionCall,
+    FunctionOutput,
     HistoryLimits,
+    ItemRole,
     UserAudio,
     UserImage,
     UserText,
+    group_turns,
 )
 
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit (or take as an item) less than 100 ms of audio
@@ -155,7 +165,33 @@ class AssistantEntry:
         return MessageItem(id=self.id, status=self.status, role="assistant", content=self.content())
 
 
-Entry = UserEntry | AssistantEntry
+@dataclass
+class FunctionCallEntry:
+    """A call the model made (streamed while in progress), or one a client created."""
+
+    id: str
+    call_id: str
+    name: str
+    arguments: str = ""
+    status: ItemStatus = "in_progress"
+
+    def item(self) -> FunctionCallItem:
+        return FunctionCallItem(
+            id=self.id, status=self.status, call_id=self.call_id, name=self.name, arguments=self.arguments
+        )
+
+
+@dataclass
+class FunctionOutputEntry:
+    id: str
+    call_id: str
+    output: str
+
+    def item(self) -> FunctionCallOutputItem:
+        return FunctionCallOutputItem(id=self.id, call_id=self.call_id, output=self.output)
+
+
+Entry = UserEntry | AssistantEntry | FunctionCallEntry | FunctionOutputEntry
 
 
 class History:
@@ -236,11 +272,13 @@ class History:
         if item.id is not None and self.find(item.id) is not None:
             raise ProtocolError("invalid_value", f"An item with id {item.id!r} already exists.", param="item.id")
         position = self._position_after(event.previous_item_id)
-        if not item.content:
+        if isinstance(item, ClientMessageItem) and not item.content:
             raise ProtocolError("invalid_value", "A message needs at least one content part.", param="item.content")
         item_id = item.id or new_id("item")
         entry: Entry
-        if item.role == "user":
+        if not isinstance(item, ClientMessageItem):
+            entry = self._function_item(item_id, item, max_chars=max_chars)
+        elif item.role == "user":
             parts, content = read_user_content(
                 item.content, input_audio_format=input_audio_format, max_chars=max_chars, images=images or {}
             )
@@ -324,9 +362,29 @@ class History:
         for entry in self._entries:
             if isinstance(entry, UserEntry):
                 items.extend(entry.parts)
+            elif isinstance(entry, FunctionCallEntry):
+                if entry.status == "completed":  # a call cut off while written was never made
+                    items.append(FunctionCall(entry.call_id, entry.name, entry.arguments))
+            elif isinstance(entry, FunctionOutputEntry):
+                items.append(FunctionOutput(entry.call_id, entry.output))
             elif entry.status != "in_progress" and (text := entry.history_text()):
                 items.append(AssistantText(text))  # nothing heard: as if it had not been said
         return Conversation(items=tuple(items), instructions=instructions, limits=limits)
+
+    def _function_item(
+        self, item_id: str, item: ClientFunctionCallItem | ClientFunctionCallOutputItem, *, max_chars: int
+    ) -> Entry:
+        """A client's function call, or the output of a call in the history."""
+        if isinstance(item, ClientFunctionCallItem):
+            arguments = checked_text(item.arguments, "item.arguments", max_chars=max_chars)
+            return FunctionCallEntry(item_id, item.call_id, item.name, arguments, status="completed")
+        made = (entry for entry in self._entries if isinstance(entry, FunctionCallEntry) and entry.status == "completed")
+        if not any(entry.call_id == item.call_id for entry in made):  # a call cut off was never made
+            raise ProtocolError(
+                "item_not_found", f"No completed function call with call_id {item.call_id!r} in the conversation.",
+                param="item.call_id",
+            )
+        return FunctionOutputEntry(item_id, item.call_id, checked_text(item.output, "item.output", max_chars=max_chars))
 
     def prune(self, limits: HistoryLimits) -> None:
         """Keep whole turns, newest first, while the history limits hold (as the prompt renderer
@@ -346,7 +404,8 @@ class History:
 
 
 def pruned(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
-    """``entries`` cut to whole turns (user items up to their answer), newest first, within
+    """``entries`` cut to whole turns (items up to an answer, a function call kept with its
+    output: ``pipeline.conversation.group_turns``), newest first, within
     ``limits``; a turn still being answered is always kept, and so are at most
     ``MAX_UNANSWERED_ITEMS`` trailing user items.
 
@@ -356,13 +415,7 @@ def pruned(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
     images take the past turns over ``max_image_tokens``, it and older turns drop their images
     (``UserEntry.drop_images``), as the prompt would.
     """
-    turns: list[list[Entry]] = []
-    pending: list[Entry] = []
-    for entry in entries:
-        pending.append(entry)
-        if isinstance(entry, AssistantEntry):
-            turns.append(pending)
-            pending = []
+    turns, pending = group_turns(entries, _entry_role)
     kept: list[list[Entry]] = []
     clips = 0
     seconds = 0.0
@@ -380,13 +433,26 @@ def pruned(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
             clips += len(audio)
             seconds += sum(clip.seconds for clip in audio)
             as_text = clips > limits.max_audio_clips or seconds > limits.max_audio_seconds
-        in_progress = any(isinstance(entry, AssistantEntry) and entry.status == "in_progress" for entry in turn)
+        in_progress = any(
+            isinstance(entry, AssistantEntry | FunctionCallEntry) and entry.status == "in_progress" for entry in turn
+        )
         untranscribed = as_text and any(clip.transcript is None for clip in audio)
         if not in_progress and (len(kept) >= limits.max_turns or untranscribed):
             break
         kept.append(turn)
     pending = pending[-MAX_UNANSWERED_ITEMS:]
     return [entry for turn in reversed(kept) for entry in turn] + pending
+
+
+def _entry_role(entry: Entry) -> ItemRole:
+    """An entry's part in ``group_turns``: answers end turns; a call stays with its output."""
+    if isinstance(entry, AssistantEntry):
+        return ("answer", None)
+    if isinstance(entry, FunctionCallEntry):
+        return ("call", entry.call_id)
+    if isinstance(entry, FunctionOutputEntry):
+        return ("output", entry.call_id)
+    return ("other", None)
 
 
 # -- client-item readers ------------------------------------------------------------------

@@ -99,7 +99,11 @@ async def test_openai_client_session_update_is_accepted_and_mapped(h):
     assert session["audio"]["input"]["turn_detection"]["interrupt_response"] is True
     assert session["audio"]["output"]["voice"] == "ethan"  # an OpenAI voice keeps the Qwen voice
     assert session["audio"]["output"]["speed"] == 1.0  # accepted, not applied
-    assert session["tools"] == [] and session["tracing"] is None
+    assert session["tracing"] is None
+    # A tool without parameters takes none: an empty object schema.
+    assert session["tools"] == [
+        {"type": "function", "name": "f", "description": None, "parameters": {"type": "object", "properties": {}}}
+    ]
     assert [e["error"]["code"] for e in h.of_type("error")] == ["semantic_vad_unavailable"]
 
 
@@ -610,7 +614,7 @@ async def test_engine_failure_ends_the_response_failed_and_the_next_turn_works(h
     done = (await h.turn_done())["response"]
 
     assert done["status"] == "failed"
-    assert done["status_details"]["error"] == {"type": "server_error", "code": "engine_error"}
+    assert done["status_details"]["error"] == {"type": "server_error", "code": "engine_error", "message": None}
     error = h.last("error")["error"]
     assert error["type"] == "server_error" and "CUDA out of memory" in error["message"]
     h.push(silence(ECHO_TAIL_MS + 100))

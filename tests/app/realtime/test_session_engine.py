@@ -135,3 +135,25 @@ async def test_spoken_turns_are_transcribed_and_kept_as_text_beyond_the_audio_bu
     first_transcript = completed[0]["transcript"]
     tokens = len(load_tokenizer(dev_model_dir).encode(first_transcript, add_special_tokens=False))
     assert third_on["text_tokens"] - third_off["text_tokens"] >= tokens
+
+
+async def test_a_forced_tool_choice_makes_the_dev_model_call(engine, vad):
+    """``required`` and a named function start the answer inside a call: it comes out as a
+    function_call item (the random model names no function after ``required``, and rarely
+    closes the call: delivered as written), with no message and no audio."""
+    tool = {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}
+    h = SessionHarness(RecordingEngine(engine), vad, SessionConfig(turn_detection=None, max_output_tokens=12))
+    await h.session.start()
+    await h.send(type="session.update", session={"tools": [tool], "tool_choice": {"type": "function", "name": "get_time"}})
+    await h.send(type="conversation.item.create",
+                 item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Time?"}]})
+    outputs = []
+    for count, choice in enumerate(({"type": "function", "name": "get_time"}, "required"), 1):
+        await h.send(type="response.create", response={"tool_choice": choice})
+        outputs.append((await h.turn_done(count, timeout_s=TURN_GUARD_S))["response"]["output"])
+    named, required = outputs
+    assert [(item["type"], item["name"]) for item in named] == [("function_call", "get_time")]
+    assert [item["type"] for item in required] == ["function_call"]
+    assert not h.of_type("response.output_audio.done") and h.output.played_samples == 0
+    assert not h.of_type("error")
+    await h.session.close()
