@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from media.rates import VOICE_RATE
-
-if TYPE_CHECKING:
-    from pipeline.generation import GenerationParams
+from pipeline.params import GenerationParams
 
 
 class AudioChunker:

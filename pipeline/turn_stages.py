@@ -3,15 +3,13 @@ sampling (generate()'s processors for the turn's settings), and when each stage 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from pipeline.params import GenerationParams
 from pipeline.sampling import Sampler, sampling_processors, thinker_sampling
 from pipeline.turn import FinishReason
-
-if TYPE_CHECKING:
-    from pipeline.generation import GenerationParams
 
 # max_output_tokens=None ("inf" in the protocol) still needs a bound; 4096 is the protocol's
 # largest numeric value.

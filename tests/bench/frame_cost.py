@@ -45,7 +45,8 @@ import pipeline.devmodel
 from pipeline import generation
 from pipeline.decoder import SpeechModel
 from pipeline.devmodel import ensure_dev_model
-from pipeline.generation import GenerationParams, stream_turn
+from pipeline.generation import stream_turn
+from pipeline.params import GenerationParams
 from pipeline.prompt import PromptRenderer
 from pipeline.tokenizer import load_tokenizer
 from pipeline.turn import AudioChunk, TurnDone

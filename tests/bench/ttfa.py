@@ -46,7 +46,8 @@ import pipeline.tokenizer
 from media.rates import VOICE_RATE
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
 from pipeline.devmodel import ensure_dev_model
-from pipeline.generation import GenerationParams, stream_turn
+from pipeline.generation import stream_turn
+from pipeline.params import GenerationParams
 from pipeline.prompt import PromptRenderer, ThinkerInputs
 from pipeline.tokenizer import load_tokenizer
 from pipeline.turn import AudioChunk, TextDelta, TurnDone

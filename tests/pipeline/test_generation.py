@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
-from pipeline.generation import DecodeBatch, GenerationParams, stream_turn
+from pipeline.generation import DecodeBatch, stream_turn
+from pipeline.params import GenerationParams
 from pipeline.prompt import PromptRenderer
 from pipeline.streaming import TextStream
 from pipeline.tokenizer import load_tokenizer
