@@ -47,6 +47,7 @@ from typing import Generic, TypeVar
 import numpy as np
 import torch
 
+from pipeline.code2wav import StreamingCode2Wav
 from pipeline.decoder import DecoderStack, SpeechModel
 from pipeline.kv_cache import KVCache
 from pipeline.params import GREEDY_TURN_SEED, GenerationParams
@@ -322,6 +323,7 @@ class DecodeBatch(Generic[TurnKey]):
         self._tts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         # Due chunks of one shape go through Code2Wav together on an accelerator, one call each on a CPU.
         code2wav = getattr(model, "code2wav", None)  # None: loaded without audio output
+        self._code2wav = None if code2wav is None else StreamingCode2Wav(code2wav)
         self._code2wav_batches = code2wav is not None and code2wav.device.type != "cpu"
 
     @property
@@ -333,6 +335,11 @@ class DecodeBatch(Generic[TurnKey]):
     def talker_rows(self) -> list[_Turn[TurnKey]]:
         """Turns whose audio goes on, in row order."""
         return [] if self._speaking is None else self._speaking.turns
+
+    def _streaming_code2wav(self) -> StreamingCode2Wav:
+        if self._code2wav is None:
+            raise ValueError("this model was loaded without its Code2Wav: ask for text only")
+        return self._code2wav
 
     def _speech(self) -> SpeechModel:
         if self._speech_model is None:
@@ -463,7 +470,8 @@ class DecodeBatch(Generic[TurnKey]):
             hidden = output.hidden_states[0][-1][:, -1:]
             speeches = [
                 _Speech(
-                    TalkerTurn(model, turn.params, turn.generator), AudioChunker(model.code2wav, turn.params, turn.clock)
+                    TalkerTurn(model, turn.params, turn.generator),
+                    AudioChunker(self._streaming_code2wav(), turn.params, turn.clock),
                 )
                 for turn in turns
             ]
@@ -702,25 +710,31 @@ class DecodeBatch(Generic[TurnKey]):
         return bool(self._due())
 
     def decode_chunks(self) -> list[tuple[TurnKey, TurnEvent]]:
-        """Decode every due chunk (a turn's last frames once its audio ended). On an accelerator
-        chunks of the same shape go through Code2Wav together; on a CPU each goes alone,
+        """Decode every due chunk (a turn's last frames once its audio ended), each from the
+        Code2Wav state its turn's previous chunks left. On an accelerator chunks of the same
+        length and state shape go through Code2Wav together; on a CPU each goes alone,
         because Code2Wav's upsampled activations outgrow the cache: four 50-frame chunks
         together cost 59 ms against 4 x 13 ms alone (dev model, one core)."""
+        code2wav = self._streaming_code2wav()
         due = self._due()
-        groups: dict[tuple[int, ...] | TurnKey, list[tuple[TurnKey, torch.Tensor]]] = {}
+        groups: dict[Hashable, list[tuple[_Turn[TurnKey], AudioChunker, torch.Tensor]]] = {}
         for turn, speech in due:
             codes = speech.audio.pending_codes()
-            groups.setdefault(tuple(codes.shape) if self._code2wav_batches else turn.key, []).append((turn.key, codes))
+            key = (codes.shape[-1], speech.audio.state.batch_key()) if self._code2wav_batches else turn.key
+            groups.setdefault(key, []).append((turn, speech.audio, codes))
         events: list[tuple[TurnKey, TurnEvent]] = []
         decoded: dict[TurnKey, np.ndarray] = {}
         with torch.inference_mode():
             for members in groups.values():
-                waves = self._model.code2wav(torch.cat([codes for _, codes in members], dim=0))[:, 0]
-                for (key, _), wave in zip(members, waves.float().cpu().numpy()):
-                    decoded[key] = wave
+                waves, states = code2wav.decode(
+                    torch.cat([codes for _, _, codes in members]), [audio.state for _, audio, _ in members]
+                )
+                for (turn, audio, _), wave, state in zip(members, waves.float().cpu().numpy(), states):
+                    decoded[turn.key] = wave
+                    audio.state = state
         for turn, speech in due:
-            frames, pcm = speech.audio.emit(decoded[turn.key])
+            pcm = decoded[turn.key]
+            frames = speech.audio.emit(pcm)
             voiced = turn.voiced_tokens(speech.audio.decoded_frames)
             events.append((turn.key, AudioChunk(pcm, frames=frames, text_tokens_voiced=voiced)))
         return events
-

@@ -25,12 +25,9 @@ class GenerationParams:
     # Later chunks without adaptive_chunks (vllm-omni's 25 frames, 2 s).
     chunk_frames: int = 25
     # The largest adaptive chunk (100 frames, 8 s of audio): once the audio is far ahead of the
-    # listener, few large chunks re-decode less left context than many small ones (25-frame
-    # chunks decode 50 frames for every 25 they emit, 100-frame ones 125 for 100) and pay
-    # Code2Wav's per-call cost (~2 ms on the dev model, one core) less often. Qwen's own
-    # chunked_decode uses 300-frame chunks.
+    # listener, few large chunks pay Code2Wav's per-call cost (~2 ms on the dev model, one core)
+    # less often. Qwen's own chunked_decode uses 300-frame chunks.
     max_chunk_frames: int = 100
-    left_context_frames: int = 25
     force_output_tokens: int | None = None  # benchmarks only: suppress EOS until N tokens
     # Extensions beyond the agreed fields (defaults keep the agreed behaviour):
     # a safety cap on codec frames per turn (the Talker normally ends with codec EOS first).
@@ -51,7 +48,3 @@ class GenerationParams:
         for name in ("first_chunk_frames", "chunk_frames", "max_chunk_frames", "max_audio_frames"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        # A chunk's last samples need the next frame; the next chunk recomputes them from its
-        # left context, so at least one frame of it is required.
-        if self.left_context_frames < 1:
-            raise ValueError(f"left_context_frames must be at least 1, got {self.left_context_frames}")
