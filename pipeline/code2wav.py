@@ -72,7 +72,7 @@ class Code2WavState:
         if not first.started:
             return Code2WavState()
         return Code2WavState(
-            frames=-1,  # rows have their own positions: decode() is given them
+            frames=min(state.frames for state in states),  # (decode() takes each row's positions from its own)
             keys=[torch.cat([state.keys[layer] for state in states]) for layer in range(len(first.keys))],
             values=[torch.cat([state.values[layer] for state in states]) for layer in range(len(first.values))],
             histories=[torch.cat([state.histories[index] for state in states]) for index in range(len(first.histories))],
