@@ -14,12 +14,14 @@ from hypothesis import strategies as st
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
+from pipeline.decoder import DecoderStack
 from pipeline.generation import DecodeBatch, stream_turn
 from pipeline.params import GenerationParams
 from pipeline.prompt import PromptRenderer
 from pipeline.streaming import TextStream
 from pipeline.tokenizer import load_tokenizer
 from pipeline.turn import AudioChunk, TextDelta, TurnDone
+from pipeline.turn_stages import ThinkerTurn
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SAMPLES_PER_FRAME = 1920
@@ -646,3 +648,121 @@ def test_padded_rows_are_masked_with_eager_attention_too(dev_model_dir, tokenize
     events, _, _ = drive(model, tokenizer, plan)
     for key, (_, turn_inputs, params) in plan.items():
         assert_same_turn(events[key], run(model, tokenizer, turn_inputs, **params), atol=BATCH_WAVEFORM_ATOL)
+
+
+# Thinker logits, stream vs generate() and batched vs alone: float32 rounding of batched and
+# differently shaped matrix products moves them by ~1e-6 on the dev model. Decode positions
+# shifted by one move them by up to ~3e-2 while often leaving every greedy token unchanged
+# (top-1/top-2 margins are 1e-3..5e-2), so tokens alone cannot catch a position bug; 1e-4 does
+# (test_the_logit_checks_catch_decode_positions_shifted_by_one).
+LOGITS_ATOL = 1e-4
+
+
+class ThinkerLogits:
+    """Each turn's Thinker logits as its sampling sees them ([1, vocab] per token, prefill first),
+    recorded from ``ThinkerTurn.scores``: per turn whatever rows the batch gives it."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.by_turn: dict[int, list[torch.Tensor]] = {}
+        original = ThinkerTurn.scores
+        recorder = self
+
+        def scores(turn, logits):
+            recorder.by_turn.setdefault(id(turn), []).append(logits.detach().float().clone())
+            return original(turn, logits)
+
+        monkeypatch.setattr(ThinkerTurn, "scores", scores)
+
+    def turns(self) -> list[list[torch.Tensor]]:
+        """Every turn's logits, turns in the order they were first scored."""
+        return list(self.by_turn.values())
+
+
+def generate_thinker_logits(model, inputs, tokens: int) -> list[torch.Tensor]:
+    """generate()'s Thinker logits at each of ``tokens`` greedy steps (text only)."""
+    logits: list[torch.Tensor] = []
+    handle = model.thinker.lm_head.register_forward_hook(
+        lambda module, args, output: logits.append(output[:, -1].detach().float().clone())
+    )
+    try:
+        model.generate(
+            input_ids=inputs.input_ids,
+            attention_mask=inputs.attention_mask,
+            **(
+                {}
+                if inputs.input_features is None
+                else {"input_features": inputs.input_features, "feature_attention_mask": inputs.feature_attention_mask}
+            ),
+            return_audio=False,
+            thinker_max_new_tokens=tokens,
+            thinker_min_new_tokens=tokens,
+            thinker_do_sample=False,
+            thinker_repetition_penalty=model.generation_config.repetition_penalty,
+        )
+    finally:
+        handle.remove()
+    return logits
+
+
+def assert_same_logits(got: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
+    assert len(got) == len(expected)
+    for step, (mine, theirs) in enumerate(zip(got, expected)):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=LOGITS_ATOL, msg=f"thinker step {step}")
+
+
+class ShiftedThinkerPositions:
+    """Adds ``shift`` to the Thinker's decoding positions (the bug the logit checks must catch)."""
+
+    def __init__(self, monkeypatch, model, shift: int) -> None:
+        thinker_layer = model.thinker.model.language_model.layers[0]
+        original = DecoderStack.__call__
+
+        def call(stack, hidden, cache, *, positions=None, position_embeddings=None):
+            if positions is not None and stack.layers[0] is thinker_layer:
+                positions = positions + shift
+            return original(stack, hidden, cache, positions=positions, position_embeddings=position_embeddings)
+
+        monkeypatch.setattr(DecoderStack, "__call__", call)
+
+
+def stream_thinker_logits(model, tokenizer, inputs, tokens: int, monkeypatch) -> list[torch.Tensor]:
+    recorded = ThinkerLogits(monkeypatch)
+    run(model, tokenizer, inputs, **greedy(force_output_tokens=tokens, max_output_tokens=tokens, output_audio=False))
+    (logits,) = recorded.turns()
+    return logits
+
+
+@pytest.mark.parametrize("turn", ["inputs", "typed_inputs"])
+def test_greedy_stream_gives_the_thinker_logits_generate_gives(model, tokenizer, turn, request, monkeypatch):
+    turn_inputs = request.getfixturevalue(turn)
+    expected = generate_thinker_logits(model, turn_inputs, 16)
+    assert_same_logits(stream_thinker_logits(model, tokenizer, turn_inputs, 16, monkeypatch), expected)
+
+
+def test_turns_decoded_together_give_the_thinker_logits_they_give_alone(
+    model, tokenizer, inputs, typed_inputs, history_inputs, monkeypatch
+):
+    # Three prompts of different lengths joining at different steps: left padding, joins and
+    # a leaving row all move the rows around each other.
+    text = {"output_audio": False}
+    plan = {
+        "spoken": (0, inputs, greedy(force_output_tokens=16, max_output_tokens=16, **text)),
+        "typed": (2, typed_inputs, greedy(force_output_tokens=6, max_output_tokens=6, **text)),
+        "history": (3, history_inputs, greedy(force_output_tokens=14, max_output_tokens=14, **text)),
+    }
+    recorded = ThinkerLogits(monkeypatch)
+    drive(model, tokenizer, plan)
+    batched = recorded.turns()
+    for (_, turn_inputs, params), together in zip(plan.values(), batched):
+        recorded.by_turn.clear()
+        run(model, tokenizer, turn_inputs, **params)
+        (alone,) = recorded.turns()
+        assert_same_logits(together, alone)
+
+
+def test_the_logit_checks_catch_decode_positions_shifted_by_one(model, tokenizer, inputs, monkeypatch):
+    expected = generate_thinker_logits(model, inputs, 16)
+    ShiftedThinkerPositions(monkeypatch, model, shift=1)
+    shifted = stream_thinker_logits(model, tokenizer, inputs, 16, monkeypatch)
+    with pytest.raises(AssertionError, match="thinker step 1"):
+        assert_same_logits(shifted, expected)
