@@ -284,11 +284,6 @@ class _Turn(Generic[TurnKey]):
         self._tokens_held = 0
         return delta
 
-    def voiced_tokens(self, frames: int) -> int:
-        """Answer tokens spoken by the first ``frames`` frames (see ``AudioChunk.text_tokens_voiced``)."""
-        spoken = len(self.thinker.tokens) - 1 if self.thinker.finished else len(self.thinker.tokens)
-        return min(frames, spoken)
-
 
 class DecodeBatch(Generic[TurnKey]):
     """Turns decoded together: one Thinker forward, one Talker forward and one code-predictor
@@ -735,6 +730,5 @@ class DecodeBatch(Generic[TurnKey]):
         for turn, speech in due:
             pcm = decoded[turn.key]
             frames = speech.audio.emit(pcm)
-            voiced = turn.voiced_tokens(speech.audio.decoded_frames)
-            events.append((turn.key, AudioChunk(pcm, frames=frames, text_tokens_voiced=voiced)))
+            events.append((turn.key, AudioChunk(pcm, frames=frames)))
         return events

@@ -29,6 +29,10 @@ class GenerationParams:
     # less often. Qwen's own chunked_decode uses 300-frame chunks.
     max_chunk_frames: int = 100
     force_output_tokens: int | None = None  # benchmarks only: suppress EOS until N tokens
+    # Tests and benchmarks only: hold codec EOS until the audio has this many frames per answer
+    # token, as a trained Talker speaks (3-4 tokens a second: 3-4 frames per token; the dev
+    # model's Talker stops ~0.8 s after its text).
+    talker_frames_per_token: float | None = None
     # Extensions beyond the agreed fields (defaults keep the agreed behaviour):
     # a safety cap on codec frames per turn (the Talker normally ends with codec EOS first).
     max_audio_frames: int = DEFAULT_MAX_AUDIO_FRAMES
@@ -45,6 +49,8 @@ class GenerationParams:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1 or None, got {value}")
+        if self.talker_frames_per_token is not None and self.talker_frames_per_token <= 0:
+            raise ValueError(f"talker_frames_per_token must be positive or None, got {self.talker_frames_per_token}")
         for name in ("first_chunk_frames", "chunk_frames", "max_chunk_frames", "max_audio_frames"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

@@ -131,6 +131,7 @@ class TalkerTurn:
         # Benchmarks force long answers from random weights; keep the Talker from stopping
         # before it has spoken them (until it has consumed the <tts_eos> entry).
         self._hold_eos = params.force_output_tokens is not None
+        self._frames_per_token = params.talker_frames_per_token
         self.trailing: list[torch.Tensor] = []
         self.text_done = False
         self.generated = torch.empty((1, 0), dtype=torch.long, device=device)
@@ -141,7 +142,11 @@ class TalkerTurn:
         """[1, vocab] logits after trailing entry ``consumed_through`` -> scores ready for the draw."""
         scores = logits.to(dtype=torch.float32, copy=True)
         text_pending = not self.text_done or consumed_through < len(self.trailing) - 1
-        if self._hold_eos and text_pending:
+        # The answer's tokens: the first (in the Talker's prompt), then one trailing entry each.
+        slow = self._frames_per_token is not None and (
+            not self.text_done or self.frames < self._frames_per_token * (len(self.trailing) + 1)
+        )
+        if (self._hold_eos and text_pending) or slow:
             scores[:, self._codec_eos] = -float("inf")
         return self.sampler.process(self.generated, scores)
 

@@ -417,7 +417,7 @@ class RealtimeSession:
         if response.modality != "audio" or response.entry is None or pcm.size == 0:
             return
         response.audio_written(to_idle_paced_output=len(self._ledger) == 0 and getattr(self._output, "paced", False))
-        response.entry.add_audio(pcm.size, frames=chunk.frames, text_tokens_voiced=chunk.text_tokens_voiced)
+        response.entry.add_audio(pcm.size)
         self._ledger.write(response.entry.id, response.id, pcm.size, self._output.played_samples)
         self._output.write(pcm)
 
