@@ -6,7 +6,8 @@
 # pillow, httpx, jinja2, pyyaml, psutil... This tree calls transformers 5.24's module layout
 # (pyproject.toml), whose import-time checks want newer tokenizers, safetensors, regex and
 # huggingface-hub than 5.17 does; dashscope ships the Qwen BPE ranks the dev tokenizer is built
-# from (only its files are read, so none of its dependencies come). No other package is needed.
+# from (only its files are read, so none of its dependencies come); accelerate is what
+# from_pretrained(device_map=...) needs, as the engine process loads a checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python_version=3.12
@@ -26,6 +27,7 @@ packages=(
   safetensors==0.8.0
   regex==2026.11.19
   dashscope==2.0.2
+  accelerate==1.15.0
 )
 python=${PYTHON:-python3}
 mkdir -p "$dest"
