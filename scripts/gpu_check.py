@@ -321,7 +321,8 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     parser.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
                         help="default: bfloat16 on CUDA, float32 on CPU")
-    parser.add_argument("--tokens", type=int, default=24, help="forced answer length (spoken over 3 frames each)")
+    parser.add_argument("--tokens", type=int, default=None,
+                        help="forced answer length, spoken over 3 frames each (default: 24 on CUDA, 8 on CPU)")
     parser.add_argument("--out", type=Path, default=None, help="where the JSON result goes (default: a temp dir)")
     args = parser.parse_args()
     on_gpu = args.device.startswith("cuda")
@@ -342,12 +343,13 @@ def main() -> int:
     device_name = torch.cuda.get_device_name() if on_gpu else "cpu"
     rows = [Row("device", "ok", 0.0,
                 f"{device_name}, torch {torch.__version__}, transformers {transformers.__version__}, {size} size, {dtype_name}")]
-    check = Check(size, args.device, getattr(torch, dtype_name), args.tokens)
+    tokens = args.tokens or (24 if on_gpu else 8)
+    check = Check(size, args.device, getattr(torch, dtype_name), tokens)
     rows.append(step("build", check.build, started))
     if size == "dev":
         def turn() -> str:
             model_dir = ensure_dev_model(REPO / ".cache" / "gpu-check", progress=lambda m: print(f"gpu-check: {m}"))
-            return asyncio.run(asyncio.wait_for(engine_turn(model_dir, args.device, dtype_name, args.tokens),
+            return asyncio.run(asyncio.wait_for(engine_turn(model_dir, args.device, dtype_name, tokens),
                                                 ENGINE_TURN_TIMEOUT_S))
         rows.append(step("engine turn", turn, started))
     if rows[1].status == "ok":
