@@ -18,7 +18,7 @@ decodes every frame at once. The first sound therefore comes after the whole tur
    Talker continues on ``<tts_pad>`` until it samples codec EOS (or reaches ``max_audio_frames``).
 4. After ``first_chunk_frames`` frames, then whenever a chunk is due (its size adapts to how
    far the audio is ahead of the listener, see ``AudioChunker``), Code2Wav decodes the new
-   frames with ``left_context_frames`` frames of left context and the audio is yielded at once.
+   frames from the state the turn's previous chunks left and the audio is yielded at once.
 
 Positions, caches, processors and the code predictor mirror ``generate()``, so with greedy
 decoding in both stages the stream produces the same tokens and codec frames as
@@ -28,13 +28,10 @@ from the same distributions with each turn's own generator (other random numbers
 left-padded caches (``KVCache``) so that any number of turns decode together
 (``DecodeBatch``); a turn alone is a batch of one.
 
-Code2Wav's upsampling blocks each look one step ahead (a transposed convolution whose last
-output needs the next input), so decoding frames ``[a, b)`` yields correct audio only up to a
-fixed number of samples before ``b * 1920``. Each chunk therefore emits exactly the samples
-that are final, starting where the previous chunk stopped; the chunks concatenate gap-free to
-the length of one decode of all frames. With left context at least Code2Wav's attention
-window (72 frames in the real model) the chunks equal that decode; with the default 25 frames
-(vllm-omni's choice) they differ slightly (tests/pipeline/test_generation.py states how much).
+Code2Wav is causal layer by layer (``pipeline/code2wav.py``): each chunk is decoded from the
+state the turn's previous chunks left (the sliding-window attention's keys and values, each
+convolution's input history) and yields exactly the samples its frames make final, so the chunks
+concatenate to one decode of all frames (docs/MODEL.md "What is exact").
 """
 
 from __future__ import annotations
