@@ -335,6 +335,8 @@ def main() -> int:
     if size == "full" and not on_gpu:
         print("gpu-check: --size full needs ~71 GB of device memory in bfloat16; on a CPU use --size dev", file=sys.stderr)
         return 2
+    if not on_gpu:
+        torch.set_num_threads(1)  # as the benches and the engine on a CPU: no spinning threads on a shared box
     out = args.out or Path(tempfile.mkdtemp(prefix="gpu-check-"))
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(SEED)
