@@ -44,6 +44,7 @@ def new_call(
         observer=metrics.observer(),
         on_closed=on_closed,
         pacing_stats=metrics.pacing,
+        jitter_buffer=settings.jitter_buffer,
     )
 
 

@@ -46,7 +46,7 @@ from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
 from app.web.auth import Authenticator, CallGrant, bearer_token, missing_credentials
 from app.web.errors import ApiError
-from app.web.metrics import CallObserver, Metrics
+from app.web.metrics import CallMetrics, Metrics
 from app.web.runtime import Runtime
 from app.web.signaling import capacity_error, read_session_config
 from app.webrtc.call import CapacityError, Session
@@ -81,7 +81,7 @@ class SocketCall:
         *,
         make_session: SocketSessionFactory,
         max_duration_s: float | None = None,
-        observer: CallObserver | None = None,
+        observer: CallMetrics | None = None,
         on_closed: Callable[[SocketCall, str], None] | None = None,
     ) -> None:
         self.id = new_socket_id()

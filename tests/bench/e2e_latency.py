@@ -5,7 +5,7 @@ Run: .venv/bin/python tests/bench/e2e_latency.py [--turns 10] [--url http://127.
      [--turn-detection server_vad|semantic_vad[:low|medium|high] ...] [--utterances espeak|finished]
 
 ``--transport websocket`` measures the same over ``GET /v1/realtime`` with
-``app.web.socket_client.RealtimeSocketClient`` (speech appended in 100 ms events paced as a
+``app.client.websocket.RealtimeSocketClient`` (speech appended in 100 ms events paced as a
 microphone captures them; ``client_ms`` runs to the first ``response.output_audio.delta``),
 written to ``e2e_latency_websocket.json`` by default.
 
@@ -18,7 +18,7 @@ turn-taking) instead of the two espeak-ng fixtures.
 
 Without ``--url`` it starts ``omni-rtc serve --ice-loopback`` with the dev model on a free
 loopback port (as ``soak.py`` does; answers capped at 25 codec frames). One headless client
-(``app.webrtc.client.RealtimeClient``) says ``tests/fixtures/hello.wav`` and ``weather.wav`` in turn,
+(``app.client.webrtc.RealtimeClient``) says ``tests/fixtures/hello.wav`` and ``weather.wav`` in turn,
 ``--turns`` times, each turn ended by the server VAD and waited out until its answer has played.
 
 Per turn:
@@ -61,8 +61,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import machine, write_report  # noqa: E402
 from soak import DEV_MODEL_AUDIO_FRAMES, FIXTURES, REPO, TURN_TIMEOUT_S, dev_model_server  # noqa: E402
 
-from app.web.socket_client import CHUNK_MS, RealtimeSocketClient  # noqa: E402  (after the path set-up above)
-from app.webrtc.client import RealtimeClient  # noqa: E402
+from app.client.webrtc import RealtimeClient  # noqa: E402
+from app.client.websocket import CHUNK_MS, RealtimeSocketClient  # noqa: E402  (after the path set-up above)
 from media.rates import SPEECH_RATE  # noqa: E402
 from media.turn_detection import TurnDetectionParams, UtteranceCommitted, VoiceActivityDetector  # noqa: E402
 from media.vad import WINDOW_SAMPLES, SileroVad  # noqa: E402

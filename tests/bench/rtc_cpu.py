@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from harness import wait_until_healthy, write_report  # noqa: E402
 
-from app.webrtc.client import RealtimeClient  # noqa: E402  (after the path set-up above)
+from app.client.webrtc import RealtimeClient  # noqa: E402  (after the path set-up above)
 
 FIXTURES = REPO / "tests" / "fixtures"
 STARTUP_DEADLINE_S = 300.0

@@ -42,8 +42,8 @@ from typing import Any
 import httpx
 import soundfile as sf
 
+from app.client.webrtc import RealtimeClient
 from app.realtime.turn_taking import ECHO_TAIL_MS
-from app.webrtc.client import RealtimeClient
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"

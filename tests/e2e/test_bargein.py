@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
+from app.client.webrtc import RealtimeClient
 from app.config import Settings
 from app.realtime.heard import tokens_heard
 from app.web.cli import read_utterance
 from app.web.server import create_app
-from app.webrtc.client import RealtimeClient
 from media.rates import VOICE_RATE, WIRE_RATE
 from pipeline.conversation import AssistantText
 from tests.e2e.conftest import serving_in_process

@@ -24,9 +24,9 @@ import numpy as np
 import psutil
 import pytest
 
+from app.client.webrtc import RealtimeClient
 from app.config import Settings
 from app.web.server import create_app
-from app.webrtc.client import RealtimeClient
 from media.outbound import OutboundAudioTrack
 from tests.clock import FakeClock
 from tests.e2e.conftest import get_json, serving_in_process, wait_for_sessions

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
+from app.client.webrtc import AUDIBLE_PEAK, RealtimeClient
 from app.config import Settings
 from app.web.cli import read_utterance
 from app.web.server import create_app
-from app.webrtc.client import AUDIBLE_PEAK, RealtimeClient
 from media.rates import WIRE_RATE
 from pipeline.conversation import UserAudio
 from tests.e2e.conftest import serving_in_process

@@ -21,9 +21,10 @@ import httpx
 import psutil
 import pytest
 
+from app.client.base import ClientError
+from app.client.webrtc import RealtimeClient
 from app.config import Settings
 from app.web.server import create_app
-from app.webrtc.client import ClientError, RealtimeClient
 from tests.e2e.conftest import free_port, serving_in_process
 from tests.fakes import ScriptedEngine
 from tests.speech import load_fixture

@@ -12,9 +12,9 @@ import time
 
 import httpx
 
+from app.client.webrtc import RealtimeClient
 from app.config import Settings
 from app.web.server import create_app
-from app.webrtc.client import RealtimeClient
 from tests.e2e.conftest import serving_in_process
 from tests.fakes import ScriptedEngine
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from app.client.webrtc import RealtimeClient
 from app.config import Settings
 from app.web.cli import read_utterance
 from app.web.server import create_app
-from app.webrtc.client import RealtimeClient
 from tests.e2e.conftest import serving_in_process
 from tests.fakes import ScriptedEngine
 

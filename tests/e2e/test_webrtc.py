@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from app.client.turn import TurnResult
+from app.client.webrtc import RealtimeClient
 from app.config import Settings
 from app.web.cli import read_utterance
 from app.web.server import create_app
-from app.webrtc.client import RealtimeClient, TurnResult
 from tests.e2e.conftest import open_sessions, serving_in_process, wait_for_sessions
 from tests.fakes import ScriptedEngine
 

@@ -19,8 +19,8 @@ from openai import AsyncOpenAI
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
+from app.client.websocket import RealtimeSocketClient
 from app.web.cli import read_utterance
-from app.web.socket_client import RealtimeSocketClient
 from tests.e2e.conftest import wait_for_sessions
 
 pytestmark = pytest.mark.e2e

@@ -20,3 +20,9 @@ def test_importing_the_session_core_loads_no_transport_or_onnx():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_a_call_imports_nothing_of_the_http_service_above_it():
+    code = "import sys, app.webrtc.call\nprint(sorted(m for m in sys.modules if m.startswith('app.web.')))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

@@ -19,10 +19,10 @@ from pydantic import SecretStr
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from app.client.websocket import RealtimeSocketClient
 from app.config import Settings
 from app.realtime.input_buffer import MAX_APPEND_AHEAD_MS
 from app.web.server import create_app
-from app.web.socket_client import RealtimeSocketClient
 from tests.app.realtime.test_fuzz import OFFER_LINES
 from tests.e2e.conftest import serving_in_process
 from tests.fakes import ScriptedEngine

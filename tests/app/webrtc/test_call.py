@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 
+from app.client.webrtc import MicrophoneTrack
 from app.webrtc.call import MAX_QUEUED_MESSAGES, Call, OfferError
-from app.webrtc.client import MicrophoneTrack
 from app.webrtc.ice import loopback_candidates, rtc_configuration
 
 # Generous: waiting is not measured, a call that never gets there fails the wait.

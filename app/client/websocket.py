@@ -1,6 +1,6 @@
 """A headless WebSocket client: speaks to ``GET /v1/realtime`` as a server-side program does.
 
-The counterpart of ``app.webrtc.client.RealtimeClient`` for the WebSocket transport, with the
+The counterpart of ``app.client.webrtc.RealtimeClient`` for the WebSocket transport, with the
 same surface::
 
     async with RealtimeSocketClient("http://127.0.0.1:8000") as client:
@@ -32,6 +32,8 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from app.client.base import ClientError, RealtimeClientBase
+from app.client.turn import TurnResult, committed_item, session_transcribes, transcription_ended
 from app.realtime.protocol import (
     InputAudioBufferAppendEvent,
     InputAudioBufferCommittedEvent,
@@ -44,8 +46,6 @@ from app.realtime.protocol import (
     SessionUpdateEvent,
     event_type,
 )
-from app.webrtc.client import TurnResult, committed_item, session_transcribes, transcription_ended
-from app.webrtc.client_events import ClientError, RealtimeClientBase
 from media import g711
 from media.rates import SPEECH_RATE, VOICE_RATE
 
