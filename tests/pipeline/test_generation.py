@@ -12,6 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import Qwen3OmniMoeForConditionalGeneration
+from transformers.modeling_flash_attention_utils import _pad_input, _unpad_input, _upad_input
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
 from pipeline.decoder import DecoderStack
@@ -763,3 +765,48 @@ def test_the_logit_checks_catch_decode_positions_shifted_by_one(model, tokenizer
     shifted = stream_thinker_logits(model, tokenizer, inputs, 16, monkeypatch)
     with pytest.raises(AssertionError, match="thinker step 1"):
         assert_same_logits(shifted, expected)
+
+
+def flash_attention_on_a_cpu(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """What transformers' flash-attention path computes, with plain torch for the kernel: any
+    mask goes through transformers' own ``_upad_input`` (as ``_flash_attention_forward`` does),
+    then each sequence attends causally, bottom-right aligned (flash-attn >= 2.1)."""
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # [batch, length, heads, dim], as flash takes them
+    batch, q_len = q.shape[:2]
+    if attention_mask is None:
+        sequences = [(q[row], k[row], v[row]) for row in range(batch)]
+    else:
+        q, k, v, indices_q, (cu_q, cu_k), _ = _upad_input(q, k, v, attention_mask, q_len, _unpad_input)
+        sequences = [
+            (q[cu_q[row] : cu_q[row + 1]], k[cu_k[row] : cu_k[row + 1]], v[cu_k[row] : cu_k[row + 1]])
+            for row in range(batch)
+        ]
+    outputs = []
+    for queries, keys, values in sequences:
+        groups = queries.shape[1] // keys.shape[1]
+        keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+        causal = torch.arange(len(keys))[None, :] <= torch.arange(len(queries))[:, None] + len(keys) - len(queries)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            queries.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), attn_mask=causal, scale=scaling
+        )
+        outputs.append(out.transpose(0, 1))
+    if attention_mask is None:
+        return torch.stack(outputs), None
+    return _pad_input(torch.cat(outputs), indices_q, batch, q_len), None
+
+
+def test_padded_rows_decode_with_flash_attentions_inputs_too(dev_model_dir, tokenizer, inputs, typed_inputs, monkeypatch):
+    # flash-attn does not run on a CPU; the stand-in above receives exactly what transformers'
+    # flash path would hand it, so the masks the batch builds for flash attention are what is tested.
+    model = load_model(dev_model_dir)
+    params = greedy(force_output_tokens=10, max_output_tokens=10, max_audio_frames=16, adaptive_chunks=False)
+    with_sdpa = run(model, tokenizer, inputs, **params)
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "flash_attention_2", flash_attention_on_a_cpu)
+    for stack in (model.thinker.model.language_model, model.talker.model, model.talker.code_predictor.model):
+        monkeypatch.setattr(stack.config, "_attn_implementation", "flash_attention_2")
+    assert inputs.input_ids.shape[1] - typed_inputs.input_ids.shape[1] >= 8
+    plan = {"spoken": (0, inputs, params), "typed": (0, typed_inputs, params)}
+    events, _, _ = drive(model, tokenizer, plan)
+    for key, (_, turn_inputs, _) in plan.items():
+        assert_same_turn(events[key], run(model, tokenizer, turn_inputs, **params), atol=BATCH_WAVEFORM_ATOL)
+    assert_same_turn(events["spoken"], with_sdpa, atol=BATCH_WAVEFORM_ATOL)  # the stand-in is attention
