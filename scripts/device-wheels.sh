@@ -38,7 +38,7 @@ rm -f "$dest"/*.whl
   --platform any "${packages[@]}"
 total=$(du -cb "$dest"/*.whl | tail -1 | cut -f1)
 ls -l "$dest"/*.whl
-echo "device-wheels: $(ls "$dest"/*.whl | wc -l) wheels, $((total / 1024 / 1024)) MiB in $dest"
+echo "device-wheels: $(ls "$dest"/*.whl | wc -l) wheels, $(( (total + 1048575) / 1048576 )) MiB in $dest (rounded up)"
 # The issue's budget for the kit: the working tree and the wheels travel together within 64 MiB.
 if (( total > 48 * 1024 * 1024 )); then
   echo "device-wheels: over the 48 MiB budget" >&2
