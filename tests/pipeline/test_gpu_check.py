@@ -54,7 +54,3 @@ def test_without_a_visible_gpu_it_says_so_and_fails():
     assert completed.returncode == 2
     assert "no CUDA device is visible" in completed.stderr and "--device cpu" in completed.stderr
 
-
-def test_the_full_size_needs_a_gpu():
-    completed = gpu_check("--device", "cpu", "--size", "full")
-    assert completed.returncode == 2 and "--size dev" in completed.stderr
