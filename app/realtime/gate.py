@@ -2,10 +2,17 @@
 
 A refused event gets a :class:`Rejection`, which the session answers with an ``error`` event;
 the session goes on.
+
+Events up to ``max_bytes`` cost one token of the rate's bucket. Larger ones, up to
+``max_image_event_bytes`` (room for one image, ``conversation.item.create`` with an ``input_image``),
+cost one token per ``max_bytes`` they hold (at most a whole burst), so the bytes a session
+may make the server parse per second stay bounded whatever the events' sizes. The session
+refuses a large event that turns out to carry no image, once parsed.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,9 +35,11 @@ class EventGate:
         max_bytes: int,
         per_second: float,
         burst: int,
+        max_image_event_bytes: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._max_bytes = max_bytes
+        self._max_image_event_bytes = max(max_bytes, max_image_event_bytes or 0)
         self._per_second = per_second
         self._burst = burst
         self._clock = clock
@@ -39,18 +48,33 @@ class EventGate:
 
     def admit(self, raw: str | bytes) -> Rejection | None:
         size = len(raw.encode() if isinstance(raw, str) else raw)
-        if size > self._max_bytes:
-            return Rejection(
-                "event_too_large", f"Event is {size} bytes; the limit is {self._max_bytes}."
-            )
+        if size > self._max_image_event_bytes:
+            return too_large(size, self._max_bytes, self._max_image_event_bytes)
         now = self._clock()
         self._tokens = min(self._burst, self._tokens + (now - self._refilled_at) * self._per_second)
         self._refilled_at = now
-        if self._tokens < 1:
+        cost = min(self._burst, math.ceil(size / self._max_bytes))
+        if self._tokens < cost:
             return Rejection(
                 "rate_limit_exceeded",
                 f"More than {self._per_second:g} events per second (bursts of {self._burst}); "
                 "this event was dropped.",
             )
-        self._tokens -= 1
+        self._tokens -= cost
         return None
+
+    def refuse_large(self, size: int) -> Rejection | None:
+        """Once parsed: an event over ``max_bytes`` that is not an image upload is refused."""
+        if size <= self._max_bytes:
+            return None
+        return too_large(size, self._max_bytes, self._max_image_event_bytes)
+
+
+def too_large(size: int, max_bytes: int, max_image_event_bytes: int) -> Rejection:
+    if max_image_event_bytes <= max_bytes:
+        return Rejection("event_too_large", f"Event is {size} bytes; the limit is {max_bytes}.")
+    return Rejection(
+        "event_too_large",
+        f"Event is {size} bytes; the limit is {max_bytes}, or {max_image_event_bytes} for a "
+        "conversation.item.create with an input_image.",
+    )
