@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     max_batch: int = Field(8, ge=1)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     seed: int | None = None  # makes turns reproducible
-    # pipeline.generation.GenerationParams fields for every turn (JSON in the environment), e.g.
+    # pipeline.params.GenerationParams fields for every turn (JSON in the environment), e.g.
     # {"max_audio_frames": 250} caps an answer at 20 s of speech (12.5 codec frames per second).
     generation: dict[str, Any] = Field(default_factory=dict)
     engine_threads: int | None = Field(None, ge=1)  # torch CPU threads in the engine process

@@ -3,15 +3,13 @@ sampling (generate()'s processors for the turn's settings), and when each stage 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from pipeline.params import GenerationParams
 from pipeline.sampling import Sampler, sampling_processors, thinker_sampling
 from pipeline.turn import FinishReason
-
-if TYPE_CHECKING:
-    from pipeline.generation import GenerationParams
 
 # max_output_tokens=None ("inf" in the protocol) still needs a bound; 4096 is the protocol's
 # largest numeric value.
@@ -139,6 +137,7 @@ class TalkerTurn:
         # Benchmarks force long answers from random weights; keep the Talker from stopping
         # before it has spoken them (until it has consumed the <tts_eos> entry).
         self._hold_eos = params.force_output_tokens is not None
+        self._frames_per_token = params.talker_frames_per_token
         self.trailing: list[torch.Tensor] = []
         self.text_done = False
         self.generated = torch.empty((1, 0), dtype=torch.long, device=device)
@@ -149,7 +148,11 @@ class TalkerTurn:
         """[1, vocab] logits after trailing entry ``consumed_through`` -> scores ready for the draw."""
         scores = logits.to(dtype=torch.float32, copy=True)
         text_pending = not self.text_done or consumed_through < len(self.trailing) - 1
-        if self._hold_eos and text_pending:
+        # The answer's tokens: the first (in the Talker's prompt), then one trailing entry each.
+        slow = self._frames_per_token is not None and (
+            not self.text_done or self.frames < self._frames_per_token * (len(self.trailing) + 1)
+        )
+        if (self._hold_eos and text_pending) or slow:
             scores[:, self._codec_eos] = -float("inf")
         return self.sampler.process(self.generated, scores)
 

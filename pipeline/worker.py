@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.turn import TurnDone, TurnEvent, TurnRequest, Usage
 
 if TYPE_CHECKING:
-    from pipeline.generation import GenerationParams
+    from pipeline.params import GenerationParams
     from pipeline.prompt import ThinkerInputs
 
 logger = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ def _load(spec: WorkerSpec) -> _Loaded:
     import torch
     from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
-    from pipeline.generation import GenerationParams
+    from pipeline.params import GenerationParams
     from pipeline.prompt import PromptRenderer
     from pipeline.tokenizer import load_tokenizer
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import soxr
 
-from app.realtime.heard import VoicedAudio
+from app.realtime.heard import tokens_heard
 from app.realtime.ledger import Playback, PlaybackLedger
 from app.realtime.protocol import (
     ClientContentPart,
@@ -110,12 +110,8 @@ class AssistantEntry:
     text: str = ""  # everything generated
     token_ends: list[int] = field(default_factory=list)  # end offset in ``text`` of each answer token so far
     heard: str | None = None  # set once playback settled; None: not settled yet (see history_text)
-    voiced: VoicedAudio = field(default_factory=VoicedAudio)  # its audio, and the tokens the frames voice
+    audio_samples: int = 0  # its audio written so far (24 kHz)
     ended_early: bool = False  # the response was cancelled or failed: its text ran ahead of its audio
-
-    @property
-    def audio_samples(self) -> int:
-        return self.voiced.samples
 
     def add_delta(self, delta: str, *, tokens: int = 1) -> None:
         """``delta`` completes ``tokens`` answer tokens. Of a delta held back until a character's
@@ -126,10 +122,8 @@ class AssistantEntry:
         self.token_ends.extend([start] * (tokens - 1))
         self.token_ends.append(len(self.text))
 
-    def add_audio(self, samples: int, *, frames: int, text_tokens_voiced: int) -> None:
-        self.voiced.add(
-            samples, frames=frames, text_tokens_voiced=text_tokens_voiced, tokens_released=len(self.token_ends)
-        )
+    def add_audio(self, samples: int) -> None:
+        self.audio_samples += samples
 
     def history_text(self) -> str:
         """The text the next turn sees: what was heard, or what will have been once the audio
@@ -143,13 +137,16 @@ class AssistantEntry:
     def heard_text(self, heard_samples: int, *, finished: bool) -> str:
         """The text heard when the first ``heard_samples`` of its audio were played.
 
-        ``finished``: the answer ended by itself (not cancelled, failed or cut): once all its
-        audio has played, all its text was heard. Otherwise the tokens heard are those the
-        played codec frames voiced (``app.realtime.heard``), mapped to text by ``token_ends``.
+        ``finished``: the answer ended by itself (not cancelled, failed, or cut before all its
+        audio was written): its audio and text are whole, and once all of it has played, all its
+        text was heard. Otherwise the tokens heard are those ``app.realtime.heard.tokens_heard``
+        gives for the samples played, mapped to text by ``token_ends``.
         """
         if finished and heard_samples >= self.audio_samples:
             return self.text
-        tokens = self.voiced.tokens_heard(heard_samples)
+        tokens = tokens_heard(
+            heard_samples, audio_samples=self.audio_samples, tokens=len(self.token_ends), complete=finished
+        )
         if tokens >= len(self.token_ends):
             return self.text
         return self.text[: self.token_ends[tokens - 1]] if tokens else ""

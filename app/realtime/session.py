@@ -549,7 +549,7 @@ class RealtimeSession:
             return
         entry = self._open_message(response)
         response.audio_written(to_idle_paced_output=len(self._ledger) == 0 and getattr(self._output, "paced", False))
-        entry.add_audio(pcm.size, frames=chunk.frames, text_tokens_voiced=chunk.text_tokens_voiced)
+        entry.add_audio(pcm.size)
         self._ledger.write(entry.id, response.id, pcm.size, self._output.played_samples)
         self._output.write(pcm)
 

@@ -157,7 +157,7 @@ def test_the_call_markup_is_never_spoken(model, tokenizer, inputs, after):
         chunks = [e for e in events if isinstance(e, AudioChunk)]
         return (
             "".join(e.text for e in events if isinstance(e, TextDelta)),
-            [(c.frames, c.text_tokens_voiced) for c in chunks],
+            [c.frames for c in chunks],
             np.concatenate([c.pcm for c in chunks]),
             events[-1].usage.output_audio_tokens,
         )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.realtime.heard import CODEC_FRAME_SAMPLES
 from app.realtime.history import (
     MAX_UNANSWERED_ITEMS,
     AssistantEntry,
@@ -17,6 +16,7 @@ from app.realtime.ledger import Playback
 from app.realtime.protocol import ConversationItemCreateEvent, ProtocolError
 from media.rates import SPEECH_RATE
 from pipeline.conversation import AssistantText, HistoryLimits, UserAudio, UserText
+from tests.fakes import CODEC_FRAME_SAMPLES
 
 
 def user_audio(item_id: str, seconds: float = 1.0) -> UserEntry:
@@ -67,7 +67,7 @@ def test_conversation_holds_what_was_heard_of_an_answer():
     history.append(user_text("u1"))
     entry = answer("a1", "one ")
     entry.add_delta("two")
-    entry.add_audio(2 * CODEC_FRAME_SAMPLES, frames=2, text_tokens_voiced=2)
+    entry.add_audio(2 * CODEC_FRAME_SAMPLES)
     history.append(entry)
     playback = Playback("a1", "r1", segment_start=0, segment_written=2 * CODEC_FRAME_SAMPLES)
     cut_short = history.settle(playback, played=CODEC_FRAME_SAMPLES)
@@ -82,8 +82,8 @@ def test_a_character_held_back_across_tokens_is_heard_once_all_of_its_tokens_are
     # delta: hearing the first of those two voices no more text than "ok ".
     entry = answer("a1", "ok ")
     entry.add_delta("café", tokens=2)
-    entry.add_audio(3 * CODEC_FRAME_SAMPLES, frames=3, text_tokens_voiced=3)
-    assert entry.heard_text(tokens_heard * CODEC_FRAME_SAMPLES, finished=False) == heard
+    entry.add_audio(3 * CODEC_FRAME_SAMPLES)  # complete: the three tokens' audio, one frame each
+    assert entry.heard_text(tokens_heard * CODEC_FRAME_SAMPLES, finished=True) == heard
 
 
 def test_an_answer_nobody_heard_is_left_out_of_the_prompt():

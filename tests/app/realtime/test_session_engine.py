@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from app.realtime.session_config import InputTranscription, SessionConfig
+from app.realtime.session_config import InputTranscription, SessionConfig, TurnDetection
 from app.realtime.turn_taking import ECHO_TAIL_MS
 from media.vad import SileroVad
 from pipeline.conversation import AssistantText, HistoryLimits, UserAudio
@@ -157,3 +157,42 @@ async def test_a_forced_tool_choice_makes_the_dev_model_call(engine, vad):
     assert not h.of_type("response.output_audio.done") and h.output.played_samples == 0
     assert not h.of_type("error")
     await h.session.close()
+
+
+# A dev model that speaks like a trained Talker: 20 answer tokens over 60 codec frames (4.8 s,
+# ~4 tokens a second), where the Talker is fed them in 20 frames.
+SLOW_TALKER = {"force_output_tokens": 20, "talker_frames_per_token": 3, "max_audio_frames": 60}
+
+
+async def test_barge_in_at_40_percent_of_the_audio_keeps_40_percent_of_the_text(dev_model_dir, vad):
+    engine = TransformersEngine(dev_model_dir, device="cpu", seed=0, threads=1, generation=SLOW_TALKER)
+    await engine.start()
+    try:
+        recording = RecordingEngine(engine)
+        config = SessionConfig(max_output_tokens=20, turn_detection=TurnDetection(interrupt_response=True))
+        h = SessionHarness(recording, vad, config)
+        await h.session.start()
+        h.push(load_fixture("hello"))
+        h.push(silence(800))
+        done = (await h.until("response.done", timeout_s=TURN_GUARD_S))["response"]
+        deltas = [e["delta"] for e in h.of_type("response.output_audio_transcript.delta") if e["response_id"] == done["id"]]
+        assert done["usage"]["output_token_details"]["audio_tokens"] == 60 and len(deltas) >= 18
+        h.output.play(h.output.queued_samples * 2 // 5)  # 40% of the answer's audio
+        h.push(load_fixture("weather"))  # the user talks over it
+        h.push(silence(800))
+        truncated = await h.until("conversation.item.truncated", timeout_s=TURN_GUARD_S)
+        await h.until("response.created", 2, timeout_s=TURN_GUARD_S)
+        (heard,) = [item.text for item in recording.requests[1].conversation.items if isinstance(item, AssistantText)]
+        await h.session.close()
+    finally:
+        await engine.close()
+
+    assert 1900 <= truncated["audio_end_ms"] <= 1920  # 40% of 4.8 s (less the last chunk's 23 ms tail)
+    # Tokens heard, counted in the deltas the text came in (one token each, a held-back UTF-8
+    # character's tokens together): 40% of the text, give or take two. Counting one token per
+    # frame played, as the Talker is fed, would keep 19 of 20.
+    heard_deltas = 0
+    while heard_deltas < len(deltas) and heard.startswith("".join(deltas[: heard_deltas + 1])):
+        heard_deltas += 1
+    assert "".join(deltas[:heard_deltas]) == heard
+    assert abs(heard_deltas - 0.4 * len(deltas)) <= 2, (heard_deltas, len(deltas))

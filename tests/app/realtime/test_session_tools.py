@@ -64,7 +64,7 @@ class CallingEngine:
             yield TextDelta(word if index == 0 else " " + word)
             if request.output_audio:
                 frame = np.full(CODEC_FRAME_SAMPLES, 0.05, np.float32)
-                yield AudioChunk(frame, frames=1, text_tokens_voiced=index + 1)
+                yield AudioChunk(frame, frames=1)
             await asyncio.sleep(0)
         for index, (name, arguments) in enumerate(answer.calls):
             yield FunctionCallStarted(index, name)
