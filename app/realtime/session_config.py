@@ -54,11 +54,11 @@ Eagerness = Literal["low", "medium", "high", "auto"]
 END_OF_TURN_BY_EAGERNESS: dict[Eagerness, EndOfTurnPolicy] = {
     "low": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.8, max_wait_ms=2000,
                            confident_below=0.1, confident_wait_ms=4000),
-    "medium": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.75, max_wait_ms=1200,
+    "medium": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.6, max_wait_ms=1200,
                               confident_below=0.1, confident_wait_ms=3000),
     "high": EndOfTurnPolicy(candidate_ms=96, rescore_ms=320, threshold=0.5, max_wait_ms=800,
                             confident_below=0.05, confident_wait_ms=2000, words_complete_at=0.8),
-    "auto": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.75, max_wait_ms=1200,
+    "auto": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.6, max_wait_ms=1200,
                             confident_below=0.1, confident_wait_ms=3000),
 }
 # An image's pixel budget by OpenAI's ``detail``. "low" is 448 x 224 pixels, at most 98 tokens (a

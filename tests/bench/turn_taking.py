@@ -97,7 +97,15 @@ class Outcome:
 
     @property
     def delay_ms(self) -> int | None:
-        return self.commits_ms[0] - self.speech_end_ms if self.commits_ms else None
+        """From the end of speech to the commit that ended the sentence: the last one (a commit
+        before it split the sentence, ``split``, and is no answer to it)."""
+        return self.commits_ms[-1] - self.speech_end_ms if self.commits_ms else None
+
+    @property
+    def split(self) -> bool:
+        """Committed more than once: a sentence cut at a pause of its own ("Thanks, | that was
+        really helpful.")."""
+        return len(self.commits_ms) > 1
 
     @property
     def cut(self) -> bool:
@@ -243,6 +251,7 @@ def summarise(outcomes: list[Outcome], model_times: list[float], audio_s: float)
         "finished_delay_p50_ms": float(np.percentile(delays, 50)),
         "finished_delay_p90_ms": float(np.percentile(delays, 90)),
         "finished_not_committed": finished_missed,
+        "finished_split": sum(o.split for o in outcomes if o.kind == "finished"),
         "paused_cut_share": round(sum(o.cut for o in paused) / len(paused), 3),
         "paused_whole_share": round(1 - sum(o.cut for o in paused) / len(paused), 3),
         "decisions": decisions,
@@ -383,6 +392,7 @@ def sweep(vad: RecordedVad, scores: CachedScores, fixtures: list[Fixture], tail:
         print(f"threshold {threshold:.2f} confident<{confident_below:.2f} wait {max_wait_ms:5d} "
               f"words {words!s:5} commit>={complete_at}: " + "  ".join(
                   f"{family} p50 {summaries[family]['finished_delay_p50_ms']:5.0f} "
+                  f"split {summaries[family]['finished_split']} "
                   f"p90 {summaries[family]['finished_delay_p90_ms']:5.0f} "
                   f"whole {summaries[family]['paused_whole_share']:.2f}" for family in TUNING_FAMILIES),
               flush=True)
@@ -413,7 +423,8 @@ def main() -> None:
     tail = tail_ms(chosen)
     results: dict[str, object] = {}
     per_fixture: dict[str, object] = {}
-    header = (f"{'policy':<22} {'family':<10} {'n':>5} {'p50 ms':>7} {'p90 ms':>7} {'p50 ms*':>8} {'paused whole':>12} "
+    header = (f"{'policy':<22} {'family':<10} {'n':>5} {'p50 ms':>7} {'p90 ms':>7} {'p50 ms*':>8} {'split':>5} "
+              f"{'paused whole':>12} "
               f"{'checks/utt':>10} {'words/utt':>9} {'ms/decision':>11} {'% core':>7}")
     rows = []
     for policy in chosen:
@@ -423,12 +434,12 @@ def main() -> None:
             "policy": asdict(policy.end_of_turn) if policy.end_of_turn else {"silence_duration_ms": SERVER_VAD_SILENCE_MS},
             "words": policy.words, "per_family": summaries,
         }
-        per_fixture[policy.name] = [{"fixture": o.fixture, "delay_ms": o.delay_ms, "cut": o.cut,
+        per_fixture[policy.name] = [{"fixture": o.fixture, "delay_ms": o.delay_ms, "cut": o.cut, "split": o.split,
                                      "commits_ms": o.commits_ms} for o in outcomes]
         for family, summary in summaries.items():
             rows.append(f"{policy.name:<22} {family:<10} {summary['finished']:>2}+{summary['paused']:<2} "
                         f"{summary['finished_delay_p50_ms']:>7.0f} {summary['finished_delay_p90_ms']:>7.0f} "
-                        f"{summary['finished_delay_p50_ms_instant_model']:>8.0f} "
+                        f"{summary['finished_delay_p50_ms_instant_model']:>8.0f} {summary['finished_split']:>5} "
                         f"{summary['paused_whole_share']:>12.0%} {summary['decisions_per_utterance']:>10.2f} "
                         f"{summary['word_checks_per_utterance']:>9.2f} "
                         f"{summary['decision_ms_p50']:>11.1f} {summary['model_core_percent']:>7.2f}")
