@@ -88,6 +88,11 @@ class Settings(BaseSettings):
     max_event_burst: int = Field(100, ge=1)  # events accepted at once before the rate applies
     # Characters in one text field of a client event (input_text, instructions); ~4k tokens.
     max_text_chars: int = Field(16_000, ge=1)
+    # The conversation's prompt tokens after the system prompt, as its items estimate them (an
+    # upper bound: text counts a token per UTF-8 byte, audio 13 per second exactly); past it
+    # the oldest items go, each announced with conversation.item.deleted. OpenAI's token-based
+    # truncation (token_limits.post_instructions) does the same.
+    history_max_tokens: int = Field(16_000, ge=1_000)
     max_session_s: float = Field(3_600.0, gt=0)  # a call ends after this long, as OpenAI's do at 60 min
     # A response whose engine yields nothing for this long ends `failed` and the session serves the
     # next turn. Queue wait counts: 16 sessions x ~2 s CPU dev-model turns stay well under.

@@ -45,12 +45,14 @@ from app.realtime.session_config import Modality
 from media import g711
 from media.rates import SPEECH_RATE, VOICE_RATE
 from pipeline.conversation import (
+    ASSISTANT_MESSAGE_TOKENS,
     AssistantText,
     Conversation,
     ConversationItem,
     HistoryLimits,
     UserAudio,
     UserText,
+    text_tokens_bound,
 )
 
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit (or take as an item) less than 100 ms of audio
@@ -69,6 +71,13 @@ class UserEntry:
 
     def audio_clips(self) -> list[UserAudio]:
         return [part for part in self.parts if isinstance(part, UserAudio)]
+
+    def prompt_tokens(self) -> int:
+        """At most this many prompt tokens (each part says its own: ``pipeline.conversation``)."""
+        return sum(part.prompt_tokens() for part in self.parts)
+
+    def held_bytes(self) -> int:
+        return sum(part.held_bytes() for part in self.parts)
 
     def transcribed(self, content_index: int, transcript: str) -> None:
         """The audio part at ``content_index`` has a transcript: the prompt may use it, the item shows it."""
@@ -132,6 +141,14 @@ class AssistantEntry:
         if tokens >= len(self.token_ends):
             return self.text
         return self.text[: self.token_ends[tokens - 1]] if tokens else ""
+
+    def prompt_tokens(self) -> int:
+        """At most this many prompt tokens: its text as the next prompt would carry it."""
+        text = self.text if self.status == "in_progress" else self.history_text()
+        return ASSISTANT_MESSAGE_TOKENS + text_tokens_bound(text)
+
+    def held_bytes(self) -> int:
+        return text_tokens_bound(self.text)
 
     def content(self) -> list[ItemContent]:
         if self.status == "in_progress":
@@ -304,10 +321,16 @@ class History:
                 items.append(AssistantText(text))  # nothing heard: as if it had not been said
         return Conversation(items=tuple(items), instructions=instructions, limits=limits)
 
-    def prune(self, limits: HistoryLimits) -> None:
+    def prune(self, limits: HistoryLimits) -> list[ServerEvent]:
         """Keep whole turns, newest first, while the history limits hold (as the prompt renderer
-        bounds them), and at most ``MAX_UNANSWERED_ITEMS`` unanswered user items."""
-        self._entries = pruned(self._entries, limits)
+        bounds them), at most ``MAX_UNANSWERED_ITEMS`` unanswered user items, and then the
+        oldest items go until the items, bytes and prompt tokens are within the budget; a
+        ``conversation.item.deleted`` for each item that went."""
+        kept = within_budget(pruned(self._entries, limits), limits)
+        staying = {id(entry) for entry in kept}
+        gone = [entry for entry in self._entries if id(entry) not in staying]
+        self._entries = kept
+        return [ConversationItemDeletedEvent(item_id=entry.id) for entry in gone]
 
     def _position_after(self, previous_item_id: str | None) -> int:
         """Where an item goes after ``previous_item_id``: last when None, first when ``"root"``."""
@@ -354,6 +377,38 @@ def pruned(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
         kept.append(turn)
     pending = pending[-MAX_UNANSWERED_ITEMS:]
     return [entry for turn in reversed(kept) for entry in turn] + pending
+
+
+def within_budget(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
+    """``entries`` less their oldest items until at most ``max_items`` remain, holding at most
+    ``max_bytes`` and estimating at most ``max_prompt_tokens`` prompt tokens.
+
+    Whatever turn an item joined counts: an item inserted first (``previous_item_id: "root"``)
+    is the oldest and goes first. Two items always stay: the newest (what the next turn
+    answers; alone it may pass the budget, by at most one event's worth) and a response's
+    item while it is generated.
+    """
+    items, held, tokens = len(entries), 0, 0
+    for entry in entries:
+        held += entry.held_bytes()
+        tokens += entry.prompt_tokens()
+    dropped: set[int] = set()
+    for entry in evictable(entries):
+        if items <= limits.max_items and held <= limits.max_bytes and tokens <= limits.max_prompt_tokens:
+            break
+        dropped.add(id(entry))
+        items -= 1
+        held -= entry.held_bytes()
+        tokens -= entry.prompt_tokens()
+    return [entry for entry in entries if id(entry) not in dropped] if dropped else entries
+
+
+def evictable(entries: list[Entry]) -> Iterator[Entry]:
+    """The items the budget may drop, in the order they go: oldest first, never the newest or
+    one being generated. (Parts that should go before older text, say images, go here.)"""
+    for entry in entries[:-1]:
+        if not (isinstance(entry, AssistantEntry) and entry.status == "in_progress"):
+            yield entry
 
 
 # -- client-item readers ------------------------------------------------------------------

@@ -501,7 +501,8 @@ class RealtimeSession:
     # -- history ---------------------------------------------------------------------------
 
     def _prune(self) -> None:
-        self._history.prune(self._config.history)
+        for event in self._history.prune(self._config.history):
+            self._emit(event)
 
     # -- helpers ---------------------------------------------------------------------------
 

@@ -45,6 +45,8 @@ SERVE_FLAGS = {
     "api_key": "api_key",
     "allow_unauthenticated_public": "allow_unauthenticated_public",
     "log_level": "log_level",
+    # Bounds for every caller (docs/HARDENING.md, issue 23 b)
+    "history_max_tokens": "history_max_tokens",
 }
 
 
@@ -97,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow a non-loopback --host without an API key",
     )
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--history-max-tokens", type=int, metavar="N",
+        help="a conversation's prompt tokens after the system prompt, as estimated; past it the oldest items go (default 16000)",
+    )
 
     dev_model = commands.add_parser("dev-model", help="build the tiny random-weight Qwen3-Omni checkpoint")
     dev_model.add_argument("--out", type=Path, help="output directory (default: the cache the server uses)")

@@ -36,6 +36,7 @@ from app.web.websocket import websocket_router
 from app.web.workers import MediaWorkerPool
 from app.webrtc.call import CallRegistry
 from media.vad import SileroVad
+from pipeline.conversation import HistoryLimits
 from pipeline.turn import Engine
 
 logger = logging.getLogger(__name__)
@@ -170,6 +171,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 def _base_session_config(settings: Settings) -> SessionConfig:
     """What every session starts from: the server-side limits of the settings."""
     return SessionConfig(
+        history=HistoryLimits(max_prompt_tokens=settings.history_max_tokens),
         max_text_chars=settings.max_text_chars,
         max_event_bytes=settings.max_event_bytes,
         max_events_per_second=settings.max_events_per_second,

@@ -12,6 +12,7 @@ from app.realtime.history import (
     History,
     UserEntry,
     pruned,
+    within_budget,
 )
 from app.realtime.ledger import Playback
 from app.realtime.protocol import ConversationItemCreateEvent, ProtocolError
@@ -124,3 +125,47 @@ def test_a_long_turns_segments_are_kept_or_evicted_together():
     assert ids(pruned(entries, HistoryLimits())) == ["s0", "s1", "s2", "s3", "a2"]
     later = [*entries, user_audio("u3", 2), answer("a3")]
     assert ids(pruned(later, HistoryLimits())) == ["u3", "a3"]  # never some of its segments
+
+
+def insert_text(history: History, text: str, *, previous_item_id: str | None = None, item_id: str | None = None):
+    event = ConversationItemCreateEvent.model_validate(
+        {"type": "conversation.item.create", "previous_item_id": previous_item_id,
+         "item": {"id": item_id, "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}
+    )
+    history.create_item(event, input_audio_format="audio/pcm", max_chars=16_000)
+
+
+def test_items_inserted_at_root_into_an_answered_turn_are_bounded_by_the_token_budget():
+    history, limits = History(), HistoryLimits(max_prompt_tokens=1_000)
+    history.append(user_text("u1"))
+    history.append(answer("a1"))
+    deleted = []
+    for n in range(200):  # each joins the first, answered turn: the turn limits alone never bind
+        insert_text(history, "word " * 40, previous_item_id="root", item_id=f"r{n}")
+        deleted += [event.item_id for event in history.prune(limits)]
+    assert sum(entry.prompt_tokens() for entry in history) <= 1_000
+    assert ids(history)[-2:] == ["u1", "a1"]  # the oldest went: the items put first
+    assert deleted == [f"r{n}" for n in range(200) if f"r{n}" not in ids(history)]  # each announced once
+
+
+def test_the_budget_drops_the_oldest_items_but_never_the_newest():
+    history = History()
+    for n in range(3):
+        insert_text(history, "x" * 600, item_id=f"t{n}")
+    deleted = [event.item_id for event in history.prune(HistoryLimits(max_prompt_tokens=1_000))]
+    assert deleted == ["t0", "t1"] and ids(history) == ["t2"]
+    insert_text(history, "y" * 2_000, item_id="big")  # alone over the budget: what the next turn answers
+    assert [event.item_id for event in history.prune(HistoryLimits(max_prompt_tokens=1_000))] == ["t2"]
+    assert ids(history) == ["big"]
+
+
+def test_the_budget_keeps_a_response_being_generated():
+    entries = [user_text("u1"), answer("a1", "z" * 5_000, status="in_progress"), user_text("late")]
+    assert ids(within_budget(entries, HistoryLimits(max_prompt_tokens=1_000))) == ["a1", "late"]
+
+
+def test_the_budget_bounds_items_and_bytes_too():
+    many = [user_text(f"u{n}") for n in range(20)]
+    assert ids(within_budget(many, HistoryLimits(max_items=5))) == ids(many[-5:])
+    clips = [user_audio(f"c{n}", 10) for n in range(4)]  # 640 KB of float32 PCM each
+    assert ids(within_budget(clips, HistoryLimits(max_bytes=1_500_000))) == ["c2", "c3"]

@@ -535,6 +535,28 @@ async def test_second_response_create_while_one_runs_is_an_error(h):
     assert h.types().count("response.created") == 1
 
 
+async def test_items_inserted_at_root_after_an_answered_turn_leave_the_next_prompt_within_the_budget():
+    h = Harness(SessionConfig(max_events_per_second=10_000, max_event_burst=10_000))
+    await h.session.start()
+    try:
+        await h.send(type="conversation.item.create", item={"type": "message", "role": "user", "id": "u1",
+                                                            "content": [{"type": "input_text", "text": "one"}]})
+        await h.send(type="response.create")
+        await h.turn_done()
+        for n in range(300):
+            await h.send(type="conversation.item.create", previous_item_id="root", item={
+                "type": "message", "role": "user", "id": f"r{n}", "content": [{"type": "input_text", "text": "x" * 1_000}]})
+        await h.send(type="response.create")
+        await h.turn_done(2)
+    finally:
+        await h.session.close()
+    prompt = h.engine.requests[-1].conversation.items
+    assert sum(item.prompt_tokens() for item in prompt) <= HistoryLimits().max_prompt_tokens
+    assert prompt[-2:] == (UserText("one"), AssistantText("Hello there friend"))  # the oldest went, not these
+    deleted = {event["item_id"] for event in h.of_type("conversation.item.deleted")}
+    assert len(deleted) == 300 - (len(prompt) - 2)  # every item that went was announced
+
+
 async def test_delete_and_truncate_items_and_unknown_ids(h):
     await h.send(type="conversation.item.create", item={"type": "message", "role": "user", "id": "u1",
                                                         "content": [{"type": "input_text", "text": "one"}]})
