@@ -29,7 +29,7 @@ from app.realtime.ledger import AudioOutput
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
 from app.web.calls import load_end_of_turn_model, new_call
-from app.web.ipc import post, receive
+from app.web.ipc import MessageTooLarge, post, receive
 from app.web.metrics import Metrics
 from app.web.resources import process_resources
 from app.webrtc.call import Call, CallRegistry, OfferError
@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 STATUS_INTERVAL_S = 0.5
 # The front enforces --max-sessions across workers; a worker admits whatever it is given.
 _UNLIMITED = 1_000_000
+TURN_TOO_LARGE_MESSAGE = "The conversation is too large to send to the engine."
 
 
 class EngineProxy:
@@ -71,7 +72,12 @@ class EngineProxy:
         self._turns[turn] = queue
         ended = False
         try:
-            self._send({"op": "turn", "turn": turn, "request": request})
+            try:
+                self._send({"op": "turn", "turn": turn, "request": request})
+            except MessageTooLarge as exc:
+                ended = True  # never reached the front: nothing to cancel there
+                logger.error("turn %d not sent to the engine: %s", turn, exc)
+                raise EngineError(TURN_TOO_LARGE_MESSAGE, code="turn_too_large") from None
             while True:
                 message = await queue.get()
                 if message["op"] == "turn_event":
@@ -199,15 +205,19 @@ class MediaWorker:
         self._send({"op": "answer", "request": message["request"], "found": call is not None})
 
     async def _report(self, calls: CallRegistry, metrics: Metrics) -> None:
+        """The worker's heartbeat: the front counts a worker silent for 2 s as not answering."""
         while True:
-            self._send(
-                {
-                    "op": "status",
-                    "sessions": len(calls),
-                    "pacing": metrics.pacing.snapshot(),
-                    "metrics": metrics.samples(),
-                }
-            )
+            status = {
+                "op": "status",
+                "sessions": len(calls),
+                "pacing": metrics.pacing.snapshot(),
+                "metrics": metrics.samples(),
+            }
+            try:
+                self._send(status)
+            except MessageTooLarge as exc:  # the metrics outgrew a message: report without them
+                logger.error("media worker %d: %s; reporting without metrics", self.index, exc)
+                self._send({**status, "metrics": []})
             await asyncio.sleep(STATUS_INTERVAL_S)
 
 

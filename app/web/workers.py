@@ -27,7 +27,7 @@ from typing import Any
 
 from app.config import Settings
 from app.realtime.session_config import SessionConfig
-from app.web.ipc import post, receive
+from app.web.ipc import MessageTooLarge, post, receive
 from app.web.media_worker import run_media_worker
 from app.web.metrics import FamilySamples
 from app.webrtc.call import CallRegistry, OfferError
@@ -284,6 +284,8 @@ class MediaWorkerPool:
         try:
             while (message := await receive(reader)) is not None:
                 self._handle(worker, message)
+        except ValueError as exc:  # senders check sizes (app.web.ipc): this worker is broken
+            logger.error("media worker %d broke the IPC protocol (%s); dropping its connection", worker.index, exc)
         finally:
             await self._lost(worker, writer)
 
@@ -347,6 +349,9 @@ class MediaWorkerPool:
             error = (exc.code, str(exc))
         except WorkerUnavailable:
             return  # the worker is gone: nobody to tell
+        except MessageTooLarge as exc:  # one event too large to send: this turn fails, nothing else
+            logger.error("media worker %d: turn %d failed: %s", worker.index, turn, exc)
+            error = ("turn_event_too_large", "A turn event was too large to send.")
         except Exception as exc:
             logger.exception("media worker %d: a turn failed in the front", worker.index)
             error = ("engine_error", f"{type(exc).__name__}: {exc}")
