@@ -130,19 +130,23 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         engines = describe() if describe is not None else []
         if engines:
             engine["engines"] = engines
-        # Some engine of a pool restarting: degraded, but still serving (200) while one is alive.
-        healthy = alive and all(entry["alive"] for entry in engines)
+        # "overloaded": the worker falls behind pacing its calls' audio (media/pacing.py); "ready":
+        # it answers its heartbeat and takes new calls (app/web/workers.py).
+        workers = runtime.workers.status() if runtime.workers is not None else [_this_worker(runtime)]
+        placing = any(worker["ready"] for worker in workers)
+        # Some engine of a pool restarting, or some worker not answering: degraded, but still
+        # serving (200) while one engine is alive and one worker takes calls.
+        healthy = alive and all(entry["alive"] for entry in engines) and all(worker["ready"] for worker in workers)
         return JSONResponse(
             {
                 "status": "ok" if healthy else "degraded",
                 "model": runtime.model,
                 "sessions": len(runtime.calls),
                 "max_sessions": settings.max_sessions,
-                # "overloaded": the worker falls behind pacing its calls' audio (media/pacing.py).
-                "workers": runtime.workers.status() if runtime.workers is not None else [_this_worker(runtime)],
+                "workers": workers,
                 "engine": engine,
             },
-            status_code=200 if alive else 503,
+            status_code=200 if alive and placing else 503,
         )
 
     @app.get("/metrics")
@@ -157,7 +161,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         """This process as the one media worker."""
         pacing = metrics.pacing.snapshot()
         return {
-            "worker": "0", "pid": os.getpid(), "alive": True, "sessions": len(runtime.calls), "restarts": 0,
+            "worker": "0", "pid": os.getpid(), "alive": True, "ready": True, "sessions": len(runtime.calls),
+            "restarts": 0,
             "overloaded": pacing["overloaded"], "late_frames": pacing["late_frames"],
             "skipped_frames": pacing["skipped_frames"],
         }
