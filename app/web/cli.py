@@ -47,6 +47,8 @@ SERVE_FLAGS = {
     "log_level": "log_level",
     # Bounds for every caller (docs/HARDENING.md, issue 23 b)
     "history_max_tokens": "history_max_tokens",
+    "connect_timeout": "connect_timeout_s",
+    "max_connecting_per_client": "max_connecting_per_client",
 }
 
 
@@ -102,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--history-max-tokens", type=int, metavar="N",
         help="a conversation's prompt tokens after the system prompt, as estimated; past it the oldest items go (default 16000)",
+    )
+    serve.add_argument("--connect-timeout", type=float, metavar="SECONDS", help="end a call whose peer never connects (default 10)")
+    serve.add_argument(
+        "--max-connecting-per-client", type=int, metavar="N", help="calls one client address may have still connecting (default 8)"
     )
 
     dev_model = commands.add_parser("dev-model", help="build the tiny random-weight Qwen3-Omni checkpoint")

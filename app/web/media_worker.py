@@ -10,8 +10,8 @@ metrics; when the front goes away the worker closes its calls and exits.
 
 Messages, front → worker: ``offer`` (call id, SDP, session config), ``hangup``, ``resources``
 (for ``/debug/resources``), ``turn_event``/``turn_end`` (a turn's events), ``shutdown``.
-Worker → front: ``hello``, ``answer`` (reply to ``offer``/``hangup``/``resources``), ``call_closed``, ``status`` (every
-``STATUS_INTERVAL_S``), ``turn``/``cancel_turn``.
+Worker → front: ``hello``, ``answer`` (reply to ``offer``/``hangup``/``resources``), ``call_connected``,
+``call_closed``, ``status`` (every ``STATUS_INTERVAL_S``: the worker's heartbeat), ``turn``/``cancel_turn``.
 """
 
 from __future__ import annotations
@@ -162,6 +162,9 @@ class MediaWorker:
         if not task.cancelled() and task.exception() is not None:
             logger.error("media worker %d: %s failed", self.index, task.get_name(), exc_info=task.exception())
 
+    def _connected(self, call: Call) -> None:
+        self._send({"op": "call_connected", "call_id": call.id})
+
     def _closed(self, call: Call, reason: str) -> None:
         self._send({"op": "call_closed", "call_id": call.id, "reason": reason})
 
@@ -183,7 +186,9 @@ class MediaWorker:
             )
 
         call = calls.admit(
-            lambda on_closed: new_call(self._settings, make_session, metrics, on_closed, call_id=message["call_id"])
+            lambda on_closed: new_call(
+                self._settings, make_session, metrics, on_closed, on_connected=self._connected, call_id=message["call_id"]
+            )
         )
         reply: dict[str, Any] = {"op": "answer", "request": message["request"], "call_id": call.id}
         try:

@@ -62,6 +62,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             end_of_turn = await asyncio.to_thread(load_end_of_turn_model, settings)
             calls = CallRegistry(
                 settings.max_sessions,
+                max_connecting_per_client=settings.max_connecting_per_client,
                 on_count=metrics.set_open_sessions,
                 on_closed=lambda call, reason: metrics.calls.labels(transport=call.transport, reason=reason).inc(),
             )

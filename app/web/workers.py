@@ -185,12 +185,13 @@ class MediaWorkerPool:
 
     # -- calls -----------------------------------------------------------------------------
 
-    async def place_call(self, call_id: str, sdp: str, config: SessionConfig) -> str:
+    async def place_call(self, call_id: str, sdp: str, config: SessionConfig, *, client: str | None = None) -> str:
         """The SDP answer of the least loaded worker that answers; raises CapacityError
-        (--max-sessions), OfferError or WorkerUnavailable (no worker answered)."""
+        (--max-sessions), ConnectingLimitError (``client`` has its most calls connecting),
+        OfferError or WorkerUnavailable (no worker answered)."""
         if not any(worker.takes_calls for worker in self._workers):
             raise WorkerUnavailable("no media worker is answering")
-        remote = self._calls.admit(lambda on_closed: RemoteCall(call_id, self, on_closed))
+        remote = self._calls.admit(lambda on_closed: RemoteCall(call_id, self, on_closed), client=client)
         self._remote[call_id] = remote
         tried: set[int] = set()
         try:
@@ -339,6 +340,9 @@ class MediaWorkerPool:
                 self._call_worker[message["call_id"]] = worker
             if future is not None and not future.done():
                 future.set_result(message)
+        elif op == "call_connected":
+            if message["call_id"] in worker.calls:
+                self._calls.connected(message["call_id"])
         elif op == "call_closed":
             self._forget_call(worker, message["call_id"], message["reason"])
         elif op == "turn":

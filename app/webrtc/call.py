@@ -99,6 +99,7 @@ class Call:
         disconnect_timeout_s: float = 10.0,
         max_duration_s: float | None = None,
         observer: CallObserver | None = None,
+        on_connected: Callable[[Call], None] | None = None,
         on_closed: Callable[[Call, str], None] | None = None,
         call_id: str | None = None,
         pacing_stats: PacingStats | None = None,
@@ -112,6 +113,7 @@ class Call:
         self._disconnect_timeout_s = disconnect_timeout_s
         self._max_duration_s = max_duration_s
         self._observer = observer
+        self._on_connected = on_connected
         self._on_closed = on_closed
 
         self._loop = asyncio.get_running_loop()
@@ -286,6 +288,8 @@ class Call:
         state = self._pc.connectionState
         logger.debug("call %s: connection %s", self.id, state)
         if state == "connected":
+            if not self._connected and self._on_connected is not None:
+                self._on_connected(self)
             self._connected = True
             self._wakeup.set()
         elif state in ("failed", "closed"):
@@ -369,6 +373,10 @@ class CapacityError(Exception):
     """Every session slot is taken."""
 
 
+class ConnectingLimitError(Exception):
+    """The client already has its most calls still connecting."""
+
+
 class OpenSession(Protocol):
     """What the registry needs of an open session, over any transport (a :class:`Call`, a WebSocket)."""
 
@@ -389,11 +397,14 @@ class CallRegistry:
         self,
         max_calls: int,
         *,
+        max_connecting_per_client: int | None = None,
         on_count: Callable[[dict[str, int]], None] | None = None,
         on_closed: Callable[[Any, str], None] | None = None,
     ) -> None:
         self._max_calls = max_calls
+        self._max_connecting = max_connecting_per_client
         self._calls: dict[str, OpenSession] = {}
+        self._connecting: dict[str, str] = {}  # call id -> client address, until the peer connects
         self._on_count = on_count
         self._on_closed = on_closed
 
@@ -404,18 +415,30 @@ class CallRegistry:
         call = self._calls.get(call_id)
         return call if isinstance(call, Call) else None
 
-    def admit(self, create: Callable[[Callable[[Any, str], None]], SessionT]) -> SessionT:
-        """Registers ``create(on_closed)``, or raises :class:`CapacityError` when full.
+    def admit(self, create: Callable[[Callable[[Any, str], None]], SessionT], *, client: str | None = None) -> SessionT:
+        """Registers ``create(on_closed)``, or raises :class:`CapacityError` when full (or
+        :class:`ConnectingLimitError` when ``client`` has its most calls still connecting).
 
         Synchronous, so admission and registration cannot interleave with another offer.
         The session must invoke ``on_closed`` once it is released; the registry forgets it then.
+        A call admitted for a ``client`` counts as connecting until :meth:`connected`.
         """
         if len(self._calls) >= self._max_calls:
             raise CapacityError(f"all {self._max_calls} sessions are in use")
+        if client is not None and self._max_connecting is not None:
+            connecting = sum(1 for address in self._connecting.values() if address == client)
+            if connecting >= self._max_connecting:
+                raise ConnectingLimitError(f"{client} has {connecting} calls still connecting")
         call = create(self._forget)
         self._calls[call.id] = call
+        if client is not None:
+            self._connecting[call.id] = client
         self._count_changed()
         return call
+
+    def connected(self, call_id: str) -> None:
+        """The call's peer connected: it no longer counts against its client's connecting calls."""
+        self._connecting.pop(call_id, None)
 
     def counts(self) -> dict[str, int]:
         """Open sessions by transport."""
@@ -428,6 +451,7 @@ class CallRegistry:
         await _gather_all(call.close(reason) for call in list(self._calls.values()))
 
     def _forget(self, call: OpenSession, reason: str) -> None:
+        self._connecting.pop(call.id, None)
         if self._calls.pop(call.id, None) is None:
             return
         self._count_changed()
