@@ -1,11 +1,14 @@
 """The event gate: admits client events by size and by rate, before they are parsed.
 
 A refused event gets a :class:`Rejection`, which the session answers with an ``error`` event;
-the session goes on.
+the session goes on. An event pays rate tokens by its size, one per ``max_bytes`` started (an
+oversized one too, though it is refused): a client cannot make the server receive and measure
+large events for free, only as fast as the rate lets as many events of the largest size in.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,19 +41,22 @@ class EventGate:
         self._refilled_at = clock()
 
     def admit(self, raw: str | bytes) -> Rejection | None:
-        size = len(raw.encode() if isinstance(raw, str) else raw)
-        if size > self._max_bytes:
-            return Rejection(
-                "event_too_large", f"Event is {size} bytes; the limit is {self._max_bytes}."
-            )
+        size = len(raw) if isinstance(raw, bytes) or raw.isascii() else len(raw.encode())
         now = self._clock()
         self._tokens = min(self._burst, self._tokens + (now - self._refilled_at) * self._per_second)
         self._refilled_at = now
-        if self._tokens < 1:
+        cost = max(1, math.ceil(size / self._max_bytes))
+        if self._tokens < cost:
+            if cost > 1:  # an oversized event the bucket cannot pay for still takes what is left
+                self._tokens = 0.0
             return Rejection(
                 "rate_limit_exceeded",
                 f"More than {self._per_second:g} events per second (bursts of {self._burst}); "
                 "this event was dropped.",
             )
-        self._tokens -= 1
+        self._tokens -= cost
+        if size > self._max_bytes:
+            return Rejection(
+                "event_too_large", f"Event is {size} bytes; the limit is {self._max_bytes}."
+            )
         return None

@@ -166,8 +166,12 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.web.server import create_app
+    from app.web.websocket import websocket_server_options
 
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+    uvicorn.run(
+        create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+        **websocket_server_options(settings),
+    )
     return 0
 
 

@@ -14,8 +14,10 @@ The same ``RealtimeSession`` as over WebRTC, on a different carrier:
   Refusals are HTTP answers with OpenAI's error body (401, 403, 429 + ``Retry-After``).
 - Limits as over WebRTC: the event gate (size, rate), text length, ``--max-session-s`` (then
   ``session_expired`` and close), and ``--max-sessions`` shared with the WebRTC calls. A binary
-  frame, or any bad event, is answered with an ``error`` event and the socket stays open. Frames
-  over uvicorn's ``ws_max_size`` (16 MiB) close it with 1009, as the server library does.
+  frame, or any bad event, is answered with an ``error`` event and the socket stays open. The
+  server runs without permessage-deflate and with frames of at most twice the event limit
+  (:func:`websocket_server_options`): an event over the limit gets ``event_too_large`` and pays
+  rate tokens by its size; a frame over twice the limit closes the socket with 1009.
 - A client that goes (close frame, dropped TCP, missed pings: uvicorn pings every 20 s) ends
   the session and its engine work; so does one that stops reading while
   ``MAX_PENDING_BYTES`` of events wait for it.
@@ -62,6 +64,9 @@ MAX_PENDING_BYTES = 16 * 1024 * 1024
 # How long queued events (the last deltas, session_expired) get to leave before the socket closes.
 FLUSH_TIMEOUT_S = 2.0
 CLOSE_CODES = {"client_not_reading": 1008, "server_shutdown": 1001}  # else 1000 (normal closure)
+# A frame may hold twice the event limit: an event somewhat over it is answered with
+# event_too_large (and the session goes on); a larger frame ends the socket (1009).
+MAX_FRAME_EVENTS = 2
 
 SocketSessionFactory = Callable[[AudioOutput, Callable[[dict[str, Any]], None]], Session]
 
@@ -236,6 +241,18 @@ class SocketCall:
             writer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await writer
+
+
+def websocket_server_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's WebSocket options for ``GET /v1/realtime`` (``uvicorn.run(..., **options)``).
+
+    permessage-deflate is off (*decided*, docs/HARDENING.md): with it, 40 frames of 16 KB
+    inflated to 0.67 GB before any size check could see them (RSS 824 MB); without it every
+    byte the server holds was sent, and is counted. It saved a third of the bytes of audio
+    appends (base64 PCM) and nine tenths of small JSON events: ~0.2 Mbit/s per session, which no
+    deployment here needs. ``ws_max_size`` bounds one frame as sent: twice the event limit.
+    """
+    return {"ws_per_message_deflate": False, "ws_max_size": MAX_FRAME_EVENTS * settings.max_event_bytes}
 
 
 def websocket_router(

@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvicorn
@@ -64,10 +65,11 @@ def wait_for_sessions(base_url: str, expected: int, *, deadline_s: float = 60.0)
 
 
 @contextlib.asynccontextmanager
-async def serving_in_process(app: FastAPI) -> AsyncIterator[str]:
-    """Serves ``app`` with uvicorn on 127.0.0.1 in the running loop; yields its base URL."""
+async def serving_in_process(app: FastAPI, **options: Any) -> AsyncIterator[str]:
+    """Serves ``app`` with uvicorn on 127.0.0.1 in the running loop (``options``: more of
+    ``uvicorn.Config``'s); yields its base URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **options))
     serving = asyncio.create_task(server.serve())
     try:
         async with asyncio.timeout(30):

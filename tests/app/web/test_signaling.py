@@ -123,10 +123,12 @@ def test_gate_rejects_past_the_burst_then_recovers_with_time():
     assert gate.admit("{}") is not None
 
 
-def test_gate_does_not_charge_oversized_events_to_the_rate():
-    gate = EventGate(max_bytes=2, per_second=10, burst=1, clock=FakeClock())
-    assert gate.admit("toolong") is not None
-    assert gate.admit("{}") is None
+def test_gate_charges_oversized_events_to_the_rate_by_their_size():
+    gate = EventGate(max_bytes=10, per_second=10, burst=3, clock=FakeClock())
+    refused = gate.admit("x" * 25)  # three events' worth: it empties the bucket, and is refused
+    assert refused is not None and refused.code == "event_too_large"
+    refused = gate.admit("{}")
+    assert refused is not None and refused.code == "rate_limit_exceeded"
 
 
 class ScriptedTurnEngine:
