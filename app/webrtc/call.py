@@ -48,6 +48,11 @@ MAX_PENDING_EVENTS = 1_000
 # of ~50; a peer that outruns the handler by this much is flooding, and its excess is dropped
 # (with an error event) before it can grow the call's memory.
 MAX_QUEUED_MESSAGES = 256
+# Events sent on the data channel that SCTP has not yet taken (the peer stopped acknowledging:
+# a frozen tab, a stuck client): past this the call ends ("client_not_reading"). The same bound
+# as a WebSocket's (app.web.websocket.MAX_PENDING_BYTES); a burst of 100 maximal text items
+# echoes 3-10 MB, which a reading client drains in seconds.
+MAX_BUFFERED_EVENT_BYTES = 16 * 1024 * 1024
 
 
 class Session(Protocol):
@@ -343,7 +348,15 @@ class Call:
         text = json.dumps(event, separators=(",", ":"))
         channel = self._channel
         if channel is not None and channel.readyState == "open":
+            if self._end_reason == "client_not_reading":
+                return
             channel.send(text)
+            if channel.bufferedAmount > MAX_BUFFERED_EVENT_BYTES:
+                logger.warning(
+                    "call %s: %d bytes of events wait for a peer that does not take them; ending the call",
+                    self.id, channel.bufferedAmount,
+                )
+                self.end("client_not_reading")
         elif channel is None or channel.readyState == "connecting":
             if len(self._pending_events) >= MAX_PENDING_EVENTS:
                 logger.warning("call %s: %d events wait for the data channel; dropping the oldest", self.id, len(self._pending_events))
