@@ -195,6 +195,7 @@ class MediaWorker:
             reply["sdp"] = await call.answer(message["sdp"])
         except OfferError as exc:
             await call.close("bad_offer")
+            logger.info("call %s: offer refused: %s (%s)", call.id, exc, exc.__cause__)
             reply["offer_error"] = str(exc)
         except BaseException:
             await call.close("signaling_failed")

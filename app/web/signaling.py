@@ -26,7 +26,7 @@ from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
 from app.web.auth import Authenticator, CallGrant
 from app.web.calls import new_call
-from app.web.errors import ApiError, rate_limited
+from app.web.errors import ApiError, logged_error, rate_limited
 from app.web.metrics import Metrics
 from app.web.runtime import runtime_of
 from app.web.workers import MediaWorkerPool, WorkerUnavailable
@@ -84,7 +84,7 @@ def signaling_router(
         except OfferError as exc:
             await call.close("bad_offer")
             metrics.errors.labels(type="invalid_request_error", code="invalid_sdp").inc()
-            raise ApiError(400, str(exc), code="invalid_sdp") from None
+            raise offer_refused(exc, call.id) from None
         except BaseException:
             await call.close("signaling_failed")
             raise
@@ -134,15 +134,21 @@ async def _place_on_worker(
         raise connecting_limit_error(settings) from None
     except OfferError as exc:
         metrics.errors.labels(type="invalid_request_error", code="invalid_sdp").inc()
-        raise ApiError(400, str(exc), code="invalid_sdp") from None
+        raise offer_refused(exc, call_id) from None
     except WorkerUnavailable as exc:
         metrics.errors.labels(type="server_error", code="media_worker_unavailable").inc()
-        raise ApiError(503, f"No media worker could take the call: {exc}", type="server_error",
-                       code="media_worker_unavailable") from None
+        raise logged_error(503, "No media worker could take the call; try again shortly.",
+                           code="media_worker_unavailable", cause=f"call {call_id}: {exc}") from None
     logger.info("call %s: answered by media worker %s", call_id, workers.worker_of(call_id))
     return Response(
         answer, status_code=201, media_type=SDP_CONTENT_TYPE, headers={"Location": f"/v1/realtime/calls/{call_id}"}
     )
+
+
+def offer_refused(exc: OfferError, call_id: str) -> ApiError:
+    """400 with the refusal's own fixed words; aiortc's, if any, go to the log under the request id."""
+    return logged_error(400, str(exc), code="invalid_sdp", type="invalid_request_error",
+                        cause=f"call {call_id}: {exc} ({exc.__cause__ or 'no further cause'})")
 
 
 def connecting_limit_error(settings: Settings) -> ApiError:
@@ -217,8 +223,11 @@ async def _read_multipart_offer(request: Request, settings: Settings) -> tuple[s
 def _parse_session_json(raw: bytes) -> dict[str, Any]:
     try:
         session = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError(400, f"The 'session' field is not JSON: {exc}", param="session") from None
+    except UnicodeDecodeError:
+        raise ApiError(400, "The 'session' field is not UTF-8 text.", param="session") from None
+    except json.JSONDecodeError as exc:
+        raise ApiError(400, f"The 'session' field is not JSON (line {exc.lineno}, column {exc.colno}).",
+                       param="session") from None
     if not isinstance(session, dict):
         raise ApiError(400, "The 'session' field must be a JSON object.", param="session")
     return session
@@ -272,7 +281,8 @@ def check_offer_sdp(body: bytes, *, max_bytes: int) -> str:
     # AssertionError, IndexError, KeyError, StopIteration for an a=fmtp without its a=rtpmap...);
     # on untrusted input every one of them means the same: the offer is malformed.
     except Exception as exc:
-        raise ApiError(400, f"SDP offer could not be parsed: {exc or type(exc).__name__}", code="invalid_sdp") from None
+        raise logged_error(400, "SDP offer could not be parsed.", code="invalid_sdp", type="invalid_request_error",
+                           cause=f"aiortc's parser: {type(exc).__name__}: {exc}") from None
     if not description.media:
         raise ApiError(400, "SDP offer has no media sections (m= lines).", code="invalid_sdp")
     for index, media in enumerate(description.media):

@@ -166,8 +166,9 @@ class Call:
             OperationError,
         ) as exc:
             # aiortc's SDP parser reports malformed input with whatever the failing line raised;
-            # OperationError: an m= section with no codec aiortc can use (found by fuzzing).
-            raise OfferError(f"the SDP offer could not be parsed: {exc or type(exc).__name__}") from exc
+            # OperationError: an m= section with no codec aiortc can use (found by fuzzing). Its
+            # words stay in the log (``__cause__``); the client is told the fact.
+            raise OfferError("the SDP offer could not be parsed") from exc
         if not any(t.kind == "audio" for t in pc.getTransceivers()):
             raise OfferError("the SDP offer has no audio m-line; a call needs one (sendrecv or recvonly)")
         if pc.sctp is None:

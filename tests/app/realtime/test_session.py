@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
+from app.realtime.failures import failure_message
 from app.realtime.session_config import SessionConfig, TurnDetection
 from app.realtime.turn_taking import ECHO_TAIL_MS
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, AssistantText, HistoryLimits, UserAudio, UserText
@@ -626,24 +627,29 @@ async def test_bad_input_gets_an_error_and_the_session_still_serves_a_turn(h, ra
     assert (await h.turn_done())["response"]["status"] == "completed"
 
 
-async def test_engine_failure_ends_the_response_failed_and_the_next_turn_works(h):
-    h.engine.fail_next = EngineError("CUDA out of memory", code="engine_error")
+async def test_engine_failure_ends_the_response_failed_and_the_next_turn_works(h, caplog):
+    h.engine.fail_next = EngineError("CUDA out of memory at /opt/model/shard-3", code="engine_error")
     h.utter()
     done = (await h.turn_done())["response"]
 
     assert done["status"] == "failed"
     assert done["status_details"]["error"] == {"type": "server_error", "code": "engine_error"}
-    error = h.last("error")["error"]
-    assert error["type"] == "server_error" and "CUDA out of memory" in error["message"]
+    error_event = h.last("error")
+    error = error_event["error"]
+    # The client gets the code and a fixed message; the cause goes to the log beside the event's id.
+    assert (error["type"], error["code"], error["message"]) == ("server_error", "engine_error", failure_message("engine_error"))
+    [logged] = [r.getMessage() for r in caplog.records if error_event["event_id"] in r.getMessage()]
+    assert "CUDA out of memory at /opt/model/shard-3" in logged
     h.push(silence(ECHO_TAIL_MS + 100))
     h.utter()
     assert (await h.turn_done(2))["response"]["status"] == "completed"
 
 
 async def test_unexpected_engine_exception_also_fails_only_that_response(h):
-    h.engine.fail_next = RuntimeError("boom")
+    h.engine.fail_next = RuntimeError("boom: /etc/secret")
     await h.send(type="response.create")
     assert (await h.turn_done())["response"]["status"] == "failed"
+    assert "boom" not in h.last("error")["error"]["message"]
     await h.send(type="response.create")
     assert (await h.turn_done(2))["response"]["status"] == "completed"
 

@@ -72,6 +72,34 @@ def test_garbage_offer_is_400_with_a_message(body):
     assert raised.value.message.startswith("SDP offer")
 
 
+def test_the_sdp_parsers_own_words_stay_in_the_log_under_the_request_id(caplog):
+    with pytest.raises(ApiError) as raised:
+        check_offer_sdp(b"v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=rtpmap:111\r\n", max_bytes=65_536)
+    assert raised.value.message == "SDP offer could not be parsed."
+    request_id = raised.value.headers["x-request-id"]
+    [logged] = [record.getMessage() for record in caplog.records if request_id in record.getMessage()]
+    assert "ValueError: not enough values to unpack" in logged  # what aiortc said, for the operator only
+
+
+async def test_a_bug_in_a_route_is_a_500_with_a_request_id_and_no_exception_text():
+    app = create_app(Settings(media_workers=1), engine=ScriptedEngine())
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise RuntimeError("secret detail")
+
+    app.router.routes.insert(0, app.router.routes.pop())  # before the page's catch-all mount
+
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            response = await http.get("/boom")
+    assert response.status_code == 500
+    assert response.json()["error"]["code"] == "server_error"
+    assert "secret" not in response.text
+    assert response.headers["x-request-id"].startswith("req_")
+
+
 def test_bundle_group_naming_a_missing_mid_is_400():
     offer = OFFER.replace("a=group:BUNDLE 0", "a=group:BUNDLE 1 0")
     with pytest.raises(ApiError) as raised:
