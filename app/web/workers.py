@@ -6,8 +6,8 @@ process, and runs every call in one of N worker processes (``app.web.media_worke
 the fewest calls; its offer travels over IPC and the worker's SDP answer comes back, so the
 peer's media then flows to that worker's own UDP sockets. A worker reports every 0.5 s (its
 heartbeat); one silent for ``HEARTBEAT_TIMEOUT_S`` (stopped, or its loop stuck) gets no new
-calls, shows ``ready: false`` in /healthz, and an offer it was given goes to the next worker. The front remembers which worker
-holds each call (hang-up goes there) and serves the workers' engine turns from the one engine.
+calls, shows ``ready: false`` in /healthz, and an offer it was given goes to the next worker.
+The front remembers which worker holds each call (hang-up goes there) and serves the workers' engine turns from the one engine.
 Each call placed on a worker is a :class:`RemoteCall` in the front's ``CallRegistry``, so
 ``--max-sessions`` counts it with the front's WebSocket sessions. A worker that dies loses its
 calls (they leave the registry at once), is spawned again, and gets new calls once it reports. docs/ARCHITECTURE.md says why it is built this way.
