@@ -20,6 +20,7 @@ system-deps:
 	scripts/system-deps.sh
 
 serve: $(STAMP)
+	scripts/system-deps.sh serve
 	$(VENV)/bin/omni-rtc serve $(ARGS)
 
 test: $(STAMP) system-deps turn-model

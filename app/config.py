@@ -6,11 +6,17 @@ import ipaddress
 import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from pipeline.worker import usable_cores  # the engine sizes its threads by the same count
+
+# Settings of the in-process engine, which do nothing when turns run on vLLM-Omni servers (engine_urls).
+LOCAL_ENGINE_SETTINGS = frozenset(
+    {"device", "engines", "max_batch", "dtype", "generation", "engine_threads", "attn_implementation"}
+)
 
 
 def _default_cache_dir() -> Path:
@@ -60,6 +66,11 @@ class Settings(BaseSettings):
     engine_threads: int | None = Field(None, ge=1)  # torch CPU threads in the engine process
     # from_pretrained's attention kernels; None: transformers' default (sdpa). docs/MODEL.md.
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] | None = None
+    # vLLM-Omni servers to run turns on instead of the in-process engine (pipeline/remote.py): their
+    # API base URLs, e.g. http://gpu-1:8091/v1; each turn goes to the least loaded reachable one.
+    # With them, `model` is the served model name sent with each turn (None: the server's own).
+    engine_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    engine_api_key: SecretStr | None = None  # sent as `Authorization: Bearer` (vllm serve --api-key)
 
     # WebRTC. List settings read from the environment as comma-separated values (or JSON lists).
     ice_servers: Annotated[list[str], NoDecode] = Field(default_factory=list)  # stun:/turn: URLs
@@ -75,6 +86,10 @@ class Settings(BaseSettings):
     # ends. Browsers send a 20 ms frame even when muted; aiortc alone notices a vanished
     # peer only when ICE consent expires (6 missed checks x 5 s = ~30 s).
     disconnect_timeout_s: float = Field(10.0, gt=0)
+    # Inbound audio through omni-rtc's jitter buffer (media/jitter_buffer.py: a playout deadline,
+    # FEC and PLC concealment). False: aiortc's own receive path, which stalls on every lost packet;
+    # the fallback should an aiortc upgrade refuse the receiver tap, and the "before" of the network bench.
+    jitter_buffer: bool = True
 
     # Limits. Past each one the client gets a clear error (HTTP status, or an `error` event
     # while the session goes on).
@@ -103,7 +118,7 @@ class Settings(BaseSettings):
     # next turn. Queue wait counts: 16 sessions x ~2 s CPU dev-model turns stay well under.
     turn_stall_timeout_s: float = Field(60.0, gt=0)
 
-    @field_validator("ice_servers", "cors_origins", mode="before")
+    @field_validator("ice_servers", "cors_origins", "engine_urls", mode="before")
     @classmethod
     def _split_comma_separated(cls, value: object) -> object:
         if isinstance(value, str):
@@ -112,6 +127,15 @@ class Settings(BaseSettings):
                 return json.loads(value)
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("engine_urls")
+    @classmethod
+    def _http_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"engine_urls: {url!r} is not an http:// or https:// URL (e.g. http://gpu-1:8091/v1)")
+        return [url.rstrip("/") for url in urls]
 
     @property
     def engine_devices(self) -> list[str]:
@@ -129,6 +153,29 @@ class Settings(BaseSettings):
                 f"engines={self.engines} with device={self.device!r}: a device list runs one engine per "
                 "device; give either a list or engines"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _no_local_engine_options_with_engine_urls(self) -> Settings:
+        local = sorted(LOCAL_ENGINE_SETTINGS & self.model_fields_set)
+        if self.engine_urls and local:
+            raise ValueError(
+                f"{', '.join(local)} set with engine_urls: they configure the in-process engine, and turns run on "
+                "the vLLM-Omni servers of engine_urls; configure those servers instead (vllm serve ...)"
+            )
+        if self.engine_api_key is not None and not self.engine_urls:
+            raise ValueError("engine_api_key is set without engine_urls: it is sent to vLLM-Omni servers only")
+        return self
+
+    @model_validator(mode="after")
+    def _jitter_buffer_needs_a_known_aiortc(self) -> Settings:
+        if self.jitter_buffer:
+            from media.receiver_tap import UnsupportedAiortc, check_aiortc  # aiortc loads only when asked
+
+            try:
+                check_aiortc()
+            except UnsupportedAiortc as exc:
+                raise ValueError(f"jitter_buffer: {exc}") from None
         return self
 
     @model_validator(mode="after")

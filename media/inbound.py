@@ -1,4 +1,8 @@
-"""Inbound audio: every frame of a remote WebRTC audio track → 16 kHz mono float32 PCM."""
+"""Inbound audio: every frame of a remote WebRTC audio track → 16 kHz mono float32 PCM.
+
+The track is a call's ``media.playout.PlayoutTrack`` (decoded, FEC-recovered or concealed frames
+on a playout deadline), or aiortc's own remote track with ``jitter_buffer`` off.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ from media.rates import SPEECH_RATE
 
 logger = logging.getLogger(__name__)
 
-# aiortc's audio receiver keeps each packet until 4 later ones have arrived (JitterBuffer
+# aiortc's own receive path (jitter_buffer=False; by default media/playout.py replaces it, see
+# docs/NETWORK.md). Its audio receiver keeps each packet until 4 later ones have arrived (JitterBuffer
 # prefetch=4): 80 ms before the VAD hears it (measured over loopback: 60-80 ms of the end of
 # speech -> first answer audio latency). The prefetch buys nothing: released frames are decoded
 # and queued at once, with no playout clock, and a lost packet stalls the buffer whatever the

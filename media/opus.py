@@ -13,16 +13,22 @@ header extension is optional; SFUs use it, a browser peer does not), no thread h
 mono inline costs ~50 µs a frame for speech, ~30 µs for silence: under 0.3 % of a core per
 call, on the loop that already waits for the frame. Opus packets say their channel count
 themselves, so a peer that negotiated ``opus/48000/2`` decodes mono packets as it always does.
+
+The encoder is libopus itself (``media.libopus``), not PyAV's: FFmpeg's encoder fixes its expected
+packet loss when it is opened, and in-band FEC is worth its bits only in proportion to the loss the
+peer reports. ``set_expected_loss`` (the call's RTCP receiver reports, ``app/webrtc/network.py``)
+retunes it between two packets; at 0 % libopus sends no FEC at all. Pacing is unchanged: one
+packet per source frame, stamped with the frame's pts.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from fractions import Fraction
 
 import av
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from media.libopus import OpusEncoder
 from media.rates import WIRE_RATE
 
 # Mono speech at 48 kbit/s is transparent for Code2Wav's 24 kHz voice (content below 12 kHz);
@@ -42,29 +48,31 @@ class OpusTrack(MediaStreamTrack):
     def __init__(self, source: MediaStreamTrack, *, bitrate: int = OPUS_BITRATE) -> None:
         super().__init__()
         self._source = source
-        self._encoder = av.CodecContext.create("libopus", "w")
-        self._encoder.bit_rate = bitrate
-        self._encoder.format = "s16"
-        self._encoder.layout = "mono"
-        self._encoder.sample_rate = WIRE_RATE
-        self._encoder.time_base = _TIME_BASE
-        self._encoder.options = {"application": "voip"}  # as aiortc's encoder: tuned for speech
-        self._pending: deque[av.Packet] = deque()
+        self._encoder = OpusEncoder(bitrate=bitrate, rate=WIRE_RATE)  # VoIP: tuned for speech, as aiortc's
+
+    @property
+    def expected_loss_percent(self) -> int:
+        return self._encoder.expected_loss_percent
+
+    def set_expected_loss(self, percent: int) -> None:
+        """The share of packets the peer reports lost, 0-100: the strength of the in-band FEC."""
+        self._encoder.set_expected_loss(percent)
 
     async def recv(self) -> av.Packet:  # aiortc's sender takes packets as well as frames
         if self.readyState != "live":
             raise MediaStreamError
-        while not self._pending:
-            frame = await self._source.recv()
-            assert isinstance(frame, av.AudioFrame)  # an audio track yields audio frames
-            # libopus returns one packet per 960-sample frame; each is stamped with its frame's
-            # pts, so RTP timestamps follow the source's clock (pts = samples sent).
-            for packet in self._encoder.encode(frame):
-                packet.pts = frame.pts
-                packet.time_base = _TIME_BASE
-                self._pending.append(packet)
-        return self._pending.popleft()
+        frame = await self._source.recv()
+        assert isinstance(frame, av.AudioFrame)  # an audio track yields audio frames
+        if self.readyState != "live":  # stopped while waiting for the frame: the encoder is gone
+            raise MediaStreamError
+        # One packet per 20 ms frame, stamped with the frame's pts, so RTP timestamps follow the
+        # source's clock (pts = samples sent).
+        packet = av.Packet(self._encoder.encode(frame.to_ndarray().reshape(-1)))
+        packet.pts = frame.pts
+        packet.time_base = _TIME_BASE
+        return packet
 
     def stop(self) -> None:
         super().stop()
         self._source.stop()
+        self._encoder.close()

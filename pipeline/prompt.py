@@ -45,6 +45,8 @@ from pipeline.conversation import (
     ConversationItem,
     UserAudio,
     UserText,
+    asr_instruction,
+    bound_history,
 )
 from pipeline.tokenizer import load_tokenizer
 from pipeline.turn import TranscriptionHint, TurnRequest
@@ -56,20 +58,6 @@ AUDIO_END = "<|audio_end|>"
 AUDIO_PAD = "<|audio_pad|>"
 MEL_BINS = 128
 
-# Qwen3-Omni's README: its 19 speech input languages (ISO-639-1 codes; Cantonese has none,
-# "yue" is its ISO-639-3 code) and its ASR prompts.
-ASR_LANGUAGES = {
-    "en": "English", "zh": "Chinese", "yue": "Cantonese", "ko": "Korean", "ja": "Japanese",
-    "de": "German", "ru": "Russian", "it": "Italian", "fr": "French", "es": "Spanish",
-    "pt": "Portuguese", "ms": "Malay", "nl": "Dutch", "id": "Indonesian", "tr": "Turkish",
-    "vi": "Vietnamese", "ar": "Arabic", "ur": "Urdu",
-}
-ASR_PROMPT = "Transcribe the audio into text."
-ASR_PROMPT_FOR_LANGUAGE = "Transcribe the {language} audio into text."
-ASR_PROMPT_CHINESE = "请将这段中文语音转换为纯文本。"
-
-Turn = tuple[ConversationItem, ...]
-
 
 @dataclass(frozen=True)
 class ThinkerInputs:
@@ -79,61 +67,6 @@ class ThinkerInputs:
     feature_attention_mask: torch.Tensor | None  # [n_clips, frames] long
     text_tokens: int  # prompt tokens that are not <|audio_pad|>
     audio_tokens: int  # expanded <|audio_pad|> tokens
-
-
-def split_turns(items: Sequence[ConversationItem]) -> tuple[list[Turn], Turn]:
-    """Past turns (user items up to and including the next assistant item) and the current one.
-
-    The current turn is the user items after the last assistant item: the turn being answered.
-    """
-    turns: list[Turn] = []
-    pending: list[ConversationItem] = []
-    for item in items:
-        pending.append(item)
-        if isinstance(item, AssistantText):
-            turns.append(tuple(pending))
-            pending = []
-    return turns, tuple(pending)
-
-
-def bound_history(conversation: Conversation) -> tuple[ConversationItem, ...]:
-    """The items one turn sees: the current turn plus as many whole past turns as the limits allow.
-
-    Past turns are taken newest first. ``max_turns`` bounds them all. The first turn whose audio
-    would break an audio limit (clip count or seconds) and every older one are kept as text, each
-    clip replaced by its transcript (``UserAudio.transcript``); the first such turn with a clip
-    that has no transcript ends the history. What is kept is always a contiguous, answered
-    stretch right before the current turn, audio for the newest turns and text before them.
-    """
-    limits = conversation.limits
-    past, current = split_turns(conversation.items)
-    kept: list[Turn] = []
-    clips = 0
-    seconds = 0.0
-    as_text = False
-    for turn in reversed(past):
-        if len(kept) >= limits.max_turns:
-            break
-        audio = [item for item in turn if isinstance(item, UserAudio)]
-        if not as_text:
-            clips += len(audio)
-            seconds += sum(clip.seconds for clip in audio)
-            as_text = clips > limits.max_audio_clips or seconds > limits.max_audio_seconds
-        if as_text:
-            if any(clip.transcript is None for clip in audio):
-                break
-            turn = tuple(UserText(item.transcript or "") if isinstance(item, UserAudio) else item for item in turn)
-        kept.append(turn)
-    return tuple(item for turn in reversed(kept) for item in turn) + current
-
-
-def asr_instruction(language: str | None) -> str:
-    """Qwen3-Omni's ASR prompt for ``language`` (ISO-639-1; an unknown one gets the generic prompt)."""
-    code = (language or "").strip().lower()
-    if code == "zh":
-        return ASR_PROMPT_CHINESE
-    name = ASR_LANGUAGES.get(code)
-    return ASR_PROMPT if name is None else ASR_PROMPT_FOR_LANGUAGE.format(language=name)
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Debian packages the test suite needs: Chromium for the browser test, espeak-ng, flite and sox
-# to regenerate the speech fixtures. Installs only what is missing (CI runs as root).
+# Debian packages omni-rtc needs. The server (`system-deps.sh serve`, run by `make serve`): libopus0
+# (media/libopus.py: Opus FEC and concealment through libopus itself). The test suite as well
+# (no argument, run by `make test`): Chromium for the browser test, espeak-ng, flite and sox to
+# regenerate the speech fixtures, util-linux and iproute2 for the offline sandbox. Installs only what
+# is missing (CI runs as root).
 set -euo pipefail
 missing=()
-command -v chromium >/dev/null || missing+=(chromium)
-command -v espeak-ng >/dev/null || missing+=(espeak-ng)
-command -v flite >/dev/null || missing+=(flite)
-command -v sox >/dev/null || missing+=(sox)
-command -v unshare >/dev/null || missing+=(util-linux)
-command -v ip >/dev/null || missing+=(iproute2)
+ldconfig -p | grep 'libopus\.so\.0 ' >/dev/null || missing+=(libopus0)
+if [ "${1:-}" != "serve" ]; then
+  command -v chromium >/dev/null || missing+=(chromium)
+  command -v espeak-ng >/dev/null || missing+=(espeak-ng)
+  command -v flite >/dev/null || missing+=(flite)
+  command -v sox >/dev/null || missing+=(sox)
+  command -v unshare >/dev/null || missing+=(util-linux)
+  command -v ip >/dev/null || missing+=(iproute2)
+fi
 if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" -ne 0 ]; then
   echo "missing Debian packages: ${missing[*]} (run as root, or: sudo apt-get install ${missing[*]})" >&2

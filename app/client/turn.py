@@ -29,6 +29,10 @@ class TurnResult:
     response: dict[str, Any]  # the response object of response.done
     audio: np.ndarray  # answer audio as received: float32 mono, 48 kHz, first to last audible frame
     latency_s: float | None  # last utterance sample sent -> first audible frame received
+    spoken_at: float = 0.0  # monotonic time the utterance's last sample was sent (WebRTC client)
+    # Where the utterance began in the microphone's stream (ms of audio sent before it, silence
+    # included; WebRTC client): against the server's audio_start_ms it shows how much was heard.
+    spoken_from_ms: float = 0.0
     # Seconds of audible frames in ``audio``; less than its length when playback stalled (the
     # engine fell behind real time) or the answer pauses.
     audible_seconds: float = 0.0

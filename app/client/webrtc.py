@@ -25,6 +25,7 @@ import logging
 import re
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,8 +48,12 @@ from app.realtime.protocol import (
     event_type,
 )
 from app.webrtc.ice import loopback_candidates, rtc_configuration
-from media.inbound import release_audio_promptly
+from app.webrtc.network import CallNetwork
+from app.webrtc.sdp import with_opus_inband_fec
+from media.jitter_buffer import ReceiveStats
+from media.opus import OpusTrack
 from media.pacing import FRAME_SAMPLES, FramePacer
+from media.playout import receive_audio
 from media.rates import SPEECH_RATE, WIRE_RATE
 
 logger = logging.getLogger(__name__)
@@ -68,6 +73,17 @@ PLAYOUT_TAIL_FRAMES = 50  # 1 s
 SERVER_SILENCE_TIMEOUT_S = 5.0
 
 
+@dataclass(frozen=True)
+class ReceivedFrame:
+    """One received frame: its RTP time (48 kHz, from the stream's first packet), where its audio
+    came from (``"packet"``, ``"fec"``, ``"plc"``), its arrival (monotonic) and its peak level."""
+
+    pts: int
+    origin: str
+    arrived_at: float
+    peak: float
+
+
 class MicrophoneTrack(MediaStreamTrack):
     """Plays queued 48 kHz PCM in real time, 20 ms per frame, silence when idle."""
 
@@ -79,6 +95,12 @@ class MicrophoneTrack(MediaStreamTrack):
         self._offset = 0  # samples of _pending[0] already sent
         self._pacer = FramePacer()
         self._drained: asyncio.Future[float] | None = None
+
+    @property
+    def queued_until_ms(self) -> float:
+        """Where audio queued now will start in the stream: ms sent so far plus ms still queued."""
+        queued = sum(len(chunk) for chunk in self._pending) - self._offset
+        return (self._pacer.pts + queued) * 1000 / WIRE_RATE
 
     def play(self, pcm48k: np.ndarray) -> asyncio.Future[float]:
         """Queues float32 audio; the future resolves to the wall time its last sample was sent."""
@@ -112,10 +134,14 @@ class MicrophoneTrack(MediaStreamTrack):
 
 @dataclass
 class _Received:
-    """Every frame from the server: mono float32 at 48 kHz, with its arrival time."""
+    """Every frame from the server: mono float32 at 48 kHz, with its arrival time, its RTP time
+    (``pts``, 48 kHz from the stream's first packet) and where its audio came from (``"packet"``,
+    or ``"fec"``/``"plc"`` for a frame the jitter buffer rebuilt or concealed)."""
 
     chunks: list[np.ndarray] = field(default_factory=list)
     arrived_at: list[float] = field(default_factory=list)
+    pts: list[int] = field(default_factory=list)
+    origins: list[str] = field(default_factory=list)
 
     def add(self, frame: av.AudioFrame) -> None:
         array = frame.to_ndarray()
@@ -130,6 +156,8 @@ class _Received:
             mono = soxr.resample(mono, frame.sample_rate, WIRE_RATE)
         self.chunks.append(mono.astype(np.float32))
         self.arrived_at.append(time.monotonic())
+        self.pts.append(int(frame.pts or 0))
+        self.origins.append(frame.opaque if isinstance(frame.opaque, str) else "packet")
 
 
 class RealtimeClient(RealtimeClientBase):
@@ -146,6 +174,8 @@ class RealtimeClient(RealtimeClientBase):
         offer_candidates: bool = True,
         timeout_s: float = 120.0,
         server_silence_timeout_s: float = SERVER_SILENCE_TIMEOUT_S,
+        jitter_buffer: bool = True,
+        answer_filter: Callable[[str], str] | None = None,
     ) -> None:
         """``url`` is the server's base URL; ``session`` goes with the offer (multipart).
 
@@ -153,7 +183,11 @@ class RealtimeClient(RealtimeClientBase):
         before gathering do; the server then learns this peer as peer-reflexive.
         ``timeout_s`` bounds connecting and each turn. Once the server has been heard, no audio
         frame from it for ``server_silence_timeout_s`` ends the call (``ended``), and waiting
-        for events or a turn raises :class:`ClientError` saying so.
+        for events or a turn raises :class:`ClientError` saying so. The answer's audio goes through
+        the same jitter buffer as the server's inbound audio (``jitter_buffer=False``: aiortc's own
+        path, no concealment); the microphone is Opus-encoded with in-band FEC tuned to the loss
+        the server reports, as browsers do. ``answer_filter``, when given, rewrites the server's
+        SDP answer before it is used (tests route a call through an impairing relay with it).
         """
         self.url = url.rstrip("/")
         self._api_key = api_key
@@ -165,12 +199,18 @@ class RealtimeClient(RealtimeClientBase):
         self.call_location: str | None = None
         self._pc: RTCPeerConnection | None = None
         self._microphone = MicrophoneTrack()
+        self._jitter_buffer = jitter_buffer
+        self._answer_filter = answer_filter
+        self._network: CallNetwork | None = None
+        self._source: MediaStreamTrack | None = None  # the answer's audio as read: the jitter buffer's track
+        self.receive_stats: ReceiveStats | None = None  # the answer's jitter buffer, once its track arrives
         self._received = _Received()
         self._receiver: asyncio.Task[None] | None = None
         self._channel_open = asyncio.Event()
         self._channel: RTCDataChannel | None = None
         self._server_silence_timeout_s = server_silence_timeout_s
         self._heard_at: float | None = None  # monotonic time of the server's last frame or event
+        self.event_arrivals: list[float] = []  # monotonic arrival time of each of ``events``
         self.ended: str | None = None  # why the call ended (the server closed it or went silent, or close()); None while it runs
 
     # -- connection ------------------------------------------------------------------
@@ -182,21 +222,21 @@ class RealtimeClient(RealtimeClientBase):
         self._channel = channel
         channel.on("open", self._channel_open.set)
         channel.on("message", self._on_message)
-        pc.addTrack(self._microphone)
-        for transceiver in pc.getTransceivers():
-            # Frames are recorded, not played: hand each on as it arrives, as the server does
-            # (aiortc's default holds 4 packets, 80 ms, which would count as answer latency).
-            if transceiver.kind == "audio":
-                release_audio_promptly(transceiver.receiver)
+        microphone = OpusTrack(self._microphone)
+        pc.addTrack(microphone)
+        self._network = CallNetwork(pc, name="client", outbound=microphone)
         pc.on("track", self._on_track)
         pc.on("connectionstatechange", self._on_connection_state)
         with loopback_candidates(self._ice_loopback):
             await pc.setLocalDescription(await pc.createOffer())
-        offer = pc.localDescription.sdp
+        offer = with_opus_inband_fec(pc.localDescription.sdp)  # as browsers offer
         if not self._offer_candidates:
             offer = re.sub(r"^a=(candidate|end-of-candidates).*\r?\n", "", offer, flags=re.MULTILINE)
         answer = await self._post_offer(offer)
+        if self._answer_filter is not None:
+            answer = self._answer_filter(answer)
         await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+        self._network.start()
         async with asyncio.timeout(self._timeout_s):
             await self._channel_open.wait()
             await self.wait_for(event_type(SessionCreatedEvent))
@@ -225,6 +265,8 @@ class RealtimeClient(RealtimeClientBase):
         """Hangs up (closes the peer connection, as a browser tab does). Safe twice."""
         if self.ended is None:
             self.ended = "hung up"
+        if self._network is not None:
+            await self._network.close()
         if self._pc is not None:
             await self._pc.close()
         self._microphone.stop()
@@ -233,10 +275,22 @@ class RealtimeClient(RealtimeClientBase):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._receiver
             self._receiver = None
+        if self._source is not None:
+            self._source.stop()
 
     def _on_track(self, track: MediaStreamTrack) -> None:
-        if track.kind == "audio" and self._receiver is None:
-            self._receiver = asyncio.create_task(self._receive(track), name="client audio receiver")
+        if track.kind != "audio" or self._receiver is not None:
+            return
+        assert self._pc is not None
+        receiver = next(t.receiver for t in self._pc.getTransceivers() if t.receiver.track is track)
+        # Frames are recorded, not played: each is handed on as soon as it is due (in order, or
+        # concealed at its deadline), as the server's inbound audio is.
+        source = receive_audio(receiver, jitter_buffer=self._jitter_buffer)
+        self._source = source
+        self.receive_stats = getattr(source, "stats", None)
+        if self._network is not None:
+            self._network.watch_inbound(source)
+        self._receiver = asyncio.create_task(self._receive(source), name="client audio receiver")
 
     async def _receive(self, track: MediaStreamTrack) -> None:
         silence_s = self._server_silence_timeout_s
@@ -284,6 +338,7 @@ class RealtimeClient(RealtimeClientBase):
             return
         self._heard_at = time.monotonic()
         self.events.append(event)
+        self.event_arrivals.append(self._heard_at)
         self._notify()
 
     async def send(self, event: dict[str, Any]) -> None:
@@ -305,6 +360,17 @@ class RealtimeClient(RealtimeClientBase):
         """Audio frames received so far; a mark for :meth:`audio_since`."""
         return len(self._received.chunks)
 
+    def frames_since(self, mark: int) -> list[ReceivedFrame]:
+        """Each frame received from frame ``mark`` on, as the answer's timeline sees it."""
+        received = self._received
+        return [
+            ReceivedFrame(pts=pts, origin=origin, arrived_at=at, peak=float(np.max(np.abs(chunk), initial=0.0)))
+            for pts, origin, at, chunk in zip(
+                received.pts[mark:], received.origins[mark:], received.arrived_at[mark:], received.chunks[mark:],
+                strict=True,
+            )
+        ]
+
     def audio_since(self, mark: int) -> np.ndarray:
         """Everything received from frame ``mark`` on: float32 mono at 48 kHz, silence included."""
         chunks = self._received.chunks[mark:]
@@ -317,6 +383,7 @@ class RealtimeClient(RealtimeClientBase):
         """
         first_event = len(self.events)
         first_frame = len(self._received.chunks)
+        spoken_from_ms = self._microphone.queued_until_ms
         try:
             async with asyncio.timeout(self._timeout_s):
                 spoken_at = await self.say(pcm16k)
@@ -340,6 +407,8 @@ class RealtimeClient(RealtimeClientBase):
             audible_seconds=audible_samples / WIRE_RATE,
             audio=audio,
             latency_s=None if first_audible_at is None else first_audible_at - spoken_at,
+            spoken_at=spoken_at,
+            spoken_from_ms=spoken_from_ms,
         )
 
     def _expects_playback(self, first_event: int, response: dict[str, Any]) -> bool:

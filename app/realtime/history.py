@@ -349,7 +349,7 @@ def pruned(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
     ``limits``; a turn still being answered is always kept, and so are at most
     ``MAX_UNANSWERED_ITEMS`` trailing user items.
 
-    The same rule as ``pipeline.prompt.bound_history``: once a turn's audio breaks an audio
+    The same rule as ``pipeline.conversation.bound_history``: once a turn's audio breaks an audio
     limit, it and older turns are kept only while every clip of theirs has its transcript (the
     prompt then carries them as text); ``max_turns`` bounds all kept turns.
     """

@@ -485,6 +485,26 @@ class ResponseObject(_ServerModel):
     metadata: dict[str, str] | None = None
 
 
+class NetworkLatency(_ServerModel):
+    """Extension, WebRTC only: the call's network so far (cumulative counts since the call began).
+
+    Inbound is the peer's audio to the server: packets that never arrived, that arrived after their
+    20 ms frame had been concealed, and frames rebuilt from the next packet's in-band FEC or made
+    up by Opus packet loss concealment; RFC 3550 jitter. Outbound is the answer's audio as the
+    peer's RTCP receiver reports count it, and the loss the server's Opus FEC is tuned for.
+    ``rtt_ms`` is the round trip from those reports (None until one has been measured).
+    """
+
+    inbound_packets_lost: int
+    inbound_packets_late: int
+    inbound_frames_recovered: int
+    inbound_frames_concealed: int
+    inbound_jitter_ms: float
+    outbound_packets_lost: int
+    outbound_fec_loss_percent: int
+    rtt_ms: float | None
+
+
 class ResponseLatency(_ServerModel):
     """Extension: where the time from end of speech to the first audio went, in milliseconds.
 
@@ -502,6 +522,7 @@ class ResponseLatency(_ServerModel):
     engine_first_audio_ms: float | None
     queue_wait_ms: float
     other_ms: float
+    network: NetworkLatency | None = None  # WebRTC calls: added by the call (app/webrtc/network.py)
 
 
 # -- the events ----------------------------------------------------------------------------

@@ -46,6 +46,7 @@ def new_call(
         on_connected=on_connected,
         on_closed=on_closed,
         pacing_stats=metrics.pacing,
+        jitter_buffer=settings.jitter_buffer,
     )
 
 

@@ -34,6 +34,8 @@ SERVE_FLAGS = {
     "generation": "generation",
     "engine_threads": "engine_threads",
     "attn_implementation": "attn_implementation",
+    "engine_url": "engine_urls",
+    "engine_api_key": "engine_api_key",
     "cache_dir": "cache_dir",
     "turn_model": "turn_model",
     "ice_server": "ice_servers",
@@ -42,6 +44,7 @@ SERVE_FLAGS = {
     "max_sessions": "max_sessions",
     "media_workers": "media_workers",
     "disconnect_timeout": "disconnect_timeout_s",
+    "jitter_buffer": "jitter_buffer",
     "api_key": "api_key",
     "allow_unauthenticated_public": "allow_unauthenticated_public",
     "log_level": "log_level",
@@ -74,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--attn-implementation", choices=["sdpa", "eager", "flash_attention_2"], help="attention kernels (default: transformers' choice, sdpa)"
     )
+    serve.add_argument(
+        "--engine-url", action="append", metavar="URL",
+        help="run turns on this vLLM-Omni server (its API base, e.g. http://gpu-1:8091/v1) instead of the "
+        "in-process engine; repeatable: each turn goes to the least loaded one",
+    )
+    serve.add_argument("--engine-api-key", metavar="KEY", help="the vLLM-Omni servers' API key (vllm serve --api-key)")
     serve.add_argument("--cache-dir", type=Path, help="where the dev model is built (default ~/.cache/omni-rtc)")
     serve.add_argument("--turn-model", type=Path, help="semantic_vad's end-of-turn model (default: the cache dir's)")
     serve.add_argument(
@@ -93,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
         f"{usable_cores()}; 1: every call in the server process)",
     )
     serve.add_argument("--disconnect-timeout", type=float, metavar="SECONDS", help="end a call whose peer sent no media this long (default 10)")
+    serve.add_argument(
+        "--jitter-buffer", action=argparse.BooleanOptionalAction, default=None,
+        help="inbound audio through omni-rtc's jitter buffer: playout deadline, FEC and PLC (default on); "
+        "--no-jitter-buffer: aiortc's own receive path",
+    )
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or an ek_ client secret) to place calls")
     serve.add_argument(
         "--allow-unauthenticated-public",

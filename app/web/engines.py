@@ -94,3 +94,5 @@ class MeteredEngine(EngineWrapper):
         self._metrics.engine_queue_wait.labels(task=request.task).observe(timings.queue_wait)
         if timings.first_text is not None:
             self._metrics.thinker_first_token.labels(task=request.task).observe(timings.first_text)
+        if timings.first_audio is not None:
+            self._metrics.engine_first_audio.labels(task=request.task).observe(timings.first_audio)

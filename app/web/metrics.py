@@ -8,7 +8,10 @@ The numbers come from what the glue already sees:
 - the engine's own ``TurnDone.timings`` (queue wait, time to first Thinker token), read by
   :class:`app.web.engines.MeteredEngine`, which wraps the shared engine the sessions are given;
 - one session callback, ``on_ignored_speech`` (an utterance half-duplex did not act on),
-  counted in ``ignored_speech``.
+  counted in ``ignored_speech``;
+- each WebRTC call's network samples (``app.webrtc.network.CallNetwork``, every second and once
+  at the end): packet and frame counters as they move, and per-call summaries (loss, jitter,
+  RTT) when the call ends.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from app.realtime.protocol import (
     SessionUpdatedEvent,
     event_type,
 )
+from app.webrtc.network import NetworkFigures
 from media.pacing import LATENESS_BUCKETS_S, PacingStats
 from media.rates import SPEECH_RATE
 
@@ -47,6 +51,11 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 DURATION_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 TRANSPORTS = ("webrtc", "websocket")
+# A call's share of packets lost: phone-call quality ends around 5 %, 20 % is barely usable.
+LOSS_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+# Seconds: jitter of Wi-Fi and mobile links runs from a few ms to ~100 ms; RTT up to ~1 s.
+JITTER_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2)
+RTT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
 
 
 class Metrics:
@@ -102,6 +111,12 @@ class Metrics:
             "task: respond (an answer) or transcribe (input transcription).",
             ["task"], buckets=LATENCY_BUCKETS, registry=r,
         )
+        self.engine_first_audio = Histogram(
+            "omni_rtc_engine_first_audio_seconds",
+            "Engine: from turn submission to the answer's first audio chunk (includes queue wait); "
+            "for a vLLM-Omni engine, from sending the request to its first audio chunk.",
+            ["task"], buckets=LATENCY_BUCKETS, registry=r,
+        )
         self.engine_queue_wait = Histogram(
             "omni_rtc_engine_queue_wait_seconds",
             "Engine: time a turn waited for the engine before it started; task: respond or transcribe.",
@@ -111,6 +126,35 @@ class Metrics:
             "omni_rtc_turn_duration_seconds",
             "From response.created to response.done.",
             buckets=DURATION_BUCKETS, registry=r,
+        )
+        self.inbound_packets = Counter(
+            "omni_rtc_inbound_audio_packets",
+            "Peers' audio packets, by outcome: received (in time or not), lost (never arrived), "
+            "late (arrived after their frame was concealed; dropped).",
+            ["outcome"], registry=r,
+        )
+        self.inbound_frames_repaired = Counter(
+            "omni_rtc_inbound_audio_frames_repaired",
+            "20 ms frames of peers' audio missing at their playout deadline, by how they were filled: "
+            "fec (from the next packet's in-band FEC) or plc (Opus packet loss concealment).",
+            ["method"], registry=r,
+        )
+        self.call_packet_loss = Histogram(
+            "omni_rtc_call_packet_loss_ratio",
+            "Per WebRTC call, at its end: the share of audio packets lost; inbound (the peer's, counted "
+            "by the server) or outbound (the server's, from the peer's RTCP receiver reports).",
+            ["direction"], buckets=LOSS_BUCKETS, registry=r,
+        )
+        self.call_jitter = Histogram(
+            "omni_rtc_call_jitter_seconds",
+            "Per WebRTC call, at its end: RFC 3550 interarrival jitter of the peer's audio packets.",
+            buckets=JITTER_BUCKETS, registry=r,
+        )
+        self.call_rtt = Histogram(
+            "omni_rtc_call_rtt_seconds",
+            "Per WebRTC call, at its end: the last round-trip time measured from RTCP reports "
+            "(calls that never measured one are not counted).",
+            buckets=RTT_BUCKETS, registry=r,
         )
 
     def render(self, others: list[list[FamilySamples]] | None = None) -> bytes:
@@ -227,6 +271,36 @@ class CallMetrics:
         self._turn_start: float | None = None  # wall clock the user-facing latency counts from
         self._awaiting_first_audio = False
         self._responses_created: dict[str, float] = {}
+        self._lost_counted = 0
+        self._last_network = NetworkFigures()
+
+    def on_network_sample(self, current: NetworkFigures) -> None:
+        """A call's network figures moved (``app.webrtc.network.NetworkObserver``): count the differences."""
+        previous = self._last_network
+        packets, frames = self._metrics.inbound_packets, self._metrics.inbound_frames_repaired
+        packets.labels(outcome="received").inc(max(current.inbound_packets_received - previous.inbound_packets_received, 0))
+        packets.labels(outcome="late").inc(max(current.inbound_packets_late - previous.inbound_packets_late, 0))
+        # Loss counted so far can shrink when a reordered packet turns up; the counter takes only rises.
+        lost = max(current.inbound_packets_lost, self._lost_counted)
+        packets.labels(outcome="lost").inc(lost - self._lost_counted)
+        self._lost_counted = lost
+        frames.labels(method="fec").inc(max(current.inbound_frames_recovered - previous.inbound_frames_recovered, 0))
+        frames.labels(method="plc").inc(max(current.inbound_frames_concealed - previous.inbound_frames_concealed, 0))
+        self._last_network = current
+
+    def on_network_closed(self, figures: NetworkFigures) -> None:
+        """The call ended: its last figures move the counters and its summaries are observed."""
+        self.on_network_sample(figures)
+        expected = figures.inbound_packets_expected
+        if expected:
+            self._metrics.call_packet_loss.labels(direction="inbound").observe(figures.inbound_packets_lost / expected)
+            self._metrics.call_jitter.observe(figures.inbound_jitter_ms / 1000)
+        if figures.outbound_packets_sent:
+            self._metrics.call_packet_loss.labels(direction="outbound").observe(
+                min(figures.outbound_packets_lost / figures.outbound_packets_sent, 1.0)
+            )
+        if figures.rtt_ms is not None:
+            self._metrics.call_rtt.observe(figures.rtt_ms / 1000)
 
     def on_input_audio(self, samples: int) -> None:
         """16 kHz samples handed to the session so far feed the end-of-utterance delay."""

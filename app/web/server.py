@@ -186,6 +186,17 @@ def _base_session_config(settings: Settings) -> SessionConfig:
 
 
 async def _start_engine(settings: Settings) -> tuple[Engine, str]:
+    if settings.engine_urls:
+        from pipeline.remote import RemoteEnginePool
+
+        remote = RemoteEnginePool(
+            settings.engine_urls,
+            api_key=settings.engine_api_key.get_secret_value() if settings.engine_api_key else None,
+            model=settings.model,
+            seed=settings.seed,
+        )
+        await remote.start()
+        return remote, remote.name
     # Imported here: the engine pulls in torch and transformers, which the CLI's other
     # commands and the client never need.
     from pipeline.devmodel import ensure_dev_model

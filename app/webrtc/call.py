@@ -34,10 +34,13 @@ from aiortc.exceptions import InternalError, InvalidAccessError, InvalidStateErr
 
 from app.realtime.protocol import EVENTS_CHANNEL, ProtocolError
 from app.webrtc.ice import loopback_candidates
-from media.inbound import InboundAudio, release_audio_promptly
+from app.webrtc.network import CallNetwork, NetworkObserver
+from app.webrtc.sdp import with_opus_inband_fec
+from media.inbound import InboundAudio
 from media.opus import OpusTrack
 from media.outbound import OutboundAudioTrack
 from media.pacing import PacingStats
+from media.playout import receive_audio
 
 logger = logging.getLogger(__name__)
 
@@ -66,10 +69,11 @@ class Session(Protocol):
     def on_playback_stopped(self) -> None: ...
 
 
-class CallObserver(Protocol):
+class CallObserver(NetworkObserver, Protocol):
     """What watches a call from outside (the server's metrics: ``app.web.metrics.CallMetrics``).
 
-    A protocol of this layer, so that the call imports nothing of the HTTP service above it."""
+    A protocol of this layer, so that the call imports nothing of the HTTP service above it. Its
+    network figures come through ``app.webrtc.network.NetworkObserver``."""
 
     def on_input_audio(self, samples: int) -> None:
         """``samples`` more 16 kHz samples were handed to the session."""
@@ -108,8 +112,12 @@ class Call:
         on_closed: Callable[[Call, str], None] | None = None,
         call_id: str | None = None,
         pacing_stats: PacingStats | None = None,
+        jitter_buffer: bool = True,
     ) -> None:
+        """``jitter_buffer``: inbound audio through ``media.playout`` (False: aiortc's own path)."""
         self.id = call_id or new_call_id()
+        self._jitter_buffer = jitter_buffer
+        self._network: CallNetwork | None = None
         self._pacing_stats = pacing_stats
         self._make_session = make_session
         self._configuration = configuration
@@ -154,6 +162,10 @@ class Call:
         self._session = session
         self._resources.push_async_callback(session.close)
         output.set_listener(session)
+        opus = OpusTrack(output)  # encoded here: see media/opus.py for what aiortc's sender would spend
+        self._resources.callback(opus.stop)
+        self._network = CallNetwork(pc, name=self.id, outbound=opus, observer=self._observer)
+        self._resources.push_async_callback(self._network.close)  # before the peer connection closes
 
         pc.on("connectionstatechange", self._on_connection_state)
         pc.on("datachannel", self._on_datachannel)
@@ -175,18 +187,17 @@ class Call:
             raise OfferError(
                 f"the SDP offer has no data channel (m=application); open one named {EVENTS_CHANNEL!r} before offering"
             )
-        for transceiver in pc.getTransceivers():
-            if transceiver.kind == "audio":
-                release_audio_promptly(transceiver.receiver)
-        pc.addTrack(OpusTrack(output))  # encoded here: see media/opus.py for what aiortc's sender would spend
+        pc.addTrack(opus)
         answer = await pc.createAnswer()
         # aiortc gathers every candidate inside setLocalDescription, so the answer is complete.
         with loopback_candidates(self._ice_loopback):
             await pc.setLocalDescription(answer)
 
         await session.start()
+        self._network.start()
         self._supervisor = asyncio.create_task(self._supervise(), name=f"call {self.id}")
-        return pc.localDescription.sdp
+        # aiortc writes no Opus fmtp: say that this side decodes in-band FEC (app/webrtc/sdp.py).
+        return with_opus_inband_fec(pc.localDescription.sdp)
 
     def end(self, reason: str) -> None:
         """Asks the call to end; the supervisor releases it. Safe from any callback, any number of times."""
@@ -328,7 +339,14 @@ class Call:
         if track.kind != "audio" or self._inbound is not None:
             logger.warning("call %s: ignoring an extra %s track", self.id, track.kind)
             return
-        self._inbound = InboundAudio(track, on_audio=self._on_audio)
+        assert self._pc is not None
+        receiver = next(t.receiver for t in self._pc.getTransceivers() if t.receiver.track is track)
+        # The track event comes inside setRemoteDescription, before any media can flow.
+        source = receive_audio(receiver, jitter_buffer=self._jitter_buffer)
+        self._resources.callback(source.stop)
+        if self._network is not None:
+            self._network.watch_inbound(source)
+        self._inbound = InboundAudio(source, on_audio=self._on_audio)
         self._inbound.start()
 
     def _on_audio(self, pcm: np.ndarray) -> None:
@@ -344,6 +362,8 @@ class Call:
     # -- events both ways ------------------------------------------------------------
 
     def _send(self, event: dict[str, Any]) -> None:
+        if self._network is not None:
+            self._network.annotate(event)
         if self._observer is not None:
             self._observer.on_server_event(event)
         text = json.dumps(event, separators=(",", ":"))

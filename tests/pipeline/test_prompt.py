@@ -21,9 +21,12 @@ from pipeline.conversation import (
     HistoryLimits,
     UserAudio,
     UserText,
+    asr_instruction,
     audio_tokens,
+    bound_history,
+    split_turns,
 )
-from pipeline.prompt import PromptRenderer, ThinkerInputs, asr_instruction, bound_history, split_turns
+from pipeline.prompt import PromptRenderer, ThinkerInputs
 from pipeline.tokenizer import load_tokenizer
 from pipeline.turn import TranscriptionHint, TurnRequest
 

@@ -189,3 +189,25 @@ def test_serve_engine_pool_from_a_device_list_or_an_engine_count(monkeypatch):
         serve_settings(monkeypatch, ["--device", "cuda:0,cuda:1", "--engines", "2"])
     with pytest.raises(ValueError, match="max_batch"):
         serve_settings(monkeypatch, ["--max-batch", "0"])
+
+
+def test_serve_engine_urls_from_flags_or_the_environment(monkeypatch):
+    settings = serve_settings(
+        monkeypatch, ["--engine-url", "http://gpu-1:8091/v1/", "--engine-url", "https://gpu-2/v1", "--engine-api-key", "k"]
+    )
+    assert settings.engine_urls == ["http://gpu-1:8091/v1", "https://gpu-2/v1"]
+    assert settings.engine_api_key is not None and settings.engine_api_key.get_secret_value() == "k"
+    from_env = serve_settings(monkeypatch, [], OMNI_RTC_ENGINE_URLS="http://a:1/v1,http://b:2/v1")
+    assert from_env.engine_urls == ["http://a:1/v1", "http://b:2/v1"]
+
+
+def test_serve_refuses_engine_urls_that_are_not_http(monkeypatch):
+    with pytest.raises(ValueError, match="engine_urls: 'gpu-1:8091' is not an http"):
+        serve_settings(monkeypatch, ["--engine-url", "gpu-1:8091"])
+
+
+def test_serve_refuses_in_process_engine_options_with_engine_urls(monkeypatch):
+    with pytest.raises(ValueError, match="device, max_batch set with engine_urls"):
+        serve_settings(monkeypatch, ["--engine-url", "http://gpu-1:8091/v1", "--device", "cuda", "--max-batch", "4"])
+    with pytest.raises(ValueError, match="engine_api_key is set without engine_urls"):
+        serve_settings(monkeypatch, ["--engine-api-key", "k"])

@@ -109,6 +109,12 @@ async def test_metered_engine_records_queue_wait_and_first_token():
     assert sample(metrics, "omni_rtc_thinker_first_token_seconds_sum", task="respond") == pytest.approx(0.75)
 
 
+async def test_metered_engine_records_first_audio():
+    metrics = Metrics()
+    _ = [event async for event in MeteredEngine(TimedEngine(), metrics).run_turn(TurnRequest(Conversation()))]
+    assert sample(metrics, "omni_rtc_engine_first_audio_seconds_sum", task="respond") == pytest.approx(1.0)
+
+
 async def test_metered_engine_keeps_transcriptions_apart_from_answers():
     metrics = Metrics()
     request = TurnRequest(Conversation(), task="transcribe")
@@ -132,3 +138,29 @@ async def test_closing_a_metered_turn_closes_the_engine_turn():
     assert isinstance(await anext(turn), TextDelta)
     await turn.aclose()
     assert engine.closed_early
+
+
+def test_network_samples_move_the_packet_counters_and_the_end_observes_the_call():
+    from app.webrtc.network import NetworkFigures
+
+    metrics = Metrics()
+    observer = metrics.observer(Clock())
+    observer.on_network_sample(NetworkFigures(inbound_packets_received=95, inbound_packets_lost=5,
+                                              inbound_frames_recovered=4, inbound_frames_concealed=1))
+    observer.on_network_sample(NetworkFigures(inbound_packets_received=190, inbound_packets_lost=4,  # one turned up
+                                              inbound_packets_late=1, inbound_frames_recovered=8,
+                                              inbound_frames_concealed=3, inbound_jitter_ms=12.0))
+    assert sample(metrics, "omni_rtc_inbound_audio_packets_total", outcome="received") == 190
+    assert sample(metrics, "omni_rtc_inbound_audio_packets_total", outcome="lost") == 5  # counters only rise
+    assert sample(metrics, "omni_rtc_inbound_audio_packets_total", outcome="late") == 1
+    assert sample(metrics, "omni_rtc_inbound_audio_frames_repaired_total", method="fec") == 8
+    assert sample(metrics, "omni_rtc_inbound_audio_frames_repaired_total", method="plc") == 3
+
+    observer.on_network_closed(NetworkFigures(inbound_packets_received=190, inbound_packets_lost=10,
+                                              inbound_jitter_ms=12.0, outbound_packets_sent=200,
+                                              outbound_packets_lost=20, rtt_ms=40.0))
+    assert sample(metrics, "omni_rtc_inbound_audio_packets_total", outcome="lost") == 10
+    assert sample(metrics, "omni_rtc_call_packet_loss_ratio_sum", direction="inbound") == pytest.approx(0.05)
+    assert sample(metrics, "omni_rtc_call_packet_loss_ratio_sum", direction="outbound") == pytest.approx(0.1)
+    assert sample(metrics, "omni_rtc_call_jitter_seconds_sum") == pytest.approx(0.012)
+    assert sample(metrics, "omni_rtc_call_rtt_seconds_count") == 1

@@ -1,0 +1,261 @@
+"""A turn as one streaming chat completion of a vLLM-Omni server, and that stream read back.
+
+Written from reading vllm-omni 0.30.0 (``vllm_omni/entrypoints/openai/serving_chat.py``,
+``protocol/audio.py``, ``audio_utils_mixin.py``, ``api_server.py``) and vLLM 0.30.0's
+``ChatCompletionRequest`` (``vllm/entrypoints/openai/chat_completion/protocol.py``); nothing is
+copied from them. docs/VLLM_OMNI.md lists what each field maps to and what was decided.
+
+The request (:func:`chat_request`):
+
+- ``messages``: the session's instructions (or Qwen3-Omni's spoken-chat prompt) as the system
+  message; each user turn one user message, its clips as ``input_audio`` parts (base64 WAV,
+  16 kHz PCM16) and its text as ``text`` parts, in order; each earlier answer an assistant
+  message holding its text as heard. The history is bounded as for the in-process engine
+  (:func:`pipeline.conversation.bound_history`). A transcription is Qwen3-Omni's ASR prompt: the
+  clip, then the instruction, with the client's hint prompt (if any) as the system message.
+- ``modalities``: ``["text", "audio"]``, or ``["text"]`` for text-only answers and
+  transcriptions (vLLM-Omni then runs the Thinker stage only). Not a field of vLLM's
+  ``ChatCompletionRequest``: it keeps unknown fields, and serving_chat reads this one.
+- ``speaker``: the voice, another extra field serving_chat reads (``voice`` or ``speaker``) and
+  checks against the checkpoint's Talker speakers.
+- ``temperature``, ``max_tokens`` and ``seed``: serving_chat overrides the Thinker stage's
+  deploy defaults with the sampling fields a request sets explicitly, ``max_tokens`` among them
+  (``max_completion_tokens`` is not); the Talker and Code2Wav keep their deploy defaults.
+- ``stream: true`` with ``stream_options.include_usage``: the usage chunk comes last.
+
+The stream (:func:`read_chunk`): server-sent events, each ``data:`` one JSON chunk, then
+``data: [DONE]``. A chunk's top-level ``modality`` says what ``choices[0].delta.content`` holds:
+``"text"``, the new answer text (the first one carries ``role`` and ``""``); ``"audio"``, base64 of
+a whole encoded audio file (WAV, PCM16, 24 kHz mono for Qwen3-Omni) holding the newest piece of
+the answer's audio, described by ``choices[0].audio_metadata``. The usage chunk has
+``choices: []`` and no ``modality``. An error mid-stream is a chunk ``{"error": {...}}``, then
+``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import soundfile
+from pydantic import BaseModel, ValidationError
+
+from media.rates import SPEECH_RATE, VOICE_RATE
+from pipeline.conversation import (
+    AssistantText,
+    ConversationItem,
+    UserAudio,
+    UserText,
+    asr_instruction,
+    bound_history,
+)
+from pipeline.turn import TranscriptionHint, TurnRequest
+
+DONE = "[DONE]"
+
+
+def chat_request(request: TurnRequest, *, model: str | None = None, seed: int | None = None) -> dict[str, Any]:
+    """The body of ``POST /v1/chat/completions`` that runs ``request`` as one streaming turn.
+
+    ``model`` None leaves the choice to the server (vLLM serves its one model for a request
+    without one); ``seed`` makes the Thinker's sampling reproducible.
+    """
+    body: dict[str, Any] = {}
+    if model is not None:
+        body["model"] = model
+    body["messages"] = _messages(request)
+    body["modalities"] = ["text", "audio"] if request.output_audio else ["text"]
+    if request.output_audio:
+        body["speaker"] = request.voice
+    body["temperature"] = request.temperature
+    if request.max_output_tokens is not None:
+        body["max_tokens"] = request.max_output_tokens
+    if seed is not None:
+        body["seed"] = seed
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def encode_chat_request(request: TurnRequest, *, model: str | None = None, seed: int | None = None) -> bytes:
+    """:func:`chat_request` as UTF-8 JSON (a few MB for long audio: build it off the event loop)."""
+    return json.dumps(chat_request(request, model=model, seed=seed), ensure_ascii=False).encode()
+
+
+def _messages(request: TurnRequest) -> list[dict[str, Any]]:
+    if request.task == "transcribe":
+        clips = [item for item in request.conversation.items if isinstance(item, UserAudio)]
+        if len(clips) != 1 or len(request.conversation.items) != 1:
+            raise ValueError(
+                f"a transcription turn takes one audio clip and nothing else, got {len(request.conversation.items)} items"
+            )
+        hint = request.hint or TranscriptionHint()
+        system = [{"role": "system", "content": hint.prompt}] if hint.prompt else []
+        return [*system, _user_message([UserAudio(clips[0].pcm), UserText(asr_instruction(hint.language))])]
+    conversation = request.conversation
+    messages: list[dict[str, Any]] = [{"role": "system", "content": conversation.system_prompt}]
+    user_items: list[ConversationItem] = []
+    for item in bound_history(conversation):
+        if isinstance(item, AssistantText):
+            if user_items:
+                messages.append(_user_message(user_items))
+                user_items = []
+            messages.append({"role": "assistant", "content": item.text})
+        else:
+            user_items.append(item)
+    if user_items:
+        messages.append(_user_message(user_items))
+    return messages
+
+
+def _user_message(items: list[ConversationItem]) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = []
+    for item in items:
+        if isinstance(item, UserAudio):
+            parts.append({"type": "input_audio", "input_audio": {"data": wav_base64(item.pcm), "format": "wav"}})
+        elif isinstance(item, UserText):
+            parts.append({"type": "text", "text": item.text})
+        else:
+            raise TypeError(f"not a user item: {item!r}")
+    return {"role": "user", "content": parts}
+
+
+def wav_base64(pcm16k: np.ndarray) -> str:
+    """A 16 kHz float32 clip as base64 of a PCM16 WAV file (what ``input_audio`` carries)."""
+    buffer = io.BytesIO()
+    soundfile.write(buffer, np.clip(pcm16k, -1.0, 1.0), SPEECH_RATE, format="WAV", subtype="PCM_16")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+# -- the stream ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TextPiece:
+    text: str
+
+
+@dataclass(frozen=True)
+class AudioPiece:
+    pcm: np.ndarray  # float32 mono at 24 kHz
+
+
+@dataclass(frozen=True)
+class UsagePiece:
+    prompt_tokens: int
+    completion_tokens: int  # the Thinker's text tokens
+    # prompt_tokens_details.multimodal_tokens["audio"]: sent by servers started with
+    # --enable-prompt-tokens-details, else None.
+    audio_prompt_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class FinishPiece:
+    reason: str  # a choice's finish_reason: "stop", "length", ...
+
+
+StreamPiece = TextPiece | AudioPiece | UsagePiece | FinishPiece
+
+
+class MalformedChunk(ValueError):
+    """A chunk that is not what serving_chat sends."""
+
+
+class ServerError(Exception):
+    """The server reported an error in the stream (``{"error": {...}}``); the message is the server's."""
+
+
+class _Delta(BaseModel):
+    content: str | None = None
+
+
+class _Choice(BaseModel):
+    delta: _Delta
+    finish_reason: str | None = None
+
+
+class _PromptTokensDetails(BaseModel):
+    multimodal_tokens: dict[str, int] | None = None
+
+
+class _Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int | None = 0
+    prompt_tokens_details: _PromptTokensDetails | None = None
+
+
+class _Chunk(BaseModel):
+    """The fields of ``OmniChatCompletionStreamResponse`` read here (others are ignored)."""
+
+    choices: list[_Choice]
+    # OmniChatCompletionStreamResponse's default; dumped with exclude_unset, so absent when unset.
+    modality: str | None = "text"
+    usage: _Usage | None = None
+
+
+class _ErrorChunk(BaseModel):
+    error: dict[str, Any]
+
+
+def read_chunk(data: str) -> list[StreamPiece]:
+    """One ``data:`` payload (not ``[DONE]``) as the pieces it holds, in order.
+
+    Raises :class:`MalformedChunk` for anything serving_chat would not send, and
+    :class:`ServerError` for the server's error chunk.
+    """
+    try:
+        raw = json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise MalformedChunk(f"not JSON: {exc}") from None
+    if isinstance(raw, dict) and "error" in raw and "choices" not in raw:
+        try:
+            error = _ErrorChunk.model_validate(raw).error
+        except ValidationError:
+            raise MalformedChunk("an error chunk without an error object") from None
+        raise ServerError(str(error.get("message", error)))
+    try:
+        chunk = _Chunk.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise MalformedChunk(f"not a chat.completion.chunk: {first['msg']} at {first['loc']}") from None
+    pieces: list[StreamPiece] = []
+    for choice in chunk.choices[:1]:  # n is 1: one answer
+        content = choice.delta.content
+        if chunk.modality == "audio":
+            if content:
+                pieces.append(AudioPiece(decode_audio(content)))
+        elif chunk.modality == "text":
+            if content:
+                pieces.append(TextPiece(content))
+        else:
+            raise MalformedChunk(f"a chunk of modality {chunk.modality!r}")
+        if choice.finish_reason is not None:
+            pieces.append(FinishPiece(choice.finish_reason))
+    if chunk.usage is not None and not chunk.choices:  # the last chunk; audio chunks repeat the prompt's usage
+        details = chunk.usage.prompt_tokens_details
+        audio_tokens = (details.multimodal_tokens or {}).get("audio") if details is not None else None
+        pieces.append(UsagePiece(chunk.usage.prompt_tokens, chunk.usage.completion_tokens or 0, audio_tokens))
+    return pieces
+
+
+def decode_audio(content: str) -> np.ndarray:
+    """An audio delta (base64 of an encoded file) as float32 mono at 24 kHz."""
+    try:
+        encoded = base64.b64decode(content, validate=True)
+    except (binascii.Error, ValueError):
+        raise MalformedChunk("audio content is not base64") from None
+    try:
+        with soundfile.SoundFile(io.BytesIO(encoded)) as sound:
+            rate, channels = sound.samplerate, sound.channels
+            pcm = sound.read(dtype="float32", always_2d=True)
+    except RuntimeError as exc:  # soundfile's LibsndfileError: not a format it knows
+        raise MalformedChunk(f"audio content is not a sound file: {exc}") from None
+    if rate != VOICE_RATE or channels != 1:
+        # Qwen3-Omni's Code2Wav speaks 24 kHz mono; anything else is another model behind the URL.
+        raise MalformedChunk(f"audio at {rate} Hz with {channels} channels; expected {VOICE_RATE} Hz mono")
+    return np.ascontiguousarray(pcm[:, 0])

@@ -1,0 +1,368 @@
+"""``pipeline.turn.Engine`` on vLLM-Omni servers: each turn is one streaming chat completion over HTTP.
+
+``omni-rtc serve --engine-url http://gpu-1:8091/v1`` (repeatable) serves every session's turns from
+``vllm serve Qwen/Qwen3-Omni-30B-A3B-Instruct --omni`` servers instead of the in-process engine.
+:class:`RemoteEngine` talks to one server, :class:`RemoteEnginePool` to several, sending each turn
+to the least loaded reachable one (fewest turns streaming; ties to the first), like
+``pipeline.engine.EnginePool``. The request and the stream's chunks are
+:mod:`pipeline.chat_completions`'.
+
+Where it runs: in the process that owns the engine (the front, which also serves its media
+workers' turns, app/web/workers.py), on that process's event loop, with httpx's ``AsyncClient``.
+A turn here is network I/O plus a little decoding per chunk (base64 and a WAV header: well under
+a millisecond for vLLM-Omni's 2 s audio chunks), so it needs no engine process and no thread;
+only the request body, which carries every clip of the history as WAV (megabytes for long
+histories), is built in a worker thread. A cancel closes the HTTP response from the loop that
+cancels, at once: closing a stream that has not been read to its end closes its connection,
+and vLLM-Omni aborts a request whose client has gone (serving_chat's generator is cancelled and
+``AsyncOmni.generate`` aborts the request in every stage).
+
+Failures fail the turn, never the engine: a server that cannot be reached, answers with an HTTP
+error, reports an error in its stream, sends a chunk that is not serving_chat's, or ends its
+stream early raises :class:`~pipeline.turn.EngineError` with a code and a fixed message (the
+details go to the log). A stream that stalls is failed by the server's stall timeout
+(app/web/engines.py), which closes it. Each server's reachability (its ``GET /v1/models``,
+asked every ``PROBE_INTERVAL_S`` and told by every turn) is in :meth:`RemoteEngine.describe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+from httpx_sse import EventSource, SSEError, aconnect_sse
+
+from media.rates import VOICE_RATE
+from pipeline.chat_completions import (
+    DONE,
+    AudioPiece,
+    MalformedChunk,
+    ServerError,
+    StreamPiece,
+    TextPiece,
+    UsagePiece,
+    encode_chat_request,
+    read_chunk,
+)
+from pipeline.turn import (
+    AudioChunk,
+    EngineError,
+    FinishReason,
+    TextDelta,
+    TurnDone,
+    TurnEvent,
+    TurnRequest,
+    TurnTimings,
+    Usage,
+)
+
+logger = logging.getLogger(__name__)
+
+# Seconds between reachability checks of an idle server; a turn that cannot connect marks its
+# server unreachable at once, so the pool stops choosing it before the next check.
+PROBE_INTERVAL_S = 5.0
+PROBE_TIMEOUT_S = 2.0
+# A server on the same network accepts a connection in milliseconds; one that takes this long
+# is down or unroutable, and the turn fails rather than wait for the stall timeout.
+CONNECT_TIMEOUT_S = 5.0
+# Qwen3-Omni's Code2Wav: one codec frame per 1,920 samples at 24 kHz (80 ms). Usage counts the
+# answer's codec frames from its audio, since vLLM-Omni's usage counts only the Thinker's tokens.
+CODEC_FRAME_SAMPLES = VOICE_RATE * 80 // 1000
+# Of an HTTP error's body, this much goes to the log.
+ERROR_BODY_BYTES = 2_000
+DEFAULT_NAME = "vllm-omni"
+
+
+def redacted(url: str) -> str:
+    """``url`` without any user:password it carries (for logs and /healthz)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+class RemoteEngine:
+    """``pipeline.turn.Engine`` on one vLLM-Omni server.
+
+    ``url`` is the server's API base (``http://host:8091/v1``); ``api_key`` is sent as
+    ``Authorization: Bearer`` (``vllm serve --api-key``). ``model`` is the served model name
+    sent with every turn; None sends none (vLLM answers with the one model it serves) and
+    takes the engine's ``name`` from the server's ``/v1/models`` at start. ``seed`` is sent
+    with every turn.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        model: str | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.name = model or DEFAULT_NAME
+        self._model = model
+        self._seed = seed
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(
+            base_url=self.url + "/",
+            headers=headers,
+            # No read timeout: a stream that stalls is the stall timeout's (turn_stall_timeout_s). A
+            # request body is at most a few MB (the history's audio): seconds even on a slow link.
+            timeout=httpx.Timeout(connect=CONNECT_TIMEOUT_S, read=None, write=30.0, pool=CONNECT_TIMEOUT_S),
+            # One connection per streaming turn; sessions (--max-sessions) bound how many.
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
+        )
+        self.reachable = False
+        self.running = 0
+        self.turns = 0  # finished, cancelled or failed
+        self.failures = 0
+        self.last_error: str | None = None  # the code of the latest failure, until a turn or probe succeeds
+        self.probe_ms: float | None = None  # the latest successful GET /v1/models
+        self._prober: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def alive(self) -> bool:
+        """True while the server answers (its latest probe or turn got through)."""
+        return self.reachable
+
+    @property
+    def load(self) -> int:
+        return self.running
+
+    def describe(self) -> dict[str, Any]:
+        """This server's state for health reports."""
+        return {
+            "url": redacted(self.url),
+            "alive": self.reachable,
+            "model": self.name,
+            "running": self.running,
+            "turns": self.turns,
+            "failures": self.failures,
+            "last_error": self.last_error,
+            "probe_ms": None if self.probe_ms is None else round(self.probe_ms, 1),
+        }
+
+    async def start(self) -> None:
+        """Checks the server once and keeps checking it. A server that is down does not stop the
+        start: it may still be loading its model, and health reports say it is not reachable."""
+        if self._closed:
+            raise EngineError("the engine is closed")
+        if self._prober is not None:
+            return
+        await self.probe()
+        self._prober = asyncio.create_task(self._probe_every(), name=f"probe {redacted(self.url)}")
+
+    async def close(self) -> None:
+        """Stops the checks and closes the connections (a streaming turn's fails); safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._prober is not None:
+            self._prober.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._prober
+        await self._client.aclose()
+
+    async def probe(self) -> None:
+        """``GET /v1/models``: reachable when it answers 200; the served model names the engine."""
+        started = time.monotonic()
+        try:
+            response = await self._client.get("models", timeout=PROBE_TIMEOUT_S)
+            response.raise_for_status()
+            models = [entry["id"] for entry in response.json()["data"]]
+        except httpx.HTTPStatusError as exc:
+            self._unreachable("engine_http_error", f"GET /v1/models answered HTTP {exc.response.status_code}")
+            return
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            self._unreachable("engine_unavailable", f"GET /v1/models failed: {type(exc).__name__}: {exc}")
+            return
+        self.probe_ms = (time.monotonic() - started) * 1000
+        if self._model is None and models and self.name != models[0]:
+            self.name = str(models[0])
+        self._reached()
+
+    async def _probe_every(self) -> None:
+        while True:
+            await asyncio.sleep(PROBE_INTERVAL_S)
+            await self.probe()
+
+    def _reached(self) -> None:
+        if not self.reachable:
+            logger.info("engine server %s is reachable (%s)", redacted(self.url), self.name)
+        self.reachable = True
+        self.last_error = None
+
+    def _unreachable(self, code: str, detail: str) -> None:
+        if self.reachable or self.last_error != code:
+            logger.warning("engine server %s is not reachable: %s", redacted(self.url), detail)
+        self.reachable = False
+        self.last_error = code
+
+    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+        return self._run_turn(request)
+
+    async def _run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+        if self._closed:
+            raise EngineError("the engine was closed")
+        submitted = time.monotonic()
+        self.running += 1  # before the first await: a pool choosing for the next turn counts this one
+        try:
+            body = await asyncio.to_thread(encode_chat_request, request, model=self._model, seed=self._seed)
+            async with aconnect_sse(
+                self._client, "POST", "chat/completions", content=body, headers={"Content-Type": "application/json"}
+            ) as source:
+                await self._check_status(source.response)
+                self._reached()
+                async with contextlib.aclosing(self._stream(source, request, submitted)) as events:
+                    async for event in events:
+                        yield event
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            self._unreachable("engine_unavailable", f"{type(exc).__name__}: {exc}")
+            raise self._failed("engine_unavailable", "The engine server could not be reached.") from None
+        except (httpx.HTTPError, SSEError) as exc:
+            logger.warning("engine server %s: the stream broke off: %s: %s", redacted(self.url), type(exc).__name__, exc)
+            raise self._failed("engine_stream_error", "The engine server's stream broke off.") from None
+        finally:
+            self.running -= 1
+            self.turns += 1
+
+    async def _check_status(self, response: httpx.Response) -> None:
+        if response.status_code == 200:
+            return
+        body = b""
+        async for data in response.aiter_bytes():
+            body += data
+            if len(body) >= ERROR_BODY_BYTES:
+                break
+        logger.warning(
+            "engine server %s refused a turn: HTTP %d %s", redacted(self.url), response.status_code,
+            body[:ERROR_BODY_BYTES].decode(errors="replace"),
+        )
+        raise self._failed("engine_http_error", f"The engine server refused the turn (HTTP {response.status_code}).")
+
+    async def _stream(self, source: EventSource, request: TurnRequest, submitted: float) -> AsyncGenerator[TurnEvent, None]:
+        """The server's events as turn events, ending with ``TurnDone`` at ``[DONE]``."""
+        text: list[str] = []
+        audio_samples = 0
+        usage: UsagePiece | None = None
+        finish: str | None = None
+        first_text = first_audio = None
+        async with contextlib.aclosing(source.aiter_sse()) as events:
+            async for event in events:
+                if event.data == DONE:
+                    break
+                for piece in self._read(event.data):
+                    if isinstance(piece, TextPiece):
+                        first_text = first_text if first_text is not None else time.monotonic() - submitted
+                        text.append(piece.text)
+                        # One chunk per Thinker step: vLLM streams each step's new text (stream_interval 1).
+                        yield TextDelta(piece.text)
+                    elif isinstance(piece, AudioPiece):
+                        first_audio = first_audio if first_audio is not None else time.monotonic() - submitted
+                        audio_samples += piece.pcm.size
+                        # No codec frames: the session estimates what was heard from the audio itself.
+                        yield AudioChunk(piece.pcm)
+                    elif isinstance(piece, UsagePiece):
+                        usage = piece
+                    else:
+                        finish = piece.reason
+            else:
+                raise self._failed("engine_stream_error", "The engine server's stream ended before the answer did.")
+        yield TurnDone(
+            text="".join(text),
+            usage=_usage(usage, text_deltas=len(text), audio_samples=audio_samples),
+            finish_reason=_finish_reason(finish, usage, request),
+            timings=TurnTimings(first_text=first_text, first_audio=first_audio, total=time.monotonic() - submitted),
+        )
+
+    def _read(self, data: str) -> list[StreamPiece]:
+        try:
+            return read_chunk(data)
+        except MalformedChunk as exc:
+            logger.warning("engine server %s sent a malformed chunk: %s", redacted(self.url), exc)
+            raise self._failed("engine_protocol_error", "The engine server sent a malformed stream chunk.") from None
+        except ServerError as exc:
+            logger.warning("engine server %s failed a turn: %s", redacted(self.url), exc)
+            raise self._failed("engine_error", "The engine server failed the turn.") from None
+
+    def _failed(self, code: str, message: str) -> EngineError:
+        self.failures += 1
+        self.last_error = code
+        return EngineError(message, code=code)
+
+
+def _usage(usage: UsagePiece | None, *, text_deltas: int, audio_samples: int) -> Usage:
+    frames = audio_samples // CODEC_FRAME_SAMPLES
+    if usage is None:  # a server that sends no usage chunk: what the stream itself shows
+        return Usage(input_text_tokens=0, input_audio_tokens=0, output_text_tokens=text_deltas, output_audio_tokens=frames)
+    audio_tokens = usage.audio_prompt_tokens or 0
+    return Usage(
+        input_text_tokens=usage.prompt_tokens - audio_tokens,
+        input_audio_tokens=audio_tokens,
+        output_text_tokens=usage.completion_tokens,
+        output_audio_tokens=frames,
+    )
+
+
+def _finish_reason(finish: str | None, usage: UsagePiece | None, request: TurnRequest) -> FinishReason:
+    """"length" when the Thinker hit ``max_output_tokens``. With audio, serving_chat passes on only
+    the audio stage's finish_reason, so the token count tells."""
+    if finish == "length":
+        return "length"
+    limit = request.max_output_tokens
+    if limit is not None and usage is not None and usage.completion_tokens >= limit:
+        return "length"
+    return "stop"
+
+
+class RemoteEnginePool:
+    """``pipeline.turn.Engine`` over several vLLM-Omni servers: each turn goes to the least loaded
+    reachable one (fewest turns streaming; ties to the first listed). With none reachable, turns
+    still go to the least loaded server, and fail there if it is still down."""
+
+    def __init__(self, urls: list[str], **engine_options: Any) -> None:
+        if not urls:
+            raise ValueError("a remote engine pool needs at least one URL")
+        self.engines = [RemoteEngine(url, **engine_options) for url in urls]
+        self.name = self.engines[0].name
+
+    @property
+    def alive(self) -> bool:
+        """True while at least one server is reachable."""
+        return any(engine.alive for engine in self.engines)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Each server's state, in the order given."""
+        return [engine.describe() for engine in self.engines]
+
+    async def start(self) -> None:
+        await asyncio.gather(*(engine.start() for engine in self.engines))
+        names = {engine.name for engine in self.engines if engine.alive}
+        reachable = [engine for engine in self.engines if engine.alive]
+        self.name = (reachable or self.engines)[0].name
+        if len(names) > 1:
+            logger.warning("the engine servers serve different models: %s; sessions report %s", sorted(names), self.name)
+
+    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+        return self._run_turn(request)
+
+    async def _run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+        # Chosen when the turn is first iterated, which is when a server counts it.
+        engine = min(self.engines, key=lambda engine: (not engine.alive, engine.load))
+        async with contextlib.aclosing(engine.run_turn(request)) as events:
+            async for event in events:
+                yield event
+
+    async def close(self) -> None:
+        """Close every engine; safe to call twice."""
+        await asyncio.gather(*(engine.close() for engine in self.engines))

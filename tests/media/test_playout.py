@@ -1,0 +1,102 @@
+"""PlayoutTrack and the receiver tap: aiortc's receiver feeds the jitter buffer, the track yields its frames."""
+
+from __future__ import annotations
+
+import asyncio
+
+import av
+import pytest
+from aiortc import RTCRtpReceiver
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.rtp import RtpPacket
+
+from media.playout import PlayoutTrack, receive_audio
+from media.receiver_tap import UnsupportedAiortc, check_aiortc, tap_audio_receiver
+from tests.media.test_jitter_buffer import FRAME, speech_packets
+
+
+class SilentRemote(MediaStreamTrack):
+    """aiortc's remote track behind a tap: yields no frame, only its end."""
+
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ended = asyncio.Event()
+
+    async def recv(self) -> av.AudioFrame:
+        await self.ended.wait()
+        raise MediaStreamError
+
+
+class _DtlsTransportStub:
+    state = "new"  # all RTCRtpReceiver() looks at
+
+
+def rtp(sequence: int, payload: bytes) -> RtpPacket:
+    packet = RtpPacket(payload_type=111, sequence_number=sequence, timestamp=1234 + sequence * FRAME)
+    packet._data = payload  # what aiortc's depacketizer stores for its jitter buffer
+    return packet
+
+
+async def test_frames_come_in_order_with_their_origin_and_rtp_time() -> None:
+    packets = speech_packets(0)
+    track = PlayoutTrack(SilentRemote())
+    loop = asyncio.get_running_loop()
+    for sequence in (0, 1, 3):  # 2 is lost: concealed at its deadline, ~40 ms on
+        track.push(sequence, 5000 + sequence * FRAME, packets[sequence], loop.time())
+    frames = [await asyncio.wait_for(track.recv(), 5) for _ in range(4)]
+    assert [(frame.pts, frame.opaque) for frame in frames] == [
+        (0, "packet"), (FRAME, "packet"), (2 * FRAME, "plc"), (3 * FRAME, "packet")
+    ]
+    assert {(frame.sample_rate, frame.layout.name, frame.samples) for frame in frames} == {(48_000, "mono", FRAME)}
+    track.stop()
+
+
+async def test_the_track_ends_when_the_receivers_own_track_ends() -> None:
+    remote = SilentRemote()
+    track = PlayoutTrack(remote)
+    waiting = asyncio.ensure_future(track.recv())
+    await asyncio.sleep(0)
+    remote.ended.set()
+    with pytest.raises(MediaStreamError):
+        await asyncio.wait_for(waiting, 5)
+    assert track.readyState == "ended"
+
+
+async def test_a_tapped_receiver_hands_its_packets_to_the_playout_track() -> None:
+    packets = speech_packets(0)
+    receiver = RTCRtpReceiver("audio", _DtlsTransportStub())
+    receiver._track = SilentRemote()  # what the peer connection gives an audio receiver
+    track = receive_audio(receiver)
+    assert isinstance(track, PlayoutTrack)
+    buffer = receiver._RTCRtpReceiver__jitter_buffer
+    for sequence in range(3):
+        assert buffer.add(rtp(sequence, packets[sequence])) == (False, None)  # nothing for aiortc's decoder
+    frames = [await asyncio.wait_for(track.recv(), 5) for _ in range(3)]
+    assert [frame.opaque for frame in frames] == ["packet"] * 3
+    assert track.stats.packets_received == 3
+    track.stop()
+
+
+def test_aiortcs_own_buffer_stalls_where_the_tap_does_not() -> None:
+    """Today's path (jitter_buffer off): after a lost packet nothing is released for 15 packets."""
+    packets = speech_packets(0)
+    receiver = RTCRtpReceiver("audio", _DtlsTransportStub())
+    receiver._track = SilentRemote()
+    receive_audio(receiver, jitter_buffer=False)
+    buffer = receiver._RTCRtpReceiver__jitter_buffer
+    released = [buffer.add(rtp(sequence, packets[sequence]))[1] for sequence in range(18) if sequence != 2]
+    assert [frame is not None for frame in released[:2]] == [False, True]  # each once the next arrives
+    assert all(frame is None for frame in released[2:15])  # 15 packets (300 ms) stuck behind the hole
+
+
+def test_an_untested_aiortc_is_refused_with_the_way_out() -> None:
+    with pytest.raises(UnsupportedAiortc, match="OMNI_RTC_JITTER_BUFFER=false"):
+        check_aiortc("1.99.0")
+    check_aiortc("1.16.2")
+
+
+def test_the_tap_refuses_a_video_receiver() -> None:
+    with pytest.raises(TypeError, match="audio RTCRtpReceiver"):
+        tap_audio_receiver(RTCRtpReceiver("video", _DtlsTransportStub()), lambda *packet: None)

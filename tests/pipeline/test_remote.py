@@ -1,0 +1,211 @@
+"""The vLLM-Omni engine against the replay of vLLM-Omni 0.30's server on 127.0.0.1 (tests/vllm_omni_replay.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from app.web.engines import StallTimeoutEngine
+from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
+from pipeline.remote import RemoteEngine, RemoteEnginePool, redacted
+from pipeline.turn import AudioChunk, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest
+from tests.vllm_omni_replay import ANSWER_TEXT, MODEL, TRANSCRIPT, Failure, Pace, ReplayServer
+
+DEADLINE_S = 30.0  # a guard against hangs, not a speed limit
+# Five times faster than a GPU deployment decodes (tests/e2e keeps the realistic pace): a 3.7 s
+# answer's audio streams in ~0.5 s, still chunk after chunk while the text streams.
+FAST = Pace(first_token_s=0.05, first_audio_s=0.15, real_time_factor=0.1)
+
+
+@pytest.fixture(scope="module")
+def replay() -> Iterator[ReplayServer]:
+    with ReplayServer(pace=FAST) as server:
+        yield server
+
+
+def spoken(text: str = "Hello?") -> TurnRequest:
+    return TurnRequest(Conversation(items=(UserText(text),)), voice="chelsie")
+
+
+def written(text: str = "Hello?") -> TurnRequest:
+    return TurnRequest(Conversation(items=(UserText(text),)), output_audio=False)
+
+
+async def run(engine: RemoteEngine | RemoteEnginePool, request: TurnRequest) -> list[tuple[float, TurnEvent]]:
+    """Every event of one turn with its arrival time."""
+    async with asyncio.timeout(DEADLINE_S):
+        return [(time.monotonic(), event) async for event in engine.run_turn(request)]
+
+
+@contextlib.asynccontextmanager
+async def started(*urls: str, **options) -> RemoteEnginePool:
+    pool = RemoteEnginePool(list(urls), **options)
+    await pool.start()
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # nothing listens there once the socket is closed
+
+
+async def test_a_spoken_turn_streams_audio_before_the_server_ends_its_stream(replay: ReplayServer) -> None:
+    async with started(replay.url) as engine:
+        events = await run(engine, spoken())
+    received = replay.requests[-1]
+    texts = [event.text for _, event in events if isinstance(event, TextDelta)]
+    audio = [(at, event) for at, event in events if isinstance(event, AudioChunk)]
+    done = events[-1][1]
+    assert "".join(texts) == ANSWER_TEXT
+    pcm = np.concatenate([chunk.pcm for _, chunk in audio])
+    assert np.max(np.abs(pcm - replay.answer)) < 1 / 16_000
+    assert audio[0][0] < received.done_at  # the first audio reached us while the server still streamed
+    assert len(audio) == received.audio_chunks_sent > 1
+    assert isinstance(done, TurnDone) and done.text == ANSWER_TEXT and done.finish_reason == "stop"
+    assert done.usage.output_text_tokens == len(texts) + 1  # the server's count, its stop token included
+    assert done.usage.output_audio_tokens == len(replay.answer) // 1920
+    assert done.timings.first_audio is not None and done.timings.first_text < done.timings.first_audio
+
+
+async def test_the_engine_is_named_after_the_servers_model(replay: ReplayServer) -> None:
+    async with started(replay.url) as engine:
+        assert engine.name == MODEL
+        assert engine.describe() == [{
+            "url": replay.url, "alive": True, "model": MODEL, "running": 0, "turns": 0, "failures": 0,
+            "last_error": None, "probe_ms": engine.engines[0].describe()["probe_ms"],
+        }]
+
+
+async def test_usage_splits_the_prompt_into_audio_and_text_tokens(replay: ReplayServer) -> None:
+    clip = UserAudio((0.1 * np.ones(32_000)).astype(np.float32))  # 2 s: the replay counts 25 tokens
+    async with started(replay.url) as engine:
+        events = await run(engine, TurnRequest(Conversation(items=(clip,))))
+    done = events[-1][1]
+    assert isinstance(done, TurnDone)
+    assert done.usage.input_audio_tokens == 25 and done.usage.input_text_tokens > 0
+
+
+async def test_a_second_turn_sends_the_first_as_history(replay: ReplayServer) -> None:
+    clip = UserAudio((0.1 * np.ones(16_000)).astype(np.float32))
+    conversation = Conversation(items=(clip, AssistantText("Once upon a time,"), UserText("Go on.")))
+    async with started(replay.url) as engine:
+        await run(engine, TurnRequest(conversation))
+    messages = replay.requests[-1].body["messages"]
+    assert [message["role"] for message in messages] == ["system", "user", "assistant", "user"]
+    assert messages[1]["content"][0]["type"] == "input_audio"
+    assert messages[2] == {"role": "assistant", "content": "Once upon a time,"}
+
+
+async def test_a_transcription_is_text_only(replay: ReplayServer) -> None:
+    clip = UserAudio((0.1 * np.ones(16_000)).astype(np.float32))
+    async with started(replay.url) as engine:
+        events = await run(engine, TurnRequest.transcription(clip))
+    assert replay.requests[-1].modalities == ["text"]
+    assert not [event for _, event in events if isinstance(event, AudioChunk)]
+    done = events[-1][1]
+    assert isinstance(done, TurnDone) and done.text == TRANSCRIPT and done.finish_reason == "stop"
+
+
+async def test_max_output_tokens_ends_the_answer_with_length(replay: ReplayServer) -> None:
+    request = TurnRequest(Conversation(items=(UserText("Hi"),)), max_output_tokens=4)
+    async with started(replay.url) as engine:
+        events = await run(engine, request)
+    done = events[-1][1]
+    assert replay.requests[-1].body["max_tokens"] == 4
+    assert isinstance(done, TurnDone) and done.text == "Once upon a time," and done.finish_reason == "length"
+
+
+async def test_closing_the_turn_closes_the_servers_stream_at_once(replay: ReplayServer) -> None:
+    async with started(replay.url) as engine:
+        turn = engine.run_turn(spoken())
+        async for event in turn:
+            if isinstance(event, AudioChunk):
+                break
+        await turn.aclose()
+        received = replay.requests[-1]
+        assert await asyncio.to_thread(received.wait_ended, DEADLINE_S)
+        assert engine.engines[0].running == 0
+    assert received.done_at is None and received.closed_at is not None  # the server saw its client go
+    assert received.chunks_sent < received.chunks_planned
+
+
+async def test_a_stall_is_failed_by_the_stall_timeout_which_closes_the_stream(replay: ReplayServer) -> None:
+    replay.fail_next("stall")
+    async with started(replay.url) as engine:
+        with pytest.raises(EngineError) as failed:
+            await run(StallTimeoutEngine(engine, stall_timeout_s=0.5), spoken())
+        received = replay.requests[-1]
+        assert await asyncio.to_thread(received.wait_ended, DEADLINE_S)
+    assert failed.value.code == "engine_timeout"
+    assert received.closed_at is not None
+
+
+@pytest.mark.parametrize(
+    ("failure", "code"),
+    [
+        ("http_500", "engine_http_error"),
+        ("error_chunk", "engine_error"),
+        ("malformed_chunk", "engine_protocol_error"),
+        ("bad_audio", "engine_protocol_error"),
+        ("drop", "engine_stream_error"),
+    ],
+)
+async def test_a_failing_server_fails_the_turn_and_serves_the_next(
+    replay: ReplayServer, failure: Failure, code: str
+) -> None:
+    replay.fail_next(failure)
+    async with started(replay.url) as engine:
+        with pytest.raises(EngineError) as failed:
+            await run(engine, spoken())
+        assert failed.value.code == code
+        assert "HTTP 500" in str(failed.value) if failure == "http_500" else "Internal" not in str(failed.value)
+        again = await run(engine, written())
+        assert engine.describe()[0]["failures"] == 1
+    assert isinstance(again[-1][1], TurnDone)
+
+
+async def test_an_unreachable_server_fails_the_turn_and_reads_not_alive() -> None:
+    async with started(f"http://127.0.0.1:{closed_port()}/v1") as engine:
+        assert not engine.alive
+        with pytest.raises(EngineError) as failed:
+            await run(engine, spoken())
+        (state,) = engine.describe()
+    assert failed.value.code == "engine_unavailable"
+    assert state["alive"] is False and state["last_error"] == "engine_unavailable"
+
+
+async def test_turns_go_to_the_least_loaded_reachable_server() -> None:
+    with ReplayServer(pace=FAST) as first, ReplayServer(pace=FAST) as second:
+        async with started(f"http://127.0.0.1:{closed_port()}/v1", first.url, second.url) as pool:
+            turns = [pool.run_turn(spoken()) for _ in range(3)]
+            firsts = await asyncio.gather(*(anext(turn) for turn in turns))
+            for turn in turns:
+                await turn.aclose()
+    assert all(isinstance(event, TextDelta) for event in firsts)
+    assert (len(first.requests), len(second.requests)) == (2, 1)  # ties to the first listed; the dead one never
+
+
+async def test_the_api_key_goes_with_every_request() -> None:
+    with ReplayServer(pace=FAST, api_key="secret") as guarded:
+        async with started(guarded.url, api_key="secret") as engine:
+            await run(engine, written())
+        async with started(guarded.url) as keyless:
+            assert not keyless.alive  # its probe got 401
+            with pytest.raises(EngineError) as refused:
+                await run(keyless, written())
+    assert guarded.requests[0].authorization == "Bearer secret"
+    assert refused.value.code == "engine_http_error"
+
+
+def test_urls_lose_their_credentials_in_reports() -> None:
+    assert redacted("http://user:pw@gpu-1:8091/v1") == "http://gpu-1:8091/v1"
