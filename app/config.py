@@ -74,8 +74,15 @@ class Settings(BaseSettings):
 
     # WebRTC. List settings read from the environment as comma-separated values (or JSON lists).
     ice_servers: Annotated[list[str], NoDecode] = Field(default_factory=list)  # stun:/turn: URLs
-    turn_username: str | None = None  # for the turn:/turns: URLs in ice_servers
+    # TURN credentials for the turn:/turns: URLs in ice_servers, for the server's own peers and for
+    # the page (GET /v1/realtime/ice_servers): a static username and credential, or coturn's
+    # shared secret (time-limited REST credentials minted per call, valid turn_ttl_s).
+    turn_username: str | None = None
     turn_credential: SecretStr | None = None
+    turn_secret: SecretStr | None = None
+    # Credentials are used within seconds (gathering); coturn checks the expiry only when an
+    # allocation authenticates, so a call outlives them (docs/DEPLOY.md).
+    turn_ttl_s: int = Field(300, ge=30, le=86_400)
     ice_loopback: bool = False  # gather on 127.0.0.1 only (tests, same-host clients)
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # A call whose peer was never connected after this long is dropped (an offer posted, then gone).
@@ -103,6 +110,9 @@ class Settings(BaseSettings):
     max_event_bytes: int = Field(262_144, ge=1_024)
     max_events_per_second: float = Field(50.0, gt=0)  # sustained client event rate per session
     max_event_burst: int = Field(100, ge=1)  # events accepted at once before the rate applies
+    # One input_image's bytes; the event carrying it may be that much (as base64) over max_event_bytes.
+    # 10 MiB holds any phone photo; over WebRTC the data channel takes 256 KiB messages at most.
+    max_image_bytes: int = Field(10_485_760, ge=1_024, le=16_777_216)
     # Characters in one text field of a client event (input_text, instructions); ~4k tokens.
     max_text_chars: int = Field(16_000, ge=1)
     # The conversation's prompt tokens after the system prompt, as its items estimate them (an
@@ -118,7 +128,19 @@ class Settings(BaseSettings):
     # next turn. Queue wait counts: 16 sessions x ~2 s CPU dev-model turns stay well under.
     turn_stall_timeout_s: float = Field(60.0, gt=0)
 
-    @field_validator("ice_servers", "cors_origins", "engine_urls", mode="before")
+    # The edge (docs/DEPLOY.md): TLS, proxies whose forwarded headers are believed, the Host names
+    # answered, who may read /metrics. Kept together so that trust decisions read in one place.
+    ssl_certfile: Path | None = None  # PEM certificate (chain); serves HTTPS and WSS
+    ssl_keyfile: Path | None = None  # its private key, when not in ssl_certfile
+    # "self-signed": a certificate for this host's names and addresses, made once in cache_dir/tls.
+    tls: Literal["self-signed"] | None = None
+    # Peers (addresses or CIDR networks) whose X-Forwarded-For/-Proto are believed; none by default.
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Host names (or *.suffix patterns, or "*") answered besides localhost and the bind address.
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    metrics_public: bool = False  # /metrics and /healthz's details without the API key
+
+    @field_validator("ice_servers", "cors_origins", "engine_urls", "trusted_proxies", "allowed_hosts", mode="before")
     @classmethod
     def _split_comma_separated(cls, value: object) -> object:
         if isinstance(value, str):
@@ -187,5 +209,51 @@ class Settings(BaseSettings):
                 f"host {self.host!r} is reachable from other machines and no API key is set: "
                 "set OMNI_RTC_API_KEY (or --api-key), or pass --allow-unauthenticated-public "
                 "to let anyone who can reach the port place calls"
+            )
+        # A proxy on this host connects from 127.0.0.1: behind one, a loopback bind says nothing
+        # about who the clients are.
+        if self.api_key is None and not self.allow_unauthenticated_public and self.trusted_proxies:
+            raise ValueError(
+                f"trusted_proxies {self.trusted_proxies} put this server behind a proxy, which lets other "
+                "machines reach it, and no API key is set: set OMNI_RTC_API_KEY (or --api-key), or pass "
+                "--allow-unauthenticated-public to let anyone who reaches the proxy place calls"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_edge(self) -> Settings:
+        for proxy in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise ValueError(f"trusted_proxies: {proxy!r} is not an IP address or CIDR network") from None
+        if self.ssl_keyfile is not None and self.ssl_certfile is None:
+            raise ValueError("ssl_keyfile is set without ssl_certfile")
+        if self.tls is not None and self.ssl_certfile is not None:
+            raise ValueError("tls='self-signed' and ssl_certfile both name a certificate: give one")
+        for name in ("ssl_certfile", "ssl_keyfile"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name}: {str(path)!r} is not a readable file")
+        return self
+
+    @model_validator(mode="after")
+    def _check_turn_credentials(self) -> Settings:
+        turn_urls = [url for url in self.ice_servers if url.lower().startswith(("turn:", "turns:"))]
+        static = self.turn_username is not None or self.turn_credential is not None
+        if self.turn_secret is not None:
+            if static:
+                raise ValueError("turn_secret and turn_username/turn_credential both set: give one kind of credentials")
+            if not self.turn_secret.get_secret_value():
+                raise ValueError("turn_secret is empty")
+            if not turn_urls:
+                raise ValueError("turn_secret is set but ice_servers names no turn:/turns: URL")
+        elif static and (self.turn_username is None or self.turn_credential is None):
+            raise ValueError("turn_username and turn_credential go together: give both")
+        elif turn_urls and not static:
+            # Browsers refuse a TURN server without credentials (RTCPeerConnection throws).
+            raise ValueError(
+                f"ice_servers {turn_urls} need credentials: set turn_username and turn_credential "
+                "(--ice-username/--ice-credential) or turn_secret (--turn-secret, coturn's static-auth-secret)"
             )
         return self

@@ -9,7 +9,8 @@ The request (:func:`chat_request`):
 
 - ``messages``: the session's instructions (or Qwen3-Omni's spoken-chat prompt) as the system
   message; each user turn one user message, its clips as ``input_audio`` parts (base64 WAV,
-  16 kHz PCM16) and its text as ``text`` parts, in order; each earlier answer an assistant
+  16 kHz PCM16), its images as ``image_url`` parts (a data URL of the image as the session kept
+  it, already fitted to its pixel budget) and its text as ``text`` parts, in order; each earlier answer an assistant
   message holding its text as heard. The history is bounded as for the in-process engine
   (:func:`pipeline.conversation.bound_history`). A transcription is Qwen3-Omni's ASR prompt: the
   clip, then the instruction, with the client's hint prompt (if any) as the system message.
@@ -50,6 +51,7 @@ from pipeline.conversation import (
     AssistantText,
     ConversationItem,
     UserAudio,
+    UserImage,
     UserText,
     asr_instruction,
     bound_history,
@@ -57,6 +59,7 @@ from pipeline.conversation import (
 from pipeline.turn import TranscriptionHint, TurnRequest
 
 DONE = "[DONE]"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def chat_request(request: TurnRequest, *, model: str | None = None, seed: int | None = None) -> dict[str, Any]:
@@ -120,9 +123,17 @@ def _user_message(items: list[ConversationItem]) -> dict[str, Any]:
             parts.append({"type": "input_audio", "input_audio": {"data": wav_base64(item.pcm), "format": "wav"}})
         elif isinstance(item, UserText):
             parts.append({"type": "text", "text": item.text})
+        elif isinstance(item, UserImage):
+            parts.append({"type": "image_url", "image_url": {"url": image_data_url(item.data)}})
         else:
             raise TypeError(f"not a user item: {item!r}")
     return {"role": "user", "content": parts}
+
+
+def image_data_url(data: bytes) -> str:
+    """A kept image (PNG or JPEG, ``pipeline.images``) as the data URL vLLM's ``image_url`` takes."""
+    mime = "image/png" if data.startswith(PNG_SIGNATURE) else "image/jpeg"
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 
 def wav_base64(pcm16k: np.ndarray) -> str:

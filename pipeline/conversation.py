@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from media.rates import SPEECH_RATE
+from pipeline.images import image_tokens
 
 # The system prompt the Qwen3-Omni README (github.com/QwenLM/Qwen3-Omni, "Usage Tips", "Prompt for
 # Audio-Visual Interaction") recommends for spoken interaction: the Thinker writes short,
@@ -76,7 +77,10 @@ ASR_PROMPT_CHINESE = "请将这段中文语音转换为纯文本。"
 # - each part is counted as a message of its own (``<|im_start|>``, the role line, ``<|im_end|>``,
 #   ``"\n"``), although consecutive user parts share one: an over-count of a few tokens per part.
 #
-# A new kind of part (an image) says its own ``prompt_tokens`` and is counted the same way.
+# - images: exact, their ``<|image_pad|>`` count (``pipeline.images.image_tokens``) and the two
+#   ``<|vision_start|>``/``<|vision_end|>`` around it.
+#
+# A new kind of part says its own ``prompt_tokens`` and ``held_bytes`` and is counted the same way.
 
 FEATURE_HOP = 160  # samples per Whisper feature frame at 16 kHz
 AUDIO_N_WINDOW = 50  # Qwen3-Omni's audio_config.n_window: windows of 2 * 50 feature frames
@@ -85,6 +89,7 @@ AUDIO_TOKENS_PER_WINDOW = 13  # what one full window becomes (transformers hard-
 USER_MESSAGE_TOKENS = 1 + 5 + 1 + 1
 ASSISTANT_MESSAGE_TOKENS = 1 + 10 + 1 + 1
 AUDIO_MARKER_TOKENS = 2  # <|audio_start|> and <|audio_end|> around the pads
+VISION_MARKER_TOKENS = 2  # <|vision_start|> and <|vision_end|> around an image's pads
 
 
 def text_tokens_bound(text: str) -> int:
@@ -138,6 +143,29 @@ class UserText:
 
 
 @dataclass(frozen=True)
+class UserImage:
+    """One image the user showed (an ``input_image`` part, or a camera frame): PNG or JPEG bytes,
+    already fitted to its pixel budget (``pipeline.images.fit``), and that budget (``max_pixels``),
+    which the image processor fits it to again (a no-op for an image already fitted)."""
+
+    data: bytes
+    width: int
+    height: int
+    max_pixels: int
+
+    @property
+    def tokens(self) -> int:
+        """Its ``<|image_pad|>`` tokens in the prompt."""
+        return image_tokens(self.width, self.height, self.max_pixels)
+
+    def prompt_tokens(self) -> int:
+        return USER_MESSAGE_TOKENS + VISION_MARKER_TOKENS + self.tokens
+
+    def held_bytes(self) -> int:
+        return len(self.data)
+
+
+@dataclass(frozen=True)
 class AssistantText:
     """What the assistant said, as the user heard it (truncated when cut off)."""
 
@@ -150,7 +178,11 @@ class AssistantText:
         return text_tokens_bound(self.text)
 
 
-ConversationItem = UserAudio | UserText | AssistantText
+ConversationItem = UserAudio | UserText | UserImage | AssistantText
+
+# What stands in the prompt for an image of an older turn once images no longer fit the history's
+# image budget: the model knows one was shown, the prompt does not pay for its pixels.
+IMAGE_NOTE = "(an image was shown here)"
 
 
 @dataclass(frozen=True)
@@ -159,6 +191,8 @@ class HistoryLimits:
 
     The audio limits bound the clips heard as audio; an older turn whose clips all have
     transcripts stays as their text instead (``max_turns`` still bounds every kept turn).
+    ``max_image_tokens`` bounds the image tokens of past turns: older turns lose their images
+    first (each becomes ``IMAGE_NOTE``), and keep their audio.
     """
 
     max_turns: int = 8
@@ -166,9 +200,12 @@ class HistoryLimits:
     # Also the most audio one user turn may hold (app.realtime.turn_taking): four 30 s segments,
     # ~1,560 audio tokens at 13 per second, so a turn that long, once answered, still fits whole.
     max_audio_seconds: float = 120.0
+    # Eight camera turns at the default budget (5 frames of <= 98 tokens each); one 1 MP "high"
+    # image takes 1,000. The turn being answered keeps its images whatever they cost.
+    max_image_tokens: int = 4_096
     # Every item, whatever turn it joins (conversation.item.create can put one anywhere, even
-    # first), counts against these three; past any of them the oldest items go, each announced
-    # with conversation.item.deleted (app.realtime.history). Like OpenAI's token-based truncation
+    # first), counts against these three; past any of them older items' images go first, then
+    # the oldest items, each announced with conversation.item.deleted (app.realtime.history). Like OpenAI's token-based truncation
     # (``token_limits.post_instructions``): prompt tokens of the history after the system
     # prompt, as the items estimate them (an upper bound, see ``prompt_tokens``). 16,000 is
     # eight long spoken turns many times over (a turn is ~13 tokens per second of speech).
@@ -225,6 +262,9 @@ def bound_history(conversation: Conversation) -> tuple[ConversationItem, ...]:
     clip replaced by its transcript (``UserAudio.transcript``); the first such turn with a clip
     that has no transcript ends the history. What is kept is always a contiguous, answered
     stretch right before the current turn, audio for the newest turns and text before them.
+    Images go before audio: the first past turn whose images would take the past turns' image
+    tokens over ``max_image_tokens``, and every older one, keep a note (``IMAGE_NOTE``) for each
+    run of images instead (``noted``). The current turn is always whole.
     """
     limits = conversation.limits
     past, current = split_turns(conversation.items)
@@ -232,6 +272,8 @@ def bound_history(conversation: Conversation) -> tuple[ConversationItem, ...]:
     clips = 0
     seconds = 0.0
     as_text = False
+    past_image_tokens = 0
+    images_noted = False
     for turn in reversed(past):
         if len(kept) >= limits.max_turns:
             break
@@ -244,8 +286,24 @@ def bound_history(conversation: Conversation) -> tuple[ConversationItem, ...]:
             if any(clip.transcript is None for clip in audio):
                 break
             turn = tuple(UserText(item.transcript or "") if isinstance(item, UserAudio) else item for item in turn)
-        kept.append(turn)
+        if not images_noted:
+            past_image_tokens += sum(item.tokens for item in turn if isinstance(item, UserImage))
+            images_noted = past_image_tokens > limits.max_image_tokens
+        kept.append(noted(turn, drop_images=images_noted))
     return tuple(item for turn in reversed(kept) for item in turn) + current
+
+
+def noted(items: Sequence[ConversationItem], *, drop_images: bool) -> tuple[ConversationItem, ...]:
+    """``items`` with each image replaced by ``IMAGE_NOTE`` when ``drop_images``, and each run of
+    notes (a camera turn's frames; a history that dropped images one by one) written once."""
+    note = UserText(IMAGE_NOTE)
+    kept: list[ConversationItem] = []
+    for item in items:
+        if drop_images and isinstance(item, UserImage):
+            item = note
+        if not (item == note and kept and kept[-1] == note):
+            kept.append(item)
+    return tuple(kept)
 
 
 def asr_instruction(language: str | None) -> str:

@@ -46,8 +46,8 @@ DEV_MODEL_DIRNAME = "dev-model"
 # cached builds (version 1 left the Talker's experts uninitialised; version 2 spoke at ~1e-8 of
 # full scale, digital silence once sent as 16-bit PCM; version 3 calibrated with a gain that
 # depended on thread count; version 4 stored transformers' reverse-converted names in one file,
-# now the explicit "fused" layout).
-DEV_MODEL_VERSION = "5"
+# now the explicit "fused" layout; version 5 had no image processor config).
+DEV_MODEL_VERSION = "6"
 # Written last by build_dev_model; ensure_dev_model renames only finished builds into place.
 VERSION_FILE = "omni-rtc-dev-model-version"
 
@@ -242,6 +242,31 @@ def dev_feature_extractor() -> WhisperFeatureExtractor:
     )
 
 
+# The image processor's part of the published checkpoint's preprocessor_config.json (the same
+# file holds the Whisper feature extractor's settings): Qwen's image processor with Qwen3-VL's
+# patching (16 px patches, 2x2 merged, 2 frames per temporal patch) and normalisation.
+IMAGE_PROCESSOR_CONFIG = {
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "min_pixels": 3_136,
+    "max_pixels": 12_845_056,
+    "processor_class": "Qwen3OmniMoeProcessor",
+}
+
+
+def write_preprocessor_config(out_dir: Path) -> None:
+    """``preprocessor_config.json`` as the published checkpoint has it: one file that both the
+    Whisper feature extractor and the image processor read their settings from."""
+    dev_feature_extractor().save_pretrained(out_dir)
+    path = out_dir / "preprocessor_config.json"
+    merged = {**json.loads(path.read_text()), **IMAGE_PROCESSOR_CONFIG}
+    path.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
+
+
 def dev_model(*, seed: int = 0) -> Qwen3OmniMoeForConditionalGeneration:
     """The dev model's weights: random from ``seed``, wired to end its turns (same seed, same weights)."""
     torch.manual_seed(seed)
@@ -434,8 +459,8 @@ def build_dev_model(
     tokenizer = build_tokenizer()
     tokenizer.save_pretrained(out_dir)
 
-    report("writing the Whisper feature extractor config")
-    dev_feature_extractor().save_pretrained(out_dir)
+    report("writing the preprocessor config (Whisper features, Qwen's image processor)")
+    write_preprocessor_config(out_dir)
 
     report(f"initialising a tiny Qwen3OmniMoeForConditionalGeneration (seed {seed})")
     model = dev_model(seed=seed)

@@ -173,6 +173,8 @@ class _ThinkerPrompt:
     input_features: torch.Tensor | None  # [clips, 128, frames], every row's clips in row order
     feature_attention_mask: torch.Tensor | None  # [clips, frames]
     pads: list[int]
+    pixel_values: torch.Tensor | None = None  # [patches, patch values], every row's images in row order
+    image_grid_thw: torch.Tensor | None = None  # [images, 3]
 
     @classmethod
     def of(cls, thinker, inputs: ThinkerInputs) -> _ThinkerPrompt:
@@ -185,10 +187,15 @@ class _ThinkerPrompt:
             feature_mask = inputs.feature_attention_mask.to(device)
             features = inputs.input_features.to(device)
             model_kwargs["feature_attention_mask"] = feature_mask
+        pixel_values = image_grid_thw = None
+        if inputs.pixel_values is not None and inputs.image_grid_thw is not None:
+            pixel_values = inputs.pixel_values.to(device)
+            image_grid_thw = inputs.image_grid_thw.to(device)
+            model_kwargs["image_grid_thw"] = image_grid_thw
         # Each row's positions as alone (this also sets the model's rope_deltas, unused here:
         # decoding steps keep their own positions).
         position_ids = thinker._prepare_position_ids_for_generation(input_ids, model_kwargs)
-        return cls(input_ids, attention_mask, position_ids, features, feature_mask, [0])
+        return cls(input_ids, attention_mask, position_ids, features, feature_mask, [0], pixel_values, image_grid_thw)
 
     @classmethod
     def padded(cls, rows: list[_ThinkerPrompt]) -> _ThinkerPrompt:
@@ -221,7 +228,11 @@ class _ThinkerPrompt:
                     for row in clips
                 ]
             )
-        return cls(input_ids, attention_mask, position_ids, features, feature_mask, pads)
+        # Image features fill the <|image_pad|> positions row by row, as the rows' patches are ordered.
+        seen = [row for row in rows if row.pixel_values is not None and row.image_grid_thw is not None]
+        pixel_values = torch.cat([row.pixel_values for row in seen]) if seen else None  # type: ignore[misc]
+        image_grid_thw = torch.cat([row.image_grid_thw for row in seen]) if seen else None  # type: ignore[misc]
+        return cls(input_ids, attention_mask, position_ids, features, feature_mask, pads, pixel_values, image_grid_thw)
 
 
 # What a DecodeBatch knows its turns by (the engine process: turn ids).
@@ -312,6 +323,7 @@ class _Turn(Generic[TurnKey]):
             input_audio_tokens=self.inputs.audio_tokens,
             output_text_tokens=self.thinker.answer_tokens,
             output_audio_tokens=self.frames,
+            input_image_tokens=self.inputs.image_tokens,
         )
         return TurnDone(text=self.text.text, usage=usage, finish_reason=finish_reason)
 
@@ -391,7 +403,10 @@ class DecodeBatch(Generic[TurnKey]):
 
     def cancelled_before_start(self, inputs: ThinkerInputs) -> TurnDone:
         usage = Usage(
-            input_text_tokens=inputs.text_tokens, input_audio_tokens=inputs.audio_tokens, output_text_tokens=0
+            input_text_tokens=inputs.text_tokens,
+            input_audio_tokens=inputs.audio_tokens,
+            output_text_tokens=0,
+            input_image_tokens=inputs.image_tokens,
         )
         return TurnDone(text="", usage=usage, finish_reason="cancelled")
 
@@ -419,6 +434,9 @@ class DecodeBatch(Generic[TurnKey]):
             if batch.input_features is not None and batch.feature_attention_mask is not None:
                 forward_kwargs["input_features"] = batch.input_features.to(thinker.dtype)
                 forward_kwargs["feature_attention_mask"] = batch.feature_attention_mask
+            if batch.pixel_values is not None and batch.image_grid_thw is not None:
+                forward_kwargs["pixel_values"] = batch.pixel_values.to(thinker.dtype)
+                forward_kwargs["image_grid_thw"] = batch.image_grid_thw
             keep_hidden = any(turn.params.output_audio for turn in turns)
             # The Thinker's model, then its head on the last position only: thinker(...) would
             # score every prompt position against the 152k vocabulary (150 of the 160 ms a
@@ -488,6 +506,12 @@ class DecodeBatch(Generic[TurnKey]):
             model_kwargs = {"attention_mask": attention_mask, "talker_input_ids": prompt_ids}
             if turn.inputs.feature_attention_mask is not None:
                 model_kwargs["audio_feature_lengths"] = turn.inputs.feature_attention_mask.to(device).sum(dim=1)
+            if turn.inputs.image_grid_thw is not None and turn.inputs.feature_attention_mask is None:
+                # generate() passes the image grid to the Talker too, which then places images on
+                # the 3-D grid. With audio beside them, transformers 5.24's Talker reads an
+                # ``audio_config`` its config does not have and fails; such a prompt gets the
+                # positions an audio-only prompt gets: one after another (as generate() gives).
+                model_kwargs["image_grid_thw"] = turn.inputs.image_grid_thw.to(device)
             with torch.inference_mode():
                 prompts.append((prompt_embeds, talker._prepare_position_ids_for_generation(prompt_embeds, model_kwargs)))
         length = max(embeds.shape[1] for embeds, _ in prompts)

@@ -12,6 +12,12 @@ and, like ``Qwen3OmniMoeProcessor``, expands each ``<|audio_pad|>`` to the audio
 output length for its clip and extracts all clips' log-mel features in one Whisper call
 (padded to the longest clip, never truncated).
 
+A user image (``UserImage``) is ``<|vision_start|><|image_pad|><|vision_end|>`` where it stands in
+the message, the pad expanded to the image's tokens (one per 32x32 pixels), and its pixels go
+through Qwen's image processor: ``Qwen2VLImageProcessorPil``, the Pillow/numpy one, since the
+torchvision-backed processors (and ``AutoProcessor``, which loads the video processor) do not load
+beside the CPU torch used here (docs/MODEL.md). Each image is fitted to its own ``max_pixels``.
+
 A transcription turn (``TurnRequest.task == "transcribe"``) is rendered the way Qwen3-Omni's
 README ("Setting for Evaluation", github.com/QwenLM/Qwen3-Omni) prompts its ASR benchmarks: no
 system prompt, the audio first, then the instruction as user text — "Transcribe the
@@ -31,10 +37,12 @@ from typing import cast
 import numpy as np
 import torch
 from transformers import WhisperFeatureExtractor
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
     Qwen3OmniMoeAudioEncoderConfig,
     Qwen3OmniMoeConfig,
     Qwen3OmniMoeThinkerConfig,
+    Qwen3OmniMoeVisionEncoderConfig,
 )
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
 
@@ -44,10 +52,12 @@ from pipeline.conversation import (
     Conversation,
     ConversationItem,
     UserAudio,
+    UserImage,
     UserText,
     asr_instruction,
     bound_history,
 )
+from pipeline.images import MIN_PIXELS, decode_rgb
 from pipeline.tokenizer import load_tokenizer
 from pipeline.turn import TranscriptionHint, TurnRequest
 
@@ -56,6 +66,9 @@ IM_END = "<|im_end|>"
 AUDIO_START = "<|audio_start|>"
 AUDIO_END = "<|audio_end|>"
 AUDIO_PAD = "<|audio_pad|>"
+VISION_START = "<|vision_start|>"
+VISION_END = "<|vision_end|>"
+IMAGE_PAD = "<|image_pad|>"
 MEL_BINS = 128
 
 
@@ -65,8 +78,11 @@ class ThinkerInputs:
     attention_mask: torch.Tensor  # [1, T] long
     input_features: torch.Tensor | None  # [n_clips, 128, frames] float32, None when no audio
     feature_attention_mask: torch.Tensor | None  # [n_clips, frames] long
-    text_tokens: int  # prompt tokens that are not <|audio_pad|>
+    text_tokens: int  # prompt tokens that are neither <|audio_pad|> nor <|image_pad|>
     audio_tokens: int  # expanded <|audio_pad|> tokens
+    pixel_values: torch.Tensor | None = None  # [patches, 3 * 2 * 16 * 16] float32, every image's in prompt order
+    image_grid_thw: torch.Tensor | None = None  # [images, 3] long: (1, patch rows, patch columns)
+    image_tokens: int = 0  # expanded <|image_pad|> tokens
 
 
 @dataclass(frozen=True)
@@ -76,13 +92,29 @@ class _AudioSlot:
     clip: int
 
 
-_Piece = str | int | _AudioSlot  # text, a special token id, or an audio slot
+@dataclass(frozen=True)
+class _ImageSlot:
+    """Where one image's expanded ``<|image_pad|>`` run goes in the prompt."""
+
+    image: int
+
+
+_Piece = str | int | _AudioSlot | _ImageSlot  # text, a special token id, or an audio or image slot
 
 
 class PromptRenderer:
     """Turns a ``Conversation`` into ``ThinkerInputs`` for one checkpoint's tokenizer and audio encoder."""
 
-    def __init__(self, tokenizer, feature_extractor: WhisperFeatureExtractor, *, n_window: int) -> None:
+    def __init__(
+        self,
+        tokenizer,
+        feature_extractor: WhisperFeatureExtractor,
+        *,
+        n_window: int,
+        image_processor: Qwen2VLImageProcessorPil | None = None,
+    ) -> None:
+        """``image_processor`` None: a renderer for text and audio only (a conversation with an
+        image is refused)."""
         if feature_extractor.sampling_rate != SPEECH_RATE or feature_extractor.feature_size != MEL_BINS:
             raise ValueError(
                 f"expected a {SPEECH_RATE} Hz, {MEL_BINS}-bin Whisper feature extractor, got "
@@ -90,9 +122,13 @@ class PromptRenderer:
             )
         self._tokenizer = tokenizer
         self._feature_extractor = feature_extractor
+        self._image_processor = image_processor
         self._n_window = n_window
-        self._special_ids = {token: self._token_id(token) for token in (IM_START, IM_END, AUDIO_START, AUDIO_END)}
+        self._special_ids = {
+            token: self._token_id(token) for token in (IM_START, IM_END, AUDIO_START, AUDIO_END, VISION_START, VISION_END)
+        }
         self._audio_pad_id = self._token_id(AUDIO_PAD)
+        self._image_pad_id = self._token_id(IMAGE_PAD)
         # torch.stft reflect-pads n_fft // 2 = 200 samples each side and fails on shorter input;
         # one full 400-sample (25 ms) analysis window is the least that makes a feature frame.
         self._min_clip_samples = feature_extractor.n_fft
@@ -103,10 +139,12 @@ class PromptRenderer:
         config = Qwen3OmniMoeConfig.from_pretrained(model_dir)
         thinker_config = cast(Qwen3OmniMoeThinkerConfig, config.thinker_config)
         audio_config = cast(Qwen3OmniMoeAudioEncoderConfig, thinker_config.audio_config)
+        vision_config = cast(Qwen3OmniMoeVisionEncoderConfig, thinker_config.vision_config)
         return cls(
             tokenizer if tokenizer is not None else load_tokenizer(model_dir),
             WhisperFeatureExtractor.from_pretrained(model_dir),
             n_window=audio_config.n_window,
+            image_processor=load_image_processor(model_dir, vision_config),
         )
 
     def render(self, conversation: Conversation) -> ThinkerInputs:
@@ -126,6 +164,8 @@ class PromptRenderer:
         return self._render(hint.prompt or None, (clip, UserText(asr_instruction(hint.language))))
 
     def _render(self, system_prompt: str | None, items: Sequence[ConversationItem]) -> ThinkerInputs:
+        images = [item for item in items if isinstance(item, UserImage)]
+        pixel_values, image_grid_thw, image_pads = self._image_inputs(images)
         clips = [item for item in items if isinstance(item, UserAudio)]
         for index, clip in enumerate(clips):
             if clip.pcm.ndim != 1 or len(clip.pcm) < self._min_clip_samples:
@@ -160,19 +200,48 @@ class PromptRenderer:
                 ids.extend(self._tokenizer.encode(piece, add_special_tokens=False, split_special_tokens=True))
             elif isinstance(piece, _AudioSlot):
                 ids.extend([self._audio_pad_id] * pad_counts[piece.clip])
+            elif isinstance(piece, _ImageSlot):
+                ids.extend([self._image_pad_id] * image_pads[piece.image])
             else:
                 ids.append(piece)
 
         input_ids = torch.tensor([ids], dtype=torch.long)
         audio_tokens = sum(pad_counts)
+        image_tokens = sum(image_pads)
         return ThinkerInputs(
             input_ids=input_ids,
             attention_mask=torch.ones_like(input_ids),
             input_features=input_features,
             feature_attention_mask=feature_attention_mask,
-            text_tokens=len(ids) - audio_tokens,
+            text_tokens=len(ids) - audio_tokens - image_tokens,
             audio_tokens=audio_tokens,
+            pixel_values=pixel_values,
+            image_grid_thw=image_grid_thw,
+            image_tokens=image_tokens,
         )
+
+    def _image_inputs(self, images: Sequence[UserImage]) -> tuple[torch.Tensor | None, torch.Tensor | None, list[int]]:
+        """Every image's patches (in order), its (t, h, w) patch grid, and its ``<|image_pad|>`` count."""
+        if not images:
+            return None, None, []
+        processor = self._image_processor
+        if processor is None:
+            raise ValueError("this renderer has no image processor: the conversation holds an image")
+        patches: list[torch.Tensor] = []
+        grids: list[torch.Tensor] = []
+        for image in images:
+            # One call per image: each has its own pixel budget (detail, camera settings).
+            processed = processor(
+                images=[decode_rgb(image.data)],
+                size={"shortest_edge": MIN_PIXELS, "longest_edge": image.max_pixels},
+                return_tensors="pt",
+            )
+            patches.append(processed["pixel_values"].to(torch.float32))
+            grids.append(processed["image_grid_thw"].to(torch.long))
+        image_grid_thw = torch.cat(grids)
+        merge = processor.merge_size
+        pads = (image_grid_thw.prod(dim=-1) // (merge * merge)).tolist()
+        return torch.cat(patches), image_grid_thw, pads
 
     def _token_id(self, token: str) -> int:
         ids = self._tokenizer.convert_tokens_to_ids([token])
@@ -185,7 +254,7 @@ class PromptRenderer:
         im_start, im_end = self._special_ids[IM_START], self._special_ids[IM_END]
         if system_prompt is not None:
             yield from (im_start, f"system\n{system_prompt}", im_end, "\n")
-        clip = 0
+        clip = image = 0
         in_user_message = False
         for item in items:
             if isinstance(item, AssistantText):
@@ -200,6 +269,9 @@ class PromptRenderer:
             if isinstance(item, UserAudio):
                 yield from (self._special_ids[AUDIO_START], _AudioSlot(clip), self._special_ids[AUDIO_END])
                 clip += 1
+            elif isinstance(item, UserImage):
+                yield from (self._special_ids[VISION_START], _ImageSlot(image), self._special_ids[VISION_END])
+                image += 1
             elif isinstance(item, UserText):
                 yield item.text
             else:
@@ -222,3 +294,20 @@ class PromptRenderer:
             yield piece
         if text:
             yield "".join(text)
+
+
+def load_image_processor(model_dir: str | Path, vision_config: Qwen3OmniMoeVisionEncoderConfig) -> Qwen2VLImageProcessorPil:
+    """The checkpoint's image processor (its ``preprocessor_config.json``), as the Pillow/numpy
+    class; its patching must be the vision tower's, or every image would be cut wrongly."""
+    processor = Qwen2VLImageProcessorPil.from_pretrained(str(model_dir))
+    for key, expected in (
+        ("patch_size", vision_config.patch_size),
+        ("merge_size", vision_config.spatial_merge_size),
+        ("temporal_patch_size", vision_config.temporal_patch_size),
+    ):
+        if getattr(processor, key) != expected:
+            raise ValueError(
+                f"{model_dir}: preprocessor_config.json {key} is {getattr(processor, key)}, "
+                f"the vision tower's is {expected}"
+            )
+    return processor

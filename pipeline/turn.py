@@ -99,10 +99,11 @@ class Usage:
     input_audio_tokens: int
     output_text_tokens: int
     output_audio_tokens: int = 0  # Talker codec frames
+    input_image_tokens: int = 0  # expanded <|image_pad|> tokens
 
     @property
     def input_tokens(self) -> int:
-        return self.input_text_tokens + self.input_audio_tokens
+        return self.input_text_tokens + self.input_audio_tokens + self.input_image_tokens
 
     @property
     def output_tokens(self) -> int:

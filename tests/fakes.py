@@ -29,7 +29,7 @@ from app.realtime.protocol import server_event_adapter
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
 from media.rates import SPEECH_RATE, VOICE_RATE
-from pipeline.conversation import UserAudio
+from pipeline.conversation import UserAudio, UserImage
 from pipeline.turn import (
     AudioChunk,
     Engine,
@@ -137,6 +137,9 @@ class ScriptedEngine:
                     input_audio_tokens=audio_tokens(request),
                     output_text_tokens=len(words),
                     output_audio_tokens=audio_frames,
+                    input_image_tokens=sum(
+                        item.tokens for item in request.conversation.items if isinstance(item, UserImage)
+                    ),
                 ),
                 finish_reason=finish_reason,  # type: ignore[arg-type]
                 timings=TurnTimings(queue_wait=0.0, first_text=0.001, first_audio=0.002, total=0.003),

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from app.realtime.protocol import (
+    ConversationItemDoneEvent,
     ConversationItemInputAudioTranscriptionCompletedEvent,
     ConversationItemInputAudioTranscriptionFailedEvent,
     InputAudioBufferCommittedEvent,
@@ -70,6 +71,16 @@ class TurnResult:
     @property
     def usage(self) -> dict[str, Any]:
         return dict(self.response.get("usage") or {})
+
+    @property
+    def images_shown(self) -> int:
+        """Camera frames (``input_image`` parts) the server put into the committed utterance's item."""
+        committed = committed_item(self.events)
+        for event in self.events:
+            item = event.get("item") or {}
+            if event["type"] == event_type(ConversationItemDoneEvent) and item.get("id") == committed:
+                return sum(part.get("type") == "input_image" for part in item.get("content", []))
+        return 0
 
     def event_types(self) -> list[str]:
         return [event["type"] for event in self.events]

@@ -9,6 +9,9 @@ and records every frame it receives with its arrival time::
         print(turn.user_transcript, turn.transcript, turn.audio_seconds, turn.latency_s)
         client.events                            # every server event so far, in order
 
+With ``video=`` (a Y4M video or a PNG/JPEG image) it also sends a camera track, sendonly, as
+the page does with its camera on (``app.client.video_file.VideoFileTrack``).
+
 :meth:`RealtimeClient.speak` is half-duplex: it returns once the answer is done *and* has
 played out (``response.done`` and ``output_audio_buffer.stopped``), so the next utterance
 never overlaps the assistant; when the session transcribes input audio, it also waits for the
@@ -27,7 +30,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin
 
 import av
 import httpx
@@ -38,6 +43,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from app.client.base import ClientError, RealtimeClientBase
 from app.client.turn import TurnResult, committed_item, session_transcribes, transcription_ended
+from app.client.video_file import VideoFileTrack
 from app.realtime.protocol import (
     EVENTS_CHANNEL,
     OutputAudioBufferClearedEvent,
@@ -47,7 +53,14 @@ from app.realtime.protocol import (
     SessionCreatedEvent,
     event_type,
 )
-from app.webrtc.ice import loopback_candidates, rtc_configuration
+from app.webrtc.ice import (
+    CandidatePair,
+    IceServer,
+    loopback_candidates,
+    missing_relay,
+    rtc_configuration,
+    selected_candidate_pair,
+)
 from app.webrtc.network import CallNetwork
 from app.webrtc.sdp import with_opus_inband_fec
 from media.jitter_buffer import ReceiveStats
@@ -176,8 +189,13 @@ class RealtimeClient(RealtimeClientBase):
         server_silence_timeout_s: float = SERVER_SILENCE_TIMEOUT_S,
         jitter_buffer: bool = True,
         answer_filter: Callable[[str], str] | None = None,
+        video: str | Path | None = None,
+        video_fps: float | None = None,
     ) -> None:
         """``url`` is the server's base URL; ``session`` goes with the offer (multipart).
+
+        The STUN/TURN servers are the server's (``GET /v1/realtime/ice_servers``, with fresh TURN
+        credentials; none from a server without that route) unless ``ice_servers`` names others.
 
         ``offer_candidates=False`` strips the candidates from the offer, as browsers posting
         before gathering do; the server then learns this peer as peer-reflexive.
@@ -188,17 +206,20 @@ class RealtimeClient(RealtimeClientBase):
         path, no concealment); the microphone is Opus-encoded with in-band FEC tuned to the loss
         the server reports, as browsers do. ``answer_filter``, when given, rewrites the server's
         SDP answer before it is used (tests route a call through an impairing relay with it).
+        ``video``: a file to send as the camera (``video_fps`` overrides its frame rate).
         """
         self.url = url.rstrip("/")
         self._api_key = api_key
         self._session = session
         self._ice_loopback = ice_loopback
-        self._ice_servers = ice_servers or []
+        self._ice_servers = None if ice_servers is None else [IceServer(url) for url in ice_servers]
         self._offer_candidates = offer_candidates
         super().__init__(timeout_s)
         self.call_location: str | None = None
+        self.answer_sdp: str | None = None  # the server's SDP answer, as used
         self._pc: RTCPeerConnection | None = None
         self._microphone = MicrophoneTrack()
+        self.camera = VideoFileTrack(video, fps=video_fps) if video is not None else None
         self._jitter_buffer = jitter_buffer
         self._answer_filter = answer_filter
         self._network: CallNetwork | None = None
@@ -216,7 +237,9 @@ class RealtimeClient(RealtimeClientBase):
     # -- connection ------------------------------------------------------------------
 
     async def connect(self) -> None:
-        pc = RTCPeerConnection(rtc_configuration(self._ice_servers))
+        servers = self._ice_servers if self._ice_servers is not None else await self._server_ice_servers()
+        configuration = rtc_configuration(servers)
+        pc = RTCPeerConnection(configuration)
         self._pc = pc
         channel = pc.createDataChannel(EVENTS_CHANNEL)
         self._channel = channel
@@ -224,25 +247,69 @@ class RealtimeClient(RealtimeClientBase):
         channel.on("message", self._on_message)
         microphone = OpusTrack(self._microphone)
         pc.addTrack(microphone)
+        if self.camera is not None:
+            pc.addTransceiver(self.camera, direction="sendonly")  # the server never sends video
         self._network = CallNetwork(pc, name="client", outbound=microphone)
         pc.on("track", self._on_track)
         pc.on("connectionstatechange", self._on_connection_state)
         with loopback_candidates(self._ice_loopback):
             await pc.setLocalDescription(await pc.createOffer())
+        unrelayed = missing_relay(configuration, pc.localDescription.sdp)
+        if unrelayed:
+            logger.warning("no relay candidate from %s", ", ".join(unrelayed))
         offer = with_opus_inband_fec(pc.localDescription.sdp)  # as browsers offer
         if not self._offer_candidates:
             offer = re.sub(r"^a=(candidate|end-of-candidates).*\r?\n", "", offer, flags=re.MULTILINE)
         answer = await self._post_offer(offer)
         if self._answer_filter is not None:
             answer = self._answer_filter(answer)
+        self.answer_sdp = answer
         await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
         self._network.start()
-        async with asyncio.timeout(self._timeout_s):
-            await self._channel_open.wait()
-            await self.wait_for(event_type(SessionCreatedEvent))
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self._next_event(event_type(SessionCreatedEvent), 0)  # sent once the channel opens
+        except (TimeoutError, ClientError) as exc:
+            await self._hang_up()  # frees the server's slot now, not at its connect timeout
+            reason = str(exc) or f"it did not connect within {self._timeout_s:g} s"
+            if unrelayed:
+                reason += (
+                    f"; the TURN server ({', '.join(unrelayed)}) gave no relay candidate: it refused the "
+                    "credentials (a --turn-secret that is not coturn's static-auth-secret?) or could not be reached"
+                )
+            raise ClientError(f"the call failed: {reason}") from None
+
+    async def _server_ice_servers(self) -> list[IceServer]:
+        """The server's STUN/TURN servers; none when it has no ``ice_servers`` route (not omni-rtc)."""
+        async with httpx.AsyncClient(timeout=self._timeout_s) as http:
+            response = await http.get(f"{self.url}/v1/realtime/ice_servers", headers=self._authorization())
+        if response.status_code == 404:
+            return []
+        if response.status_code != 200:
+            raise ClientError(f"the server refused its ICE servers: HTTP {response.status_code} {response.text}")
+        try:
+            return [server for entry in response.json()["ice_servers"] for server in IceServer.from_json(entry)]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ClientError(f"the server's ICE servers are malformed: {exc}") from None
+
+    async def _hang_up(self) -> None:
+        """``DELETE`` the call, as the page does when it gives up (401 for an ``ek_`` secret: best effort)."""
+        if self.call_location is None:
+            return
+        with contextlib.suppress(httpx.HTTPError):
+            async with httpx.AsyncClient(timeout=10.0) as http:
+                await http.delete(urljoin(self.url + "/", self.call_location), headers=self._authorization())
+
+    def _authorization(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+
+    @property
+    def candidate_pair(self) -> CandidatePair | None:
+        """The ICE candidate pair the call's media takes (``relay``: through a TURN server)."""
+        return selected_candidate_pair(self._pc) if self._pc is not None else None
 
     async def _post_offer(self, offer: str) -> str:
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        headers = self._authorization()
         async with httpx.AsyncClient(timeout=self._timeout_s) as http:
             if self._session is None:
                 response = await http.post(
@@ -270,6 +337,8 @@ class RealtimeClient(RealtimeClientBase):
         if self._pc is not None:
             await self._pc.close()
         self._microphone.stop()
+        if self.camera is not None:
+            self.camera.stop()
         if self._receiver is not None:
             self._receiver.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -1,9 +1,15 @@
 """The event gate: admits client events by size and by rate, before they are parsed.
 
 A refused event gets a :class:`Rejection`, which the session answers with an ``error`` event;
-the session goes on. An event pays rate tokens by its size, one per ``max_bytes`` started (an
-oversized one too, though it is refused): a client cannot make the server receive and measure
-large events for free, only as fast as the rate lets as many events of the largest size in.
+the session goes on.
+
+Events up to ``max_bytes`` cost one token of the rate's bucket. Larger ones cost one token per
+``max_bytes`` they hold (at most a whole burst), so the bytes a session may make the server
+receive and measure per second stay bounded whatever the events' sizes. That holds for events
+refused as too large too: past ``max_image_event_bytes`` (room for one image,
+``conversation.item.create`` with an ``input_image``) an event is refused after it has paid,
+and one the bucket cannot pay for empties it. The session refuses a large event that turns out
+to carry no image, once parsed.
 """
 
 from __future__ import annotations
@@ -31,9 +37,11 @@ class EventGate:
         max_bytes: int,
         per_second: float,
         burst: int,
+        max_image_event_bytes: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._max_bytes = max_bytes
+        self._max_image_event_bytes = max(max_bytes, max_image_event_bytes or 0)
         self._per_second = per_second
         self._burst = burst
         self._clock = clock
@@ -45,9 +53,9 @@ class EventGate:
         now = self._clock()
         self._tokens = min(self._burst, self._tokens + (now - self._refilled_at) * self._per_second)
         self._refilled_at = now
-        cost = max(1, math.ceil(size / self._max_bytes))
+        cost = min(self._burst, max(1, math.ceil(size / self._max_bytes)))
         if self._tokens < cost:
-            if cost > 1:  # an oversized event the bucket cannot pay for still takes what is left
+            if cost > 1:  # a large event the bucket cannot pay for still takes what is left
                 self._tokens = 0.0
             return Rejection(
                 "rate_limit_exceeded",
@@ -55,8 +63,22 @@ class EventGate:
                 "this event was dropped.",
             )
         self._tokens -= cost
-        if size > self._max_bytes:
-            return Rejection(
-                "event_too_large", f"Event is {size} bytes; the limit is {self._max_bytes}."
-            )
+        if size > self._max_image_event_bytes:
+            return too_large(size, self._max_bytes, self._max_image_event_bytes)
         return None
+
+    def refuse_large(self, size: int) -> Rejection | None:
+        """Once parsed: an event over ``max_bytes`` that is not an image upload is refused."""
+        if size <= self._max_bytes:
+            return None
+        return too_large(size, self._max_bytes, self._max_image_event_bytes)
+
+
+def too_large(size: int, max_bytes: int, max_image_event_bytes: int) -> Rejection:
+    if max_image_event_bytes <= max_bytes:
+        return Rejection("event_too_large", f"Event is {size} bytes; the limit is {max_bytes}.")
+    return Rejection(
+        "event_too_large",
+        f"Event is {size} bytes; the limit is {max_bytes}, or {max_image_event_bytes} for a "
+        "conversation.item.create with an input_image.",
+    )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,6 +32,7 @@ from app.realtime.protocol import (
     ConversationItemTruncateEvent,
     InputAudioBufferCommittedEvent,
     InputAudioContent,
+    InputImageContent,
     InputTextContent,
     ItemContent,
     MessageItem,
@@ -46,11 +47,13 @@ from media import g711
 from media.rates import SPEECH_RATE, VOICE_RATE
 from pipeline.conversation import (
     ASSISTANT_MESSAGE_TOKENS,
+    IMAGE_NOTE,
     AssistantText,
     Conversation,
     ConversationItem,
     HistoryLimits,
     UserAudio,
+    UserImage,
     UserText,
     text_tokens_bound,
 )
@@ -63,7 +66,7 @@ MAX_UNANSWERED_ITEMS = 16
 @dataclass
 class UserEntry:
     id: str
-    parts: tuple[ConversationItem, ...]  # UserAudio / UserText, in content order
+    parts: tuple[ConversationItem, ...]  # UserAudio / UserText / UserImage, in content order
     content: list[ItemContent]
 
     def item(self) -> MessageItem:
@@ -71,6 +74,14 @@ class UserEntry:
 
     def audio_clips(self) -> list[UserAudio]:
         return [part for part in self.parts if isinstance(part, UserAudio)]
+
+    def images(self) -> list[UserImage]:
+        return [part for part in self.parts if isinstance(part, UserImage)]
+
+    def drop_images(self) -> None:
+        """Its images leave the prompt (and memory), each for ``IMAGE_NOTE``; the item as the client
+        sees it keeps its ``input_image`` parts, and content indices stay those of the parts."""
+        self.parts = tuple(UserText(IMAGE_NOTE) if isinstance(part, UserImage) else part for part in self.parts)
 
     def prompt_tokens(self) -> int:
         """At most this many prompt tokens (each part says its own: ``pipeline.conversation``)."""
@@ -213,9 +224,14 @@ class History:
     def audio_clip_count(self) -> int:
         return sum(len(entry.audio_clips()) for entry in self._entries if isinstance(entry, UserEntry))
 
-    def commit_audio(self, item_id: str, pcm: np.ndarray) -> list[ServerEvent]:
-        """A committed utterance becomes the last user item; its committed/added/done events."""
-        entry = UserEntry(item_id, (UserAudio(pcm),), [InputAudioContent()])
+    def image_count(self) -> int:
+        return sum(len(entry.images()) for entry in self._entries if isinstance(entry, UserEntry))
+
+    def commit_audio(self, item_id: str, pcm: np.ndarray, images: tuple[UserImage, ...] = ()) -> list[ServerEvent]:
+        """A committed utterance becomes the last user item, after the camera frames seen while it
+        was spoken (``images``, in time order); its committed/added/done events."""
+        content: list[ItemContent] = [InputImageContent() for _ in images]
+        entry = UserEntry(item_id, (*images, UserAudio(pcm)), [*content, InputAudioContent()])
         previous_id = self.append(entry)
         return [
             InputAudioBufferCommittedEvent(item_id=item_id, previous_item_id=previous_id),
@@ -224,9 +240,15 @@ class History:
         ]
 
     def create_item(
-        self, event: ConversationItemCreateEvent, *, input_audio_format: str, max_chars: int
+        self,
+        event: ConversationItemCreateEvent,
+        *,
+        input_audio_format: str,
+        max_chars: int,
+        images: Mapping[int, UserImage] | None = None,
     ) -> list[ServerEvent]:
-        """Adds a client's item where it asked; the ``conversation.item.added``/``done`` pair."""
+        """Adds a client's item where it asked; the ``conversation.item.added``/``done`` pair.
+        ``images``: its ``input_image`` parts by index, already read (``app.realtime.images``)."""
         item = event.item
         if item.id is not None and self.find(item.id) is not None:
             raise ProtocolError("invalid_value", f"An item with id {item.id!r} already exists.", param="item.id")
@@ -236,7 +258,9 @@ class History:
         item_id = item.id or new_id("item")
         entry: Entry
         if item.role == "user":
-            parts, content = read_user_content(item.content, input_audio_format=input_audio_format, max_chars=max_chars)
+            parts, content = read_user_content(
+                item.content, input_audio_format=input_audio_format, max_chars=max_chars, images=images or {}
+            )
             entry = UserEntry(item_id, parts, content)
         elif item.role == "assistant":
             entry = read_assistant_item(item_id, item.content, max_chars=max_chars)
@@ -351,7 +375,9 @@ def pruned(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
 
     The same rule as ``pipeline.conversation.bound_history``: once a turn's audio breaks an audio
     limit, it and older turns are kept only while every clip of theirs has its transcript (the
-    prompt then carries them as text); ``max_turns`` bounds all kept turns.
+    prompt then carries them as text); ``max_turns`` bounds all kept turns. Once a turn's
+    images take the past turns over ``max_image_tokens``, it and older turns drop their images
+    (``UserEntry.drop_images``), as the prompt would.
     """
     turns: list[list[Entry]] = []
     pending: list[Entry] = []
@@ -364,7 +390,14 @@ def pruned(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
     clips = 0
     seconds = 0.0
     as_text = False
+    image_tokens = 0
     for turn in reversed(turns):
+        users = [entry for entry in turn if isinstance(entry, UserEntry)]
+        if image_tokens <= limits.max_image_tokens:
+            image_tokens += sum(image.tokens for entry in users for image in entry.images())
+        if image_tokens > limits.max_image_tokens:
+            for entry in users:
+                entry.drop_images()
         audio = [clip for entry in turn if isinstance(entry, UserEntry) for clip in entry.audio_clips()]
         if not as_text:
             clips += len(audio)
@@ -380,32 +413,42 @@ def pruned(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
 
 
 def within_budget(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
-    """``entries`` less their oldest items until at most ``max_items`` remain, holding at most
-    ``max_bytes`` and estimating at most ``max_prompt_tokens`` prompt tokens.
+    """``entries`` within the budget: at most ``max_items``, holding at most ``max_bytes``, and
+    estimating at most ``max_prompt_tokens`` prompt tokens.
 
-    Whatever turn an item joined counts: an item inserted first (``previous_item_id: "root"``)
-    is the oldest and goes first. Two items always stay: the newest (what the next turn
-    answers; alone it may pass the budget, by at most one event's worth) and a response's
-    item while it is generated.
+    Images go first: older items' images become ``IMAGE_NOTE`` (the item keeps its words and
+    audio), oldest first; then the oldest items go. Whatever turn an item joined counts: an item
+    inserted first (``previous_item_id: "root"``) is the oldest and goes first. Two items always
+    stay whole: the newest (what the next turn answers; alone it may pass the budget, by at most
+    one event's worth) and a response's item while it is generated.
     """
     items, held, tokens = len(entries), 0, 0
     for entry in entries:
         held += entry.held_bytes()
         tokens += entry.prompt_tokens()
+
+    def over() -> bool:
+        return items > limits.max_items or held > limits.max_bytes or tokens > limits.max_prompt_tokens
+
+    for entry in evictable(entries):
+        if not over():
+            break
+        if isinstance(entry, UserEntry) and entry.images():
+            held, tokens = held - entry.held_bytes(), tokens - entry.prompt_tokens()
+            entry.drop_images()
+            held, tokens = held + entry.held_bytes(), tokens + entry.prompt_tokens()
     dropped: set[int] = set()
     for entry in evictable(entries):
-        if items <= limits.max_items and held <= limits.max_bytes and tokens <= limits.max_prompt_tokens:
+        if not over():
             break
         dropped.add(id(entry))
-        items -= 1
-        held -= entry.held_bytes()
-        tokens -= entry.prompt_tokens()
+        items, held, tokens = items - 1, held - entry.held_bytes(), tokens - entry.prompt_tokens()
     return [entry for entry in entries if id(entry) not in dropped] if dropped else entries
 
 
 def evictable(entries: list[Entry]) -> Iterator[Entry]:
-    """The items the budget may drop, in the order they go: oldest first, never the newest or
-    one being generated. (Parts that should go before older text, say images, go here.)"""
+    """The items the budget may shrink or drop, in the order they go: oldest first, never the
+    newest or one being generated."""
     for entry in entries[:-1]:
         if not (isinstance(entry, AssistantEntry) and entry.status == "in_progress"):
             yield entry
@@ -446,9 +489,14 @@ def checked_text(text: str | None, param: str, *, max_chars: int) -> str:
 
 
 def read_user_content(
-    content: list[ClientContentPart], *, input_audio_format: str, max_chars: int
+    content: list[ClientContentPart],
+    *,
+    input_audio_format: str,
+    max_chars: int,
+    images: Mapping[int, UserImage],
 ) -> tuple[tuple[ConversationItem, ...], list[ItemContent]]:
-    """A user message's parts (for the prompt) and its content (as echoed to the client)."""
+    """A user message's parts (for the prompt) and its content (as echoed to the client);
+    ``images``: the ``input_image`` parts by index, already read."""
     parts: list[ConversationItem] = []
     echoed: list[ItemContent] = []
     for index, part in enumerate(content):
@@ -468,9 +516,12 @@ def read_user_content(
             pcm16 = soxr.resample(pcm, rate, SPEECH_RATE).astype(np.float32)
             parts.append(UserAudio(pcm16))
             echoed.append(InputAudioContent(transcript=part.transcript))
+        elif part.type == "input_image" and index in images:
+            parts.append(images[index])
+            echoed.append(InputImageContent(detail=part.detail or "auto"))
         else:
             raise ProtocolError(
-                "invalid_value", f"A user message takes input_text or input_audio, not {part.type}.",
+                "invalid_value", f"A user message takes input_text, input_audio or input_image, not {part.type}.",
                 param=f"{param}.type",
             )
     return tuple(parts), echoed

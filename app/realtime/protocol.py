@@ -10,6 +10,10 @@ Extensions, clearly named and ignored by clients that do not know them:
 - ``response.done`` carries ``latency``: where the time from end of speech to first audio went
   (see ``ResponseLatency``).
 - sessions and ``response.create`` accept ``temperature`` (the beta name), like OpenAI's beta.
+- sessions carry ``video``: how camera frames (a WebRTC video track) join user turns
+  (``SessionVideo``); ``session.update`` may change it.
+- ``input_image`` content parts are echoed without their ``image_url`` (``null``): the server
+  keeps the image, sending megabytes back twice per item helps no one.
 """
 
 from __future__ import annotations
@@ -82,18 +86,24 @@ class _ClientEventBase(_ClientModel):
     event_id: str | None = None
 
 
+ImageDetail = Literal["low", "high", "auto"]
+
+
 class ClientContentPart(_ClientModel):
     """One part of a message the client creates.
 
-    ``input_text`` and ``input_audio`` (base64 PCM16 in the session's input format) for user
-    messages; ``output_text`` / ``text`` / ``output_audio`` (its ``transcript``) for assistant
-    messages seeded into the history.
+    ``input_text``, ``input_audio`` (base64 PCM16 in the session's input format) and
+    ``input_image`` (``image_url``: a PNG or JPEG data URL; ``detail``) for user messages;
+    ``output_text`` / ``text`` / ``output_audio`` (its ``transcript``) for assistant messages
+    seeded into the history.
     """
 
-    type: Literal["input_text", "input_audio", "output_text", "text", "output_audio", "audio"]
+    type: Literal["input_text", "input_audio", "input_image", "output_text", "text", "output_audio", "audio"]
     text: str | None = None
     audio: str | None = None
     transcript: str | None = None
+    image_url: str | None = None
+    detail: ImageDetail | None = None
 
 
 class ClientMessageItem(_ClientModel):
@@ -314,6 +324,12 @@ class InputAudioContent(_ServerModel):
     transcript: str | None = None  # set once input audio transcription completed (if the session asks)
 
 
+class InputImageContent(_ServerModel):
+    type: Literal["input_image"] = "input_image"
+    image_url: str | None = None  # never echoed (see the module docstring)
+    detail: ImageDetail | None = None  # as the client gave it; None for a camera frame
+
+
 class OutputTextContent(_ServerModel):
     type: Literal["output_text"] = "output_text"
     text: str
@@ -324,7 +340,7 @@ class OutputAudioContent(_ServerModel):
     transcript: str
 
 
-ItemContent = InputTextContent | InputAudioContent | OutputTextContent | OutputAudioContent
+ItemContent = InputTextContent | InputAudioContent | InputImageContent | OutputTextContent | OutputAudioContent
 ItemStatus = Literal["completed", "incomplete", "in_progress"]
 
 
@@ -397,6 +413,20 @@ class SessionAudio(_ServerModel):
     output: SessionAudioOutput
 
 
+class SessionVideo(_ServerModel):
+    """Extension: how frames of the call's video track (the camera) join user turns.
+
+    Frames are sampled ``speaking_fps`` times a second while the user speaks and ``idle_fps``
+    otherwise; a committed utterance takes the last ``frames_per_turn`` sampled while it was
+    spoken plus the last one before it, each scaled to at most ``max_pixels``.
+    """
+
+    speaking_fps: float
+    idle_fps: float
+    frames_per_turn: int
+    max_pixels: int
+
+
 class SessionObject(_ServerModel):
     """The full effective session, as ``session.created`` and ``session.updated`` carry it."""
 
@@ -416,6 +446,7 @@ class SessionObject(_ServerModel):
     audio: SessionAudio
     include: list[str] | None = None
     temperature: float  # extension (OpenAI's beta field): Qwen3-Omni samples with it
+    video: SessionVideo  # extension: camera frames (SessionVideo)
 
 
 # -- responses -----------------------------------------------------------------------------

@@ -243,7 +243,9 @@ def response_usage(usage: Usage) -> ResponseUsage:
         input_tokens=usage.input_tokens,
         output_tokens=usage.output_tokens,
         input_token_details=InputTokenDetails(
-            text_tokens=usage.input_text_tokens, audio_tokens=usage.input_audio_tokens
+            text_tokens=usage.input_text_tokens,
+            audio_tokens=usage.input_audio_tokens,
+            image_tokens=usage.input_image_tokens,
         ),
         output_token_details=OutputTokenDetails(
             text_tokens=usage.output_text_tokens, audio_tokens=usage.output_audio_tokens

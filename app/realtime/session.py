@@ -1,6 +1,7 @@
 """RealtimeSession: one conversation, transport-agnostic.
 
-In: 16 kHz float32 PCM (``push_audio``) and client events as JSON text (``handle_message``).
+In: 16 kHz float32 PCM (``push_audio``), client events as JSON text (``handle_message``) and
+camera frames (``add_video_frame``, sampled as ``video_plan`` says; ``app.realtime.camera``).
 Out: server events as JSON-ready dicts (``send``) and 24 kHz float32 PCM (``AudioOutput.write``).
 
 The session hears utterances end (server VAD, or semantic VAD: ``end_of_turn``) or takes client commits, runs one engine turn per
@@ -24,11 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from app.realtime.camera import TurnFrames
 from app.realtime.end_of_turn import SemanticVad
 from app.realtime.event_audio import acknowledge_playback, played_out
 from app.realtime.failures import failure_event
 from app.realtime.gate import EventGate
 from app.realtime.history import AssistantEntry, History
+from app.realtime.images import read_item_images
 from app.realtime.input_buffer import AppendDecoder, ManualBuffer
 from app.realtime.ledger import AudioOutput, PlaybackLedger
 from app.realtime.protocol import (
@@ -61,7 +64,10 @@ from app.realtime.session_config import SessionConfig, TurnDetection
 from app.realtime.transcription import Transcriptions
 from app.realtime.turn_taking import TurnActions, TurnTaking, detector_params
 from media.end_of_turn import EndOfTurnModel
+from media.frames import FramePlan, SampledFrame
 from media.vad import SpeechModel
+from pipeline.conversation import UserImage
+from pipeline.images import fitted_size
 from pipeline.turn import AudioChunk, Engine, EngineError, TextDelta, TurnDone, TurnRequest
 
 logger = logging.getLogger(__name__)
@@ -96,6 +102,7 @@ class RealtimeSession:
             max_bytes=self._config.max_event_bytes,
             per_second=self._config.max_events_per_second,
             burst=self._config.max_event_burst,
+            max_image_event_bytes=self._config.max_image_event_bytes,
         )
         self._conversation_id = new_id("conv")
         self._expires_at = int(time.time()) + SESSION_LIFETIME_S
@@ -103,13 +110,14 @@ class RealtimeSession:
             vad,
             detector_params(self._config.turn_detection or TurnDetection(), self._config.history),
             TurnActions(self._emit, self._commit_user_audio, self._busy, self._interrupt, self._respond_to_speech,
-                        self._semantic.submit),
+                        self._semantic.submit, speaking=self._user_speaking),
             session_id=self.session_id,
             on_ignored_speech=on_ignored_speech,
         )
         self._manual = ManualBuffer()
         self._appends = AppendDecoder()
         self._history = History()
+        self._frames = TurnFrames()
         self._response: Response | None = None  # generating, or queued behind a cancelling one
         self._tasks: set[asyncio.Task[None]] = set()
         self._ledger = PlaybackLedger()
@@ -145,6 +153,8 @@ class RealtimeSession:
         try:
             event = parse_client_event(raw)
             event_id = event.event_id
+            if not _carries_an_image(event) and (large := self._gate.refuse_large(_size(raw))) is not None:
+                raise ProtocolError(large.code, large.message)
             await self._dispatch(event)
         except ProtocolError as exc:
             self._emit(exc.to_event() if exc.event_id else exc.for_event(event_id).to_event())
@@ -166,6 +176,22 @@ class RealtimeSession:
             return
         self._turns.push(pcm, turn_detection)
 
+    def add_video_frame(self, frame: SampledFrame) -> None:
+        """One frame sampled from the call's camera; it joins the next committed utterance (or not)."""
+        if self._closed:
+            return
+        video = self._config.video
+        self._frames.add(UserImage(frame.data, frame.width, frame.height, video.max_pixels), video.frames_per_turn)
+
+    def video_plan(self) -> FramePlan | None:
+        """How often to sample the camera now and at what size; None: no frame is wanted now."""
+        video = self._config.video
+        fps = video.speaking_fps if self._frames.speaking else video.idle_fps
+        if self._closed or fps <= 0 or video.frames_per_turn == 0:
+            return None
+        max_pixels = video.max_pixels
+        return FramePlan(1.0 / fps, lambda width, height: fitted_size(width, height, max_pixels=max_pixels))
+
     async def close(self) -> None:
         """Cancel the running response and await every task; safe to call twice."""
         async with self._close_lock:
@@ -183,6 +209,8 @@ class RealtimeSession:
         return {
             "items": len(self._history),
             "audio_clips": self._history.audio_clip_count(),
+            "images": self._history.image_count(),
+            "camera_frames": len(self._frames),
             "playbacks": len(self._ledger),
             "tasks": len(self._tasks) + len(self._transcriptions),
             "manual_buffer_samples": self._manual.samples,
@@ -219,7 +247,7 @@ class RealtimeSession:
         elif isinstance(event, InputAudioBufferClearEvent):
             self._clear_input()
         elif isinstance(event, ConversationItemCreateEvent):
-            self._create_item(event)
+            await self._create_item(event)
         elif isinstance(event, ConversationItemDeleteEvent):
             self._delete_item(event)
         elif isinstance(event, ConversationItemTruncateEvent):
@@ -261,9 +289,17 @@ class RealtimeSession:
         self._turns.clear()
         self._emit(InputAudioBufferClearedEvent())
 
-    def _create_item(self, event: ConversationItemCreateEvent) -> None:
+    async def _create_item(self, event: ConversationItemCreateEvent) -> None:
+        images = {}
+        if event.item.role == "user":  # decoded in a worker thread; the history checks the rest
+            images = await read_item_images(event.item.content, max_bytes=self._config.max_image_bytes)
+            if self._closed:
+                return
         for server_event in self._history.create_item(
-            event, input_audio_format=self._config.input_audio_format, max_chars=self._config.max_text_chars
+            event,
+            input_audio_format=self._config.input_audio_format,
+            max_chars=self._config.max_text_chars,
+            images=images,
         ):
             self._emit(server_event)
         self._prune()
@@ -323,8 +359,16 @@ class RealtimeSession:
         """A response the server starts by itself, with the session's settings."""
         return Response.for_session(self._config, self._conversation_id, started_at, silence_wait_ms)
 
+    def _user_speaking(self, speaking: bool) -> None:
+        """Turn taking acts on the user's speech (True), or has committed or dropped it (False)."""
+        if speaking:
+            self._frames.speech_started()
+        else:
+            self._frames.speech_ended()
+
     def _commit_user_audio(self, item_id: str, pcm: np.ndarray) -> None:
-        for event in self._history.commit_audio(item_id, pcm):
+        images = self._frames.take(self._config.video.frames_per_turn)
+        for event in self._history.commit_audio(item_id, pcm, images):
             self._emit(event)
         self._transcriptions.transcribe(self._history.require(item_id), self._config.transcription)
         self._prune()
@@ -514,3 +558,13 @@ class RealtimeSession:
     def _emit(self, event: Any) -> None:
         if not self._closed:
             self._send(event.to_json())
+
+
+def _carries_an_image(event: ClientEvent) -> bool:
+    return isinstance(event, ConversationItemCreateEvent) and any(
+        part.type == "input_image" for part in event.item.content
+    )
+
+
+def _size(raw: str | bytes) -> int:
+    return len(raw.encode() if isinstance(raw, str) else raw)

@@ -26,10 +26,12 @@ from app.realtime.protocol import (
     SessionAudioInput,
     SessionAudioOutput,
     SessionObject,
+    SessionVideo,
     TranscriptionObject,
 )
 from media.turn_detection import EndOfTurnPolicy, TurnDetectionParams
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, HistoryLimits
+from pipeline.images import MIN_PIXELS
 from pipeline.turn import VOICES, TranscriptionHint, Voice
 
 Modality = Literal["audio", "text"]
@@ -57,6 +59,17 @@ END_OF_TURN_BY_EAGERNESS: dict[Eagerness, EndOfTurnPolicy] = {
     "high": EndOfTurnPolicy(candidate_ms=96, rescore_ms=320, threshold=0.5, max_wait_ms=800),
     "auto": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.75, max_wait_ms=1200),
 }
+# An image's pixel budget by OpenAI's ``detail``. "low" is 448 x 224 pixels, at most 98 tokens (a
+# 4:3 image is 352 x 256, 88 tokens: about what "low" costs on OpenAI's models, 85); it is also
+# the camera's default, because frames cost time to first audio: on the dev model 4 frames at
+# 88 tokens add 36% to a spoken turn's, at 192 tokens (448 x 448) 94% (tests/bench/README.md,
+# "vision"). "high" is about a megapixel (at most 980 tokens). "auto" lets the image keep what it
+# has up to "high": small images stay small (the processor never enlarges past 3,136 pixels).
+DETAIL_MAX_PIXELS = {"low": 100_352, "high": 1_003_520, "auto": 1_003_520}
+# session.video bounds: frames beyond these add prompt tokens, not understanding.
+MAX_VIDEO_FPS = 5.0
+MAX_FRAMES_PER_TURN = 16
+MAX_VIDEO_PIXELS = DETAIL_MAX_PIXELS["high"]
 _BETA_AUDIO_FORMATS: dict[str, AudioFormatType] = {
     "pcm16": "audio/pcm",
     "g711_ulaw": "audio/pcmu",
@@ -111,6 +124,25 @@ class InputTranscription:
 
 
 @dataclass(frozen=True)
+class VideoInput:
+    """``video`` (an extension): how camera frames join user turns.
+
+    LiveKit samples 1 fps while the user speaks and ~0.3 fps otherwise; OpenAI's own camera
+    example sends 1 fps. A committed utterance takes the last ``frames_per_turn`` frames sampled
+    while it was spoken plus the last one before it started, so a short "what is this?" still
+    sees what was in front of the camera.
+    """
+
+    speaking_fps: float = 1.0
+    idle_fps: float = 0.25
+    frames_per_turn: int = 4  # 0: camera frames never join a turn
+    max_pixels: int = DETAIL_MAX_PIXELS["low"]
+
+    def to_object(self) -> SessionVideo:
+        return SessionVideo(**dataclasses.asdict(self))
+
+
+@dataclass(frozen=True)
 class SessionConfig:
     instructions: str | None = None  # None: Qwen3-Omni's default speech system prompt
     voice: Voice = "ethan"
@@ -121,6 +153,7 @@ class SessionConfig:
     input_audio_format: AudioFormatType = "audio/pcm"  # of base64 audio in events (WebRTC uses Opus)
     output_audio_format: AudioFormatType = "audio/pcm"
     transcription: InputTranscription | None = None  # None: user audio is not transcribed
+    video: VideoInput = field(default_factory=VideoInput)
     # Server-side, not in the protocol:
     history: HistoryLimits = field(default_factory=HistoryLimits)
     max_text_chars: int = 16_000  # one input_text or the instructions; Settings.max_text_chars
@@ -129,11 +162,18 @@ class SessionConfig:
     max_event_bytes: int = 262_144
     max_events_per_second: float = 50.0
     max_event_burst: int = 100
+    # One input_image's bytes (decoded from its data URL); Settings.max_image_bytes.
+    max_image_bytes: int = 10_485_760
 
     @classmethod
     def from_session(cls, session: Mapping[str, Any], *, base: SessionConfig | None = None) -> SessionConfig:
         """A config from a (partial) session object: the ``session`` of an offer or client secret."""
         return (base or cls()).updated(session)
+
+    @property
+    def max_image_event_bytes(self) -> int:
+        """The largest client event: one image of ``max_image_bytes`` as base64, plus an ordinary event."""
+        return self.max_event_bytes + 4 * math.ceil(self.max_image_bytes / 3)
 
     @property
     def effective_instructions(self) -> str:
@@ -153,6 +193,7 @@ class SessionConfig:
             max_output_tokens="inf" if self.max_output_tokens is None else self.max_output_tokens,
             expires_at=expires_at,
             temperature=self.temperature,
+            video=self.video.to_object(),
             audio=SessionAudio(
                 input=SessionAudioInput(
                     format=_format_object(self.input_audio_format),
@@ -233,6 +274,8 @@ class _SessionReader:
             self._transcription(s["input_audio_transcription"], "session.input_audio_transcription")
         if "audio" in s:
             self._audio(s["audio"])
+        if "video" in s:
+            self._changes["video"] = _video(s["video"], self._base.video, "session.video")
         if "tools" in s and not isinstance(s["tools"], list):
             raise _invalid("session.tools", "must be an array")
         # tool_choice, tracing, truncation, prompt, include: accepted, and not implemented.
@@ -356,6 +399,32 @@ def _beta_format(value: Any, param: str) -> AudioFormatType:
     if not isinstance(value, str) or value not in _BETA_AUDIO_FORMATS:  # a list or object is unhashable
         raise _invalid(param, "must be 'pcm16', 'g711_ulaw' or 'g711_alaw'")
     return _BETA_AUDIO_FORMATS[value]
+
+
+def _video(value: Any, current: VideoInput, param: str) -> VideoInput:
+    """``video``: the fields given change, the others keep their current values."""
+    if not isinstance(value, Mapping):
+        raise _invalid(param, "must be an object")
+    changes: dict[str, Any] = {}
+    for key, low in (("speaking_fps", None), ("idle_fps", 0.0)):
+        if key in value:
+            fps = value[key]
+            valid = _is_number(fps) and fps <= MAX_VIDEO_FPS and (fps > 0 if low is None else fps >= low)
+            if not valid:
+                bound = "above 0" if low is None else "from 0"
+                raise _invalid(f"{param}.{key}", f"must be a number {bound} to {MAX_VIDEO_FPS:g}")
+            changes[key] = float(fps)
+    if "frames_per_turn" in value:
+        frames = value["frames_per_turn"]
+        if not _is_int(frames) or not 0 <= frames <= MAX_FRAMES_PER_TURN:
+            raise _invalid(f"{param}.frames_per_turn", f"must be an integer from 0 to {MAX_FRAMES_PER_TURN}")
+        changes["frames_per_turn"] = frames
+    if "max_pixels" in value:
+        pixels = value["max_pixels"]
+        if not _is_int(pixels) or not MIN_PIXELS <= pixels <= MAX_VIDEO_PIXELS:
+            raise _invalid(f"{param}.max_pixels", f"must be an integer from {MIN_PIXELS} to {MAX_VIDEO_PIXELS}")
+        changes["max_pixels"] = pixels
+    return dataclasses.replace(current, **changes)
 
 
 def _turn_detection(value: Any, param: str) -> TurnDetection | None:

@@ -93,6 +93,9 @@ class TurnActions:
     interrupt: Callable[[], None]  # barge-in: cancel, clear the output, truncate
     respond: Callable[[str, float, float], None]  # (item id, committed at, silence wait ms)
     check_end_of_turn: Callable[[EndOfTurnCheck], None] | None = None  # semantic VAD: score, then decide()
+    # True once the user's speech is acted on (speech_started sent), False once it is committed
+    # or dropped: the camera samples faster meanwhile and keeps the frames for the turn.
+    speaking: Callable[[bool], None] | None = None
 
 
 class TurnTaking:
@@ -163,6 +166,11 @@ class TurnTaking:
         self._speech_item_id = None
         self._user_speaking = False
         self._ignored_reported = False
+        self._tell_speaking(False)
+
+    def _tell_speaking(self, speaking: bool) -> None:
+        if self._act.speaking is not None:
+            self._act.speaking(speaking)
 
     def response_started(self, turn_detection: TurnDetection | None) -> None:
         self._idle_since_sample = None
@@ -189,6 +197,7 @@ class TurnTaking:
         self._act.emit(
             InputAudioBufferSpeechStartedEvent(audio_start_ms=event.audio_start_ms, item_id=self._speech_item_id)
         )
+        self._tell_speaking(True)
         if turn_detection.interrupt_response and self._act.busy():
             self._act.interrupt()
 
@@ -211,6 +220,7 @@ class TurnTaking:
             if not self._ignored_reported:
                 self._ignore(event.audio_start_ms)
             self._ignored_reported = False
+            self._tell_speaking(False)
             return
         committed_at = time.monotonic()
         item_id = self._speech_item_id or new_id("item")
@@ -223,6 +233,7 @@ class TurnTaking:
                 f"{event.audio_end_ms} ms is answered now; speech after that point is not part of this turn.",
             ).to_event())
         self._act.commit(item_id, event.pcm)
+        self._tell_speaking(False)
         if not turn_detection.create_response:
             return
         # The VAD committed when the silence wait ended: the input stream is there now (give or
@@ -263,6 +274,7 @@ class TurnTaking:
             self._speech_item_id = new_id("item")
             self._act.emit(InputAudioBufferSpeechStartedEvent(audio_start_ms=self._detector.audio_start_ms,
                                                               item_id=self._speech_item_id))
+            self._tell_speaking(True)
 
     def _maybe_time_out(self, turn_detection: TurnDetection) -> None:
         """idle_timeout_ms: no speech for that long after the assistant's audio ended prompts a response.

@@ -82,6 +82,11 @@ class ClientSecretStore:
             return None
         return secret
 
+    def is_valid(self, value: str) -> bool:
+        """Whether the secret would redeem now; it stays unused."""
+        secret = self._by_digest.get(_digest(value))
+        return secret is not None and secret.expires_at > self._clock()
+
     def _drop_expired(self) -> None:
         now = self._clock()
         for digest in [d for d, s in self._by_digest.items() if s.expires_at <= now]:
@@ -121,6 +126,23 @@ class Authenticator:
         token = _bearer_token(request)
         if not hmac.compare_digest(token.encode(), self._api_key):
             raise _unauthorized("Incorrect API key provided.", code="invalid_api_key")
+
+    def has_api_key(self, request: Request) -> bool:
+        """Whether the request carries the API key (False when none is configured)."""
+        token = bearer_token(request.headers.get("authorization", ""))
+        return self._api_key is not None and token is not None and hmac.compare_digest(token.encode(), self._api_key)
+
+    async def authorize_peek(self, request: Request) -> None:
+        """As for a call, but an ``ek_`` client secret is checked, not used up: the page fetches its
+        ICE servers with the secret it posts its offer with next."""
+        if self._api_key is None:
+            return
+        token = _bearer_token(request)
+        if hmac.compare_digest(token.encode(), self._api_key):
+            return
+        if token.startswith(CLIENT_SECRET_PREFIX) and self.secrets.is_valid(token):
+            return
+        raise _unauthorized("Incorrect API key or client secret provided.", code="invalid_api_key")
 
     async def authorize_call(self, request: Request) -> CallGrant:
         if self._api_key is None:

@@ -5,23 +5,36 @@ model), in whichever process carries it: the server process, or a media worker
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-
-from aiortc import RTCConfiguration
 
 from app.config import Settings
 from app.web.metrics import Metrics
 from app.webrtc.call import Call, SessionFactory
-from app.webrtc.ice import rtc_configuration
+from app.webrtc.ice import IceServer, rest_api_credentials, rtc_configuration
 from media.end_of_turn import SmartTurnModel, default_model_path
 
 logger = logging.getLogger(__name__)
 
 
-def call_rtc_configuration(settings: Settings) -> RTCConfiguration:
-    """The ICE servers every call uses; a bad URL raises ``ValueError`` naming it."""
-    credential = settings.turn_credential.get_secret_value() if settings.turn_credential else None
-    return rtc_configuration(settings.ice_servers, username=settings.turn_username, credential=credential)
+def ice_servers(settings: Settings, *, now: float | None = None) -> tuple[list[IceServer], int | None]:
+    """The STUN/TURN servers for one peer (the server's own, or a client's), TURN ones with credentials:
+    the static ones, or coturn REST credentials minted now. Also when minted ones expire (unix
+    seconds; None for static). A bad URL raises ``ValueError`` naming it."""
+    expires_at = None
+    username: str | None
+    credential: str | None
+    if settings.turn_secret is not None:
+        expires_at = int(time.time() if now is None else now) + settings.turn_ttl_s
+        username, credential = rest_api_credentials(settings.turn_secret.get_secret_value(), expires_at=expires_at)
+    else:
+        username = settings.turn_username
+        credential = settings.turn_credential.get_secret_value() if settings.turn_credential else None
+    servers = [
+        IceServer(url, username, credential) if url.lower().startswith(("turn:", "turns:")) else IceServer(url)
+        for url in settings.ice_servers
+    ]
+    return servers, expires_at
 
 
 def new_call(
@@ -37,7 +50,7 @@ def new_call(
     return Call(
         call_id=call_id,
         make_session=make_session,
-        configuration=call_rtc_configuration(settings),
+        configuration=rtc_configuration(ice_servers(settings)[0]),  # TURN credentials minted per call
         ice_loopback=settings.ice_loopback,
         connect_timeout_s=settings.connect_timeout_s,
         disconnect_timeout_s=settings.disconnect_timeout_s,

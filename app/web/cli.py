@@ -44,11 +44,23 @@ SERVE_FLAGS = {
     "max_sessions": "max_sessions",
     "media_workers": "media_workers",
     "disconnect_timeout": "disconnect_timeout_s",
+    "max_image_bytes": "max_image_bytes",
     "jitter_buffer": "jitter_buffer",
     "api_key": "api_key",
     "allow_unauthenticated_public": "allow_unauthenticated_public",
     "log_level": "log_level",
-    # Bounds for every caller (docs/HARDENING.md, issue 23 b)
+    # The edge: TLS, proxies, hosts, TURN credentials (docs/DEPLOY.md).
+    "ssl_certfile": "ssl_certfile",
+    "ssl_keyfile": "ssl_keyfile",
+    "tls": "tls",
+    "trusted_proxy": "trusted_proxies",
+    "allowed_host": "allowed_hosts",
+    "metrics_public": "metrics_public",
+    "ice_username": "turn_username",
+    "ice_credential": "turn_credential",
+    "turn_secret": "turn_secret",
+    "turn_ttl": "turn_ttl_s",
+    # Bounds for every caller (docs/HARDENING.md).
     "history_max_tokens": "history_max_tokens",
     "connect_timeout": "connect_timeout_s",
     "max_connecting_per_client": "max_connecting_per_client",
@@ -103,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--disconnect-timeout", type=float, metavar="SECONDS", help="end a call whose peer sent no media this long (default 10)")
     serve.add_argument(
+        "--max-image-bytes", type=int, metavar="BYTES", help="the largest input_image a client may send (default 10 MiB)"
+    )
+    serve.add_argument(
         "--jitter-buffer", action=argparse.BooleanOptionalAction, default=None,
         help="inbound audio through omni-rtc's jitter buffer: playout deadline, FEC and PLC (default on); "
         "--no-jitter-buffer: aiortc's own receive path",
@@ -115,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow a non-loopback --host without an API key",
     )
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    _add_edge_flags(serve)
     serve.add_argument(
         "--history-max-tokens", type=int, metavar="N",
         help="a conversation's prompt tokens after the system prompt, as estimated; past it the oldest items go (default 16000)",
@@ -140,6 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("--json", action="store_true", help="print one JSON document instead of lines")
     call.add_argument("--sessions", type=int, default=1, help="concurrent calls, each saying every WAV (default 1)")
     call.add_argument(
+        "--video", type=Path, metavar="FILE",
+        help="webrtc: send FILE as the camera, looped (a Y4M or other video, or a PNG/JPEG image)",
+    )
+    call.add_argument(
         "--transport", choices=["webrtc", "websocket"], default="webrtc",
         help="webrtc: POST /v1/realtime/calls and a media track (default); websocket: GET /v1/realtime, audio in events",
     )
@@ -149,11 +169,42 @@ def build_parser() -> argparse.ArgumentParser:
     )
     call.add_argument("--model", help="websocket: the ?model= to ask for (the server reports the model it serves)")
     call.add_argument("--ice-loopback", action="store_true", help="gather ICE candidates on 127.0.0.1 only")
-    call.add_argument("--ice-server", action="append", default=[], metavar="URL", help="STUN/TURN server URL; repeatable")
+    call.add_argument(
+        "--ice-server", action="append", metavar="URL",
+        help="STUN server URL instead of the server's (GET /v1/realtime/ice_servers, TURN credentials included); repeatable",
+    )
     call.add_argument("--session", type=json.loads, metavar="JSON", help='session config sent with the offer, e.g. \'{"max_output_tokens": 64}\'')
     call.add_argument("--api-key", help="bearer token: the server's API key or an ek_ client secret")
     call.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS", help="for connecting and for each turn (default 120)")
     return parser
+
+
+def _add_edge_flags(serve: argparse.ArgumentParser) -> None:
+    """TLS, proxies, hosts and TURN credentials: how the server meets the internet (docs/DEPLOY.md)."""
+    serve.add_argument("--ssl-certfile", type=Path, metavar="PEM", help="serve HTTPS/WSS with this certificate (chain)")
+    serve.add_argument("--ssl-keyfile", type=Path, metavar="PEM", help="the certificate's private key")
+    serve.add_argument(
+        "--tls", choices=["self-signed"],
+        help="self-signed: serve HTTPS with a certificate for this host's names and addresses, made once in the cache dir",
+    )
+    serve.add_argument(
+        "--trusted-proxy", action="append", metavar="ADDR/CIDR",
+        help="a reverse proxy whose X-Forwarded-For/-Proto are believed (needs an API key); repeatable",
+    )
+    serve.add_argument(
+        "--allowed-host", action="append", metavar="NAME",
+        help="a Host name to answer besides localhost and the bind address (*.example.org, or * for any); repeatable",
+    )
+    serve.add_argument(
+        "--metrics-public", action="store_const", const=True,
+        help="/metrics and /healthz's details without the API key",
+    )
+    serve.add_argument("--ice-username", help="username for the turn: URLs of --ice-server")
+    serve.add_argument("--ice-credential", help="credential for the turn: URLs of --ice-server")
+    serve.add_argument(
+        "--turn-secret", help="coturn's static-auth-secret: mint time-limited TURN credentials per call instead"
+    )
+    serve.add_argument("--turn-ttl", type=int, metavar="SECONDS", help="how long minted TURN credentials last (default 300)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,10 +231,16 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.web.server import create_app
+    from app.web.tls import serving_tls
     from app.web.websocket import websocket_server_options
 
+    tls = serving_tls(settings)
     uvicorn.run(
         create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+        # Forwarded headers are read by the app from --trusted-proxy peers only (app/web/edge.py);
+        # uvicorn's own reading would believe any client on 127.0.0.1, a same-host proxy included.
+        proxy_headers=False,
+        ssl_certfile=tls.certfile if tls else None, ssl_keyfile=tls.keyfile if tls else None,
         **websocket_server_options(settings),
     )
     return 0
@@ -215,6 +272,19 @@ async def _call(args: argparse.Namespace) -> int:
     if args.sessions < 1:
         print("omni-rtc call: --sessions must be at least 1", file=sys.stderr)
         return 2
+    if args.video is not None and args.transport != "webrtc":
+        print("omni-rtc call: --video needs --transport webrtc (a WebSocket carries no video)", file=sys.stderr)
+        return 2
+    if args.video is not None:
+        import av
+
+        from app.client.video_file import VideoFileTrack
+
+        try:
+            VideoFileTrack(args.video).stop()
+        except (OSError, ValueError, av.FFmpegError) as exc:
+            print(f"omni-rtc call: cannot read --video {args.video}: {exc}", file=sys.stderr)
+            return 2
     try:
         utterances = [(path, read_utterance(path)) for path in args.wav]
     except (OSError, RuntimeError) as exc:  # soundfile raises RuntimeError subclasses for bad files
@@ -254,12 +324,18 @@ async def _one_session(args: argparse.Namespace, index: int, utterances: list[tu
             ice_loopback=args.ice_loopback,
             ice_servers=args.ice_server,
             timeout_s=args.timeout,
+            video=args.video,
         )
     try:
         async with client:
             result["call"] = client.call_location
+            route = ""
+            if isinstance(client, RealtimeClient):  # which ICE candidates carry the media ("relay": via TURN)
+                pair = client.candidate_pair
+                result["candidate_pair"] = None if pair is None else {"local": pair.local, "remote": pair.remote}
+                route = "" if pair is None else f" (candidates: ours {pair.local}, the server's {pair.remote})"
             if not args.json:
-                print(f"session {index} connected: {client.call_location}", flush=True)
+                print(f"session {index} connected: {client.call_location}{route}", flush=True)
             for number, (path, pcm) in enumerate(utterances, start=1):
                 turn = await client.speak(pcm)
                 saved = out_dir / f"turn-{number}.wav"
@@ -273,12 +349,17 @@ async def _one_session(args: argparse.Namespace, index: int, utterances: list[tu
                     "audio_seconds": round(turn.audio_seconds, 3),
                     "audible_seconds": round(turn.audible_seconds, 3),
                     "latency_s": None if turn.latency_s is None else round(turn.latency_s, 3),
+                    "images": turn.images_shown,
                     "usage": turn.usage,
                     "output": str(saved),
                 }
                 result["turns"].append(summary)
                 if not args.json:
                     latency = "-" if turn.latency_s is None else f"{turn.latency_s:.2f} s"
+                    if turn.images_shown:
+                        image_tokens = turn.usage.get("input_token_details", {}).get("image_tokens")
+                        print(f"session {index} turn {number} camera: {turn.images_shown} frames, "
+                              f"{image_tokens} image tokens", flush=True)
                     if turn.user_transcript is not None:
                         print(f"session {index} turn {number} user said: {turn.user_transcript!r}", flush=True)
                     print(

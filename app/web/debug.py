@@ -4,8 +4,10 @@ The front (or only) process's figures at the top level; with media workers, ``wo
 each worker's own figures (``app.web.resources``), fetched over the workers' IPC, since a
 call's peer, session and tasks live in its worker.
 
-Answers only clients on loopback: the figures (open files, task count) help whoever
-probes for weaknesses, and a leak check runs on the server's own machine anyway.
+Answers a local client (``app.web.edge.is_local_client``: loopback, not a trusted proxy, no
+forwarding header: a proxy on this host also connects from 127.0.0.1), or the API key: the
+figures (open files, task count) help whoever probes for weaknesses, and a leak check runs on the
+server's own machine anyway.
 """
 
 from __future__ import annotations
@@ -14,19 +16,24 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from app.config import is_loopback_host
+from app.config import Settings
+from app.web.auth import Authenticator
+from app.web.edge import TrustedProxies, is_local_client
 from app.web.errors import ApiError
 from app.web.resources import process_resources
 
 
-def debug_router() -> APIRouter:
+def debug_router(settings: Settings, authenticator: Authenticator) -> APIRouter:
     router = APIRouter()
+    proxies = TrustedProxies(settings.trusted_proxies)
 
     @router.get("/debug/resources")
     async def resources(request: Request) -> dict[str, Any]:
-        client = request.client
-        if client is None or not is_loopback_host(client.host):
-            raise ApiError(403, "/debug/resources answers loopback clients only.", code="forbidden")
+        if not is_local_client(request, proxies) and not authenticator.has_api_key(request):
+            raise ApiError(
+                403, "/debug/resources answers clients on this machine that come through no proxy, or the API key.",
+                code="forbidden",
+            )
         figures = process_resources()
         runtime = getattr(request.app.state, "runtime", None)
         workers = runtime.workers if runtime is not None else None

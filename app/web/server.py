@@ -25,9 +25,12 @@ from app.config import Settings
 from app.realtime.protocol import ProtocolError
 from app.realtime.session_config import SessionConfig
 from app.web.auth import Authenticator, install_auth
-from app.web.calls import call_rtc_configuration, load_end_of_turn_model
+from app.web.calls import ice_servers, load_end_of_turn_model
 from app.web.debug import debug_router
+from app.web.edge import EdgeMiddleware
 from app.web.engines import MeteredEngine, StallTimeoutEngine
+from app.web.errors import ApiError
+from app.web.ice_servers import ice_servers_router
 from app.web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from app.web.metrics import Metrics
 from app.web.runtime import Runtime
@@ -48,7 +51,7 @@ SDP_CONTENT_TYPE = "application/sdp"
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     metrics = Metrics()
     authenticator = Authenticator(settings.api_key.get_secret_value() if settings.api_key else None)
-    call_rtc_configuration(settings)  # a bad ICE server URL fails here, at start-up, not per call
+    ice_servers(settings)  # a bad ICE server URL fails here, at start-up, not per call
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -80,7 +83,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 engine=serving, for_sessions=for_sessions, model=model, vad=vad, calls=calls,
                 end_of_turn=end_of_turn, workers=workers,
             )
-            logger.info("serving %s on http://%s:%d", model, settings.host, settings.port)
+            scheme = "https" if settings.tls or settings.ssl_certfile else "http"
+            logger.info("serving %s on %s://%s:%d", model, scheme, settings.host, settings.port)
             try:
                 yield
             finally:
@@ -102,7 +106,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     install_auth(app, authenticator, resolve_session)
     app.include_router(signaling_router(settings, authenticator, metrics, base_config))
     app.include_router(websocket_router(settings, authenticator, metrics, base_config))
-    app.include_router(debug_router())
+    app.include_router(ice_servers_router(settings, authenticator))
+    app.include_router(debug_router(settings, authenticator))
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -114,6 +119,12 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             expose_headers=["Location"],
             max_age=600,
         )
+    # Outermost: a request for a host this server does not answer is refused before anything else.
+    app.add_middleware(EdgeMiddleware, settings=settings)
+
+    def monitoring_details(request: Request) -> bool:
+        """/metrics and /healthz's details: for the API key when one is set (or --metrics-public)."""
+        return settings.metrics_public or not authenticator.enabled or authenticator.has_api_key(request)
 
     @app.get("/healthz")
     async def healthz(request: Request) -> JSONResponse:
@@ -138,6 +149,9 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         # Some engine of a pool restarting, or some worker not answering: degraded, but still
         # serving (200) while one engine is alive and one worker takes calls.
         healthy = alive and all(entry["alive"] for entry in engines) and all(worker["ready"] for worker in workers)
+        status_code = 200 if alive and placing else 503
+        if not monitoring_details(request):  # a load balancer's check needs the status only
+            return JSONResponse({"status": "ok" if healthy else "degraded"}, status_code=status_code)
         return JSONResponse(
             {
                 "status": "ok" if healthy else "degraded",
@@ -147,11 +161,16 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 "workers": workers,
                 "engine": engine,
             },
-            status_code=200 if alive and placing else 503,
+            status_code=status_code,
         )
 
     @app.get("/metrics")
     async def prometheus(request: Request) -> Response:
+        if not monitoring_details(request):
+            raise ApiError(
+                401, "/metrics needs the API key (or the server's --metrics-public).", type="authentication_error",
+                code="missing_credentials", headers={"WWW-Authenticate": "Bearer"},
+            )
         runtime = getattr(request.app.state, "runtime", None)
         workers = runtime.workers if runtime is not None else None
         return Response(
@@ -182,6 +201,7 @@ def _base_session_config(settings: Settings) -> SessionConfig:
         max_event_bytes=settings.max_event_bytes,
         max_events_per_second=settings.max_events_per_second,
         max_event_burst=settings.max_event_burst,
+        max_image_bytes=settings.max_image_bytes,
     )
 
 

@@ -26,6 +26,7 @@ from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
 from app.web.auth import Authenticator, CallGrant
 from app.web.calls import new_call
+from app.web.edge import OriginPolicy
 from app.web.errors import ApiError, logged_error, rate_limited
 from app.web.metrics import Metrics
 from app.web.runtime import runtime_of
@@ -35,6 +36,7 @@ from app.webrtc.call import CapacityError, ConnectingLimitError, OfferError, new
 logger = logging.getLogger(__name__)
 
 SDP_CONTENT_TYPE = "application/sdp"
+MULTIPART_CONTENT_TYPE = "multipart/form-data"
 # A multipart offer's boundaries and part headers (Content-Disposition, Content-Type): ~300 bytes
 # for the two parts browsers and OpenAI's SDKs send; 4 KiB leaves room for longer boundaries.
 MULTIPART_FRAMING_BYTES = 4_096
@@ -52,10 +54,12 @@ def signaling_router(
 ) -> APIRouter:
     """The calls routes; the runtime (engine, VAD, calls) is read per request from the app."""
     router = APIRouter()
+    origins = OriginPolicy(settings)
 
     @router.post("/v1/realtime/calls", status_code=201)
     async def create_call(request: Request, grant: CallGrant = Depends(authenticator.authorize_call)) -> Response:
         runtime = runtime_of(request)
+        _check_cross_site(request, grant, origins)
         offer, session = await _read_offer(request, settings)
         config = read_session_config({**(grant.session or {}), **(session or {})}, base_config)
         client = request.client.host if request.client is not None else None
@@ -168,17 +172,39 @@ def capacity_error(max_sessions: int) -> ApiError:
     )
 
 
-async def _read_offer(request: Request, settings: Settings) -> tuple[str, dict[str, Any] | None]:
-    """The SDP offer and the optional session config, from a raw or a multipart body."""
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type == "multipart/form-data":
-        return await _read_multipart_offer(request, settings)
-    if content_type not in ("", SDP_CONTENT_TYPE, "text/plain"):
+def _check_cross_site(request: Request, grant: CallGrant, origins: OriginPolicy) -> None:
+    """Refuses offers another site's page could post to a keyless server.
+
+    A browser posts ``application/sdp`` across origins only after a CORS preflight, which the
+    server answers for ``--cors-origin`` alone. ``text/plain``, no content type and
+    ``multipart/form-data`` are "simple" requests that any page may send without asking: the
+    first two are refused (OpenAI takes ``application/sdp`` too), multipart only from an allowed
+    ``Origin``. With a key the request carries a credential no other site has.
+    """
+    content_type = _content_type(request)
+    if content_type not in (SDP_CONTENT_TYPE, MULTIPART_CONTENT_TYPE):
+        shown = content_type or "no Content-Type"
         raise ApiError(
             415,
-            f"Send the offer as {SDP_CONTENT_TYPE} (or multipart/form-data with 'sdp' and 'session'), not {content_type}.",
+            f"Send the offer as {SDP_CONTENT_TYPE} (or multipart/form-data with 'sdp' and 'session'), not {shown}.",
             code="unsupported_media_type",
         )
+    if content_type == MULTIPART_CONTENT_TYPE and grant.via == "open":
+        if not origins.allows(request.headers.get("origin"), request.headers.get("host")):
+            raise ApiError(
+                403, "This origin may not place calls here; the server allows it with --cors-origin.",
+                code="origin_not_allowed",
+            )
+
+
+def _content_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+async def _read_offer(request: Request, settings: Settings) -> tuple[str, dict[str, Any] | None]:
+    """The SDP offer and the optional session config, from a raw or a multipart body."""
+    if _content_type(request) == MULTIPART_CONTENT_TYPE:
+        return await _read_multipart_offer(request, settings)
     body = await read_offer_body(request, max_bytes=settings.max_sdp_bytes)
     return check_offer_sdp(body, max_bytes=settings.max_sdp_bytes), None
 

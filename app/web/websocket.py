@@ -15,9 +15,11 @@ The same ``RealtimeSession`` as over WebRTC, on a different carrier:
 - Limits as over WebRTC: the event gate (size, rate), text length, ``--max-session-s`` (then
   ``session_expired`` and close), and ``--max-sessions`` shared with the WebRTC calls. A binary
   frame, or any bad event, is answered with an ``error`` event and the socket stays open. The
-  server runs without permessage-deflate and with frames of at most twice the event limit
-  (:func:`websocket_server_options`): an event over the limit gets ``event_too_large`` and pays
-  rate tokens by its size; a frame over twice the limit closes the socket with 1009.
+  server runs without permessage-deflate (:func:`websocket_server_options`), so a frame holds
+  what the client sent; frames over uvicorn's ``ws_max_size`` (``max_frame_bytes``: 32 MiB with
+  the default image limit) close it with 1009, as the server library does; frames up to it are
+  read, so an image too large for ``--max-image-bytes`` gets an ``error`` (a 20 MB photo is 27 MB
+  of base64), and every event pays rate tokens by its size.
 - A client that goes (close frame, dropped TCP, missed pings: uvicorn pings every 20 s) ends
   the session and its engine work; so does one that stops reading while
   ``MAX_PENDING_BYTES`` of events wait for it.
@@ -35,7 +37,6 @@ import logging
 import secrets
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
@@ -47,6 +48,7 @@ from app.realtime.protocol import ProtocolError
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
 from app.web.auth import Authenticator, CallGrant, bearer_token, missing_credentials
+from app.web.edge import OriginPolicy
 from app.web.errors import ApiError
 from app.web.metrics import CallMetrics, Metrics
 from app.web.runtime import Runtime
@@ -54,6 +56,18 @@ from app.web.signaling import capacity_error, read_session_config
 from app.webrtc.call import CapacityError, Session
 
 logger = logging.getLogger(__name__)
+
+# The least frame the server reads before closing with 1009: a 20 MiB photo is 27 MiB of base64,
+# and is answered with an error (uvicorn's own default is 16 MiB).
+MIN_MAX_FRAME_BYTES = 32 * 1024 * 1024
+
+
+def max_frame_bytes(settings: Settings) -> int:
+    """uvicorn's ``ws_max_size``: at least twice the largest image event, so that an image over the
+    limit is read and refused with an ``error``, not answered by a closed socket."""
+    largest_event = settings.max_event_bytes + 4 * -(-settings.max_image_bytes // 3)
+    return max(MIN_MAX_FRAME_BYTES, 2 * largest_event)
+
 
 # Browsers cannot set headers on a WebSocket; OpenAI takes the key as this subprotocol.
 API_KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
@@ -64,9 +78,6 @@ MAX_PENDING_BYTES = 16 * 1024 * 1024
 # How long queued events (the last deltas, session_expired) get to leave before the socket closes.
 FLUSH_TIMEOUT_S = 2.0
 CLOSE_CODES = {"client_not_reading": 1008, "server_shutdown": 1001}  # else 1000 (normal closure)
-# A frame may hold twice the event limit: an event somewhat over it is answered with
-# event_too_large (and the session goes on); a larger frame ends the socket (1009).
-MAX_FRAME_EVENTS = 2
 
 SocketSessionFactory = Callable[[AudioOutput, Callable[[dict[str, Any]], None]], Session]
 
@@ -250,9 +261,10 @@ def websocket_server_options(settings: Settings) -> dict[str, Any]:
     inflated to 0.67 GB before any size check could see them (RSS 824 MB); without it every
     byte the server holds was sent, and is counted. It saved a third of the bytes of audio
     appends (base64 PCM) and nine tenths of small JSON events: ~0.2 Mbit/s per session, which no
-    deployment here needs. ``ws_max_size`` bounds one frame as sent: twice the event limit.
+    deployment here needs. ``ws_max_size`` bounds one frame as sent (:func:`max_frame_bytes`);
+    uvicorn's reader holds one message at a time, pausing the socket until the app takes it.
     """
-    return {"ws_per_message_deflate": False, "ws_max_size": MAX_FRAME_EVENTS * settings.max_event_bytes}
+    return {"ws_per_message_deflate": False, "ws_max_size": max_frame_bytes(settings)}
 
 
 def websocket_router(
@@ -260,13 +272,14 @@ def websocket_router(
 ) -> APIRouter:
     """``GET /v1/realtime``; the runtime (engine, VAD, registry) is read per connection from the app."""
     router = APIRouter()
+    origins = OriginPolicy(settings)
 
     @router.websocket("/v1/realtime")
     async def realtime(websocket: WebSocket, model: str | None = None) -> None:
         offered = list(websocket.scope.get("subprotocols") or [])
         try:
             runtime = _runtime_of(websocket)
-            _check_origin(websocket, settings.cors_origins)
+            _check_origin(websocket, origins)
             grant = _authorize(websocket, authenticator, offered)
             config = read_session_config(grant.session or {}, base_config)
 
@@ -302,10 +315,10 @@ def _runtime_of(websocket: WebSocket) -> Runtime:
     return runtime
 
 
-def _check_origin(websocket: WebSocket, allowed: list[str]) -> None:
+def _check_origin(websocket: WebSocket, origins: OriginPolicy) -> None:
     """Browsers send ``Origin``; only this server's own and the ``--cors-origin`` ones may connect."""
     origin = websocket.headers.get("origin")
-    if origin is None or origin in allowed or urlsplit(origin).netloc == websocket.headers.get("host"):
+    if origins.allows(origin, websocket.headers.get("host")):
         return
     raise ApiError(
         403, f"Origin {origin!r} may not open sessions here; the server allows it with --cors-origin.",

@@ -3,6 +3,9 @@
 The session is transport-agnostic; a call gives it
 
 - the peer's audio (``media.inbound.InboundAudio`` on the remote track → ``push_audio``),
+- the peer's camera, when it offers a video track (VP8 or H.264, received only):
+  ``media.video.VideoSampler`` keeps the frames the session asks for (``video_plan``) and
+  hands them on (``add_video_frame``),
 - an output (``media.outbound.OutboundAudioTrack``, sent as the answer's audio track),
 - a ``send`` callback that puts each server event on the ``oai-events`` data channel as JSON
   (events sent before the peer opens the channel wait and go out, in order, on open),
@@ -33,14 +36,16 @@ from aiortc import MediaStreamTrack, RTCConfiguration, RTCDataChannel, RTCPeerCo
 from aiortc.exceptions import InternalError, InvalidAccessError, InvalidStateError, OperationError
 
 from app.realtime.protocol import EVENTS_CHANNEL, ProtocolError
-from app.webrtc.ice import loopback_candidates
+from app.webrtc.ice import loopback_candidates, missing_relay, selected_candidate_pair
 from app.webrtc.network import CallNetwork, NetworkObserver
 from app.webrtc.sdp import with_opus_inband_fec
+from media.frames import FramePlan, SampledFrame
 from media.inbound import InboundAudio
 from media.opus import OpusTrack
 from media.outbound import OutboundAudioTrack
 from media.pacing import PacingStats
 from media.playout import receive_audio
+from media.video import VideoSampler
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +69,8 @@ class Session(Protocol):
     async def start(self) -> None: ...
     async def handle_message(self, raw: str | bytes) -> None: ...
     def push_audio(self, pcm: np.ndarray) -> None: ...
+    def add_video_frame(self, frame: SampledFrame) -> None: ...
+    def video_plan(self) -> FramePlan | None: ...
     async def close(self) -> None: ...
     def on_playback_started(self) -> None: ...
     def on_playback_stopped(self) -> None: ...
@@ -133,6 +140,7 @@ class Call:
         self._pc: RTCPeerConnection | None = None
         self._session: Session | None = None
         self._inbound: InboundAudio | None = None
+        self._video: VideoSampler | None = None
         self._channel: RTCDataChannel | None = None
         self._pending_events: deque[str] = deque()
         self._messages: asyncio.Queue[str | bytes] = asyncio.Queue(MAX_QUEUED_MESSAGES)
@@ -183,6 +191,8 @@ class Call:
             raise OfferError("the SDP offer could not be parsed") from exc
         if not any(t.kind == "audio" for t in pc.getTransceivers()):
             raise OfferError("the SDP offer has no audio m-line; a call needs one (sendrecv or recvonly)")
+        if sum(t.kind == "video" for t in pc.getTransceivers()) > 1:
+            raise OfferError("the SDP offer has more than one video m-line; a call takes one camera (sendonly)")
         if pc.sctp is None:
             raise OfferError(
                 f"the SDP offer has no data channel (m=application); open one named {EVENTS_CHANNEL!r} before offering"
@@ -192,6 +202,12 @@ class Call:
         # aiortc gathers every candidate inside setLocalDescription, so the answer is complete.
         with loopback_candidates(self._ice_loopback):
             await pc.setLocalDescription(answer)
+        unrelayed = missing_relay(self._configuration, pc.localDescription.sdp)
+        if unrelayed:
+            logger.warning(
+                "call %s: no relay candidate from %s: the TURN server refused the credentials or is unreachable",
+                self.id, ", ".join(unrelayed),
+            )
 
         await session.start()
         self._network.start()
@@ -291,6 +307,8 @@ class Call:
         try:
             if self._inbound is not None:
                 self._resources.push_async_callback(self._inbound.close)
+            if self._video is not None:
+                self._resources.push_async_callback(self._video.close)
             await self._resources.aclose()
         finally:
             logger.info("call %s ended: %s", self.id, reason)
@@ -308,6 +326,10 @@ class Call:
             if not self._connected and self._on_connected is not None:
                 self._on_connected(self)
             self._connected = True
+            pair = selected_candidate_pair(self._pc)
+            # Which path the media takes: "relay" means through the TURN server (docs/DEPLOY.md).
+            logger.info("call %s: connected (candidates: ours %s, the peer's %s)", self.id,
+                        pair.local if pair else "unknown", pair.remote if pair else "unknown")
             self._wakeup.set()
         elif state in ("failed", "closed"):
             self.end(f"connection_{state}")
@@ -336,6 +358,12 @@ class Call:
             )
 
     def _on_track(self, track: MediaStreamTrack) -> None:
+        assert self._session is not None
+        if track.kind == "video" and self._video is None:
+            # aiortc queues every decoded frame for whoever reads the track: the sampler reads them all.
+            self._video = VideoSampler(track, plan=self._session.video_plan, on_frame=self._session.add_video_frame)
+            self._video.start()
+            return
         if track.kind != "audio" or self._inbound is not None:
             logger.warning("call %s: ignoring an extra %s track", self.id, track.kind)
             return

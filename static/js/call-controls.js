@@ -10,7 +10,8 @@ import { MicrophoneError } from "./microphone.js";
 const RECONNECT_DELAYS_MS = [1000, 2000, 4000, 8000, 16000];
 
 export class CallControls {
-  constructor({ view, transcript, signaling, sessionControls, hook, remoteAudio }) {
+  constructor({ view, transcript, signaling, sessionControls, hook, remoteAudio, camera }) {
+    this.camera = camera;
     this.view = view;
     this.transcript = transcript;
     this.signaling = signaling;
@@ -63,6 +64,7 @@ export class CallControls {
       view: this.view,
       hook: this.hook,
       remoteAudio: this.remoteAudio,
+      camera: this.camera,
       owner: this,
     });
     this.call = thisCall;

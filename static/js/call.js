@@ -17,7 +17,8 @@ export class Call {
    * `owner` hears of the call's life: callOpened(call) once the event channel opens,
    * callDropped(call, reason) when the connection is lost.
    */
-  constructor({ signaling, conversation, view, hook, remoteAudio, owner }) {
+  constructor({ signaling, conversation, view, hook, remoteAudio, camera, owner }) {
+    this.camera = camera;
     this.signaling = signaling;
     this.conversation = conversation;
     this.view = view;
@@ -47,13 +48,17 @@ export class Call {
     this.micStream = micStream;
     this.meter.start(micStream);
 
-    this.pc = new RTCPeerConnection();
+    // Asked for each call, after the microphone (whose prompt may wait long): TURN credentials are fresh.
+    const iceServers = await this.signaling.iceServers();
+    if (this.closed) return;
+    this.pc = new RTCPeerConnection({ iceServers });
     this.hook.pc = this.pc;
     this.pc.ontrack = (event) => {
       this.remoteAudio.srcObject = event.streams[0] ?? new MediaStream([event.track]);
     };
     this.pc.onconnectionstatechange = () => this.onConnectionState();
     for (const track of this.micStream.getAudioTracks()) this.pc.addTrack(track, this.micStream);
+    this.camera.attach(this.pc);  // sendonly video, the camera's track while it is on
 
     this.dc = this.pc.createDataChannel("oai-events");
     this.hook.dc = this.dc;
@@ -82,7 +87,10 @@ export class Call {
     clearInterval(this.statsTimer);
     clearTimeout(this.disconnectTimer);
     if (this.dc) this.dc.close();
-    if (this.pc) this.pc.close();
+    if (this.pc) {
+      this.camera.detach();
+      this.pc.close();
+    }
     if (this.micStream) for (const track of this.micStream.getTracks()) track.stop();
     // The server notices a closed peer connection by itself; telling it as well frees the
     // session at once, even when the close never reaches it (network gone).

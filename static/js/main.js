@@ -4,6 +4,7 @@
 // uses; the modules share no mutable globals. window.omniRtc is the test hook (test-hook.js).
 
 import { CallControls } from "./call-controls.js";
+import { Camera } from "./camera.js";
 import { SessionControls } from "./session-controls.js";
 import { AccessKey, Signaling } from "./signaling.js";
 import { installTestHook } from "./test-hook.js";
@@ -18,7 +19,9 @@ const accessKey = new AccessKey(elements.accessKey, localStorage);
 accessKey.restore();
 const signaling = new Signaling(accessKey, () => view.openAccessKey());
 const sessionControls = new SessionControls(elements);
+const camera = new Camera({ toggle: elements.cameraToggle, selfView: elements.selfView, view });
 const calls = new CallControls({
+  camera,
   view,
   transcript,
   signaling,
@@ -36,5 +39,6 @@ wireControls(elements, {
   applySession: () => sessionControls.apply(calls.call),
   sendText: (text) => calls.sendText(text),
   echoCancellationChanged: (enabled) => calls.switchMicrophone(enabled),
+  cameraChanged: (on) => camera.switchTo(on),
   pageHidden: () => calls.pageHidden(),
 });

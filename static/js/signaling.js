@@ -1,7 +1,10 @@
-// Signaling: the SDP offer POSTed to /v1/realtime/calls (answered with the SDP answer and, in
-// Location, the call's URL), the DELETE that ends a call, and the access key sent with both.
+// Signaling: the ICE servers to build the peer connection with, the SDP offer POSTed to
+// /v1/realtime/calls (answered with the SDP answer and, in Location, the call's URL), the DELETE
+// that ends a call, and the access key sent with each.
 
 const CALLS_URL = "/v1/realtime/calls";
+// omni-rtc's extension: STUN/TURN servers with fresh TURN credentials (404 elsewhere: none).
+const ICE_SERVERS_URL = "/v1/realtime/ice_servers";
 // The API key is remembered in this browser (localStorage) so a reload needs no retyping; an
 // ek_ client secret opens one call only, so it is not kept.
 const ACCESS_KEY_STORAGE = "omni-rtc.apiKey";
@@ -37,15 +40,32 @@ export class Signaling {
     this.onAccessKeyNeeded = onAccessKeyNeeded;
   }
 
+  /** The RTCIceServer list for a new peer connection; throws an Error whose message is for the person. */
+  async iceServers() {
+    const response = await this.request(ICE_SERVERS_URL, { headers: this.accessKey.authorization(), cache: "no-store" });
+    if (response.status === 404) return [];
+    const body = await this.checked(response, "The server refused its ICE servers");
+    return JSON.parse(body).ice_servers;
+  }
+
   /** The SDP answer and the call's URL; throws an Error whose message is for the person. */
   async postOffer(sdp) {
     const headers = { "Content-Type": "application/sdp", ...this.accessKey.authorization() };
-    let response;
+    const response = await this.request(CALLS_URL, { method: "POST", body: sdp, headers });
+    const body = await this.checked(response, "The server refused the call");
+    return { sdp: body, location: response.headers.get("Location") };
+  }
+
+  async request(url, options) {
     try {
-      response = await fetch(CALLS_URL, { method: "POST", body: sdp, headers });
+      return await fetch(url, options);
     } catch (error) {
       throw new Error(`Could not reach the server (${error.message}).`);
     }
+  }
+
+  /** The body of a successful response; else an Error that says what the person can do. */
+  async checked(response, refused) {
     const body = await response.text();
     if (response.status === 401) {
       this.onAccessKeyNeeded();
@@ -54,9 +74,9 @@ export class Signaling {
     if (!response.ok) {
       const retryAfter = response.headers.get("Retry-After");
       const wait = retryAfter ? ` Try again in ${retryAfter} s.` : "";
-      throw new Error(`The server refused the call (HTTP ${response.status}): ${errorMessageOf(body)}${wait}`);
+      throw new Error(`${refused} (HTTP ${response.status}): ${errorMessageOf(body)}${wait}`);
     }
-    return { sdp: body, location: response.headers.get("Location") };
+    return body;
   }
 
   // DELETE /v1/realtime/calls/{id}. 404: the server had already ended it. 401: a client secret

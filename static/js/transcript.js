@@ -58,7 +58,9 @@ export class Transcript {
         if (part.type === "input_text") return part.text;
         if (part.type === "input_audio") return part.transcript ?? this.userTexts.get(item.id) ?? "(voice message)";
         return "";
-      }).join(" ");
+      }).filter(Boolean).join(" ");
+      const images = parts.filter((part) => part.type === "input_image").length;
+      element.querySelector(".meta").textContent = images ? `${images} camera frame${images > 1 ? "s" : ""} seen` : "";
       element.classList.toggle(
         "voice",
         parts.some((part) => part.type === "input_audio" && part.transcript == null && !this.userTexts.has(item.id)),

@@ -25,6 +25,8 @@ export function findElements(document) {
     meterFill: byId("mic-meter-fill"),
     meter: byId("mic-meter"),
     echoCancellation: byId("echo-cancellation"),
+    cameraToggle: byId("camera-toggle"),
+    selfView: byId("self-view"),
     errors: byId("errors"),
     transcript: byId("transcript"),
     textForm: byId("text-form"),
@@ -124,7 +126,7 @@ export function describeServerError(error) {
 /**
  * Connects the page's controls to `actions`: connect(), reconnect(), hangUp(),
  * connectIfIdle(), accessKeyChanged(), applySession(), sendText(text) → true once sent,
- * echoCancellationChanged(enabled), pageHidden().
+ * echoCancellationChanged(enabled), cameraChanged(on), pageHidden().
  */
 export function wireControls(elements, actions) {
   elements.connect.addEventListener("click", () => actions.connect());
@@ -148,5 +150,6 @@ export function wireControls(elements, actions) {
   elements.echoCancellation.addEventListener("change", () => {
     actions.echoCancellationChanged(elements.echoCancellation.checked);
   });
+  elements.cameraToggle.addEventListener("change", () => actions.cameraChanged(elements.cameraToggle.checked));
   window.addEventListener("pagehide", () => actions.pageHidden());
 }

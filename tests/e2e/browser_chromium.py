@@ -1,4 +1,5 @@
-"""Debian's Chromium, headless, with a fake microphone that plays a WAV once.
+"""Debian's Chromium, headless, with a fake microphone that plays a WAV once (and, if asked, a fake
+camera that plays a Y4M video in a loop).
 
 Playwright drives the system browser (``/usr/bin/chromium``); ``playwright install`` is never
 needed. The flags keep Chromium off the network (no component updates, sync or QUIC probes)
@@ -51,17 +52,23 @@ def write_fake_microphone(path: Path, segments: Iterable[Path | Silence]) -> Pat
     return path
 
 
-async def launch_chromium(playwright: Playwright, *, microphone: Path | None) -> Browser:
+async def launch_chromium(
+    playwright: Playwright, *, microphone: Path | None, camera: Path | None = None, extra_args: Iterable[str] = ()
+) -> Browser:
     """Headless Chromium. With ``microphone``, getUserMedia is granted without a prompt and
     captures the WAV (played once, then silence); without it, no permission is granted, so a
-    page that asks for the microphone is refused."""
-    args = list(QUIET_ARGS)
+    page that asks for the microphone is refused. ``camera``: a Y4M file the fake camera plays
+    (looped); without it the fake camera shows Chromium's own test pattern. ``extra_args`` go
+    to Chromium as they are."""
+    args = [*QUIET_ARGS, *extra_args]
     if microphone is not None:
         args += [
             "--use-fake-ui-for-media-stream",
             "--use-fake-device-for-media-stream",
             f"--use-file-for-fake-audio-capture={microphone}%noloop",
         ]
+        if camera is not None:
+            args.append(f"--use-file-for-fake-video-capture={camera}")
     else:
         # A fake device still exists, so the refusal is the permission's, not a missing device.
         args += ["--use-fake-device-for-media-stream", "--deny-permission-prompts"]

@@ -65,11 +65,16 @@ def wait_for_sessions(base_url: str, expected: int, *, deadline_s: float = 60.0)
 
 
 @contextlib.asynccontextmanager
-async def serving_in_process(app: FastAPI, **options: Any) -> AsyncIterator[str]:
-    """Serves ``app`` with uvicorn on 127.0.0.1 in the running loop (``options``: more of
-    ``uvicorn.Config``'s); yields its base URL."""
+async def serving_in_process(app: FastAPI, **config: Any) -> AsyncIterator[str]:
+    """Serves ``app`` with uvicorn on 127.0.0.1 in the running loop; yields its base URL.
+
+    As ``omni-rtc serve`` runs it: uvicorn reads no forwarded header (the app does, from its
+    trusted proxies). ``config`` goes to uvicorn (``ssl_certfile``... for HTTPS).
+    """
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **options))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", proxy_headers=False, **config)
+    )
     serving = asyncio.create_task(server.serve())
     try:
         async with asyncio.timeout(30):
@@ -77,7 +82,7 @@ async def serving_in_process(app: FastAPI, **options: Any) -> AsyncIterator[str]
                 if serving.done():
                     serving.result()  # start-up failed: raise why
                 await asyncio.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
+        yield f"{'https' if config.get('ssl_certfile') else 'http'}://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         await serving

@@ -21,7 +21,9 @@ from pydantic import TypeAdapter
 
 from app.client.websocket import RealtimeSocketClient
 from app.web.cli import read_utterance
+from pipeline.images import image_tokens
 from tests.e2e.conftest import wait_for_sessions
+from tests.pictures import data_url, encoded
 
 pytestmark = pytest.mark.e2e
 
@@ -98,6 +100,69 @@ async def test_seed_style_two_spoken_turns_acknowledged_hold_the_first_in_the_se
     # Turn 2's prompt holds turn 1's utterance (audio tokens) and its answer as heard (text tokens).
     assert after["input_token_details"]["audio_tokens"] > before["input_token_details"]["audio_tokens"]
     assert after["input_tokens"] >= before["input_tokens"] + before["output_token_details"]["text_tokens"]
+    assert wait_for_sessions(server_url, 0) == 0
+
+
+def _noise_png(megabytes: float) -> bytes:
+    """A PNG of random pixels: it does not compress, so its size is its pixels' (~3 bytes each)."""
+    import io
+
+    from PIL import Image
+
+    side = int((megabytes * 1e6 / 3) ** 0.5) + 1
+    pixels = np.random.default_rng(0).integers(0, 256, size=(side, side, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG", compress_level=0)
+    return out.getvalue()
+
+
+async def test_openai_python_sdk_shows_an_image_and_bad_images_get_errors(server_url: str) -> None:
+    client = AsyncOpenAI(api_key="sk-unused", base_url=f"{server_url}/v1")
+    huge = _noise_png(20.1)
+    assert len(huge) > 20_000_000
+
+    async def next_of(connection: Any, *types: str) -> dict[str, Any]:
+        while True:
+            event = json.loads(await connection.recv_bytes())
+            SDK_SERVER_EVENT.validate_python(event)
+            if event["type"] in types:
+                return event
+
+    def user_item(*content: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "message", "role": "user", "content": list(content)}
+
+    async with client.realtime.connect(model="gpt-realtime") as connection:
+        await connection.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+        photo = {"type": "input_image", "image_url": data_url(encoded(640, 480, seed=1)), "detail": "low"}
+        await connection.conversation.item.create(item=user_item(photo, {"type": "input_text", "text": "What is it?"}))
+        added = await next_of(connection, "conversation.item.added", "error")
+        await connection.response.create()
+        shown = (await next_of(connection, "response.done"))["response"]
+
+        await connection.conversation.item.create(
+            item=user_item({"type": "input_image", "image_url": data_url(huge, "image/png")})
+        )
+        too_large = await next_of(connection, "error", "conversation.item.added")
+        await connection.conversation.item.create(
+            item=user_item({"type": "input_image", "image_url": "data:text/plain;base64,aGVsbG8sIHdvcmxk"})
+        )
+        not_an_image = await next_of(connection, "error", "conversation.item.added")
+
+        await connection.conversation.item.create(item=user_item({"type": "input_text", "text": "Still there?"}))
+        await connection.response.create()
+        after = (await next_of(connection, "response.done"))["response"]
+
+    assert [part["type"] for part in added["item"]["content"]] == ["input_image", "input_text"]
+    assert shown["status"] == "completed"
+    assert shown["usage"]["input_token_details"]["image_tokens"] == image_tokens(640, 480, 100_352) == 88
+    assert too_large["type"] == "error" and too_large["error"]["code"] == "event_too_large"
+    assert not_an_image["type"] == "error"
+    assert (not_an_image["error"]["code"], not_an_image["error"]["param"]) == (
+        "invalid_value", "item.content[0].image_url"
+    )
+    # The session went on: the next turn is answered, its prompt still holding the first image.
+    assert after["status"] == "completed"
+    assert after["usage"]["input_token_details"]["image_tokens"] == 88
     assert wait_for_sessions(server_url, 0) == 0
 
 

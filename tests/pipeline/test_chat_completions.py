@@ -23,8 +23,9 @@ from pipeline.chat_completions import (
     chat_request,
     read_chunk,
 )
-from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, AssistantText, Conversation, UserAudio, UserText
+from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, AssistantText, Conversation, UserAudio, UserImage, UserText
 from pipeline.turn import TranscriptionHint, TurnRequest
+from tests.pictures import encoded
 from tests.vllm_omni_replay import ANSWER_TEXT, SCHEMA_PATH, ReplayServer
 
 # Fields of our request that are not ChatCompletionRequest's own: vLLM keeps unknown fields
@@ -55,6 +56,9 @@ REQUESTS = {
         voice="aiden", temperature=0.6, max_output_tokens=200,
     ),
     "text-only answer": TurnRequest(Conversation(items=(UserText("Hello"),)), output_audio=False),
+    "camera frame and speech": TurnRequest(
+        Conversation(items=(UserImage(encoded(352, 256), 352, 256, 100_352), clip(1.0))),
+    ),
     "transcription": TurnRequest.transcription(clip(2.0), TranscriptionHint(language="de", prompt="Names: Qwen")),
 }
 
@@ -89,6 +93,15 @@ def test_history_goes_as_system_user_and_assistant_messages() -> None:
     assert body["modalities"] == ["text", "audio"] and body["speaker"] == "aiden"
     assert body["temperature"] == 0.6 and body["max_tokens"] == 200
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+
+
+def test_an_image_goes_as_an_image_url_data_url_before_the_audio() -> None:
+    body = chat_request(REQUESTS["camera frame and speech"])
+    parts = body["messages"][1]["content"]
+    assert [part["type"] for part in parts] == ["image_url", "input_audio"]
+    url = parts[0]["image_url"]["url"]
+    assert url.startswith("data:image/jpeg;base64,")
+    assert base64.b64decode(url.split(",", 1)[1]) == encoded(352, 256)
 
 
 def test_default_instructions_are_qwens_spoken_chat_prompt() -> None:

@@ -13,12 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
-from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
+from pipeline.conversation import AssistantText, Conversation, UserAudio, UserImage, UserText
 from pipeline.generation import DecodeBatch, GenerationParams, stream_turn
 from pipeline.prompt import PromptRenderer
 from pipeline.streaming import TextStream
 from pipeline.tokenizer import load_tokenizer
 from pipeline.turn import AudioChunk, TextDelta, TurnDone
+from tests.pictures import encoded
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SAMPLES_PER_FRAME = 1920
@@ -67,6 +68,23 @@ def inputs(dev_model_dir):
 def typed_inputs(dev_model_dir):
     """A conversation without audio: the Talker's positions take the plain (not multimodal) path."""
     conversation = Conversation(items=(UserText("hi there"), AssistantText("hello!"), UserText("how are you?")))
+    return PromptRenderer.from_pretrained(dev_model_dir).render(conversation)
+
+
+@pytest.fixture(scope="module")
+def image_inputs(dev_model_dir):
+    """Two images and a typed question: the Talker's positions place the images on the 3-D grid."""
+    images = tuple(UserImage(encoded(320, 240, seed=seed), 320, 240, 200_704) for seed in (1, 2))
+    conversation = Conversation(items=(*images, UserText("what changed?")))
+    return PromptRenderer.from_pretrained(dev_model_dir).render(conversation)
+
+
+@pytest.fixture(scope="module")
+def seen_and_heard_inputs(dev_model_dir):
+    """A camera frame before spoken audio, after one exchange."""
+    pcm, _ = sf.read(FIXTURES / "weather.wav", dtype="float32")
+    frame = UserImage(encoded(512, 384, seed=3), 512, 384, 200_704)
+    conversation = Conversation(items=(UserText("hello"), AssistantText("hi!"), frame, UserAudio(pcm)))
     return PromptRenderer.from_pretrained(dev_model_dir).render(conversation)
 
 
@@ -129,6 +147,8 @@ def reference(model, inputs, *, max_tokens: int, frames: int, eos_ids: list[int]
     audio = {}
     if inputs.input_features is not None:  # generate() cannot take None for these
         audio = {"input_features": inputs.input_features, "feature_attention_mask": inputs.feature_attention_mask}
+    if inputs.pixel_values is not None:
+        audio |= {"pixel_values": inputs.pixel_values, "image_grid_thw": inputs.image_grid_thw}
     recorder = Recorder(model)
     try:
         sequences, waveform = model.generate(
@@ -181,7 +201,7 @@ def assert_same_computation(events, recorder: Recorder, codes, reference_run, *,
     np.testing.assert_allclose(wave, reference_wave, rtol=0, atol=WAVEFORM_ATOL)
 
 
-@pytest.mark.parametrize("turn", ["inputs", "typed_inputs"])
+@pytest.mark.parametrize("turn", ["inputs", "typed_inputs", "image_inputs"])
 def test_greedy_stream_computes_what_generate_computes(model, tokenizer, turn, request):
     inputs = request.getfixturevalue(turn)
     reference_run = reference(model, inputs, min_tokens=12, max_tokens=12, frames=40, eos_ids=[IM_END, END_OF_TEXT])
@@ -671,5 +691,28 @@ def test_padded_rows_are_masked_with_eager_attention_too(dev_model_dir, tokenize
     }
     assert inputs.input_ids.shape[1] != history_inputs.input_ids.shape[1]
     events, _, _ = drive(model, tokenizer, plan)
+    for key, (_, turn_inputs, params) in plan.items():
+        assert_same_turn(events[key], run(model, tokenizer, turn_inputs, **params), atol=BATCH_WAVEFORM_ATOL)
+
+
+def test_usage_counts_the_image_tokens_apart_from_text_and_audio(model, tokenizer, seen_and_heard_inputs):
+    done = run(model, tokenizer, seen_and_heard_inputs, **greedy(max_output_tokens=3, output_audio=False))[-1]
+    assert done.usage.input_image_tokens == seen_and_heard_inputs.image_tokens == 192
+    assert done.usage.input_audio_tokens == seen_and_heard_inputs.audio_tokens > 0
+    assert done.usage.input_tokens == seen_and_heard_inputs.input_ids.shape[1]
+
+
+def test_image_turns_prefilled_with_others_equal_each_turn_alone(
+    model, tokenizer, inputs, image_inputs, seen_and_heard_inputs
+):
+    # Rows with images, audio, both: every row's patches reach its own <|image_pad|> positions.
+    fixed = {"adaptive_chunks": False}
+    plan = {
+        "spoken": (0, inputs, greedy(force_output_tokens=8, max_output_tokens=8, max_audio_frames=16, **fixed)),
+        "images": (0, image_inputs, greedy(force_output_tokens=8, max_output_tokens=8, max_audio_frames=16, **fixed)),
+        "both": (0, seen_and_heard_inputs, greedy(force_output_tokens=8, max_output_tokens=8, max_audio_frames=16, **fixed)),
+    }
+    events, rows_seen, _ = drive(model, tokenizer, plan)
+    assert rows_seen[0] == (3, 3)
     for key, (_, turn_inputs, params) in plan.items():
         assert_same_turn(events[key], run(model, tokenizer, turn_inputs, **params), atol=BATCH_WAVEFORM_ATOL)

@@ -16,10 +16,12 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat
 from media.rates import SPEECH_RATE
 from pipeline.conversation import (
     DEFAULT_SYSTEM_PROMPT,
+    IMAGE_NOTE,
     AssistantText,
     Conversation,
     HistoryLimits,
     UserAudio,
+    UserImage,
     UserText,
     asr_instruction,
     audio_tokens,
@@ -29,9 +31,12 @@ from pipeline.conversation import (
 from pipeline.prompt import PromptRenderer, ThinkerInputs
 from pipeline.tokenizer import load_tokenizer
 from pipeline.turn import TranscriptionHint, TurnRequest
+from tests.pictures import encoded
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 AUDIO_START_ID, AUDIO_END_ID, AUDIO_PAD_ID = 151669, 151670, 151675
+VISION_START_ID, VISION_END_ID, IMAGE_PAD_ID = 151652, 151653, 151655
+CAMERA_PIXELS = 200_704  # 448 x 448: a 512x384 frame is 16 x 12 = 192 tokens
 
 
 def _clip(seconds: float, seed: int = 0) -> UserAudio:
@@ -41,6 +46,10 @@ def _clip(seconds: float, seed: int = 0) -> UserAudio:
 
 def _audio_turn(seconds: float, answer: str, seed: int = 0) -> tuple:
     return (_clip(seconds, seed), AssistantText(answer))
+
+
+def _image(width: int = 512, height: int = 384, seed: int = 0, max_pixels: int = CAMERA_PIXELS) -> UserImage:
+    return UserImage(encoded(width, height, seed=seed), width, height, max_pixels)
 
 
 # --- bound_history: no model needed -------------------------------------------------------------
@@ -125,6 +134,23 @@ def _within(limits: HistoryLimits, turns) -> bool:
         and len(clips) <= limits.max_audio_clips
         and sum(clip.seconds for clip in clips) <= limits.max_audio_seconds
     )
+
+
+def test_bound_history_notes_the_images_of_older_turns_beyond_the_image_budget():
+    # Three past camera turns of 2 x 192 tokens; 800 tokens hold the newest two.
+    past = [(_image(seed=2 * i), _image(seed=2 * i + 1), _clip(1.0, seed=i), AssistantText(f"a{i}")) for i in range(3)]
+    current = (_image(seed=9), _image(seed=10), _image(seed=11), _clip(1.0, seed=9))
+    limits = HistoryLimits(max_image_tokens=800)
+    kept = bound_history(Conversation((*sum(past, ()), *current), limits=limits))
+    assert kept == (UserText(IMAGE_NOTE), *past[0][2:], *past[1], *past[2], *current)
+
+
+def test_bound_history_drops_images_before_audio():
+    # Over the image budget but within the audio budget: the old turn keeps its clip.
+    old = (_image(seed=1), _clip(1.0, seed=1), AssistantText("old"))
+    current = (_image(seed=2), _clip(1.0, seed=2))
+    kept = bound_history(Conversation((*old, *current), limits=HistoryLimits(max_image_tokens=100)))
+    assert kept == (UserText(IMAGE_NOTE), old[1], old[2], *current)
 
 
 # --- rendering with the dev checkpoint ----------------------------------------------------------
@@ -396,3 +422,55 @@ def test_transcription_request_is_text_only_greedy_and_bounded(renderer):
     assert request.max_output_tokens == 16 + 30
     with pytest.raises(ValueError, match="one audio clip"):
         renderer.render_request(TurnRequest(Conversation((_clip(1.0), _clip(1.0, 1))), task="transcribe"))
+
+
+def _image_spans(ids: list[int]) -> list[int]:
+    """Length of the <|image_pad|> run inside each <|vision_start|> ... <|vision_end|>."""
+    starts = [i for i, token in enumerate(ids) if token == VISION_START_ID]
+    ends = [i for i, token in enumerate(ids) if token == VISION_END_ID]
+    assert len(starts) == len(ends)
+    runs = []
+    for start, end in zip(starts, ends, strict=True):
+        assert set(ids[start + 1 : end]) == {IMAGE_PAD_ID}
+        runs.append(end - start - 1)
+    return runs
+
+
+def test_images_render_before_the_audio_as_the_chat_template_places_them(renderer, tokenizer):
+    inputs = renderer.render(Conversation((_image(seed=1), _image(seed=2), _clip(1.0), UserText("What is this?"))))
+    ids = _ids(inputs)
+    collapsed = [t for i, t in enumerate(ids) if t not in (AUDIO_PAD_ID, IMAGE_PAD_ID) or ids[i - 1] != t]
+    messages = [
+        {"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
+        {"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "audio"}, {"type": "text", "text": "What is this?"}]},
+    ]
+    template = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert tokenizer.decode(collapsed) == template
+
+
+def test_image_pads_equal_the_processors_patch_grid_and_the_image_budget(renderer):
+    images = (_image(512, 384, seed=1), _image(1600, 1200, seed=2, max_pixels=1_003_520), _image(40, 30, seed=3))
+    inputs = renderer.render(Conversation((*images, UserText("?"))))
+    grids = inputs.image_grid_thw.tolist()
+    # 512x384 as it is; 1600x1200 down to 1152x864 (within 1 MP); 40x30 up to 96x64 (3,136 px at least).
+    assert grids == [[1, 24, 32], [1, 54, 72], [1, 4, 6]]
+    assert _image_spans(_ids(inputs)) == [image.tokens for image in images] == [192, 972, 6]
+    assert inputs.image_tokens == _ids(inputs).count(IMAGE_PAD_ID) == 192 + 972 + 6
+    assert inputs.text_tokens == len(_ids(inputs)) - inputs.image_tokens
+    assert inputs.pixel_values.shape == (4 * inputs.image_tokens, 3 * 2 * 16 * 16)
+
+
+def test_rendered_images_run_through_the_vision_tower_into_the_thinker(renderer, thinker):
+    inputs = renderer.render(Conversation((_image(seed=1), _clip(1.0), AssistantText("A lamp."), _image(seed=2), UserText("And?"))))
+    with torch.no_grad():
+        features = thinker.get_image_features(inputs.pixel_values, inputs.image_grid_thw)
+        output = thinker(
+            input_ids=inputs.input_ids,
+            attention_mask=inputs.attention_mask,
+            input_features=inputs.input_features,
+            feature_attention_mask=inputs.feature_attention_mask,
+            pixel_values=inputs.pixel_values,
+            image_grid_thw=inputs.image_grid_thw,
+        )
+    assert [part.shape[0] for part in features.pooler_output] == _image_spans(_ids(inputs))
+    assert torch.isfinite(output.logits).all()

@@ -71,7 +71,7 @@ def test_parses_user_message_with_text_and_audio_parts():
         ),
         (
             '{"type": "conversation.item.create", "item": {"type": "message", "role": "user",'
-            ' "content": [{"type": "input_image"}]}, "event_id": "e9"}',
+            ' "content": [{"type": "input_video"}]}, "event_id": "e9"}',
             "invalid_value",
             "item.content[0].type",
         ),

@@ -39,6 +39,8 @@ def test_serve_takes_what_no_flag_gives_from_the_environment(monkeypatch):
         [],
         OMNI_RTC_ICE_LOOPBACK="true",
         OMNI_RTC_ICE_SERVERS="stun:127.0.0.1:3478, turn:127.0.0.1:3478?transport=udp",
+        OMNI_RTC_TURN_USERNAME="user",
+        OMNI_RTC_TURN_CREDENTIAL="password",
         OMNI_RTC_CORS_ORIGINS="https://a.example,https://b.example",
     )
     assert settings.ice_loopback is True

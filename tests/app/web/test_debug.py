@@ -5,6 +5,8 @@ from __future__ import annotations
 import httpx
 from fastapi import FastAPI
 
+from app.config import Settings
+from app.web.auth import Authenticator
 from app.web.debug import debug_router
 from app.web.errors import ApiError, api_error_handler
 
@@ -12,7 +14,7 @@ from app.web.errors import ApiError, api_error_handler
 def build_app() -> FastAPI:
     app = FastAPI()
     app.add_exception_handler(ApiError, api_error_handler)
-    app.include_router(debug_router())
+    app.include_router(debug_router(Settings(), Authenticator(None)))
     return app
 
 
@@ -39,4 +41,4 @@ async def test_loopback_client_gets_the_process_figures():
 async def test_other_clients_are_refused():
     response = await get_resources("192.0.2.7")
     assert response.status_code == 403
-    assert "loopback" in response.json()["error"]["message"]
+    assert response.json()["error"]["code"] == "forbidden"

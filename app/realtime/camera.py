@@ -1,0 +1,72 @@
+"""Camera frames for user turns: which sampled frames join the utterance being committed.
+
+The call samples its video track (``media.video.VideoSampler``) at the session's rates
+(``session.video``) and hands each kept frame to the session, which keeps them here. While the
+user speaks (from ``speech_started`` to the utterance's commit) the newest ``frames_per_turn``
+are kept; before that only the newest ``frames_per_turn + 1`` frames seen while idle. A commit
+``take``s the frames of its utterance, in time order: the last one seen before speech started,
+then those seen while it was spoken. A segment of a long utterance takes what arrived since
+the previous segment. A commit without speech detection (manual commits, the idle timeout)
+takes the newest idle frames. Frames never start a turn by themselves.
+
+Memory is bounded: at most ``frames_per_turn + 1`` JPEGs of at most the session's pixel budget.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from pipeline.conversation import UserImage
+
+
+class TurnFrames:
+    """The recent camera frames of one session and whether the user is speaking."""
+
+    def __init__(self) -> None:
+        self.speaking = False
+        self._idle: deque[UserImage] = deque()  # seen while not speaking, newest last
+        self._before: UserImage | None = None  # the last idle frame when speech started
+        self._during: deque[UserImage] = deque()  # seen while speaking, since speech or the last take
+
+    def __len__(self) -> int:
+        return len(self._idle) + len(self._during) + (self._before is not None)
+
+    def add(self, frame: UserImage, frames_per_turn: int) -> None:
+        if frames_per_turn == 0:
+            return
+        if self.speaking:
+            _push(self._during, frame, frames_per_turn)
+        else:
+            _push(self._idle, frame, frames_per_turn + 1)
+
+    def speech_started(self) -> None:
+        self.speaking = True
+        self._before = self._idle[-1] if self._idle else None
+        self._idle.clear()
+        self._during.clear()
+
+    def speech_ended(self) -> None:
+        """The utterance was committed or dropped: later frames are idle ones."""
+        self.speaking = False
+        self._before = None
+        self._during.clear()
+
+    def take(self, frames_per_turn: int) -> tuple[UserImage, ...]:
+        """The frames of the utterance being committed (see the module docstring), oldest first."""
+        if frames_per_turn == 0:
+            return ()
+        if self.speaking:
+            before = () if self._before is None else (self._before,)
+            taken = (*before, *list(self._during)[-frames_per_turn:])
+            self._before = None
+            self._during.clear()
+            return taken
+        taken = tuple(list(self._idle)[-(frames_per_turn + 1) :])
+        self._idle.clear()
+        return taken
+
+
+def _push(frames: deque[UserImage], frame: UserImage, keep: int) -> None:
+    frames.append(frame)
+    while len(frames) > keep:
+        frames.popleft()

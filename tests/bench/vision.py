@@ -1,0 +1,225 @@
+"""Camera frames in a spoken turn: what they cost the time to first audio, and what one frame costs
+the real vision tower.
+
+Run: .venv/bin/python tests/bench/vision.py [--frames 0 1 4 5] [--probes 5] [--threads 1]
+     [--encoder-frames 1 4] [--encoder-repeats 2] [--skip-encoder] [--out tests/bench/results/vision.json]
+
+sampling (media/video.py, one core): what keeping one camera frame costs the media worker:
+``encode_frame`` (swscale to the session's default budget, JPEG at quality 90) of a decoded
+640x480 and a 1280x720 YUV 4:2:0 frame, median of 20; it runs in a worker thread, never on the
+event loop.
+
+ttfa (dev model, CPU): one spoken turn (tests/fixtures/hello.wav after a short exchange) with N
+camera frames before the audio, as a committed utterance holds them: 640x480 frames fitted to
+the camera's default budget (512x384, 192 tokens each). Time to the first AudioChunk, *including*
+the prompt rendering (the engine renders each turn: image decoding, Qwen's image processor,
+the Whisper features), median of ``--probes`` turns cancelled right after their first audio,
+interleaved across N so that load on the machine hits every N alike. N = 0 is the turn without
+a camera; a default camera turn holds up to 5 (4 while speaking, 1 from before). Forced length
+16 tokens, 3 codec frames per token, seeded sampling, as tests/bench/ttfa.py.
+
+encoder (real config, random weights, CPU, float32): Qwen3-Omni-30B-A3B-Instruct's vision tower
+alone (``Qwen3OmniMoeVisionEncoder`` with the checkpoint's ``thinker_config.vision_config``:
+27 blocks of width 1152, 16 heads, MLP 4304, 16 px patches merged 2x2, out 2048 = the Thinker's
+width, deepstack after blocks 8/16/24; ~0.4 B parameters), fed 512x384 frames (768 patches, 192
+tokens each) ``--encoder-frames`` at a time: seconds per call and per frame, median of
+``--encoder-repeats``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import av
+import numpy as np
+import soundfile as sf
+import torch
+from harness import machine, write_report  # this folder: a script's is first on sys.path
+from PIL import Image
+from transformers import Qwen3OmniMoeForConditionalGeneration
+from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeVisionEncoderConfig
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeVisionEncoder
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from media.video import encode_frame  # noqa: E402
+from pipeline.conversation import AssistantText, Conversation, UserAudio, UserImage, UserText  # noqa: E402
+from pipeline.devmodel import ensure_dev_model  # noqa: E402
+from pipeline.generation import GenerationParams, stream_turn  # noqa: E402
+from pipeline.images import fit as fit_image  # noqa: E402
+from pipeline.images import fitted_size, probe  # noqa: E402
+from pipeline.prompt import PromptRenderer  # noqa: E402
+from pipeline.tokenizer import load_tokenizer  # noqa: E402
+from pipeline.turn import AudioChunk  # noqa: E402
+
+FIXTURES = REPO / "tests" / "fixtures"
+CAMERA_PIXELS = 100_352  # the session's default camera budget (app/realtime/session_config.py)
+TOKENS, FRAMES_PER_TOKEN = 16, 3
+# Qwen/Qwen3-Omni-30B-A3B-Instruct config.json, thinker_config.vision_config (the values that
+# differ from Qwen3OmniMoeVisionEncoderConfig's defaults are out_hidden_size, 3584 there).
+REAL_VISION_CONFIG = {
+    "depth": 27,
+    "hidden_size": 1152,
+    "hidden_act": "gelu_pytorch_tanh",
+    "intermediate_size": 4304,
+    "num_heads": 16,
+    "in_channels": 3,
+    "patch_size": 16,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "out_hidden_size": 2048,
+    "num_position_embeddings": 2304,
+    "deepstack_visual_indexes": [8, 16, 24],
+}
+
+
+def camera_frame(seed: int) -> UserImage:
+    """A 640x480 camera frame as the session keeps it: fitted to the default budget, JPEG."""
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, size=(480, 640, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG", quality=90)
+    data = out.getvalue()
+    fitted, width, height = fit_image(data, probe(data), CAMERA_PIXELS)
+    return UserImage(fitted, width, height, CAMERA_PIXELS)
+
+
+def spoken_turn(frames: int) -> Conversation:
+    pcm, _ = sf.read(FIXTURES / "hello.wav", dtype="float32")
+    images = tuple(camera_frame(seed) for seed in range(frames))
+    return Conversation(items=(UserText("hi there"), AssistantText("Hello! How can I help?"), *images, UserAudio(pcm)))
+
+
+def first_audio_seconds(model, tokenizer, renderer: PromptRenderer, conversation: Conversation) -> tuple[float, int]:
+    """Wall seconds from rendering the prompt to the first AudioChunk, and the prompt's image tokens."""
+    params = GenerationParams(
+        seed=0, force_output_tokens=TOKENS, max_output_tokens=TOKENS, max_audio_frames=FRAMES_PER_TOKEN * TOKENS
+    )
+    heard = False
+    started = time.perf_counter()
+    inputs = renderer.render(conversation)
+    for event in stream_turn(model, tokenizer, inputs, params, lambda: heard):
+        if isinstance(event, AudioChunk) and not heard:
+            first_audio = time.perf_counter() - started
+            heard = True
+    return first_audio, inputs.image_tokens
+
+
+def measure_ttfa(frame_counts: list[int], probes: int) -> list[dict]:
+    model_dir = ensure_dev_model(Path.home() / ".cache" / "omni-rtc")
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokenizer = load_tokenizer(model_dir)
+    renderer = PromptRenderer.from_pretrained(model_dir, tokenizer=tokenizer)
+    turns = {count: spoken_turn(count) for count in frame_counts}
+    for count in frame_counts:  # warm-up: first calls pay for lazy initialisation
+        first_audio_seconds(model, tokenizer, renderer, turns[count])
+    seconds: dict[int, list[float]] = {count: [] for count in frame_counts}
+    tokens: dict[int, int] = {}
+    for _ in range(probes):
+        for count in frame_counts:
+            elapsed, tokens[count] = first_audio_seconds(model, tokenizer, renderer, turns[count])
+            seconds[count].append(elapsed)
+    base = statistics.median(seconds[frame_counts[0]])
+    return [
+        {
+            "frames": count,
+            "image_tokens": tokens[count],
+            "first_audio_s": round(statistics.median(seconds[count]), 4),
+            "probes_s": [round(value, 4) for value in seconds[count]],
+            "vs_first": round(statistics.median(seconds[count]) / base, 3),
+        }
+        for count in frame_counts
+    ]
+
+
+def measure_encoder(frame_counts: list[int], repeats: int) -> list[dict]:
+    config = Qwen3OmniMoeVisionEncoderConfig(**REAL_VISION_CONFIG)
+    torch.manual_seed(0)
+    encoder = Qwen3OmniMoeVisionEncoder._from_config(config, dtype=torch.float32).eval()
+    parameters = sum(p.numel() for p in encoder.parameters())
+    width, height = fitted_size(640, 480, max_pixels=CAMERA_PIXELS)
+    patches_per_frame = (height // 16) * (width // 16)
+    patch_values = 3 * 2 * 16 * 16
+    rows = []
+    for count in frame_counts:
+        pixel_values = torch.randn(count * patches_per_frame, patch_values)
+        grid = torch.tensor([[1, height // 16, width // 16]] * count)
+        times = []
+        with torch.inference_mode():
+            encoder(pixel_values, grid_thw=grid)  # warm-up
+            for _ in range(repeats):
+                started = time.perf_counter()
+                output = encoder(pixel_values, grid_thw=grid)
+                times.append(time.perf_counter() - started)
+        call_s = statistics.median(times)
+        rows.append({
+            "frames": count,
+            "frame_size": f"{width}x{height}",
+            "tokens_per_frame": patches_per_frame // 4,
+            "output_shape": list(output.pooler_output.shape),
+            "call_s": round(call_s, 3),
+            "per_frame_s": round(call_s / count, 3),
+            "parameters": parameters,
+        })
+    return rows
+
+
+def measure_sampling(repeats: int = 20) -> list[dict]:
+    rows = []
+    for width, height in ((640, 480), (1280, 720)):
+        pixels = np.random.default_rng(0).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+        frame = av.VideoFrame.from_ndarray(pixels, format="rgb24").reformat(format="yuv420p")
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            sampled = encode_frame(frame, lambda w, h: fitted_size(w, h, max_pixels=CAMERA_PIXELS))
+            times.append(time.perf_counter() - started)
+        rows.append({
+            "frame": f"{width}x{height}",
+            "kept_as": f"{sampled.width}x{sampled.height}",
+            "jpeg_bytes": len(sampled.data),
+            "encode_ms": round(statistics.median(times) * 1000, 2),
+        })
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--frames", type=int, nargs="+", default=[0, 1, 4, 5])
+    parser.add_argument("--probes", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--encoder-frames", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--encoder-repeats", type=int, default=2)
+    parser.add_argument("--skip-encoder", action="store_true", help="only the dev-model TTFA")
+    parser.add_argument("--out", type=Path, default=REPO / "tests" / "bench" / "results" / "vision.json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    sampling = measure_sampling()
+    print("keeping one camera frame (scale + JPEG, media/video.py encode_frame), median of 20")
+    for row in sampling:
+        print(f"  {row['frame']:>9} -> {row['kept_as']:>7}: {row['encode_ms']:.2f} ms, {row['jpeg_bytes']} bytes")
+    ttfa = measure_ttfa(args.frames, args.probes)
+    print("dev model, one spoken turn, time to first audio (rendering included), median of", args.probes)
+    print(f"{'frames':>6} {'image tokens':>12} {'first audio s':>14} {'vs ' + str(args.frames[0]) + ' frames':>12}")
+    for row in ttfa:
+        print(f"{row['frames']:>6} {row['image_tokens']:>12} {row['first_audio_s']:>14.3f} {row['vs_first']:>12.2f}x")
+    encoder = [] if args.skip_encoder else measure_encoder(args.encoder_frames, args.encoder_repeats)
+    if encoder:
+        print(f"\nreal vision tower ({encoder[0]['parameters'] / 1e6:.0f} M parameters), CPU float32, "
+              f"{args.threads} thread(s), {encoder[0]['frame_size']} frames")
+        print(f"{'frames':>6} {'call s':>8} {'per frame s':>12}")
+        for row in encoder:
+            print(f"{row['frames']:>6} {row['call_s']:>8.3f} {row['per_frame_s']:>12.3f}")
+    report = {"machine": machine(threads=args.threads), "sampling": sampling, "ttfa": ttfa, "encoder": encoder}
+    write_report(args.out, report)
+
+
+if __name__ == "__main__":
+    main()
