@@ -336,8 +336,9 @@ def _history_tokens(renderer, items: tuple) -> int:
         (UserText(CHINESE), AssistantText(CHINESE[:200])),
         (UserText(COSTLY),),
         (_clip(3.3), UserText("what is this?"), AssistantText("a noise"), UserAudio(_clip(1.2).pcm, transcript="hi")),
+        (UserImage(encoded(448, 336), 448, 336, max_pixels=448 * 336), UserText("and this?")),
     ],
-    ids=["english", "chinese", "costliest-text", "audio"],
+    ids=["english", "chinese", "costliest-text", "audio", "image"],
 )
 def test_the_items_estimates_bound_the_prompt_they_render(renderer, items):
     """The session's budget holds for the real prompt: no item renders to more than it estimates."""

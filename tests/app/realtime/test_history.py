@@ -17,7 +17,8 @@ from app.realtime.history import (
 from app.realtime.ledger import Playback
 from app.realtime.protocol import ConversationItemCreateEvent, ProtocolError
 from media.rates import SPEECH_RATE
-from pipeline.conversation import AssistantText, HistoryLimits, UserAudio, UserText
+from pipeline.conversation import IMAGE_NOTE, AssistantText, HistoryLimits, UserAudio, UserImage, UserText
+from tests.pictures import encoded
 
 
 def user_audio(item_id: str, seconds: float = 1.0) -> UserEntry:
@@ -169,3 +170,12 @@ def test_the_budget_bounds_items_and_bytes_too():
     assert ids(within_budget(many, HistoryLimits(max_items=5))) == ids(many[-5:])
     clips = [user_audio(f"c{n}", 10) for n in range(4)]  # 640 KB of float32 PCM each
     assert ids(within_budget(clips, HistoryLimits(max_bytes=1_500_000))) == ["c2", "c3"]
+
+
+def test_the_budget_takes_older_items_images_before_any_item():
+    picture = UserImage(encoded(448, 448), 448, 448, max_pixels=448 * 448)  # 196 image tokens
+    shown = UserEntry("shown", (picture, UserText("look")), [])
+    entries = [shown, answer("a1"), user_text("u2"), answer("a2"), user_text("u3")]
+    budget = HistoryLimits(max_prompt_tokens=sum(entry.prompt_tokens() for entry in entries) - 100)
+    assert ids(within_budget(entries, budget)) == ids(entries)  # every item stays...
+    assert shown.parts == (UserText(IMAGE_NOTE), UserText("look"))  # ...the image became a note
