@@ -6,10 +6,9 @@ the session goes on.
 Events up to ``max_bytes`` cost one token of the rate's bucket. Larger ones cost one token per
 ``max_bytes`` they hold (at most a whole burst), so the bytes a session may make the server
 receive and measure per second stay bounded whatever the events' sizes. That holds for events
-refused as too large too: past ``max_image_event_bytes`` (room for one image,
-``conversation.item.create`` with an ``input_image``) an event is refused after it has paid,
-and one the bucket cannot pay for empties it. The session refuses a large event that turns out
-to carry no image, once parsed.
+refused as too large too: one past ``max_image_event_bytes`` (room for one image,
+``conversation.item.create`` with an ``input_image``) pays what the largest event would, then is
+refused unread. The session refuses a large event that turns out to carry no image, once parsed.
 """
 
 from __future__ import annotations
@@ -53,10 +52,10 @@ class EventGate:
         now = self._clock()
         self._tokens = min(self._burst, self._tokens + (now - self._refilled_at) * self._per_second)
         self._refilled_at = now
-        cost = min(self._burst, max(1, math.ceil(size / self._max_bytes)))
+        # What receiving it cost, as many events of max_bytes: one past the largest event the
+        # session takes pays as much as that one (it is refused unread; its frame was bounded).
+        cost = min(self._burst, max(1, math.ceil(min(size, self._max_image_event_bytes) / self._max_bytes)))
         if self._tokens < cost:
-            if cost > 1:  # a large event the bucket cannot pay for still takes what is left
-                self._tokens = 0.0
             return Rejection(
                 "rate_limit_exceeded",
                 f"More than {self._per_second:g} events per second (bursts of {self._burst}); "

@@ -151,10 +151,11 @@ def test_gate_rejects_past_the_burst_then_recovers_with_time():
     assert gate.admit("{}") is not None
 
 
-def test_gate_charges_oversized_events_to_the_rate_by_their_size():
-    gate = EventGate(max_bytes=10, per_second=10, burst=3, clock=FakeClock())
-    refused = gate.admit("x" * 25)  # three events' worth: it empties the bucket, and is refused
+def test_gate_charges_every_event_by_its_size_the_refused_too():
+    gate = EventGate(max_bytes=10, per_second=10, burst=5, max_image_event_bytes=30, clock=FakeClock())
+    refused = gate.admit("x" * 1_000)  # past the largest event: pays as the largest (3), unread
     assert refused is not None and refused.code == "event_too_large"
+    assert gate.admit("{}") is None and gate.admit("{}") is None  # the 2 tokens left
     refused = gate.admit("{}")
     assert refused is not None and refused.code == "rate_limit_exceeded"
 
