@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# The OpenAI Agents JS SDK for tests/e2e/test_tools.py, pinned by its package-lock.json.
+SDK_DIR := tests/e2e/sdk
+SDK_STAMP := $(SDK_DIR)/node_modules/.installed
 
 .PHONY: serve test bench system-deps dev-model fixtures turn-model
 
@@ -23,10 +26,15 @@ serve: $(STAMP)
 	scripts/system-deps.sh serve
 	$(VENV)/bin/omni-rtc serve $(ARGS)
 
-test: $(STAMP) system-deps turn-model
+test: $(STAMP) system-deps turn-model $(SDK_STAMP)
 	$(VENV)/bin/ruff check app media pipeline tests scripts
 	$(VENV)/bin/mypy
 	scripts/run-offline.sh $(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# Only the SDK's self-contained browser build is used: no install scripts need to run.
+$(SDK_STAMP): $(SDK_DIR)/package.json $(SDK_DIR)/package-lock.json | system-deps
+	npm ci --prefix $(SDK_DIR) --ignore-scripts --no-audit --no-fund
+	touch $(SDK_STAMP)
 
 # semantic_vad's end-of-turn model, from the pipecat-ai wheel on PyPI (the venv build runs it too).
 turn-model: $(STAMP)

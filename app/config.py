@@ -15,7 +15,7 @@ from pipeline.worker import usable_cores  # the engine sizes its threads by the 
 
 # Settings of the in-process engine, which do nothing when turns run on vLLM-Omni servers (engine_urls).
 LOCAL_ENGINE_SETTINGS = frozenset(
-    {"device", "engines", "max_batch", "dtype", "generation", "engine_threads", "attn_implementation"}
+    {"device", "engines", "max_batch", "dtype", "generation", "engine_threads", "attn_implementation", "dev_replies"}
 )
 
 
@@ -31,6 +31,19 @@ def is_loopback_host(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:  # any other hostname may resolve to a public address
         return False
+
+
+def load_dev_replies(path: Path | None) -> tuple[str, ...]:
+    """The replies of a ``--dev-replies`` file: a JSON list of answer texts (``ValueError`` naming it)."""
+    if path is None:
+        return ()
+    try:
+        replies = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"dev_replies: cannot read {path} as JSON ({type(exc).__name__})") from None
+    if not isinstance(replies, list) or not all(isinstance(reply, str) for reply in replies):
+        raise ValueError(f"dev_replies: {path} must hold a JSON list of answer texts")
+    return tuple(replies)
 
 
 class Settings(BaseSettings):
@@ -60,12 +73,15 @@ class Settings(BaseSettings):
     max_batch: int = Field(8, ge=1)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     seed: int | None = None  # makes turns reproducible
-    # pipeline.generation.GenerationParams fields for every turn (JSON in the environment), e.g.
+    # pipeline.params.GenerationParams fields for every turn (JSON in the environment), e.g.
     # {"max_audio_frames": 250} caps an answer at 20 s of speech (12.5 codec frames per second).
     generation: dict[str, Any] = Field(default_factory=dict)
     engine_threads: int | None = Field(None, ge=1)  # torch CPU threads in the engine process
     # from_pretrained's attention kernels; None: transformers' default (sdpa). docs/MODEL.md.
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] | None = None
+    # A JSON list of answer texts the model says, one per response of each session, then its own:
+    # for the dev model in tests and demos (make it call a tool); it scripts any checkpoint.
+    dev_replies: Path | None = None
     # vLLM-Omni servers to run turns on instead of the in-process engine (pipeline/remote.py): their
     # API base URLs, e.g. http://gpu-1:8091/v1; each turn goes to the least loaded reachable one.
     # With them, `model` is the served model name sent with each turn (None: the server's own).
@@ -175,6 +191,11 @@ class Settings(BaseSettings):
                 f"engines={self.engines} with device={self.device!r}: a device list runs one engine per "
                 "device; give either a list or engines"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _readable_dev_replies(self) -> Settings:
+        load_dev_replies(self.dev_replies)  # read again where it is used: checked here, at start
         return self
 
     @model_validator(mode="after")

@@ -23,6 +23,10 @@ The request (:func:`chat_request`):
   deploy defaults with the sampling fields a request sets explicitly, ``max_tokens`` among them
   (``max_completion_tokens`` is not); the Talker and Code2Wav keep their deploy defaults.
 - ``stream: true`` with ``stream_options.include_usage``: the usage chunk comes last.
+- Function calling is not carried (*decided*, docs/VLLM_OMNI.md): tools offered with
+  ``tool_choice`` ``auto`` are left out (the model answers without calling, as before tools
+  were read at all); a turn that must call (``required``, a named function) or holds function
+  calls or outputs is refused (:class:`ToolsUnsupported`).
 
 The stream (:func:`read_chunk`): server-sent events, each ``data:`` one JSON chunk, then
 ``data: [DONE]``. A chunk's top-level ``modality`` says what ``choices[0].delta.content`` holds:
@@ -50,12 +54,15 @@ from media.rates import SPEECH_RATE, VOICE_RATE
 from pipeline.conversation import (
     AssistantText,
     ConversationItem,
+    FunctionCall,
+    FunctionOutput,
     UserAudio,
     UserImage,
     UserText,
     asr_instruction,
     bound_history,
 )
+from pipeline.tool_format import offers_tools
 from pipeline.turn import TranscriptionHint, TurnRequest
 
 DONE = "[DONE]"
@@ -90,7 +97,15 @@ def encode_chat_request(request: TurnRequest, *, model: str | None = None, seed:
     return json.dumps(chat_request(request, model=model, seed=seed), ensure_ascii=False).encode()
 
 
+class ToolsUnsupported(ValueError):
+    """A turn with function calling, which this client does not carry to vLLM-Omni."""
+
+
 def _messages(request: TurnRequest) -> list[dict[str, Any]]:
+    conversation = request.conversation
+    must_call = offers_tools(conversation.tools, conversation.tool_choice) and conversation.tool_choice.mode != "auto"
+    if must_call or any(isinstance(item, FunctionCall | FunctionOutput) for item in conversation.items):
+        raise ToolsUnsupported("function calling is not carried to vLLM-Omni servers")
     if request.task == "transcribe":
         clips = [item for item in request.conversation.items if isinstance(item, UserAudio)]
         if len(clips) != 1 or len(request.conversation.items) != 1:
@@ -100,7 +115,6 @@ def _messages(request: TurnRequest) -> list[dict[str, Any]]:
         hint = request.hint or TranscriptionHint()
         system = [{"role": "system", "content": hint.prompt}] if hint.prompt else []
         return [*system, _user_message([UserAudio(clips[0].pcm), UserText(asr_instruction(hint.language))])]
-    conversation = request.conversation
     messages: list[dict[str, Any]] = [{"role": "system", "content": conversation.system_prompt}]
     user_items: list[ConversationItem] = []
     for item in bound_history(conversation):

@@ -7,8 +7,9 @@ client (``pipeline.chat_completions``) render the same conversation.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -178,11 +179,117 @@ class AssistantText:
         return text_tokens_bound(self.text)
 
 
-ConversationItem = UserAudio | UserText | UserImage | AssistantText
+@dataclass(frozen=True)
+class FunctionCall:
+    """A function the assistant called: Qwen renders it in the assistant's message.
+
+    ``arguments`` is the JSON text as the model (or the client that created the item) wrote
+    it; ``call_id`` pairs it with its output for the history bound, never for the prompt
+    (Qwen matches outputs to calls by position).
+    """
+
+    call_id: str
+    name: str
+    arguments: str
+
+    def prompt_tokens(self) -> int:
+        """At most this many prompt tokens: its ``<tool_call>`` block in an assistant message."""
+        from pipeline.tool_format import call_text  # which imports this module
+
+        return ASSISTANT_MESSAGE_TOKENS + text_tokens_bound(call_text(self, newline_before=True))
+
+    def held_bytes(self) -> int:
+        return text_tokens_bound(self.name) + text_tokens_bound(self.arguments)
+
+
+@dataclass(frozen=True)
+class FunctionOutput:
+    """What a function call returned, given back by the client: Qwen's ``<tool_response>``."""
+
+    call_id: str
+    output: str
+
+    def prompt_tokens(self) -> int:
+        """At most this many prompt tokens: its ``<tool_response>`` block in a user message."""
+        from pipeline.tool_format import output_text  # which imports this module
+
+        return USER_MESSAGE_TOKENS + text_tokens_bound(output_text(self))
+
+    def held_bytes(self) -> int:
+        return text_tokens_bound(self.output)
+
+
+ConversationItem = UserAudio | UserText | UserImage | AssistantText | FunctionCall | FunctionOutput
 
 # What stands in the prompt for an image of an older turn once images no longer fit the history's
 # image budget: the model knows one was shown, the prompt does not pay for its pixels.
 IMAGE_NOTE = "(an image was shown here)"
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may call (OpenAI's ``function`` tool): its JSON-schema ``parameters``."""
+
+    name: str
+    description: str | None = None
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """``auto``: the model decides; ``none``: no tools in the prompt; ``required``: some call;
+    ``function``: a call of ``name``."""
+
+    mode: Literal["auto", "none", "required", "function"] = "auto"
+    name: str | None = None
+
+
+# What ``group_turns`` needs to know of an item: whether it is an answer (which ends a turn),
+# or the call id it calls or answers (a function call, or its output).
+ItemRole = tuple[Literal["answer", "call", "output", "other"], str | None]
+
+T = TypeVar("T")
+
+
+def group_turns(items: Sequence[T], role: Callable[[T], ItemRole]) -> tuple[list[list[T]], list[T]]:
+    """Past turns and the items after the last one (the turn being answered).
+
+    A turn runs up to and including an answer; function calls and their outputs never end
+    one. A call and its output always share a turn: when an output comes in a later turn than
+    its call (the user spoke before the client returned it), the turns from the call's to the
+    output's are one. Pruning and the history bound keep or drop whole turns, so a call is
+    never kept without its output, or an output without its call.
+    """
+    turns: list[list[T]] = []
+    pending: list[T] = []
+    for item in items:
+        pending.append(item)
+        if role(item)[0] == "answer":
+            turns.append(pending)
+            pending = []
+    merged: list[list[T]] = []
+    calls: list[set[str]] = []  # call ids made in each merged turn
+    for turn in turns:
+        made = {call_id for kind, call_id in map(role, turn) if kind == "call" and call_id is not None}
+        answered = {call_id for kind, call_id in map(role, turn) if kind == "output" and call_id is not None}
+        first = next((index for index, ids in enumerate(calls) if ids & answered), len(merged))
+        for index in range(len(merged) - 1, first - 1, -1):  # fold the turns since the call into this one
+            turn = merged.pop(index) + turn
+            made |= calls.pop(index)
+        merged.append(turn)
+        calls.append(made)
+    return merged, pending
+
+
+def item_role(item: ConversationItem) -> ItemRole:
+    """A conversation item's part in ``group_turns``."""
+    if isinstance(item, AssistantText):
+        return ("answer", None)
+    if isinstance(item, FunctionCall):
+        return ("call", item.call_id)
+    if isinstance(item, FunctionOutput):
+        return ("output", item.call_id)
+    return ("other", None)
 
 
 @dataclass(frozen=True)
@@ -230,6 +337,8 @@ class Conversation:
     items: tuple[ConversationItem, ...] = ()
     instructions: str | None = None
     limits: HistoryLimits = field(default_factory=HistoryLimits)
+    tools: tuple[Tool, ...] = ()  # rendered in the system message unless tool_choice is "none"
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
 
     @property
     def system_prompt(self) -> str:
@@ -240,18 +349,11 @@ Turn = tuple[ConversationItem, ...]
 
 
 def split_turns(items: Sequence[ConversationItem]) -> tuple[list[Turn], Turn]:
-    """Past turns (user items up to and including the next assistant item) and the current one.
-
-    The current turn is the user items after the last assistant item: the turn being answered.
-    """
-    turns: list[Turn] = []
-    pending: list[ConversationItem] = []
-    for item in items:
-        pending.append(item)
-        if isinstance(item, AssistantText):
-            turns.append(tuple(pending))
-            pending = []
-    return turns, tuple(pending)
+    """Past turns (items up to and including the next assistant answer, a function call kept
+    with its output: ``group_turns``) and the current one, the items after the last answer:
+    the turn being answered."""
+    turns, pending = group_turns(items, item_role)
+    return [tuple(turn) for turn in turns], tuple(pending)
 
 
 def bound_history(conversation: Conversation) -> tuple[ConversationItem, ...]:

@@ -20,6 +20,7 @@ class DecoderStack:
         self.layers = list(text_model.layers)
         self.norm = text_model.norm
         self.rotary = text_model.rotary_emb
+        self.attention = text_model.config._attn_implementation
 
     def __call__(
         self,
@@ -32,7 +33,7 @@ class DecoderStack:
         """[rows, n, hidden] inputs -> [rows, n, hidden] normed outputs; ``cache`` advances by n."""
         if position_embeddings is None:
             position_embeddings = self.rotary(hidden, positions)
-        mask = cache.mask(hidden.shape[1]) if hidden.shape[1] == 1 else None
+        mask = cache.mask(hidden.shape[1], self.attention) if hidden.shape[1] == 1 else None
         for layer in self.layers:
             hidden = layer(hidden, attention_mask=mask, cache=cache, position_embeddings=position_embeddings)
         cache.advance(hidden.shape[1])

@@ -271,7 +271,7 @@ def dev_model(*, seed: int = 0) -> Qwen3OmniMoeForConditionalGeneration:
     """The dev model's weights: random from ``seed``, wired to end its turns (same seed, same weights)."""
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(dev_model_config())
-    _initialise_talker_experts(model)
+    initialise_talker_experts(model)
     _wire_turn_endings(model)
     _calibrate_loudness(model)
     model.generation_config = dev_generation_config()
@@ -279,7 +279,7 @@ def dev_model(*, seed: int = 0) -> Qwen3OmniMoeForConditionalGeneration:
 
 
 @torch.no_grad()
-def _initialise_talker_experts(model: Qwen3OmniMoeForConditionalGeneration) -> None:
+def initialise_talker_experts(model: Qwen3OmniMoeForConditionalGeneration) -> None:
     """transformers 5.24's ``_init_weights`` covers the Thinker's MoE blocks but not the Talker's:
     its experts keep ``torch.empty`` memory (seen: 1e29, denormals, NaN logits) and its router zeros."""
     std = cast(Qwen3OmniMoeTalkerConfig, model.config.talker_config).initializer_range

@@ -159,7 +159,7 @@ class TransformersEngine:
 
     ``model`` is a checkpoint directory or a Hugging Face id. ``device`` "auto" picks CUDA when
     present; ``dtype`` "auto" is bfloat16 on GPU, float32 on CPU. ``seed`` makes every turn
-    reproducible. ``generation`` sets ``pipeline.generation.GenerationParams`` fields for every
+    reproducible. ``generation`` sets ``pipeline.params.GenerationParams`` fields for every
     turn (chunking, ``force_output_tokens``); the request sets voice, temperature and length.
     ``threads`` bounds torch's CPU threads in the engine process (None: torch's default, or on a
     CPU this engine's share of the usable cores when ``cpu_share`` engines run on it).

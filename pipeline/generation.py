@@ -18,7 +18,7 @@ decodes every frame at once. The first sound therefore comes after the whole tur
    Talker continues on ``<tts_pad>`` until it samples codec EOS (or reaches ``max_audio_frames``).
 4. After ``first_chunk_frames`` frames, then whenever a chunk is due (its size adapts to how
    far the audio is ahead of the listener, see ``AudioChunker``), Code2Wav decodes the new
-   frames with ``left_context_frames`` frames of left context and the audio is yielded at once.
+   frames from the state the turn's previous chunks left and the audio is yielded at once.
 
 Positions, caches, processors and the code predictor mirror ``generate()``, so with greedy
 decoding in both stages the stream produces the same tokens and codec frames as
@@ -28,13 +28,10 @@ from the same distributions with each turn's own generator (other random numbers
 left-padded caches (``KVCache``) so that any number of turns decode together
 (``DecodeBatch``); a turn alone is a batch of one.
 
-Code2Wav's upsampling blocks each look one step ahead (a transposed convolution whose last
-output needs the next input), so decoding frames ``[a, b)`` yields correct audio only up to a
-fixed number of samples before ``b * 1920``. Each chunk therefore emits exactly the samples
-that are final, starting where the previous chunk stopped; the chunks concatenate gap-free to
-the length of one decode of all frames. With left context at least Code2Wav's attention
-window (72 frames in the real model) the chunks equal that decode; with the default 25 frames
-(vllm-omni's choice) they differ slightly (tests/pipeline/test_generation.py states how much).
+Code2Wav is causal layer by layer (``pipeline/code2wav.py``): each chunk is decoded from the
+state the turn's previous chunks left (the sliding-window attention's keys and values, each
+convolution's input history) and yields exactly the samples its frames make final, so the chunks
+concatenate to one decode of all frames (docs/MODEL.md "What is exact").
 """
 
 from __future__ import annotations
@@ -47,62 +44,16 @@ from typing import Generic, TypeVar
 import numpy as np
 import torch
 
+from pipeline.code2wav import StreamingCode2Wav
 from pipeline.decoder import DecoderStack, SpeechModel
 from pipeline.kv_cache import KVCache
+from pipeline.params import GREEDY_TURN_SEED, GenerationParams
 from pipeline.prompt import ThinkerInputs
 from pipeline.sampling import choose_rows, thinker_sampling
 from pipeline.streaming import AudioChunker, TextStream
-from pipeline.turn import VOICES, AudioChunk, FinishReason, TextDelta, TurnDone, TurnEvent, Usage
+from pipeline.tool_calls import ToolCallStream
+from pipeline.turn import AudioChunk, FinishReason, TextDelta, TurnDone, TurnEvent, Usage
 from pipeline.turn_stages import TalkerTurn, ThinkerTurn
-
-# generate()'s talker_max_new_tokens: 4096 frames are 5.5 minutes of speech.
-DEFAULT_MAX_AUDIO_FRAMES = 4096
-# temperature <= 0 promises a reproducible turn; the Talker still samples (greedy codec frames
-# degenerate), so an unseeded greedy turn seeds its sampling with this.
-GREEDY_TURN_SEED = 0
-
-@dataclass(frozen=True)
-class GenerationParams:
-    voice: str = "ethan"
-    # None: the checkpoint's generation config, else Qwen's (thinker_sampling); <= 0: greedy.
-    temperature: float | None = None
-    max_output_tokens: int | None = None
-    output_audio: bool = True
-    seed: int | None = None
-    first_chunk_frames: int = 4
-    # Later chunks without adaptive_chunks (vllm-omni's 25 frames, 2 s).
-    chunk_frames: int = 25
-    # The largest adaptive chunk (100 frames, 8 s of audio): once the audio is far ahead of the
-    # listener, few large chunks re-decode less left context than many small ones (25-frame
-    # chunks decode 50 frames for every 25 they emit, 100-frame ones 125 for 100) and pay
-    # Code2Wav's per-call cost (~2 ms on the dev model, one core) less often. Qwen's own
-    # chunked_decode uses 300-frame chunks.
-    max_chunk_frames: int = 100
-    left_context_frames: int = 25
-    force_output_tokens: int | None = None  # benchmarks only: suppress EOS until N tokens
-    # Extensions beyond the agreed fields (defaults keep the agreed behaviour):
-    # a safety cap on codec frames per turn (the Talker normally ends with codec EOS first).
-    max_audio_frames: int = DEFAULT_MAX_AUDIO_FRAMES
-    # False: greedy codec frames and code predictor, as generate(talker_do_sample=False).
-    talker_do_sample: bool = True
-    # Chunks after the first sized by how far the audio is ahead of the listener, up to
-    # max_chunk_frames (see AudioChunker); False: every later chunk holds chunk_frames.
-    adaptive_chunks: bool = True
-
-    def __post_init__(self) -> None:
-        if self.voice.lower() not in VOICES:
-            raise ValueError(f"unknown voice {self.voice!r}; expected one of {', '.join(VOICES)}")
-        for name in ("max_output_tokens", "force_output_tokens"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be at least 1 or None, got {value}")
-        for name in ("first_chunk_frames", "chunk_frames", "max_chunk_frames", "max_audio_frames"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        # A chunk's last samples need the next frame; the next chunk recomputes them from its
-        # left context, so at least one frame of it is required.
-        if self.left_context_frames < 1:
-            raise ValueError(f"left_context_frames must be at least 1, got {self.left_context_frames}")
 
 
 def stream_turn(
@@ -299,6 +250,8 @@ class _Turn(Generic[TurnKey]):
         self.thinker = ThinkerTurn(model, params, self.generator)
         self.text = TextStream(tokenizer)
         self._tokens_held = 0  # answer tokens pushed since the last delta (held-back UTF-8 pieces)
+        # Function calls: from the first <tool_call> on the answer is calls, no longer speech.
+        self.calls = ToolCallStream(tokenizer, inputs.answer_prefix)
         # Set by the Talker's prefill: the turn speaks.
         self.speech: _Speech | None = None
         # Set by the Thinker's prefill for the Talker's: the prompt's input embeddings (audio
@@ -327,6 +280,33 @@ class _Turn(Generic[TurnKey]):
         )
         return TurnDone(text=self.text.text, usage=usage, finish_reason=finish_reason)
 
+    @property
+    def feeds_talker(self) -> bool:
+        """The Talker takes this turn's newest token as text: it speaks, and its speech goes on."""
+        return (
+            self.speech is not None
+            and not self.speech.talker.text_done
+            and not self.thinker.finished
+            and self.calls.speaking
+        )
+
+    def token_events(self, token: int) -> list[TurnEvent]:
+        """What a new (recorded) Thinker token releases: speech text, or from the first
+        ``<tool_call>`` on, function calls (``pipeline.tool_calls``)."""
+        if self.calls.speaking and not self.calls.opens(token):
+            delta = self.text_delta(token)
+            return [] if delta is None else [delta]
+        events: list[TurnEvent] = []
+        if self.calls.speaking:  # this token opens the first call: the speech ended before it
+            if held := self.text.flush():
+                events.append(TextDelta(held, tokens=max(1, self._tokens_held)))
+            self._tokens_held = 0
+        if token not in self.thinker.stop_ids:
+            events.extend(self.calls.push(token))
+        if self.thinker.finished:
+            events.extend(self.calls.end())
+        return events
+
     def text_delta(self, token: int) -> TextDelta | None:
         """The text a new Thinker token releases, with the answer tokens it completes; a stop
         token is never text, only the end of it."""
@@ -342,11 +322,6 @@ class _Turn(Generic[TurnKey]):
         delta = TextDelta(text, tokens=max(1, self._tokens_held))
         self._tokens_held = 0
         return delta
-
-    def voiced_tokens(self, frames: int) -> int:
-        """Answer tokens spoken by the first ``frames`` frames (see ``AudioChunk.text_tokens_voiced``)."""
-        spoken = len(self.thinker.tokens) - 1 if self.thinker.finished else len(self.thinker.tokens)
-        return min(frames, spoken)
 
 
 class DecodeBatch(Generic[TurnKey]):
@@ -382,6 +357,7 @@ class DecodeBatch(Generic[TurnKey]):
         self._tts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         # Due chunks of one shape go through Code2Wav together on an accelerator, one call each on a CPU.
         code2wav = getattr(model, "code2wav", None)  # None: loaded without audio output
+        self._code2wav = None if code2wav is None else StreamingCode2Wav(code2wav)
         self._code2wav_batches = code2wav is not None and code2wav.device.type != "cpu"
 
     @property
@@ -393,6 +369,11 @@ class DecodeBatch(Generic[TurnKey]):
     def talker_rows(self) -> list[_Turn[TurnKey]]:
         """Turns whose audio goes on, in row order."""
         return [] if self._speaking is None else self._speaking.turns
+
+    def _streaming_code2wav(self) -> StreamingCode2Wav:
+        if self._code2wav is None:
+            raise ValueError("this model was loaded without its Code2Wav: ask for text only")
+        return self._code2wav
 
     def _speech(self) -> SpeechModel:
         if self._speech_model is None:
@@ -469,8 +450,7 @@ class DecodeBatch(Generic[TurnKey]):
         for turn, token_id in zip(turns, token_ids):
             turn.thinker.record(token_id)
             self._turns[turn.key] = turn
-            if delta := turn.text_delta(token_id):
-                events.append((turn.key, delta))
+            events.extend((turn.key, event) for event in turn.token_events(token_id))
         joined = _Rows(turns, cache, batch.position_ids[-3:, :, -1:], tokens, last_hidden).kept(
             [row for row, turn in enumerate(turns) if not turn.thinker.finished]
         )
@@ -480,9 +460,10 @@ class DecodeBatch(Generic[TurnKey]):
 
     def wants_talker(self, key: TurnKey) -> bool:
         """An answer of one token is only its end marker (or one token cut short): nothing to
-        speak, and generate() cannot build a Talker prompt for it either."""
+        speak, and generate() cannot build a Talker prompt for it either. Nor is there for one
+        that begins with a function call."""
         turn = self._turns[key]
-        return turn.params.output_audio and not turn.thinker.finished
+        return turn.params.output_audio and not turn.thinker.finished and turn.calls.speaking
 
     def prefill_talker(self, key: TurnKey) -> None:
         """Build the turn's Talker prompt as generate() does and prefill it; the turn joins the Talker's rows."""
@@ -535,7 +516,8 @@ class DecodeBatch(Generic[TurnKey]):
             hidden = output.hidden_states[0][-1][:, -1:]
             speeches = [
                 _Speech(
-                    TalkerTurn(model, turn.params, turn.generator), AudioChunker(model.code2wav, turn.params, turn.clock)
+                    TalkerTurn(model, turn.params, turn.generator),
+                    AudioChunker(self._streaming_code2wav(), turn.params, turn.clock),
                 )
                 for turn in turns
             ]
@@ -682,8 +664,9 @@ class DecodeBatch(Generic[TurnKey]):
             token_ids = state.last[:, 0].tolist()
             for row, turn in enumerate(rows):
                 turn.thinker.record(token_ids[row])
+            released = [turn.token_events(token_ids[row]) for row, turn in enumerate(rows)]
             # The Talker's trailing text: each new token projected, in one call for all rows.
-            fed = [row for row, turn in enumerate(rows) if turn.speech is not None and not turn.thinker.finished]
+            fed = [row for row, turn in enumerate(rows) if turn.feeds_talker]
             if fed:
                 talker = self._speech().talker
                 ids = state.last if len(fed) == len(rows) else state.last[fed]
@@ -691,14 +674,13 @@ class DecodeBatch(Generic[TurnKey]):
         events: list[tuple[TurnKey, TurnEvent]] = []
         keep = []
         for row, turn in enumerate(rows):
-            if turn.speech is not None:
-                if turn.thinker.finished:
+            if turn.speech is not None and not turn.speech.talker.text_done:
+                if row in fed:
+                    turn.speech.talker.trailing.append(projected[fed.index(row)].unsqueeze(0))
+                else:  # the text ended, or a function call began: generate()'s <tts_eos> in its place
                     turn.speech.talker.trailing.append(self._tts_embeds()[1])
                     turn.speech.talker.text_done = True
-                else:
-                    turn.speech.talker.trailing.append(projected[fed.index(row)].unsqueeze(0))
-            if delta := turn.text_delta(token_ids[row]):
-                events.append((turn.key, delta))
+            events.extend((turn.key, event) for event in released[row])
             if not turn.thinker.finished:
                 keep.append(row)
         self._thinking = state.kept(keep)
@@ -774,25 +756,30 @@ class DecodeBatch(Generic[TurnKey]):
         return bool(self._due())
 
     def decode_chunks(self) -> list[tuple[TurnKey, TurnEvent]]:
-        """Decode every due chunk (a turn's last frames once its audio ended). On an accelerator
-        chunks of the same shape go through Code2Wav together; on a CPU each goes alone,
+        """Decode every due chunk (a turn's last frames once its audio ended), each from the
+        Code2Wav state its turn's previous chunks left. On an accelerator chunks of the same
+        length and state shape go through Code2Wav together; on a CPU each goes alone,
         because Code2Wav's upsampled activations outgrow the cache: four 50-frame chunks
         together cost 59 ms against 4 x 13 ms alone (dev model, one core)."""
+        code2wav = self._streaming_code2wav()
         due = self._due()
-        groups: dict[tuple[int, ...] | TurnKey, list[tuple[TurnKey, torch.Tensor]]] = {}
+        groups: dict[Hashable, list[tuple[_Turn[TurnKey], AudioChunker, torch.Tensor]]] = {}
         for turn, speech in due:
             codes = speech.audio.pending_codes()
-            groups.setdefault(tuple(codes.shape) if self._code2wav_batches else turn.key, []).append((turn.key, codes))
+            key = (codes.shape[-1], speech.audio.state.batch_key()) if self._code2wav_batches else turn.key
+            groups.setdefault(key, []).append((turn, speech.audio, codes))
         events: list[tuple[TurnKey, TurnEvent]] = []
         decoded: dict[TurnKey, np.ndarray] = {}
         with torch.inference_mode():
             for members in groups.values():
-                waves = self._model.code2wav(torch.cat([codes for _, codes in members], dim=0))[:, 0]
-                for (key, _), wave in zip(members, waves.float().cpu().numpy()):
-                    decoded[key] = wave
+                waves, states = code2wav.decode(
+                    torch.cat([codes for _, _, codes in members]), [audio.state for _, audio, _ in members]
+                )
+                for (turn, audio, _), wave, state in zip(members, waves.float().cpu().numpy(), states):
+                    decoded[turn.key] = wave
+                    audio.state = state
         for turn, speech in due:
-            frames, pcm = speech.audio.emit(decoded[turn.key])
-            voiced = turn.voiced_tokens(speech.audio.decoded_frames)
-            events.append((turn.key, AudioChunk(pcm, frames=frames, text_tokens_voiced=voiced)))
+            pcm = decoded[turn.key]
+            frames = speech.audio.emit(pcm)
+            events.append((turn.key, AudioChunk(pcm, frames=frames)))
         return events
-

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
+from transformers.utils.generic import is_flash_attention_requested
 
 # Slots allocated beyond a cache's length when rows join or leave: 64 steps before it grows.
 CACHE_HEADROOM = 64
@@ -68,17 +69,24 @@ class KVCache:
         """The forward that wrote ``steps`` new slots in every layer is over."""
         self.length += steps
 
-    def mask(self, steps: int = 1) -> torch.Tensor | None:
-        """[rows, 1, 1, length + steps]: 0 where a row attends (one new position), the dtype's
-        minimum over its padding; None without padding."""
+    def mask(self, steps: int = 1, attention: str | None = "sdpa") -> torch.Tensor | None:
+        """The mask that hides each row's padding from ``steps`` new positions (a decoding step:
+        one), in the form the layers' ``attention`` implementation takes; None without padding.
+
+        - eager and sdpa: [rows, 1, 1, length + steps], 0 where a row attends and the dtype's
+          minimum over its padding (additive, as eager attention needs it; sdpa takes it too);
+        - flash attention: [rows, length + steps], 1 where a row attends and 0 over its padding:
+          transformers' ``_upad_input`` turns it into each row's ``cu_seqlens`` and keeps only
+          the real slots (a 4-D mask there keeps exactly the padding slots).
+        """
         if self._pad_tensor is None:
             return None
         slots = torch.arange(self.length + steps, device=self._pad_tensor.device)
-        padding = (slots[None, :] < self._pad_tensor[:, None])[:, None, None, :]
-        # Additive, as eager attention needs it (sdpa takes it too); flash attention would need
-        # a 2-D padding mask instead.
+        padding = slots[None, :] < self._pad_tensor[:, None]
+        if is_flash_attention_requested(requested_attention_implementation=attention):
+            return (~padding).to(torch.int32)
         mask = torch.zeros(padding.shape, dtype=self._dtype, device=padding.device)
-        return mask.masked_fill(padding, torch.finfo(self._dtype).min)
+        return mask.masked_fill(padding, torch.finfo(self._dtype).min)[:, None, None, :]
 
     def _grow(self, needed: int) -> None:
         capacity = max(needed, 2 * self._keys[0].shape[2])
@@ -124,3 +132,4 @@ class KVCache:
 
     def nbytes(self) -> int:
         return sum(tensor.numel() * tensor.element_size() for tensor in (*self._keys, *self._values))
+

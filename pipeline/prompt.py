@@ -8,6 +8,10 @@ The prompt follows Qwen3-Omni's chat template::
     ...
     <|im_start|>assistant\\n
 
+with its tool format where the conversation has tools, function calls or their outputs
+(``pipeline.tool_format``), and the start of a forced call after the last line when
+``tool_choice`` asks for one (``ThinkerInputs.answer_prefix``).
+
 and, like ``Qwen3OmniMoeProcessor``, expands each ``<|audio_pad|>`` to the audio encoder's
 output length for its clip and extracts all clips' log-mel features in one Whisper call
 (padded to the longest clip, never truncated).
@@ -51,6 +55,10 @@ from pipeline.conversation import (
     AssistantText,
     Conversation,
     ConversationItem,
+    FunctionCall,
+    FunctionOutput,
+    Tool,
+    ToolChoice,
     UserAudio,
     UserImage,
     UserText,
@@ -59,6 +67,7 @@ from pipeline.conversation import (
 )
 from pipeline.images import MIN_PIXELS, decode_rgb
 from pipeline.tokenizer import load_tokenizer
+from pipeline.tool_format import answer_prefix, call_text, offers_tools, output_text, system_content
 from pipeline.turn import TranscriptionHint, TurnRequest
 
 IM_START = "<|im_start|>"
@@ -83,6 +92,9 @@ class ThinkerInputs:
     pixel_values: torch.Tensor | None = None  # [patches, 3 * 2 * 16 * 16] float32, every image's in prompt order
     image_grid_thw: torch.Tensor | None = None  # [images, 3] long: (1, patch rows, patch columns)
     image_tokens: int = 0  # expanded <|image_pad|> tokens
+    # The assistant's answer as the prompt already starts it: a forced call's opening
+    # (tool_choice "required" or a named function), which the answer's tokens continue.
+    answer_prefix: str = ""
 
 
 @dataclass(frozen=True)
@@ -148,7 +160,9 @@ class PromptRenderer:
         )
 
     def render(self, conversation: Conversation) -> ThinkerInputs:
-        return self._render(conversation.system_prompt, bound_history(conversation))
+        return self._render(
+            conversation.system_prompt, bound_history(conversation), conversation.tools, conversation.tool_choice
+        )
 
     def render_request(self, request: TurnRequest) -> ThinkerInputs:
         """The Thinker's inputs for ``request``: an answer to its conversation, or a transcription."""
@@ -163,7 +177,13 @@ class PromptRenderer:
         clip = UserAudio(clips[0].pcm)
         return self._render(hint.prompt or None, (clip, UserText(asr_instruction(hint.language))))
 
-    def _render(self, system_prompt: str | None, items: Sequence[ConversationItem]) -> ThinkerInputs:
+    def _render(
+        self,
+        system_prompt: str | None,
+        items: Sequence[ConversationItem],
+        tools: tuple[Tool, ...] = (),
+        tool_choice: ToolChoice = ToolChoice(),
+    ) -> ThinkerInputs:
         images = [item for item in items if isinstance(item, UserImage)]
         pixel_values, image_grid_thw, image_pads = self._image_inputs(images)
         clips = [item for item in items if isinstance(item, UserAudio)]
@@ -193,8 +213,10 @@ class PromptRenderer:
             frames = feature_attention_mask.sum(-1)
             pad_counts = _get_feat_extract_output_lengths(frames, self._n_window).tolist()
 
+        prefix = answer_prefix(tool_choice) if offers_tools(tools, tool_choice) else ""
+        pieces = self._pieces(system_prompt, items, tools if offers_tools(tools, tool_choice) else (), prefix)
         ids: list[int] = []
-        for piece in self._merge_text(self._pieces(system_prompt, items)):
+        for piece in self._merge_text(pieces):
             if isinstance(piece, str):
                 # User and assistant text is data: "<|im_end|>" typed by a user stays plain text.
                 ids.extend(self._tokenizer.encode(piece, add_special_tokens=False, split_special_tokens=True))
@@ -218,6 +240,7 @@ class PromptRenderer:
             pixel_values=pixel_values,
             image_grid_thw=image_grid_thw,
             image_tokens=image_tokens,
+            answer_prefix=prefix,
         )
 
     def _image_inputs(self, images: Sequence[UserImage]) -> tuple[torch.Tensor | None, torch.Tensor | None, list[int]]:
@@ -249,23 +272,50 @@ class PromptRenderer:
             raise ValueError(f"tokenizer has no {token} token")
         return ids[0]
 
-    def _pieces(self, system_prompt: str | None, items: Sequence[ConversationItem]) -> Iterator[_Piece]:
-        """None: no system message (Qwen's ASR setting)."""
+    def _pieces(
+        self, system_prompt: str | None, items: Sequence[ConversationItem], tools: tuple[Tool, ...], prefix: str
+    ) -> Iterator[_Piece]:
+        """None: no system message (Qwen's ASR setting). ``tools``: the tool block after the
+        system prompt; ``prefix``: how the assistant's answer starts.
+
+        Messages follow the template: consecutive user items are one user message; an answer
+        opens an assistant message that its function calls join; consecutive function outputs
+        are one user message of ``<tool_response>`` blocks.
+        """
         im_start, im_end = self._special_ids[IM_START], self._special_ids[IM_END]
-        if system_prompt is not None:
+        if tools:
+            yield from (im_start, f"system\n{system_content(system_prompt, tools)}", im_end, "\n")
+        elif system_prompt is not None:
             yield from (im_start, f"system\n{system_prompt}", im_end, "\n")
         clip = image = 0
-        in_user_message = False
+        open_message: str | None = None  # "user", "assistant" or "outputs": the message being written
+        assistant_text = False  # the open assistant message has text
+        calls = 0  # calls in the open assistant message
         for item in items:
-            if isinstance(item, AssistantText):
-                if in_user_message:
-                    yield from (im_end, "\n")
-                    in_user_message = False
-                yield from (im_start, f"assistant\n{item.text}", im_end, "\n")
+            if isinstance(item, AssistantText | FunctionCall):
+                if isinstance(item, AssistantText) or open_message != "assistant":
+                    if open_message is not None:
+                        yield from (im_end, "\n")
+                    text = item.text if isinstance(item, AssistantText) else ""
+                    yield from (im_start, f"assistant\n{text}")
+                    open_message, assistant_text, calls = "assistant", bool(text), 0
+                if isinstance(item, FunctionCall):
+                    yield call_text(item, newline_before=assistant_text or calls > 0)
+                    calls += 1
                 continue
-            if not in_user_message:
+            if isinstance(item, FunctionOutput):
+                if open_message != "outputs":
+                    if open_message is not None:
+                        yield from (im_end, "\n")
+                    yield from (im_start, "user")
+                    open_message = "outputs"
+                yield output_text(item)
+                continue
+            if open_message != "user":
+                if open_message is not None:
+                    yield from (im_end, "\n")
                 yield from (im_start, "user\n")
-                in_user_message = True
+                open_message = "user"
             if isinstance(item, UserAudio):
                 yield from (self._special_ids[AUDIO_START], _AudioSlot(clip), self._special_ids[AUDIO_END])
                 clip += 1
@@ -276,9 +326,9 @@ class PromptRenderer:
                 yield item.text
             else:
                 raise TypeError(f"not a conversation item: {item!r}")
-        if in_user_message:
+        if open_message is not None:
             yield from (im_end, "\n")
-        yield from (im_start, "assistant\n")
+        yield from (im_start, f"assistant\n{prefix}")
 
     @staticmethod
     def _merge_text(pieces: Iterator[_Piece]) -> Iterator[_Piece]:

@@ -46,6 +46,7 @@ from pipeline.chat_completions import (
     ServerError,
     StreamPiece,
     TextPiece,
+    ToolsUnsupported,
     UsagePiece,
     encode_chat_request,
     read_chunk,
@@ -217,7 +218,12 @@ class RemoteEngine:
         submitted = time.monotonic()
         self.running += 1  # before the first await: a pool choosing for the next turn counts this one
         try:
-            body = await asyncio.to_thread(encode_chat_request, request, model=self._model, seed=self._seed)
+            try:
+                body = await asyncio.to_thread(encode_chat_request, request, model=self._model, seed=self._seed)
+            except ToolsUnsupported:
+                raise EngineError(
+                    "Function calling is not available with vLLM-Omni engines (--engine-url).", code="tools_unsupported"
+                ) from None
             async with aconnect_sse(
                 self._client, "POST", "chat/completions", content=body, headers={"Content-Type": "application/json"}
             ) as source:

@@ -3,33 +3,30 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from media.rates import VOICE_RATE
-
-if TYPE_CHECKING:
-    from pipeline.generation import GenerationParams
+from pipeline.code2wav import Code2WavState, StreamingCode2Wav
+from pipeline.params import GenerationParams
 
 
 class AudioChunker:
-    """Collects a turn's codec frames; turns due chunks into final 24 kHz samples.
+    """Collects a turn's codec frames, says when a chunk is due, and carries its Code2Wav state.
 
-    Each chunk is decoded with up to ``left_context_frames`` already decoded frames before
-    it and yields the samples from the last emitted one on. The first chunk is due at
-    ``first_chunk_frames``. After it, with ``adaptive_chunks``, a chunk is due once it holds
-    as many frames as can be computed in half the audio still buffered ahead of the listener
-    (measured: audio emitted minus time since the first chunk, against this turn's frames
-    per second so far), between ``first_chunk_frames`` and ``max_chunk_frames``: small chunks
-    while the listener is close to running out, larger ones (less Code2Wav work per frame)
-    once far ahead. Without it every later chunk holds ``chunk_frames``.
+    Code2Wav decodes each chunk's new frames with the state the previous chunks left
+    (``pipeline.code2wav``), so a chunk needs no left context and its samples are final. The
+    first chunk is due at ``first_chunk_frames``. After it, with ``adaptive_chunks``, a chunk
+    is due once it holds as many frames as can be computed in half the audio still buffered
+    ahead of the listener (measured: audio emitted minus time since the first chunk, against
+    this turn's frames per second so far), between ``first_chunk_frames`` and
+    ``max_chunk_frames``: small chunks while the listener is close to running out, larger ones
+    (fewer Code2Wav calls) once far ahead. Without it every later chunk holds ``chunk_frames``.
     """
 
-    def __init__(self, code2wav, params: GenerationParams, clock: Callable[[], float]) -> None:
-        self._samples_per_frame = int(code2wav.total_upsample)
-        self._left_context = params.left_context_frames
+    def __init__(self, code2wav: StreamingCode2Wav, params: GenerationParams, clock: Callable[[], float]) -> None:
+        self.state: Code2WavState = code2wav.new_state()
         self._first_chunk = params.first_chunk_frames
         self._chunk_frames = params.chunk_frames
         self._max_chunk_frames = params.max_chunk_frames
@@ -38,7 +35,6 @@ class AudioChunker:
         self._frames: list[torch.Tensor] = []
         self.decoded_frames = 0  # frames covered by decoded chunks
         self._emitted_samples = 0  # waveform samples yielded so far
-        self._pending_start = 0  # first frame of the chunk being decoded (with its context)
         self._first_frame_at: float | None = None
         self._first_audio_at: float | None = None
 
@@ -74,23 +70,17 @@ class AudioChunker:
         return max(self._first_chunk, min(self._max_chunk_frames, affordable))
 
     def pending_codes(self) -> torch.Tensor:
-        """[1, groups, frames]: the pending frames with their left context."""
-        self._pending_start = max(0, self.decoded_frames - self._left_context)
-        return torch.stack(self._frames[self._pending_start :], dim=-1).unsqueeze(0)
+        """[1, groups, frames]: the frames not decoded yet."""
+        return torch.stack(self._frames[self.decoded_frames :], dim=-1).unsqueeze(0)
 
-    def emit(self, wav: np.ndarray) -> tuple[int, np.ndarray]:
-        """Code2Wav's output for ``pending_codes`` -> (frames completed, new final samples)."""
-        start = self._pending_start
-        # wav[k] is waveform sample start * 1920 + k; its tail (the samples that would need
-        # frames after the last one) is simply absent, so everything it holds is final.
-        offset = self._emitted_samples - start * self._samples_per_frame
-        pcm = wav[offset:]
-        self._emitted_samples = start * self._samples_per_frame + wav.shape[-1]
+    def emit(self, pcm: np.ndarray) -> int:
+        """Code2Wav's new final samples for ``pending_codes`` -> the frames the chunk completes."""
+        self._emitted_samples += pcm.shape[-1]
         frames = len(self._frames) - self.decoded_frames
         self.decoded_frames = len(self._frames)
         if self._first_audio_at is None:
             self._first_audio_at = self._clock()
-        return frames, pcm
+        return frames
 
 
 class TextStream:

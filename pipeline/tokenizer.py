@@ -8,8 +8,8 @@ Built with the same normaliser, pre-tokenizer regex and decoder as the published
 
 from __future__ import annotations
 
+import importlib.util
 import logging
-from importlib import resources
 from pathlib import Path
 
 from tokenizers import AddedToken
@@ -81,8 +81,13 @@ CHAT_TEMPLATE = (
 
 
 def qwen_ranks_path() -> Path:
-    """The real Qwen BPE ranks, as shipped inside the ``dashscope`` wheel."""
-    return Path(str(resources.files("dashscope") / "resources" / "qwen.tiktoken"))
+    """The real Qwen BPE ranks, as shipped inside the ``dashscope`` wheel. Found without importing
+    ``dashscope`` (its client pulls aiohttp, requests and more): the device kit carries only the
+    wheel, not its dependencies."""
+    spec = importlib.util.find_spec("dashscope")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("the dashscope package (it ships qwen.tiktoken, the Qwen BPE ranks) is not installed")
+    return Path(spec.submodule_search_locations[0]) / "resources" / "qwen.tiktoken"
 
 
 def build_tokenizer() -> Qwen2Tokenizer:

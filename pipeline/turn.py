@@ -42,6 +42,9 @@ class TurnRequest:
     output_audio: bool = True
     task: TurnTask = "respond"
     hint: TranscriptionHint | None = None  # task "transcribe" only
+    # The answer's text, forced through the real tokenizer instead of sampled (the dev model's
+    # scripted replies, ``omni-rtc serve --dev-replies``); it continues any forced call opening.
+    forced_reply: str | None = None
 
     @classmethod
     def transcription(cls, clip: UserAudio, hint: TranscriptionHint | None = None) -> TurnRequest:
@@ -74,23 +77,47 @@ class AudioChunk:
     ``frames``: the codec frames (80 ms of speech each) this chunk completes. A chunk holds
     only final samples, so its PCM is not exactly ``frames * 1920`` long: the first chunk lacks
     a fixed tail that needs the next frame, and the chunk after it starts with that tail.
-
-    ``text_tokens_voiced``: how many of the answer's Thinker tokens, counted from the first,
-    the codec frames up to the end of this chunk speak (cumulative over the turn). The Talker
-    consumes one answer token per frame: its prompt ends with answer token 0, and the step
-    that produces frame ``f`` (0-based) has been fed answer tokens ``0..f``. After the text,
-    frames carry ``<tts_pad>``. The answer's last token never reaches the Talker as text (like
-    ``generate()``, it is replaced by ``<tts_eos>``): for an answer ended by ``<|im_end|>``
-    that is the stop token itself, for one cut by ``max_output_tokens`` it is the last text
-    token, which is never spoken. So after ``F`` frames of an answer of ``N`` tokens
-    (``N`` counting a closing ``<|im_end|>``), ``text_tokens_voiced = min(F, N - 1)``; tokens
-    are counted in the order their ``TextDelta`` text was released. Engines that do not track
-    frames (test doubles) leave both at 0.
+    Which answer tokens a listener heard is the session's to work out from the samples it
+    played (``app.realtime.heard``): the Talker is fed one token per frame but speaks ~3-4 a
+    second, so frames do not tell tokens.
     """
 
     pcm: np.ndarray
     frames: int = 0
-    text_tokens_voiced: int = 0
+
+
+@dataclass(frozen=True)
+class FunctionCallStarted:
+    """The answer began function call ``index`` (0-based, in the answer) of function ``name``.
+
+    From the first call on the answer's speech is over: the Talker was fed none of the call's
+    markup and no text after it. Each call streams as one ``FunctionCallStarted``, its
+    arguments' ``FunctionCallDelta``s, then one ``FunctionCallDone``.
+    """
+
+    index: int
+    name: str
+
+
+@dataclass(frozen=True)
+class FunctionCallDelta:
+    """More of call ``index``'s arguments, as the model writes them (JSON text)."""
+
+    index: int
+    delta: str
+
+
+@dataclass(frozen=True)
+class FunctionCallDone:
+    """Call ``index`` as written: ``arguments`` is its deltas joined. ``closed``: the model ended
+    it with ``</tool_call>`` (False: the answer stopped inside it). ``well_formed``: its body
+    was ``{"name": …, "arguments": …}`` (False: delivered as written, name possibly empty)."""
+
+    index: int
+    name: str
+    arguments: str
+    closed: bool = True
+    well_formed: bool = True
 
 
 @dataclass(frozen=True)
@@ -133,7 +160,8 @@ class TurnDone:
     timings: TurnTimings = field(default_factory=TurnTimings)
 
 
-TurnEvent = TextDelta | AudioChunk | TurnDone
+FunctionCallEvent = FunctionCallStarted | FunctionCallDelta | FunctionCallDone
+TurnEvent = TextDelta | AudioChunk | FunctionCallEvent | TurnDone
 
 
 class EngineError(Exception):

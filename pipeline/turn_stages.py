@@ -3,15 +3,13 @@ sampling (generate()'s processors for the turn's settings), and when each stage 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from pipeline.params import GenerationParams
 from pipeline.sampling import Sampler, sampling_processors, thinker_sampling
 from pipeline.turn import FinishReason
-
-if TYPE_CHECKING:
-    from pipeline.generation import GenerationParams
 
 # max_output_tokens=None ("inf" in the protocol) still needs a bound; 4096 is the protocol's
 # largest numeric value.
@@ -42,8 +40,10 @@ class ThinkerTurn:
         self._stop_tensor = torch.tensor(sorted(self.stop_ids), device=device)
         self._max_tokens = params.max_output_tokens or UNBOUNDED_OUTPUT_TOKENS
         self._force_tokens = params.force_output_tokens or 0
+        # A forced answer is taken greedily from scores that allow only its next token: no draw.
+        self._forced = params.forced_tokens
         sampling = thinker_sampling(generation_config, params.temperature)
-        do_sample = sampling.do_sample
+        do_sample = sampling.do_sample and self._forced is None
         processors = sampling_processors(
             do_sample=do_sample,
             temperature=sampling.temperature,
@@ -70,6 +70,10 @@ class ThinkerTurn:
     def scores(self, logits: torch.Tensor) -> torch.Tensor:
         """[1, vocab] logits of the last position -> scores ready for the draw."""
         scores = logits.to(dtype=torch.float32, copy=True)
+        if self._forced is not None:
+            scores.fill_(-float("inf"))
+            scores[:, self._forced[min(len(self.tokens), len(self._forced) - 1)]] = 0.0
+            return scores
         if len(self.tokens) < self._force_tokens:
             scores[:, self._stop_tensor] = -float("inf")
         return self.sampler.process(self.sequence, scores)
@@ -133,6 +137,7 @@ class TalkerTurn:
         # Benchmarks force long answers from random weights; keep the Talker from stopping
         # before it has spoken them (until it has consumed the <tts_eos> entry).
         self._hold_eos = params.force_output_tokens is not None
+        self._frames_per_token = params.talker_frames_per_token
         self.trailing: list[torch.Tensor] = []
         self.text_done = False
         self.generated = torch.empty((1, 0), dtype=torch.long, device=device)
@@ -143,7 +148,11 @@ class TalkerTurn:
         """[1, vocab] logits after trailing entry ``consumed_through`` -> scores ready for the draw."""
         scores = logits.to(dtype=torch.float32, copy=True)
         text_pending = not self.text_done or consumed_through < len(self.trailing) - 1
-        if self._hold_eos and text_pending:
+        # The answer's tokens: the first (in the Talker's prompt), then one trailing entry each.
+        slow = self._frames_per_token is not None and (
+            not self.text_done or self.frames < self._frames_per_token * (len(self.trailing) + 1)
+        )
+        if (self._hold_eos and text_pending) or slow:
             scores[:, self._codec_eos] = -float("inf")
         return self.sampler.process(self.generated, scores)
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.turn import TurnDone, TurnEvent, TurnRequest, Usage
 
 if TYPE_CHECKING:
-    from pipeline.generation import GenerationParams
+    from pipeline.params import GenerationParams
     from pipeline.prompt import ThinkerInputs
 
 logger = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ def _load(spec: WorkerSpec) -> _Loaded:
     import torch
     from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
-    from pipeline.generation import GenerationParams
+    from pipeline.params import GenerationParams
     from pipeline.prompt import PromptRenderer
     from pipeline.tokenizer import load_tokenizer
 
@@ -280,6 +280,13 @@ class _Commands:
         finally:
             self._closed.set()
             self.submitted.put(None)
+
+
+def forced_tokens(tokenizer, reply: str) -> tuple[int, ...]:
+    """A scripted reply as the Thinker would write it: its tokens (Qwen's tool tokens included,
+    as the model writes them), then ``<|im_end|>``."""
+    ids = tokenizer.encode(reply, add_special_tokens=False)
+    return (*ids, tokenizer.convert_tokens_to_ids("<|im_end|>"))
 
 
 def _serve(loaded: _Loaded, commands_connection: Connection, events: Connection) -> None:
@@ -397,6 +404,8 @@ class _BatchServer:
             output_audio=request.output_audio,
         )
         try:
+            if request.forced_reply is not None:
+                params = dataclasses.replace(params, forced_tokens=forced_tokens(self._loaded.tokenizer, request.forced_reply))
             if params.output_audio and not self._loaded.model.has_talker:
                 raise ValueError("this engine was started without audio output; ask for text only")
             return turn_id, self._loaded.renderer.render_request(request), params

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Debian packages omni-rtc needs. The server (`system-deps.sh serve`, run by `make serve`): libopus0
 # (media/libopus.py: Opus FEC and concealment through libopus itself). The test suite as well
-# (no argument, run by `make test`): Chromium for the browser test, espeak-ng, flite and sox to
-# regenerate the speech fixtures, util-linux and iproute2 for the offline sandbox (and the TURN
-# test's network namespaces), nginx, Caddy and coturn for the deployment's edge tests (docs/DEPLOY.md).
+# (no argument, run by `make test`): Chromium for the browser test, npm to install the OpenAI
+# Agents JS SDK it drives (tests/e2e/sdk), espeak-ng, flite and sox to regenerate the speech
+# fixtures, util-linux and iproute2 for the offline sandbox (and the TURN test's network
+# namespaces), nginx, Caddy and coturn for the deployment's edge tests (docs/DEPLOY.md).
 # Installs only what is missing (CI runs as root).
 set -euo pipefail
 missing=()
 ldconfig -p | grep 'libopus\.so\.0 ' >/dev/null || missing+=(libopus0)
 if [ "${1:-}" != "serve" ]; then
   command -v chromium >/dev/null || missing+=(chromium)
+  command -v npm >/dev/null || missing+=(npm)
   command -v espeak-ng >/dev/null || missing+=(espeak-ng)
   command -v flite >/dev/null || missing+=(flite)
   command -v sox >/dev/null || missing+=(sox)

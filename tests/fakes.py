@@ -49,8 +49,8 @@ AUDIO_TOKENS_PER_SECOND = 12.5  # Qwen3-Omni's audio encoder: one token per 80 m
 class ScriptedEngine:
     """Answers ``reply`` word by word: TextDelta, then one codec frame of audio, per word.
 
-    Each word is one Thinker token and each frame voices one of them, as the Talker does
-    (``AudioChunk.text_tokens_voiced``). ``text_first`` streams the whole text before any
+    Each word is one Thinker token with one frame of audio: the audio speaks the text evenly.
+    ``text_first`` streams the whole text before any
     audio (a Thinker far ahead of its audio), then the audio in chunks of
     ``frames_per_chunk`` frames, ``chunk_interval_s`` apart (a decoder that keeps just up
     with playback). ``waveform="tone"`` makes every frame clearly audible after Opus.
@@ -101,15 +101,10 @@ class ScriptedEngine:
         finish_reason = "stop"
         if request.max_output_tokens is not None and len(words) > request.max_output_tokens:
             words, finish_reason = words[: request.max_output_tokens], "length"
-        # AudioChunk's rule: N tokens (a closing <|im_end|> counted) voice min(frames, N - 1).
-        spoken = len(words) if finish_reason == "stop" else len(words) - 1
-        frames = 0
 
         def chunk(count: int) -> AudioChunk:
-            nonlocal frames
-            frames += count
             pcm = np.concatenate([self.frame() for _ in range(count)])
-            return AudioChunk(pcm, frames=count, text_tokens_voiced=min(frames, spoken))
+            return AudioChunk(pcm, frames=count)
 
         try:
             for index, word in enumerate(words):

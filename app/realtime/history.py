@@ -20,21 +20,27 @@ from dataclasses import dataclass, field
 import numpy as np
 import soxr
 
-from app.realtime.heard import VoicedAudio
+from app.realtime.heard import tokens_heard
 from app.realtime.ledger import Playback, PlaybackLedger
 from app.realtime.protocol import (
     ClientContentPart,
+    ClientFunctionCallItem,
+    ClientFunctionCallOutputItem,
+    ClientMessageItem,
     ConversationItemAddedEvent,
     ConversationItemCreateEvent,
     ConversationItemDeletedEvent,
     ConversationItemDoneEvent,
     ConversationItemTruncatedEvent,
     ConversationItemTruncateEvent,
+    FunctionCallItem,
+    FunctionCallOutputItem,
     InputAudioBufferCommittedEvent,
     InputAudioContent,
     InputImageContent,
     InputTextContent,
     ItemContent,
+    ItemStatus,
     MessageItem,
     OutputAudioContent,
     OutputTextContent,
@@ -51,10 +57,14 @@ from pipeline.conversation import (
     AssistantText,
     Conversation,
     ConversationItem,
+    FunctionCall,
+    FunctionOutput,
     HistoryLimits,
+    ItemRole,
     UserAudio,
     UserImage,
     UserText,
+    group_turns,
     text_tokens_bound,
 )
 
@@ -109,12 +119,8 @@ class AssistantEntry:
     text: str = ""  # everything generated
     token_ends: list[int] = field(default_factory=list)  # end offset in ``text`` of each answer token so far
     heard: str | None = None  # set once playback settled; None: not settled yet (see history_text)
-    voiced: VoicedAudio = field(default_factory=VoicedAudio)  # its audio, and the tokens the frames voice
+    audio_samples: int = 0  # its audio written so far (24 kHz)
     ended_early: bool = False  # the response was cancelled or failed: its text ran ahead of its audio
-
-    @property
-    def audio_samples(self) -> int:
-        return self.voiced.samples
 
     def add_delta(self, delta: str, *, tokens: int = 1) -> None:
         """``delta`` completes ``tokens`` answer tokens. Of a delta held back until a character's
@@ -125,10 +131,8 @@ class AssistantEntry:
         self.token_ends.extend([start] * (tokens - 1))
         self.token_ends.append(len(self.text))
 
-    def add_audio(self, samples: int, *, frames: int, text_tokens_voiced: int) -> None:
-        self.voiced.add(
-            samples, frames=frames, text_tokens_voiced=text_tokens_voiced, tokens_released=len(self.token_ends)
-        )
+    def add_audio(self, samples: int) -> None:
+        self.audio_samples += samples
 
     def history_text(self) -> str:
         """The text the next turn sees: what was heard, or what will have been once the audio
@@ -142,13 +146,16 @@ class AssistantEntry:
     def heard_text(self, heard_samples: int, *, finished: bool) -> str:
         """The text heard when the first ``heard_samples`` of its audio were played.
 
-        ``finished``: the answer ended by itself (not cancelled, failed or cut): once all its
-        audio has played, all its text was heard. Otherwise the tokens heard are those the
-        played codec frames voiced (``app.realtime.heard``), mapped to text by ``token_ends``.
+        ``finished``: the answer ended by itself (not cancelled, failed, or cut before all its
+        audio was written): its audio and text are whole, and once all of it has played, all its
+        text was heard. Otherwise the tokens heard are those ``app.realtime.heard.tokens_heard``
+        gives for the samples played, mapped to text by ``token_ends``.
         """
         if finished and heard_samples >= self.audio_samples:
             return self.text
-        tokens = self.voiced.tokens_heard(heard_samples)
+        tokens = tokens_heard(
+            heard_samples, audio_samples=self.audio_samples, tokens=len(self.token_ends), complete=finished
+        )
         if tokens >= len(self.token_ends):
             return self.text
         return self.text[: self.token_ends[tokens - 1]] if tokens else ""
@@ -172,7 +179,48 @@ class AssistantEntry:
         return MessageItem(id=self.id, status=self.status, role="assistant", content=self.content())
 
 
-Entry = UserEntry | AssistantEntry
+@dataclass
+class FunctionCallEntry:
+    """A call the model made (streamed while in progress), or one a client created."""
+
+    id: str
+    call_id: str
+    name: str
+    arguments: str = ""
+    status: ItemStatus = "in_progress"
+
+    def item(self) -> FunctionCallItem:
+        return FunctionCallItem(
+            id=self.id, status=self.status, call_id=self.call_id, name=self.name, arguments=self.arguments
+        )
+
+    def call(self) -> FunctionCall:
+        return FunctionCall(self.call_id, self.name, self.arguments)
+
+    def prompt_tokens(self) -> int:
+        return self.call().prompt_tokens()
+
+    def held_bytes(self) -> int:
+        return self.call().held_bytes()
+
+
+@dataclass
+class FunctionOutputEntry:
+    id: str
+    call_id: str
+    output: str
+
+    def item(self) -> FunctionCallOutputItem:
+        return FunctionCallOutputItem(id=self.id, call_id=self.call_id, output=self.output)
+
+    def prompt_tokens(self) -> int:
+        return FunctionOutput(self.call_id, self.output).prompt_tokens()
+
+    def held_bytes(self) -> int:
+        return text_tokens_bound(self.output)
+
+
+Entry = UserEntry | AssistantEntry | FunctionCallEntry | FunctionOutputEntry
 
 
 class History:
@@ -253,11 +301,13 @@ class History:
         if item.id is not None and self.find(item.id) is not None:
             raise ProtocolError("invalid_value", f"An item with id {item.id!r} already exists.", param="item.id")
         position = self._position_after(event.previous_item_id)
-        if not item.content:
+        if isinstance(item, ClientMessageItem) and not item.content:
             raise ProtocolError("invalid_value", "A message needs at least one content part.", param="item.content")
         item_id = item.id or new_id("item")
         entry: Entry
-        if item.role == "user":
+        if not isinstance(item, ClientMessageItem):
+            entry = self._function_item(item_id, item, max_chars=max_chars)
+        elif item.role == "user":
             parts, content = read_user_content(
                 item.content, input_audio_format=input_audio_format, max_chars=max_chars, images=images or {}
             )
@@ -341,9 +391,29 @@ class History:
         for entry in self._entries:
             if isinstance(entry, UserEntry):
                 items.extend(entry.parts)
+            elif isinstance(entry, FunctionCallEntry):
+                if entry.status == "completed":  # a call cut off while written was never made
+                    items.append(entry.call())
+            elif isinstance(entry, FunctionOutputEntry):
+                items.append(FunctionOutput(entry.call_id, entry.output))
             elif entry.status != "in_progress" and (text := entry.history_text()):
                 items.append(AssistantText(text))  # nothing heard: as if it had not been said
         return Conversation(items=tuple(items), instructions=instructions, limits=limits)
+
+    def _function_item(
+        self, item_id: str, item: ClientFunctionCallItem | ClientFunctionCallOutputItem, *, max_chars: int
+    ) -> Entry:
+        """A client's function call, or the output of a call in the history."""
+        if isinstance(item, ClientFunctionCallItem):
+            arguments = checked_text(item.arguments, "item.arguments", max_chars=max_chars)
+            return FunctionCallEntry(item_id, item.call_id, item.name, arguments, status="completed")
+        made = (entry for entry in self._entries if isinstance(entry, FunctionCallEntry) and entry.status == "completed")
+        if not any(entry.call_id == item.call_id for entry in made):  # a call cut off was never made
+            raise ProtocolError(
+                "item_not_found", f"No completed function call with call_id {item.call_id!r} in the conversation.",
+                param="item.call_id",
+            )
+        return FunctionOutputEntry(item_id, item.call_id, checked_text(item.output, "item.output", max_chars=max_chars))
 
     def prune(self, limits: HistoryLimits) -> list[ServerEvent]:
         """Keep whole turns, newest first, while the history limits hold (as the prompt renderer
@@ -369,7 +439,8 @@ class History:
 
 
 def pruned(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
-    """``entries`` cut to whole turns (user items up to their answer), newest first, within
+    """``entries`` cut to whole turns (items up to an answer, a function call kept with its
+    output: ``pipeline.conversation.group_turns``), newest first, within
     ``limits``; a turn still being answered is always kept, and so are at most
     ``MAX_UNANSWERED_ITEMS`` trailing user items.
 
@@ -379,13 +450,7 @@ def pruned(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
     images take the past turns over ``max_image_tokens``, it and older turns drop their images
     (``UserEntry.drop_images``), as the prompt would.
     """
-    turns: list[list[Entry]] = []
-    pending: list[Entry] = []
-    for entry in entries:
-        pending.append(entry)
-        if isinstance(entry, AssistantEntry):
-            turns.append(pending)
-            pending = []
+    turns, pending = group_turns(entries, _entry_role)
     kept: list[list[Entry]] = []
     clips = 0
     seconds = 0.0
@@ -403,13 +468,26 @@ def pruned(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
             clips += len(audio)
             seconds += sum(clip.seconds for clip in audio)
             as_text = clips > limits.max_audio_clips or seconds > limits.max_audio_seconds
-        in_progress = any(isinstance(entry, AssistantEntry) and entry.status == "in_progress" for entry in turn)
+        in_progress = any(
+            isinstance(entry, AssistantEntry | FunctionCallEntry) and entry.status == "in_progress" for entry in turn
+        )
         untranscribed = as_text and any(clip.transcript is None for clip in audio)
         if not in_progress and (len(kept) >= limits.max_turns or untranscribed):
             break
         kept.append(turn)
     pending = pending[-MAX_UNANSWERED_ITEMS:]
     return [entry for turn in reversed(kept) for entry in turn] + pending
+
+
+def _entry_role(entry: Entry) -> ItemRole:
+    """An entry's part in ``group_turns``: answers end turns; a call stays with its output."""
+    if isinstance(entry, AssistantEntry):
+        return ("answer", None)
+    if isinstance(entry, FunctionCallEntry):
+        return ("call", entry.call_id)
+    if isinstance(entry, FunctionOutputEntry):
+        return ("output", entry.call_id)
+    return ("other", None)
 
 
 def within_budget(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
@@ -441,16 +519,25 @@ def within_budget(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
     for entry in evictable(entries):
         if not over():
             break
-        dropped.add(id(entry))
-        items, held, tokens = items - 1, held - entry.held_bytes(), tokens - entry.prompt_tokens()
+        if id(entry) in dropped:
+            continue
+        # A function call goes with its outputs: Qwen pairs them by position, not by id.
+        going = [entry] + [
+            e for e in entries[:-1]
+            if isinstance(entry, FunctionCallEntry) and isinstance(e, FunctionOutputEntry) and e.call_id == entry.call_id
+        ]
+        for gone in going:
+            if id(gone) not in dropped:
+                dropped.add(id(gone))
+                items, held, tokens = items - 1, held - gone.held_bytes(), tokens - gone.prompt_tokens()
     return [entry for entry in entries if id(entry) not in dropped] if dropped else entries
 
 
 def evictable(entries: list[Entry]) -> Iterator[Entry]:
     """The items the budget may shrink or drop, in the order they go: oldest first, never the
-    newest or one being generated."""
+    newest or one being generated (an answer, or a call being written)."""
     for entry in entries[:-1]:
-        if not (isinstance(entry, AssistantEntry) and entry.status == "in_progress"):
+        if not (isinstance(entry, AssistantEntry | FunctionCallEntry) and entry.status == "in_progress"):
             yield entry
 
 

@@ -22,7 +22,17 @@ import json
 import secrets
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SerializerFunctionWrapHandler,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    model_serializer,
+)
 
 # The data channel WebRTC clients open for events (OpenAI's name for it).
 EVENTS_CHANNEL = "oai-events"
@@ -115,6 +125,45 @@ class ClientMessageItem(_ClientModel):
     status: Literal["completed", "incomplete", "in_progress"] | None = None
 
 
+class ClientFunctionCallItem(_ClientModel):
+    """A function call the client puts into the history (one it made elsewhere, say)."""
+
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1, max_length=64)
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str
+    id: str | None = Field(default=None, min_length=1, max_length=64)
+    object: Literal["realtime.item"] | None = None
+    status: Literal["completed", "incomplete", "in_progress"] | None = None
+
+
+class ClientFunctionCallOutputItem(_ClientModel):
+    """What a function call returned: the client ran the call the model made."""
+
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1, max_length=64)
+    output: str
+    id: str | None = Field(default=None, min_length=1, max_length=64)
+    object: Literal["realtime.item"] | None = None
+    status: Literal["completed", "incomplete", "in_progress"] | None = None
+
+
+def _item_tag(item: Any) -> str | None:
+    """The tag of an item by its ``type``; None (pydantic's ``union_tag_not_found``) without one."""
+    kind = item.get("type") if isinstance(item, dict) else getattr(item, "type", None)
+    return None if kind is None else f"item:{kind}"
+
+
+# Tagged by type; the tags name no field (":"), so error params read "item.content", not
+# "item.message.content" (see _param_path).
+ClientItem = Annotated[
+    Annotated[ClientMessageItem, Tag("item:message")]
+    | Annotated[ClientFunctionCallItem, Tag("item:function_call")]
+    | Annotated[ClientFunctionCallOutputItem, Tag("item:function_call_output")],
+    Discriminator(_item_tag),
+]
+
+
 class SessionUpdateEvent(_ClientEventBase):
     type: Literal["session.update"]
     # Validated field by field by ``app.realtime.session_config`` (tolerant of OpenAI-only fields).
@@ -136,7 +185,7 @@ class InputAudioBufferClearEvent(_ClientEventBase):
 
 class ConversationItemCreateEvent(_ClientEventBase):
     type: Literal["conversation.item.create"]
-    item: ClientMessageItem
+    item: ClientItem
     previous_item_id: str | None = None  # None: append; "root": first; an id: right after it
 
 
@@ -175,7 +224,7 @@ class ResponseCreateParams(_ClientModel):
     conversation: Literal["auto"] | None = None  # out-of-band ("none") responses are not supported
     input: list[Any] | None = None  # a custom context: rejected by the session
     metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(default=None, max_length=16)
-    tools: list[Any] | None = None  # accepted and ignored: no tool calling
+    tools: list[Any] | None = None  # read by app.realtime.tools, as the session's
     tool_choice: Any = None
 
 
@@ -285,7 +334,17 @@ def parse_client_event(raw: str | bytes) -> ClientEvent:
         first = exc.errors(include_url=False)[0]
         loc = tuple(first["loc"][1:])  # the first element is the union tag (the event type)
         param = _param_path(loc)
-        if first["type"] in _MISSING_CODES:
+        if first["type"] == "union_tag_not_found" and not isinstance(first["input"], dict):
+            code, message = "invalid_type", f"Invalid type for {param!r}: Input should be an object."
+        elif first["type"] == "union_tag_not_found":
+            param = f"{param}.type"
+            code, message = "missing_required_parameter", f"Missing required parameter: {param!r}."
+        elif first["type"] == "union_tag_invalid":
+            param = f"{param}.type"
+            expected = first.get("ctx", {}).get("expected_tags", "").replace("'", "").split(", ")
+            tags = ", ".join(repr(tag.split(":", 1)[-1]) for tag in expected)
+            code, message = "invalid_value", f"Invalid value for {param!r}: supported values are {tags}."
+        elif first["type"] in _MISSING_CODES:
             code, message = "missing_required_parameter", f"Missing required parameter: {param!r}."
         elif first["type"] in _TYPE_CODES:
             code, message = "invalid_type", f"Invalid type for {param!r}: {first['msg']}."
@@ -353,13 +412,45 @@ class MessageItem(_ServerModel):
     content: list[ItemContent]
 
 
+class FunctionCallItem(_ServerModel):
+    """A call the model made (or a client created): ``arguments`` is JSON text, as written."""
+
+    id: str
+    type: Literal["function_call"] = "function_call"
+    object: Literal["realtime.item"] = "realtime.item"
+    status: ItemStatus
+    call_id: str
+    name: str
+    arguments: str
+
+
+class FunctionCallOutputItem(_ServerModel):
+    id: str
+    type: Literal["function_call_output"] = "function_call_output"
+    object: Literal["realtime.item"] = "realtime.item"
+    status: ItemStatus = "completed"
+    call_id: str
+    output: str
+
+
+RealtimeItem = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem, Field(discriminator="type")]
+
+
 class ContentPart(_ServerModel):
-    """``response.content_part.*``'s part: ``audio`` (with transcript) or ``text``."""
+    """``response.content_part.*``'s part: ``audio`` (with transcript) or ``text``.
+
+    The fields a part does not have are left out, not null, as OpenAI sends them: the OpenAI
+    Agents SDK's schema takes each as an optional string and drops a part with a null.
+    """
 
     type: Literal["audio", "text"]
     text: str | None = None
     audio: str | None = None
     transcript: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {key: value for key, value in handler(self).items() if value is not None}
 
 
 # -- session -------------------------------------------------------------------------------
@@ -413,6 +504,20 @@ class SessionAudio(_ServerModel):
     output: SessionAudioOutput
 
 
+class FunctionTool(_ServerModel):
+    """A function the model may call, as the session holds it (``session.tools``)."""
+
+    type: Literal["function"] = "function"
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any]
+
+
+class ToolChoiceFunction(_ServerModel):
+    type: Literal["function"] = "function"
+    name: str
+
+
 class SessionVideo(_ServerModel):
     """Extension: how frames of the call's video track (the camera) join user turns.
 
@@ -436,8 +541,8 @@ class SessionObject(_ServerModel):
     model: str
     output_modalities: list[Literal["audio", "text"]]
     instructions: str
-    tools: list[Any] = Field(default_factory=list)
-    tool_choice: str = "auto"
+    tools: list[FunctionTool] = Field(default_factory=list)
+    tool_choice: Literal["auto", "none", "required"] | ToolChoiceFunction = "auto"
     max_output_tokens: int | Literal["inf"]
     tracing: Any = None
     truncation: str = "auto"
@@ -455,6 +560,7 @@ class SessionObject(_ServerModel):
 class StatusError(_ServerModel):
     type: str
     code: str | None
+    message: str | None = None
 
 
 class StatusDetails(_ServerModel):
@@ -507,7 +613,7 @@ class ResponseObject(_ServerModel):
     id: str
     status: ResponseStatus
     status_details: StatusDetails | None = None
-    output: list[MessageItem] = Field(default_factory=list)
+    output: list[RealtimeItem] = Field(default_factory=list)
     conversation_id: str
     output_modalities: list[Literal["audio", "text"]]
     max_output_tokens: int | Literal["inf"]
@@ -614,13 +720,13 @@ class InputAudioBufferClearedEvent(_ServerEventBase):
 class ConversationItemAddedEvent(_ServerEventBase):
     type: Literal["conversation.item.added"] = "conversation.item.added"
     previous_item_id: str | None
-    item: MessageItem
+    item: RealtimeItem
 
 
 class ConversationItemDoneEvent(_ServerEventBase):
     type: Literal["conversation.item.done"] = "conversation.item.done"
     previous_item_id: str | None
-    item: MessageItem
+    item: RealtimeItem
 
 
 class ConversationItemTruncatedEvent(_ServerEventBase):
@@ -702,14 +808,33 @@ class ResponseOutputItemAddedEvent(_ServerEventBase):
     type: Literal["response.output_item.added"] = "response.output_item.added"
     response_id: str
     output_index: int
-    item: MessageItem
+    item: RealtimeItem
 
 
 class ResponseOutputItemDoneEvent(_ServerEventBase):
     type: Literal["response.output_item.done"] = "response.output_item.done"
     response_id: str
     output_index: int
-    item: MessageItem
+    item: RealtimeItem
+
+
+class ResponseFunctionCallArgumentsDeltaEvent(_ServerEventBase):
+    type: Literal["response.function_call_arguments.delta"] = "response.function_call_arguments.delta"
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
+    delta: str
+
+
+class ResponseFunctionCallArgumentsDoneEvent(_ServerEventBase):
+    type: Literal["response.function_call_arguments.done"] = "response.function_call_arguments.done"
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
+    name: str
+    arguments: str
 
 
 class _ContentEventBase(_ServerEventBase):
@@ -816,6 +941,8 @@ ServerEvent = Annotated[
     | ResponseDoneEvent
     | ResponseOutputItemAddedEvent
     | ResponseOutputItemDoneEvent
+    | ResponseFunctionCallArgumentsDeltaEvent
+    | ResponseFunctionCallArgumentsDoneEvent
     | ResponseContentPartAddedEvent
     | ResponseContentPartDoneEvent
     | ResponseOutputAudioTranscriptDeltaEvent

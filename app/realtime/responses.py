@@ -6,6 +6,13 @@ The event sequences are plain functions that return events, so the order a clien
 ``response.output_audio_transcript.done`` → ``response.content_part.done`` →
 ``response.output_item.done`` → ``conversation.item.done`` → ``response.done``) is tested
 without a running session.
+
+A response that may call functions (its tools offered: ``pipeline.tool_format.offers_tools``)
+opens its message item at its first text or audio, not at once: an answer that is only calls
+has no message. Each call is an item of its own after it (``output_item.added``,
+``conversation.item.added``, ``function_call_arguments.delta`` … as the model writes it; then,
+when the response ends, ``.done``, ``output_item.done``, ``conversation.item.done``), and
+``response.done`` lists them all.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.realtime.history import AssistantEntry, checked_text
+from app.realtime.history import AssistantEntry, FunctionCallEntry, checked_text
 from app.realtime.protocol import (
     AudioFormat,
     ContentPart,
@@ -32,6 +39,8 @@ from app.realtime.protocol import (
     ResponseCreatedEvent,
     ResponseCreateParams,
     ResponseDoneEvent,
+    ResponseFunctionCallArgumentsDeltaEvent,
+    ResponseFunctionCallArgumentsDoneEvent,
     ResponseLatency,
     ResponseObject,
     ResponseOutputAudioDoneEvent,
@@ -49,7 +58,10 @@ from app.realtime.protocol import (
     new_id,
 )
 from app.realtime.session_config import Modality, SessionConfig, read_max_output_tokens, read_voice
-from pipeline.turn import TurnDone, TurnTimings, Usage, Voice
+from app.realtime.tools import check_choice, read_tool_choice, read_tools
+from pipeline.conversation import Tool, ToolChoice
+from pipeline.tool_format import offers_tools
+from pipeline.turn import FunctionCallDone, TurnDone, TurnTimings, Usage, Voice
 
 # How long response.done may wait for the answer's first frame to reach the transport. A paced
 # track sends the first queued frame within 20 ms; only a worker far behind takes longer, and
@@ -70,7 +82,13 @@ class Response:
     started_at: float  # monotonic: commit (VAD) or response.create
     silence_wait_ms: float = 0.0  # audio the VAD waited through before committing
     task: asyncio.Task[None] | None = None
-    entry: AssistantEntry | None = None  # set when response.created has been sent
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    # Its items in output order: the message (``entry``) and the function calls after it.
+    output: list[AssistantEntry | FunctionCallEntry] = field(default_factory=list)
+    announced: bool = False  # response.created sent
+    written: dict[str, FunctionCallDone] = field(default_factory=dict)  # calls the model finished, by item id
+    call_problems: list[str] = field(default_factory=list)  # calls not as their function takes them
     cancelling: bool = False
     cancel_reason: str | None = None
     first_audio_at: float | None = None  # monotonic: the first audio chunk handed to the output
@@ -81,6 +99,26 @@ class Response:
     # Set at its first audio, or when it ends: work for the engine that must not delay the
     # answer (input transcription) waits for it.
     output_started: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def entry(self) -> AssistantEntry | None:
+        """The message item (audio or text), once opened."""
+        return next((item for item in self.output if isinstance(item, AssistantEntry)), None)
+
+    @entry.setter
+    def entry(self, entry: AssistantEntry | None) -> None:
+        self.output = [item for item in self.output if not isinstance(item, AssistantEntry)]
+        if entry is not None:
+            self.output.insert(0, entry)
+
+    @property
+    def calls(self) -> list[FunctionCallEntry]:
+        return [item for item in self.output if isinstance(item, FunctionCallEntry)]
+
+    @property
+    def may_call(self) -> bool:
+        """The model sees tools (and may answer with calls only)."""
+        return offers_tools(self.tools, self.tool_choice)
 
     def object(self, status: ResponseStatus, **fields: Any) -> ResponseObject:
         return ResponseObject(
@@ -110,6 +148,8 @@ class Response:
             metadata=None,
             started_at=started_at,
             silence_wait_ms=silence_wait_ms,
+            tools=config.tools,
+            tool_choice=config.tool_choice,
         )
 
     def audio_written(self, *, to_idle_paced_output: bool) -> None:
@@ -135,8 +175,12 @@ class Response:
                 await self.first_frame_sent.wait()
 
     def content_ids(self) -> dict[str, Any]:
-        assert self.entry is not None
-        return {"response_id": self.id, "item_id": self.entry.id, "output_index": 0, "content_index": 0}
+        entry = self.entry
+        assert entry is not None
+        return {"response_id": self.id, "item_id": entry.id, "output_index": self.output.index(entry), "content_index": 0}
+
+    def call_ids(self, call: FunctionCallEntry) -> dict[str, Any]:
+        return {"response_id": self.id, "item_id": call.id, "output_index": self.output.index(call), "call_id": call.call_id}
 
     def part(self, text: str) -> ContentPart:
         if self.modality == "audio":
@@ -164,19 +208,59 @@ def apply_response_params(response: Response, params: ResponseCreateParams, *, m
             response.max_output_tokens = read_max_output_tokens(getattr(params, key), f"response.{key}")
     if params.instructions is not None:
         response.instructions = checked_text(params.instructions, "response.instructions", max_chars=max_chars)
+    if params.tools is not None:
+        response.tools = read_tools(params.tools, "response.tools", max_chars=max_chars)
+    if params.tool_choice is not None:
+        response.tool_choice = read_tool_choice(params.tool_choice, "response.tool_choice")
+    check_choice(response.tools, response.tool_choice, "response.tool_choice")
     response.metadata = params.metadata
 
 
 def announce_events(response: Response, previous_item_id: str | None) -> list[ServerEvent]:
     """``response.created`` and the empty output item and part, once ``response.entry`` is set."""
+    return [created_event(response), *message_events(response, previous_item_id)]
+
+
+def created_event(response: Response) -> ServerEvent:
+    response.announced = True
+    return ResponseCreatedEvent(response=response.object("in_progress"))
+
+
+def message_events(response: Response, previous_item_id: str | None) -> list[ServerEvent]:
+    """The message item, empty, and its part, once ``response.entry`` is set."""
     entry = response.entry
     assert entry is not None
+    index = response.output.index(entry)
     return [
-        ResponseCreatedEvent(response=response.object("in_progress")),
-        ResponseOutputItemAddedEvent(response_id=response.id, output_index=0, item=entry.item()),
+        ResponseOutputItemAddedEvent(response_id=response.id, output_index=index, item=entry.item()),
         ConversationItemAddedEvent(previous_item_id=previous_item_id, item=entry.item()),
         ResponseContentPartAddedEvent(**response.content_ids(), part=response.part("")),
     ]
+
+
+def call_added_events(response: Response, call: FunctionCallEntry, previous_item_id: str | None) -> list[ServerEvent]:
+    """A function call the model began (its name known, its arguments to come)."""
+    index = response.output.index(call)
+    return [
+        ResponseOutputItemAddedEvent(response_id=response.id, output_index=index, item=call.item()),
+        ConversationItemAddedEvent(previous_item_id=previous_item_id, item=call.item()),
+    ]
+
+
+def call_delta_event(response: Response, call: FunctionCallEntry, delta: str) -> ServerEvent:
+    return ResponseFunctionCallArgumentsDeltaEvent(**response.call_ids(call), delta=delta)
+
+
+def call_done_events(response: Response, call: FunctionCallEntry, previous_item_id: str | None) -> list[ServerEvent]:
+    """A call written whole (``call.status`` completed) or cut off (incomplete: no arguments done)."""
+    events: list[ServerEvent] = []
+    if call.status == "completed":
+        events.append(ResponseFunctionCallArgumentsDoneEvent(**response.call_ids(call), name=call.name,
+                                                              arguments=call.arguments))
+    index = response.output.index(call)
+    events.append(ResponseOutputItemDoneEvent(response_id=response.id, output_index=index, item=call.item()))
+    events.append(ConversationItemDoneEvent(previous_item_id=previous_item_id, item=call.item()))
+    return events
 
 
 def delta_event(response: Response, text: str) -> ServerEvent:
@@ -203,9 +287,9 @@ def finish_events(
     response.output_started.set()
     entry = response.entry
     events: list[ServerEvent] = []
-    if entry is None:
-        events.append(ResponseCreatedEvent(response=response.object("in_progress")))
-    else:
+    if not response.announced:
+        events.append(created_event(response))
+    if entry is not None:
         ids = response.content_ids()
         if response.modality == "audio":
             events.append(ResponseOutputAudioDoneEvent(**ids))
@@ -214,7 +298,8 @@ def finish_events(
             events.append(ResponseOutputTextDoneEvent(**ids, text=entry.text))
         events.append(ResponseContentPartDoneEvent(**ids, part=response.part(entry.text)))
         entry.status = "completed" if status == "completed" else "incomplete"
-        events.append(ResponseOutputItemDoneEvent(response_id=response.id, output_index=0, item=entry.item()))
+        index = response.output.index(entry)
+        events.append(ResponseOutputItemDoneEvent(response_id=response.id, output_index=index, item=entry.item()))
         events.append(ConversationItemDoneEvent(previous_item_id=previous_item_id, item=entry.item()))
     details = None
     if status != "completed":
@@ -223,12 +308,20 @@ def finish_events(
             reason=reason,
             error=StatusError(type="server_error", code=error_code) if error_code else None,
         )
+    elif response.call_problems:  # delivered as the model wrote them; the client should know
+        details = StatusDetails(
+            type="completed",
+            error=StatusError(
+                type="invalid_function_call", code="invalid_function_arguments",
+                message="; ".join(response.call_problems),
+            ),
+        )
     events.append(
         ResponseDoneEvent(
             response=response.object(
                 status,
                 status_details=details,
-                output=[entry.item()] if entry is not None else [],
+                output=[item.item() for item in response.output],
                 usage=response_usage(done.usage) if done is not None else None,
             ),
             latency=latency(response, done.timings if done is not None else None),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -30,12 +31,13 @@ from app.realtime.end_of_turn import SemanticVad
 from app.realtime.event_audio import acknowledge_playback, played_out
 from app.realtime.failures import failure_event
 from app.realtime.gate import EventGate
-from app.realtime.history import AssistantEntry, History
+from app.realtime.history import AssistantEntry, FunctionCallEntry, History
 from app.realtime.images import read_item_images
 from app.realtime.input_buffer import AppendDecoder, ManualBuffer
 from app.realtime.ledger import AudioOutput, PlaybackLedger
 from app.realtime.protocol import (
     ClientEvent,
+    ClientMessageItem,
     ConversationItemCreateEvent,
     ConversationItemDeleteEvent,
     ConversationItemTruncateEvent,
@@ -59,8 +61,19 @@ from app.realtime.protocol import (
     new_id,
     parse_client_event,
 )
-from app.realtime.responses import Response, announce_events, apply_response_params, delta_event, finish_events
+from app.realtime.responses import (
+    Response,
+    apply_response_params,
+    call_added_events,
+    call_delta_event,
+    call_done_events,
+    created_event,
+    delta_event,
+    finish_events,
+    message_events,
+)
 from app.realtime.session_config import SessionConfig, TurnDetection
+from app.realtime.tools import arguments_problem
 from app.realtime.transcription import Transcriptions
 from app.realtime.turn_taking import TurnActions, TurnTaking, detector_params
 from media.end_of_turn import EndOfTurnModel
@@ -68,7 +81,17 @@ from media.frames import FramePlan, SampledFrame
 from media.vad import SpeechModel
 from pipeline.conversation import UserImage
 from pipeline.images import fitted_size
-from pipeline.turn import AudioChunk, Engine, EngineError, TextDelta, TurnDone, TurnRequest
+from pipeline.turn import (
+    AudioChunk,
+    Engine,
+    EngineError,
+    FunctionCallDelta,
+    FunctionCallEvent,
+    FunctionCallStarted,
+    TextDelta,
+    TurnDone,
+    TurnRequest,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -291,8 +314,10 @@ class RealtimeSession:
 
     async def _create_item(self, event: ConversationItemCreateEvent) -> None:
         images = {}
-        if event.item.role == "user":  # decoded in a worker thread; the history checks the rest
-            images = await read_item_images(event.item.content, max_bytes=self._config.max_image_bytes)
+        item = event.item
+        # Images are decoded in a worker thread; the history checks the rest.
+        if isinstance(item, ClientMessageItem) and item.role == "user":
+            images = await read_item_images(item.content, max_bytes=self._config.max_image_bytes)
             if self._closed:
                 return
         for server_event in self._history.create_item(
@@ -306,6 +331,10 @@ class RealtimeSession:
 
     def _delete_item(self, event: ConversationItemDeleteEvent) -> None:
         in_progress = self._response.entry if self._response is not None else None
+        if self._response is not None and any(call.id == event.item_id for call in self._response.calls):
+            raise ProtocolError(
+                "invalid_value", "The item belongs to the response in progress; cancel it first.", param="item_id"
+            )
         self._emit(self._history.delete_item(event.item_id, in_progress=in_progress))
 
     def _truncate_item(self, event: ConversationItemTruncateEvent) -> None:
@@ -407,8 +436,9 @@ class RealtimeSession:
         try:
             if previous is not None and not previous.done():
                 await asyncio.wait({previous})  # a cancelled response first sends its response.done
+            conversation = self._history.conversation(response.instructions, self._config.history)
             request = TurnRequest(
-                conversation=self._history.conversation(response.instructions, self._config.history),
+                conversation=dataclasses.replace(conversation, tools=response.tools, tool_choice=response.tool_choice),
                 voice=response.voice,
                 temperature=response.temperature,
                 max_output_tokens=response.max_output_tokens,
@@ -422,6 +452,8 @@ class RealtimeSession:
                         self._on_text(response, event)
                     elif isinstance(event, AudioChunk):
                         self._on_audio(response, event)
+                    elif isinstance(event, FunctionCallEvent):
+                        self._on_call(response, event)
                     elif isinstance(event, TurnDone):
                         done = event
             if done is None:
@@ -443,24 +475,69 @@ class RealtimeSession:
             self._finish_response(response, "failed", failure=("server_error", exc))
 
     def _announce_response(self, response: Response) -> None:
-        response.entry = AssistantEntry(new_id("item"), response.modality)
-        previous_id = self._history.append(response.entry)
-        for event in announce_events(response, previous_id):
-            self._emit(event)
+        self._emit(created_event(response))
+        if not response.may_call:  # with tools, the message opens at its first text: there may be none
+            self._open_message(response)
+
+    def _open_message(self, response: Response) -> AssistantEntry:
+        entry = response.entry
+        if entry is None:
+            entry = AssistantEntry(new_id("item"), response.modality)
+            response.entry = entry
+            previous_id = self._history.append(entry)
+            for event in message_events(response, previous_id):
+                self._emit(event)
+        return entry
 
     def _on_text(self, response: Response, delta: TextDelta) -> None:
-        if not delta.text or response.entry is None:
+        if not delta.text:
             return
-        response.entry.add_delta(delta.text, tokens=delta.tokens)
+        self._open_message(response).add_delta(delta.text, tokens=delta.tokens)
         self._emit(delta_event(response, delta.text))
+
+    def _on_call(self, response: Response, event: FunctionCallEvent) -> None:
+        """A function call of the answer: an item of its own, its arguments streamed as written.
+        It is done when the response is (``_close_calls``)."""
+        if isinstance(event, FunctionCallStarted):
+            call = FunctionCallEntry(new_id("item"), new_id("call"), event.name)
+            response.output.append(call)
+            for server_event in call_added_events(response, call, self._history.append(call)):
+                self._emit(server_event)
+            return
+        call = response.calls[event.index]
+        if isinstance(event, FunctionCallDelta):
+            call.arguments += event.delta
+            self._emit(call_delta_event(response, call, event.delta))
+            return
+        call.arguments = event.arguments
+        response.written[call.id] = event
+
+    def _close_calls(self, response: Response, status: ResponseStatus) -> None:
+        """Each call is done as the response ends, not when the model closed it: a client runs a
+        call at its ``output_item.done`` and asks for the next response at once, which it may
+        only do once this one is over (OpenAI sends a call's done events last as well). A call
+        the model wrote whole is completed unless the response was cancelled or failed; one it
+        did not finish is incomplete (and never reaches a prompt). Arguments that are not what
+        the function takes are delivered as written, and ``response.done`` says so."""
+        for call in response.calls:
+            written = response.written.get(call.id)
+            made = written is not None and written.closed and status in ("completed", "incomplete")
+            call.status = "completed" if made else "incomplete"
+            if made and written is not None:
+                problem = None if written.well_formed else 'the call is not {"name": …, "arguments": …}'
+                if problem or (problem := arguments_problem(response.tools, call.name, call.arguments)):
+                    response.call_problems.append(f"{call.call_id} ({call.name or 'no name'}): {problem}")
+            for event in call_done_events(response, call, self._history.previous_id(call)):
+                self._emit(event)
 
     def _on_audio(self, response: Response, chunk: AudioChunk) -> None:
         pcm = chunk.pcm
-        if response.modality != "audio" or response.entry is None or pcm.size == 0:
+        if response.modality != "audio" or pcm.size == 0:
             return
+        entry = self._open_message(response)
         response.audio_written(to_idle_paced_output=len(self._ledger) == 0 and getattr(self._output, "paced", False))
-        response.entry.add_audio(pcm.size, frames=chunk.frames, text_tokens_voiced=chunk.text_tokens_voiced)
-        self._ledger.write(response.entry.id, response.id, pcm.size, self._output.played_samples)
+        entry.add_audio(pcm.size)
+        self._ledger.write(entry.id, response.id, pcm.size, self._output.played_samples)
         self._output.write(pcm)
 
     def _finish_response(
@@ -473,6 +550,9 @@ class RealtimeSession:
         failure: tuple[str, BaseException | str] | None = None,
     ) -> None:
         """Ends ``response``; a ``failure`` (its code, and its cause for the log) is told in an ``error`` event."""
+        self._close_calls(response, status)
+        if response.announced and not response.output:  # a plain answer has its item, even empty
+            self._open_message(response)
         entry = response.entry
         previous_id = self._history.previous_id(entry) if entry is not None else None
         if entry is not None:  # its text ran ahead of its audio: only what is heard counts
@@ -561,8 +641,10 @@ class RealtimeSession:
 
 
 def _carries_an_image(event: ClientEvent) -> bool:
-    return isinstance(event, ConversationItemCreateEvent) and any(
-        part.type == "input_image" for part in event.item.content
+    return (
+        isinstance(event, ConversationItemCreateEvent)
+        and isinstance(event.item, ClientMessageItem)
+        and any(part.type == "input_image" for part in event.item.content)
     )
 
 

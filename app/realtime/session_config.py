@@ -2,8 +2,9 @@
 
 OpenAI clients send ``session.update`` right after the data channel opens, with fields this
 server does not implement. The reader accepts GA nesting (``audio.input.turn_detection``…) and
-the older flat beta keys (``voice``, ``turn_detection``, ``modalities``…), ignores what does not
-apply (``model``, ``tools``, ``tracing``, noise reduction, output speed), maps
+the older flat beta keys (``voice``, ``turn_detection``, ``modalities``…), reads function
+``tools`` and ``tool_choice`` (``app.realtime.tools``), ignores what does not apply (``model``,
+``tracing``, noise reduction, output speed), maps
 what has a sensible meaning (``semantic_vad`` → server VAD whose silence wait follows
 ``eagerness``; OpenAI voice names → the current Qwen voice) and rejects only values that are
 really wrong. One bad value rejects the whole update: nothing changes.
@@ -29,8 +30,9 @@ from app.realtime.protocol import (
     SessionVideo,
     TranscriptionObject,
 )
+from app.realtime.tools import check_choice, choice_object, read_tool_choice, read_tools, tool_objects
 from media.turn_detection import EndOfTurnPolicy, TurnDetectionParams
-from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, HistoryLimits
+from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, HistoryLimits, Tool, ToolChoice
 from pipeline.images import MIN_PIXELS
 from pipeline.turn import VOICES, TranscriptionHint, Voice
 
@@ -153,6 +155,8 @@ class SessionConfig:
     input_audio_format: AudioFormatType = "audio/pcm"  # of base64 audio in events (WebRTC uses Opus)
     output_audio_format: AudioFormatType = "audio/pcm"
     transcription: InputTranscription | None = None  # None: user audio is not transcribed
+    tools: tuple[Tool, ...] = ()  # functions the model may call
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
     video: VideoInput = field(default_factory=VideoInput)
     # Server-side, not in the protocol:
     history: HistoryLimits = field(default_factory=HistoryLimits)
@@ -191,6 +195,8 @@ class SessionConfig:
             output_modalities=[self.output_modality],
             instructions=self.effective_instructions,
             max_output_tokens="inf" if self.max_output_tokens is None else self.max_output_tokens,
+            tools=tool_objects(self.tools),
+            tool_choice=choice_object(self.tool_choice),
             expires_at=expires_at,
             temperature=self.temperature,
             video=self.video.to_object(),
@@ -276,10 +282,14 @@ class _SessionReader:
             self._audio(s["audio"])
         if "video" in s:
             self._changes["video"] = _video(s["video"], self._base.video, "session.video")
-        if "tools" in s and not isinstance(s["tools"], list):
-            raise _invalid("session.tools", "must be an array")
-        # tool_choice, tracing, truncation, prompt, include: accepted, and not implemented.
-        return dataclasses.replace(self._base, **self._changes)
+        if "tools" in s:
+            self._changes["tools"] = read_tools(s["tools"], "session.tools", max_chars=self._base.max_text_chars)
+        if "tool_choice" in s:
+            self._changes["tool_choice"] = read_tool_choice(s["tool_choice"], "session.tool_choice")
+        # tracing, truncation, prompt, include: accepted, and not implemented.
+        config = dataclasses.replace(self._base, **self._changes)
+        check_choice(config.tools, config.tool_choice, "session.tool_choice")
+        return config
 
     def _voice(self, value: Any, param: str) -> None:
         self._changes["voice"] = read_voice(value, param, self._changes.get("voice", self._base.voice))

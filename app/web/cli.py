@@ -34,6 +34,7 @@ SERVE_FLAGS = {
     "generation": "generation",
     "engine_threads": "engine_threads",
     "attn_implementation": "attn_implementation",
+    "dev_replies": "dev_replies",
     "engine_url": "engine_urls",
     "engine_api_key": "engine_api_key",
     "cache_dir": "cache_dir",
@@ -88,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--engine-threads", type=int, help="torch CPU threads in the engine process")
     serve.add_argument(
         "--attn-implementation", choices=["sdpa", "eager", "flash_attention_2"], help="attention kernels (default: transformers' choice, sdpa)"
+    )
+    serve.add_argument(
+        "--dev-replies", type=Path, metavar="FILE",
+        help="a JSON list of answer texts the dev model says, one per response of each session, then its own",
     )
     serve.add_argument(
         "--engine-url", action="append", metavar="URL",

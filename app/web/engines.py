@@ -4,13 +4,16 @@ Every wrapper keeps one forwarding contract (:class:`EngineWrapper`): it changes
 ``run_turn``; ``name`` and every other attribute (``alive``, ``restarts``, ``queue_depth``...)
 read through to the wrapped engine, and ``start``/``close`` belong to whoever owns the wrapped
 engine, so a wrapper never starts or closes it. The server stacks them as
-``MeteredEngine(StallTimeoutEngine(engine))``.
+``MeteredEngine(StallTimeoutEngine(engine))``; with ``--dev-replies`` each session gets
+``DevReplies`` around that.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import dataclasses
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -96,3 +99,26 @@ class MeteredEngine(EngineWrapper):
             self._metrics.thinker_first_token.labels(task=request.task).observe(timings.first_text)
         if timings.first_audio is not None:
             self._metrics.engine_first_audio.labels(task=request.task).observe(timings.first_audio)
+
+
+class DevReplies(EngineWrapper):
+    """The dev model says what it is told (``omni-rtc serve --dev-replies FILE``): one session's
+    responses take the replies in order, then the model's own. Each session has its own copy
+    (*decided*: a demo or a test sees the same script in every session, and sessions running
+    side by side do not take each other's replies). The reply is forced through the real
+    tokenizer, Talker and Code2Wav (``TurnRequest.forced_reply``); transcription turns are the
+    model's own."""
+
+    def __init__(self, engine: Engine, replies: tuple[str, ...]) -> None:
+        super().__init__(engine)
+        self._replies = collections.deque(replies)
+
+    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+        if request.task == "respond" and self._replies:
+            request = dataclasses.replace(request, forced_reply=self._replies.popleft())
+        return self._engine.run_turn(request)
+
+
+def for_session(engine: Engine, replies: tuple[str, ...]) -> Engine:
+    """The engine one session gets: scripted when there are dev replies."""
+    return DevReplies(engine, replies) if replies else engine

@@ -24,11 +24,12 @@ import os
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from app.config import Settings
+from app.config import Settings, load_dev_replies
 from app.realtime.ledger import AudioOutput
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
 from app.web.calls import load_end_of_turn_model, new_call
+from app.web.engines import for_session
 from app.web.ipc import MessageTooLarge, post, receive
 from app.web.metrics import Metrics
 from app.web.resources import process_resources
@@ -109,6 +110,7 @@ class MediaWorker:
         self._engine_name = engine_name
         self._writer: asyncio.StreamWriter | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._dev_replies: tuple[str, ...] = ()
 
     async def serve(self, socket_path: str) -> None:
         reader, writer = await asyncio.open_unix_connection(socket_path)
@@ -116,6 +118,7 @@ class MediaWorker:
         self._send({"op": "hello", "worker": self.index, "pid": os.getpid()})
         vad = await asyncio.to_thread(SileroVad.load)
         end_of_turn = await asyncio.to_thread(load_end_of_turn_model, self._settings)
+        self._dev_replies = await asyncio.to_thread(load_dev_replies, self._settings.dev_replies)
         metrics = Metrics(worker=str(self.index))
         engine = EngineProxy(self._engine_name, self._send)
         # The front counts every worker's sessions and their ends (omni_rtc_sessions_open,
@@ -181,7 +184,7 @@ class MediaWorker:
 
         def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
             return RealtimeSession(
-                engine=engine, vad=vad, output=output, send=send, config=config,
+                engine=for_session(engine, self._dev_replies), vad=vad, output=output, send=send, config=config,
                 on_ignored_speech=metrics.ignored_speech.inc, end_of_turn=end_of_turn,
             )
 

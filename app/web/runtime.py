@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from app.web.engines import for_session
 from app.web.errors import ApiError
 from app.web.workers import MediaWorkerPool
 from app.webrtc.call import CallRegistry
@@ -26,6 +27,11 @@ class Runtime:
     calls: CallRegistry
     end_of_turn: EndOfTurnModel | None = None  # None: not installed; semantic_vad is refused
     workers: MediaWorkerPool | None = None  # --media-workers > 1
+    dev_replies: tuple[str, ...] = ()  # --dev-replies
+
+    def session_engine(self) -> Engine:
+        """The engine one new session gets."""
+        return for_session(self.for_sessions, self.dev_replies)
 
 
 def runtime_of(request: Request) -> Runtime:

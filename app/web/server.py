@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.cors import CORSMiddleware
 
-from app.config import Settings
+from app.config import Settings, load_dev_replies
 from app.realtime.protocol import ProtocolError
 from app.realtime.session_config import SessionConfig
 from app.web.auth import Authenticator, install_auth
@@ -63,6 +63,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 serving, model = engine, getattr(engine, "name", type(engine).__name__)
             vad = await asyncio.to_thread(SileroVad.load)
             end_of_turn = await asyncio.to_thread(load_end_of_turn_model, settings)
+            dev_replies = await asyncio.to_thread(load_dev_replies, settings.dev_replies)
             calls = CallRegistry(
                 settings.max_sessions,
                 max_connecting_per_client=settings.max_connecting_per_client,
@@ -81,7 +82,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 metrics.pacing_snapshots = dict  # none here: each worker's metrics carry its own pacing
             app.state.runtime = Runtime(
                 engine=serving, for_sessions=for_sessions, model=model, vad=vad, calls=calls,
-                end_of_turn=end_of_turn, workers=workers,
+                end_of_turn=end_of_turn, workers=workers, dev_replies=dev_replies,
             )
             scheme = "https" if settings.tls or settings.ssl_certfile else "http"
             logger.info("serving %s on %s://%s:%d", model, scheme, settings.host, settings.port)

@@ -285,7 +285,7 @@ def websocket_router(
 
             def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
                 return RealtimeSession(
-                    engine=runtime.for_sessions, vad=runtime.vad, output=output, send=send, config=config,
+                    engine=runtime.session_engine(), vad=runtime.vad, output=output, send=send, config=config,
                     on_ignored_speech=metrics.ignored_speech.inc, end_of_turn=runtime.end_of_turn,
                 )
 

@@ -5,6 +5,7 @@
 import { Call } from "./call.js";
 import { Conversation } from "./conversation.js";
 import { MicrophoneError } from "./microphone.js";
+import { PageTools } from "./tools.js";
 
 // Backoff for automatic reconnects after a dropped call: 1 s, 2 s, 4 s, 8 s, 16 s, then give up.
 const RECONNECT_DELAYS_MS = [1000, 2000, 4000, 8000, 16000];
@@ -52,13 +53,16 @@ export class CallControls {
     this.reconnectTimer = null;
     this.userHungUp = false;
     if (this.call) this.call.close();
+    let thisCall = null;
+    const tools = new PageTools({ transcript: this.transcript, send: (event) => thisCall?.send(event) });
     const conversation = new Conversation({
       transcript: this.transcript,
       sessionControls: this.sessionControls,
       view: this.view,
       latencyRecords: this.hook.latencies,
+      tools,
     });
-    const thisCall = new Call({
+    thisCall = new Call({
       signaling: this.signaling,
       conversation,
       view: this.view,
@@ -92,7 +96,9 @@ export class CallControls {
     this.view.showReconnect(false);
     // Like OpenAI's clients: configure the session right away, without waiting for
     // session.created; the server answers with session.updated (the effective session).
-    call.send(this.sessionControls.updateEvent());
+    const update = this.sessionControls.updateEvent();
+    Object.assign(update.session, call.conversation.tools.sessionFields());
+    call.send(update);
     this.view.setConnectedControls(true);
     call.renderState();
   }

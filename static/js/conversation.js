@@ -5,8 +5,9 @@ import { LatencyTracker } from "./latency.js";
 import { describeServerError } from "./ui.js";
 
 export class Conversation {
-  constructor({ transcript, sessionControls, view, latencyRecords }) {
+  constructor({ transcript, sessionControls, view, latencyRecords, tools }) {
     this.transcript = transcript;
+    this.tools = tools;   // the page's function tools (tools.js): calls shown, run and answered
     this.sessionControls = sessionControls;
     this.view = view;
     this.latency = new LatencyTracker(transcript, latencyRecords);
@@ -38,6 +39,7 @@ export class Conversation {
   }
 
   handle(event) {
+    this.tools?.handle(event);
     switch (event.type) {
       case "session.created":
       case "session.updated":

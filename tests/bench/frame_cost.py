@@ -45,7 +45,8 @@ import pipeline.devmodel
 from pipeline import generation
 from pipeline.decoder import SpeechModel
 from pipeline.devmodel import ensure_dev_model
-from pipeline.generation import GenerationParams, stream_turn
+from pipeline.generation import stream_turn
+from pipeline.params import GenerationParams
 from pipeline.prompt import PromptRenderer
 from pipeline.tokenizer import load_tokenizer
 from pipeline.turn import AudioChunk, TurnDone
@@ -71,7 +72,9 @@ HOST_SYNCS = ("item", "tolist", "cpu", "numpy")
 class Meter:
     """Accumulates wall and CPU seconds and call counts per stage, and host sync counts."""
 
-    def __init__(self) -> None:
+    def __init__(self, sync: Callable[[], None] = lambda: None) -> None:
+        # On an accelerator, sync waits for the queued kernels, so a stage is charged its own.
+        self._sync = sync
         self.cpu: dict[str, float] = defaultdict(float)
         self.wall: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
@@ -79,10 +82,12 @@ class Meter:
 
     def timed(self, stage: str, method: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            self._sync()
             wall, cpu = time.perf_counter(), time.process_time()
             try:
                 return method(*args, **kwargs)
             finally:
+                self._sync()
                 self.wall[stage] += time.perf_counter() - wall
                 self.cpu[stage] += time.process_time() - cpu
                 self.calls[stage] += 1
@@ -112,15 +117,26 @@ def instrumented(meter: Meter) -> Iterator[None]:
             setattr(cls, name, original)
 
 
-def measure_turn(model, tokenizer, inputs, tokens: int, frames_cap: int) -> dict[str, Any]:
+def measure_turn(
+    model,
+    tokenizer,
+    inputs,
+    tokens: int,
+    frames_cap: int,
+    *,
+    talker_frames_per_token: float | None = None,
+    sync: Callable[[], None] = lambda: None,
+) -> dict[str, Any]:
+    """One forced-length turn, timed stage by stage (``sync``: waits for an accelerator's queue)."""
     params = GenerationParams(
         temperature=TEMPERATURE,
         seed=SEED,
         force_output_tokens=tokens,
         max_output_tokens=tokens,
         max_audio_frames=frames_cap,
+        talker_frames_per_token=talker_frames_per_token,
     )
-    meter = Meter()
+    meter = Meter(sync)
     chunks = 0
     with instrumented(meter):
         wall, cpu = time.perf_counter(), time.process_time()
@@ -129,6 +145,7 @@ def measure_turn(model, tokenizer, inputs, tokens: int, frames_cap: int) -> dict
                 chunks += 1
             elif isinstance(event, TurnDone):
                 done = event
+        sync()
         total_wall, total_cpu = time.perf_counter() - wall, time.process_time() - cpu
     frames = done.usage.output_audio_tokens
     rows: dict[str, dict[str, float]] = {}

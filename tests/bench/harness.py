@@ -13,8 +13,11 @@ import socket
 import subprocess
 import time
 import urllib.request
+import wave
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 
 def free_port() -> int:
@@ -58,3 +61,13 @@ def write_report(out: Path, report: dict[str, Any], note: str = "") -> None:
     partial.write_text(json.dumps(report, indent=2) + "\n")
     partial.replace(out)
     print(f"wrote {out}{note}")
+
+
+def read_wav(path: Path) -> np.ndarray:
+    """A 16-bit mono WAV (the speech fixtures) as float32 PCM, with the standard library only:
+    the GPU image the device check runs on has no soundfile."""
+    with wave.open(str(path)) as wav:
+        if wav.getsampwidth() != 2 or wav.getnchannels() != 1:
+            raise ValueError(f"{path}: expected 16-bit mono, got {wav.getsampwidth() * 8}-bit x {wav.getnchannels()}")
+        frames = wav.readframes(wav.getnframes())
+    return np.frombuffer(frames, dtype="<i2").astype(np.float32) / 32768.0

@@ -35,10 +35,9 @@ import sys
 import time
 from pathlib import Path
 
-import soundfile as sf
 import torch
 import transformers
-from harness import machine, write_report  # this folder: a script's is first on sys.path
+from harness import machine, read_wav, write_report  # this folder: a script's is first on sys.path
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
 import pipeline.devmodel
@@ -46,7 +45,8 @@ import pipeline.tokenizer
 from media.rates import VOICE_RATE
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
 from pipeline.devmodel import ensure_dev_model
-from pipeline.generation import GenerationParams, stream_turn
+from pipeline.generation import stream_turn
+from pipeline.params import GenerationParams
 from pipeline.prompt import PromptRenderer, ThinkerInputs
 from pipeline.tokenizer import load_tokenizer
 from pipeline.turn import AudioChunk, TextDelta, TurnDone
@@ -66,7 +66,7 @@ def dev_model_fingerprint() -> str:
 
 
 def spoken_turn(renderer: PromptRenderer) -> ThinkerInputs:
-    pcm, _ = sf.read(FIXTURES / "hello.wav", dtype="float32")
+    pcm = read_wav(FIXTURES / "hello.wav")
     conversation = Conversation(items=(UserText("hi there"), AssistantText("Hello! How can I help?"), UserAudio(pcm)))
     return renderer.render(conversation)
 

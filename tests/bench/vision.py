@@ -51,9 +51,10 @@ sys.path.insert(0, str(REPO))
 from media.video import encode_frame  # noqa: E402
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserImage, UserText  # noqa: E402
 from pipeline.devmodel import ensure_dev_model  # noqa: E402
-from pipeline.generation import GenerationParams, stream_turn  # noqa: E402
+from pipeline.generation import stream_turn  # noqa: E402
 from pipeline.images import fit as fit_image  # noqa: E402
 from pipeline.images import fitted_size, probe  # noqa: E402
+from pipeline.params import GenerationParams  # noqa: E402
 from pipeline.prompt import PromptRenderer  # noqa: E402
 from pipeline.tokenizer import load_tokenizer  # noqa: E402
 from pipeline.turn import AudioChunk  # noqa: E402

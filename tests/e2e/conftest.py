@@ -90,8 +90,16 @@ async def serving_in_process(app: FastAPI, **config: Any) -> AsyncIterator[str]:
 
 @pytest.fixture(scope="session")
 def server_url(dev_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with running_server(dev_model_dir, tmp_path_factory.mktemp("server")) as base_url:
+        yield base_url
+
+
+@contextlib.contextmanager
+def running_server(dev_model_dir: Path, log_dir: Path, *extra_args: str) -> Iterator[str]:
+    """``omni-rtc serve`` on a free port of 127.0.0.1 with the dev model, until the block ends;
+    ``extra_args``: more flags (a module that needs a server of its own)."""
     port = free_port()
-    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    log_path = log_dir / "server.log"
     env = {
         **os.environ,
         "OMNI_RTC_DISCONNECT_TIMEOUT_S": str(DISCONNECT_TIMEOUT_S),
@@ -102,7 +110,7 @@ def server_url(dev_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         sys.executable, "-m", "app.web.cli", "serve",
         "--host", "127.0.0.1", "--port", str(port),
         "--model", str(dev_model_dir), "--device", "cpu", "--seed", "0",
-        "--ice-loopback", "--log-level", "info",
+        "--ice-loopback", "--log-level", "info", *extra_args,
     ]
     base_url = f"http://127.0.0.1:{port}"
     with open(log_path, "wb") as log:

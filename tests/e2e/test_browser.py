@@ -419,6 +419,9 @@ async def test_session_controls_become_a_session_update(server_url: str, tmp_pat
     async with page_with_a_silent_microphone(server_url, tmp_path) as page:
         await page.select_option("#voice", "chelsie")  # before connecting: sent on connect
         await connect(page)
+        # The answer to the update sent on connect refills the form (the effective session): change
+        # the controls after it, or it may undo the change.
+        await page.wait_for_function("window.omniRtc.events.some((e) => e.type === 'session.updated')")
         await page.uncheck("#barge-in")
         await page.fill("#silence-ms", "800")
         await page.fill("#instructions", "Answer in one word.")

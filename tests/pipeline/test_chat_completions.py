@@ -19,11 +19,23 @@ from pipeline.chat_completions import (
     MalformedChunk,
     ServerError,
     TextPiece,
+    ToolsUnsupported,
     UsagePiece,
     chat_request,
     read_chunk,
 )
-from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, AssistantText, Conversation, UserAudio, UserImage, UserText
+from pipeline.conversation import (
+    DEFAULT_SYSTEM_PROMPT,
+    AssistantText,
+    Conversation,
+    FunctionCall,
+    FunctionOutput,
+    Tool,
+    ToolChoice,
+    UserAudio,
+    UserImage,
+    UserText,
+)
 from pipeline.turn import TranscriptionHint, TurnRequest
 from tests.pictures import encoded
 from tests.vllm_omni_replay import ANSWER_TEXT, SCHEMA_PATH, ReplayServer
@@ -93,6 +105,27 @@ def test_history_goes_as_system_user_and_assistant_messages() -> None:
     assert body["modalities"] == ["text", "audio"] and body["speaker"] == "aiden"
     assert body["temperature"] == 0.6 and body["max_tokens"] == 200
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize(
+    "conversation",
+    [
+        Conversation((UserText("Time?"),), tools=(Tool("get_time"),), tool_choice=ToolChoice("required")),
+        Conversation((UserText("Time?"),), tools=(Tool("get_time"),), tool_choice=ToolChoice("function", "get_time")),
+        Conversation((UserText("Time?"), FunctionCall("c1", "get_time", "{}"), FunctionOutput("c1", "noon"))),
+    ],
+    ids=["required", "named", "calls-in-history"],
+)
+def test_a_turn_that_must_call_or_holds_calls_is_refused(conversation: Conversation) -> None:
+    with pytest.raises(ToolsUnsupported):
+        chat_request(TurnRequest(conversation))
+
+
+@pytest.mark.parametrize("choice", ["auto", "none"])
+def test_tools_the_model_may_leave_alone_are_left_out(choice: str) -> None:
+    conversation = Conversation((UserText("Time?"),), tools=(Tool("get_time"),), tool_choice=ToolChoice(choice))
+    plain = chat_request(TurnRequest(Conversation((UserText("Time?"),))))
+    assert chat_request(TurnRequest(conversation)) == plain
 
 
 def test_an_image_goes_as_an_image_url_data_url_before_the_audio() -> None:

@@ -17,7 +17,8 @@ from pipeline import worker
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, Conversation, UserText
 from pipeline.devmodel import dev_generation_config, dev_model_config
 from pipeline.engine import TransformersEngine
-from pipeline.generation import GenerationParams, stream_turn
+from pipeline.generation import stream_turn
+from pipeline.params import GenerationParams
 from pipeline.prompt import PromptRenderer
 from pipeline.sampling import thinker_sampling
 from pipeline.tokenizer import build_tokenizer, load_tokenizer

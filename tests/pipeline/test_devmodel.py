@@ -24,7 +24,8 @@ from pipeline.devmodel import (
     dev_model,
     ensure_dev_model,
 )
-from pipeline.generation import GenerationParams, stream_turn
+from pipeline.generation import stream_turn
+from pipeline.params import GenerationParams
 from pipeline.prompt import PromptRenderer
 from pipeline.tokenizer import load_tokenizer
 from pipeline.turn import AudioChunk, TurnDone

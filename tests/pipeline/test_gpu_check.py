@@ -1,4 +1,4 @@
-"""scripts/gpu-check.sh as far as a machine without a GPU can run it: the same steps on CPU."""
+"""scripts/gpu-check.sh as far as a machine without a GPU can run it: the dev model on CPU."""
 
 from __future__ import annotations
 
@@ -10,6 +10,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu-check.sh"
+STEPS = (
+    "device",
+    "build",
+    "engine turn",
+    "thinker prefill, 10 s audio",
+    "TTFA",
+    "per-frame cost",
+    "streaming RTF, turns together",
+    "code2wav streaming",
+)
 
 
 def gpu_check(*arguments: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -17,25 +27,30 @@ def gpu_check(*arguments: str, **env: str) -> subprocess.CompletedProcess[str]:
         [str(SCRIPT), *arguments],
         capture_output=True,
         text=True,
-        timeout=300,
-        env=os.environ | {"PYTHON": sys.executable} | env,
+        timeout=480,
+        # No wheels folder: the check runs on this venv's packages.
+        env=os.environ | {"PYTHON": sys.executable, "DEVICE_WHEELS": str(REPO / "no-such-folder")} | env,
     )
 
 
-def test_the_dry_run_on_cpu_runs_a_bfloat16_turn_and_the_ttfa_bench(tmp_path):
-    completed = gpu_check("--device", "cpu", "--dtype", "bfloat16", "--tokens", "8", "--out", str(tmp_path))
+def test_the_dry_run_on_cpu_measures_every_step_and_prints_one_table(tmp_path):
+    completed = gpu_check("--device", "cpu", "--tokens", "6", "--out", str(tmp_path))
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    table = completed.stdout[completed.stdout.index("gpu-check on cpu (bfloat16)") :]
+    table = completed.stdout[completed.stdout.index("gpu-check on cpu (dev size, float32)") :]
     rows = {line.split("  ")[0]: line for line in table.splitlines()[2:]}
-    assert "full turn (engine)  ok" in rows["full turn (engine)"]
-    assert "32 tokens" in rows["full turn (engine)"]
-    assert "TTFA bench          ok" in rows["TTFA bench"]
-    assert rows["per-frame bench"].split()[2] in {"ok", "absent"}
-    report = json.loads((tmp_path / "ttfa.json").read_text())
-    assert report["machine"]["dtype"] == "bfloat16" and [row["tokens"] for row in report["rows"]] == [8]
+    assert list(rows) == list(STEPS)
+    assert all(f"{step}  " in row and " ok " in row for step, row in rows.items())
+    assert "6 tokens" in rows["engine turn"]
+    assert "ms per frame: thinker token" in rows["per-frame cost"] and "(18 frames" in rows["per-frame cost"]
+    assert all(f"{turns}: RTF" in rows["streaming RTF, turns together"] for turns in (1, 4, 8))
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert [row["step"] for row in report["rows"]] == list(STEPS)
+    error = float(rows["code2wav streaming"].split("max relative error ")[1].split(";")[0])
+    assert error <= 1e-4  # float32: streaming is exact
 
 
 def test_without_a_visible_gpu_it_says_so_and_fails():
     completed = gpu_check(CUDA_VISIBLE_DEVICES="")
     assert completed.returncode == 2
     assert "no CUDA device is visible" in completed.stderr and "--device cpu" in completed.stderr
+

@@ -19,6 +19,8 @@ from pipeline.conversation import (
     IMAGE_NOTE,
     AssistantText,
     Conversation,
+    FunctionCall,
+    FunctionOutput,
     HistoryLimits,
     UserAudio,
     UserImage,
@@ -337,8 +339,10 @@ def _history_tokens(renderer, items: tuple) -> int:
         (UserText(COSTLY),),
         (_clip(3.3), UserText("what is this?"), AssistantText("a noise"), UserAudio(_clip(1.2).pcm, transcript="hi")),
         (UserImage(encoded(448, 336), 448, 336, max_pixels=448 * 336), UserText("and this?")),
+        (UserText("Time?"), FunctionCall("c1", "get_time", '{"tz": "UTC"}'), FunctionOutput("c1", '{"t": "12:00"}'),
+         AssistantText("Noon.")),
     ],
-    ids=["english", "chinese", "costliest-text", "audio", "image"],
+    ids=["english", "chinese", "costliest-text", "audio", "image", "tools"],
 )
 def test_the_items_estimates_bound_the_prompt_they_render(renderer, items):
     """The session's budget holds for the real prompt: no item renders to more than it estimates."""

@@ -1,7 +1,7 @@
-"""History as heard: played samples → codec frames → voiced Thinker tokens → text.
+"""History as heard: samples played → answer tokens heard → text.
 
-The mapping alone (``VoicedAudio``), then each edge case through a session with a scripted
-engine (one word = one Thinker token = one codec frame) and a virtual speaker.
+The rule alone (``tokens_heard``), then each edge case through a session with a scripted engine
+(one word = one Thinker token = one codec frame of audio) and a virtual speaker.
 """
 
 from __future__ import annotations
@@ -10,54 +10,42 @@ import asyncio
 
 import pytest
 
-from app.realtime.heard import CODEC_FRAME_SAMPLES, VoicedAudio
+from app.realtime.heard import SPEAKING_TOKENS_PER_SECOND, tokens_heard
 from app.realtime.session_config import SessionConfig
+from media.rates import VOICE_RATE
 from pipeline.conversation import AssistantText, UserText
-from tests.fakes import EnergyVad, ScriptedEngine, SessionHarness
+from tests.fakes import CODEC_FRAME_SAMPLES, EnergyVad, ScriptedEngine, SessionHarness
 
 FRAME = CODEC_FRAME_SAMPLES
 WORDS = "one two three four five six seven eight nine ten"
 
 
-def test_tokens_heard_are_those_of_the_frames_played():
-    voiced = VoicedAudio()
-    # A decoder's chunks: 4 frames first, then 6; the Thinker was ahead (all 10 tokens released).
-    voiced.add(4 * FRAME, frames=4, text_tokens_voiced=4, tokens_released=10)
-    voiced.add(6 * FRAME, frames=6, text_tokens_voiced=10, tokens_released=10)
-    assert voiced.tokens_heard(0) == 0
-    assert voiced.tokens_heard(FRAME - 1) == 0  # a frame counts once all of it has played
-    assert voiced.tokens_heard(FRAME) == 1
-    assert voiced.tokens_heard(4 * FRAME) == 4
-    assert voiced.tokens_heard(7 * FRAME + FRAME // 2) == 7
-    assert voiced.tokens_heard(10 * FRAME) == 10
+def test_a_complete_answer_is_heard_in_proportion_to_its_audio_played():
+    # 40 tokens spoken over 12 s: the Talker was fed them in 3.2 s, it speaks them in 12.
+    samples = 12 * VOICE_RATE
+    assert tokens_heard(0, audio_samples=samples, tokens=40, complete=True) == 0
+    assert tokens_heard(3 * VOICE_RATE, audio_samples=samples, tokens=40, complete=True) == 10
+    assert tokens_heard(samples * 2 // 5, audio_samples=samples, tokens=40, complete=True) == 16
+    assert tokens_heard(samples - 1, audio_samples=samples, tokens=40, complete=True) == 39
+    assert tokens_heard(samples, audio_samples=samples, tokens=40, complete=True) == 40
 
 
-def test_frames_past_the_text_voice_nothing_more():
-    voiced = VoicedAudio()
-    # 3 tokens, then the Talker goes on with <tts_pad> frames until its codec EOS.
-    voiced.add(4 * FRAME, frames=4, text_tokens_voiced=3, tokens_released=3)
-    voiced.add(4 * FRAME, frames=4, text_tokens_voiced=3, tokens_released=3)
-    assert voiced.tokens_heard(2 * FRAME) == 2
-    assert voiced.tokens_heard(6 * FRAME) == 3
+def test_a_token_counts_once_all_of_its_share_of_the_audio_has_played():
+    assert tokens_heard(2 * FRAME - 1, audio_samples=10 * FRAME, tokens=5, complete=True) == 0
+    assert tokens_heard(2 * FRAME, audio_samples=10 * FRAME, tokens=5, complete=True) == 1
 
 
-def test_chunks_that_are_not_whole_frames_split_by_their_samples():
-    voiced = VoicedAudio()
-    # The first chunk lacks a tail that the next frame completes; the second starts with it.
-    voiced.add(4 * FRAME - 700, frames=4, text_tokens_voiced=4, tokens_released=8)
-    voiced.add(4 * FRAME + 700, frames=4, text_tokens_voiced=8, tokens_released=8)
-    assert voiced.tokens_heard(4 * FRAME - 700) == 4
-    assert voiced.tokens_heard(4 * FRAME - 701) == 3
-    assert voiced.tokens_heard(8 * FRAME) == 8
+def test_an_answer_cut_while_generating_is_heard_at_a_speaking_pace_within_its_text():
+    # 3 s played of an answer whose total is unknown: 3.5 tokens a second, at most what was released.
+    assert SPEAKING_TOKENS_PER_SECOND == 3.5
+    assert tokens_heard(3 * VOICE_RATE, audio_samples=4 * VOICE_RATE, tokens=40, complete=False) == 10
+    assert tokens_heard(3 * VOICE_RATE, audio_samples=4 * VOICE_RATE, tokens=6, complete=False) == 6
+    assert tokens_heard(VOICE_RATE // 4, audio_samples=4 * VOICE_RATE, tokens=40, complete=False) == 0
 
 
-def test_an_engine_that_counts_no_frames_gets_one_per_80_ms_of_the_tokens_released():
-    voiced = VoicedAudio()
-    voiced.add(3 * FRAME, frames=0, text_tokens_voiced=0, tokens_released=2)  # audio ahead of text
-    voiced.add(3 * FRAME, frames=0, text_tokens_voiced=0, tokens_released=6)
-    assert voiced.tokens_heard(3 * FRAME) == 2
-    assert voiced.tokens_heard(5 * FRAME) == 4  # two more frames, two more tokens
-    assert voiced.tokens_heard(6 * FRAME) == 6
+def test_nothing_played_or_no_text_is_nothing_heard():
+    assert tokens_heard(0, audio_samples=FRAME, tokens=3, complete=False) == 0
+    assert tokens_heard(FRAME, audio_samples=FRAME, tokens=0, complete=True) == 0
 
 
 # -- through a session --------------------------------------------------------------------------
@@ -79,8 +67,10 @@ def answer_in_prompt(h: SessionHarness, request: int) -> list[str]:
     return [item.text for item in h.engine.requests[request].conversation.items if isinstance(item, AssistantText)]
 
 
-async def test_text_finished_before_audio_keeps_the_words_of_the_frames_heard():
-    # The Thinker's whole answer is out before the first audio; the decoder keeps pace with playback.
+async def test_text_finished_before_audio_keeps_the_words_spoken_in_the_audio_heard():
+    # The Thinker's whole answer is out before the first audio; the decoder keeps pace with
+    # playback. Cut while generating, the answer's total audio is unknown: 320 ms heard at
+    # 3.5 tokens a second is one word.
     h = await session(ScriptedEngine(WORDS, text_first=True, frames_per_chunk=4))
     h.engine.hold = asyncio.Event()  # after the first chunk: the decoder has not caught up yet
     await ask(h)
@@ -92,30 +82,30 @@ async def test_text_finished_before_audio_keeps_the_words_of_the_frames_heard():
     assert truncated["audio_end_ms"] == 320
     done = h.last("response.done")["response"]
     assert done["status"] == "cancelled"
-    assert done["output"][0]["content"][0]["transcript"] == "one two three four "
+    assert done["output"][0]["content"][0]["transcript"] == "one "
     assert h.last("response.output_audio_transcript.done")["transcript"] == WORDS  # what was generated
     h.engine.hold = None
     await ask(h, "again")
     await h.turn_done(2)
-    assert answer_in_prompt(h, 1) == ["one two three four "]
+    assert answer_in_prompt(h, 1) == ["one "]
     await h.session.close()
 
 
 async def test_response_cancel_while_audio_plays_keeps_the_audio_that_plays_out():
-    h = await session(ScriptedEngine(WORDS, text_first=True, frames_per_chunk=3))
+    h = await session(ScriptedEngine(WORDS, text_first=True, frames_per_chunk=9))
     h.engine.hold = asyncio.Event()
     await ask(h)
     await h.until("response.output_audio_transcript.delta", 10)
-    await h.send(type="response.cancel")  # 3 frames were written; they still play
+    await h.send(type="response.cancel")  # 9 frames were written; they still play
     assert "conversation.item.truncated" not in h.types()
     h.output.play()
     truncated = h.last("conversation.item.truncated")
-    assert truncated["audio_end_ms"] == 240
+    assert truncated["audio_end_ms"] == 720  # 2.5 tokens at a speaking pace: two words
     assert h.types().index("conversation.item.truncated") < h.types().index("output_audio_buffer.stopped")
     h.engine.hold = None
     await ask(h, "again")
     await h.turn_done(2)
-    assert answer_in_prompt(h, 1) == ["one two three "]
+    assert answer_in_prompt(h, 1) == ["one two "]
     await h.session.close()
 
 
@@ -128,15 +118,15 @@ async def test_audio_still_playing_when_the_next_turn_starts_counts_as_it_will_b
     # The next answer's audio is queued behind it: the listener hears all of it first.
     assert answer_in_prompt(h, 1) == ["one two three four"]
 
-    cancelled = await session(ScriptedEngine(WORDS, text_first=True, frames_per_chunk=2))
+    cancelled = await session(ScriptedEngine(WORDS, text_first=True, frames_per_chunk=6))
     cancelled.engine.hold = asyncio.Event()
     await ask(cancelled)
     await cancelled.until("response.output_audio_transcript.delta", 10)
     await cancelled.send(type="response.cancel")
     cancelled.engine.hold = None
-    await ask(cancelled, "next")  # its 2 frames are still queued
+    await ask(cancelled, "next")  # its 6 frames (480 ms: 1.7 tokens at a speaking pace) are still queued
     await cancelled.until("response.done", 2)
-    assert answer_in_prompt(cancelled, 1) == ["one two "]
+    assert answer_in_prompt(cancelled, 1) == ["one "]
     await h.session.close()
     await cancelled.session.close()
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.realtime.heard import CODEC_FRAME_SAMPLES
 from app.realtime.history import (
     MAX_UNANSWERED_ITEMS,
     AssistantEntry,
+    FunctionCallEntry,
+    FunctionOutputEntry,
     History,
     UserEntry,
     pruned,
@@ -18,6 +19,7 @@ from app.realtime.ledger import Playback
 from app.realtime.protocol import ConversationItemCreateEvent, ProtocolError
 from media.rates import SPEECH_RATE
 from pipeline.conversation import IMAGE_NOTE, AssistantText, HistoryLimits, UserAudio, UserImage, UserText
+from tests.fakes import CODEC_FRAME_SAMPLES
 from tests.pictures import encoded
 
 
@@ -69,7 +71,7 @@ def test_conversation_holds_what_was_heard_of_an_answer():
     history.append(user_text("u1"))
     entry = answer("a1", "one ")
     entry.add_delta("two")
-    entry.add_audio(2 * CODEC_FRAME_SAMPLES, frames=2, text_tokens_voiced=2)
+    entry.add_audio(2 * CODEC_FRAME_SAMPLES)
     history.append(entry)
     playback = Playback("a1", "r1", segment_start=0, segment_written=2 * CODEC_FRAME_SAMPLES)
     cut_short = history.settle(playback, played=CODEC_FRAME_SAMPLES)
@@ -84,8 +86,8 @@ def test_a_character_held_back_across_tokens_is_heard_once_all_of_its_tokens_are
     # delta: hearing the first of those two voices no more text than "ok ".
     entry = answer("a1", "ok ")
     entry.add_delta("café", tokens=2)
-    entry.add_audio(3 * CODEC_FRAME_SAMPLES, frames=3, text_tokens_voiced=3)
-    assert entry.heard_text(tokens_heard * CODEC_FRAME_SAMPLES, finished=False) == heard
+    entry.add_audio(3 * CODEC_FRAME_SAMPLES)  # complete: the three tokens' audio, one frame each
+    assert entry.heard_text(tokens_heard * CODEC_FRAME_SAMPLES, finished=True) == heard
 
 
 def test_an_answer_nobody_heard_is_left_out_of_the_prompt():
@@ -179,3 +181,10 @@ def test_the_budget_takes_older_items_images_before_any_item():
     budget = HistoryLimits(max_prompt_tokens=sum(entry.prompt_tokens() for entry in entries) - 100)
     assert ids(within_budget(entries, budget)) == ids(entries)  # every item stays...
     assert shown.parts == (UserText(IMAGE_NOTE), UserText("look"))  # ...the image became a note
+
+
+def test_the_budget_drops_a_function_call_with_its_output():
+    call = FunctionCallEntry("call", "c1", "get_time", "{}", status="completed")
+    output = FunctionOutputEntry("output", "c1", "x" * 600)
+    entries = [call, answer("a1"), output, user_text("u2")]
+    assert ids(within_budget(entries, HistoryLimits(max_prompt_tokens=100))) == ["a1", "u2"]

@@ -88,6 +88,30 @@ def test_bad_client_events_raise_protocol_errors_naming_the_event(raw, code, par
         assert caught.value.event_id == "e9"
 
 
+def test_parses_a_function_call_output_item():
+    raw = {"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "call_1", "output": "{}"}}
+    event = parse_client_event(json.dumps(raw))
+    assert isinstance(event, ConversationItemCreateEvent)
+    assert (event.item.type, event.item.call_id, event.item.output) == ("function_call_output", "call_1", "{}")
+
+
+@pytest.mark.parametrize(
+    ("item", "code", "param"),
+    [
+        ({"type": "function_call_output", "output": "x"}, "missing_required_parameter", "item.call_id"),
+        ({"type": "function_call_output", "call_id": "c", "output": 3}, "invalid_type", "item.output"),
+        ({"type": "function_call", "call_id": "c", "name": "f"}, "missing_required_parameter", "item.arguments"),
+        ({"role": "user", "content": []}, "missing_required_parameter", "item.type"),
+        ({"type": "mcp_call"}, "invalid_value", "item.type"),
+        ("a message", "invalid_type", "item"),
+    ],
+)
+def test_bad_items_name_the_field(item, code, param):
+    with pytest.raises(ProtocolError) as caught:
+        parse_client_event(json.dumps({"type": "conversation.item.create", "item": item, "event_id": "e9"}))
+    assert (caught.value.code, caught.value.param, caught.value.event_id) == (code, param, "e9")
+
+
 def test_strict_types_do_not_coerce_strings_to_numbers():
     with pytest.raises(ProtocolError) as caught:
         parse_client_event('{"type": "response.create", "response": {"temperature": "0.7"}}')

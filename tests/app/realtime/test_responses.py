@@ -13,6 +13,7 @@ def response(modality: str = "audio") -> Response:
     config = SessionConfig.from_session({"output_modalities": [modality]})
     made = Response.for_session(config, "conv_1", started_at=0.0)
     made.entry = AssistantEntry("item_1", made.modality)
+    made.announced = True
     return made
 
 
@@ -53,7 +54,7 @@ def test_a_completed_audio_response_closes_part_item_and_response():
 
 def test_a_response_cancelled_before_it_was_announced_still_gets_created_then_done():
     made = response()
-    made.entry = None
+    made.entry, made.announced = None, False
     events = finish_events(made, "cancelled", previous_item_id=None, reason="turn_detected")
     assert types(events) == ["response.created", "response.done"]
     assert events[-1].response.status_details.reason == "turn_detected"

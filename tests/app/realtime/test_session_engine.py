@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from app.realtime.session_config import InputTranscription, SessionConfig
+from app.realtime.session_config import InputTranscription, SessionConfig, TurnDetection
 from app.realtime.turn_taking import ECHO_TAIL_MS
 from media.vad import SileroVad
 from pipeline.conversation import AssistantText, HistoryLimits, UserAudio
@@ -135,3 +135,64 @@ async def test_spoken_turns_are_transcribed_and_kept_as_text_beyond_the_audio_bu
     first_transcript = completed[0]["transcript"]
     tokens = len(load_tokenizer(dev_model_dir).encode(first_transcript, add_special_tokens=False))
     assert third_on["text_tokens"] - third_off["text_tokens"] >= tokens
+
+
+async def test_a_forced_tool_choice_makes_the_dev_model_call(engine, vad):
+    """``required`` and a named function start the answer inside a call: it comes out as a
+    function_call item (the random model names no function after ``required``, and rarely
+    closes the call: delivered as written), with no message and no audio."""
+    tool = {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}
+    h = SessionHarness(RecordingEngine(engine), vad, SessionConfig(turn_detection=None, max_output_tokens=12))
+    await h.session.start()
+    await h.send(type="session.update", session={"tools": [tool], "tool_choice": {"type": "function", "name": "get_time"}})
+    await h.send(type="conversation.item.create",
+                 item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Time?"}]})
+    outputs = []
+    for count, choice in enumerate(({"type": "function", "name": "get_time"}, "required"), 1):
+        await h.send(type="response.create", response={"tool_choice": choice})
+        outputs.append((await h.turn_done(count, timeout_s=TURN_GUARD_S))["response"]["output"])
+    named, required = outputs
+    assert [(item["type"], item["name"]) for item in named] == [("function_call", "get_time")]
+    assert [item["type"] for item in required] == ["function_call"]
+    assert not h.of_type("response.output_audio.done") and h.output.played_samples == 0
+    assert not h.of_type("error")
+    await h.session.close()
+
+
+# A dev model that speaks like a trained Talker: 20 answer tokens over 60 codec frames (4.8 s,
+# ~4 tokens a second), where the Talker is fed them in 20 frames.
+SLOW_TALKER = {"force_output_tokens": 20, "talker_frames_per_token": 3, "max_audio_frames": 60}
+
+
+async def test_barge_in_at_40_percent_of_the_audio_keeps_40_percent_of_the_text(dev_model_dir, vad):
+    engine = TransformersEngine(dev_model_dir, device="cpu", seed=0, threads=1, generation=SLOW_TALKER)
+    await engine.start()
+    try:
+        recording = RecordingEngine(engine)
+        config = SessionConfig(max_output_tokens=20, turn_detection=TurnDetection(interrupt_response=True))
+        h = SessionHarness(recording, vad, config)
+        await h.session.start()
+        h.push(load_fixture("hello"))
+        h.push(silence(800))
+        done = (await h.until("response.done", timeout_s=TURN_GUARD_S))["response"]
+        deltas = [e["delta"] for e in h.of_type("response.output_audio_transcript.delta") if e["response_id"] == done["id"]]
+        assert done["usage"]["output_token_details"]["audio_tokens"] == 60 and len(deltas) >= 18
+        h.output.play(h.output.queued_samples * 2 // 5)  # 40% of the answer's audio
+        h.push(load_fixture("weather"))  # the user talks over it
+        h.push(silence(800))
+        truncated = await h.until("conversation.item.truncated", timeout_s=TURN_GUARD_S)
+        await h.until("response.created", 2, timeout_s=TURN_GUARD_S)
+        (heard,) = [item.text for item in recording.requests[1].conversation.items if isinstance(item, AssistantText)]
+        await h.session.close()
+    finally:
+        await engine.close()
+
+    assert 1900 <= truncated["audio_end_ms"] <= 1920  # 40% of 4.8 s (less the last chunk's 23 ms tail)
+    # Tokens heard, counted in the deltas the text came in (one token each, a held-back UTF-8
+    # character's tokens together): 40% of the text, give or take two. Counting one token per
+    # frame played, as the Talker is fed, would keep 19 of 20.
+    heard_deltas = 0
+    while heard_deltas < len(deltas) and heard.startswith("".join(deltas[: heard_deltas + 1])):
+        heard_deltas += 1
+    assert "".join(deltas[:heard_deltas]) == heard
+    assert abs(heard_deltas - 0.4 * len(deltas)) <= 2, (heard_deltas, len(deltas))

@@ -58,6 +58,20 @@ def test_serve_refuses_invalid_settings_with_a_message(capsys):
     assert "API key" in capsys.readouterr().err
 
 
+def test_dev_replies_are_a_file_of_answer_texts(monkeypatch, tmp_path):
+    replies = tmp_path / "replies.json"
+    replies.write_text(json.dumps(["Hello.", '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>']))
+    assert serve_settings(monkeypatch, ["--dev-replies", str(replies)]).dev_replies == replies
+
+
+@pytest.mark.parametrize("content", ["not json", '{"a": 1}', '["ok", 3]'])
+def test_serve_refuses_dev_replies_that_are_not_a_list_of_texts_naming_the_key(tmp_path, capsys, content):
+    replies = tmp_path / "replies.json"
+    replies.write_text(content)
+    assert main(["serve", "--dev-replies", str(replies)]) == 2
+    assert "dev_replies" in capsys.readouterr().err
+
+
 def test_media_workers_default_to_the_usable_cores(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 2, 5})  # as under `taskset -c 0,2,5`
     assert serve_settings(monkeypatch, []).media_workers == 3

@@ -276,6 +276,31 @@ async def test_server_settings_reach_the_sessions_it_starts():
     assert "10 characters" in response.json()["error"]["message"]
 
 
+async def mint_with_session(session: dict) -> httpx.Response:
+    app = create_app(Settings(ice_loopback=True, api_key="sk-test"), engine=ScriptedEngine())
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            return await http.post(
+                "/v1/realtime/client_secrets", json={"session": session}, headers={"Authorization": "Bearer sk-test"}
+            )
+
+
+async def test_a_client_secret_binds_tools_and_tool_choice():
+    tool = {"type": "function", "name": "get_time", "description": "Now.", "parameters": {"type": "object"}}
+    response = await mint_with_session({"tools": [tool], "tool_choice": "required"})
+    assert response.status_code == 200
+    assert response.json()["session"]["tools"] == [tool]
+    assert response.json()["session"]["tool_choice"] == "required"
+
+
+async def test_a_client_secret_with_a_bad_tool_schema_is_400():
+    tool = {"type": "function", "name": "get_time", "parameters": {"type": "object", "required": "timezone"}}
+    response = await mint_with_session({"tools": [tool]})
+    assert response.status_code == 400
+    assert "session.tools[0].parameters" in response.json()["error"]["message"]
+
+
 async def post_to_calls(content, content_type: str = "application/sdp") -> httpx.Response:
     app = create_app(Settings(ice_loopback=True, max_sdp_bytes=4_096, media_workers=1), engine=ScriptedEngine())
     async with app.router.lifespan_context(app):
