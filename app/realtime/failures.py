@@ -28,6 +28,7 @@ FAILURE_MESSAGES = {
     "engine_error": "The model failed on this turn.",
     "engine_stream_error": "The model server's stream broke off during the turn.",
     "engine_http_error": "The model server refused the turn.",
+    "tools_unsupported": "Function calling is not available with this server's engine.",
     "turn_too_large": "The conversation is too large to send to the model.",
     "turn_event_too_large": "A part of the answer was too large to send.",
     "server_error": "The server failed to handle this; the session goes on.",
