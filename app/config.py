@@ -107,7 +107,9 @@ class Settings(BaseSettings):
     ice_loopback: bool = False  # gather on 127.0.0.1 only (tests, same-host clients)
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # A call whose peer was never connected after this long is dropped (an offer posted, then gone).
-    connect_timeout_s: float = Field(30.0, gt=0)
+    # ICE and DTLS take well under a second on a LAN and a few seconds through TURN; an offer
+    # that never connects holds a session slot this long (it was 30 s: issue 23).
+    connect_timeout_s: float = Field(10.0, gt=0)
     # A connected peer that sends no media for this long counts as disconnected and its call
     # ends. Browsers send a 20 ms frame even when muted; aiortc alone notices a vanished
     # peer only when ICE consent expires (6 missed checks x 5 s = ~30 s).
@@ -134,6 +136,14 @@ class Settings(BaseSettings):
     max_image_bytes: int = Field(10_485_760, ge=1_024, le=16_777_216)
     # Characters in one text field of a client event (input_text, instructions); ~4k tokens.
     max_text_chars: int = Field(16_000, ge=1)
+    # The conversation's prompt tokens after the system prompt, as its items estimate them (an
+    # upper bound: text counts a token per UTF-8 byte, audio 13 per second exactly); past it
+    # the oldest items go, each announced with conversation.item.deleted. OpenAI's token-based
+    # truncation (token_limits.post_instructions) does the same.
+    history_max_tokens: int = Field(16_000, ge=1_000)
+    # Calls one client address may have still connecting (offered, ICE/DTLS not yet up); the next
+    # offer gets 429. A page connects one call at a time; a load tool on one host may open a few.
+    max_connecting_per_client: int = Field(8, ge=1)
     max_session_s: float = Field(3_600.0, gt=0)  # a call ends after this long, as OpenAI's do at 60 min
     # A response whose engine yields nothing for this long ends `failed` and the session serves the
     # next turn. Queue wait counts: 16 sessions x ~2 s CPU dev-model turns stay well under.

@@ -57,6 +57,55 @@ ASR_PROMPT_FOR_LANGUAGE = "Transcribe the {language} audio into text."
 ASR_PROMPT_CHINESE = "请将这段中文语音转换为纯文本。"
 
 
+# -- prompt tokens, estimated without the tokenizer ----------------------------------------
+#
+# The session bounds its history by prompt tokens (``HistoryLimits.max_prompt_tokens``) on every
+# insert, in a process that has no tokenizer (loading Qwen's 151,643 ranks takes ~2 s and ~100 MB
+# per process). So each item says how many tokens it adds to a prompt at most (``prompt_tokens``),
+# from what ``pipeline.prompt.PromptRenderer`` renders for it:
+#
+# - text: Qwen's BPE is byte-level, so every token stands for at least one UTF-8 byte and a
+#   text's bytes bound its tokens. A bound, not a guess: English and Chinese prose run ~4.7 bytes
+#   per real token (tests/pipeline/test_prompt.py checks both), so for ordinary text the
+#   estimate is ~4.7 times the real count (a 16,000-token budget holds ~3,400 real tokens of
+#   prose, ~2,500 English words) and for text built to cost the most (emoji, punctuation)
+#   ~1.7 times.
+# - audio: exact. Whisper features are one frame per 160 samples (10 ms at 16 kHz), and Qwen3-Omni's
+#   audio encoder turns each 100-frame window (``2 * n_window``, n_window = 50 in the published
+#   config) into 13 tokens and a shorter rest into ceil(ceil(ceil(rest / 2) / 2) / 2):
+#   transformers' ``_get_feat_extract_output_lengths`` (models/qwen3_omni_moe), which
+#   tests/pipeline/test_prompt.py compares with this one. 13 tokens per second of speech.
+# - each part is counted as a message of its own (``<|im_start|>``, the role line, ``<|im_end|>``,
+#   ``"\n"``), although consecutive user parts share one: an over-count of a few tokens per part.
+#
+# - images: exact, their ``<|image_pad|>`` count (``pipeline.images.image_tokens``) and the two
+#   ``<|vision_start|>``/``<|vision_end|>`` around it.
+#
+# A new kind of part says its own ``prompt_tokens`` and ``held_bytes`` and is counted the same way.
+
+FEATURE_HOP = 160  # samples per Whisper feature frame at 16 kHz
+AUDIO_N_WINDOW = 50  # Qwen3-Omni's audio_config.n_window: windows of 2 * 50 feature frames
+AUDIO_TOKENS_PER_WINDOW = 13  # what one full window becomes (transformers hard-codes it too)
+# <|im_start|>, the role line as text ("user\n": at most 5 tokens, "assistant\n": 10), <|im_end|>, "\n".
+USER_MESSAGE_TOKENS = 1 + 5 + 1 + 1
+ASSISTANT_MESSAGE_TOKENS = 1 + 10 + 1 + 1
+AUDIO_MARKER_TOKENS = 2  # <|audio_start|> and <|audio_end|> around the pads
+VISION_MARKER_TOKENS = 2  # <|vision_start|> and <|vision_end|> around an image's pads
+
+
+def text_tokens_bound(text: str) -> int:
+    """At most this many tokens: one per UTF-8 byte (``isascii`` is O(1) in CPython)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+def audio_tokens(samples: int, n_window: int = AUDIO_N_WINDOW) -> int:
+    """The audio encoder's output length for ``samples`` of 16 kHz audio: its ``<|audio_pad|>`` count."""
+    frames = samples // FEATURE_HOP
+    window = 2 * n_window
+    rest = (frames % window - 1) // 2 + 1
+    return ((rest - 1) // 2 + 1 - 1) // 2 + 1 + (frames // window) * AUDIO_TOKENS_PER_WINDOW
+
+
 @dataclass(frozen=True)
 class UserAudio:
     """One user utterance: float32 mono PCM at 16 kHz.
@@ -73,10 +122,25 @@ class UserAudio:
     def seconds(self) -> float:
         return len(self.pcm) / SPEECH_RATE
 
+    def prompt_tokens(self) -> int:
+        """At most this many prompt tokens: its audio, or its transcript once it stands for it."""
+        as_audio = AUDIO_MARKER_TOKENS + audio_tokens(len(self.pcm))
+        as_text = text_tokens_bound(self.transcript) if self.transcript is not None else 0
+        return USER_MESSAGE_TOKENS + max(as_audio, as_text)
+
+    def held_bytes(self) -> int:
+        return self.pcm.nbytes + (text_tokens_bound(self.transcript) if self.transcript is not None else 0)
+
 
 @dataclass(frozen=True)
 class UserText:
     text: str
+
+    def prompt_tokens(self) -> int:
+        return USER_MESSAGE_TOKENS + text_tokens_bound(self.text)
+
+    def held_bytes(self) -> int:
+        return text_tokens_bound(self.text)
 
 
 @dataclass(frozen=True)
@@ -95,12 +159,24 @@ class UserImage:
         """Its ``<|image_pad|>`` tokens in the prompt."""
         return image_tokens(self.width, self.height, self.max_pixels)
 
+    def prompt_tokens(self) -> int:
+        return USER_MESSAGE_TOKENS + VISION_MARKER_TOKENS + self.tokens
+
+    def held_bytes(self) -> int:
+        return len(self.data)
+
 
 @dataclass(frozen=True)
 class AssistantText:
     """What the assistant said, as the user heard it (truncated when cut off)."""
 
     text: str
+
+    def prompt_tokens(self) -> int:
+        return ASSISTANT_MESSAGE_TOKENS + text_tokens_bound(self.text)
+
+    def held_bytes(self) -> int:
+        return text_tokens_bound(self.text)
 
 
 @dataclass(frozen=True)
@@ -116,6 +192,15 @@ class FunctionCall:
     name: str
     arguments: str
 
+    def prompt_tokens(self) -> int:
+        """At most this many prompt tokens: its ``<tool_call>`` block in an assistant message."""
+        from pipeline.tool_format import call_text  # which imports this module
+
+        return ASSISTANT_MESSAGE_TOKENS + text_tokens_bound(call_text(self, newline_before=True))
+
+    def held_bytes(self) -> int:
+        return text_tokens_bound(self.name) + text_tokens_bound(self.arguments)
+
 
 @dataclass(frozen=True)
 class FunctionOutput:
@@ -123,6 +208,15 @@ class FunctionOutput:
 
     call_id: str
     output: str
+
+    def prompt_tokens(self) -> int:
+        """At most this many prompt tokens: its ``<tool_response>`` block in a user message."""
+        from pipeline.tool_format import output_text  # which imports this module
+
+        return USER_MESSAGE_TOKENS + text_tokens_bound(output_text(self))
+
+    def held_bytes(self) -> int:
+        return text_tokens_bound(self.output)
 
 
 ConversationItem = UserAudio | UserText | UserImage | AssistantText | FunctionCall | FunctionOutput
@@ -216,6 +310,20 @@ class HistoryLimits:
     # Eight camera turns at the default budget (5 frames of <= 98 tokens each); one 1 MP "high"
     # image takes 1,000. The turn being answered keeps its images whatever they cost.
     max_image_tokens: int = 4_096
+    # Every item, whatever turn it joins (conversation.item.create can put one anywhere, even
+    # first), counts against these three; past any of them older items' images go first, then
+    # the oldest items, each announced with conversation.item.deleted (app.realtime.history). Like OpenAI's token-based truncation
+    # (``token_limits.post_instructions``): prompt tokens of the history after the system
+    # prompt, as the items estimate them (an upper bound, see ``prompt_tokens``). 16,000 is
+    # eight long spoken turns many times over (a turn is ~13 tokens per second of speech).
+    max_prompt_tokens: int = 16_000
+    # A voice chat holds ~20 items (8 turns, up to 16 unanswered); a client seeding a text
+    # conversation reaches the token budget long before this.
+    max_items: int = 512
+    # PCM (float32, 64 KB per second of speech) and text held: below the 16 MiB an IPC message
+    # between processes may carry (app.web.ipc), so the turn request that carries the history
+    # always fits; 12 MiB is ~196 s of audio, more than the 120 s the prompt keeps as audio.
+    max_bytes: int = 12 * 1024 * 1024
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,12 @@
 A refused event gets a :class:`Rejection`, which the session answers with an ``error`` event;
 the session goes on.
 
-Events up to ``max_bytes`` cost one token of the rate's bucket. Larger ones, up to
-``max_image_event_bytes`` (room for one image, ``conversation.item.create`` with an ``input_image``),
-cost one token per ``max_bytes`` they hold (at most a whole burst), so the bytes a session
-may make the server parse per second stay bounded whatever the events' sizes. The session
-refuses a large event that turns out to carry no image, once parsed.
+Events up to ``max_bytes`` cost one token of the rate's bucket. Larger ones cost one token per
+``max_bytes`` they hold (at most a whole burst), so the bytes a session may make the server
+receive and measure per second stay bounded whatever the events' sizes. That holds for events
+refused as too large too: one past ``max_image_event_bytes`` (room for one image,
+``conversation.item.create`` with an ``input_image``) pays what the largest event would, then is
+refused unread. The session refuses a large event that turns out to carry no image, once parsed.
 """
 
 from __future__ import annotations
@@ -47,13 +48,13 @@ class EventGate:
         self._refilled_at = clock()
 
     def admit(self, raw: str | bytes) -> Rejection | None:
-        size = len(raw.encode() if isinstance(raw, str) else raw)
-        if size > self._max_image_event_bytes:
-            return too_large(size, self._max_bytes, self._max_image_event_bytes)
+        size = len(raw) if isinstance(raw, bytes) or raw.isascii() else len(raw.encode())
         now = self._clock()
         self._tokens = min(self._burst, self._tokens + (now - self._refilled_at) * self._per_second)
         self._refilled_at = now
-        cost = min(self._burst, math.ceil(size / self._max_bytes))
+        # What receiving it cost, as many events of max_bytes: one past the largest event the
+        # session takes pays as much as that one (it is refused unread; its frame was bounded).
+        cost = min(self._burst, max(1, math.ceil(min(size, self._max_image_event_bytes) / self._max_bytes)))
         if self._tokens < cost:
             return Rejection(
                 "rate_limit_exceeded",
@@ -61,6 +62,8 @@ class EventGate:
                 "this event was dropped.",
             )
         self._tokens -= cost
+        if size > self._max_image_event_bytes:
+            return too_large(size, self._max_bytes, self._max_image_event_bytes)
         return None
 
     def refuse_large(self, size: int) -> Rejection | None:

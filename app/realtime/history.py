@@ -52,6 +52,7 @@ from app.realtime.session_config import Modality
 from media import g711
 from media.rates import SPEECH_RATE, VOICE_RATE
 from pipeline.conversation import (
+    ASSISTANT_MESSAGE_TOKENS,
     IMAGE_NOTE,
     AssistantText,
     Conversation,
@@ -64,6 +65,7 @@ from pipeline.conversation import (
     UserImage,
     UserText,
     group_turns,
+    text_tokens_bound,
 )
 
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit (or take as an item) less than 100 ms of audio
@@ -90,6 +92,13 @@ class UserEntry:
         """Its images leave the prompt (and memory), each for ``IMAGE_NOTE``; the item as the client
         sees it keeps its ``input_image`` parts, and content indices stay those of the parts."""
         self.parts = tuple(UserText(IMAGE_NOTE) if isinstance(part, UserImage) else part for part in self.parts)
+
+    def prompt_tokens(self) -> int:
+        """At most this many prompt tokens (each part says its own: ``pipeline.conversation``)."""
+        return sum(part.prompt_tokens() for part in self.parts)
+
+    def held_bytes(self) -> int:
+        return sum(part.held_bytes() for part in self.parts)
 
     def transcribed(self, content_index: int, transcript: str) -> None:
         """The audio part at ``content_index`` has a transcript: the prompt may use it, the item shows it."""
@@ -151,6 +160,14 @@ class AssistantEntry:
             return self.text
         return self.text[: self.token_ends[tokens - 1]] if tokens else ""
 
+    def prompt_tokens(self) -> int:
+        """At most this many prompt tokens: its text as the next prompt would carry it."""
+        text = self.text if self.status == "in_progress" else self.history_text()
+        return ASSISTANT_MESSAGE_TOKENS + text_tokens_bound(text)
+
+    def held_bytes(self) -> int:
+        return text_tokens_bound(self.text)
+
     def content(self) -> list[ItemContent]:
         if self.status == "in_progress":
             return []
@@ -177,6 +194,15 @@ class FunctionCallEntry:
             id=self.id, status=self.status, call_id=self.call_id, name=self.name, arguments=self.arguments
         )
 
+    def call(self) -> FunctionCall:
+        return FunctionCall(self.call_id, self.name, self.arguments)
+
+    def prompt_tokens(self) -> int:
+        return self.call().prompt_tokens()
+
+    def held_bytes(self) -> int:
+        return self.call().held_bytes()
+
 
 @dataclass
 class FunctionOutputEntry:
@@ -186,6 +212,12 @@ class FunctionOutputEntry:
 
     def item(self) -> FunctionCallOutputItem:
         return FunctionCallOutputItem(id=self.id, call_id=self.call_id, output=self.output)
+
+    def prompt_tokens(self) -> int:
+        return FunctionOutput(self.call_id, self.output).prompt_tokens()
+
+    def held_bytes(self) -> int:
+        return text_tokens_bound(self.output)
 
 
 Entry = UserEntry | AssistantEntry | FunctionCallEntry | FunctionOutputEntry
@@ -361,7 +393,7 @@ class History:
                 items.extend(entry.parts)
             elif isinstance(entry, FunctionCallEntry):
                 if entry.status == "completed":  # a call cut off while written was never made
-                    items.append(FunctionCall(entry.call_id, entry.name, entry.arguments))
+                    items.append(entry.call())
             elif isinstance(entry, FunctionOutputEntry):
                 items.append(FunctionOutput(entry.call_id, entry.output))
             elif entry.status != "in_progress" and (text := entry.history_text()):
@@ -383,10 +415,16 @@ class History:
             )
         return FunctionOutputEntry(item_id, item.call_id, checked_text(item.output, "item.output", max_chars=max_chars))
 
-    def prune(self, limits: HistoryLimits) -> None:
+    def prune(self, limits: HistoryLimits) -> list[ServerEvent]:
         """Keep whole turns, newest first, while the history limits hold (as the prompt renderer
-        bounds them), and at most ``MAX_UNANSWERED_ITEMS`` unanswered user items."""
-        self._entries = pruned(self._entries, limits)
+        bounds them), at most ``MAX_UNANSWERED_ITEMS`` unanswered user items, and then the
+        oldest items go until the items, bytes and prompt tokens are within the budget; a
+        ``conversation.item.deleted`` for each item that went."""
+        kept = within_budget(pruned(self._entries, limits), limits)
+        staying = {id(entry) for entry in kept}
+        gone = [entry for entry in self._entries if id(entry) not in staying]
+        self._entries = kept
+        return [ConversationItemDeletedEvent(item_id=entry.id) for entry in gone]
 
     def _position_after(self, previous_item_id: str | None) -> int:
         """Where an item goes after ``previous_item_id``: last when None, first when ``"root"``."""
@@ -450,6 +488,57 @@ def _entry_role(entry: Entry) -> ItemRole:
     if isinstance(entry, FunctionOutputEntry):
         return ("output", entry.call_id)
     return ("other", None)
+
+
+def within_budget(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
+    """``entries`` within the budget: at most ``max_items``, holding at most ``max_bytes``, and
+    estimating at most ``max_prompt_tokens`` prompt tokens.
+
+    Images go first: older items' images become ``IMAGE_NOTE`` (the item keeps its words and
+    audio), oldest first; then the oldest items go. Whatever turn an item joined counts: an item
+    inserted first (``previous_item_id: "root"``) is the oldest and goes first. Two items always
+    stay whole: the newest (what the next turn answers; alone it may pass the budget, by at most
+    one event's worth) and a response's item while it is generated.
+    """
+    items, held, tokens = len(entries), 0, 0
+    for entry in entries:
+        held += entry.held_bytes()
+        tokens += entry.prompt_tokens()
+
+    def over() -> bool:
+        return items > limits.max_items or held > limits.max_bytes or tokens > limits.max_prompt_tokens
+
+    for entry in evictable(entries):
+        if not over():
+            break
+        if isinstance(entry, UserEntry) and entry.images():
+            held, tokens = held - entry.held_bytes(), tokens - entry.prompt_tokens()
+            entry.drop_images()
+            held, tokens = held + entry.held_bytes(), tokens + entry.prompt_tokens()
+    dropped: set[int] = set()
+    for entry in evictable(entries):
+        if not over():
+            break
+        if id(entry) in dropped:
+            continue
+        # A function call goes with its outputs: Qwen pairs them by position, not by id.
+        going = [entry] + [
+            e for e in entries[:-1]
+            if isinstance(entry, FunctionCallEntry) and isinstance(e, FunctionOutputEntry) and e.call_id == entry.call_id
+        ]
+        for gone in going:
+            if id(gone) not in dropped:
+                dropped.add(id(gone))
+                items, held, tokens = items - 1, held - gone.held_bytes(), tokens - gone.prompt_tokens()
+    return [entry for entry in entries if id(entry) not in dropped] if dropped else entries
+
+
+def evictable(entries: list[Entry]) -> Iterator[Entry]:
+    """The items the budget may shrink or drop, in the order they go: oldest first, never the
+    newest or one being generated (an answer, or a call being written)."""
+    for entry in entries[:-1]:
+        if not (isinstance(entry, AssistantEntry | FunctionCallEntry) and entry.status == "in_progress"):
+            yield entry
 
 
 # -- client-item readers ------------------------------------------------------------------

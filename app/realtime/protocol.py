@@ -297,15 +297,23 @@ def _param_path(loc: tuple[int | str, ...]) -> str:
 
 def parse_client_event(raw: str | bytes) -> ClientEvent:
     """One client event from its JSON text; raises ``ProtocolError`` naming the event's ``event_id``."""
+    # The parser's own words never reach the client (errors carry fixed messages): where it
+    # stopped is what helps.
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes | bytearray) else raw
         data = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError("invalid_json", f"The message is not valid JSON: {exc}") from None
+    except UnicodeDecodeError:
+        raise ProtocolError("invalid_json", "The message is not UTF-8 text.") from None
+    except json.JSONDecodeError as exc:
+        raise ProtocolError(
+            "invalid_json", f"The message is not valid JSON (line {exc.lineno}, column {exc.colno})."
+        ) from None
     # Valid JSON that Python refuses to hold: an integer over 4300 digits (ValueError, CPython's
     # int_max_str_digits) or nesting deeper than the recursion limit (~1000 levels).
-    except (ValueError, RecursionError) as exc:
-        raise ProtocolError("invalid_json", f"The message cannot be decoded: {exc}") from None
+    except (ValueError, RecursionError):
+        raise ProtocolError(
+            "invalid_json", "The message cannot be decoded: a number over 4,300 digits, or nesting over ~1,000 levels."
+        ) from None
     if not isinstance(data, dict):
         raise ProtocolError("invalid_json", "A client event must be a JSON object.")
     event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None

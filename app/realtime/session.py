@@ -29,6 +29,7 @@ import numpy as np
 from app.realtime.camera import TurnFrames
 from app.realtime.end_of_turn import SemanticVad
 from app.realtime.event_audio import acknowledge_playback, played_out
+from app.realtime.failures import failure_event
 from app.realtime.gate import EventGate
 from app.realtime.history import AssistantEntry, FunctionCallEntry, History
 from app.realtime.images import read_item_images
@@ -188,9 +189,8 @@ class RealtimeSession:
         except ProtocolError as exc:
             self._emit(exc.to_event() if exc.event_id else exc.for_event(event_id).to_event())
         except Exception as exc:  # a bug of ours: the client hears of it, the session goes on
-            logger.exception("session %s: handling a client event failed", self.session_id)
-            error = ProtocolError("server_error", f"{type(exc).__name__}: {exc}", event_id=event_id, type="server_error")
-            self._emit(error.to_event())
+            where = f"session {self.session_id}: handling a client event"
+            self._emit(failure_event("server_error", exc, where=where, client_event_id=event_id))
 
     def push_audio(self, pcm: np.ndarray) -> None:
         """16 kHz float32 mono input (from the inbound track); runs the VAD inline, never awaits."""
@@ -481,11 +481,9 @@ class RealtimeSession:
             self._finish_response(response, "cancelled", reason=response.cancel_reason or "client_cancelled")
             raise
         except EngineError as exc:
-            logger.warning("session %s: response %s failed in the engine: %s", self.session_id, response.id, exc)
-            self._finish_response(response, "failed", error=(exc.code, str(exc)))
+            self._finish_response(response, "failed", failure=(exc.code, str(exc)))
         except Exception as exc:
-            logger.exception("session %s: response %s failed", self.session_id, response.id)
-            self._finish_response(response, "failed", error=("server_error", f"{type(exc).__name__}: {exc}"))
+            self._finish_response(response, "failed", failure=("server_error", exc))
 
     def _announce_response(self, response: Response) -> None:
         self._emit(created_event(response))
@@ -560,8 +558,9 @@ class RealtimeSession:
         *,
         reason: str | None = None,
         done: TurnDone | None = None,
-        error: tuple[str, str] | None = None,
+        failure: tuple[str, BaseException | str] | None = None,
     ) -> None:
+        """Ends ``response``; a ``failure`` (its code, and its cause for the log) is told in an ``error`` event."""
         self._close_calls(response, status)
         if response.announced and not response.output:  # a plain answer has its item, even empty
             self._open_message(response)
@@ -571,12 +570,13 @@ class RealtimeSession:
             entry.ended_early = status in ("cancelled", "failed")
         events = finish_events(
             response, status, previous_item_id=previous_id, reason=reason, done=done,
-            error_code=error[0] if error else None,
+            error_code=failure[0] if failure else None,
         )
         for event in events:
             self._emit(event)
-        if error is not None:
-            self._emit(ProtocolError(error[0], error[1], type="server_error").to_event())
+        if failure is not None:
+            code, cause = failure
+            self._emit(failure_event(code, cause, where=f"session {self.session_id}: response {response.id}"))
         if entry is not None:
             if entry.audio_samples == 0:  # nothing to hear: text-only, or cut before any audio
                 entry.heard = entry.text if response.modality == "text" else ""
@@ -636,7 +636,8 @@ class RealtimeSession:
     # -- history ---------------------------------------------------------------------------
 
     def _prune(self) -> None:
-        self._history.prune(self._config.history)
+        for event in self._history.prune(self._config.history):
+            self._emit(event)
 
     # -- helpers ---------------------------------------------------------------------------
 

@@ -29,12 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from app.realtime.failures import transcription_failed_event
 from app.realtime.history import Entry, UserEntry
 from app.realtime.protocol import (
     ConversationItemInputAudioTranscriptionCompletedEvent,
     ConversationItemInputAudioTranscriptionDeltaEvent,
-    ConversationItemInputAudioTranscriptionFailedEvent,
-    TranscriptionError,
     TranscriptionInputTokenDetails,
     TranscriptionUsage,
 )
@@ -107,12 +106,10 @@ class Transcriptions:
             try:
                 done = await self._stream(entry.id, content_index, request)
             except EngineError as exc:
-                logger.warning("session %s: transcribing %s failed in the engine: %s", self._session_id, entry.id, exc)
                 self._fail(entry.id, content_index, exc.code, str(exc))
                 return
             except Exception as exc:
-                logger.exception("session %s: transcribing %s failed", self._session_id, entry.id)
-                self._fail(entry.id, content_index, "server_error", f"{type(exc).__name__}: {exc}")
+                self._fail(entry.id, content_index, "server_error", exc)
                 return
         entry.transcribed(content_index, done.text)
         usage = done.usage
@@ -148,11 +145,6 @@ class Transcriptions:
             raise EngineError("The engine ended the transcription without TurnDone.", code="engine_protocol_error")
         return done
 
-    def _fail(self, item_id: str, content_index: int, code: str, message: str) -> None:
-        self._emit(
-            ConversationItemInputAudioTranscriptionFailedEvent(
-                item_id=item_id,
-                content_index=content_index,
-                error=TranscriptionError(type="server_error", code=code, message=message),
-            )
-        )
+    def _fail(self, item_id: str, content_index: int, code: str, cause: BaseException | str) -> None:
+        where = f"session {self._session_id}: transcribing {item_id}"
+        self._emit(transcription_failed_event(code, cause, where=where, item_id=item_id, content_index=content_index))

@@ -22,7 +22,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from app.web.errors import ApiError, api_error_handler, rate_limited
+from app.web.errors import ApiError, api_error_handler, rate_limited, unexpected_error_handler
 
 logger = logging.getLogger(__name__)
 
@@ -251,6 +251,7 @@ def client_secrets_router(authenticator: Authenticator, resolve_session: Session
 def install_auth(app: FastAPI, authenticator: Authenticator, resolve_session: SessionResolver) -> None:
     """Adds the client-secrets route and the JSON error handler for :class:`ApiError`."""
     app.add_exception_handler(ApiError, api_error_handler)
+    app.add_exception_handler(Exception, unexpected_error_handler)
     app.include_router(client_secrets_router(authenticator, resolve_session))
 
 

@@ -45,6 +45,7 @@ def new_call(
     metrics: Metrics,
     on_closed: Callable[[Call, str], None],
     *,
+    on_connected: Callable[[Call], None] | None = None,
     call_id: str | None = None,
 ) -> Call:
     """A call with the server's settings (in this process, or in a media worker)."""
@@ -57,6 +58,7 @@ def new_call(
         disconnect_timeout_s=settings.disconnect_timeout_s,
         max_duration_s=settings.max_session_s,
         observer=metrics.observer(),
+        on_connected=on_connected,
         on_closed=on_closed,
         pacing_stats=metrics.pacing,
         jitter_buffer=settings.jitter_buffer,

@@ -62,6 +62,10 @@ SERVE_FLAGS = {
     "ice_credential": "turn_credential",
     "turn_secret": "turn_secret",
     "turn_ttl": "turn_ttl_s",
+    # Bounds for every caller (docs/HARDENING.md).
+    "history_max_tokens": "history_max_tokens",
+    "connect_timeout": "connect_timeout_s",
+    "max_connecting_per_client": "max_connecting_per_client",
 }
 
 
@@ -137,6 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     _add_edge_flags(serve)
+    serve.add_argument(
+        "--history-max-tokens", type=int, metavar="N",
+        help="a conversation's prompt tokens after the system prompt, as estimated; past it the oldest items go (default 16000)",
+    )
+    serve.add_argument("--connect-timeout", type=float, metavar="SECONDS", help="end a call whose peer never connects (default 10)")
+    serve.add_argument(
+        "--max-connecting-per-client", type=int, metavar="N", help="calls one client address may have still connecting (default 8)"
+    )
 
     dev_model = commands.add_parser("dev-model", help="build the tiny random-weight Qwen3-Omni checkpoint")
     dev_model.add_argument("--out", type=Path, help="output directory (default: the cache the server uses)")
@@ -230,7 +242,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from app.web.server import create_app
     from app.web.tls import serving_tls
-    from app.web.websocket import max_frame_bytes
+    from app.web.websocket import websocket_server_options
 
     tls = serving_tls(settings)
     uvicorn.run(
@@ -238,8 +250,8 @@ def _serve(args: argparse.Namespace) -> int:
         # Forwarded headers are read by the app from --trusted-proxy peers only (app/web/edge.py);
         # uvicorn's own reading would believe any client on 127.0.0.1, a same-host proxy included.
         proxy_headers=False,
-        ws_max_size=max_frame_bytes(settings),
         ssl_certfile=tls.certfile if tls else None, ssl_keyfile=tls.keyfile if tls else None,
+        **websocket_server_options(settings),
     )
     return 0
 

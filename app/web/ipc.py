@@ -5,6 +5,10 @@ socket in a directory only its user can open) and the messages carry the engine'
 (``TurnRequest``, ``AudioChunk`` with numpy arrays) both ways. A message is a dict with an
 ``op``; writing is synchronous (the socket is local and the reader always drains it), so a
 message is never half-written by a cancelled task.
+
+The *sender* checks each message's size (:class:`MessageTooLarge`, before anything is written),
+so that what one call puts in a message fails that call's turn, not the connection: a message
+over the limit at the receiver means the other end is broken, and ends the connection.
 """
 
 from __future__ import annotations
@@ -15,15 +19,30 @@ import struct
 from typing import Any
 
 _HEADER = struct.Struct("!I")
-# A turn event is at most one audio chunk (~80 ms, 8 KB); an offer or answer SDP a few KB.
+# A turn event is at most one audio chunk (~80 ms, 8 KB); an offer or answer SDP a few KB; a
+# turn request carries the session's history, which is bounded below this (HistoryLimits.max_bytes).
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
+class MessageTooLarge(ValueError):
+    """A message over ``MAX_MESSAGE_BYTES``, refused by its sender; nothing was written."""
+
+    def __init__(self, op: object, size: int) -> None:
+        super().__init__(f"an IPC {op!r} message of {size} bytes (limit {MAX_MESSAGE_BYTES})")
+        self.op = op
+        self.size = size
+
+
 def post(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
-    """Queues one message on ``writer``; a closed connection drops it (its reader learns of the end)."""
+    """Queues one message on ``writer``; a closed connection drops it (its reader learns of the end).
+
+    Raises :class:`MessageTooLarge`, writing nothing, for a message the receiver would refuse.
+    """
     if writer.is_closing():
         return
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise MessageTooLarge(message.get("op"), len(data))
     writer.write(_HEADER.pack(len(data)) + data)
 
 

@@ -10,8 +10,8 @@ metrics; when the front goes away the worker closes its calls and exits.
 
 Messages, front → worker: ``offer`` (call id, SDP, session config), ``hangup``, ``resources``
 (for ``/debug/resources``), ``turn_event``/``turn_end`` (a turn's events), ``shutdown``.
-Worker → front: ``hello``, ``answer`` (reply to ``offer``/``hangup``/``resources``), ``call_closed``, ``status`` (every
-``STATUS_INTERVAL_S``), ``turn``/``cancel_turn``.
+Worker → front: ``hello``, ``answer`` (reply to ``offer``/``hangup``/``resources``), ``call_connected``,
+``call_closed``, ``status`` (every ``STATUS_INTERVAL_S``: the worker's heartbeat), ``turn``/``cancel_turn``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
 from app.web.calls import load_end_of_turn_model, new_call, text_judge
 from app.web.engines import for_session
-from app.web.ipc import post, receive
+from app.web.ipc import MessageTooLarge, post, receive
 from app.web.metrics import Metrics
 from app.web.resources import process_resources
 from app.webrtc.call import Call, CallRegistry, OfferError
@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 STATUS_INTERVAL_S = 0.5
 # The front enforces --max-sessions across workers; a worker admits whatever it is given.
 _UNLIMITED = 1_000_000
+TURN_TOO_LARGE_MESSAGE = "The conversation is too large to send to the engine."
 
 
 class EngineProxy:
@@ -72,7 +73,12 @@ class EngineProxy:
         self._turns[turn] = queue
         ended = False
         try:
-            self._send({"op": "turn", "turn": turn, "request": request})
+            try:
+                self._send({"op": "turn", "turn": turn, "request": request})
+            except MessageTooLarge as exc:
+                ended = True  # never reached the front: nothing to cancel there
+                logger.error("turn %d not sent to the engine: %s", turn, exc)
+                raise EngineError(TURN_TOO_LARGE_MESSAGE, code="turn_too_large") from None
             while True:
                 message = await queue.get()
                 if message["op"] == "turn_event":
@@ -159,6 +165,9 @@ class MediaWorker:
         if not task.cancelled() and task.exception() is not None:
             logger.error("media worker %d: %s failed", self.index, task.get_name(), exc_info=task.exception())
 
+    def _connected(self, call: Call) -> None:
+        self._send({"op": "call_connected", "call_id": call.id})
+
     def _closed(self, call: Call, reason: str) -> None:
         self._send({"op": "call_closed", "call_id": call.id, "reason": reason})
 
@@ -181,13 +190,16 @@ class MediaWorker:
             )
 
         call = calls.admit(
-            lambda on_closed: new_call(self._settings, make_session, metrics, on_closed, call_id=message["call_id"])
+            lambda on_closed: new_call(
+                self._settings, make_session, metrics, on_closed, on_connected=self._connected, call_id=message["call_id"]
+            )
         )
         reply: dict[str, Any] = {"op": "answer", "request": message["request"], "call_id": call.id}
         try:
             reply["sdp"] = await call.answer(message["sdp"])
         except OfferError as exc:
             await call.close("bad_offer")
+            logger.info("call %s: offer refused: %s (%s)", call.id, exc, exc.__cause__)
             reply["offer_error"] = str(exc)
         except BaseException:
             await call.close("signaling_failed")
@@ -203,15 +215,19 @@ class MediaWorker:
         self._send({"op": "answer", "request": message["request"], "found": call is not None})
 
     async def _report(self, calls: CallRegistry, metrics: Metrics) -> None:
+        """The worker's heartbeat: the front counts a worker silent for 2 s as not answering."""
         while True:
-            self._send(
-                {
-                    "op": "status",
-                    "sessions": len(calls),
-                    "pacing": metrics.pacing.snapshot(),
-                    "metrics": metrics.samples(),
-                }
-            )
+            status = {
+                "op": "status",
+                "sessions": len(calls),
+                "pacing": metrics.pacing.snapshot(),
+                "metrics": metrics.samples(),
+            }
+            try:
+                self._send(status)
+            except MessageTooLarge as exc:  # the metrics outgrew a message: report without them
+                logger.error("media worker %d: %s; reporting without metrics", self.index, exc)
+                self._send({**status, "metrics": []})
             await asyncio.sleep(STATUS_INTERVAL_S)
 
 

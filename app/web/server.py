@@ -39,6 +39,7 @@ from app.web.websocket import websocket_router
 from app.web.workers import MediaWorkerPool
 from app.webrtc.call import CallRegistry
 from media.vad import SileroVad
+from pipeline.conversation import HistoryLimits
 from pipeline.turn import Engine
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             dev_replies = await asyncio.to_thread(load_dev_replies, settings.dev_replies)
             calls = CallRegistry(
                 settings.max_sessions,
+                max_connecting_per_client=settings.max_connecting_per_client,
                 on_count=metrics.set_open_sessions,
                 on_closed=lambda call, reason: metrics.calls.labels(transport=call.transport, reason=reason).inc(),
             )
@@ -141,21 +143,26 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         engines = describe() if describe is not None else []
         if engines:
             engine["engines"] = engines
-        # Some engine of a pool restarting: degraded, but still serving (200) while one is alive.
-        healthy = alive and all(entry["alive"] for entry in engines)
+        # "overloaded": the worker falls behind pacing its calls' audio (media/pacing.py); "ready":
+        # it answers its heartbeat and takes new calls (app/web/workers.py).
+        workers = runtime.workers.status() if runtime.workers is not None else [_this_worker(runtime)]
+        placing = any(worker["ready"] for worker in workers)
+        # Some engine of a pool restarting, or some worker not answering: degraded, but still
+        # serving (200) while one engine is alive and one worker takes calls.
+        healthy = alive and all(entry["alive"] for entry in engines) and all(worker["ready"] for worker in workers)
+        status_code = 200 if alive and placing else 503
         if not monitoring_details(request):  # a load balancer's check needs the status only
-            return JSONResponse({"status": "ok" if healthy else "degraded"}, status_code=200 if alive else 503)
+            return JSONResponse({"status": "ok" if healthy else "degraded"}, status_code=status_code)
         return JSONResponse(
             {
                 "status": "ok" if healthy else "degraded",
                 "model": runtime.model,
                 "sessions": len(runtime.calls),
                 "max_sessions": settings.max_sessions,
-                # "overloaded": the worker falls behind pacing its calls' audio (media/pacing.py).
-                "workers": runtime.workers.status() if runtime.workers is not None else [_this_worker(runtime)],
+                "workers": workers,
                 "engine": engine,
             },
-            status_code=200 if alive else 503,
+            status_code=status_code,
         )
 
     @app.get("/metrics")
@@ -175,7 +182,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         """This process as the one media worker."""
         pacing = metrics.pacing.snapshot()
         return {
-            "worker": "0", "pid": os.getpid(), "alive": True, "sessions": len(runtime.calls), "restarts": 0,
+            "worker": "0", "pid": os.getpid(), "alive": True, "ready": True, "sessions": len(runtime.calls),
+            "restarts": 0,
             "overloaded": pacing["overloaded"], "late_frames": pacing["late_frames"],
             "skipped_frames": pacing["skipped_frames"],
         }
@@ -189,6 +197,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 def _base_session_config(settings: Settings) -> SessionConfig:
     """What every session starts from: the server-side limits of the settings."""
     return SessionConfig(
+        history=HistoryLimits(max_prompt_tokens=settings.history_max_tokens),
         max_text_chars=settings.max_text_chars,
         max_event_bytes=settings.max_event_bytes,
         max_events_per_second=settings.max_events_per_second,

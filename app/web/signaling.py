@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+import math
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from aiortc import sdp as aiortc_sdp
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
 
 from app.config import Settings
 from app.realtime.ledger import AudioOutput
@@ -24,16 +27,24 @@ from app.realtime.session_config import SessionConfig
 from app.web.auth import Authenticator, CallGrant
 from app.web.calls import new_call, text_judge
 from app.web.edge import OriginPolicy
-from app.web.errors import ApiError, rate_limited
+from app.web.errors import ApiError, logged_error, rate_limited
 from app.web.metrics import Metrics
 from app.web.runtime import runtime_of
 from app.web.workers import MediaWorkerPool, WorkerUnavailable
-from app.webrtc.call import CapacityError, OfferError, new_call_id
+from app.webrtc.call import CapacityError, ConnectingLimitError, OfferError, new_call_id
 
 logger = logging.getLogger(__name__)
 
 SDP_CONTENT_TYPE = "application/sdp"
 MULTIPART_CONTENT_TYPE = "multipart/form-data"
+# A multipart offer's boundaries and part headers (Content-Disposition, Content-Type): ~300 bytes
+# for the two parts browsers and OpenAI's SDKs send; 4 KiB leaves room for longer boundaries.
+MULTIPART_FRAMING_BYTES = 4_096
+# Remote ICE candidates in one m= section. Browsers offer a host candidate per interface and
+# family, a server-reflexive and a relay candidate: 2-12 (OpenAI's clients usually none). The
+# server checks every one (a STUN request each, retried): an offer naming 500 addresses made it
+# send 3,000 packets to them.
+MAX_OFFER_CANDIDATES = 32
 # How long a client turned away for capacity should wait: about one short voice turn.
 CAPACITY_RETRY_AFTER_S = 30
 
@@ -51,8 +62,9 @@ def signaling_router(
         _check_cross_site(request, grant, origins)
         offer, session = await _read_offer(request, settings)
         config = read_session_config({**(grant.session or {}), **(session or {})}, base_config)
+        client = request.client.host if request.client is not None else None
         if runtime.workers is not None:
-            return await _place_on_worker(runtime.workers, offer, config, settings, metrics)
+            return await _place_on_worker(runtime.workers, offer, config, settings, metrics, client)
 
         def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
             return RealtimeSession(
@@ -61,17 +73,23 @@ def signaling_router(
                 text_judge=text_judge(settings, runtime.for_sessions),
             )
 
+        def make_call(on_closed: Callable[[Any, str], None]) -> Any:
+            return new_call(settings, make_session, metrics, on_closed, on_connected=lambda c: runtime.calls.connected(c.id))
+
         try:
-            call = runtime.calls.admit(lambda on_closed: new_call(settings, make_session, metrics, on_closed))
+            call = runtime.calls.admit(make_call, client=client)
         except CapacityError:
             metrics.errors.labels(type="rate_limit_error", code="too_many_sessions").inc()
             raise capacity_error(settings.max_sessions) from None
+        except ConnectingLimitError:
+            metrics.errors.labels(type="rate_limit_error", code="too_many_connecting_calls").inc()
+            raise connecting_limit_error(settings) from None
         try:
             answer = await call.answer(offer)
         except OfferError as exc:
             await call.close("bad_offer")
             metrics.errors.labels(type="invalid_request_error", code="invalid_sdp").inc()
-            raise ApiError(400, str(exc), code="invalid_sdp") from None
+            raise offer_refused(exc, call.id) from None
         except BaseException:
             await call.close("signaling_failed")
             raise
@@ -106,25 +124,44 @@ def signaling_router(
 
 
 async def _place_on_worker(
-    workers: MediaWorkerPool, offer: str, config: SessionConfig, settings: Settings, metrics: Metrics
+    workers: MediaWorkerPool, offer: str, config: SessionConfig, settings: Settings, metrics: Metrics,
+    client: str | None,
 ) -> Response:
     """The call goes to the least loaded media worker, which answers; the pool registers it (--max-sessions)."""
     call_id = new_call_id()
     try:
-        answer = await workers.place_call(call_id, offer, config)
+        answer = await workers.place_call(call_id, offer, config, client=client)
     except CapacityError:
         metrics.errors.labels(type="rate_limit_error", code="too_many_sessions").inc()
         raise capacity_error(settings.max_sessions) from None
+    except ConnectingLimitError:
+        metrics.errors.labels(type="rate_limit_error", code="too_many_connecting_calls").inc()
+        raise connecting_limit_error(settings) from None
     except OfferError as exc:
         metrics.errors.labels(type="invalid_request_error", code="invalid_sdp").inc()
-        raise ApiError(400, str(exc), code="invalid_sdp") from None
+        raise offer_refused(exc, call_id) from None
     except WorkerUnavailable as exc:
         metrics.errors.labels(type="server_error", code="media_worker_unavailable").inc()
-        raise ApiError(503, f"No media worker could take the call: {exc}", type="server_error",
-                       code="media_worker_unavailable") from None
+        raise logged_error(503, "No media worker could take the call; try again shortly.",
+                           code="media_worker_unavailable", cause=f"call {call_id}: {exc}") from None
     logger.info("call %s: answered by media worker %s", call_id, workers.worker_of(call_id))
     return Response(
         answer, status_code=201, media_type=SDP_CONTENT_TYPE, headers={"Location": f"/v1/realtime/calls/{call_id}"}
+    )
+
+
+def offer_refused(exc: OfferError, call_id: str) -> ApiError:
+    """400 with the refusal's own fixed words; aiortc's, if any, go to the log under the request id."""
+    return logged_error(400, str(exc), code="invalid_sdp", type="invalid_request_error",
+                        cause=f"call {call_id}: {exc} ({exc.__cause__ or 'no further cause'})")
+
+
+def connecting_limit_error(settings: Settings) -> ApiError:
+    return rate_limited(
+        f"This client already has {settings.max_connecting_per_client} calls still connecting; "
+        "connect or end one first.",
+        code="too_many_connecting_calls",
+        retry_after_s=math.ceil(settings.connect_timeout_s),
     )
 
 
@@ -168,46 +205,85 @@ def _content_type(request: Request) -> str:
 async def _read_offer(request: Request, settings: Settings) -> tuple[str, dict[str, Any] | None]:
     """The SDP offer and the optional session config, from a raw or a multipart body."""
     if _content_type(request) == MULTIPART_CONTENT_TYPE:
-        form = await request.form()
+        return await _read_multipart_offer(request, settings)
+    body = await read_offer_body(request, max_bytes=settings.max_sdp_bytes)
+    return check_offer_sdp(body, max_bytes=settings.max_sdp_bytes), None
+
+
+def multipart_offer_limit(settings: Settings) -> int:
+    """The most a multipart offer's body may hold: its SDP, its session (as large as a client
+    event may be) and the form's framing (boundaries and part headers: a few hundred bytes)."""
+    return settings.max_sdp_bytes + settings.max_event_bytes + MULTIPART_FRAMING_BYTES
+
+
+async def _read_multipart_offer(request: Request, settings: Settings) -> tuple[str, dict[str, Any] | None]:
+    """A multipart offer's ``sdp`` and ``session``, read with the same bound as a raw SDP body: a
+    body over :func:`multipart_offer_limit` is refused as the stream passes it (or from its
+    Content-Length), never read whole (Starlette's ``request.form()`` would spool all of it)."""
+    limit = multipart_offer_limit(settings)
+    body = await read_offer_body(request, max_bytes=limit, too_large=_offer_too_large)
+
+    async def once() -> AsyncGenerator[bytes, None]:
+        yield body
+
+    parser = MultiPartParser(request.headers, once(), max_files=2, max_fields=2, max_part_size=limit)
+    try:
+        form = await parser.parse()
+    except MultiPartException as exc:
+        logger.info("a multipart offer could not be read: %s", exc.message)
+        raise ApiError(400, "The multipart offer could not be read.", code="invalid_multipart") from None
+    try:
         sdp_field = form.get("sdp")
         if sdp_field is None:
             raise ApiError(400, "The multipart offer has no 'sdp' field.", code="invalid_sdp", param="sdp")
-        sdp_bytes = await sdp_field.read() if hasattr(sdp_field, "read") else str(sdp_field).encode()
+        sdp_bytes = await sdp_field.read() if isinstance(sdp_field, UploadFile) else sdp_field.encode()
         session_field = form.get("session")
         session = None
         if session_field is not None:
-            raw = await session_field.read() if hasattr(session_field, "read") else str(session_field).encode()
+            raw = await session_field.read() if isinstance(session_field, UploadFile) else session_field.encode()
             session = _parse_session_json(raw)
-        return check_offer_sdp(sdp_bytes, max_bytes=settings.max_sdp_bytes), session
-    body = await read_offer_body(request, max_bytes=settings.max_sdp_bytes)
-    return check_offer_sdp(body, max_bytes=settings.max_sdp_bytes), None
+    finally:
+        await form.close()
+    return check_offer_sdp(sdp_bytes, max_bytes=settings.max_sdp_bytes), session
 
 
 def _parse_session_json(raw: bytes) -> dict[str, Any]:
     try:
         session = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError(400, f"The 'session' field is not JSON: {exc}", param="session") from None
+    except UnicodeDecodeError:
+        raise ApiError(400, "The 'session' field is not UTF-8 text.", param="session") from None
+    except json.JSONDecodeError as exc:
+        raise ApiError(400, f"The 'session' field is not JSON (line {exc.lineno}, column {exc.colno}).",
+                       param="session") from None
     if not isinstance(session, dict):
         raise ApiError(400, "The 'session' field must be a JSON object.", param="session")
     return session
 
 
-async def read_offer_body(request: Request, *, max_bytes: int) -> bytes:
+async def read_offer_body(
+    request: Request, *, max_bytes: int, too_large: Callable[[str, int], ApiError] | None = None
+) -> bytes:
     """The request body, or :class:`ApiError` 413 as soon as it is known to pass ``max_bytes``.
 
     Never holds more than ``max_bytes`` plus one chunk: a client cannot make the server read a
     gigabyte to learn that it is too big.
     """
+    refuse = too_large or _sdp_too_large
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_bytes:
-        raise _sdp_too_large(f"{int(declared)} bytes", max_bytes)
+        raise refuse(f"{int(declared)} bytes", max_bytes)
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > max_bytes:
-            raise _sdp_too_large(f"over {max_bytes} bytes", max_bytes)
+            raise refuse(f"over {max_bytes} bytes", max_bytes)
     return bytes(body)
+
+
+def _offer_too_large(size: str, max_bytes: int) -> ApiError:
+    return ApiError(
+        413, f"The multipart offer is {size}; the limit is {max_bytes} (its SDP and session).", code="offer_too_large"
+    )
 
 
 def _sdp_too_large(size: str, max_bytes: int) -> ApiError:
@@ -232,11 +308,17 @@ def check_offer_sdp(body: bytes, *, max_bytes: int) -> str:
     # AssertionError, IndexError, KeyError, StopIteration for an a=fmtp without its a=rtpmap...);
     # on untrusted input every one of them means the same: the offer is malformed.
     except Exception as exc:
-        raise ApiError(400, f"SDP offer could not be parsed: {exc or type(exc).__name__}", code="invalid_sdp") from None
+        raise logged_error(400, "SDP offer could not be parsed.", code="invalid_sdp", type="invalid_request_error",
+                           cause=f"aiortc's parser: {type(exc).__name__}: {exc}") from None
     if not description.media:
         raise ApiError(400, "SDP offer has no media sections (m= lines).", code="invalid_sdp")
     for index, media in enumerate(description.media):
         section = f"m={media.kind} section #{index + 1}"
+        if len(media.ice_candidates) > MAX_OFFER_CANDIDATES:
+            raise ApiError(
+                400, f"SDP offer's {section} has {len(media.ice_candidates)} ICE candidates; the limit is "
+                f"{MAX_OFFER_CANDIDATES}.", code="too_many_candidates",
+            )
         # aiortc dereferences these without checking; WebRTC offers always carry them (RFC 8829).
         if media.ice is None or not media.ice.usernameFragment or not media.ice.password:
             raise ApiError(400, f"SDP offer's {section} has no a=ice-ufrag / a=ice-pwd.", code="invalid_sdp")

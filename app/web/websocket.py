@@ -14,10 +14,12 @@ The same ``RealtimeSession`` as over WebRTC, on a different carrier:
   Refusals are HTTP answers with OpenAI's error body (401, 403, 429 + ``Retry-After``).
 - Limits as over WebRTC: the event gate (size, rate), text length, ``--max-session-s`` (then
   ``session_expired`` and close), and ``--max-sessions`` shared with the WebRTC calls. A binary
-  frame, or any bad event, is answered with an ``error`` event and the socket stays open. Frames
-  over uvicorn's ``ws_max_size`` (``max_frame_bytes``: 32 MiB with the default image limit) close
-  it with 1009, as the server library does; frames up to it are read, so an image too large for
-  ``--max-image-bytes`` gets an ``error`` (a 20 MB photo is 27 MB of base64).
+  frame, or any bad event, is answered with an ``error`` event and the socket stays open. The
+  server runs without permessage-deflate (:func:`websocket_server_options`), so a frame holds
+  what the client sent; frames over uvicorn's ``ws_max_size`` (``max_frame_bytes``: 32 MiB with
+  the default image limit) close it with 1009, as the server library does; frames up to it are
+  read, so an image too large for ``--max-image-bytes`` gets an ``error`` (a 20 MB photo is 27 MB
+  of base64), and every event pays rate tokens by its size.
 - A client that goes (close frame, dropped TCP, missed pings: uvicorn pings every 20 s) ends
   the session and its engine work; so does one that stops reading while
   ``MAX_PENDING_BYTES`` of events wait for it.
@@ -251,6 +253,19 @@ class SocketCall:
             writer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await writer
+
+
+def websocket_server_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's WebSocket options for ``GET /v1/realtime`` (``uvicorn.run(..., **options)``).
+
+    permessage-deflate is off (*decided*, docs/HARDENING.md): with it, 40 frames of 16 KB
+    inflated to 0.67 GB before any size check could see them (RSS 824 MB); without it every
+    byte the server holds was sent, and is counted. It saved a third of the bytes of audio
+    appends (base64 PCM) and nine tenths of small JSON events: ~0.2 Mbit/s per session, which no
+    deployment here needs. ``ws_max_size`` bounds one frame as sent (:func:`max_frame_bytes`);
+    uvicorn's reader holds one message at a time, pausing the socket until the app takes it.
+    """
+    return {"ws_per_message_deflate": False, "ws_max_size": max_frame_bytes(settings)}
 
 
 def websocket_router(

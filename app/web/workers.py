@@ -4,8 +4,10 @@
 page, auth, client secrets, signaling, the session count and the engine in this (front)
 process, and runs every call in one of N worker processes (``app.web.media_worker``). A new call goes to the live worker with
 the fewest calls; its offer travels over IPC and the worker's SDP answer comes back, so the
-peer's media then flows to that worker's own UDP sockets. The front remembers which worker
-holds each call (hang-up goes there) and serves the workers' engine turns from the one engine.
+peer's media then flows to that worker's own UDP sockets. A worker reports every 0.5 s (its
+heartbeat); one silent for ``HEARTBEAT_TIMEOUT_S`` (stopped, or its loop stuck) gets no new
+calls, shows ``ready: false`` in /healthz, and an offer it was given goes to the next worker.
+The front remembers which worker holds each call (hang-up goes there) and serves the workers' engine turns from the one engine.
 Each call placed on a worker is a :class:`RemoteCall` in the front's ``CallRegistry``, so
 ``--max-sessions`` counts it with the front's WebSocket sessions. A worker that dies loses its
 calls (they leave the registry at once), is spawned again, and gets new calls once it reports. docs/ARCHITECTURE.md says why it is built this way.
@@ -27,7 +29,7 @@ from typing import Any
 
 from app.config import Settings
 from app.realtime.session_config import SessionConfig
-from app.web.ipc import post, receive
+from app.web.ipc import MessageTooLarge, post, receive
 from app.web.media_worker import run_media_worker
 from app.web.metrics import FamilySamples
 from app.webrtc.call import CallRegistry, OfferError
@@ -47,8 +49,13 @@ OFFER_TIMEOUT_S = 30.0
 RESOURCES_TIMEOUT_S = 5.0
 # Asked to shut down, a worker closes its calls (each a few ms); past this it is killed.
 WORKER_STOP_TIMEOUT_S = 10.0
-# How often the front checks that every worker process still runs; a dead one is spawned again.
+# How often the front checks that every worker process still runs (a dead one is spawned again)
+# and still answers.
 SUPERVISE_INTERVAL_S = 0.5
+# A worker reports every 0.5 s (app.web.media_worker.STATUS_INTERVAL_S); four reports missed is
+# not a busy loop (a VAD window costs well under a millisecond, a stalled frame tens of ms) but
+# a stopped or stuck process: it gets no new calls, and offers waiting on it go elsewhere.
+HEARTBEAT_TIMEOUT_S = 2.0
 # A worker that died before it ever reported (a crash at start-up) is spawned again only after
 # this long, so that a worker that cannot start does not spin.
 START_RETRY_DELAY_S = 5.0
@@ -66,7 +73,9 @@ class WorkerHandle:
     process: BaseProcess
     pid: int | None = None
     writer: asyncio.StreamWriter | None = None
-    ready: bool = False  # said hello; takes calls
+    ready: bool = False  # reported once: its VAD is loaded
+    last_heard: float = 0.0  # monotonic time of its last message
+    silent: bool = False  # nothing heard for HEARTBEAT_TIMEOUT_S: takes no new calls
     calls: set[str] = field(default_factory=set)
     reserved: int = 0  # offers sent, not yet answered
     reported_sessions: int = 0
@@ -80,6 +89,10 @@ class WorkerHandle:
     @property
     def load(self) -> int:
         return len(self.calls) + self.reserved
+
+    @property
+    def takes_calls(self) -> bool:
+        return self.ready and not self.silent
 
     def send(self, message: dict[str, Any]) -> None:
         if self.writer is None:
@@ -172,28 +185,40 @@ class MediaWorkerPool:
 
     # -- calls -----------------------------------------------------------------------------
 
-    async def place_call(self, call_id: str, sdp: str, config: SessionConfig) -> str:
-        """The worker's SDP answer; raises CapacityError (--max-sessions), OfferError or WorkerUnavailable."""
-        live = [worker for worker in self._workers if worker.ready]
-        if not live:
-            raise WorkerUnavailable("no media worker is running")
-        worker = min(live, key=lambda w: (w.load, w.index))
-        remote = self._calls.admit(lambda on_closed: RemoteCall(call_id, self, on_closed))
+    async def place_call(self, call_id: str, sdp: str, config: SessionConfig, *, client: str | None = None) -> str:
+        """The SDP answer of the least loaded worker that answers; raises CapacityError
+        (--max-sessions), ConnectingLimitError (``client`` has its most calls connecting),
+        OfferError or WorkerUnavailable (no worker answered)."""
+        if not any(worker.takes_calls for worker in self._workers):
+            raise WorkerUnavailable("no media worker is answering")
+        remote = self._calls.admit(lambda on_closed: RemoteCall(call_id, self, on_closed), client=client)
         self._remote[call_id] = remote
+        tried: set[int] = set()
+        try:
+            while candidates := [w for w in self._workers if w.takes_calls and w.index not in tried]:
+                worker = min(candidates, key=lambda w: (w.load, w.index))
+                tried.add(worker.index)
+                try:
+                    reply = await self._offer(worker, call_id, sdp, config)
+                except WorkerUnavailable as exc:  # stopped, stuck or died while answering: the next one
+                    logger.warning("call %s: %s; placing it on another worker", call_id, exc)
+                    continue
+                if "offer_error" in reply:
+                    raise OfferError(reply["offer_error"])
+                if "sdp" in reply:
+                    return str(reply["sdp"])  # the call joined its worker when the answer arrived (_handle)
+                logger.warning("call %s: media worker %d could not answer the offer", call_id, worker.index)
+            raise WorkerUnavailable(f"no media worker answered (tried {len(tried)})")
+        except BaseException as exc:
+            self._release(call_id, "bad_offer" if isinstance(exc, OfferError) else "signaling_failed")
+            raise
+
+    async def _offer(self, worker: WorkerHandle, call_id: str, sdp: str, config: SessionConfig) -> dict[str, Any]:
         worker.reserved += 1
         try:
-            reply = await self._ask(worker, {"op": "offer", "call_id": call_id, "sdp": sdp, "config": config})
-        except BaseException:
-            self._release(call_id, "signaling_failed")
-            raise
+            return await self._ask(worker, {"op": "offer", "call_id": call_id, "sdp": sdp, "config": config})
         finally:
             worker.reserved -= 1
-        if "sdp" not in reply:
-            self._release(call_id, "bad_offer" if "offer_error" in reply else "signaling_failed")
-            if "offer_error" in reply:
-                raise OfferError(reply["offer_error"])
-            raise WorkerUnavailable(f"media worker {worker.index} could not answer the offer")
-        return str(reply["sdp"])  # the call joined its worker when the answer arrived (_handle)
 
     async def hang_up(self, call_id: str) -> bool:
         """Ends the call in its worker; False when no worker holds it."""
@@ -215,6 +240,7 @@ class MediaWorkerPool:
                 "worker": str(worker.index),
                 "pid": worker.pid,
                 "alive": worker.ready and worker.process.is_alive(),
+                "ready": worker.takes_calls,  # answers its heartbeat: new calls go here
                 "sessions": len(worker.calls),
                 "restarts": worker.restarts,
                 "overloaded": bool(worker.pacing and worker.pacing["overloaded"]),
@@ -229,7 +255,7 @@ class MediaWorkerPool:
 
         async def one(worker: WorkerHandle) -> dict[str, Any]:
             entry: dict[str, Any] = {"worker": str(worker.index), "pid": worker.pid, "alive": False}
-            if not worker.ready:
+            if not worker.takes_calls:  # not running, or not answering
                 return entry
             try:
                 reply = await self._ask(worker, {"op": "resources"}, timeout_s=RESOURCES_TIMEOUT_S)
@@ -281,9 +307,16 @@ class MediaWorkerPool:
             return
         worker = self._workers[hello["worker"]]
         worker.writer, worker.pid = writer, hello["pid"]
+        worker.last_heard, worker.silent = time.monotonic(), False
         try:
             while (message := await receive(reader)) is not None:
+                worker.last_heard = time.monotonic()
+                if worker.silent:
+                    worker.silent = False
+                    logger.warning("media worker %d (pid %s) answers again; it takes calls", worker.index, worker.pid)
                 self._handle(worker, message)
+        except ValueError as exc:  # senders check sizes (app.web.ipc): this worker is broken
+            logger.error("media worker %d broke the IPC protocol (%s); dropping its connection", worker.index, exc)
         finally:
             await self._lost(worker, writer)
 
@@ -307,6 +340,9 @@ class MediaWorkerPool:
                 self._call_worker[message["call_id"]] = worker
             if future is not None and not future.done():
                 future.set_result(message)
+        elif op == "call_connected":
+            if message["call_id"] in worker.calls:
+                self._calls.connected(message["call_id"])
         elif op == "call_closed":
             self._forget_call(worker, message["call_id"], message["reason"])
         elif op == "turn":
@@ -324,6 +360,8 @@ class MediaWorkerPool:
     async def _ask(
         self, worker: WorkerHandle, message: dict[str, Any], timeout_s: float = OFFER_TIMEOUT_S
     ) -> dict[str, Any]:
+        if worker.silent:
+            raise WorkerUnavailable(f"media worker {worker.index} is not answering")
         self._requests += 1
         request = self._requests
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
@@ -347,6 +385,9 @@ class MediaWorkerPool:
             error = (exc.code, str(exc))
         except WorkerUnavailable:
             return  # the worker is gone: nobody to tell
+        except MessageTooLarge as exc:  # one event too large to send: this turn fails, nothing else
+            logger.error("media worker %d: turn %d failed: %s", worker.index, turn, exc)
+            error = ("turn_event_too_large", "A turn event was too large to send.")
         except Exception as exc:
             logger.exception("media worker %d: a turn failed in the front", worker.index)
             error = ("engine_error", f"{type(exc).__name__}: {exc}")
@@ -364,10 +405,26 @@ class MediaWorkerPool:
         if remote is not None:
             remote.released(reason)
 
+    def _mark_silent(self) -> None:
+        """Workers not heard from for ``HEARTBEAT_TIMEOUT_S`` take no new calls, and the offers and
+        questions waiting on them fail now (an offer then goes to the next worker)."""
+        now = time.monotonic()
+        for worker in self._workers:
+            if not worker.ready or worker.silent or now - worker.last_heard < HEARTBEAT_TIMEOUT_S:
+                continue
+            worker.silent = True
+            logger.warning(
+                "media worker %d (pid %s) has not answered for %.1f s: it gets no new calls until it does",
+                worker.index, worker.pid, now - worker.last_heard,
+            )
+            for future in worker.pending.values():
+                if not future.done():
+                    future.set_exception(WorkerUnavailable(f"media worker {worker.index} stopped answering"))
+
     async def _lost(self, worker: WorkerHandle, writer: asyncio.StreamWriter) -> None:
         """The worker's connection ended: it exited or died. Its calls are gone; the supervisor spawns it again."""
         was_ready, lost_calls = worker.ready, len(worker.calls)
-        worker.ready, worker.writer, worker.pacing, worker.metrics = False, None, None, []
+        worker.ready, worker.silent, worker.writer, worker.pacing, worker.metrics = False, False, None, None, []
         for call_id in list(worker.calls):
             self._forget_call(worker, call_id, "server_shutdown" if self._closing else "worker_died")
         for future in worker.pending.values():
@@ -385,9 +442,14 @@ class MediaWorkerPool:
             )
 
     async def _supervise(self) -> None:
-        """Spawns again every worker whose process has exited (its connection, if any, cleaned up)."""
+        """Spawns again every worker whose process has exited (its connection, if any, cleaned up),
+        and marks silent every worker whose heartbeat stopped."""
         while True:
+            asleep_at = time.monotonic()
             await asyncio.sleep(SUPERVISE_INTERVAL_S)
+            # This loop itself stalled: the workers' reports may be waiting unread, so judge no one.
+            if time.monotonic() - asleep_at < 2 * SUPERVISE_INTERVAL_S:
+                self._mark_silent()
             for worker in self._workers:
                 if worker.writer is not None or worker.process.is_alive():
                     continue  # running, or its connection is still being cleaned up

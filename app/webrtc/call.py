@@ -56,6 +56,11 @@ MAX_PENDING_EVENTS = 1_000
 # of ~50; a peer that outruns the handler by this much is flooding, and its excess is dropped
 # (with an error event) before it can grow the call's memory.
 MAX_QUEUED_MESSAGES = 256
+# Events sent on the data channel that SCTP has not yet taken (the peer stopped acknowledging:
+# a frozen tab, a stuck client): past this the call ends ("client_not_reading"). The same bound
+# as a WebSocket's (app.web.websocket.MAX_PENDING_BYTES); a burst of 100 maximal text items
+# echoes 3-10 MB, which a reading client drains in seconds.
+MAX_BUFFERED_EVENT_BYTES = 16 * 1024 * 1024
 
 
 class Session(Protocol):
@@ -110,6 +115,7 @@ class Call:
         disconnect_timeout_s: float = 10.0,
         max_duration_s: float | None = None,
         observer: CallObserver | None = None,
+        on_connected: Callable[[Call], None] | None = None,
         on_closed: Callable[[Call, str], None] | None = None,
         call_id: str | None = None,
         pacing_stats: PacingStats | None = None,
@@ -127,6 +133,7 @@ class Call:
         self._disconnect_timeout_s = disconnect_timeout_s
         self._max_duration_s = max_duration_s
         self._observer = observer
+        self._on_connected = on_connected
         self._on_closed = on_closed
 
         self._loop = asyncio.get_running_loop()
@@ -179,8 +186,9 @@ class Call:
             OperationError,
         ) as exc:
             # aiortc's SDP parser reports malformed input with whatever the failing line raised;
-            # OperationError: an m= section with no codec aiortc can use (found by fuzzing).
-            raise OfferError(f"the SDP offer could not be parsed: {exc or type(exc).__name__}") from exc
+            # OperationError: an m= section with no codec aiortc can use (found by fuzzing). Its
+            # words stay in the log (``__cause__``); the client is told the fact.
+            raise OfferError("the SDP offer could not be parsed") from exc
         if not any(t.kind == "audio" for t in pc.getTransceivers()):
             raise OfferError("the SDP offer has no audio m-line; a call needs one (sendrecv or recvonly)")
         if sum(t.kind == "video" for t in pc.getTransceivers()) > 1:
@@ -315,6 +323,8 @@ class Call:
         state = self._pc.connectionState
         logger.debug("call %s: connection %s", self.id, state)
         if state == "connected":
+            if not self._connected and self._on_connected is not None:
+                self._on_connected(self)
             self._connected = True
             pair = selected_candidate_pair(self._pc)
             # Which path the media takes: "relay" means through the TURN server (docs/DEPLOY.md).
@@ -387,7 +397,15 @@ class Call:
         text = json.dumps(event, separators=(",", ":"))
         channel = self._channel
         if channel is not None and channel.readyState == "open":
+            if self._end_reason == "client_not_reading":
+                return
             channel.send(text)
+            if channel.bufferedAmount > MAX_BUFFERED_EVENT_BYTES:
+                logger.warning(
+                    "call %s: %d bytes of events wait for a peer that does not take them; ending the call",
+                    self.id, channel.bufferedAmount,
+                )
+                self.end("client_not_reading")
         elif channel is None or channel.readyState == "connecting":
             if len(self._pending_events) >= MAX_PENDING_EVENTS:
                 logger.warning("call %s: %d events wait for the data channel; dropping the oldest", self.id, len(self._pending_events))
@@ -417,6 +435,10 @@ class CapacityError(Exception):
     """Every session slot is taken."""
 
 
+class ConnectingLimitError(Exception):
+    """The client already has its most calls still connecting."""
+
+
 class OpenSession(Protocol):
     """What the registry needs of an open session, over any transport (a :class:`Call`, a WebSocket)."""
 
@@ -437,11 +459,14 @@ class CallRegistry:
         self,
         max_calls: int,
         *,
+        max_connecting_per_client: int | None = None,
         on_count: Callable[[dict[str, int]], None] | None = None,
         on_closed: Callable[[Any, str], None] | None = None,
     ) -> None:
         self._max_calls = max_calls
+        self._max_connecting = max_connecting_per_client
         self._calls: dict[str, OpenSession] = {}
+        self._connecting: dict[str, str] = {}  # call id -> client address, until the peer connects
         self._on_count = on_count
         self._on_closed = on_closed
 
@@ -452,18 +477,30 @@ class CallRegistry:
         call = self._calls.get(call_id)
         return call if isinstance(call, Call) else None
 
-    def admit(self, create: Callable[[Callable[[Any, str], None]], SessionT]) -> SessionT:
-        """Registers ``create(on_closed)``, or raises :class:`CapacityError` when full.
+    def admit(self, create: Callable[[Callable[[Any, str], None]], SessionT], *, client: str | None = None) -> SessionT:
+        """Registers ``create(on_closed)``, or raises :class:`CapacityError` when full (or
+        :class:`ConnectingLimitError` when ``client`` has its most calls still connecting).
 
         Synchronous, so admission and registration cannot interleave with another offer.
         The session must invoke ``on_closed`` once it is released; the registry forgets it then.
+        A call admitted for a ``client`` counts as connecting until :meth:`connected`.
         """
         if len(self._calls) >= self._max_calls:
             raise CapacityError(f"all {self._max_calls} sessions are in use")
+        if client is not None and self._max_connecting is not None:
+            connecting = sum(1 for address in self._connecting.values() if address == client)
+            if connecting >= self._max_connecting:
+                raise ConnectingLimitError(f"{client} has {connecting} calls still connecting")
         call = create(self._forget)
         self._calls[call.id] = call
+        if client is not None:
+            self._connecting[call.id] = client
         self._count_changed()
         return call
+
+    def connected(self, call_id: str) -> None:
+        """The call's peer connected: it no longer counts against its client's connecting calls."""
+        self._connecting.pop(call_id, None)
 
     def counts(self) -> dict[str, int]:
         """Open sessions by transport."""
@@ -476,6 +513,7 @@ class CallRegistry:
         await _gather_all(call.close(reason) for call in list(self._calls.values()))
 
     def _forget(self, call: OpenSession, reason: str) -> None:
+        self._connecting.pop(call.id, None)
         if self._calls.pop(call.id, None) is None:
             return
         self._count_changed()

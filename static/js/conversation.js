@@ -81,7 +81,7 @@ export class Conversation {
         this.transcript.mark(event.item_id, "not transcribed");
         break;
       case "conversation.item.deleted":
-        this.transcript.remove(event.item_id);
+        this.transcript.forget(event.item_id);
         break;
       case "conversation.item.truncated":
         this.transcript.mark(event.item_id, "cut off");

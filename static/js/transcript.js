@@ -93,8 +93,13 @@ export class Transcript {
     this.ensureItemElement(itemId, "assistant").querySelector(".text").textContent = text;
   }
 
-  remove(itemId) {
-    this.itemElement(itemId)?.remove();
+  // The server dropped the item from the conversation (its history budget, or its turn limit):
+  // the model no longer sees it, but the person said or heard it, so it stays on the page, dimmed.
+  forget(itemId) {
+    const element = this.itemElement(itemId);
+    if (!element) return;
+    element.classList.add("forgotten");
+    element.title = "No longer part of the conversation the model sees";
   }
 
   // Marks an answer that did not end by itself: "cut off", "length limit", "failed". The latest

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import subprocess
 import sys
@@ -199,3 +200,44 @@ async def test_outbound_track_keeps_its_clock_through_an_engine_stall():
     assert not any(frame.to_ndarray().any() for frame in during[1:])
     assert any(frame.to_ndarray().any() for frame in after)
     assert clock.sleeps == pytest.approx([0.02] * 10)  # no burst to catch up
+
+
+# A client that asks for a long text answer, then stops reading: its event loop blocks (as a frozen
+# tab's would), so its SCTP acknowledges nothing more while the answer's deltas keep coming.
+STOPS_READING = """
+import asyncio, sys, time
+from app.client.webrtc import RealtimeClient
+
+async def main():
+    async with RealtimeClient(sys.argv[1], ice_loopback=True, session={"output_modalities": ["text"]}) as client:
+        await client.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                           "content": [{"type": "input_text", "text": "Tell me everything."}]}})
+        await client.send({"type": "response.create"})
+        await client.wait_for("response.created")
+        print("asked", flush=True)
+        time.sleep(120)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_client_that_stops_reading_its_events_is_ended_with_the_reason_logged(monkeypatch, caplog):
+    # 20,000 text deltas are ~4 MB of events; a 1 MiB bound here stands for the real 16 MiB.
+    monkeypatch.setattr("app.webrtc.call.MAX_BUFFERED_EVENT_BYTES", 1024 * 1024)
+    caplog.set_level(logging.INFO, logger="app.webrtc.call")
+    engine = ScriptedEngine(" ".join(["word"] * 20_000))
+    async with serving(engine, media_workers=1, disconnect_timeout_s=DEADLINE_S) as url:
+        caller = subprocess.Popen([sys.executable, "-c", STOPS_READING, url], stdout=subprocess.PIPE, text=True)
+        try:
+            async with asyncio.timeout(DEADLINE_S):
+                assert "asked" in await asyncio.to_thread(caller.stdout.readline)
+            sessions = await asyncio.to_thread(wait_for_sessions, url, 0, deadline_s=DEADLINE_S)
+        finally:
+            caller.kill()
+            caller.wait()
+            caller.stdout.close()
+    assert sessions == 0  # ended long before the media watch (a minute) would have
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("does not take them; ending the call" in message for message in messages)
+    assert any(message.endswith("ended: client_not_reading") for message in messages)
+    assert engine.cancelled_turns == 1  # its answer stopped being generated with it

@@ -25,6 +25,7 @@ from app.client.base import ClientError
 from app.client.webrtc import RealtimeClient
 from app.config import Settings
 from app.web.server import create_app
+from pipeline.conversation import HistoryLimits
 from tests.e2e.conftest import free_port, serving_in_process
 from tests.fakes import ScriptedEngine
 from tests.speech import load_fixture
@@ -34,9 +35,12 @@ SETTLE_S = 90.0
 
 
 @contextlib.asynccontextmanager
-async def front(tmp_path: Any, **settings: Any) -> AsyncIterator[tuple[str, httpx.AsyncClient]]:
+async def front(
+    tmp_path: Any, engine: ScriptedEngine | None = None, **settings: Any
+) -> AsyncIterator[tuple[str, httpx.AsyncClient]]:
     app = create_app(
-        Settings(ice_loopback=True, cache_dir=tmp_path, media_workers=2, **settings), engine=ScriptedEngine("Hi there")
+        Settings(ice_loopback=True, cache_dir=tmp_path, media_workers=2, **settings),
+        engine=engine or ScriptedEngine("Hi there"),
     )
     async with serving_in_process(app) as url, httpx.AsyncClient(base_url=url) as http:
         yield url, http
@@ -184,3 +188,63 @@ async def test_workers_end_with_a_front_killed_outright(tmp_path) -> None:
     finally:
         front_process.kill()
         front_process.wait()
+
+
+async def test_a_stopped_worker_gets_no_new_call_and_an_offer_it_was_given_goes_to_the_next(tmp_path) -> None:
+    async with front(tmp_path) as (url, http):
+        stopped = (await health(http))["workers"][0]["pid"]
+        os.kill(stopped, signal.SIGSTOP)  # as a worker whose loop hangs: alive, connected, silent
+        try:
+            # Offered at once, before its silence tells: worker 0 (first, with the fewest calls) gets
+            # the offer and does not answer; once it has been silent 2 s the offer goes to worker 1.
+            async with RealtimeClient(url, ice_loopback=True) as first:
+                body = await until(http, lambda b: not b["workers"][0]["ready"])
+                assert body["status"] == "degraded" and body["workers"][1]["ready"]
+                async with RealtimeClient(url, ice_loopback=True) as second:  # placed past the silent one
+                    assert sessions_by_worker(await until(http, lambda b: b["sessions"] == 2)) == [0, 2]
+                    await asyncio.gather(answered(first), answered(second))
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+        body = await until(http, lambda b: b["workers"][0]["ready"])  # it answers again, and takes calls
+        assert body["status"] == "ok"
+
+
+ROOT_INSERTS = 2_000
+# 2,000 such items made an 18 MB turn request: over the 16 MiB an IPC message may carry.
+INSERTED_TEXT = "an item the client puts first, into the answered turn. " * 164  # 9,020 characters
+
+
+async def test_items_inserted_at_root_leave_the_next_prompt_bounded_and_the_workers_other_call_unharmed(
+    tmp_path,
+) -> None:
+    engine = ScriptedEngine("Hi there")
+    # The default event rate (50/s) would take 40 s to let 2,000 inserts in; the bound is not the rate's.
+    # The inbound jitter buffer is not what this test is about, and with it the 18 MB each way on
+    # the data channel took 3-5 times as long on 2 shared cores (75 s, against 22 s without).
+    limits = {"max_events_per_second": 100_000, "max_event_burst": 100_000, "jitter_buffer": False}
+    async with front(tmp_path, engine, **limits) as (url, http):
+        async with (
+            RealtimeClient(url, ice_loopback=True) as inserter,  # worker 0
+            RealtimeClient(url, ice_loopback=True),  # worker 1
+            RealtimeClient(url, ice_loopback=True) as neighbour,  # worker 0 again: the fewest calls, first
+        ):
+            assert sessions_by_worker(await until(http, lambda b: b["sessions"] == 3)) == [2, 1]
+            await answered(inserter)
+            for batch in range(0, ROOT_INSERTS, 100):  # in batches, as each batch's echoes come back
+                mark = len(inserter.events)
+                for n in range(batch, batch + 100):
+                    await inserter.send({"type": "conversation.item.create", "previous_item_id": "root", "item": {
+                        "id": f"root{n}", "type": "message", "role": "user",
+                        "content": [{"type": "input_text", "text": INSERTED_TEXT}]}})
+                await inserter.wait_for(lambda e, last=f"root{batch + 99}": e["type"] == "conversation.item.done"
+                                        and e["item"]["id"] == last, start=mark)
+            mark = len(inserter.events)
+            await inserter.send({"type": "response.create"})
+            done = await inserter.wait_for("response.done", start=mark)
+            assert done["response"]["status"] == "completed"
+            prompt = engine.requests[-1].conversation.items
+            assert sum(item.prompt_tokens() for item in prompt) <= HistoryLimits().max_prompt_tokens
+            deleted = sum(event["type"] == "conversation.item.deleted" for event in inserter.events)
+            assert deleted >= ROOT_INSERTS - len(prompt)  # the session said which went
+            await answered(neighbour)  # the same worker's other call goes on
+            assert neighbour.ended is None and inserter.ended is None

@@ -11,6 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from transformers import Qwen3OmniMoeForConditionalGeneration
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
 
 from media.rates import SPEECH_RATE
 from pipeline.conversation import (
@@ -18,11 +19,14 @@ from pipeline.conversation import (
     IMAGE_NOTE,
     AssistantText,
     Conversation,
+    FunctionCall,
+    FunctionOutput,
     HistoryLimits,
     UserAudio,
     UserImage,
     UserText,
     asr_instruction,
+    audio_tokens,
     bound_history,
     split_turns,
 )
@@ -302,6 +306,53 @@ def test_audio_pads_equal_the_audio_encoders_output_per_clip(renderer, thinker):
             output = thinker.get_audio_features(features[None], mask[None])
             encoded.append(output.last_hidden_state.shape[0])
     assert _pad_runs(_ids(inputs)) == encoded
+
+
+def test_the_sessions_audio_token_count_is_the_audio_encoders_output_length(renderer):
+    samples = np.arange(0, 40 * SPEECH_RATE, 997)  # every rest of a 100-frame window, 0-40 s
+    expected = _get_feat_extract_output_lengths(torch.from_numpy(samples // 160), 50).tolist()
+    assert [audio_tokens(int(n)) for n in samples] == expected
+    clips = tuple(_clip(s, seed=i) for i, s in enumerate((0.5, 1.0, 2.013, 12.345)))
+    assert _pad_runs(_ids(renderer.render(Conversation(clips)))) == [audio_tokens(len(c.pcm)) for c in clips]
+
+
+ENGLISH = (
+    "Open the page and speak: the server hears by itself when your utterance ends, runs one turn of the "
+    "model with the conversation so far, and speaks the answer back while its text streams to the page. "
+    "Whole turns are kept or dropped, newest first, until every limit holds; the oldest items go first. "
+) * 20
+CHINESE = "请将这段中文语音转换为纯文本。你好，今天天气怎么样？我们去公园散步吧，顺便买点水果。" * 40
+COSTLY = "".join(chr(0x1F300 + (i * 7919) % 700) + "~`|" for i in range(1500))  # emoji and punctuation
+
+
+def _history_tokens(renderer, items: tuple) -> int:
+    """Prompt tokens of ``items`` alone: the render less its system message and generation prompt."""
+    empty = renderer.render(Conversation(())).input_ids.shape[1]
+    return renderer.render(Conversation(items)).input_ids.shape[1] - empty
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        (UserText(ENGLISH), AssistantText(ENGLISH[:800]), UserText("And?")),
+        (UserText(CHINESE), AssistantText(CHINESE[:200])),
+        (UserText(COSTLY),),
+        (_clip(3.3), UserText("what is this?"), AssistantText("a noise"), UserAudio(_clip(1.2).pcm, transcript="hi")),
+        (UserImage(encoded(448, 336), 448, 336, max_pixels=448 * 336), UserText("and this?")),
+        (UserText("Time?"), FunctionCall("c1", "get_time", '{"tz": "UTC"}'), FunctionOutput("c1", '{"t": "12:00"}'),
+         AssistantText("Noon.")),
+    ],
+    ids=["english", "chinese", "costliest-text", "audio", "image", "tools"],
+)
+def test_the_items_estimates_bound_the_prompt_they_render(renderer, items):
+    """The session's budget holds for the real prompt: no item renders to more than it estimates."""
+    assert _history_tokens(renderer, items) <= sum(item.prompt_tokens() for item in items)
+
+
+def test_the_text_estimate_is_a_few_times_the_real_count_for_prose(renderer):
+    for text in (ENGLISH, CHINESE):
+        real = _history_tokens(renderer, (UserText(text),))
+        assert real <= UserText(text).prompt_tokens() <= 6 * real  # ~4.7 bytes per token for both
 
 
 def test_rendered_inputs_run_through_the_thinker(renderer, thinker):

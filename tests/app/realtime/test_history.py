@@ -8,15 +8,19 @@ import pytest
 from app.realtime.history import (
     MAX_UNANSWERED_ITEMS,
     AssistantEntry,
+    FunctionCallEntry,
+    FunctionOutputEntry,
     History,
     UserEntry,
     pruned,
+    within_budget,
 )
 from app.realtime.ledger import Playback
 from app.realtime.protocol import ConversationItemCreateEvent, ProtocolError
 from media.rates import SPEECH_RATE
-from pipeline.conversation import AssistantText, HistoryLimits, UserAudio, UserText
+from pipeline.conversation import IMAGE_NOTE, AssistantText, HistoryLimits, UserAudio, UserImage, UserText
 from tests.fakes import CODEC_FRAME_SAMPLES
+from tests.pictures import encoded
 
 
 def user_audio(item_id: str, seconds: float = 1.0) -> UserEntry:
@@ -124,3 +128,63 @@ def test_a_long_turns_segments_are_kept_or_evicted_together():
     assert ids(pruned(entries, HistoryLimits())) == ["s0", "s1", "s2", "s3", "a2"]
     later = [*entries, user_audio("u3", 2), answer("a3")]
     assert ids(pruned(later, HistoryLimits())) == ["u3", "a3"]  # never some of its segments
+
+
+def insert_text(history: History, text: str, *, previous_item_id: str | None = None, item_id: str | None = None):
+    event = ConversationItemCreateEvent.model_validate(
+        {"type": "conversation.item.create", "previous_item_id": previous_item_id,
+         "item": {"id": item_id, "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}
+    )
+    history.create_item(event, input_audio_format="audio/pcm", max_chars=16_000)
+
+
+def test_items_inserted_at_root_into_an_answered_turn_are_bounded_by_the_token_budget():
+    history, limits = History(), HistoryLimits(max_prompt_tokens=1_000)
+    history.append(user_text("u1"))
+    history.append(answer("a1"))
+    deleted = []
+    for n in range(200):  # each joins the first, answered turn: the turn limits alone never bind
+        insert_text(history, "word " * 40, previous_item_id="root", item_id=f"r{n}")
+        deleted += [event.item_id for event in history.prune(limits)]
+    assert sum(entry.prompt_tokens() for entry in history) <= 1_000
+    assert ids(history)[-2:] == ["u1", "a1"]  # the oldest went: the items put first
+    assert deleted == [f"r{n}" for n in range(200) if f"r{n}" not in ids(history)]  # each announced once
+
+
+def test_the_budget_drops_the_oldest_items_but_never_the_newest():
+    history = History()
+    for n in range(3):
+        insert_text(history, "x" * 600, item_id=f"t{n}")
+    deleted = [event.item_id for event in history.prune(HistoryLimits(max_prompt_tokens=1_000))]
+    assert deleted == ["t0", "t1"] and ids(history) == ["t2"]
+    insert_text(history, "y" * 2_000, item_id="big")  # alone over the budget: what the next turn answers
+    assert [event.item_id for event in history.prune(HistoryLimits(max_prompt_tokens=1_000))] == ["t2"]
+    assert ids(history) == ["big"]
+
+
+def test_the_budget_keeps_a_response_being_generated():
+    entries = [user_text("u1"), answer("a1", "z" * 5_000, status="in_progress"), user_text("late")]
+    assert ids(within_budget(entries, HistoryLimits(max_prompt_tokens=1_000))) == ["a1", "late"]
+
+
+def test_the_budget_bounds_items_and_bytes_too():
+    many = [user_text(f"u{n}") for n in range(20)]
+    assert ids(within_budget(many, HistoryLimits(max_items=5))) == ids(many[-5:])
+    clips = [user_audio(f"c{n}", 10) for n in range(4)]  # 640 KB of float32 PCM each
+    assert ids(within_budget(clips, HistoryLimits(max_bytes=1_500_000))) == ["c2", "c3"]
+
+
+def test_the_budget_takes_older_items_images_before_any_item():
+    picture = UserImage(encoded(448, 448), 448, 448, max_pixels=448 * 448)  # 196 image tokens
+    shown = UserEntry("shown", (picture, UserText("look")), [])
+    entries = [shown, answer("a1"), user_text("u2"), answer("a2"), user_text("u3")]
+    budget = HistoryLimits(max_prompt_tokens=sum(entry.prompt_tokens() for entry in entries) - 100)
+    assert ids(within_budget(entries, budget)) == ids(entries)  # every item stays...
+    assert shown.parts == (UserText(IMAGE_NOTE), UserText("look"))  # ...the image became a note
+
+
+def test_the_budget_drops_a_function_call_with_its_output():
+    call = FunctionCallEntry("call", "c1", "get_time", "{}", status="completed")
+    output = FunctionOutputEntry("output", "c1", "x" * 600)
+    entries = [call, answer("a1"), output, user_text("u2")]
+    assert ids(within_budget(entries, HistoryLimits(max_prompt_tokens=100))) == ["a1", "u2"]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
+from app.realtime.failures import failure_message
 from app.realtime.session_config import SessionConfig, TurnDetection
 from app.realtime.turn_taking import ECHO_TAIL_MS
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, AssistantText, HistoryLimits, UserAudio, UserText
@@ -541,6 +542,28 @@ async def test_second_response_create_while_one_runs_is_an_error(h):
     assert h.types().count("response.created") == 1
 
 
+async def test_items_inserted_at_root_after_an_answered_turn_leave_the_next_prompt_within_the_budget():
+    h = Harness(SessionConfig(max_events_per_second=10_000, max_event_burst=10_000))
+    await h.session.start()
+    try:
+        await h.send(type="conversation.item.create", item={"type": "message", "role": "user", "id": "u1",
+                                                            "content": [{"type": "input_text", "text": "one"}]})
+        await h.send(type="response.create")
+        await h.turn_done()
+        for n in range(300):
+            await h.send(type="conversation.item.create", previous_item_id="root", item={
+                "type": "message", "role": "user", "id": f"r{n}", "content": [{"type": "input_text", "text": "x" * 1_000}]})
+        await h.send(type="response.create")
+        await h.turn_done(2)
+    finally:
+        await h.session.close()
+    prompt = h.engine.requests[-1].conversation.items
+    assert sum(item.prompt_tokens() for item in prompt) <= HistoryLimits().max_prompt_tokens
+    assert prompt[-2:] == (UserText("one"), AssistantText("Hello there friend"))  # the oldest went, not these
+    deleted = {event["item_id"] for event in h.of_type("conversation.item.deleted")}
+    assert len(deleted) == 300 - (len(prompt) - 2)  # every item that went was announced
+
+
 async def test_delete_and_truncate_items_and_unknown_ids(h):
     await h.send(type="conversation.item.create", item={"type": "message", "role": "user", "id": "u1",
                                                         "content": [{"type": "input_text", "text": "one"}]})
@@ -610,24 +633,29 @@ async def test_bad_input_gets_an_error_and_the_session_still_serves_a_turn(h, ra
     assert (await h.turn_done())["response"]["status"] == "completed"
 
 
-async def test_engine_failure_ends_the_response_failed_and_the_next_turn_works(h):
-    h.engine.fail_next = EngineError("CUDA out of memory", code="engine_error")
+async def test_engine_failure_ends_the_response_failed_and_the_next_turn_works(h, caplog):
+    h.engine.fail_next = EngineError("CUDA out of memory at /opt/model/shard-3", code="engine_error")
     h.utter()
     done = (await h.turn_done())["response"]
 
     assert done["status"] == "failed"
     assert done["status_details"]["error"] == {"type": "server_error", "code": "engine_error", "message": None}
-    error = h.last("error")["error"]
-    assert error["type"] == "server_error" and "CUDA out of memory" in error["message"]
+    error_event = h.last("error")
+    error = error_event["error"]
+    # The client gets the code and a fixed message; the cause goes to the log beside the event's id.
+    assert (error["type"], error["code"], error["message"]) == ("server_error", "engine_error", failure_message("engine_error"))
+    [logged] = [r.getMessage() for r in caplog.records if error_event["event_id"] in r.getMessage()]
+    assert "CUDA out of memory at /opt/model/shard-3" in logged
     h.push(silence(ECHO_TAIL_MS + 100))
     h.utter()
     assert (await h.turn_done(2))["response"]["status"] == "completed"
 
 
 async def test_unexpected_engine_exception_also_fails_only_that_response(h):
-    h.engine.fail_next = RuntimeError("boom")
+    h.engine.fail_next = RuntimeError("boom: /etc/secret")
     await h.send(type="response.create")
     assert (await h.turn_done())["response"]["status"] == "failed"
+    assert "boom" not in h.last("error")["error"]["message"]
     await h.send(type="response.create")
     assert (await h.turn_done(2))["response"]["status"] == "completed"
 

@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from app.web.ipc import MAX_MESSAGE_BYTES, MessageTooLarge, post
 from app.web.media_worker import EngineProxy
 from app.web.metrics import Metrics
-from pipeline.conversation import Conversation
+from pipeline.conversation import Conversation, UserText
 from pipeline.turn import AudioChunk, EngineError, TextDelta, TurnRequest
 
 
@@ -87,3 +88,37 @@ def test_metrics_of_workers_add_up_and_keep_their_worker_labels() -> None:
     assert 'omni_rtc_outbound_frames_skipped_total{worker="0"} 24.0' in text
     assert 'omni_rtc_outbound_frames_skipped_total{worker="1"} 0.0' in text
     assert "_created" not in text
+
+
+class LocalWriter:
+    """A ``StreamWriter`` stand-in that keeps what is written."""
+
+    def __init__(self) -> None:
+        self.written = bytearray()
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+
+def test_the_sender_refuses_a_message_over_the_limit_and_writes_nothing() -> None:
+    writer = LocalWriter()
+    with pytest.raises(MessageTooLarge) as refused:
+        post(writer, {"op": "turn", "blob": b"x" * (MAX_MESSAGE_BYTES + 1)})
+    assert refused.value.op == "turn"
+    assert writer.written == b""
+    post(writer, {"op": "status"})
+    assert writer.written  # the connection goes on
+
+
+async def test_a_turn_too_large_to_send_fails_that_turn_with_an_error_code() -> None:
+    writer = LocalWriter()
+    proxy = EngineProxy("front-engine", lambda message: post(writer, message))
+    huge = Conversation(items=(UserText("x" * (MAX_MESSAGE_BYTES + 1)),))
+    with pytest.raises(EngineError) as raised:
+        async for _ in proxy.run_turn(TurnRequest(conversation=huge)):
+            pass
+    assert raised.value.code == "turn_too_large"
+    assert writer.written == b""  # not even a cancel_turn: the front never heard of it

@@ -6,6 +6,7 @@ import asyncio
 
 import httpx
 import pytest
+from aiortc import RTCPeerConnection
 
 from app.config import Settings
 from app.realtime.gate import EventGate
@@ -14,6 +15,7 @@ from app.web.engines import StallTimeoutEngine
 from app.web.errors import ApiError
 from app.web.server import create_app
 from app.web.signaling import capacity_error, check_offer_sdp
+from app.webrtc.ice import loopback_candidates, rtc_configuration
 from pipeline.conversation import Conversation, UserText
 from pipeline.turn import EngineError, TextDelta, TurnDone, TurnRequest, Usage
 from tests.clock import FakeClock
@@ -70,6 +72,34 @@ def test_garbage_offer_is_400_with_a_message(body):
     assert raised.value.message.startswith("SDP offer")
 
 
+def test_the_sdp_parsers_own_words_stay_in_the_log_under_the_request_id(caplog):
+    with pytest.raises(ApiError) as raised:
+        check_offer_sdp(b"v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=rtpmap:111\r\n", max_bytes=65_536)
+    assert raised.value.message == "SDP offer could not be parsed."
+    request_id = raised.value.headers["x-request-id"]
+    [logged] = [record.getMessage() for record in caplog.records if request_id in record.getMessage()]
+    assert "ValueError: not enough values to unpack" in logged  # what aiortc said, for the operator only
+
+
+async def test_a_bug_in_a_route_is_a_500_with_a_request_id_and_no_exception_text():
+    app = create_app(Settings(media_workers=1), engine=ScriptedEngine())
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise RuntimeError("secret detail")
+
+    app.router.routes.insert(0, app.router.routes.pop())  # before the page's catch-all mount
+
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            response = await http.get("/boom")
+    assert response.status_code == 500
+    assert response.json()["error"]["code"] == "server_error"
+    assert "secret" not in response.text
+    assert response.headers["x-request-id"].startswith("req_")
+
+
 def test_bundle_group_naming_a_missing_mid_is_400():
     offer = OFFER.replace("a=group:BUNDLE 0", "a=group:BUNDLE 1 0")
     with pytest.raises(ApiError) as raised:
@@ -121,10 +151,13 @@ def test_gate_rejects_past_the_burst_then_recovers_with_time():
     assert gate.admit("{}") is not None
 
 
-def test_gate_does_not_charge_oversized_events_to_the_rate():
-    gate = EventGate(max_bytes=2, per_second=10, burst=1, clock=FakeClock())
-    assert gate.admit("toolong") is not None
-    assert gate.admit("{}") is None
+def test_gate_charges_every_event_by_its_size_the_refused_too():
+    gate = EventGate(max_bytes=10, per_second=10, burst=5, max_image_event_bytes=30, clock=FakeClock())
+    refused = gate.admit("x" * 1_000)  # past the largest event: pays as the largest (3), unread
+    assert refused is not None and refused.code == "event_too_large"
+    assert gate.admit("{}") is None and gate.admit("{}") is None  # the 2 tokens left
+    refused = gate.admit("{}")
+    assert refused is not None and refused.code == "rate_limit_exceeded"
 
 
 class ScriptedTurnEngine:
@@ -268,12 +301,12 @@ async def test_a_client_secret_with_a_bad_tool_schema_is_400():
     assert "session.tools[0].parameters" in response.json()["error"]["message"]
 
 
-async def post_to_calls(content) -> httpx.Response:
-    app = create_app(Settings(ice_loopback=True, max_sdp_bytes=4_096), engine=ScriptedEngine())
+async def post_to_calls(content, content_type: str = "application/sdp") -> httpx.Response:
+    app = create_app(Settings(ice_loopback=True, max_sdp_bytes=4_096, media_workers=1), engine=ScriptedEngine())
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
-            return await http.post("/v1/realtime/calls", content=content, headers={"Content-Type": "application/sdp"})
+            return await http.post("/v1/realtime/calls", content=content, headers={"Content-Type": content_type})
 
 
 async def test_offer_declared_too_large_is_413_before_it_is_read():
@@ -290,3 +323,75 @@ async def test_streamed_offer_is_cut_off_at_the_limit_with_413():
     response = await post_to_calls(endless())
     assert response.status_code == 413
     assert "over 4096 bytes" in response.json()["error"]["message"]
+
+
+async def test_a_200_mb_multipart_offer_is_refused_before_it_is_read():
+    sent = 0
+
+    async def two_hundred_megabytes():  # streamed: chunked, no Content-Length, one 64 KiB chunk reused
+        nonlocal sent
+        head = b'--b\r\nContent-Disposition: form-data; name="sdp"; filename="offer.sdp"\r\n\r\n'
+        chunk = b"a=x-padding\r\n" * 4_681  # 64 KiB
+        yield head
+        while sent < 200 * 1024 * 1024:
+            sent += len(chunk)
+            yield chunk
+        yield b"\r\n--b--\r\n"
+
+    response = await post_to_calls(two_hundred_megabytes(), "multipart/form-data; boundary=b")
+    assert sent < 1024 * 1024  # the limit (the SDP, a session, the framing) and a chunk, not 200 MB
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "offer_too_large"
+
+
+async def test_a_multipart_offer_declared_too_large_is_refused_from_its_content_length():
+    response = await post_to_calls(b"x" * 400_000, "multipart/form-data; boundary=b")
+    assert response.status_code == 413
+
+
+async def test_a_multipart_offer_within_the_limit_is_read_as_before():
+    body = (b'--b\r\nContent-Disposition: form-data; name="session"\r\n\r\n{"instructions": 5}\r\n'
+            b'--b\r\nContent-Disposition: form-data; name="sdp"\r\n\r\n' + OFFER.encode() + b"\r\n--b--\r\n")
+    response = await post_to_calls(body, "multipart/form-data; boundary=b")
+    assert response.status_code == 400  # read whole: the session was checked
+    assert response.json()["error"]["param"] == "session.instructions"
+
+
+def candidates(count: int) -> str:
+    return "".join(f"a=candidate:{n} 1 udp 2122260223 10.0.0.{n} 9 typ host\r\n" for n in range(count))
+
+
+def test_an_offer_naming_too_many_candidates_is_400():
+    check_offer_sdp((OFFER + candidates(32)).encode(), max_bytes=65_536)  # a generous browser's worth
+    with pytest.raises(ApiError) as refused:
+        check_offer_sdp((OFFER + candidates(33)).encode(), max_bytes=65_536)
+    assert (refused.value.status_code, refused.value.code) == (400, "too_many_candidates")
+
+
+async def aiortc_offer() -> str:
+    pc = RTCPeerConnection(rtc_configuration([]))
+    pc.createDataChannel("oai-events")
+    pc.addTransceiver("audio")
+    with loopback_candidates():
+        await pc.setLocalDescription(await pc.createOffer())
+    await pc.close()  # its offer stays valid text; the call it starts never connects
+    return pc.localDescription.sdp
+
+
+async def test_a_client_past_its_calls_still_connecting_gets_429_until_one_connects_or_ends():
+    app = create_app(Settings(ice_loopback=True, media_workers=1, max_connecting_per_client=1), engine=ScriptedEngine())
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            async def post(offer: str) -> httpx.Response:
+                return await http.post("/v1/realtime/calls", content=offer, headers={"Content-Type": "application/sdp"})
+
+            first = await post(await aiortc_offer())
+            second = await post(await aiortc_offer())
+            assert (await http.delete(first.headers["location"])).status_code == 204
+            third = await post(await aiortc_offer())
+    assert first.status_code == 201
+    assert second.status_code == 429
+    assert second.json()["error"]["code"] == "too_many_connecting_calls"
+    assert second.headers["retry-after"] == "10"  # the connect timeout
+    assert third.status_code == 201

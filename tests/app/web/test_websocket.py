@@ -9,10 +9,13 @@ import asyncio
 import base64
 import contextlib
 import json
+import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import numpy as np
+import psutil
 import pytest
 import websockets
 from pydantic import SecretStr
@@ -23,6 +26,7 @@ from app.client.websocket import RealtimeSocketClient
 from app.config import Settings
 from app.realtime.input_buffer import MAX_APPEND_AHEAD_MS
 from app.web.server import create_app
+from app.web.websocket import websocket_server_options
 from tests.app.realtime.test_fuzz import OFFER_LINES
 from tests.e2e.conftest import serving_in_process
 from tests.fakes import ScriptedEngine
@@ -33,7 +37,8 @@ API_KEY = "sk-test"
 
 @contextlib.asynccontextmanager
 async def serving(settings: Settings, engine: ScriptedEngine | None = None) -> AsyncIterator[str]:
-    async with serving_in_process(create_app(settings, engine=engine or ScriptedEngine("Hello there friend"))) as url:
+    app = create_app(settings, engine=engine or ScriptedEngine("Hello there friend"))
+    async with serving_in_process(app, **websocket_server_options(settings)) as url:
         yield url
 
 
@@ -222,3 +227,51 @@ async def test_shutdown_closes_open_websocket_sessions(tmp_path):
             while True:
                 await ws.recv()
     assert engine.cancelled_turns == 1
+
+
+def masked_frame(first_byte: int, payload: bytes) -> bytes:
+    """One client frame (clients mask theirs, RFC 6455 5.3)."""
+    size = len(payload)
+    length = bytes([0x80 | size]) if size < 126 else bytes([0x80 | 127]) + size.to_bytes(8, "big")
+    mask = bytes([0x37, 0xFA, 0x21, 0x3D])
+    masked = np.bitwise_xor(np.frombuffer(payload, np.uint8), np.resize(np.frombuffer(mask, np.uint8), size))
+    return bytes([first_byte]) + length + mask + masked.tobytes()
+
+
+async def test_a_deflate_bomb_leaves_the_servers_memory_where_it_was(tmp_path):
+    """40 compressed frames of 16 KB, each 16 MiB of JSON once inflated (the audit's 0.67 GB)."""
+    settings = Settings(cache_dir=tmp_path)
+    event = b'{"type":"session.update","padding":"' + b"a" * (16 * 1024 * 1024 - 64) + b'"}'
+    compressor = zlib.compressobj(wbits=-12)  # raw deflate in a window any server accepts (4 KiB)
+    deflated = (compressor.compress(event) + compressor.flush(zlib.Z_SYNC_FLUSH))[:-4]  # less 00 00 ff ff
+    bomb = masked_frame(0xC1, deflated)  # FIN, RSV1 (compressed), text
+    del event
+    server = psutil.Process()  # the server runs in this process
+    async with serving(settings) as url:
+        port = int(url.rsplit(":", 1)[1])
+        start = server.memory_info().rss
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            f"GET /v1/realtime HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {base64.b64encode(bytes(16)).decode()}\r\nSec-WebSocket-Version: 13\r\n"
+            "Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n\r\n".encode()
+        )
+        handshake = await reader.readuntil(b"\r\n\r\n")
+        peak = start
+        with contextlib.suppress(ConnectionError):  # the server may end the connection mid-bomb
+            for _ in range(40):
+                writer.write(bomb)
+                await writer.drain()
+                peak = max(peak, server.memory_info().rss)
+            writer.write(masked_frame(0x88, (1000).to_bytes(2, "big")))  # close: past every frame sent
+            async with asyncio.timeout(60):  # a guard against hangs, not a speed limit
+                while await reader.read(65_536):
+                    peak = max(peak, server.memory_info().rss)
+        writer.close()
+        async with websockets.connect(ws_url(url)) as ws:  # the server serves on
+            await ws.recv()
+            assert (await text_turn(ws))[-1]["response"]["status"] == "completed"
+        end = server.memory_info().rss
+    assert max(peak, end) - start < 50 * 1024 * 1024
+    assert handshake.startswith(b"HTTP/1.1 101")
+    assert b"permessage-deflate" not in handshake.lower()  # not negotiated: nothing inflates
