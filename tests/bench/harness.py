@@ -1,7 +1,8 @@
 """What the benchmarks share: a loopback server's port and health, the machine, the result file.
 
 Benchmarks run as scripts (``.venv/bin/python tests/bench/NAME.py``), so they import this as
-``harness``: a script's own folder is first on ``sys.path``.
+``harness``: a script's own folder is first on ``sys.path``. Importing it puts the repository
+root there too, for the helpers the benches share with the tests (``tests.*``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import platform
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 import wave
@@ -18,6 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(1, str(REPO))
 
 
 def free_port() -> int:

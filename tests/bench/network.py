@@ -50,7 +50,6 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from harness import machine, write_report  # noqa: E402
 from soak import FIXTURES, REPO, TURN_TIMEOUT_S, dev_model_server  # noqa: E402

@@ -31,13 +31,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-# Run as a script, this folder is first on sys.path; the repository root is needed for tests.*.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from harness import free_port, machine, wait_until_healthy, write_report  # noqa: E402
+from harness import free_port, machine, wait_until_healthy, write_report
 
-from app.client.webrtc import RealtimeClient  # noqa: E402
-from app.client.websocket import RealtimeSocketClient  # noqa: E402
-from tests.vllm_omni_replay import Pace, ReplayServer  # noqa: E402
+from app.client.webrtc import RealtimeClient
+from app.client.websocket import RealtimeSocketClient
+from tests.vllm_omni_replay import Pace, ReplayServer
 
 REPO = Path(__file__).resolve().parents[2]
 TURN_GUARD_S = 60.0  # against hangs only

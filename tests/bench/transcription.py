@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from harness import machine, write_report
+from ttfa import dev_model_fingerprint
 
 import pipeline.devmodel
 from app.realtime.session_config import InputTranscription, SessionConfig
@@ -45,14 +47,8 @@ from media.vad import SileroVad
 from pipeline.conversation import HistoryLimits
 from pipeline.devmodel import ensure_dev_model
 from pipeline.engine import TransformersEngine
-
-# Run as a script, this folder is first on sys.path; the repository root is needed for tests.*.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from harness import machine, write_report  # noqa: E402
-from ttfa import dev_model_fingerprint  # noqa: E402
-
-from tests.fakes import SessionHarness  # noqa: E402
-from tests.speech import load_fixture, silence  # noqa: E402
+from tests.fakes import SessionHarness
+from tests.speech import load_fixture, silence
 
 REPO = Path(__file__).resolve().parents[2]
 COMPLETED = "conversation.item.input_audio_transcription.completed"
