@@ -27,7 +27,7 @@ The rules, with the defaults of OpenAI's ``server_vad``:
   turn takes longer than the sound model, and is given that head start), answered with
   ``decide_words(check_id, probability)``: P(the transcript is a complete turn), or None when
   the judge failed. The rule, ``EndOfTurnPolicy``: the sound at or above
-  ``threshold`` commits at once, up to the audio pushed by then, unless the words say "not
+  ``threshold`` (``words_threshold`` when the words are judged) commits at once, up to the audio pushed by then, unless the words say "not
   finished" (below ``words_incomplete_below``; a sound-finished answer waits for the words when
   they were asked); the sound below ``confident_below``, or the words saying "not finished",
   hold the turn open for ``confident_wait_ms`` of silence; anything else waits ``max_wait_ms``
@@ -77,14 +77,22 @@ class EndOfTurnPolicy:
     # The words' P(complete turn) at or above this commits a turn the sound is unsure of
     # (confident_below <= P(finished) < threshold); None: the words never commit by themselves.
     words_complete_at: float | None = None
+    # The sound's threshold when the words are judged too (``judge_words``): their veto keeps a
+    # lower one from cutting pauses, which the sound alone would (docs/SESSION.md); None: threshold.
+    words_threshold: float | None = None
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.threshold <= 1.0:
-            raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
+        for name in ("threshold", "words_threshold"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 < value <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1], got {value}")
         if not 0 < self.candidate_ms <= self.max_wait_ms or self.rescore_ms < 0:
             raise ValueError(f"need 0 < candidate_ms <= max_wait_ms and rescore_ms >= 0, got {self}")
-        if not 0.0 <= self.confident_below <= self.threshold or not 0.0 <= self.words_incomplete_below <= 1.0:
-            raise ValueError(f"need 0 <= confident_below <= threshold and words_incomplete_below in [0, 1], got {self}")
+        lowest = min(self.threshold, self.words_threshold if self.words_threshold is not None else 1.0)
+        if not 0.0 <= self.confident_below <= lowest or not 0.0 <= self.words_incomplete_below <= 1.0:
+            raise ValueError(
+                f"need 0 <= confident_below <= threshold, words_threshold and words_incomplete_below in [0, 1], got {self}"
+            )
         if self.confident_wait_ms and self.confident_wait_ms < self.max_wait_ms:
             raise ValueError(f"confident_wait_ms must be 0 or at least max_wait_ms, got {self}")
 
@@ -92,6 +100,10 @@ class EndOfTurnPolicy:
     def longest_wait_ms(self) -> int:
         """The most silence any answer holds a turn open: a forced commit comes by then."""
         return max(self.max_wait_ms, self.confident_wait_ms)
+
+    def threshold_for(self, *, judge_words: bool) -> float:
+        """P(finished) by the sound at or above which the utterance is committed."""
+        return self.words_threshold if judge_words and self.words_threshold is not None else self.threshold
 
 
 @dataclass(frozen=True)
@@ -278,7 +290,7 @@ class TurnCommitBuffer:
             return []
         if sound is None or self._words_pending:
             return []
-        if sound >= policy.threshold or (
+        if sound >= policy.threshold_for(judge_words=self.params.judge_words) or (
             policy.words_complete_at is not None and words is not None and words >= policy.words_complete_at
         ):
             return self._commit(forced=False)

@@ -54,12 +54,12 @@ Eagerness = Literal["low", "medium", "high", "auto"]
 END_OF_TURN_BY_EAGERNESS: dict[Eagerness, EndOfTurnPolicy] = {
     "low": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.8, max_wait_ms=2000,
                            confident_below=0.1, confident_wait_ms=4000),
-    "medium": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.6, max_wait_ms=1200,
-                              confident_below=0.1, confident_wait_ms=3000),
+    "medium": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.75, max_wait_ms=1200,
+                              confident_below=0.1, confident_wait_ms=3000, words_threshold=0.6),
     "high": EndOfTurnPolicy(candidate_ms=96, rescore_ms=320, threshold=0.5, max_wait_ms=800,
                             confident_below=0.05, confident_wait_ms=2000, words_complete_at=0.8),
-    "auto": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.6, max_wait_ms=1200,
-                            confident_below=0.1, confident_wait_ms=3000),
+    "auto": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.75, max_wait_ms=1200,
+                            confident_below=0.1, confident_wait_ms=3000, words_threshold=0.6),
 }
 # An image's pixel budget by OpenAI's ``detail``. "low" is 448 x 224 pixels, at most 98 tokens (a
 # 4:3 image is 352 x 256, 88 tokens: about what "low" costs on OpenAI's models, 85); it is also

@@ -132,6 +132,18 @@ def test_a_failed_words_check_leaves_the_sound_to_decide_and_stale_words_change_
     assert committed(buffer.decide_words(words.check_id, None))  # the judge failed: the sound decides
 
 
+def test_the_sound_alone_needs_the_threshold_and_with_the_words_the_lower_words_threshold() -> None:
+    policy = EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.75, max_wait_ms=1200,
+                             confident_below=0.1, confident_wait_ms=3000, words_threshold=0.6)
+    alone = TurnCommitBuffer(TurnDetectionParams(end_of_turn=policy))
+    (sound,) = checks(push(alone, [SPEECH] * 20 + [QUIET] * 3))
+    assert alone.decide(sound.check_id, 0.65) == []  # unsure without the words: the 1.2 s wait
+    judged = TurnCommitBuffer(TurnDetectionParams(end_of_turn=policy, judge_words=True))
+    words, sound = checks(push(judged, [SPEECH] * 20 + [QUIET] * 3))
+    assert judged.decide_words(words.check_id, 0.5) == []  # the words do not say "not finished"
+    assert committed(judged.decide(sound.check_id, 0.65))
+
+
 def test_server_vad_asks_no_model_and_reports_its_configured_wait() -> None:
     buffer = TurnCommitBuffer(TurnDetectionParams())
     events = push(buffer, [SPEECH] * 20 + [QUIET] * 16)
