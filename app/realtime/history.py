@@ -31,6 +31,7 @@ from app.realtime.protocol import (
     ConversationItemCreateEvent,
     ConversationItemDeletedEvent,
     ConversationItemDoneEvent,
+    ConversationItemRetrievedEvent,
     ConversationItemTruncatedEvent,
     ConversationItemTruncateEvent,
     FunctionCallItem,
@@ -334,6 +335,10 @@ class History:
             )
         self._entries.remove(entry)
         return ConversationItemDeletedEvent(item_id=entry.id)
+
+    def retrieve_item(self, item_id: str) -> ServerEvent:
+        """The item as it stands now (a user item with its transcript, an answer as heard)."""
+        return ConversationItemRetrievedEvent(item=self.require(item_id).item())
 
     def truncate_item(self, event: ConversationItemTruncateEvent, ledger: PlaybackLedger) -> ServerEvent:
         """The client says only ``audio_end_ms`` of an answer was heard; its text is cut to match."""

@@ -194,6 +194,11 @@ class ConversationItemDeleteEvent(_ClientEventBase):
     item_id: str
 
 
+class ConversationItemRetrieveEvent(_ClientEventBase):
+    type: Literal["conversation.item.retrieve"]
+    item_id: str
+
+
 class ConversationItemTruncateEvent(_ClientEventBase):
     type: Literal["conversation.item.truncate"]
     item_id: str
@@ -266,6 +271,7 @@ ClientEvent = Annotated[
     | InputAudioBufferClearEvent
     | ConversationItemCreateEvent
     | ConversationItemDeleteEvent
+    | ConversationItemRetrieveEvent
     | ConversationItemTruncateEvent
     | ResponseCreateEvent
     | ResponseCancelEvent
@@ -741,6 +747,11 @@ class ConversationItemDeletedEvent(_ServerEventBase):
     item_id: str
 
 
+class ConversationItemRetrievedEvent(_ServerEventBase):
+    type: Literal["conversation.item.retrieved"] = "conversation.item.retrieved"
+    item: RealtimeItem
+
+
 class TranscriptionInputTokenDetails(_ServerModel):
     text_tokens: int
     audio_tokens: int
@@ -934,6 +945,7 @@ ServerEvent = Annotated[
     | ConversationItemDoneEvent
     | ConversationItemTruncatedEvent
     | ConversationItemDeletedEvent
+    | ConversationItemRetrievedEvent
     | ConversationItemInputAudioTranscriptionDeltaEvent
     | ConversationItemInputAudioTranscriptionCompletedEvent
     | ConversationItemInputAudioTranscriptionFailedEvent

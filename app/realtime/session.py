@@ -40,6 +40,7 @@ from app.realtime.protocol import (
     ClientMessageItem,
     ConversationItemCreateEvent,
     ConversationItemDeleteEvent,
+    ConversationItemRetrieveEvent,
     ConversationItemTruncateEvent,
     InputAudioBufferAppendEvent,
     InputAudioBufferClearedEvent,
@@ -280,6 +281,8 @@ class RealtimeSession:
             await self._create_item(event)
         elif isinstance(event, ConversationItemDeleteEvent):
             self._delete_item(event)
+        elif isinstance(event, ConversationItemRetrieveEvent):
+            self._emit(self._history.retrieve_item(event.item_id))
         elif isinstance(event, ConversationItemTruncateEvent):
             self._truncate_item(event)
         elif isinstance(event, ResponseCreateEvent):

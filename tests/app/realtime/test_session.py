@@ -588,6 +588,28 @@ async def test_delete_and_truncate_items_and_unknown_ids(h):
     assert h.engine.requests[1].conversation.items == (UserText("two"), AssistantText("Hello "))
 
 
+async def test_retrieve_gives_an_item_as_it_stands_and_an_unknown_id_an_error(h):
+    await h.send(type="conversation.item.create", item={"type": "message", "role": "user", "id": "u1",
+                                                        "content": [{"type": "input_text", "text": "one"}]})
+    await h.send(type="response.create")
+    answer_id = (await h.turn_done())["response"]["output"][0]["id"]
+    await h.send(type="conversation.item.truncate", item_id=answer_id, content_index=0, audio_end_ms=80)
+    await h.send(type="conversation.item.retrieve", item_id="u1")
+    await h.send(type="conversation.item.retrieve", item_id=answer_id)
+    await h.send(type="conversation.item.retrieve", item_id="nope", event_id="r9")
+
+    from openai.types.realtime import RealtimeServerEvent
+    from pydantic import TypeAdapter
+
+    retrieved = h.of_type("conversation.item.retrieved")
+    assert all(TypeAdapter(RealtimeServerEvent).validate_python(event).type == event["type"] for event in retrieved)
+    user, answer = (event["item"] for event in retrieved)
+    assert (user["id"], user["content"][0]["text"]) == ("u1", "one")
+    assert (answer["id"], answer["content"][0]["transcript"]) == (answer_id, "Hello ")  # as heard
+    (error,) = [e["error"] for e in h.of_type("error")]
+    assert (error["code"], error["event_id"]) == ("item_not_found", "r9")
+
+
 async def test_client_items_insert_after_previous_item_id(h):
     for item_id, previous in (("a", None), ("c", None), ("b", "a"), ("z", "root")):
         await h.send(type="conversation.item.create", previous_item_id=previous,
