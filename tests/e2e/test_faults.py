@@ -222,10 +222,13 @@ asyncio.run(main())
 
 
 async def test_a_client_that_stops_reading_its_events_is_ended_with_the_reason_logged(monkeypatch, caplog):
-    # 20,000 text deltas are ~4 MB of events; a 1 MiB bound here stands for the real 16 MiB.
+    # A 1 MiB bound here stands for the real 16 MiB: it is passed ~5,000 deltas in. The answer is
+    # 200,000 words so that it is still being generated when the call is released, however slowly
+    # the release runs on a loaded machine (with 20,000 the rest was written, sent nowhere, in the
+    # ~0.3 s a loaded CI run took to release the call, and nothing was left to cancel).
     monkeypatch.setattr("app.webrtc.call.MAX_BUFFERED_EVENT_BYTES", 1024 * 1024)
     caplog.set_level(logging.INFO, logger="app.webrtc.call")
-    engine = ScriptedEngine(" ".join(["word"] * 20_000))
+    engine = ScriptedEngine(" ".join(["word"] * 200_000))
     async with serving(engine, media_workers=1, disconnect_timeout_s=DEADLINE_S) as url:
         caller = subprocess.Popen([sys.executable, "-c", STOPS_READING, url], stdout=subprocess.PIPE, text=True)
         try:
