@@ -20,7 +20,10 @@ from __future__ import annotations
 from typing import Any
 
 from transformers import Qwen3OmniMoeConfig
-from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeCode2WavConfig
+from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
+    Qwen3OmniMoeCode2WavConfig,
+    Qwen3OmniMoeVisionEncoderConfig,
+)
 
 # Multimodal RoPE of the Thinker and the Talker: 64 rotary frequencies split over
 # (time, height, width), interleaved.
@@ -199,3 +202,8 @@ def instruct_config() -> Qwen3OmniMoeConfig:
 def code2wav_config(**overrides: Any) -> Qwen3OmniMoeCode2WavConfig:
     """The real ``code2wav_config``, with ``overrides`` (tests narrow its widths, never its layout)."""
     return Qwen3OmniMoeCode2WavConfig(**(CODE2WAV | overrides))
+
+
+def vision_encoder_config() -> Qwen3OmniMoeVisionEncoderConfig:
+    """The real ``thinker_config.vision_config`` (the vision bench builds the tower alone)."""
+    return Qwen3OmniMoeVisionEncoderConfig(**_VISION_ENCODER)

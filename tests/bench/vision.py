@@ -11,7 +11,7 @@ event loop.
 
 ttfa (dev model, CPU): one spoken turn (tests/fixtures/hello.wav after a short exchange) with N
 camera frames before the audio, as a committed utterance holds them: 640x480 frames fitted to
-the camera's default budget (512x384, 192 tokens each). Time to the first AudioChunk, *including*
+the camera's default budget (352x256, 88 tokens each). Time to the first AudioChunk, *including*
 the prompt rendering (the engine renders each turn: image decoding, Qwen's image processor,
 the Whisper features), median of ``--probes`` turns cancelled right after their first audio,
 interleaved across N so that load on the machine hits every N alike. N = 0 is the turn without
@@ -19,9 +19,10 @@ a camera; a default camera turn holds up to 5 (4 while speaking, 1 from before).
 16 tokens, 3 codec frames per token, seeded sampling, as tests/bench/ttfa.py.
 
 encoder (real config, random weights, CPU, float32): Qwen3-Omni-30B-A3B-Instruct's vision tower
-alone (``Qwen3OmniMoeVisionEncoder`` with the checkpoint's ``thinker_config.vision_config``:
+alone (``Qwen3OmniMoeVisionEncoder`` with the checkpoint's ``thinker_config.vision_config``,
+``pipeline/qwen3_omni_config.py``:
 27 blocks of width 1152, 16 heads, MLP 4304, 16 px patches merged 2x2, out 2048 = the Thinker's
-width, deepstack after blocks 8/16/24; ~0.4 B parameters), fed 512x384 frames (768 patches, 192
+width, deepstack after blocks 8/16/24; ~0.4 B parameters), fed 352x256 frames (352 patches, 88
 tokens each) ``--encoder-frames`` at a time: seconds per call and per frame, median of
 ``--encoder-repeats``.
 """
@@ -42,7 +43,6 @@ import torch
 from harness import machine, write_report  # this folder: a script's is first on sys.path
 from PIL import Image
 from transformers import Qwen3OmniMoeForConditionalGeneration
-from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeVisionEncoderConfig
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeVisionEncoder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,28 +56,13 @@ from pipeline.images import fit as fit_image  # noqa: E402
 from pipeline.images import fitted_size, probe  # noqa: E402
 from pipeline.params import GenerationParams  # noqa: E402
 from pipeline.prompt import PromptRenderer  # noqa: E402
+from pipeline.qwen3_omni_config import vision_encoder_config  # noqa: E402
 from pipeline.tokenizer import load_tokenizer  # noqa: E402
 from pipeline.turn import AudioChunk  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures"
 CAMERA_PIXELS = 100_352  # the session's default camera budget (app/realtime/session_config.py)
 TOKENS, FRAMES_PER_TOKEN = 16, 3
-# Qwen/Qwen3-Omni-30B-A3B-Instruct config.json, thinker_config.vision_config (the values that
-# differ from Qwen3OmniMoeVisionEncoderConfig's defaults are out_hidden_size, 3584 there).
-REAL_VISION_CONFIG = {
-    "depth": 27,
-    "hidden_size": 1152,
-    "hidden_act": "gelu_pytorch_tanh",
-    "intermediate_size": 4304,
-    "num_heads": 16,
-    "in_channels": 3,
-    "patch_size": 16,
-    "spatial_merge_size": 2,
-    "temporal_patch_size": 2,
-    "out_hidden_size": 2048,
-    "num_position_embeddings": 2304,
-    "deepstack_visual_indexes": [8, 16, 24],
-}
 
 
 def camera_frame(seed: int) -> UserImage:
@@ -140,7 +125,7 @@ def measure_ttfa(frame_counts: list[int], probes: int) -> list[dict]:
 
 
 def measure_encoder(frame_counts: list[int], repeats: int) -> list[dict]:
-    config = Qwen3OmniMoeVisionEncoderConfig(**REAL_VISION_CONFIG)
+    config = vision_encoder_config()
     torch.manual_seed(0)
     encoder = Qwen3OmniMoeVisionEncoder._from_config(config, dtype=torch.float32).eval()
     parameters = sum(p.numel() for p in encoder.parameters())
