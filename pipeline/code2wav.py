@@ -138,6 +138,17 @@ class StreamingCode2Wav:
     def new_state(self) -> Code2WavState:
         return Code2WavState()
 
+    def decode_in_chunks(self, codes: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+        """One turn's [1, quantizers, n] frames decoded in chunks of ``sizes`` (summing to n) and
+        joined: what the engine's chunks add up to (tests and benchmarks hold it against one
+        whole decode)."""
+        states, pieces, start = [self.new_state()], [], 0
+        for size in sizes:
+            wave, states = self.decode(codes[..., start : start + size], states)
+            pieces.append(wave[0])
+            start += size
+        return torch.cat(pieces)
+
     def decode(self, codes: torch.Tensor, states: list[Code2WavState]) -> tuple[torch.Tensor, list[Code2WavState]]:
         """[rows, quantizers, n] new frames and each row's state -> ([rows, samples] final new
         samples, each row's next state). All rows' states must share ``batch_key()``."""

@@ -36,6 +36,7 @@ from transformers import (
     WhisperFeatureExtractor,
 )
 
+from pipeline.qwen3_omni_config import talker_ids
 from pipeline.tokenizer import build_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,6 @@ _HEAD_DIM = 16
 # the real model splits 64 as (24, 20, 20).
 _MROPE = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [4, 2, 2], "interleaved": True}
 
-SPEAKERS = {"chelsie": 2301, "ethan": 2302, "aiden": 2303}
 
 
 def dev_model_config() -> Qwen3OmniMoeConfig:
@@ -163,21 +163,7 @@ def dev_model_config() -> Qwen3OmniMoeConfig:
         "thinker_hidden_size": _THINKER_HIDDEN,
         # The real model feeds layer 24 of 48 to the talker: the middle, as here (1 of 2).
         "accept_hidden_layer": 1,
-        "codec_pad_id": 2148,
-        "codec_bos_id": 2149,
-        "codec_eos_token_id": 2150,
-        "codec_nothink_id": 2155,
-        "codec_think_bos_id": 2156,
-        "codec_think_eos_id": 2157,
-        "speaker_id": dict(SPEAKERS),
-        "audio_token_id": 151675,
-        "audio_start_token_id": 151669,
-        "audio_end_token_id": 151670,
-        "image_token_id": 151655,
-        "video_token_id": 151656,
-        "vision_start_token_id": 151652,
-        "spatial_merge_size": 2,
-        "position_id_per_seconds": 13,
+        **talker_ids(),
     }
     code2wav_config = {
         "codebook_size": 2048,

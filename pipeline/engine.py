@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import itertools
 import logging
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import worker
+from pipeline.pool import LeastLoadedPool
 from pipeline.turn import AudioChunk, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest, TurnTimings
 
 logger = logging.getLogger(__name__)
@@ -434,7 +434,7 @@ class TransformersEngine:
         self._waiting.clear()
 
 
-class EnginePool:
+class EnginePool(LeastLoadedPool[TransformersEngine]):
     """``pipeline.turn.Engine`` over one ``TransformersEngine`` per device; each turn goes to
     the least loaded one (fewest turns decoding or waiting; ties to the first).
 
@@ -446,15 +446,9 @@ class EnginePool:
     def __init__(self, model: str | Path, *, devices: list[str], **engine_options: Any) -> None:
         if not devices:
             raise ValueError("an engine pool needs at least one device")
-        self.engines = [
-            TransformersEngine(model, device=device, cpu_share=len(devices), **engine_options) for device in devices
-        ]
-        self.name = self.engines[0].name
-
-    @property
-    def alive(self) -> bool:
-        """True while at least one engine can take turns."""
-        return any(engine.alive for engine in self.engines)
+        super().__init__(
+            [TransformersEngine(model, device=device, cpu_share=len(devices), **engine_options) for device in devices]
+        )
 
     @property
     def restarts(self) -> int:
@@ -464,10 +458,6 @@ class EnginePool:
     def queue_depth(self) -> int:
         return sum(engine.queue_depth for engine in self.engines)
 
-    def describe(self) -> list[dict[str, Any]]:
-        """Each engine's state, in device order."""
-        return [engine.describe() for engine in self.engines]
-
     async def start(self) -> None:
         """Start every engine at once; if one fails, stop the others and raise its error."""
         results = await asyncio.gather(*(engine.start() for engine in self.engines), return_exceptions=True)
@@ -475,17 +465,3 @@ class EnginePool:
         if failure is not None:
             await self.close()
             raise failure
-
-    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
-        return self._run_turn(request)
-
-    async def _run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
-        # Chosen when the turn is first iterated, which is when an engine counts it.
-        engine = min(self.engines, key=lambda engine: (not engine.alive, engine.load))
-        async with contextlib.aclosing(engine.run_turn(request)) as events:
-            async for event in events:
-                yield event
-
-    async def close(self) -> None:
-        """Close every engine; safe to call twice."""
-        await asyncio.gather(*(engine.close() for engine in self.engines))

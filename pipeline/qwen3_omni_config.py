@@ -140,6 +140,28 @@ _CODE_PREDICTOR: dict[str, Any] = {
 SPEAKERS = {"chelsie": 2301, "ethan": 2302, "aiden": 2303}
 
 
+def talker_ids() -> dict[str, Any]:
+    """The Talker's codec, speaker and prompt token ids, the same in every Qwen3-Omni checkpoint
+    (the dev model's config takes them too)."""
+    return {
+        "codec_pad_id": 2148,
+        "codec_bos_id": 2149,
+        "codec_eos_token_id": 2150,
+        "codec_nothink_id": 2155,
+        "codec_think_bos_id": 2156,
+        "codec_think_eos_id": 2157,
+        "speaker_id": dict(SPEAKERS),
+        "audio_token_id": 151675,
+        "audio_start_token_id": 151669,
+        "audio_end_token_id": 151670,
+        "image_token_id": 151655,
+        "video_token_id": 151656,
+        "vision_start_token_id": 151652,
+        "spatial_merge_size": 2,
+        "position_id_per_seconds": 13,
+    }
+
+
 def instruct_config() -> Qwen3OmniMoeConfig:
     """Qwen3-Omni-30B-A3B-Instruct's configuration (Thinker, Talker, Code2Wav)."""
     thinker = {
@@ -165,21 +187,7 @@ def instruct_config() -> Qwen3OmniMoeConfig:
         "thinker_hidden_size": 2048,
         # The Thinker layer whose hidden states the Talker reads for the user's audio and images.
         "accept_hidden_layer": 24,
-        "codec_pad_id": 2148,
-        "codec_bos_id": 2149,
-        "codec_eos_token_id": 2150,
-        "codec_nothink_id": 2155,
-        "codec_think_bos_id": 2156,
-        "codec_think_eos_id": 2157,
-        "speaker_id": dict(SPEAKERS),
-        "audio_token_id": 151675,
-        "audio_start_token_id": 151669,
-        "audio_end_token_id": 151670,
-        "image_token_id": 151655,
-        "video_token_id": 151656,
-        "vision_start_token_id": 151652,
-        "spatial_merge_size": 2,
-        "position_id_per_seconds": 13,
+        **talker_ids(),
         "seconds_per_chunk": 2,
         "tie_word_embeddings": False,
     }

@@ -51,6 +51,7 @@ from pipeline.chat_completions import (
     encode_chat_request,
     read_chunk,
 )
+from pipeline.pool import LeastLoadedPool
 from pipeline.turn import (
     AudioChunk,
     EngineError,
@@ -333,7 +334,7 @@ def _finish_reason(finish: str | None, usage: UsagePiece | None, request: TurnRe
     return "stop"
 
 
-class RemoteEnginePool:
+class RemoteEnginePool(LeastLoadedPool[RemoteEngine]):
     """``pipeline.turn.Engine`` over several vLLM-Omni servers: each turn goes to the least loaded
     reachable one (fewest turns streaming; ties to the first listed). With none reachable, turns
     still go to the least loaded server, and fail there if it is still down."""
@@ -341,17 +342,7 @@ class RemoteEnginePool:
     def __init__(self, urls: list[str], **engine_options: Any) -> None:
         if not urls:
             raise ValueError("a remote engine pool needs at least one URL")
-        self.engines = [RemoteEngine(url, **engine_options) for url in urls]
-        self.name = self.engines[0].name
-
-    @property
-    def alive(self) -> bool:
-        """True while at least one server is reachable."""
-        return any(engine.alive for engine in self.engines)
-
-    def describe(self) -> list[dict[str, Any]]:
-        """Each server's state, in the order given."""
-        return [engine.describe() for engine in self.engines]
+        super().__init__([RemoteEngine(url, **engine_options) for url in urls])
 
     async def start(self) -> None:
         await asyncio.gather(*(engine.start() for engine in self.engines))
@@ -360,17 +351,3 @@ class RemoteEnginePool:
         self.name = (reachable or self.engines)[0].name
         if len(names) > 1:
             logger.warning("the engine servers serve different models: %s; sessions report %s", sorted(names), self.name)
-
-    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
-        return self._run_turn(request)
-
-    async def _run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
-        # Chosen when the turn is first iterated, which is when a server counts it.
-        engine = min(self.engines, key=lambda engine: (not engine.alive, engine.load))
-        async with contextlib.aclosing(engine.run_turn(request)) as events:
-            async for event in events:
-                yield event
-
-    async def close(self) -> None:
-        """Close every engine; safe to call twice."""
-        await asyncio.gather(*(engine.close() for engine in self.engines))

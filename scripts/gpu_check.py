@@ -237,13 +237,8 @@ class Check:
         stream = StreamingCode2Wav(code2wav)
 
         def streamed() -> torch.Tensor:
-            states, pieces, start = [stream.new_state()], [], 0
             with torch.inference_mode():
-                for size in schedule:
-                    wave, states = stream.decode(codes[..., start : start + size], states)
-                    pieces.append(wave[0])
-                    start += size
-            return torch.cat(pieces)
+                return stream.decode_in_chunks(codes, schedule)
 
         def whole() -> torch.Tensor:
             with torch.inference_mode():

@@ -86,13 +86,7 @@ def all_size_schedules(frames: int) -> dict[str, list[int]]:
 
 
 def decode_streaming(model, codes: torch.Tensor, schedule: list[int]) -> torch.Tensor:
-    stream = StreamingCode2Wav(model)
-    states, pieces, start = [stream.new_state()], [], 0
-    for size in schedule:
-        wave, states = stream.decode(codes[..., start : start + size], states)
-        pieces.append(wave[0])
-        start += size
-    return torch.cat(pieces)
+    return StreamingCode2Wav(model).decode_in_chunks(codes, schedule)
 
 
 def decode_with_left_context(model, codes: torch.Tensor, schedule: list[int]) -> torch.Tensor:

@@ -16,6 +16,8 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3Omni
 from pipeline.code2wav import StreamingCode2Wav
 from pipeline.qwen3_omni_config import code2wav_config
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 FRAMES = 300
 FIRST_CHUNK = 4  # GenerationParams.first_chunk_frames
 # Relative to the whole decode's peak: float32 rounding measures ~5e-7 (the attention sums the
@@ -59,23 +61,9 @@ def whole(code2wav, codes):
         return code2wav(codes)[0, 0]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def streamed(code2wav, codes, schedule: list[int]) -> torch.Tensor:
-    stream = StreamingCode2Wav(code2wav)
-    states, pieces, start = [stream.new_state()], [], 0
     with torch.inference_mode():
-        for size in schedule:
-            wave, states = stream.decode(codes[..., start : start + size], states)
-            pieces.append(wave[0])
-            start += size
-    return torch.cat(pieces)
+        return StreamingCode2Wav(code2wav).decode_in_chunks(codes, schedule)
 
 
 def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:

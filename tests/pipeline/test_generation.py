@@ -34,12 +34,7 @@ IM_END, END_OF_TEXT = 151645, 151643
 WAVEFORM_ATOL = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def load_model(model_dir: Path) -> Qwen3OmniMoeForConditionalGeneration:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
 from pipeline.conversation import AssistantText, Conversation, UserText
@@ -14,6 +13,8 @@ from pipeline.tokenizer import load_tokenizer
 from pipeline.tool_calls import ToolCallStream
 from pipeline.turn import AudioChunk, FunctionCallDelta, FunctionCallDone, FunctionCallStarted, TextDelta, TurnDone
 from pipeline.worker import forced_tokens
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 CALL = '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "Europe/Paris", "format": {"hours": 24}}}\n</tool_call>'
 SPOKEN = "Let me look at the clock."
@@ -106,14 +107,6 @@ def test_a_forced_opening_in_the_prompt_starts_the_answer_inside_a_call(tokenize
 
 
 # --- through the dev model: forced answers, the Talker stopped at the call --------------------------
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,68 @@
+"""Several engines behind one ``pipeline.turn.Engine``: each turn goes to the least loaded.
+
+Shared by the in-process ``EnginePool`` (one engine process per device) and the
+``RemoteEnginePool`` (one vLLM-Omni server per URL); it imports neither, so the remote pool
+loads no torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator
+from typing import Any, Generic, Protocol, TypeVar
+
+from pipeline.turn import TurnEvent, TurnRequest
+
+
+class PooledEngine(Protocol):
+    name: str
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def load(self) -> int: ...  # turns it is decoding or holding in line
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]: ...
+
+    async def close(self) -> None: ...
+
+
+EngineT = TypeVar("EngineT", bound=PooledEngine)
+
+
+class LeastLoadedPool(Generic[EngineT]):
+    """Each turn to the member with the fewest turns, a live one first (ties to the first listed);
+    with none alive, to the least loaded anyway, where it fails if that one is still down."""
+
+    def __init__(self, engines: list[EngineT]) -> None:
+        if not engines:
+            raise ValueError("an engine pool needs at least one engine")
+        self.engines = engines
+        self.name = engines[0].name
+
+    @property
+    def alive(self) -> bool:
+        """True while at least one member can take turns."""
+        return any(engine.alive for engine in self.engines)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Each member's state, in the order given."""
+        return [engine.describe() for engine in self.engines]
+
+    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+        return self._run_turn(request)
+
+    async def _run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+        # Chosen when the turn is first iterated, which is when a member counts it.
+        engine = min(self.engines, key=lambda engine: (not engine.alive, engine.load))
+        async with contextlib.aclosing(engine.run_turn(request)) as events:
+            async for event in events:
+                yield event
+
+    async def close(self) -> None:
+        """Close every member; safe to call twice."""
+        await asyncio.gather(*(engine.close() for engine in self.engines))
