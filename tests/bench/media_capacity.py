@@ -111,11 +111,12 @@ def serve(args: argparse.Namespace) -> None:
     os.sched_setaffinity(0, parse_cores(args.server_cores))
     if args.profile is not None:
         profile_on_signals(args.profile)
-    extra = {"media_workers": args.media_workers} if args.media_workers is not None else {}
-    # N clients connect at once from this one host: none is turned away as "still connecting".
-    settings = Settings(
-        port=args.port, ice_loopback=True, max_sessions=1000, max_connecting_per_client=1000, log_level="warning", **extra
-    )
+    extra: dict[str, Any] = {"media_workers": args.media_workers} if args.media_workers is not None else {}
+    # N clients connect at once from this one host: none is turned away as "still connecting"
+    # (a --server-repo older than that bound has no such setting).
+    if "max_connecting_per_client" in Settings.model_fields:
+        extra["max_connecting_per_client"] = 1000
+    settings = Settings(port=args.port, ice_loopback=True, max_sessions=1000, log_level="warning", **extra)
     uvicorn.run(create_app(settings, engine=InstantReplyEngine()), host="127.0.0.1", port=args.port, log_level="warning")
 
 
