@@ -19,7 +19,8 @@ import struct
 from typing import Any
 
 _HEADER = struct.Struct("!I")
-# A turn event is at most one audio chunk (~80 ms, 8 KB); an offer or answer SDP a few KB; a
+# A turn event is at most one audio chunk (up to 100 codec frames: 8 s of 24 kHz float32, 768 KB;
+# a vLLM-Omni chunk ~2 s, 192 KB); an offer or answer SDP a few KB; a
 # turn request carries the session's history, which is bounded below this (HistoryLimits.max_bytes).
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
