@@ -16,7 +16,10 @@ from __future__ import annotations
 
 from collections import deque
 
+from app.realtime.session_config import VideoInput
+from media.frames import FramePlan, SampledFrame
 from pipeline.conversation import UserImage
+from pipeline.images import fitted_size
 
 
 class TurnFrames:
@@ -30,6 +33,18 @@ class TurnFrames:
 
     def __len__(self) -> int:
         return len(self._idle) + len(self._during) + (self._before is not None)
+
+    def plan(self, video: VideoInput) -> FramePlan | None:
+        """How often to sample the camera now and at what size; None: no frame is wanted now."""
+        fps = video.speaking_fps if self.speaking else video.idle_fps
+        if fps <= 0 or video.frames_per_turn == 0:
+            return None
+        max_pixels = video.max_pixels
+        return FramePlan(1.0 / fps, lambda width, height: fitted_size(width, height, max_pixels=max_pixels))
+
+    def keep(self, frame: SampledFrame, video: VideoInput) -> None:
+        """A frame the call sampled, kept as an image at the session's pixel budget."""
+        self.add(UserImage(frame.data, frame.width, frame.height, video.max_pixels), video.frames_per_turn)
 
     def add(self, frame: UserImage, frames_per_turn: int) -> None:
         if frames_per_turn == 0:

@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 import soxr
 
-from app.realtime.history import AssistantEntry, History
+from app.realtime.entries import AssistantEntry
+from app.realtime.history import History
 from app.realtime.ledger import AudioOutput, PlaybackLedger
 from app.realtime.protocol import (
     OutputAudioBufferClearedEvent,

@@ -48,7 +48,7 @@ class EventGate:
         self._refilled_at = clock()
 
     def admit(self, raw: str | bytes) -> Rejection | None:
-        size = len(raw) if isinstance(raw, bytes) or raw.isascii() else len(raw.encode())
+        size = _size(raw)
         now = self._clock()
         self._tokens = min(self._burst, self._tokens + (now - self._refilled_at) * self._per_second)
         self._refilled_at = now
@@ -66,11 +66,16 @@ class EventGate:
             return too_large(size, self._max_bytes, self._max_image_event_bytes)
         return None
 
-    def refuse_large(self, size: int) -> Rejection | None:
+    def refuse_large(self, raw: str | bytes) -> Rejection | None:
         """Once parsed: an event over ``max_bytes`` that is not an image upload is refused."""
+        size = _size(raw)
         if size <= self._max_bytes:
             return None
         return too_large(size, self._max_bytes, self._max_image_event_bytes)
+
+
+def _size(raw: str | bytes) -> int:
+    return len(raw) if isinstance(raw, bytes) or raw.isascii() else len(raw.encode())
 
 
 def too_large(size: int, max_bytes: int, max_image_event_bytes: int) -> Rejection:

@@ -1,7 +1,8 @@
 """The conversation as the session keeps it: items, their order, pruning, and history as heard.
 
-A user item holds what the user gave (audio clips, text) as pipeline items; an assistant item
-holds everything generated and, once its playback has settled, what was *heard* of it. The
+The items themselves are ``app.realtime.entries``: a user item holds what the user gave (audio
+clips, text, images) as pipeline items; an assistant item holds everything generated and, once
+its playback has settled, what was *heard* of it. The
 prompt of the next turn is rendered from what was heard (``History.conversation``), and the
 history is kept to whole turns within the session's limits (``History.prune``).
 
@@ -13,14 +14,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 import soxr
 
-from app.realtime.heard import tokens_heard
+from app.realtime.entries import AssistantEntry, Entry, FunctionCallEntry, FunctionOutputEntry, UserEntry
 from app.realtime.ledger import Playback, PlaybackLedger
 from app.realtime.protocol import (
     ClientContentPart,
@@ -34,17 +33,11 @@ from app.realtime.protocol import (
     ConversationItemRetrievedEvent,
     ConversationItemTruncatedEvent,
     ConversationItemTruncateEvent,
-    FunctionCallItem,
-    FunctionCallOutputItem,
     InputAudioBufferCommittedEvent,
     InputAudioContent,
     InputImageContent,
     InputTextContent,
     ItemContent,
-    ItemStatus,
-    MessageItem,
-    OutputAudioContent,
-    OutputTextContent,
     ProtocolError,
     ServerEvent,
     new_id,
@@ -53,12 +46,9 @@ from app.realtime.session_config import Modality
 from media import g711
 from media.rates import SPEECH_RATE, VOICE_RATE
 from pipeline.conversation import (
-    ASSISTANT_MESSAGE_TOKENS,
-    IMAGE_NOTE,
     AssistantText,
     Conversation,
     ConversationItem,
-    FunctionCall,
     FunctionOutput,
     HistoryLimits,
     ItemRole,
@@ -66,162 +56,11 @@ from pipeline.conversation import (
     UserImage,
     UserText,
     group_turns,
-    text_tokens_bound,
 )
 
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit (or take as an item) less than 100 ms of audio
 # User items not yet answered (created without a response) kept before the oldest is dropped.
 MAX_UNANSWERED_ITEMS = 16
-
-
-@dataclass
-class UserEntry:
-    id: str
-    parts: tuple[ConversationItem, ...]  # UserAudio / UserText / UserImage, in content order
-    content: list[ItemContent]
-
-    def item(self) -> MessageItem:
-        return MessageItem(id=self.id, status="completed", role="user", content=self.content)
-
-    def audio_clips(self) -> list[UserAudio]:
-        return [part for part in self.parts if isinstance(part, UserAudio)]
-
-    def images(self) -> list[UserImage]:
-        return [part for part in self.parts if isinstance(part, UserImage)]
-
-    def drop_images(self) -> None:
-        """Its images leave the prompt (and memory), each for ``IMAGE_NOTE``; the item as the client
-        sees it keeps its ``input_image`` parts, and content indices stay those of the parts."""
-        self.parts = tuple(UserText(IMAGE_NOTE) if isinstance(part, UserImage) else part for part in self.parts)
-
-    def prompt_tokens(self) -> int:
-        """At most this many prompt tokens (each part says its own: ``pipeline.conversation``)."""
-        return sum(part.prompt_tokens() for part in self.parts)
-
-    def held_bytes(self) -> int:
-        return sum(part.held_bytes() for part in self.parts)
-
-    def transcribed(self, content_index: int, transcript: str) -> None:
-        """The audio part at ``content_index`` has a transcript: the prompt may use it, the item shows it."""
-        self.parts = tuple(
-            dataclasses.replace(part, transcript=transcript)
-            if index == content_index and isinstance(part, UserAudio)
-            else part
-            for index, part in enumerate(self.parts)
-        )
-        self.content[content_index] = InputAudioContent(transcript=transcript)
-
-
-@dataclass
-class AssistantEntry:
-    id: str
-    modality: Modality
-    status: str = "in_progress"
-    text: str = ""  # everything generated
-    token_ends: list[int] = field(default_factory=list)  # end offset in ``text`` of each answer token so far
-    heard: str | None = None  # set once playback settled; None: not settled yet (see history_text)
-    audio_samples: int = 0  # its audio written so far (24 kHz)
-    ended_early: bool = False  # the response was cancelled or failed: its text ran ahead of its audio
-
-    def add_delta(self, delta: str, *, tokens: int = 1) -> None:
-        """``delta`` completes ``tokens`` answer tokens. Of a delta held back until a character's
-        UTF-8 pieces were whole, only its last token ends the text: the earlier ones end where
-        the previous delta did, so a character is heard once all of its tokens are."""
-        start = len(self.text)
-        self.text += delta
-        self.token_ends.extend([start] * (tokens - 1))
-        self.token_ends.append(len(self.text))
-
-    def add_audio(self, samples: int) -> None:
-        self.audio_samples += samples
-
-    def history_text(self) -> str:
-        """The text the next turn sees: what was heard, or what will have been once the audio
-        still queued plays out (all of it for an answer that ended by itself)."""
-        if self.heard is not None:
-            return self.heard
-        if self.ended_early and self.modality == "audio":
-            return self.heard_text(self.audio_samples, finished=False)
-        return self.text
-
-    def heard_text(self, heard_samples: int, *, finished: bool) -> str:
-        """The text heard when the first ``heard_samples`` of its audio were played.
-
-        ``finished``: the answer ended by itself (not cancelled, failed, or cut before all its
-        audio was written): its audio and text are whole, and once all of it has played, all its
-        text was heard. Otherwise the tokens heard are those ``app.realtime.heard.tokens_heard``
-        gives for the samples played, mapped to text by ``token_ends``.
-        """
-        if finished and heard_samples >= self.audio_samples:
-            return self.text
-        tokens = tokens_heard(
-            heard_samples, audio_samples=self.audio_samples, tokens=len(self.token_ends), complete=finished
-        )
-        if tokens >= len(self.token_ends):
-            return self.text
-        return self.text[: self.token_ends[tokens - 1]] if tokens else ""
-
-    def prompt_tokens(self) -> int:
-        """At most this many prompt tokens: its text as the next prompt would carry it."""
-        text = self.text if self.status == "in_progress" else self.history_text()
-        return ASSISTANT_MESSAGE_TOKENS + text_tokens_bound(text)
-
-    def held_bytes(self) -> int:
-        return text_tokens_bound(self.text)
-
-    def content(self) -> list[ItemContent]:
-        if self.status == "in_progress":
-            return []
-        if self.modality == "audio":  # once cut short, only what was heard
-            return [OutputAudioContent(transcript=self.history_text())]
-        return [OutputTextContent(text=self.text)]
-
-    def item(self) -> MessageItem:
-        return MessageItem(id=self.id, status=self.status, role="assistant", content=self.content())
-
-
-@dataclass
-class FunctionCallEntry:
-    """A call the model made (streamed while in progress), or one a client created."""
-
-    id: str
-    call_id: str
-    name: str
-    arguments: str = ""
-    status: ItemStatus = "in_progress"
-
-    def item(self) -> FunctionCallItem:
-        return FunctionCallItem(
-            id=self.id, status=self.status, call_id=self.call_id, name=self.name, arguments=self.arguments
-        )
-
-    def call(self) -> FunctionCall:
-        return FunctionCall(self.call_id, self.name, self.arguments)
-
-    def prompt_tokens(self) -> int:
-        return self.call().prompt_tokens()
-
-    def held_bytes(self) -> int:
-        return self.call().held_bytes()
-
-
-@dataclass
-class FunctionOutputEntry:
-    id: str
-    call_id: str
-    output: str
-
-    def item(self) -> FunctionCallOutputItem:
-        return FunctionCallOutputItem(id=self.id, call_id=self.call_id, output=self.output)
-
-    def prompt_tokens(self) -> int:
-        return FunctionOutput(self.call_id, self.output).prompt_tokens()
-
-    def held_bytes(self) -> int:
-        return text_tokens_bound(self.output)
-
-
-Entry = UserEntry | AssistantEntry | FunctionCallEntry | FunctionOutputEntry
 
 
 class History:
@@ -327,9 +166,10 @@ class History:
             ConversationItemDoneEvent(previous_item_id=previous_id, item=entry.item()),
         ]
 
-    def delete_item(self, item_id: str, *, in_progress: AssistantEntry | None) -> ServerEvent:
+    def delete_item(self, item_id: str, *, in_progress: Sequence[Entry]) -> ServerEvent:
+        """``in_progress``: the items of the response being generated, which stay."""
         entry = self.require(item_id)
-        if entry is in_progress:
+        if any(entry is generating for generating in in_progress):
             raise ProtocolError(
                 "invalid_value", "The item belongs to the response in progress; cancel it first.", param="item_id"
             )

@@ -188,6 +188,11 @@ class ConversationItemCreateEvent(_ClientEventBase):
     item: ClientItem
     previous_item_id: str | None = None  # None: append; "root": first; an id: right after it
 
+    @property
+    def carries_image(self) -> bool:
+        """An ``input_image`` upload: the one event allowed past ``max_event_bytes``."""
+        return isinstance(self.item, ClientMessageItem) and any(part.type == "input_image" for part in self.item.content)
+
 
 class ConversationItemDeleteEvent(_ClientEventBase):
     type: Literal["conversation.item.delete"]

@@ -23,7 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.realtime.history import AssistantEntry, FunctionCallEntry, checked_text
+from app.realtime.entries import AssistantEntry, FunctionCallEntry
+from app.realtime.history import checked_text
 from app.realtime.protocol import (
     AudioFormat,
     ContentPart,
@@ -39,8 +40,6 @@ from app.realtime.protocol import (
     ResponseCreatedEvent,
     ResponseCreateParams,
     ResponseDoneEvent,
-    ResponseFunctionCallArgumentsDeltaEvent,
-    ResponseFunctionCallArgumentsDoneEvent,
     ResponseLatency,
     ResponseObject,
     ResponseOutputAudioDoneEvent,
@@ -236,31 +235,6 @@ def message_events(response: Response, previous_item_id: str | None) -> list[Ser
         ConversationItemAddedEvent(previous_item_id=previous_item_id, item=entry.item()),
         ResponseContentPartAddedEvent(**response.content_ids(), part=response.part("")),
     ]
-
-
-def call_added_events(response: Response, call: FunctionCallEntry, previous_item_id: str | None) -> list[ServerEvent]:
-    """A function call the model began (its name known, its arguments to come)."""
-    index = response.output.index(call)
-    return [
-        ResponseOutputItemAddedEvent(response_id=response.id, output_index=index, item=call.item()),
-        ConversationItemAddedEvent(previous_item_id=previous_item_id, item=call.item()),
-    ]
-
-
-def call_delta_event(response: Response, call: FunctionCallEntry, delta: str) -> ServerEvent:
-    return ResponseFunctionCallArgumentsDeltaEvent(**response.call_ids(call), delta=delta)
-
-
-def call_done_events(response: Response, call: FunctionCallEntry, previous_item_id: str | None) -> list[ServerEvent]:
-    """A call written whole (``call.status`` completed) or cut off (incomplete: no arguments done)."""
-    events: list[ServerEvent] = []
-    if call.status == "completed":
-        events.append(ResponseFunctionCallArgumentsDoneEvent(**response.call_ids(call), name=call.name,
-                                                              arguments=call.arguments))
-    index = response.output.index(call)
-    events.append(ResponseOutputItemDoneEvent(response_id=response.id, output_index=index, item=call.item()))
-    events.append(ConversationItemDoneEvent(previous_item_id=previous_item_id, item=call.item()))
-    return events
 
 
 def delta_event(response: Response, text: str) -> ServerEvent:

@@ -26,12 +26,14 @@ from typing import Any
 
 import numpy as np
 
+from app.realtime.calls import call_events, close_calls
 from app.realtime.camera import TurnFrames
 from app.realtime.end_of_turn import SemanticVad
+from app.realtime.entries import AssistantEntry
 from app.realtime.event_audio import acknowledge_playback, played_out
 from app.realtime.failures import failure_event
 from app.realtime.gate import EventGate
-from app.realtime.history import AssistantEntry, FunctionCallEntry, History
+from app.realtime.history import History
 from app.realtime.images import read_item_images
 from app.realtime.input_buffer import AppendDecoder, ManualBuffer
 from app.realtime.ledger import AudioOutput, PlaybackLedger
@@ -65,9 +67,6 @@ from app.realtime.protocol import (
 from app.realtime.responses import (
     Response,
     apply_response_params,
-    call_added_events,
-    call_delta_event,
-    call_done_events,
     created_event,
     delta_event,
     finish_events,
@@ -75,25 +74,12 @@ from app.realtime.responses import (
 )
 from app.realtime.session_config import SessionConfig, TurnDetection
 from app.realtime.text_judge import TextJudge
-from app.realtime.tools import arguments_problem
 from app.realtime.transcription import Transcriptions
 from app.realtime.turn_taking import TurnActions, TurnTaking, detector_params
 from media.end_of_turn import EndOfTurnModel
 from media.frames import FramePlan, SampledFrame
 from media.vad import SpeechModel
-from pipeline.conversation import UserImage
-from pipeline.images import fitted_size
-from pipeline.turn import (
-    AudioChunk,
-    Engine,
-    EngineError,
-    FunctionCallDelta,
-    FunctionCallEvent,
-    FunctionCallStarted,
-    TextDelta,
-    TurnDone,
-    TurnRequest,
-)
+from pipeline.turn import AudioChunk, Engine, EngineError, FunctionCallEvent, TextDelta, TurnDone, TurnRequest
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +170,8 @@ class RealtimeSession:
         try:
             event = parse_client_event(raw)
             event_id = event.event_id
-            if not _carries_an_image(event) and (large := self._gate.refuse_large(_size(raw))) is not None:
+            carries_image = isinstance(event, ConversationItemCreateEvent) and event.carries_image
+            if not carries_image and (large := self._gate.refuse_large(raw)) is not None:
                 raise ProtocolError(large.code, large.message)
             await self._dispatch(event)
         except ProtocolError as exc:
@@ -209,19 +196,12 @@ class RealtimeSession:
 
     def add_video_frame(self, frame: SampledFrame) -> None:
         """One frame sampled from the call's camera; it joins the next committed utterance (or not)."""
-        if self._closed:
-            return
-        video = self._config.video
-        self._frames.add(UserImage(frame.data, frame.width, frame.height, video.max_pixels), video.frames_per_turn)
+        if not self._closed:
+            self._frames.keep(frame, self._config.video)
 
     def video_plan(self) -> FramePlan | None:
         """How often to sample the camera now and at what size; None: no frame is wanted now."""
-        video = self._config.video
-        fps = video.speaking_fps if self._frames.speaking else video.idle_fps
-        if self._closed or fps <= 0 or video.frames_per_turn == 0:
-            return None
-        max_pixels = video.max_pixels
-        return FramePlan(1.0 / fps, lambda width, height: fitted_size(width, height, max_pixels=max_pixels))
+        return None if self._closed else self._frames.plan(self._config.video)
 
     async def close(self) -> None:
         """Cancel the running response and await every task; safe to call twice."""
@@ -340,11 +320,7 @@ class RealtimeSession:
         self._prune()
 
     def _delete_item(self, event: ConversationItemDeleteEvent) -> None:
-        in_progress = self._response.entry if self._response is not None else None
-        if self._response is not None and any(call.id == event.item_id for call in self._response.calls):
-            raise ProtocolError(
-                "invalid_value", "The item belongs to the response in progress; cancel it first.", param="item_id"
-            )
+        in_progress = self._response.output if self._response is not None else []
         self._emit(self._history.delete_item(event.item_id, in_progress=in_progress))
 
     def _truncate_item(self, event: ConversationItemTruncateEvent) -> None:
@@ -467,7 +443,8 @@ class RealtimeSession:
                     elif isinstance(event, AudioChunk):
                         self._on_audio(response, event)
                     elif isinstance(event, FunctionCallEvent):
-                        self._on_call(response, event)
+                        for server_event in call_events(response, event, self._history):
+                            self._emit(server_event)
                     elif isinstance(event, TurnDone):
                         done = event
             if done is None:
@@ -509,41 +486,6 @@ class RealtimeSession:
         self._open_message(response).add_delta(delta.text, tokens=delta.tokens)
         self._emit(delta_event(response, delta.text))
 
-    def _on_call(self, response: Response, event: FunctionCallEvent) -> None:
-        """A function call of the answer: an item of its own, its arguments streamed as written.
-        It is done when the response is (``_close_calls``)."""
-        if isinstance(event, FunctionCallStarted):
-            call = FunctionCallEntry(new_id("item"), new_id("call"), event.name)
-            response.output.append(call)
-            for server_event in call_added_events(response, call, self._history.append(call)):
-                self._emit(server_event)
-            return
-        call = response.calls[event.index]
-        if isinstance(event, FunctionCallDelta):
-            call.arguments += event.delta
-            self._emit(call_delta_event(response, call, event.delta))
-            return
-        call.arguments = event.arguments
-        response.written[call.id] = event
-
-    def _close_calls(self, response: Response, status: ResponseStatus) -> None:
-        """Each call is done as the response ends, not when the model closed it: a client runs a
-        call at its ``output_item.done`` and asks for the next response at once, which it may
-        only do once this one is over (OpenAI sends a call's done events last as well). A call
-        the model wrote whole is completed unless the response was cancelled or failed; one it
-        did not finish is incomplete (and never reaches a prompt). Arguments that are not what
-        the function takes are delivered as written, and ``response.done`` says so."""
-        for call in response.calls:
-            written = response.written.get(call.id)
-            made = written is not None and written.closed and status in ("completed", "incomplete")
-            call.status = "completed" if made else "incomplete"
-            if made and written is not None:
-                problem = None if written.well_formed else 'the call is not {"name": …, "arguments": …}'
-                if problem or (problem := arguments_problem(response.tools, call.name, call.arguments)):
-                    response.call_problems.append(f"{call.call_id} ({call.name or 'no name'}): {problem}")
-            for event in call_done_events(response, call, self._history.previous_id(call)):
-                self._emit(event)
-
     def _on_audio(self, response: Response, chunk: AudioChunk) -> None:
         pcm = chunk.pcm
         if response.modality != "audio" or pcm.size == 0:
@@ -564,7 +506,8 @@ class RealtimeSession:
         failure: tuple[str, BaseException | str] | None = None,
     ) -> None:
         """Ends ``response``; a ``failure`` (its code, and its cause for the log) is told in an ``error`` event."""
-        self._close_calls(response, status)
+        for event in close_calls(response, status, self._history):
+            self._emit(event)
         if response.announced and not response.output:  # a plain answer has its item, even empty
             self._open_message(response)
         entry = response.entry
@@ -653,14 +596,3 @@ class RealtimeSession:
         if not self._closed:
             self._send(event.to_json())
 
-
-def _carries_an_image(event: ClientEvent) -> bool:
-    return (
-        isinstance(event, ConversationItemCreateEvent)
-        and isinstance(event.item, ClientMessageItem)
-        and any(part.type == "input_image" for part in event.item.content)
-    )
-
-
-def _size(raw: str | bytes) -> int:
-    return len(raw.encode() if isinstance(raw, str) else raw)

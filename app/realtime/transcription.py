@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from app.realtime.entries import Entry, UserEntry
 from app.realtime.failures import transcription_failed_event
-from app.realtime.history import Entry, UserEntry
 from app.realtime.protocol import (
     ConversationItemInputAudioTranscriptionCompletedEvent,
     ConversationItemInputAudioTranscriptionDeltaEvent,

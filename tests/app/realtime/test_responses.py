@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.realtime.history import AssistantEntry
+from app.realtime.entries import AssistantEntry
 from app.realtime.protocol import server_event_adapter
 from app.realtime.responses import Response, announce_events, delta_event, finish_events
 from app.realtime.session_config import SessionConfig

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest_asyncio
 
-from app.realtime.history import AssistantEntry, FunctionCallEntry, FunctionOutputEntry, UserEntry, pruned
+from app.realtime.entries import AssistantEntry, FunctionCallEntry, FunctionOutputEntry, UserEntry
+from app.realtime.history import pruned
 from app.realtime.session_config import SessionConfig
 from pipeline.conversation import FunctionCall, FunctionOutput, HistoryLimits, Tool, ToolChoice, UserText
 from pipeline.turn import (
