@@ -36,7 +36,7 @@ from transformers import (
     WhisperFeatureExtractor,
 )
 
-from pipeline.qwen3_omni_config import talker_ids
+from pipeline.qwen3_omni_config import talker_ids, thinker_ids
 from pipeline.tokenizer import build_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -119,16 +119,7 @@ def dev_model_config() -> Qwen3OmniMoeConfig:
         "audio_config": audio_config,
         "vision_config": vision_config,
         "text_config": thinker_text_config,
-        "audio_token_id": 151675,
-        "audio_start_token_id": 151669,
-        "audio_end_token_id": 151670,
-        "image_token_id": 151655,
-        "video_token_id": 151656,
-        "vision_start_token_id": 151652,
-        "vision_end_token_id": 151653,
-        "user_token_id": 872,
-        "position_id_per_seconds": 13,
-        "seconds_per_chunk": 2,
+        **thinker_ids(),
     }
     talker_text_config = {
         "vocab_size": 3072,

@@ -140,6 +140,23 @@ _CODE_PREDICTOR: dict[str, Any] = {
 SPEAKERS = {"chelsie": 2301, "ethan": 2302, "aiden": 2303}
 
 
+def thinker_ids() -> dict[str, Any]:
+    """The Thinker's prompt token ids and audio timing, the same in every Qwen3-Omni checkpoint
+    (the dev model's config takes them too)."""
+    return {
+        "audio_token_id": 151675,
+        "audio_start_token_id": 151669,
+        "audio_end_token_id": 151670,
+        "image_token_id": 151655,
+        "video_token_id": 151656,
+        "vision_start_token_id": 151652,
+        "vision_end_token_id": 151653,
+        "user_token_id": 872,
+        "position_id_per_seconds": 13,
+        "seconds_per_chunk": 2,
+    }
+
+
 def talker_ids() -> dict[str, Any]:
     """The Talker's codec, speaker and prompt token ids, the same in every Qwen3-Omni checkpoint
     (the dev model's config takes them too)."""
@@ -168,16 +185,7 @@ def instruct_config() -> Qwen3OmniMoeConfig:
         "audio_config": dict(_AUDIO_ENCODER),
         "vision_config": dict(_VISION_ENCODER),
         "text_config": dict(_THINKER_TEXT),
-        "audio_token_id": 151675,
-        "audio_start_token_id": 151669,
-        "audio_end_token_id": 151670,
-        "image_token_id": 151655,
-        "video_token_id": 151656,
-        "vision_start_token_id": 151652,
-        "vision_end_token_id": 151653,
-        "user_token_id": 872,
-        "position_id_per_seconds": 13,
-        "seconds_per_chunk": 2,
+        **thinker_ids(),
         "tie_word_embeddings": False,
     }
     talker = {
