@@ -38,6 +38,7 @@ from aiortc.exceptions import InternalError, InvalidAccessError, InvalidStateErr
 from app.realtime.protocol import EVENTS_CHANNEL, ProtocolError
 from app.webrtc.ice import loopback_candidates, missing_relay, selected_candidate_pair
 from app.webrtc.network import CallNetwork, NetworkObserver
+from app.webrtc.sctp_guard import guard_receive_window
 from app.webrtc.sdp import with_opus_inband_fec
 from media.frames import FramePlan, SampledFrame
 from media.inbound import InboundAudio
@@ -197,6 +198,7 @@ class Call:
             raise OfferError(
                 f"the SDP offer has no data channel (m=application); open one named {EVENTS_CHANNEL!r} before offering"
             )
+        guard_receive_window(pc.sctp, self._on_receive_window_overrun)
         pc.addTrack(opus)
         answer = await pc.createAnswer()
         # aiortc gathers every candidate inside setLocalDescription, so the answer is complete.
@@ -376,6 +378,14 @@ class Call:
             self._network.watch_inbound(source)
         self._inbound = InboundAudio(source, on_audio=self._on_audio)
         self._inbound.start()
+
+    def _on_receive_window_overrun(self, undelivered: int) -> None:
+        logger.warning(
+            "call %s: the peer sent %d bytes the data channel could not deliver yet, past the receive window "
+            "it was given (app/webrtc/sctp_guard.py); ending the call",
+            self.id, undelivered,
+        )
+        self.end("data_channel_overrun")
 
     def _on_audio(self, pcm: np.ndarray) -> None:
         first = self._last_media_at is None

@@ -15,6 +15,7 @@ from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from app.client.webrtc import MicrophoneTrack
 from app.webrtc.call import MAX_QUEUED_MESSAGES, Call, CallRegistry, ConnectingLimitError, OfferError
 from app.webrtc.ice import loopback_candidates, rtc_configuration
+from app.webrtc.sctp_guard import MAX_UNDELIVERED_BYTES
 
 # Generous: waiting is not measured, a call that never gets there fails the wait.
 DEADLINE_S = 30.0
@@ -136,6 +137,31 @@ async def test_a_flood_of_client_events_is_bounded_and_the_excess_answered_with_
     assert {event["error"]["code"] for event in errors} == {"rate_limit_exceeded"}
     assert len(sessions[0].messages) + len(errors) == flood
     assert [json.loads(raw)["n"] for raw in sessions[0].messages] == sorted(json.loads(raw)["n"] for raw in sessions[0].messages)
+
+
+async def test_a_peer_that_ignores_the_receive_window_ends_its_call_before_its_message_fills_memory():
+    """One 8 MiB message that the peer sends past the answer's max-message-size (256 KiB) and the
+    1 MiB window the server advertised: aiortc would reassemble all of it."""
+    async with call_under_test() as (call, sessions, reasons), peer() as (pc, channel, _):
+        await connect(call, pc)
+        await until(lambda: channel.readyState == "open")
+        assert pc.sctp is not None
+        pc.sctp._remote_max_message_size = 0  # this peer reads no a=max-message-size
+        channel.send(b"x" * (4 * MAX_UNDELIVERED_BYTES))
+        await until(lambda: reasons == ["data_channel_overrun"])
+    assert sessions[0].messages == []
+
+
+async def test_messages_of_the_largest_size_in_a_burst_are_delivered_without_ending_the_call():
+    """Twelve 250 KB messages at once (3 MB, past the guard's bound if it counted delivered data)."""
+    async with call_under_test() as (call, sessions, reasons), peer() as (pc, channel, _):
+        await connect(call, pc)
+        await until(lambda: channel.readyState == "open")
+        for number in range(12):
+            channel.send(json.dumps({"type": "probe", "n": number, "padding": "x" * 250_000}))
+        await until(lambda: len(sessions[0].messages) == 12)
+        assert reasons == []
+    assert [json.loads(raw)["n"] for raw in sessions[0].messages] == list(range(12))
 
 
 async def test_peer_audio_reaches_the_session_as_16khz_float32():
