@@ -22,6 +22,7 @@ import dataclasses
 import itertools
 import logging
 import multiprocessing
+import multiprocessing.connection
 import queue
 import threading
 import time
@@ -112,20 +113,27 @@ class _EngineProcess:
         """Closing the command pipe tells the engine process to cancel its turn and exit."""
         self._outbox.put(None)
 
+    @property
+    def running(self) -> bool:
+        """Started and not exited. Read from the process's sentinel, which reaps nothing: the
+        reader thread alone waits for the process (two threads in ``Process.join`` race for its
+        exit status, and the loser took a stopped process for one still running)."""
+        return self.process.pid is not None and not multiprocessing.connection.wait([self.process.sentinel], 0)
+
     def join(self, grace_s: float = _STOP_GRACE_S) -> None:
         """Blocking: stop the process (killed after ``grace_s``), wait for it and for the threads."""
         self.stop()
         if self.process.pid is None:  # never started
             return
-        self.process.join(grace_s)
-        if self.process.is_alive():
+        if not multiprocessing.connection.wait([self.process.sentinel], grace_s):
             if grace_s > 0:
                 logger.warning("engine process %s did not stop within %.0f s; killing it", self.process.pid, grace_s)
             self.process.kill()
+        if self._reader.ident is not None:
+            self._reader.join()  # it reaps the process once its event pipe ends
+        else:
             self.process.join()
-        if self._reader.is_alive():
-            self._reader.join()
-        if self._writer.is_alive():
+        if self._writer.ident is not None:
             self._writer.join()
 
     def _write(self) -> None:
@@ -215,7 +223,7 @@ class TransformersEngine:
     @property
     def alive(self) -> bool:
         """True while an engine process is loaded and running."""
-        return self._ready is not None and self._process is not None and self._process.process.is_alive()
+        return self._ready is not None and self._process is not None and self._process.running
 
     @property
     def queue_depth(self) -> int:

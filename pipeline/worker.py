@@ -125,8 +125,11 @@ ENGINE_NICENESS = 5
 
 def main(spec: WorkerSpec, commands: Connection, events: Connection) -> None:
     """Entry point of the engine process."""
-    # Ctrl-C reaches the whole process group; the parent decides when this process stops.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C (SIGINT) and a service manager's stop (SIGTERM to the whole control group: systemd's
+    # default KillMode) reach this process too; the parent decides when it stops (its command pipe
+    # closes, also when the parent dies), as multiprocessing's own resource tracker does.
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop_signal, signal.SIG_IGN)
     os.nice(ENGINE_NICENESS)
     logging.basicConfig(
         level=spec.log_level, format=f"%(asctime)s %(levelname)s engine[{os.getpid()}] %(name)s: %(message)s"

@@ -21,6 +21,7 @@ import contextlib
 import itertools
 import logging
 import os
+import signal
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
@@ -233,6 +234,12 @@ class MediaWorker:
 
 def run_media_worker(index: int, socket_path: str, settings: Settings, engine_name: str) -> None:
     """The worker process's entry point (``multiprocessing`` spawns it)."""
+    # Ctrl-C (SIGINT) and a service manager's stop (SIGTERM to the whole control group: systemd's
+    # default KillMode) reach the workers too. Dying of them, a worker dropped its calls unclosed and
+    # the front, not yet told to stop, logged it as a crash and began a restart. The front stops its
+    # workers after closing their calls; a worker whose front is gone sees its connection end.
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop_signal, signal.SIG_IGN)
     logging.basicConfig(
         level=settings.log_level.upper(), format=f"%(asctime)s %(levelname)s worker-{index} %(name)s: %(message)s"
     )

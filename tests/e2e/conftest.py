@@ -100,23 +100,13 @@ def running_server(dev_model_dir: Path, log_dir: Path, *extra_args: str) -> Iter
     ``extra_args``: more flags (a module that needs a server of its own)."""
     port = free_port()
     log_path = log_dir / "server.log"
-    env = {
-        **os.environ,
-        "OMNI_RTC_DISCONNECT_TIMEOUT_S": str(DISCONNECT_TIMEOUT_S),
-        "OMNI_RTC_GENERATION": json.dumps(GENERATION),
-        "OMNI_RTC_ENGINE_THREADS": "1",  # 2 cores shared by the whole team
-    }
-    command = [
-        sys.executable, "-m", "app.web.cli", "serve",
-        "--host", "127.0.0.1", "--port", str(port),
-        "--model", str(dev_model_dir), "--device", "cpu", "--seed", "0",
-        "--ice-loopback", "--log-level", "info", *extra_args,
-    ]
     base_url = f"http://127.0.0.1:{port}"
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(
+            server_command(dev_model_dir, port, *extra_args), stdout=log, stderr=subprocess.STDOUT, env=server_env()
+        )
     try:
-        _wait_until_healthy(base_url, process, log_path)
+        wait_until_healthy(base_url, process, log_path)
         yield base_url
     finally:
         process.send_signal(signal.SIGINT)  # uvicorn's graceful shutdown: the lifespan closes every call
@@ -128,7 +118,26 @@ def running_server(dev_model_dir: Path, log_dir: Path, *extra_args: str) -> Iter
             pytest.fail(f"the server did not shut down within {SHUTDOWN_DEADLINE_S:g} s; log: {log_path}")
 
 
-def _wait_until_healthy(base_url: str, process: subprocess.Popen, log_path: Path) -> None:
+def server_env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "OMNI_RTC_DISCONNECT_TIMEOUT_S": str(DISCONNECT_TIMEOUT_S),
+        "OMNI_RTC_GENERATION": json.dumps(GENERATION),
+        "OMNI_RTC_ENGINE_THREADS": "1",  # 2 cores shared by the whole team
+    }
+
+
+def server_command(dev_model_dir: Path, port: int, *extra_args: str) -> list[str]:
+    """``omni-rtc serve`` on ``port`` of 127.0.0.1 with the dev model (run it with :func:`server_env`)."""
+    return [
+        sys.executable, "-m", "app.web.cli", "serve",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--model", str(dev_model_dir), "--device", "cpu", "--seed", "0",
+        "--ice-loopback", "--log-level", "info", *extra_args,
+    ]
+
+
+def wait_until_healthy(base_url: str, process: subprocess.Popen, log_path: Path) -> None:
     give_up = time.monotonic() + STARTUP_DEADLINE_S
     while time.monotonic() < give_up:
         if process.poll() is not None:
