@@ -36,7 +36,7 @@ from transformers import (
     WhisperFeatureExtractor,
 )
 
-from pipeline.qwen3_omni_config import talker_ids, thinker_ids
+from pipeline.qwen3_omni_config import talker_ids, thinker_ids, turn_ids
 from pipeline.tokenizer import build_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -177,14 +177,7 @@ def dev_model_config() -> Qwen3OmniMoeConfig:
         talker_config=talker_config,
         code2wav_config=code2wav_config,
         enable_audio_output=True,
-        im_start_token_id=151644,
-        im_end_token_id=151645,
-        tts_pad_token_id=151671,
-        tts_bos_token_id=151672,
-        tts_eos_token_id=151673,
-        system_token_id=8948,
-        user_token_id=872,
-        assistant_token_id=77091,
+        **turn_ids(),
     )
 
 

@@ -157,6 +157,21 @@ def thinker_ids() -> dict[str, Any]:
     }
 
 
+def turn_ids() -> dict[str, Any]:
+    """The chat turn's and the Talker's text markers (``<|im_start|>``, ``<tts_pad>``...), the same
+    in every Qwen3-Omni checkpoint (the dev model's config takes them too)."""
+    return {
+        "im_start_token_id": 151644,
+        "im_end_token_id": 151645,
+        "tts_pad_token_id": 151671,
+        "tts_bos_token_id": 151672,
+        "tts_eos_token_id": 151673,
+        "system_token_id": 8948,
+        "user_token_id": 872,
+        "assistant_token_id": 77091,
+    }
+
+
 def talker_ids() -> dict[str, Any]:
     """The Talker's codec, speaker and prompt token ids, the same in every Qwen3-Omni checkpoint
     (the dev model's config takes them too)."""
@@ -204,14 +219,7 @@ def instruct_config() -> Qwen3OmniMoeConfig:
         talker_config=talker,
         code2wav_config=dict(CODE2WAV),
         enable_audio_output=True,
-        im_start_token_id=151644,
-        im_end_token_id=151645,
-        tts_pad_token_id=151671,
-        tts_bos_token_id=151672,
-        tts_eos_token_id=151673,
-        system_token_id=8948,
-        user_token_id=872,
-        assistant_token_id=77091,
+        **turn_ids(),
     )
 
 
