@@ -65,6 +65,7 @@ from pipeline.conversation import (
     asr_instruction,
     bound_history,
 )
+from pipeline.image_cache import ImagePatchCache
 from pipeline.images import MIN_PIXELS, decode_rgb
 from pipeline.tokenizer import load_tokenizer
 from pipeline.tool_format import answer_prefix, call_text, offers_tools, output_text, system_content
@@ -135,6 +136,7 @@ class PromptRenderer:
         self._tokenizer = tokenizer
         self._feature_extractor = feature_extractor
         self._image_processor = image_processor
+        self.processed_images = ImagePatchCache()  # past turns' images come again every turn
         self._n_window = n_window
         self._special_ids = {
             token: self._token_id(token) for token in (IM_START, IM_END, AUDIO_START, AUDIO_END, VISION_START, VISION_END)
@@ -269,17 +271,17 @@ class PromptRenderer:
         processor = self._image_processor
         if processor is None:
             raise ValueError("this renderer has no image processor: the conversation holds an image")
-        patches: list[torch.Tensor] = []
-        grids: list[torch.Tensor] = []
-        for image in images:
+
+        def process(image: UserImage) -> tuple[torch.Tensor, torch.Tensor]:
             # One call per image: each has its own pixel budget (detail, camera settings).
             processed = processor(
                 images=[decode_rgb(image.data)],
                 size={"shortest_edge": MIN_PIXELS, "longest_edge": image.max_pixels},
                 return_tensors="pt",
             )
-            patches.append(processed["pixel_values"].to(torch.float32))
-            grids.append(processed["image_grid_thw"].to(torch.long))
+            return processed["pixel_values"].to(torch.float32), processed["image_grid_thw"].to(torch.long)
+
+        patches, grids = zip(*(self.processed_images.get(image, process) for image in images), strict=True)
         image_grid_thw = torch.cat(grids)
         merge = processor.merge_size
         pads = (image_grid_thw.prod(dim=-1) // (merge * merge)).tolist()

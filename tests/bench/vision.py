@@ -2,7 +2,7 @@
 the real vision tower.
 
 Run: .venv/bin/python tests/bench/vision.py [--frames 0 1 4 5] [--probes 5] [--threads 1]
-     [--encoder-frames 1 4] [--encoder-repeats 2] [--skip-encoder] [--out tests/bench/results/vision.json]
+     [--encoder-frames 1 4] [--encoder-repeats 2] [--render-turns 9] [--skip-encoder] [--out tests/bench/results/vision.json]
 
 sampling (media/video.py, one core): what keeping one camera frame costs the media worker:
 ``encode_frame`` (swscale to the session's default budget, JPEG at quality 90) of a decoded
@@ -17,6 +17,12 @@ the Whisper features), median of ``--probes`` turns cancelled right after their 
 interleaved across N so that load on the machine hits every N alike. N = 0 is the turn without
 a camera; a default camera turn holds up to 5 (4 while speaking, 1 from before). Forced length
 16 tokens, 3 codec frames per token, seeded sampling, as tests/bench/ttfa.py.
+
+render (dev model's renderer, CPU): the engine renders every turn's prompt between decoding
+steps, and past camera turns keep their frames, so turn 9 of a camera conversation holds 25
+(the history keeps 5 turns: 4 past audio clips). Its render with no processed image kept, as
+before pipeline/image_cache.py, against its render after turn 8's (only turn 9's 5 frames
+processed), median of ``--probes``.
 
 encoder (real config, random weights, CPU, float32): Qwen3-Omni-30B-A3B-Instruct's vision tower
 alone (``Qwen3OmniMoeVisionEncoder`` with the checkpoint's ``thinker_config.vision_config``,
@@ -52,6 +58,7 @@ from media.video import encode_frame  # noqa: E402
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserImage, UserText  # noqa: E402
 from pipeline.devmodel import ensure_dev_model  # noqa: E402
 from pipeline.generation import stream_turn  # noqa: E402
+from pipeline.image_cache import ImagePatchCache  # noqa: E402
 from pipeline.images import fit as fit_image  # noqa: E402
 from pipeline.images import fitted_size, probe  # noqa: E402
 from pipeline.params import GenerationParams  # noqa: E402
@@ -82,6 +89,50 @@ def spoken_turn(frames: int) -> Conversation:
     return Conversation(items=(UserText("hi there"), AssistantText("Hello! How can I help?"), *images, UserAudio(pcm)))
 
 
+def camera_conversation(turns: int, frames: int) -> Conversation:
+    """``turns`` spoken camera turns, each ``frames`` new frames then hello.wav, all but the last answered."""
+    pcm, _ = sf.read(FIXTURES / "hello.wav", dtype="float32")
+    items: list = []
+    for turn in range(turns):
+        items += [camera_frame(1_000 + turn * frames + index) for index in range(frames)]
+        items.append(UserAudio(pcm))
+        if turn < turns - 1:
+            items.append(AssistantText("Sure, I can see that."))
+    return Conversation(items=tuple(items))
+
+
+def measure_render(turns: int, frames: int, repeats: int) -> dict:
+    """The engine's render of a camera turn after ``turns - 1`` camera turns: with no image kept
+    (every past frame processed again, as before pipeline/image_cache.py), and after the turn
+    before was rendered (only the new turn's frames processed). Median of ``repeats``."""
+    model_dir = ensure_dev_model(Path.home() / ".cache" / "omni-rtc")
+    renderer = PromptRenderer.from_pretrained(model_dir)
+    previous, current = camera_conversation(turns - 1, frames), camera_conversation(turns, frames)
+    cold, warm = [], []
+    for _ in range(repeats):
+        renderer.processed_images = ImagePatchCache(max_bytes=0)
+        started = time.perf_counter()
+        inputs = renderer.render(current)
+        cold.append(time.perf_counter() - started)
+        renderer.processed_images = ImagePatchCache()
+        renderer.render(previous)
+        processed_before = renderer.processed_images.misses
+        started = time.perf_counter()
+        renderer.render(current)
+        warm.append(time.perf_counter() - started)
+        processed = renderer.processed_images.misses - processed_before
+    assert inputs.image_grid_thw is not None
+    return {
+        "turns": turns,
+        "frames_per_turn": frames,
+        "frames_in_prompt": len(inputs.image_grid_thw),
+        "image_tokens": inputs.image_tokens,
+        "nothing_kept_ms": round(statistics.median(cold) * 1000, 1),
+        "past_frames_kept_ms": round(statistics.median(warm) * 1000, 1),
+        "frames_processed_when_kept": processed,
+    }
+
+
 def first_audio_seconds(model, tokenizer, renderer: PromptRenderer, conversation: Conversation) -> tuple[float, int]:
     """Wall seconds from rendering the prompt to the first AudioChunk, and the prompt's image tokens."""
     params = GenerationParams(
@@ -102,6 +153,7 @@ def measure_ttfa(frame_counts: list[int], probes: int) -> list[dict]:
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
     tokenizer = load_tokenizer(model_dir)
     renderer = PromptRenderer.from_pretrained(model_dir, tokenizer=tokenizer)
+    renderer.processed_images = ImagePatchCache(max_bytes=0)  # every probe's frames are new, as a new turn's
     turns = {count: spoken_turn(count) for count in frame_counts}
     for count in frame_counts:  # warm-up: first calls pay for lazy initialisation
         first_audio_seconds(model, tokenizer, renderer, turns[count])
@@ -182,7 +234,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--encoder-frames", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--encoder-repeats", type=int, default=2)
-    parser.add_argument("--skip-encoder", action="store_true", help="only the dev-model TTFA")
+    parser.add_argument("--render-turns", type=int, default=9, help="camera turns in the render figure (default 9)")
+    parser.add_argument("--skip-encoder", action="store_true", help="only the dev-model figures")
     parser.add_argument("--out", type=Path, default=REPO / "tests" / "bench" / "results" / "vision.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -196,6 +249,11 @@ def main() -> None:
     print(f"{'frames':>6} {'image tokens':>12} {'first audio s':>14} {'vs ' + str(args.frames[0]) + ' frames':>12}")
     for row in ttfa:
         print(f"{row['frames']:>6} {row['image_tokens']:>12} {row['first_audio_s']:>14.3f} {row['vs_first']:>12.2f}x")
+    render = measure_render(args.render_turns, 5, args.probes)
+    print(f"\ndev model, the render of camera turn {render['turns']} ({render['frames_in_prompt']} frames in the prompt, "
+          f"{render['image_tokens']} image tokens), median of {args.probes}: nothing kept "
+          f"{render['nothing_kept_ms']:.1f} ms; past frames kept {render['past_frames_kept_ms']:.1f} ms "
+          f"({render['frames_processed_when_kept']} frames processed)")
     encoder = [] if args.skip_encoder else measure_encoder(args.encoder_frames, args.encoder_repeats)
     if encoder:
         print(f"\nreal vision tower ({encoder[0]['parameters'] / 1e6:.0f} M parameters), CPU float32, "
@@ -203,7 +261,8 @@ def main() -> None:
         print(f"{'frames':>6} {'call s':>8} {'per frame s':>12}")
         for row in encoder:
             print(f"{row['frames']:>6} {row['call_s']:>8.3f} {row['per_frame_s']:>12.3f}")
-    report = {"machine": machine(threads=args.threads), "sampling": sampling, "ttfa": ttfa, "encoder": encoder}
+    report = {"machine": machine(threads=args.threads), "sampling": sampling, "ttfa": ttfa, "render": render,
+              "encoder": encoder}
     write_report(args.out, report)
 
 

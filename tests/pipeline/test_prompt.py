@@ -30,6 +30,7 @@ from pipeline.conversation import (
     bound_history,
     split_turns,
 )
+from pipeline.image_cache import ImagePatchCache
 from pipeline.prompt import PromptRenderer, ThinkerInputs
 from pipeline.tokenizer import load_tokenizer
 from pipeline.turn import TranscriptionHint, TurnRequest
@@ -463,6 +464,21 @@ def test_image_pads_equal_the_processors_patch_grid_and_the_image_budget(rendere
     assert inputs.image_tokens == _ids(inputs).count(IMAGE_PAD_ID) == 192 + 972 + 6
     assert inputs.text_tokens == len(_ids(inputs)) - inputs.image_tokens
     assert inputs.pixel_values.shape == (4 * inputs.image_tokens, 3 * 2 * 16 * 16)
+
+
+def test_a_later_turn_processes_only_its_new_images_and_its_inputs_are_unchanged(renderer):
+    first_turn = (_image(seed=1), _image(seed=2), _clip(1.0, seed=1), AssistantText("I see two."))
+    second = Conversation((*first_turn, _image(seed=3), _clip(1.0, seed=2)))
+    renderer.processed_images = ImagePatchCache(max_bytes=0)  # keeps nothing: every image processed
+    reference = renderer.render(second)
+    renderer.processed_images = ImagePatchCache()
+    renderer.render(Conversation(first_turn[:-1]))
+    processed = renderer.processed_images.misses
+    inputs = renderer.render(second)
+    assert (processed, renderer.processed_images.misses) == (2, 3)
+    assert torch.equal(inputs.pixel_values, reference.pixel_values)
+    assert torch.equal(inputs.image_grid_thw, reference.image_grid_thw)
+    assert torch.equal(inputs.input_ids, reference.input_ids)
 
 
 def test_rendered_images_run_through_the_vision_tower_into_the_thinker(renderer, thinker):
