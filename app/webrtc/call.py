@@ -192,6 +192,10 @@ class Call:
             raise OfferError("the SDP offer could not be parsed") from exc
         if not any(t.kind == "audio" for t in pc.getTransceivers()):
             raise OfferError("the SDP offer has no audio m-line; a call needs one (sendrecv or recvonly)")
+        if sum(t.kind == "audio" for t in pc.getTransceivers()) > 1:
+            # aiortc decodes every audio m-line and queues its frames, unbounded, for a reader: an
+            # extra one nobody reads grew by 50 frames a second for as long as the call lasted.
+            raise OfferError("the SDP offer has more than one audio m-line; a call takes one microphone")
         if sum(t.kind == "video" for t in pc.getTransceivers()) > 1:
             raise OfferError("the SDP offer has more than one video m-line; a call takes one camera (sendonly)")
         if pc.sctp is None:

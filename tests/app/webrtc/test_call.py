@@ -50,6 +50,12 @@ class RecordingSession:
     async def close(self) -> None:
         self.closed = True
 
+    def video_plan(self) -> None:
+        return None  # the camera is off: frames are read and none kept
+
+    def add_video_frame(self, frame: Any) -> None:
+        raise AssertionError("no frame is kept while the camera is off")
+
     def on_playback_started(self) -> None:
         pass
 
@@ -253,6 +259,23 @@ async def test_close_is_safe_twice():
         await call.close("hangup")
         await call.close("again")
     assert reasons == ["hangup"]
+
+
+@pytest.mark.parametrize("kind", ["audio", "video"])
+async def test_an_offer_with_a_second_audio_or_video_m_line_is_refused(kind: str):
+    """aiortc would decode the second line's media into a queue nobody reads."""
+    async with call_under_test() as (call, _, _):
+        pc = RTCPeerConnection(rtc_configuration([]))
+        pc.createDataChannel("oai-events")
+        for line in ["audio", "audio"] if kind == "audio" else ["audio", "video", "video"]:
+            pc.addTransceiver(line)
+        with loopback_candidates():
+            await pc.setLocalDescription(await pc.createOffer())
+        try:
+            with pytest.raises(OfferError, match=f"more than one {kind} m-line"):
+                await call.answer(pc.localDescription.sdp)
+        finally:
+            await pc.close()
 
 
 async def test_offer_without_a_data_channel_is_refused():
