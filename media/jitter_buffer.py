@@ -54,6 +54,10 @@ _GRANULE = WIRE_RATE // 400
 _RECENT_SEQUENCES = 128  # decoded sequence numbers remembered to tell duplicates from late packets
 # A sequence number this far from the expected one is a new stream (a sender restart), not loss.
 _MAX_SEQUENCE_JUMP = 3000
+# Packets waiting for their playout: 10 s of 20 ms frames. A peer keeps at most the depth (6) plus
+# a burst here; playout releases in real time, so one sending faster grew the buffer without bound
+# (60,000 packets sent within a second were all kept). Past this, arrivals are dropped and counted.
+MAX_BUFFERED_PACKETS = 500
 
 Origin = Literal["packet", "fec", "plc"]
 
@@ -75,6 +79,7 @@ class ReceiveStats:
     packets_expected: int = 0  # sequence numbers from the first to the highest received
     packets_late: int = 0  # arrived after their slot was concealed: dropped
     packets_duplicate: int = 0
+    packets_overrun: int = 0  # arrived with MAX_BUFFERED_PACKETS waiting (sent faster than real time): dropped
     frames_decoded: int = 0
     frames_recovered: int = 0  # missing frames rebuilt from the next packet's in-band FEC
     frames_concealed: int = 0  # missing frames made up by Opus PLC
@@ -162,6 +167,12 @@ class AudioJitterBuffer:
         self._measure(stamp, arrival)
         if stamp < self._next_timestamp:
             self.stats.packets_late += 1
+            return
+        if len(self._buffer) >= MAX_BUFFERED_PACKETS:
+            if not self.stats.packets_overrun:
+                logger.warning("%d RTP packets wait for playout: the peer sends audio faster than real time; "
+                               "dropping what comes until they play", len(self._buffer))
+            self.stats.packets_overrun += 1
             return
         self._buffer[sequence] = _Packet(sequence, stamp, payload)
 

@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 import soxr
 
-from media.jitter_buffer import MAX_DEPTH_S, MAX_IDLE_CONCEAL_S, AudioJitterBuffer, PlayoutFrame
+from media.jitter_buffer import (
+    MAX_BUFFERED_PACKETS,
+    MAX_DEPTH_S,
+    MAX_IDLE_CONCEAL_S,
+    AudioJitterBuffer,
+    PlayoutFrame,
+)
 from media.libopus import OpusDecoder, OpusEncoder, carries_fec
 from tests.speech import load_fixture
 
@@ -204,3 +210,14 @@ def test_after_a_stall_of_this_process_unread_packets_are_not_turned_late() -> N
     frames = buffer.pop(stalled_until)
     assert [frame.origin for frame in frames] == ["packet"] * 21
     assert buffer.stats.packets_late == 1  # only the one whose slot was concealed
+
+
+def test_a_peer_sending_faster_than_real_time_is_held_to_the_buffers_bound() -> None:
+    packets = speech_packets(0)
+    buffer = AudioJitterBuffer()
+    sent = 3 * MAX_BUFFERED_PACKETS  # 30 s of audio within 0.3 s
+    for sequence in range(sent):
+        buffer.push(sequence, sequence * FRAME, packets[sequence % len(packets)], T0 + sequence * 0.0001)
+    assert buffer.stats.packets_overrun == sent - MAX_BUFFERED_PACKETS
+    played = buffer.pop(T0 + 1.0)  # playout goes on in real time from what was kept
+    assert [frame.origin for frame in played[:10]] == ["packet"] * 10
