@@ -130,7 +130,8 @@ class Metrics:
         self.inbound_packets = Counter(
             "omni_rtc_inbound_audio_packets",
             "Peers' audio packets, by outcome: received (in time or not), lost (never arrived), "
-            "late (arrived after their frame was concealed; dropped).",
+            "late (arrived after their frame was concealed; dropped), overrun (sent faster than real time, "
+            "arrived with 500 packets waiting; dropped).",
             ["outcome"], registry=r,
         )
         self.inbound_frames_repaired = Counter(
@@ -280,6 +281,9 @@ class CallMetrics:
         packets, frames = self._metrics.inbound_packets, self._metrics.inbound_frames_repaired
         packets.labels(outcome="received").inc(max(current.inbound_packets_received - previous.inbound_packets_received, 0))
         packets.labels(outcome="late").inc(max(current.inbound_packets_late - previous.inbound_packets_late, 0))
+        packets.labels(outcome="overrun").inc(
+            max(current.inbound_packets_overrun - previous.inbound_packets_overrun, 0)
+        )
         # Loss counted so far can shrink when a reordered packet turns up; the counter takes only rises.
         lost = max(current.inbound_packets_lost, self._lost_counted)
         packets.labels(outcome="lost").inc(lost - self._lost_counted)

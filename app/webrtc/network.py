@@ -52,6 +52,7 @@ class NetworkFigures:
     inbound_packets_received: int = 0
     inbound_packets_lost: int = 0  # never arrived
     inbound_packets_late: int = 0  # arrived after their frame was concealed: dropped
+    inbound_packets_overrun: int = 0  # arrived faster than real time with the jitter buffer full: dropped
     inbound_frames_recovered: int = 0  # rebuilt from the next packet's in-band FEC
     inbound_frames_concealed: int = 0  # made up by Opus PLC
     inbound_jitter_ms: float = 0.0  # RFC 3550 interarrival jitter of the peer's packets
@@ -179,6 +180,7 @@ class CallNetwork:
             inbound_packets_received=inbound.packets_received,
             inbound_packets_lost=inbound.packets_lost,
             inbound_packets_late=inbound.packets_late,
+            inbound_packets_overrun=inbound.packets_overrun,
             inbound_frames_recovered=inbound.frames_recovered,
             inbound_frames_concealed=inbound.frames_concealed,
             inbound_jitter_ms=inbound.jitter_s * 1000,

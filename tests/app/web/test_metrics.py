@@ -148,11 +148,12 @@ def test_network_samples_move_the_packet_counters_and_the_end_observes_the_call(
     observer.on_network_sample(NetworkFigures(inbound_packets_received=95, inbound_packets_lost=5,
                                               inbound_frames_recovered=4, inbound_frames_concealed=1))
     observer.on_network_sample(NetworkFigures(inbound_packets_received=190, inbound_packets_lost=4,  # one turned up
-                                              inbound_packets_late=1, inbound_frames_recovered=8,
+                                              inbound_packets_late=1, inbound_packets_overrun=2, inbound_frames_recovered=8,
                                               inbound_frames_concealed=3, inbound_jitter_ms=12.0))
     assert sample(metrics, "omni_rtc_inbound_audio_packets_total", outcome="received") == 190
     assert sample(metrics, "omni_rtc_inbound_audio_packets_total", outcome="lost") == 5  # counters only rise
     assert sample(metrics, "omni_rtc_inbound_audio_packets_total", outcome="late") == 1
+    assert sample(metrics, "omni_rtc_inbound_audio_packets_total", outcome="overrun") == 2
     assert sample(metrics, "omni_rtc_inbound_audio_frames_repaired_total", method="fec") == 8
     assert sample(metrics, "omni_rtc_inbound_audio_frames_repaired_total", method="plc") == 3
 
