@@ -64,6 +64,25 @@ async def test_the_track_ends_when_the_receivers_own_track_ends() -> None:
     assert track.readyState == "ended"
 
 
+@pytest.mark.parametrize("turns", range(8))
+async def test_a_reader_cancelled_while_the_track_wakes_is_cancelled(turns: int) -> None:
+    """Cancelled ``turns`` loop turns after a packet woke recv(): at 3 and 4 the cancellation
+    landed while recv() cleaned up its wait, was swallowed, and the reader ran on."""
+    track = PlayoutTrack(SilentRemote())
+    reader = asyncio.ensure_future(track.recv())
+    for _ in range(3):
+        await asyncio.sleep(0)  # recv() waits: nothing buffered, no deadline
+    track.push(0, 0, b"", asyncio.get_running_loop().time())  # an empty payload wakes it and buffers nothing
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    reader.cancel()
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(reader), 5)
+    finally:
+        track.stop()
+
+
 async def test_a_tapped_receiver_hands_its_packets_to_the_playout_track() -> None:
     packets = speech_packets(0)
     receiver = RTCRtpReceiver("audio", _DtlsTransportStub())
