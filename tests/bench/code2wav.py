@@ -40,6 +40,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3Omni
 
 from pipeline.code2wav import StreamingCode2Wav
 from pipeline.qwen3_omni_config import code2wav_config
+from tests.chunk_schedules import schedules_covering
 
 RESULTS = Path(__file__).resolve().parent / "results" / "code2wav.json"
 FIRST_CHUNK = 4
@@ -70,19 +71,8 @@ def engine_schedules(frames: int) -> dict[str, list[int]]:
 
 
 def all_size_schedules(frames: int) -> dict[str, list[int]]:
-    pending = sorted(range(1, 101), reverse=True)
-    runs: dict[str, list[int]] = {}
-    while pending:
-        run, room = [FIRST_CHUNK], frames - FIRST_CHUNK
-        for size in list(pending):
-            if size <= room:
-                run.append(size)
-                room -= size
-                pending.remove(size)
-        if room:
-            run.append(room)
-        runs[f"sizes {run[1]}..{run[-1]}"] = run
-    return {TIMED: fill([FIRST_CHUNK, 25], frames), **runs}
+    runs = schedules_covering(range(1, 101), frames=frames, first=FIRST_CHUNK)
+    return {TIMED: fill([FIRST_CHUNK, 25], frames), **{f"sizes {run[1]}..{run[-1]}": run for run in runs}}
 
 
 def decode_streaming(model, codes: torch.Tensor, schedule: list[int]) -> torch.Tensor:

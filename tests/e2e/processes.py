@@ -80,15 +80,21 @@ def running_together(*launches: Launch) -> Iterator[list[subprocess.Popen[bytes]
             _wait_until_ready(launch, process)
         yield processes
     finally:
-        for launch, process in zip(launches, processes, strict=False):
-            if process.poll() is None:
-                process.send_signal(launch.stop_signal)
-        for process in processes:
-            try:
-                process.wait(timeout=SHUTDOWN_DEADLINE_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_all(processes, [launch.stop_signal for launch in launches])
+
+
+def stop_all(processes: Sequence[subprocess.Popen[bytes]], stop_signals: Sequence[int]) -> None:
+    """Signals every process still running (all at once: they stop in parallel), then waits for
+    each, killing one that outlives ``SHUTDOWN_DEADLINE_S``."""
+    for process, stop_signal in zip(processes, stop_signals, strict=False):
+        if process.poll() is None:
+            process.send_signal(stop_signal)
+    for process in processes:
+        try:
+            process.wait(timeout=SHUTDOWN_DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 @contextlib.contextmanager

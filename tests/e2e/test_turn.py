@@ -31,7 +31,7 @@ import pytest
 from tests.e2e.conftest import DISCONNECT_TIMEOUT_S, GENERATION
 from tests.e2e.deploy_doc import deploy_block
 from tests.e2e.netns import RELAY_ADDRESS, SERVER_ADDRESS, Sandbox, sandbox
-from tests.e2e.processes import SHUTDOWN_DEADLINE_S, STARTUP_DEADLINE_S
+from tests.e2e.processes import SHUTDOWN_DEADLINE_S, STARTUP_DEADLINE_S, stop_all
 
 pytestmark = pytest.mark.e2e
 
@@ -193,14 +193,7 @@ def deployment(dev_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         finally:
             for turn in turns.values():
                 turn.stop()
-            for process in processes:
-                process.send_signal(signal.SIGINT)  # uvicorn's graceful stop; the forwarders just end
-            for process in processes:
-                try:
-                    process.wait(timeout=SHUTDOWN_DEADLINE_S)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop_all(processes, [signal.SIGINT] * len(processes))  # uvicorn's graceful stop; the forwarders just end
 
 
 def _healthy(deployment: Deployment, kind: str) -> bool:

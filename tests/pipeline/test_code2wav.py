@@ -15,6 +15,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3Omni
 
 from pipeline.code2wav import StreamingCode2Wav
 from pipeline.qwen3_omni_config import code2wav_config
+from tests.chunk_schedules import schedules_covering
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -24,24 +25,6 @@ FIRST_CHUNK = 4  # GenerationParams.first_chunk_frames
 # cache in another order than the whole sequence); a chunk seam computed without state is ~1.
 MAX_RELATIVE_ERROR = 1e-4
 NARROW = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 2, "decoder_dim": 16}
-
-
-def schedules_covering(sizes: range, *, frames: int, first: int) -> list[list[int]]:
-    """Chunk schedules of ``frames`` frames, each starting with ``first``, that together hold
-    every size in ``sizes`` once (largest first, packed), the rest of each run in one last chunk."""
-    pending = sorted(sizes, reverse=True)
-    runs = []
-    while pending:
-        run, room = [first], frames - first
-        for size in list(pending):
-            if size <= room:
-                run.append(size)
-                room -= size
-                pending.remove(size)
-        if room:
-            run.append(room)
-        runs.append(run)
-    return runs
 
 
 @pytest.fixture(scope="module")
