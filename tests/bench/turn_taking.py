@@ -60,7 +60,7 @@ BEFORE_BY_EAGERNESS: dict[str, EndOfTurnPolicy] = {
     "high": EndOfTurnPolicy(candidate_ms=96, rescore_ms=320, threshold=0.5, max_wait_ms=800),
 }
 EAGERNESS = ("low", "medium", "high")
-FAMILIES = ("flite", "festival", "espeak-ng", "arctic")
+FAMILIES = ("flite", "festival", "espeak-ng", "recorded")
 JUDGED_TRANSCRIPT_TOKENS = 16
 
 
@@ -81,6 +81,8 @@ class Fixture:
     text_before_pause: str | None  # what was said when a check comes during the pause
     speech_end_ms: int
     pause_end_ms: int | None
+    # Recorded speech: each word's end in the clip (ms), so a check knows the words said by then.
+    word_ends_ms: list[int] | None = None
 
 
 @dataclass
@@ -109,7 +111,9 @@ class Outcome:
 
     @property
     def cut(self) -> bool:
-        return self.pause_end_ms is not None and bool(self.commits_ms) and self.commits_ms[0] < self.pause_end_ms
+        """A paused sentence committed before its speech ended: at the labelled pause, or at
+        another the speaker made (the recordings have their own)."""
+        return self.pause_end_ms is not None and bool(self.commits_ms) and self.commits_ms[0] < self.speech_end_ms
 
 
 def load_fixtures() -> list[Fixture]:
@@ -119,7 +123,8 @@ def load_fixtures() -> list[Fixture]:
         assert rate == SPEECH_RATE
         before, _, after = entry["text"].partition(" … ")
         fixtures.append(Fixture(entry["file"], entry["family"], entry["kind"], pcm, f"{before} {after}".strip(),
-                                before if after else None, entry["speech_end_ms"], entry.get("pause_end_ms")))
+                                before if after else None, entry["speech_end_ms"], entry.get("pause_end_ms"),
+                                entry.get("word_ends_ms")))
     return fixtures
 
 
@@ -177,9 +182,15 @@ class RecordedVad:
 
 
 def words_said(fixture: Fixture, check_ms: int) -> str:
-    """What an ASR would have written by ``check_ms`` (in the fed stream): the words before the
-    pause while it lasts, else the whole sentence. Pessimistic about the pause: the ASR closes the
-    words it heard as a sentence ("We went to the park."), as ASR models punctuate what they get."""
+    """What an ASR would have written by ``check_ms`` (in the fed stream): the words ended by then
+    where the manifest times them (the recordings), else the words before the pause while it lasts;
+    the whole sentence once all are said. Pessimistic about a pause: the ASR closes the words it
+    heard as a sentence ("We went to the park."), as ASR models punctuate what they get."""
+    if fixture.word_ends_ms is not None:
+        said = sum(end <= check_ms - LEAD_MS for end in fixture.word_ends_ms)
+        if said == len(fixture.word_ends_ms):
+            return fixture.text
+        return " ".join(fixture.text.split()[:said]).rstrip(",;:") + "."
     if fixture.text_before_pause is not None and fixture.pause_end_ms is not None and check_ms < LEAD_MS + fixture.pause_end_ms:
         return fixture.text_before_pause.rstrip(",;:") + "."
     return fixture.text
@@ -370,7 +381,7 @@ def policies() -> list[Policy]:
     return chosen
 
 
-TUNING_FAMILIES = ("flite", "espeak-ng")  # the sweep sees only these; festival and arctic are held out
+TUNING_FAMILIES = ("flite", "espeak-ng")  # the sweep sees only these; festival and the recordings are held out
 
 
 def sweep(vad: RecordedVad, scores: CachedScores, fixtures: list[Fixture], tail: int) -> list[dict[str, object]]:
