@@ -78,11 +78,11 @@ class Fixture:
     kind: str  # "finished" | "paused"
     pcm: np.ndarray
     text: str  # the whole sentence
-    text_before_pause: str | None  # what was said when a check comes during the pause
     speech_end_ms: int
     pause_end_ms: int | None
-    # Recorded speech: each word's end in the clip (ms), so a check knows the words said by then.
-    word_ends_ms: list[int] | None = None
+    # Each word's end in the clip (ms), so that a check knows the words said by then: aligned for
+    # the recordings (the manifest's), estimated for synthesized speech (``spread_words``).
+    word_ends_ms: list[int]
 
 
 @dataclass
@@ -122,10 +122,24 @@ def load_fixtures() -> list[Fixture]:
         pcm, rate = sf.read(TURNS / entry["file"], dtype="float32")
         assert rate == SPEECH_RATE
         before, _, after = entry["text"].partition(" … ")
+        if "word_ends_ms" in entry:
+            word_ends = entry["word_ends_ms"]
+        elif after:
+            word_ends = (spread_words(before.split(), 0, entry["pause_start_ms"])
+                         + spread_words(after.split(), entry["pause_end_ms"], entry["speech_end_ms"]))
+        else:
+            word_ends = spread_words(before.split(), 0, entry["speech_end_ms"])
         fixtures.append(Fixture(entry["file"], entry["family"], entry["kind"], pcm, f"{before} {after}".strip(),
-                                before if after else None, entry["speech_end_ms"], entry.get("pause_end_ms"),
-                                entry.get("word_ends_ms")))
+                                entry["speech_end_ms"], entry.get("pause_end_ms"), word_ends))
     return fixtures
+
+
+def spread_words(words: list[str], start_ms: int, end_ms: int) -> list[int]:
+    """Where each word of a synthesized stretch of speech ends, estimated: the stretch shared out
+    by the words' letters (the synthesizers' own word times are not kept in the manifest). The last
+    word ends with the stretch, so during a pause every word before it has been said."""
+    letters = np.cumsum([len(word) for word in words])
+    return [start_ms + round((end_ms - start_ms) * count / letters[-1]) for count in letters]
 
 
 class CachedScores:
@@ -182,18 +196,13 @@ class RecordedVad:
 
 
 def words_said(fixture: Fixture, check_ms: int) -> str:
-    """What an ASR would have written by ``check_ms`` (in the fed stream): the words ended by then
-    where the manifest times them (the recordings), else the words before the pause while it lasts;
-    the whole sentence once all are said. Pessimistic about a pause: the ASR closes the words it
-    heard as a sentence ("We went to the park."), as ASR models punctuate what they get."""
-    if fixture.word_ends_ms is not None:
-        said = sum(end <= check_ms - LEAD_MS for end in fixture.word_ends_ms)
-        if said == len(fixture.word_ends_ms):
-            return fixture.text
-        return " ".join(fixture.text.split()[:said]).rstrip(",;:") + "."
-    if fixture.text_before_pause is not None and fixture.pause_end_ms is not None and check_ms < LEAD_MS + fixture.pause_end_ms:
-        return fixture.text_before_pause.rstrip(",;:") + "."
-    return fixture.text
+    """What an ASR would have written by ``check_ms`` (in the fed stream): the words ended by then,
+    the whole sentence once all are. Pessimistic about a pause: the ASR closes the words it heard
+    as a sentence ("We went to the park."), as ASR models punctuate what they get."""
+    said = sum(end <= check_ms - LEAD_MS for end in fixture.word_ends_ms)
+    if said == len(fixture.word_ends_ms):
+        return fixture.text
+    return " ".join(fixture.text.split()[:said]).rstrip(",;:") + "."
 
 
 def tail_ms(policies: list[Policy]) -> int:
