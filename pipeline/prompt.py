@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import cast
 
@@ -65,8 +66,8 @@ from pipeline.conversation import (
     asr_instruction,
     bound_history,
 )
-from pipeline.image_cache import ImagePatchCache
 from pipeline.images import MIN_PIXELS, decode_rgb
+from pipeline.processed_cache import AUDIO_CACHE_BYTES, IMAGE_CACHE_BYTES, ProcessedCache
 from pipeline.tokenizer import load_tokenizer
 from pipeline.tool_format import answer_prefix, call_text, offers_tools, output_text, system_content
 from pipeline.turn import TranscriptionHint, TurnRequest
@@ -136,7 +137,9 @@ class PromptRenderer:
         self._tokenizer = tokenizer
         self._feature_extractor = feature_extractor
         self._image_processor = image_processor
-        self.processed_images = ImagePatchCache()  # past turns' images come again every turn
+        # Past turns' images and clips come again every turn (pipeline/processed_cache.py).
+        self.processed_images = ProcessedCache(IMAGE_CACHE_BYTES)
+        self.audio_features = ProcessedCache(AUDIO_CACHE_BYTES)
         self._n_window = n_window
         self._special_ids = {
             token: self._token_id(token) for token in (IM_START, IM_END, AUDIO_START, AUDIO_END, VISION_START, VISION_END)
@@ -216,23 +219,7 @@ class PromptRenderer:
                     f"got shape {clip.pcm.shape}"
                 )
 
-        input_features = feature_attention_mask = None
-        pad_counts: list[int] = []
-        if clips:
-            # The same call Qwen3OmniMoeProcessor makes: one batch, padded to the longest clip.
-            features = self._feature_extractor(
-                [np.asarray(clip.pcm, dtype=np.float32) for clip in clips],
-                sampling_rate=SPEECH_RATE,
-                padding="longest",  # what padding=True means; the stubs take the string
-                truncation=False,
-                return_attention_mask=True,
-                return_tensors="pt",
-            )
-            input_features = features["input_features"].to(torch.float32)
-            feature_attention_mask = features["attention_mask"].to(torch.long)
-            # The model's own formula: its position ids and audio tower use the same one.
-            frames = feature_attention_mask.sum(-1)
-            pad_counts = _get_feat_extract_output_lengths(frames, self._n_window).tolist()
+        input_features, feature_attention_mask, pad_counts = self._audio_inputs(clips)
 
         prefix = answer_prefix(tool_choice) if offers_tools(tools, tool_choice) else ""
         pieces = self._pieces(system_prompt, items, tools if offers_tools(tools, tool_choice) else (), prefix)
@@ -264,6 +251,40 @@ class PromptRenderer:
             answer_prefix=prefix,
         )
 
+    def _audio_inputs(self, clips: Sequence[UserAudio]) -> tuple[torch.Tensor | None, torch.Tensor | None, list[int]]:
+        """Every clip's Whisper features (in order) padded to the longest, their mask, and each
+        clip's ``<|audio_pad|>`` count.
+
+        Each clip's features are extracted alone, Qwen3OmniMoeProcessor's call for one clip, so a
+        clip has the same features in every prompt that holds it and is extracted once. (In one
+        batch padded to the longest, the processor's call for several, a shorter clip's last frame
+        takes in the padding's zeros: it changes, by ~0.04, with the clips beside it. The audio
+        tower drops the padded frames.)"""
+        if not clips:
+            return None, None, []
+
+        def extract(pcm: np.ndarray) -> tuple[torch.Tensor]:
+            features = self._feature_extractor(
+                [pcm],
+                sampling_rate=SPEECH_RATE,
+                padding="longest",  # what padding=True means; the stubs take the string
+                truncation=False,
+                return_attention_mask=True,
+                return_tensors="pt",
+            )
+            frames = int(features["attention_mask"][0].sum())
+            return (features["input_features"][0, :, :frames].to(torch.float32),)
+
+        pcms = [np.ascontiguousarray(clip.pcm, dtype=np.float32) for clip in clips]
+        per_clip = [self.audio_features.get(pcm.tobytes(), 0, partial(extract, pcm))[0] for pcm in pcms]
+        frames = torch.tensor([features.shape[-1] for features in per_clip])
+        input_features = torch.zeros(len(per_clip), MEL_BINS, int(frames.max()))
+        for row, features in enumerate(per_clip):
+            input_features[row, :, : features.shape[-1]] = features
+        feature_attention_mask = (torch.arange(input_features.shape[-1]) < frames[:, None]).to(torch.long)
+        # The model's own formula: its position ids and audio tower use the same one.
+        return input_features, feature_attention_mask, _get_feat_extract_output_lengths(frames, self._n_window).tolist()
+
     def _image_inputs(self, images: Sequence[UserImage]) -> tuple[torch.Tensor | None, torch.Tensor | None, list[int]]:
         """Every image's patches (in order), its (t, h, w) patch grid, and its ``<|image_pad|>`` count."""
         if not images:
@@ -281,7 +302,8 @@ class PromptRenderer:
             )
             return processed["pixel_values"].to(torch.float32), processed["image_grid_thw"].to(torch.long)
 
-        patches, grids = zip(*(self.processed_images.get(image, process) for image in images), strict=True)
+        processed = [self.processed_images.get(image.data, image.max_pixels, partial(process, image)) for image in images]
+        patches, grids = zip(*processed, strict=True)
         image_grid_thw = torch.cat(grids)
         merge = processor.merge_size
         pads = (image_grid_thw.prod(dim=-1) // (merge * merge)).tolist()

@@ -21,7 +21,7 @@ a camera; a default camera turn holds up to 5 (4 while speaking, 1 from before).
 render (dev model's renderer, CPU): the engine renders every turn's prompt between decoding
 steps, and past camera turns keep their frames, so turn 9 of a camera conversation holds 25
 (the history keeps 5 turns: 4 past audio clips). Its render with no processed image kept, as
-before pipeline/image_cache.py, against its render after turn 8's (only turn 9's 5 frames
+before pipeline/processed_cache.py, against its render after turn 8's (only turn 9's 5 frames
 processed), median of ``--probes``.
 
 encoder (real config, random weights, CPU, float32): Qwen3-Omni-30B-A3B-Instruct's vision tower
@@ -58,10 +58,10 @@ from media.video import encode_frame  # noqa: E402
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserImage, UserText  # noqa: E402
 from pipeline.devmodel import ensure_dev_model  # noqa: E402
 from pipeline.generation import stream_turn  # noqa: E402
-from pipeline.image_cache import ImagePatchCache  # noqa: E402
 from pipeline.images import fit as fit_image  # noqa: E402
 from pipeline.images import fitted_size, probe  # noqa: E402
 from pipeline.params import GenerationParams  # noqa: E402
+from pipeline.processed_cache import IMAGE_CACHE_BYTES, ProcessedCache  # noqa: E402
 from pipeline.prompt import PromptRenderer  # noqa: E402
 from pipeline.qwen3_omni_config import vision_encoder_config  # noqa: E402
 from pipeline.tokenizer import load_tokenizer  # noqa: E402
@@ -103,18 +103,18 @@ def camera_conversation(turns: int, frames: int) -> Conversation:
 
 def measure_render(turns: int, frames: int, repeats: int) -> dict:
     """The engine's render of a camera turn after ``turns - 1`` camera turns: with no image kept
-    (every past frame processed again, as before pipeline/image_cache.py), and after the turn
+    (every past frame processed again, as before pipeline/processed_cache.py), and after the turn
     before was rendered (only the new turn's frames processed). Median of ``repeats``."""
     model_dir = ensure_dev_model(Path.home() / ".cache" / "omni-rtc")
     renderer = PromptRenderer.from_pretrained(model_dir)
     previous, current = camera_conversation(turns - 1, frames), camera_conversation(turns, frames)
     cold, warm = [], []
     for _ in range(repeats):
-        renderer.processed_images = ImagePatchCache(max_bytes=0)
+        renderer.processed_images = ProcessedCache(max_bytes=0)
         started = time.perf_counter()
         inputs = renderer.render(current)
         cold.append(time.perf_counter() - started)
-        renderer.processed_images = ImagePatchCache()
+        renderer.processed_images = ProcessedCache(IMAGE_CACHE_BYTES)
         renderer.render(previous)
         processed_before = renderer.processed_images.misses
         started = time.perf_counter()
@@ -153,7 +153,7 @@ def measure_ttfa(frame_counts: list[int], probes: int) -> list[dict]:
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
     tokenizer = load_tokenizer(model_dir)
     renderer = PromptRenderer.from_pretrained(model_dir, tokenizer=tokenizer)
-    renderer.processed_images = ImagePatchCache(max_bytes=0)  # every probe's frames are new, as a new turn's
+    renderer.processed_images = ProcessedCache(max_bytes=0)  # every probe's frames are new, as a new turn's
     turns = {count: spoken_turn(count) for count in frame_counts}
     for count in frame_counts:  # warm-up: first calls pay for lazy initialisation
         first_audio_seconds(model, tokenizer, renderer, turns[count])

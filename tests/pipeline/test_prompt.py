@@ -30,7 +30,7 @@ from pipeline.conversation import (
     bound_history,
     split_turns,
 )
-from pipeline.image_cache import ImagePatchCache
+from pipeline.processed_cache import AUDIO_CACHE_BYTES, IMAGE_CACHE_BYTES, ProcessedCache
 from pipeline.prompt import PromptRenderer, ThinkerInputs
 from pipeline.tokenizer import load_tokenizer
 from pipeline.turn import TranscriptionHint, TurnRequest
@@ -398,6 +398,32 @@ def test_turns_beyond_the_audio_budget_reach_the_thinker_as_transcript_tokens(re
     assert with_text.text_tokens - without.text_tokens >= said_tokens + 2
 
 
+def test_a_later_turn_extracts_only_its_new_clips_features_and_its_inputs_are_unchanged(renderer):
+    first_turn = (_clip(2.0, seed=1), AssistantText("Go on."))
+    second = Conversation((*first_turn, _clip(1.0, seed=2)))
+    renderer.audio_features = ProcessedCache(max_bytes=0)  # keeps nothing: every clip extracted
+    reference = renderer.render(second)
+    renderer.audio_features = ProcessedCache(AUDIO_CACHE_BYTES)
+    renderer.render(Conversation(first_turn[:1]))
+    extracted = renderer.audio_features.misses
+    inputs = renderer.render(second)
+    assert (extracted, renderer.audio_features.misses) == (1, 2)
+    assert torch.equal(inputs.input_features, reference.input_features)
+    assert torch.equal(inputs.feature_attention_mask, reference.feature_attention_mask)
+    assert torch.equal(inputs.input_ids, reference.input_ids)
+
+
+def test_a_clips_features_are_the_same_whatever_clips_are_beside_it(renderer):
+    renderer.audio_features = ProcessedCache(max_bytes=0)  # each render extracts every clip
+    short, longer = _clip(1.0, seed=1), _clip(3.0, seed=2)
+    alone = renderer.render(Conversation((short,)))
+    beside = renderer.render(Conversation((short, AssistantText("Yes."), longer)))
+    frames = int(alone.feature_attention_mask[0].sum())
+    assert int(beside.feature_attention_mask[0].sum()) == frames
+    assert torch.equal(beside.input_features[0, :, :frames], alone.input_features[0])
+    assert not beside.input_features[0, :, frames:].any()  # the padding, which the audio tower drops
+
+
 def test_transcription_request_renders_qwens_asr_prompt_without_system_message(renderer, tokenizer):
     inputs = renderer.render_request(TurnRequest.transcription(_clip(1.0)))
     assert _prompt_text(tokenizer, inputs) == (
@@ -469,9 +495,9 @@ def test_image_pads_equal_the_processors_patch_grid_and_the_image_budget(rendere
 def test_a_later_turn_processes_only_its_new_images_and_its_inputs_are_unchanged(renderer):
     first_turn = (_image(seed=1), _image(seed=2), _clip(1.0, seed=1), AssistantText("I see two."))
     second = Conversation((*first_turn, _image(seed=3), _clip(1.0, seed=2)))
-    renderer.processed_images = ImagePatchCache(max_bytes=0)  # keeps nothing: every image processed
+    renderer.processed_images = ProcessedCache(max_bytes=0)  # keeps nothing: every image processed
     reference = renderer.render(second)
-    renderer.processed_images = ImagePatchCache()
+    renderer.processed_images = ProcessedCache(IMAGE_CACHE_BYTES)
     renderer.render(Conversation(first_turn[:-1]))
     processed = renderer.processed_images.misses
     inputs = renderer.render(second)
