@@ -637,14 +637,16 @@ class NetworkLatency(_ServerModel):
     """Extension, WebRTC only: the call's network so far (cumulative counts since the call began).
 
     Inbound is the peer's audio to the server: packets that never arrived, that arrived after their
-    20 ms frame had been concealed, and frames rebuilt from the next packet's in-band FEC or made
-    up by Opus packet loss concealment; RFC 3550 jitter. Outbound is the answer's audio as the
+    20 ms frame had been concealed, that arrived faster than real time with the jitter buffer full
+    (dropped: a peer sending ahead of its clock), and frames rebuilt from the next packet's in-band
+    FEC or made up by Opus packet loss concealment; RFC 3550 jitter. Outbound is the answer's audio as the
     peer's RTCP receiver reports count it, and the loss the server's Opus FEC is tuned for.
     ``rtt_ms`` is the round trip from those reports (None until one has been measured).
     """
 
     inbound_packets_lost: int
     inbound_packets_late: int
+    inbound_packets_overrun: int
     inbound_frames_recovered: int
     inbound_frames_concealed: int
     inbound_jitter_ms: float

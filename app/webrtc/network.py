@@ -72,6 +72,7 @@ class NetworkFigures:
         return {
             "inbound_packets_lost": self.inbound_packets_lost,
             "inbound_packets_late": self.inbound_packets_late,
+            "inbound_packets_overrun": self.inbound_packets_overrun,
             "inbound_frames_recovered": self.inbound_frames_recovered,
             "inbound_frames_concealed": self.inbound_frames_concealed,
             "inbound_jitter_ms": round(self.inbound_jitter_ms, 1),

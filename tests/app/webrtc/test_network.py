@@ -52,8 +52,9 @@ class Samples:
         self.closed.append(figures)
 
 
-def lossy_inbound(lost: int, of: int) -> SimpleNamespace:
-    return SimpleNamespace(stats=ReceiveStats(packets_received=of - lost, packets_expected=of, frames_concealed=lost))
+def lossy_inbound(lost: int, of: int, overrun: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(stats=ReceiveStats(packets_received=of - lost, packets_expected=of, frames_concealed=lost,
+                                              packets_overrun=overrun))
 
 
 async def sampled_once(network: CallNetwork, samples: Samples) -> None:
@@ -90,13 +91,14 @@ async def test_a_call_losing_more_than_a_tenth_of_its_packets_is_logged_once(cap
 async def test_response_done_carries_the_figures_and_close_reports_them_once() -> None:
     samples = Samples()
     network = CallNetwork(FakePeer(), name="t", observer=samples, interval_s=0.01)
-    network.watch_inbound(lossy_inbound(lost=3, of=100))  # type: ignore[arg-type]
+    network.watch_inbound(lossy_inbound(lost=3, of=100, overrun=7))  # type: ignore[arg-type]
     await sampled_once(network, samples)
     done = {"type": "response.done", "latency": {"end_of_speech_to_first_audio_ms": 500.0}}
     other = {"type": "response.created"}
     network.annotate(done)
     network.annotate(other)
     assert done["latency"]["network"]["inbound_packets_lost"] == 3
+    assert done["latency"]["network"]["inbound_packets_overrun"] == 7
     assert done["latency"]["network"]["rtt_ms"] == 42.0
     NetworkLatency.model_validate(done["latency"]["network"])  # the protocol's schema for it
     assert other == {"type": "response.created"}
