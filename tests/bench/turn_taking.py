@@ -4,14 +4,14 @@ Run: .venv/bin/python tests/bench/turn_taking.py [--out tests/bench/results/turn
      [--sweep]   (also prints a grid of candidate policies: how the eagerness table was chosen)
 
 Each fixture of tests/fixtures/turns (manifest.json labels them) is fed as one session would hear
-it: 500 ms of silence, the sentence, 2.5 s of silence, in 20 ms chunks through the real
+it: 500 ms of silence, the sentence, then silence 1 s past the longest wait, in 20 ms chunks through the real
 VoiceActivityDetector (silero). An EndOfTurnCheck is scored by the real smart-turn model, and its
 answer reaches the detector only after as much further audio as the model took to run (the
 server runs it off the event loop while audio keeps arriving), so delays include the model's time.
 
 Reported per policy: the commit delay after the end of speech on finished sentences (median,
 p90: the commit's audio_end_ms minus where the speech ended), the share of paused sentences
-committed before the pause ended (cut into two turns), and the model's cost: ms per decision and
+committed before their speech ended (cut into two turns), and the model's cost: ms per decision and
 per session, as % of one core (model time / audio time). Also measured: how late a 20 ms timer
 on the event loop fires while decisions run off the loop with asyncio.to_thread, beside inline.
 """
