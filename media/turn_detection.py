@@ -8,10 +8,12 @@ samples, 16 per millisecond.
 
 The rules, with the defaults of OpenAI's ``server_vad``:
 - speech *onset* is the first window with probability >= ``threshold``;
-- speech is *confirmed* once it has lasted ``min_speech_ms`` without dropping below
-  the hysteresis threshold ``threshold - 0.15``; shorter bursts (clicks, coughs) are
-  dropped and never become turns. ``SpeechStarted`` is emitted at confirmation, with
-  the onset's position, not the confirmation's;
+- speech is *confirmed* once ``min_speech_ms`` of its windows have stayed at or above the
+  hysteresis threshold ``threshold - 0.15``, dips shorter than ``ONSET_GAP_MS`` between
+  them allowed (a stop consonant's closure: "Oak | Street" is two bursts); bursts that add
+  up to less before such a gap (clicks, coughs) are dropped and never become turns.
+  ``SpeechStarted`` is emitted at confirmation, with the onset's position, not the
+  confirmation's;
 - the utterance starts ``prefix_padding_ms`` before the onset (never before audio that
   was already committed or reset away), so ``SpeechStarted.audio_start_ms`` is the first
   sample the model gets, as in OpenAI's ``speech_started``;
@@ -56,6 +58,12 @@ from media.rates import SPEECH_RATE
 from media.vad import WINDOW_SAMPLES, SpeechModel
 
 HYSTERESIS = 0.15  # speech ends below threshold - 0.15, as in silero's VADIterator
+# Before speech is confirmed, a dip below the hysteresis threshold this long ends the onset:
+# silero's own get_speech_timestamps ends a segment after 100 ms (min_silence_duration_ms) and
+# only then weighs it against min_speech_duration_ms (250). A dip of one 32 ms window ended it
+# here before, and a short phrase said as separate bursts ("Oak Street" after a pause, each
+# burst 100-220 ms) was dropped whole: its words never reached a turn.
+ONSET_GAP_MS = 100
 _SAMPLES_PER_MS = SPEECH_RATE // 1000
 
 
@@ -187,7 +195,7 @@ TurnEvent = SpeechStarted | SegmentCommitted | SpeechStopped | UtteranceCommitte
 
 class _State(enum.Enum):
     IDLE = "idle"  # no speech; only the last prefix_padding_ms of audio is kept
-    PENDING = "pending"  # onset seen, min_speech_ms not yet reached
+    PENDING = "pending"  # onset seen, min_speech_ms of speech not yet reached
     SPEECH = "speech"  # confirmed speech (SpeechStarted emitted), waiting for silence
 
 
@@ -209,6 +217,8 @@ class TurnCommitBuffer:
         self._chunks: list[np.ndarray] = []  # retained audio, contiguous, ends at _position
         self._buffer_start = 0  # stream position of the first retained sample
         self._onset = 0  # stream position where the current speech began
+        self._onset_speech = 0  # samples of speech heard since the onset (PENDING)
+        self._onset_gap = 0  # samples of the dip below the hysteresis threshold going on (PENDING)
         self._turn_start = 0  # stream position of the first sample of the turn's first segment
         self._silence_start: int | None = None  # where the current trailing silence began
         self._checks = 0  # end-of-turn checks emitted since the trailing silence began
@@ -318,16 +328,21 @@ class TurnCommitBuffer:
                 # trimmed to prefix_padding_ms (or to the last commit/reset) as it came in.
                 self._state = _State.PENDING
                 self._onset = window_start
+                self._onset_speech = self._onset_gap = 0
             else:
                 self._trim_before(self._position - params.prefix_padding_ms * _SAMPLES_PER_MS)
                 return []
 
         if self._state is _State.PENDING:
             if probability < params.negative_threshold:
-                self._state = _State.IDLE  # too short: a click or a cough
-                self._trim_before(self._position - params.prefix_padding_ms * _SAMPLES_PER_MS)
+                self._onset_gap += window.size
+                if self._onset_gap >= ONSET_GAP_MS * _SAMPLES_PER_MS:
+                    self._state = _State.IDLE  # too little speech before a gap: a click or a cough
+                    self._trim_before(self._position - params.prefix_padding_ms * _SAMPLES_PER_MS)
                 return []
-            if self._position - self._onset < params.min_speech_ms * _SAMPLES_PER_MS:
+            self._onset_gap = 0
+            self._onset_speech += window.size
+            if self._onset_speech < params.min_speech_ms * _SAMPLES_PER_MS:
                 return []
             self._state = _State.SPEECH
             self._silence_start = None

@@ -202,7 +202,7 @@ def words_said(fixture: Fixture, check_ms: int) -> str:
     said = sum(end <= check_ms - LEAD_MS for end in fixture.word_ends_ms)
     if said == len(fixture.word_ends_ms):
         return fixture.text
-    return " ".join(fixture.text.split()[:said]).rstrip(",;:") + "."
+    return " ".join(fixture.text.split()[:said]).rstrip(",;:") + "." if said else ""  # no word yet: unsure
 
 
 def tail_ms(policies: list[Policy]) -> int:

@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
+import soundfile as sf
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +22,8 @@ from media.vad import SileroVad
 from tests.speech import load_fixture, silence
 
 W = 512  # window samples (32 ms)
+TURNS = Path(__file__).resolve().parents[1] / "fixtures" / "turns"
+MANIFEST = {entry["file"]: entry for entry in json.loads((TURNS / "manifest.json").read_text())}
 SPEECH, QUIET = 0.9, 0.0
 
 
@@ -60,6 +66,26 @@ def test_speech_started_waits_for_min_speech_but_reports_the_onset() -> None:
 def test_burst_shorter_than_min_speech_is_dropped() -> None:
     buffer = TurnCommitBuffer(TurnDetectionParams())
     events = feed(buffer, [QUIET] * 10 + [SPEECH] * 7 + [QUIET] * 40)  # 224 ms < 250 ms
+    assert events == []
+    assert not buffer.in_speech
+
+
+def test_bursts_with_short_dips_between_them_add_up_to_speech() -> None:
+    buffer = TurnCommitBuffer(TurnDetectionParams(prefix_padding_ms=0))
+    # "Oak | Street": 160 ms, a 32 ms dip, 96 ms, a 64 ms dip, 224 ms: each burst under 250 ms.
+    events = feed(buffer, [QUIET] * 10 + [SPEECH] * 5 + [QUIET] + [SPEECH] * 3 + [QUIET] * 2 + [SPEECH] * 7
+                  + [QUIET] * 20)
+    # 250 ms = 8 windows of speech: the 5 and 3 of the first two bursts, so in window 18.
+    assert [event for _, event in events][:1] == [SpeechStarted(audio_start_ms=10 * W // 16)]
+    assert events[0][0] == 18
+    (commit,) = commits(events)
+    assert commit.audio_start_ms == 10 * W // 16
+
+
+def test_bursts_apart_by_a_gap_do_not_add_up() -> None:
+    buffer = TurnCommitBuffer(TurnDetectionParams())
+    # Clicks of 160 ms, 128 ms (4 windows) of quiet between them: each onset ends at its gap.
+    events = feed(buffer, ([QUIET] * 4 + [SPEECH] * 5) * 6 + [QUIET] * 20)
     assert events == []
     assert not buffer.in_speech
 
@@ -250,6 +276,19 @@ def test_utterance_then_silence_commits_once(silero: SileroVad) -> None:
 def test_cough_never_becomes_a_turn(silero: SileroVad) -> None:
     pcm = np.concatenate([silence(500), load_fixture("short_cough"), silence(1000)])
     assert detect(silero, pcm) == []
+
+
+def test_a_short_phrase_said_in_bursts_after_a_turn_becomes_a_turn(silero: SileroVad) -> None:
+    # "My address is twelve | Oak Street." in espeak-ng's en-gb-x-rp voice: server VAD commits in
+    # the 900 ms pause, and the VAD, still in the state the first words left it, hears "Oak
+    # Street." as three bursts of 100-220 ms with 32-64 ms stops between them.
+    fixture = "espeak-ng/paused_07_en-gb-x-rp.wav"
+    pcm, _ = sf.read(TURNS / fixture, dtype="float32")
+    events = detect(silero, np.concatenate([silence(500), pcm, silence(1000)]))
+    first, second = [event for event in events if isinstance(event, UtteranceCommitted)]
+    pause_start, pause_end = (500 + MANIFEST[fixture][key] for key in ("pause_start_ms", "pause_end_ms"))
+    assert pause_start < first.audio_end_ms < pause_end  # "My address is twelve" in the pause
+    assert second.audio_start_ms < pause_end and second.audio_end_ms > 500 + MANIFEST[fixture]["speech_end_ms"]
 
 
 def test_two_utterances_commit_twice(silero: SileroVad) -> None:
