@@ -398,16 +398,26 @@ def test_turns_beyond_the_audio_budget_reach_the_thinker_as_transcript_tokens(re
     assert with_text.text_tokens - without.text_tokens >= said_tokens + 2
 
 
+def _rendered_uncached_and_after_the_turn_before(
+    renderer: PromptRenderer, cache: str, max_bytes: int, before: Conversation, later: Conversation
+) -> tuple[ThinkerInputs, ThinkerInputs, int, int]:
+    """``later`` rendered with the renderer's ``cache`` keeping nothing (the reference), then again
+    after ``before`` with it kept; and how many inputs were processed for ``before``, and in all."""
+    setattr(renderer, cache, ProcessedCache(max_bytes=0))
+    reference = renderer.render(later)
+    kept = ProcessedCache(max_bytes)
+    setattr(renderer, cache, kept)
+    renderer.render(before)
+    processed_before = kept.misses
+    return reference, renderer.render(later), processed_before, kept.misses
+
+
 def test_a_later_turn_extracts_only_its_new_clips_features_and_its_inputs_are_unchanged(renderer):
     first_turn = (_clip(2.0, seed=1), AssistantText("Go on."))
     second = Conversation((*first_turn, _clip(1.0, seed=2)))
-    renderer.audio_features = ProcessedCache(max_bytes=0)  # keeps nothing: every clip extracted
-    reference = renderer.render(second)
-    renderer.audio_features = ProcessedCache(AUDIO_CACHE_BYTES)
-    renderer.render(Conversation(first_turn[:1]))
-    extracted = renderer.audio_features.misses
-    inputs = renderer.render(second)
-    assert (extracted, renderer.audio_features.misses) == (1, 2)
+    reference, inputs, extracted, in_all = _rendered_uncached_and_after_the_turn_before(
+        renderer, "audio_features", AUDIO_CACHE_BYTES, Conversation(first_turn[:1]), second)
+    assert (extracted, in_all) == (1, 2)
     assert torch.equal(inputs.input_features, reference.input_features)
     assert torch.equal(inputs.feature_attention_mask, reference.feature_attention_mask)
     assert torch.equal(inputs.input_ids, reference.input_ids)
@@ -495,13 +505,9 @@ def test_image_pads_equal_the_processors_patch_grid_and_the_image_budget(rendere
 def test_a_later_turn_processes_only_its_new_images_and_its_inputs_are_unchanged(renderer):
     first_turn = (_image(seed=1), _image(seed=2), _clip(1.0, seed=1), AssistantText("I see two."))
     second = Conversation((*first_turn, _image(seed=3), _clip(1.0, seed=2)))
-    renderer.processed_images = ProcessedCache(max_bytes=0)  # keeps nothing: every image processed
-    reference = renderer.render(second)
-    renderer.processed_images = ProcessedCache(IMAGE_CACHE_BYTES)
-    renderer.render(Conversation(first_turn[:-1]))
-    processed = renderer.processed_images.misses
-    inputs = renderer.render(second)
-    assert (processed, renderer.processed_images.misses) == (2, 3)
+    reference, inputs, processed, in_all = _rendered_uncached_and_after_the_turn_before(
+        renderer, "processed_images", IMAGE_CACHE_BYTES, Conversation(first_turn[:-1]), second)
+    assert (processed, in_all) == (2, 3)
     assert torch.equal(inputs.pixel_values, reference.pixel_values)
     assert torch.equal(inputs.image_grid_thw, reference.image_grid_thw)
     assert torch.equal(inputs.input_ids, reference.input_ids)
