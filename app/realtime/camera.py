@@ -9,11 +9,18 @@ then those seen while it was spoken. A segment of a long utterance takes what ar
 the previous segment. A commit without speech detection (manual commits, the idle timeout)
 takes the newest idle frames. Frames never start a turn by themselves.
 
+Frames a client pushes itself (DashScope's ``input_image_buffer.append``, as its SDK's
+``append_video`` sends them, up to 2 a second) are kept the same way, at most one per sampling
+interval (``speaking_fps`` while the user speaks, ``idle_fps`` otherwise, as the call's camera is
+sampled); the others are dropped before they are decoded (*decided*: a turn then sees frames spread
+over its utterance, as with the camera, not only its last second or two).
+
 Memory is bounded: at most ``frames_per_turn + 1`` JPEGs of at most the session's pixel budget.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 from app.realtime.session_config import VideoInput
@@ -30,6 +37,7 @@ class TurnFrames:
         self._idle: deque[UserImage] = deque()  # seen while not speaking, newest last
         self._before: UserImage | None = None  # the last idle frame when speech started
         self._during: deque[UserImage] = deque()  # seen while speaking, since speech or the last take
+        self._pushed_at = -math.inf  # when the last pushed frame was kept (the loop's monotonic clock)
 
     def __len__(self) -> int:
         return len(self._idle) + len(self._during) + (self._before is not None)
@@ -41,6 +49,15 @@ class TurnFrames:
             return None
         max_pixels = video.max_pixels
         return FramePlan(1.0 / fps, lambda width, height: fitted_size(width, height, max_pixels=max_pixels))
+
+    def wants_pushed(self, video: VideoInput, now: float) -> bool:
+        """Whether a frame a client pushes at ``now`` is to be kept: one per sampling interval."""
+        plan = self.plan(video)
+        return plan is not None and now - self._pushed_at >= plan.interval_s
+
+    def add_pushed(self, frame: UserImage, video: VideoInput, now: float) -> None:
+        self._pushed_at = now
+        self.add(frame, video.frames_per_turn)
 
     def keep(self, frame: SampledFrame, video: VideoInput) -> None:
         """A frame the call sampled, kept as an image at the session's pixel budget."""

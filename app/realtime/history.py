@@ -134,6 +134,7 @@ class History:
         input_audio_format: str,
         max_chars: int,
         images: Mapping[int, UserImage] | None = None,
+        input_audio_rate: int = VOICE_RATE,
     ) -> list[ServerEvent]:
         """Adds a client's item where it asked; the ``conversation.item.added``/``done`` pair.
         ``images``: its ``input_image`` parts by index, already read (``app.realtime.images``)."""
@@ -149,7 +150,8 @@ class History:
             entry = self._function_item(item_id, item, max_chars=max_chars)
         elif item.role == "user":
             parts, content = read_user_content(
-                item.content, input_audio_format=input_audio_format, max_chars=max_chars, images=images or {}
+                item.content, input_audio_format=input_audio_format, max_chars=max_chars, images=images or {},
+                input_audio_rate=input_audio_rate,
             )
             entry = UserEntry(item_id, parts, content)
         elif item.role == "assistant":
@@ -400,11 +402,12 @@ def decode_pcm16(data: str, param: str) -> np.ndarray:
     return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
 
 
-def decode_input_audio(data: str, format_type: str, param: str) -> tuple[np.ndarray, int]:
+def decode_input_audio(data: str, format_type: str, param: str, *, pcm_rate: int = VOICE_RATE) -> tuple[np.ndarray, int]:
     """Base64 audio in the session's input format → (float32 PCM, its rate): ``audio/pcm`` is PCM16
-    at 24 kHz, ``audio/pcmu`` / ``audio/pcma`` G.711 at 8 kHz; ``ProtocolError`` naming ``param``."""
+    at ``pcm_rate`` (24 kHz unless the session says otherwise), ``audio/pcmu`` / ``audio/pcma``
+    G.711 at 8 kHz; ``ProtocolError`` naming ``param``."""
     if format_type not in g711.G711_FORMATS:
-        return decode_pcm16(data, param), VOICE_RATE
+        return decode_pcm16(data, param), pcm_rate
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
@@ -426,6 +429,7 @@ def read_user_content(
     input_audio_format: str,
     max_chars: int,
     images: Mapping[int, UserImage],
+    input_audio_rate: int = VOICE_RATE,
 ) -> tuple[tuple[ConversationItem, ...], list[ItemContent]]:
     """A user message's parts (for the prompt) and its content (as echoed to the client);
     ``images``: the ``input_image`` parts by index, already read."""
@@ -441,7 +445,7 @@ def read_user_content(
             if part.audio is None:
                 raise ProtocolError("missing_required_parameter", f"{param}.audio is required.",
                                     param=f"{param}.audio")
-            pcm, rate = decode_input_audio(part.audio, input_audio_format, f"{param}.audio")
+            pcm, rate = decode_input_audio(part.audio, input_audio_format, f"{param}.audio", pcm_rate=input_audio_rate)
             if pcm.size < MIN_COMMIT_MS * rate // 1000:
                 raise ProtocolError("invalid_value", f"{param}.audio holds less than {MIN_COMMIT_MS} ms.",
                                     param=f"{param}.audio")

@@ -1,11 +1,13 @@
-"""``input_image`` parts: a PNG or JPEG data URL read into a conversation image.
+"""``input_image`` parts (a PNG or JPEG data URL) and pushed camera frames read into conversation images.
 
 OpenAI's Realtime API takes images as ``input_image`` content parts whose ``image_url`` is a
 data URL. Reading one decodes the base64, checks the header (``pipeline.images.probe``),
 decodes the pixels and fits the image to the pixel budget its ``detail`` asks for
 (``DETAIL_MAX_PIXELS``): tens of milliseconds for a large photo, so
 :func:`read_item_images` does it in a worker thread. Every problem is a ``ProtocolError``
-naming the part; the session answers it with an ``error`` event and goes on.
+naming the part; the session answers it with an ``error`` event and goes on. A pushed camera
+frame (DashScope's ``input_image_buffer.append``: base64 bytes, no data URL) is read the same way
+by :func:`read_frame`, to the session's ``video.max_pixels``.
 """
 
 from __future__ import annotations
@@ -46,6 +48,18 @@ def _read_all(indexed: list[tuple[int, ClientContentPart]], max_bytes: int) -> d
     }
 
 
+def read_frame(image: str, *, max_bytes: int, max_pixels: int, param: str = "image") -> UserImage:
+    """A camera frame a client pushed (``input_image_buffer.append``): base64 JPEG or PNG bytes, no
+    data URL; checked, decoded and fitted to ``max_pixels`` (the session's ``video`` budget). Blocking."""
+    if len(image) // 4 * 3 > max_bytes + 2:  # checked before decoding anything
+        raise ProtocolError(IMAGE_TOO_LARGE, f"{param} holds more than {max_bytes} bytes of image.", param=param)
+    try:
+        data = base64.b64decode(image, validate=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError("invalid_value", f"{param} is not valid base64.", param=param) from None
+    return _fitted(data, max_pixels, max_bytes=max_bytes, param=param)
+
+
 def read_image(url: str | None, detail: ImageDetail | None, *, max_bytes: int, param: str) -> UserImage:
     """One ``input_image``: checked, decoded and fitted to its ``detail``'s budget. Blocking."""
     url_param = f"{param}.image_url"
@@ -73,13 +87,15 @@ def read_image(url: str | None, detail: ImageDetail | None, *, max_bytes: int, p
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
         raise ProtocolError("invalid_value", f"{url_param} is not valid base64.", param=url_param) from None
+    return _fitted(data, DETAIL_MAX_PIXELS[detail or "auto"], max_bytes=max_bytes, param=url_param)
+
+
+def _fitted(data: bytes, max_pixels: int, *, max_bytes: int, param: str) -> UserImage:
     if len(data) > max_bytes:
-        raise ProtocolError(IMAGE_TOO_LARGE, f"{url_param} holds more than {max_bytes} bytes of image.",
-                            param=url_param)
-    max_pixels = DETAIL_MAX_PIXELS[detail or "auto"]
+        raise ProtocolError(IMAGE_TOO_LARGE, f"{param} holds more than {max_bytes} bytes of image.", param=param)
     try:
         info = probe(data)
         fitted, width, height = fit(data, info, max_pixels)
     except ImageError as exc:
-        raise ProtocolError("invalid_value", f"{url_param}: {exc}.", param=url_param) from None
+        raise ProtocolError("invalid_value", f"{param}: {exc}.", param=param) from None
     return UserImage(fitted, width, height, max_pixels)

@@ -2,7 +2,7 @@
 
 - :class:`ManualBuffer`: manual mode's (``turn_detection: null``) uncommitted input, bounded.
 - :class:`AppendDecoder`: ``input_audio_buffer.append``'s base64 audio in the session's input
-  format (PCM16 at 24 kHz, or G.711 µ-law/A-law at 8 kHz), resampled as one continuous stream
+  format (PCM16 at 24 kHz or the session's rate, or G.711 µ-law/A-law at 8 kHz), resampled as one continuous stream
   to the 16 kHz the VAD and the model hear, and held to real time (``MAX_APPEND_AHEAD_MS``).
 """
 
@@ -17,7 +17,7 @@ import soxr
 
 from app.realtime.history import MIN_COMMIT_MS, decode_input_audio
 from app.realtime.protocol import ProtocolError
-from media.rates import SPEECH_RATE
+from media.rates import SPEECH_RATE, VOICE_RATE
 
 # Manual mode keeps at most this much uncommitted input audio (the oldest is dropped).
 MAX_MANUAL_BUFFER_MS = 60_000
@@ -69,14 +69,14 @@ class AppendDecoder:
         self._max_ahead_ms = max_ahead_ms
         self._budget_ms = float(max_ahead_ms)
         self._refilled_at = clock()
-        self._format: str | None = None
+        self._format: tuple[str, int] | None = None
         self._resampler: soxr.ResampleStream | None = None
 
-    def decode(self, audio: str, *, input_audio_format: str) -> np.ndarray:
-        pcm, rate = decode_input_audio(audio, input_audio_format, "audio")
+    def decode(self, audio: str, *, input_audio_format: str, pcm_rate: int = VOICE_RATE) -> np.ndarray:
+        pcm, rate = decode_input_audio(audio, input_audio_format, "audio", pcm_rate=pcm_rate)
         self._admit(pcm.size * 1000 / rate)
-        if self._resampler is None or self._format != input_audio_format:
-            self._format = input_audio_format  # a new format starts a new stream
+        if self._resampler is None or self._format != (input_audio_format, rate):
+            self._format = (input_audio_format, rate)  # a new format starts a new stream
             self._resampler = soxr.ResampleStream(rate, SPEECH_RATE, 1, dtype="float32")
         return self._resampler.resample_chunk(pcm)
 

@@ -14,6 +14,12 @@ Extensions, clearly named and ignored by clients that do not know them:
   (``SessionVideo``); ``session.update`` may change it.
 - ``input_image`` content parts are echoed without their ``image_url`` (``null``): the server
   keeps the image, sending megabytes back twice per item helps no one.
+- ``input_image_buffer.append`` (a camera frame as a base64 JPEG or PNG, joining the next
+  committed utterance as the call's video frames do) and ``session.finish`` (answered with
+  ``session.finished``, after which the session takes nothing more): DashScope's events, taken
+  from any client.
+- The DashScope dialect (``app.realtime.dashscope``) renames server events for Qwen's own
+  realtime clients: ``DASHSCOPE_EVENT_NAMES`` below.
 """
 
 from __future__ import annotations
@@ -252,6 +258,19 @@ class OutputAudioBufferClearEvent(_ClientEventBase):
     type: Literal["output_audio_buffer.clear"]
 
 
+class InputImageBufferAppendEvent(_ClientEventBase):
+    """DashScope's camera frame (its SDK's ``append_video``): a base64 JPEG (or PNG), no data URL."""
+
+    type: Literal["input_image_buffer.append"]
+    image: str
+
+
+class SessionFinishEvent(_ClientEventBase):
+    """DashScope's end of a session (its SDK's ``end_session``): answered with ``session.finished``."""
+
+    type: Literal["session.finish"]
+
+
 class PlaybackAckEvent(_ClientEventBase):
     """vLLM-Omni's playback acknowledgement, for transports without a media track (WebSocket).
 
@@ -281,7 +300,9 @@ ClientEvent = Annotated[
     | ResponseCreateEvent
     | ResponseCancelEvent
     | OutputAudioBufferClearEvent
-    | PlaybackAckEvent,
+    | PlaybackAckEvent
+    | InputImageBufferAppendEvent
+    | SessionFinishEvent,
     Field(discriminator="type"),
 ]
 _client_event_adapter: TypeAdapter[ClientEvent] = TypeAdapter(ClientEvent)
@@ -939,6 +960,12 @@ class PlaybackAcknowledgedEvent(_ServerEventBase):
     event: PlaybackAcknowledgement
 
 
+class SessionFinishedEvent(_ServerEventBase):
+    """The answer to ``session.finish``: the last event of the session; the transport then closes."""
+
+    type: Literal["session.finished"] = "session.finished"
+
+
 ServerEvent = Annotated[
     ErrorEvent
     | SessionCreatedEvent
@@ -973,7 +1000,8 @@ ServerEvent = Annotated[
     | OutputAudioBufferStartedEvent
     | OutputAudioBufferStoppedEvent
     | OutputAudioBufferClearedEvent
-    | PlaybackAcknowledgedEvent,
+    | PlaybackAcknowledgedEvent
+    | SessionFinishedEvent,
     Field(discriminator="type"),
 ]
 server_event_adapter: TypeAdapter[ServerEvent] = TypeAdapter(ServerEvent)
@@ -982,3 +1010,20 @@ server_event_adapter: TypeAdapter[ServerEvent] = TypeAdapter(ServerEvent)
 def event_type(event: type[BaseModel]) -> str:
     """The wire ``type`` of a server event model, for code that reads events as JSON dicts."""
     return event.model_fields["type"].default
+
+
+# -- the DashScope dialect ------------------------------------------------------------------
+# Qwen's hosted qwen-omni realtime API (and its SDK, dashscope.audio.qwen_omni) speaks OpenAI's
+# beta names. GA name → DashScope's; events not named here keep their names.
+DASHSCOPE_EVENT_NAMES: dict[str, str] = {
+    event_type(ConversationItemAddedEvent): "conversation.item.created",
+    event_type(ResponseOutputAudioDeltaEvent): "response.audio.delta",
+    event_type(ResponseOutputAudioDoneEvent): "response.audio.done",
+    event_type(ResponseOutputAudioTranscriptDeltaEvent): "response.audio_transcript.delta",
+    event_type(ResponseOutputAudioTranscriptDoneEvent): "response.audio_transcript.done",
+    event_type(ResponseOutputTextDeltaEvent): "response.text.delta",
+    event_type(ResponseOutputTextDoneEvent): "response.text.done",
+}
+# GA events DashScope has no counterpart for: not sent to its clients (``conversation.item.created``
+# already told of the item; the media-track events are never sent over a WebSocket).
+DASHSCOPE_UNSENT: frozenset[str] = frozenset({event_type(ConversationItemDoneEvent)})

@@ -21,7 +21,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ from app.realtime.event_audio import acknowledge_playback, played_out
 from app.realtime.failures import failure_event
 from app.realtime.gate import EventGate
 from app.realtime.history import History
-from app.realtime.images import read_item_images
+from app.realtime.images import read_frame, read_item_images
 from app.realtime.input_buffer import AppendDecoder, ManualBuffer
 from app.realtime.ledger import AudioOutput, PlaybackLedger
 from app.realtime.protocol import (
@@ -48,6 +48,7 @@ from app.realtime.protocol import (
     InputAudioBufferClearedEvent,
     InputAudioBufferClearEvent,
     InputAudioBufferCommitEvent,
+    InputImageBufferAppendEvent,
     OutputAudioBufferClearedEvent,
     OutputAudioBufferClearEvent,
     OutputAudioBufferStartedEvent,
@@ -58,6 +59,8 @@ from app.realtime.protocol import (
     ResponseCreateEvent,
     ResponseStatus,
     SessionCreatedEvent,
+    SessionFinishedEvent,
+    SessionFinishEvent,
     SessionObject,
     SessionUpdatedEvent,
     SessionUpdateEvent,
@@ -101,11 +104,15 @@ class RealtimeSession:
         on_ignored_speech: Callable[[], None] | None = None,
         end_of_turn: EndOfTurnModel | None = None,
         text_judge: TextJudge | None = None,
+        session_fields: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
     ) -> None:
         """``on_ignored_speech`` is called for each utterance half-duplex does not act on (metrics).
         ``end_of_turn``: the model semantic_vad needs; without it, semantic_vad is refused (server VAD stays).
-        ``text_judge``: semantic_vad also judges the words said (``app.realtime.text_judge``)."""
+        ``text_judge``: semantic_vad also judges the words said (``app.realtime.text_judge``).
+        ``session_fields``: a dialect's reading of ``session.update`` fields, before the session's
+        own (``app.realtime.dashscope``); it raises ``ProtocolError`` for what it refuses."""
         self._engine = engine
+        self._session_fields = session_fields
         self._output = output
         self._send = send
         self.session_id = session_id or new_id("sess")
@@ -142,6 +149,7 @@ class RealtimeSession:
         self._last_response_id: str | None = None
         self._clearing = False  # inside output.clear(), whose stop callback is not a drain
         self._closed = False
+        self._finished = False  # session.finished sent: nothing more is taken or sent
         self._close_lock = asyncio.Lock()
         self._transcriptions = Transcriptions(engine, self._emit, self._history.holds, self.session_id)
         output.set_listener(self)
@@ -160,7 +168,7 @@ class RealtimeSession:
 
     async def handle_message(self, raw: str | bytes) -> None:
         """Handle one client event (JSON text); every mistake is answered with an ``error``."""
-        if self._closed:
+        if self._closed or self._finished:
             return
         rejection = self._gate.admit(raw)  # before parsing: a flood or a huge event costs nothing
         if rejection is not None:
@@ -170,7 +178,9 @@ class RealtimeSession:
         try:
             event = parse_client_event(raw)
             event_id = event.event_id
-            carries_image = isinstance(event, ConversationItemCreateEvent) and event.carries_image
+            carries_image = isinstance(event, InputImageBufferAppendEvent) or (
+                isinstance(event, ConversationItemCreateEvent) and event.carries_image
+            )
             if not carries_image and (large := self._gate.refuse_large(raw)) is not None:
                 raise ProtocolError(large.code, large.message)
             await self._dispatch(event)
@@ -182,7 +192,7 @@ class RealtimeSession:
 
     def push_audio(self, pcm: np.ndarray) -> None:
         """16 kHz float32 mono input (from the inbound track); runs the VAD inline, never awaits."""
-        if self._closed:
+        if self._closed or self._finished:
             return
         pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
         if pcm.size == 0:
@@ -273,10 +283,15 @@ class RealtimeSession:
             await self._clear_output_by_client()
         elif isinstance(event, PlaybackAckEvent):  # WebSocket: the client says what it played
             self._emit(acknowledge_playback(event, self._output, self._history, self._ledger, self.session_id))
+        elif isinstance(event, InputImageBufferAppendEvent):
+            await self._append_image(event)
+        elif isinstance(event, SessionFinishEvent):
+            await self._finish_session()
 
     def _update_session(self, event: SessionUpdateEvent) -> None:
         old = self._config
-        new, unavailable = self._semantic.runnable(old.updated(event.session))
+        fields = event.session if self._session_fields is None else self._session_fields(event.session)
+        new, unavailable = self._semantic.runnable(old.updated(fields))
         if unavailable is not None:
             self._emit(unavailable.for_event(event.event_id).to_event())
         self._config = new
@@ -287,7 +302,30 @@ class RealtimeSession:
         self._emit(SessionUpdatedEvent(session=self._session_object()))
 
     def _append_audio(self, event: InputAudioBufferAppendEvent) -> None:
-        self.push_audio(self._appends.decode(event.audio, input_audio_format=self._config.input_audio_format))
+        self.push_audio(self._appends.decode(event.audio, input_audio_format=self._config.input_audio_format,
+                                             pcm_rate=self._config.input_audio_rate))
+
+    async def _append_image(self, event: InputImageBufferAppendEvent) -> None:
+        """A frame the client pushed joins the next committed utterance, as a camera frame does."""
+        video = self._config.video
+        now = time.monotonic()
+        if not self._frames.wants_pushed(video, now):
+            return  # within the sampling interval of the last one kept (or no frames wanted)
+        image = await asyncio.to_thread(read_frame, event.image, max_bytes=self._config.max_image_bytes,
+                                        max_pixels=video.max_pixels)
+        if not self._closed:
+            self._frames.add_pushed(image, video, now)
+
+    async def _finish_session(self) -> None:
+        """``session.finish``: the running response is cancelled (its ``response.done`` goes out),
+        then ``session.finished``, the last event; the transport closes on it."""
+        response = self._response
+        if response is not None:
+            task = self._request_cancel(response, "client_cancelled") if not response.cancelling else response.task
+            assert task is not None
+            await asyncio.wait({task})
+        self._emit(SessionFinishedEvent())
+        self._finished = True
 
     def _commit_manual(self) -> None:
         if self._config.turn_detection is not None:
@@ -313,6 +351,7 @@ class RealtimeSession:
         for server_event in self._history.create_item(
             event,
             input_audio_format=self._config.input_audio_format,
+            input_audio_rate=self._config.input_audio_rate,
             max_chars=self._config.max_text_chars,
             images=images,
         ):
@@ -593,6 +632,6 @@ class RealtimeSession:
         )
 
     def _emit(self, event: Any) -> None:
-        if not self._closed:
+        if not self._closed and not self._finished:
             self._send(event.to_json())
 

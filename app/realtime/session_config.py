@@ -72,6 +72,10 @@ DETAIL_MAX_PIXELS = {"low": 100_352, "high": 1_003_520, "auto": 1_003_520}
 MAX_VIDEO_FPS = 5.0
 MAX_FRAMES_PER_TURN = 16
 MAX_VIDEO_PIXELS = DETAIL_MAX_PIXELS["high"]
+# PCM16 input rates taken in ``audio.input.format.rate`` (OpenAI's GA takes 24000 only): DashScope's
+# clients send 16 kHz, and its SDK offers 8, 16, 24 and 48 kHz (``AudioSampleRate``). Each is
+# resampled to the 16 kHz the VAD and the model hear. Output stays 24 kHz, Code2Wav's rate.
+INPUT_PCM_RATES = (8_000, 16_000, 24_000, 48_000)
 _BETA_AUDIO_FORMATS: dict[str, AudioFormatType] = {
     "pcm16": "audio/pcm",
     "g711_ulaw": "audio/pcmu",
@@ -153,6 +157,7 @@ class SessionConfig:
     max_output_tokens: int | None = None  # None: "inf"
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)  # None: manual commits
     input_audio_format: AudioFormatType = "audio/pcm"  # of base64 audio in events (WebRTC uses Opus)
+    input_audio_rate: int = 24_000  # of audio/pcm input (G.711 is 8 kHz)
     output_audio_format: AudioFormatType = "audio/pcm"
     transcription: InputTranscription | None = None  # None: user audio is not transcribed
     tools: tuple[Tool, ...] = ()  # functions the model may call
@@ -202,7 +207,7 @@ class SessionConfig:
             video=self.video.to_object(),
             audio=SessionAudio(
                 input=SessionAudioInput(
-                    format=_format_object(self.input_audio_format),
+                    format=_format_object(self.input_audio_format, self.input_audio_rate),
                     transcription=None if self.transcription is None else TranscriptionObject(
                         **dataclasses.asdict(self.transcription)
                     ),
@@ -228,8 +233,8 @@ class SessionConfig:
         )
 
 
-def _format_object(format_type: AudioFormatType) -> AudioFormat:
-    return AudioFormat(type=format_type, rate=24_000 if format_type == "audio/pcm" else None)
+def _format_object(format_type: AudioFormatType, pcm_rate: int = 24_000) -> AudioFormat:
+    return AudioFormat(type=format_type, rate=pcm_rate if format_type == "audio/pcm" else None)
 
 
 class _SessionReader:
@@ -270,6 +275,7 @@ class _SessionReader:
             _speed(s["speed"], "session.speed")
         if "input_audio_format" in s:
             self._changes["input_audio_format"] = _beta_format(s["input_audio_format"], "session.input_audio_format")
+            self._changes["input_audio_rate"] = 24_000  # the beta's pcm16 is 24 kHz
         if "output_audio_format" in s:
             self._changes["output_audio_format"] = _beta_format(s["output_audio_format"], "session.output_audio_format")
         if "turn_detection" in s:
@@ -318,7 +324,9 @@ class _SessionReader:
         audio_input = _object_or_none(audio.get("input"), "session.audio.input")
         if audio_input:
             if "format" in audio_input:
-                self._changes["input_audio_format"] = _format(audio_input["format"], "session.audio.input.format")
+                self._changes["input_audio_format"], self._changes["input_audio_rate"] = _format(
+                    audio_input["format"], "session.audio.input.format", rates=INPUT_PCM_RATES
+                )
             _object_or_none(audio_input.get("noise_reduction"), "session.audio.input.noise_reduction")
             if "transcription" in audio_input:
                 self._transcription(audio_input["transcription"], "session.audio.input.transcription")
@@ -329,7 +337,7 @@ class _SessionReader:
         audio_output = _object_or_none(audio.get("output"), "session.audio.output")
         if audio_output:
             if "format" in audio_output:
-                self._changes["output_audio_format"] = _format(audio_output["format"], "session.audio.output.format")
+                self._changes["output_audio_format"], _ = _format(audio_output["format"], "session.audio.output.format")
             if "voice" in audio_output:
                 self._voice(audio_output["voice"], "session.audio.output.voice")
             if "speed" in audio_output:
@@ -394,15 +402,17 @@ def _speed(value: Any, param: str) -> None:
         raise _invalid(param, "must be a number from 0.25 to 1.5")
 
 
-def _format(value: Any, param: str) -> AudioFormatType:
+def _format(value: Any, param: str, *, rates: tuple[int, ...] = (24_000,)) -> tuple[AudioFormatType, int]:
+    """A GA format object: its type, and its PCM rate (one of ``rates``; 24000 when not given)."""
     if not isinstance(value, Mapping):
         raise _invalid(param, "must be an object like {type: 'audio/pcm', rate: 24000}")
     format_type = value.get("type", "audio/pcm")
     if format_type not in ("audio/pcm", "audio/pcmu", "audio/pcma"):
         raise _invalid(f"{param}.type", "must be 'audio/pcm', 'audio/pcmu' or 'audio/pcma'")
-    if format_type == "audio/pcm" and value.get("rate", 24_000) != 24_000:
-        raise _invalid(f"{param}.rate", "must be 24000")
-    return format_type
+    rate = value.get("rate", 24_000) if format_type == "audio/pcm" else 24_000
+    if not _is_number(rate) or rate not in rates:
+        raise _invalid(f"{param}.rate", "must be " + " or ".join(str(r) for r in rates))
+    return format_type, int(rate)
 
 
 def _beta_format(value: Any, param: str) -> AudioFormatType:

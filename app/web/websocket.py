@@ -22,7 +22,14 @@ The same ``RealtimeSession`` as over WebRTC, on a different carrier:
   of base64), and every event pays rate tokens by its size.
 - A client that goes (close frame, dropped TCP, missed pings: uvicorn pings every 20 s) ends
   the session and its engine work; so does one that stops reading while
-  ``MAX_PENDING_BYTES`` of events wait for it.
+  ``MAX_PENDING_BYTES`` of events wait for it. ``session.finished`` (the answer to
+  ``session.finish``) ends it too, once it has left: the socket closes with 1000.
+- Qwen's own realtime clients (DashScope's SDK, ``dashscope.audio.qwen_omni``) get the same session
+  in DashScope's dialect (``app.realtime.dashscope``: its fields in, its event names out) on
+  ``GET /api-ws/v1/realtime`` (DashScope's own path: its SDK's ``url`` keeps it), and on
+  ``GET /v1/realtime`` when the handshake comes from that SDK (:func:`dialect_of`: its
+  ``user-agent`` starts ``dashscope/``, or it sends ``x-dashscope-sdk-client``). Every other
+  client on ``/v1/realtime`` speaks OpenAI's protocol, unchanged.
 
 :class:`SocketCall` owns its reader and writer tasks; ``close()`` ends them, closes the session
 (cancelling its response) and the socket, and is safe twice.
@@ -42,9 +49,10 @@ from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
 from app.config import Settings
+from app.realtime.dashscope import DashScopeDialect
 from app.realtime.event_audio import EventAudioOutput
 from app.realtime.ledger import AudioOutput
-from app.realtime.protocol import ProtocolError
+from app.realtime.protocol import ProtocolError, SessionFinishedEvent, event_type
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
 from app.web.auth import Authenticator, CallGrant, bearer_token, missing_credentials
@@ -79,6 +87,11 @@ MAX_PENDING_BYTES = 16 * 1024 * 1024
 # How long queued events (the last deltas, session_expired) get to leave before the socket closes.
 FLUSH_TIMEOUT_S = 2.0
 CLOSE_CODES = {"client_not_reading": 1008, "server_shutdown": 1001}  # else 1000 (normal closure)
+# DashScope's endpoint is wss://dashscope.aliyuncs.com/api-ws/v1/realtime; its SDK appends ?model=.
+DASHSCOPE_PATH = "/api-ws/v1/realtime"
+DASHSCOPE_USER_AGENT_PREFIX = "dashscope/"  # dashscope.common.utils.get_user_agent
+DASHSCOPE_SDK_HEADER = "x-dashscope-sdk-client"  # dashscope.common.utils.get_sdk_headers
+_SESSION_FINISHED = event_type(SessionFinishedEvent)
 
 SocketSessionFactory = Callable[[AudioOutput, Callable[[dict[str, Any]], None]], Session]
 
@@ -100,8 +113,11 @@ class SocketCall:
         max_duration_s: float | None = None,
         observer: CallMetrics | None = None,
         on_closed: Callable[[SocketCall, str], None] | None = None,
+        dialect: DashScopeDialect | None = None,
     ) -> None:
+        """``dialect``: the events leave as DashScope names them (the session reads its fields)."""
         self.id = new_socket_id()
+        self._dialect = dialect
         self._websocket = websocket
         self._max_duration_s = max_duration_s
         self._observer = observer
@@ -196,10 +212,17 @@ class SocketCall:
             self._observer.on_server_event(event)
         if self._output.observe(event):
             self._enqueue(event)
+        if event.get("type") == _SESSION_FINISHED:
+            self.end("session_finished")  # the release lets it leave first
 
     def _enqueue(self, event: dict[str, Any]) -> None:
         if self._end_reason == "client_not_reading":
             return
+        if self._dialect is not None:
+            spoken = self._dialect.server_event(event)
+            if spoken is None:
+                return
+            event = spoken
         text = json.dumps(event, separators=(",", ":"))
         if self._pending_bytes + len(text) > MAX_PENDING_BYTES:
             logger.warning("%s: %d bytes of events wait for a client that does not read; ending", self.id,
@@ -277,18 +300,27 @@ def websocket_router(
 
     @router.websocket("/v1/realtime")
     async def realtime(websocket: WebSocket, model: str | None = None) -> None:
+        await serve(websocket, model, dialect_of(websocket))
+
+    @router.websocket(DASHSCOPE_PATH)
+    async def dashscope_realtime(websocket: WebSocket, model: str | None = None) -> None:
+        await serve(websocket, model, DashScopeDialect())
+
+    async def serve(websocket: WebSocket, model: str | None, dialect: DashScopeDialect | None) -> None:
         offered = list(websocket.scope.get("subprotocols") or [])
         try:
             runtime = _runtime_of(websocket)
             _check_origin(websocket, origins)
             grant = _authorize(websocket, authenticator, offered)
-            config = read_session_config(grant.session or {}, base_config)
+            base = base_config if dialect is None else dialect.initial_config(base_config)
+            config = read_session_config(grant.session or {}, base)
 
             def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
                 return RealtimeSession(
                     engine=runtime.session_engine(), vad=runtime.vad, output=output, send=send, config=config,
                     on_ignored_speech=metrics.ignored_speech.inc, end_of_turn=runtime.end_of_turn,
                     text_judge=text_judge(settings, runtime.for_sessions),
+                    session_fields=None if dialect is None else dialect.session_fields,
                 )
 
             try:
@@ -296,6 +328,7 @@ def websocket_router(
                     lambda on_closed: SocketCall(
                         websocket, make_session=make_session, max_duration_s=settings.max_session_s,
                         observer=metrics.observer(transport=SocketCall.transport), on_closed=on_closed,
+                        dialect=dialect,
                     )
                 )
             except CapacityError:
@@ -304,10 +337,20 @@ def websocket_router(
         except ApiError as error:
             await _deny(websocket, error)
             return
-        logger.info("%s: opened (model %r asked for; %d sessions open)", call.id, model, len(runtime.calls))
+        logger.info("%s: opened (model %r asked for%s; %d sessions open)", call.id, model,
+                    "" if dialect is None else f", {dialect.name} dialect", len(runtime.calls))
         await call.serve(_chosen_subprotocol(offered))
 
     return router
+
+
+def dialect_of(websocket: WebSocket) -> DashScopeDialect | None:
+    """The dialect of a ``/v1/realtime`` handshake: DashScope's for its SDK (by the headers it
+    always sends), else none (OpenAI's protocol)."""
+    headers = websocket.headers
+    if headers.get("user-agent", "").startswith(DASHSCOPE_USER_AGENT_PREFIX) or DASHSCOPE_SDK_HEADER in headers:
+        return DashScopeDialect()
+    return None
 
 
 def _runtime_of(websocket: WebSocket) -> Runtime:
