@@ -245,6 +245,7 @@ class SessionHarness:
         on_ignored_speech: Callable[[], None] | None = None,
         end_of_turn: Any = None,
         text_judge: Any = None,
+        session_fields: Any = None,
     ) -> None:
         self.engine = engine
         self.output = VirtualAudioOutput()
@@ -253,6 +254,7 @@ class SessionHarness:
         self.session = RealtimeSession(
             engine=engine, vad=vad if vad is not None else EnergyVad(), output=self.output, send=self._record,
             config=config, on_ignored_speech=on_ignored_speech, end_of_turn=end_of_turn, text_judge=text_judge,
+            session_fields=session_fields,
         )
 
     def _record(self, event: dict[str, Any]) -> None:
