@@ -87,7 +87,7 @@ class Microphone(threading.Thread):
         self._conversation = conversation
         self._queue: collections.deque[bytes] = collections.deque()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
         self.failure: BaseException | None = None
 
     def say(self, pcm: np.ndarray) -> None:
@@ -104,17 +104,17 @@ class Microphone(threading.Thread):
     def run(self) -> None:
         due = time.monotonic()
         try:
-            while not self._stop.is_set():
+            while not self._stopping.is_set():
                 with self._lock:
                     chunk = self._queue.popleft() if self._queue else bytes(CHUNK_BYTES)
                 self._conversation.append_audio(base64.b64encode(chunk).decode())
                 due += CHUNK_MS / 1000
-                self._stop.wait(max(0.0, due - time.monotonic()))
+                self._stopping.wait(max(0.0, due - time.monotonic()))
         except BaseException as exc:  # reported by stop(): a test must not pass on a dead microphone
             self.failure = exc
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
         self.join(timeout=5)
         if self.failure is not None:
             raise self.failure

@@ -95,15 +95,19 @@ def server_url(dev_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @contextlib.contextmanager
-def running_server(dev_model_dir: Path, log_dir: Path, *extra_args: str) -> Iterator[str]:
+def running_server(
+    dev_model_dir: Path, log_dir: Path, *extra_args: str, env: dict[str, str] | None = None
+) -> Iterator[str]:
     """``omni-rtc serve`` on a free port of 127.0.0.1 with the dev model, until the block ends;
-    ``extra_args``: more flags (a module that needs a server of its own)."""
+    ``extra_args``: more flags (a module that needs a server of its own); ``env``: variables set
+    over :func:`server_env`'s."""
     port = free_port()
     log_path = log_dir / "server.log"
     base_url = f"http://127.0.0.1:{port}"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            server_command(dev_model_dir, port, *extra_args), stdout=log, stderr=subprocess.STDOUT, env=server_env()
+            server_command(dev_model_dir, port, *extra_args), stdout=log, stderr=subprocess.STDOUT,
+            env={**server_env(), **(env or {})},
         )
     try:
         wait_until_healthy(base_url, process, log_path)
