@@ -1,7 +1,8 @@
 """RealtimeSession: one conversation, transport-agnostic.
 
 In: 16 kHz float32 PCM (``push_audio``), client events as JSON text (``handle_message``) and
-camera frames (``add_video_frame``, sampled as ``video_plan`` says; ``app.realtime.camera``).
+camera frames (``add_video_frame``, sampled as ``video_plan`` says; or pushed by the client as
+``input_image_buffer.append``; ``app.realtime.camera``).
 Out: server events as JSON-ready dicts (``send``) and 24 kHz float32 PCM (``AudioOutput.write``).
 
 The session hears utterances end (server VAD, or semantic VAD: ``end_of_turn``) or takes client commits, runs one engine turn per
@@ -10,6 +11,7 @@ response, streams the answer, and keeps the conversation *as the user heard it* 
 response's start until its audio has played out, plus ``ECHO_TAIL_MS``, speech is heard but not
 acted on; ``true`` is barge-in — speech start cancels the response, clears the output and
 truncates the item; ``null`` is manual mode (``input_audio_buffer.commit`` + ``response.create``).
+``session.finish`` ends the session: ``session.finished`` is its last event.
 Server VAD's events are turned into the protocol's by ``app.realtime.turn_taking``.
 docs/SESSION.md has the whole picture.
 """
