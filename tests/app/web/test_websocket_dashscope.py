@@ -144,3 +144,15 @@ async def test_an_openai_client_on_the_same_path_keeps_openais_names(tmp_path):
     assert "response.output_audio.delta" in openai and "conversation.item.done" in openai
     assert "response.audio.delta" not in openai
     assert "response.audio.delta" in dashscope and "response.output_audio.delta" not in dashscope
+
+
+async def test_dashscopes_own_path_speaks_its_dialect_with_its_defaults_to_any_client(tmp_path):
+    async with serving(tmp_path) as url:
+        dashscope_url = url.replace("/v1/realtime", "/api-ws/v1/realtime?model=qwen3-omni-flash-realtime")
+        async with websockets.connect(dashscope_url) as ws:  # a raw client: no SDK headers
+            created = json.loads(await ws.recv())
+    session = created["session"]
+    assert (session["modalities"], session["input_audio_format"]) == (["text", "audio"], "pcm16")
+    assert session["turn_detection"]["interrupt_response"] is True
+    assert session["turn_detection"]["silence_duration_ms"] == 800
+    assert session["input_audio_transcription"] is not None
