@@ -60,8 +60,8 @@ from app.realtime.session_config import (
 )
 from pipeline.turn import VOICES, Voice
 
-# DashScope's voices (Model Studio's voice list for Qwen-Omni-Realtime: Qwen-Omni-Turbo-Realtime's
-# Chelsie, Serena, Ethan, Cherry, and Qwen3-Omni-Flash-Realtime's longer list), by lower-cased
+# DashScope's voices (Qwen-Omni-Turbo-Realtime's Chelsie, Serena, Ethan, Cherry, from Model Studio's
+# SDK page, and the longer Qwen3-Omni-Flash / Qwen3-TTS list as docs/DASHSCOPE.md sources it), by lower-cased
 # name → the served Qwen3-Omni speaker nearest to it: female voices speak as chelsie, male ones as
 # ethan, Aiden as aiden (Qwen3-Omni's open checkpoint has these three speakers; DashScope's
 # Chelsie, Ethan and Aiden are the same names).
