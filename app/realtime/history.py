@@ -402,7 +402,9 @@ def decode_pcm16(data: str, param: str) -> np.ndarray:
     return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
 
 
-def decode_input_audio(data: str, format_type: str, param: str, *, pcm_rate: int = VOICE_RATE) -> tuple[np.ndarray, int]:
+def decode_input_audio(
+    data: str, format_type: str, param: str, *, pcm_rate: int = VOICE_RATE
+) -> tuple[np.ndarray, int]:
     """Base64 audio in the session's input format → (float32 PCM, its rate): ``audio/pcm`` is PCM16
     at ``pcm_rate`` (24 kHz unless the session says otherwise), ``audio/pcmu`` / ``audio/pcma``
     G.711 at 8 kHz; ``ProtocolError`` naming ``param``."""
