@@ -289,12 +289,12 @@ def _turn_detection(value: Any) -> Any:
     return fields
 
 
-def _max_tokens(value: Any) -> Any:
+def _max_tokens(value: Any) -> int:
     """DashScope's ``max_tokens`` (up to the model's output length, 16,384 for its Qwen3-Omni-Flash):
     ``max_output_tokens``, at most 4096 (this server's bound, OpenAI's)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return min(value, MAX_OUTPUT_TOKENS_LIMIT)
-    return value  # "inf", null, or a mistake the session's reader names
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise _invalid("session.max_tokens", "must be a positive integer")
+    return min(value, MAX_OUTPUT_TOKENS_LIMIT)
 
 
 def _flat_tool(tool: Any) -> Any:

@@ -203,6 +203,32 @@ def test_max_tokens_is_max_output_tokens_within_4096():
     assert DIALECT.session_fields({"max_tokens": 100})["max_output_tokens"] == 100
 
 
+@pytest.mark.parametrize("value", [0, -5, "16384", None, 1.5])
+def test_a_max_tokens_that_is_no_positive_integer_is_refused_naming_it(value):
+    with pytest.raises(ProtocolError) as refused:
+        DIALECT.session_fields({"max_tokens": value})
+    assert refused.value.param == "session.max_tokens"
+
+
+JUNK = [None, True, -1, 1e309, "x", [], [1], {}, {"type": "wav"}, {"sample_rate": 44_100}]
+DASHSCOPE_KEYS = ["voice", "input_audio_format", "output_audio_format", "sample_rate", "audio", "turn_detection",
+                  "max_tokens", "tools", "video", "modalities", "input_audio_transcription"]
+
+
+def test_junk_in_any_dashscope_field_is_refused_naming_it_or_applied_never_a_crash():
+    config = DIALECT.initial_config(SessionConfig())
+    refused = 0
+    for key in DASHSCOPE_KEYS:
+        for value in JUNK:
+            for session in ({key: value}, {"audio": {"input": {"format": value}}}):
+                try:
+                    config.updated(DIALECT.session_fields(session))
+                except ProtocolError as error:  # anything else fails the test
+                    assert error.code == "invalid_value" and error.param, (session, error.message)
+                    refused += 1
+    assert refused > len(DASHSCOPE_KEYS)
+
+
 def test_chat_completions_tools_are_read_as_realtime_tools():
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
     assert DIALECT.session_fields({"tools": [tool]})["tools"] == [
