@@ -31,11 +31,15 @@ at the first packet, and holds at most ``MAX_RELEASE_BURST_S``; a frame is relea
 budget is above zero (it may end one frame below). A peer whose RTP timestamps jump ~0.99 s a packet
 had every gap concealed at once before: 1,000 one-byte packets sent within a second made 989 s of
 audio (49,944 frames, ~0.7 s of CPU in the buffer alone, then resampling and the VAD); now a
-second of them makes at most ~1.1 s. The burst is what a well-behaved stream needs at once: a gap
-filled after an outage (up to ``MAX_FILL_S``), or the packets that waited in the socket while this
-process stalled; ``RELEASE_RATE`` is 5 % above real time, more than any sender's clock runs fast
-(sound cards: ~0.01 %), so a backlog beyond the burst drains. Everything here is plain
-computation on the times it is given.
+second of them makes at most ~1.1 s. What the budget saves is what a well-behaved stream needs
+at once: a gap filled after an outage (up to ``MAX_FILL_S``), or the packets that waited in the
+socket while this process stalled, for as long as the front still counts a stalled worker live
+(2 s) and twice that; a longer stall leaves its excess as delay, drained by the 5 % ``RELEASE_RATE``
+allows above real time (more than any sender's clock runs fast: sound cards, ~0.01 %). A peer
+that idles to save it up gets one burst of ``MAX_RELEASE_BURST_S`` (PLC, resampling and the VAD
+over 4 s of audio: ~90 ms of CPU, which media/playout.py hands out a frame per loop iteration),
+then real time. Everything here is plain computation on the times it is
+given.
 """
 
 from __future__ import annotations
@@ -61,9 +65,10 @@ DEPTH_MIN_PACKETS = 10
 MAX_IDLE_CONCEAL_S = 0.2
 MAX_FILL_S = 1.0
 # Release budget (see the module's docstring): seconds of audio per second of real time, and the
-# most it saves up: an outage's fill (MAX_FILL_S) or a stalled loop's unread packets, with room.
+# most it saves up: an outage's fill (MAX_FILL_S), or a stalled loop's unread packets for twice the
+# 2 s after which the front stops placing calls on a silent worker.
 RELEASE_RATE = 1.05
-MAX_RELEASE_BURST_S = 2.0
+MAX_RELEASE_BURST_S = 4.0
 DEFAULT_FRAME_SAMPLES = 960  # 20 ms at 48 kHz: every browser's Opus ptime
 # Opus concealment and FEC work in multiples of 2.5 ms.
 _GRANULE = WIRE_RATE // 400
