@@ -33,13 +33,13 @@ had every gap concealed at once before: 1,000 one-byte packets sent within a sec
 audio (49,944 frames, ~0.7 s of CPU in the buffer alone, then resampling and the VAD); now a
 second of them makes at most ~1.1 s. What the budget saves is what a well-behaved stream needs
 at once: a gap filled after an outage (up to ``MAX_FILL_S``), or the packets that waited in the
-socket while this process stalled, for as long as the front still counts a stalled worker live
-(2 s) and twice that; a longer stall leaves its excess as delay, drained by the 5 % ``RELEASE_RATE``
-allows above real time (more than any sender's clock runs fast: sound cards, ~0.01 %). A peer
-that idles to save it up gets one burst of ``MAX_RELEASE_BURST_S`` (PLC, resampling and the VAD
-over 4 s of audio: ~90 ms of CPU, which media/playout.py hands out a frame per loop iteration),
-then real time. Everything here is plain computation on the times it is
-given.
+socket while this process stalled, up to 4 s, twice the 2 s after which the front counts a
+silent worker stuck; a longer stall leaves its excess as delay, drained by the 5 % that
+``RELEASE_RATE`` allows above real time (more than any sender's clock runs fast: sound cards,
+~0.01 %). A peer that idles to save it up gets one burst of ``MAX_RELEASE_BURST_S`` (PLC,
+resampling and the VAD over 4 s of audio: ~90 ms of CPU, which media/playout.py hands out a
+frame per loop iteration), then real time. Everything here is plain computation on the times it
+is given.
 """
 
 from __future__ import annotations

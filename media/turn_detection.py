@@ -34,10 +34,10 @@ The rules, with the defaults of OpenAI's ``server_vad``:
   the first window below the hysteresis threshold), the samples after it go to the next
   utterance, and ``SpeechStopped.audio_end_ms`` is that commit point;
 - with an end-of-turn policy (``semantic_vad``), the silence does not end the utterance by
-  itself (its checks and waits count from the silence's first window, as they were calibrated,
-  tests/bench/turn_taking.py, and commit at whole windows or answers): when it reaches ``candidate_ms`` (and every ``rescore_ms`` after that) the buffer
-  emits an ``EndOfTurnCheck`` with the utterance so far; whoever runs the end-of-turn model
-  answers with ``decide(check_id, probability)``. With ``judge_words``, a check of the words
+  itself (its checks and waits count from the silence's first window, as they were calibrated
+  in tests/bench/turn_taking.py, and commit at whole windows or answers): when it reaches
+  ``candidate_ms`` (and every ``rescore_ms`` after that) the buffer emits an ``EndOfTurnCheck``
+  with the utterance so far; whoever runs the end-of-turn model answers with ``decide(check_id, probability)``. With ``judge_words``, a check of the words
   (``words``, not ``sound``) is emitted as the silence starts, its first quiet window (an ASR
   turn takes longer than the sound model, and is given that head start), answered with
   ``decide_words(check_id, probability)``: P(the transcript is a complete turn), or None when
