@@ -23,7 +23,23 @@ peer stopped sending, or a long outage), at most one frame per frame period: aft
 stalled, its socket holds packets it has not read yet, and concealing every slot whose deadline
 passed during the stall would turn them all late; when packets come back, the gap is filled with concealment
 up to ``MAX_FILL_S`` so that N seconds spoken are N seconds heard, and past that the timeline
-jumps to the new packet. Everything here is plain computation on the times it is given.
+jumps to the new packet.
+
+Whatever the timestamps say, audio is released at most as fast as real time: a budget (a token
+bucket of samples) grows by ``RELEASE_RATE`` seconds of audio per second, from the buffer's depth
+at the first packet, and holds at most ``MAX_RELEASE_BURST_S``; a frame is released only while the
+budget is above zero (it may end one frame below). A peer whose RTP timestamps jump ~0.99 s a packet
+had every gap concealed at once before: 1,000 one-byte packets sent within a second made 989 s of
+audio (49,944 frames, ~0.7 s of CPU in the buffer alone, then resampling and the VAD); now a
+second of them makes at most ~1.1 s. What the budget saves is what a well-behaved stream needs
+at once: a gap filled after an outage (up to ``MAX_FILL_S``), or the packets that waited in the
+socket while this process stalled, up to 4 s, twice the 2 s after which the front counts a
+silent worker stuck; a longer stall leaves its excess as delay, drained by the 5 % that
+``RELEASE_RATE`` allows above real time (more than any sender's clock runs fast: sound cards,
+~0.01 %). A peer that idles to save it up gets one burst of ``MAX_RELEASE_BURST_S`` (PLC,
+resampling and the VAD over 4 s of audio: ~90 ms of CPU, which media/playout.py hands out a
+frame per loop iteration), then real time. Everything here is plain computation on the times it
+is given.
 """
 
 from __future__ import annotations
@@ -48,6 +64,11 @@ DEPTH_SLACK_S = 0.005  # the loop's timer lateness (media/pacing.py: p99 ~5 ms)
 DEPTH_MIN_PACKETS = 10
 MAX_IDLE_CONCEAL_S = 0.2
 MAX_FILL_S = 1.0
+# Release budget (see the module's docstring): seconds of audio per second of real time, and the
+# most it saves up: an outage's fill (MAX_FILL_S), or a stalled loop's unread packets for twice the
+# 2 s after which the front stops placing calls on a silent worker.
+RELEASE_RATE = 1.05
+MAX_RELEASE_BURST_S = 4.0
 DEFAULT_FRAME_SAMPLES = 960  # 20 ms at 48 kHz: every browser's Opus ptime
 # Opus concealment and FEC work in multiples of 2.5 ms.
 _GRANULE = WIRE_RATE // 400
@@ -55,8 +76,9 @@ _RECENT_SEQUENCES = 128  # decoded sequence numbers remembered to tell duplicate
 # A sequence number this far from the expected one is a new stream (a sender restart), not loss.
 _MAX_SEQUENCE_JUMP = 3000
 # Packets waiting for their playout: 10 s of 20 ms frames. A peer keeps at most the depth (6) plus
-# a burst here; playout releases in real time, so one sending faster grew the buffer without bound
-# (60,000 packets sent within a second were all kept). Past this, arrivals are dropped and counted.
+# a burst here; playout releases at most in real time (the release budget), so one sending faster
+# grew the buffer without bound (60,000 packets sent within a second were all kept). Past this,
+# arrivals are dropped and counted.
 MAX_BUFFERED_PACKETS = 500
 
 Origin = Literal["packet", "fec", "plc"]
@@ -139,6 +161,8 @@ class AudioJitterBuffer:
         self._idle_concealed_at = float("-inf")  # when the last of them was
         self._decoded: deque[int] = deque(maxlen=_RECENT_SEQUENCES)
         self._last_arrival: tuple[float, int] | None = None  # arrival, timestamp: RFC 3550 jitter
+        self._budget = 0.0  # samples that may still be released (the release budget); set at the first packet
+        self._budget_at = 0.0  # when it was last topped up
 
     @property
     def depth_s(self) -> float:
@@ -150,6 +174,7 @@ class AudioJitterBuffer:
             return  # an empty payload carries no audio (RFC 7587 allows none); the slot stays missing
         if not self._started:
             self._start(sequence_number, timestamp)
+            self._budget, self._budget_at = self._clock.depth * self._rate, arrival
         sequence = self._extend_sequence(sequence_number)
         if abs(sequence - self._highest_sequence) > _MAX_SEQUENCE_JUMP:
             logger.info("RTP sequence jumped by %d: a new stream, playout restarts", sequence - self._highest_sequence)
@@ -183,17 +208,19 @@ class AudioJitterBuffer:
             return None
         head = self._head()
         if head is not None and head.timestamp < self._next_timestamp + _GRANULE:
-            return float("-inf")
+            return self._budget_due()
         if head is None:
             if self._idle_concealed >= MAX_IDLE_CONCEAL_S * self._rate:
                 return None
-            return max(self._deadline(self._next_timestamp), self._idle_concealed_at + self._frame_samples / self._rate)
-        return self._deadline(self._next_timestamp)
+            return max(self._deadline(self._next_timestamp), self._idle_concealed_at + self._frame_samples / self._rate,
+                       self._budget_due())
+        return max(self._deadline(self._next_timestamp), self._budget_due())
 
     def pop(self, now: float) -> list[PlayoutFrame]:
         """Every frame released by ``now``, in timeline order."""
         frames: list[PlayoutFrame] = []
-        while self._started:
+        self._top_up(now)
+        while self._started and self._budget > 0:
             head = self._head()
             if head is not None and head.timestamp < self._next_timestamp + _GRANULE:
                 frames.extend(self._play(head))
@@ -265,6 +292,20 @@ class AudioJitterBuffer:
             self.stats.jitter_s += (abs(difference) - self.stats.jitter_s) / 16
         self._last_arrival = (arrival, stamp)
 
+    def _top_up(self, now: float) -> None:
+        """The release budget at ``now``: RELEASE_RATE seconds of audio per second since the last
+        top-up, at most MAX_RELEASE_BURST_S saved (a clock read earlier than the last adds nothing)."""
+        if now > self._budget_at:
+            self._budget = min(self._budget + (now - self._budget_at) * RELEASE_RATE * self._rate,
+                               MAX_RELEASE_BURST_S * self._rate)
+            self._budget_at = now
+
+    def _budget_due(self) -> float:
+        """When the release budget is above zero again (a time in the past: it is now)."""
+        if self._budget > 0:
+            return float("-inf")
+        return self._budget_at + (1 - self._budget) / (RELEASE_RATE * self._rate)
+
     def _deadline(self, stamp: int) -> float:
         return self._clock.base + stamp / self._rate + self._clock.depth
 
@@ -285,12 +326,20 @@ class AudioJitterBuffer:
             return [self._conceal(self._frame_samples, idle=False)]
         self.stats.frames_decoded += 1
         self._frame_samples = len(pcm) or self._frame_samples
+        self._budget -= len(pcm)
         start = max(packet.timestamp, self._next_timestamp)
         self._next_timestamp = packet.timestamp + len(pcm)
         return [PlayoutFrame(pcm, start, "packet")]
 
     def _recover(self, next_packet: _Packet, samples: int) -> PlayoutFrame:
-        pcm = self._decoder.decode_fec(next_packet.payload, samples)
+        try:
+            pcm = self._decoder.decode_fec(next_packet.payload, samples)
+        except OpusError as exc:
+            # Its FEC flag was set but the packet is corrupt (a peer's malformed packet after a loss
+            # raised out of pop() here and stopped the call's inbound audio): conceal the slot.
+            logger.warning("undecodable FEC in Opus packet %d: the frame before it is concealed: %s",
+                           next_packet.sequence, exc)
+            return self._conceal(samples, idle=False)
         self.stats.frames_recovered += 1
         return self._advance(pcm, "fec")
 
@@ -304,4 +353,5 @@ class AudioJitterBuffer:
     def _advance(self, pcm: np.ndarray, origin: Origin) -> PlayoutFrame:
         frame = PlayoutFrame(pcm, self._next_timestamp, origin)
         self._next_timestamp += len(pcm)
+        self._budget -= len(pcm)
         return frame

@@ -2,7 +2,9 @@
 
 Pacing is :class:`media.pacing.FramePacer`: one monotonic clock started by the first ``recv()``,
 frames due every 20 ms, no burst after a stall. ``played_samples`` therefore never runs ahead of
-what the listener has heard.
+what the listener has heard. Audio written to a track that is sending silence wakes the pacer:
+the answer's first frame goes now, not at the next 20 ms slot of the silence (0-20 ms, mean 10,
+before), the schedule moving with it (media/pacing.py says how, without a burst).
 
 Resampling 24 → 48 kHz is one ``soxr.ResampleStream`` kept across writes, so chunk
 boundaries are seamless: the output equals resampling the whole answer in one piece.
@@ -14,7 +16,6 @@ next write starts a fresh stream.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import deque
@@ -57,7 +58,7 @@ class OutboundAudioTrack(MediaStreamTrack):
         self,
         *,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
         pacing_stats: PacingStats | None = None,
     ) -> None:
         super().__init__()
@@ -88,6 +89,8 @@ class OutboundAudioTrack(MediaStreamTrack):
             return
         self._resampler_holds_audio = True
         self._enqueue(self._resampler.resample_chunk(pcm.astype(np.float32, copy=False)))
+        if not self._playing:
+            self._pacer.wake()  # a new answer (or audio after a stall): its first frame goes now
 
     def clear(self) -> None:
         """Drop all unplayed audio (barge-in); fires on_playback_stopped if audio was playing."""

@@ -6,8 +6,10 @@ the receiver's packets (``media.receiver_tap``), keeps them in a
 s16 frame as soon as the buffer releases it: at once for a packet in order, at the slot's
 deadline for a concealed one. Each frame's ``opaque`` says where its audio came from
 (``"packet"``, ``"fec"`` or ``"plc"``); its ``pts`` is its RTP time from the stream's first
-packet (time base 1/48000), as aiortc stamps its own frames. The track ends when the receiver's
-own track ends (the peer or the connection went).
+packet (time base 1/48000), as aiortc stamps its own frames. Frames released together (a gap
+filled after an outage, a stalled loop's backlog) are handed out one loop iteration apart, so
+their reader's work does not hold the loop's other calls. The track ends when the receiver's own
+track ends (the peer or the connection went).
 """
 
 from __future__ import annotations
@@ -62,6 +64,11 @@ class PlayoutTrack(MediaStreamTrack):
         self._changed.set()
 
     async def recv(self) -> av.AudioFrame:
+        if self._ready:
+            # A burst (a gap filled after an outage, the backlog of a stalled loop): the reader
+            # processes each frame before it asks for the next (resampling, the VAD: ~0.3 ms), so
+            # without a yield here 4 s of audio held every other call on this loop for ~90 ms.
+            await asyncio.sleep(0)
         while not self._ready:
             if self.readyState != "live":
                 raise MediaStreamError

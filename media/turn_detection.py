@@ -17,14 +17,27 @@ The rules, with the defaults of OpenAI's ``server_vad``:
 - the utterance starts ``prefix_padding_ms`` before the onset (never before audio that
   was already committed or reset away), so ``SpeechStarted.audio_start_ms`` is the first
   sample the model gets, as in OpenAI's ``speech_started``;
-- after confirmation, ``silence_duration_ms`` of windows below the hysteresis threshold
-  (a window back at ``threshold`` or above cancels the wait) ends the utterance: it is
-  committed up to the end of the window that completed the wait, trailing silence
-  included, and ``SpeechStopped.audio_end_ms`` is that commit point;
+- after confirmation, speech *ends* at the end of the last window at or above ``threshold``
+  (the VAD's own best estimate of where it ended: windows between the two thresholds are
+  unsure, and the first one below the hysteresis threshold comes 0-32 ms later), and the
+  *silence* begins at the first window below ``threshold - 0.15``: that confirms the end (a
+  window back at ``threshold`` or above cancels the wait). Server VAD commits the utterance
+  ``silence_duration_ms`` after the end of speech, on the exact sample, once the silence is
+  confirmed: the silence wait is OpenAI's "duration of silence after speech". The samples that
+  complete it need not fill a 32 ms window: ``VoiceActivityDetector`` offers the samples past
+  its last whole window (``TurnCommitBuffer.push_unscored``), which commit when they complete
+  the wait in a silence already confirmed, and are then skipped when their window is scored
+  (the 20 ms WebRTC packet that holds the wait's last sample commits, not the 32 ms window
+  after it; before, the wait was counted in whole windows from the silence's first, 512 ms for
+  500, plus the windows between the thresholds). The utterance is committed up to that
+  sample, trailing silence included (after a run of unsure windows longer than the wait, up to
+  the first window below the hysteresis threshold), the samples after it go to the next
+  utterance, and ``SpeechStopped.audio_end_ms`` is that commit point;
 - with an end-of-turn policy (``semantic_vad``), the silence does not end the utterance by
-  itself: when it reaches ``candidate_ms`` (and every ``rescore_ms`` after that) the buffer
-  emits an ``EndOfTurnCheck`` with the utterance so far; whoever runs the end-of-turn model
-  answers with ``decide(check_id, probability)``. With ``judge_words``, a check of the words
+  itself (its checks and waits count from the silence's first window, as they were calibrated
+  in tests/bench/turn_taking.py, and commit at whole windows or answers): when it reaches
+  ``candidate_ms`` (and every ``rescore_ms`` after that) the buffer emits an ``EndOfTurnCheck``
+  with the utterance so far; whoever runs the end-of-turn model answers with ``decide(check_id, probability)``. With ``judge_words``, a check of the words
   (``words``, not ``sound``) is emitted as the silence starts, its first quiet window (an ASR
   turn takes longer than the sound model, and is given that head start), answered with
   ``decide_words(check_id, probability)``: P(the transcript is a complete turn), or None when
@@ -221,6 +234,9 @@ class TurnCommitBuffer:
         self._onset_gap = 0  # samples of the dip below the hysteresis threshold going on (PENDING)
         self._turn_start = 0  # stream position of the first sample of the turn's first segment
         self._silence_start: int | None = None  # where the current trailing silence began
+        self._speech_end = 0  # stream position of the end of the last window at or above threshold
+        # Samples committed before their window was scored (push_unscored): skipped when it comes.
+        self._ahead = 0
         self._checks = 0  # end-of-turn checks emitted since the trailing silence began
         self._last_check_id = 0
         self._pending_check: int | None = None  # the check whose sound answer may still commit
@@ -314,9 +330,33 @@ class TurnCommitBuffer:
         self._words = None
         self._hold_confident = False
 
+    def push_unscored(self, samples: np.ndarray) -> list[TurnEvent]:
+        """Samples past the last whole window, not yet scored (they come again, first in the next
+        window ``push`` gets). Server VAD commits with them when they complete its wait in a silence
+        already confirmed: on the exact sample ``silence_duration_ms`` after the end of speech, not
+        at the end of the 32 ms window holding it. Otherwise nothing changes and nothing is kept."""
+        if (samples.ndim != 1 or self._state is not _State.SPEECH or self._silence_start is None
+                or self.params.end_of_turn is not None):
+            return []
+        due = self._wait_due()
+        if due > self._position + samples.size:
+            return []
+        taken = max(due - self._position, 0)
+        if taken:
+            self._chunks.append(np.array(samples[:taken], dtype=np.float32))
+            self._position += taken
+            self._ahead = taken
+        return self._commit(forced=False)
+
     def push(self, window: np.ndarray, probability: float) -> list[TurnEvent]:
         if window.ndim != 1 or window.size == 0:
             raise ValueError(f"a window is a non-empty 1-D array, got shape {window.shape}")
+        if self._ahead:
+            skipped = min(self._ahead, window.size)  # committed already (push_unscored)
+            self._ahead -= skipped
+            window = window[skipped:]
+            if window.size == 0:
+                return []
         params = self.params
         window_start = self._position
         self._position += window.size
@@ -329,6 +369,7 @@ class TurnCommitBuffer:
                 self._state = _State.PENDING
                 self._onset = window_start
                 self._onset_speech = self._onset_gap = 0
+                self._speech_end = self._position
             else:
                 self._trim_before(self._position - params.prefix_padding_ms * _SAMPLES_PER_MS)
                 return []
@@ -342,6 +383,8 @@ class TurnCommitBuffer:
                 return []
             self._onset_gap = 0
             self._onset_speech += window.size
+            if probability >= params.threshold:
+                self._speech_end = self._position
             if self._onset_speech < params.min_speech_ms * _SAMPLES_PER_MS:
                 return []
             self._state = _State.SPEECH
@@ -351,6 +394,7 @@ class TurnCommitBuffer:
 
         # _State.SPEECH
         if probability >= params.threshold:
+            self._speech_end = self._position
             self._silence_start = None
             self._forget_answers()  # the speaker went on: that silence's answers no longer apply
         elif probability < params.negative_threshold and self._silence_start is None:
@@ -360,7 +404,12 @@ class TurnCommitBuffer:
         if self._silence_start is not None:
             silence_ms = _ms(self._position - self._silence_start)
             policy = params.end_of_turn
-            if silence_ms >= (params.silence_duration_ms if policy is None else self._wait_ms(policy)):
+            if policy is None and self._position >= self._wait_due():
+                # On the wait's exact sample when it falls in this window, else (the unsure windows
+                # before the silence outlasted the wait) up to the end of this one.
+                due = self._wait_due()
+                return self._commit(forced=False, end=due if due > window_start else self._position)
+            if policy is not None and silence_ms >= self._wait_ms(policy):
                 return self._commit(forced=False)
             checks: list[TurnEvent] = []
             if policy is not None and params.judge_words and self._words_check is None:
@@ -393,6 +442,10 @@ class TurnCommitBuffer:
         return EndOfTurnCheck(self._last_check_id, np.concatenate(self._chunks), silence_ms, sound=sound,
                               words=not sound)
 
+    def _wait_due(self) -> int:
+        """Server VAD: the stream position that completes the silence wait."""
+        return self._speech_end + self.params.silence_duration_ms * _SAMPLES_PER_MS
+
     def _wait_ms(self, policy: EndOfTurnPolicy) -> int:
         """The silence that commits now: longer once an answer said "not finished" with confidence."""
         return policy.longest_wait_ms if self._hold_confident else policy.max_wait_ms
@@ -409,20 +462,24 @@ class TurnCommitBuffer:
             return self.params.silence_duration_ms
         return _ms(self._position - self._silence_start)
 
-    def _commit(self, *, forced: bool) -> list[TurnEvent]:
-        start, end = self._buffer_start, self._position
-        pcm = np.concatenate(self._chunks)
+    def _commit(self, *, forced: bool, end: int | None = None) -> list[TurnEvent]:
+        """Commit the retained audio up to ``end`` (default: all of it); what follows is kept."""
+        start = self._buffer_start
+        end = self._position if end is None else end
+        retained = np.concatenate(self._chunks)
+        pcm, rest = retained[: end - start], retained[end - start :]
         events: list[TurnEvent] = [
             SpeechStopped(audio_end_ms=_ms(end)),
             UtteranceCommitted(pcm=pcm, audio_start_ms=_ms(start), audio_end_ms=_ms(end), forced=forced,
                                silence_wait_ms=0 if forced else self._silence_wait_ms()),
         ]
         self._forget_answers()
-        self._chunks = []
+        self._chunks = [rest] if rest.size else []
         self._buffer_start = end
         if forced and self._silence_start is None:
             # Still talking: the next utterance begins at the next sample, already confirmed.
             self._turn_start = end
+            self._speech_end = end
             events.append(SpeechStarted(audio_start_ms=_ms(end)))
         else:
             self._state = _State.IDLE
@@ -502,6 +559,9 @@ class VoiceActivityDetector:
             window = samples[start : start + WINDOW_SAMPLES]
             events.extend(self._buffer.push(window, self._stream.probability(window)))
         self._pending = samples[whole:]
+        if self._pending.size:
+            # They may complete server VAD's wait now, not when their window is complete.
+            events.extend(self._buffer.push_unscored(self._pending))
         return events
 
     def reset(self) -> None:

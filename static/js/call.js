@@ -53,6 +53,8 @@ export class Call {
     if (this.closed) return;
     this.pc = new RTCPeerConnection({ iceServers });
     this.hook.pc = this.pc;
+    // No jitterBufferTarget on the receiver: libwebrtc takes it as a floor under NetEq's adaptive
+    // delay (SetBaseMinimumPlayoutDelayMs, 0 when unset), so nothing lower can be asked for.
     this.pc.ontrack = (event) => {
       this.remoteAudio.srcObject = event.streams[0] ?? new MediaStream([event.track]);
     };

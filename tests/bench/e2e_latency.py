@@ -33,9 +33,9 @@ Per turn:
 - ``wire_ms`` = client_ms - end_of_speech_to_first_audio_ms: the part the server cannot see
   (inbound path to the VAD's commit beyond the silence wait, and outbound path to the client).
 
-Most of the overhead is the VAD itself: silero's probability stays above the hysteresis
-threshold for a while after speech ends, and the wait is counted in whole 32 ms windows. So the
-same VAD also runs here offline over each fixture followed by silence, fed in 20 ms chunks as the
+Most of the overhead is the VAD itself: silero's probability stays above threshold for a
+window or two after speech ends (tests/bench/path_latency.py takes it apart, with Opus and the
+transport). So the same VAD also runs here offline over each fixture followed by silence, fed in 20 ms chunks as the
 inbound track delivers them, at 16 alignments of the fixture against the windows: ``vad_lag_ms``
 = commit - (chunk holding the fixture's last sample) - silence_duration_ms, the median over the
 alignments. ``overhead_ms - vad_lag_ms`` is then what transport, session and pacing add.

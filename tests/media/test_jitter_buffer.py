@@ -13,6 +13,8 @@ from media.jitter_buffer import (
     MAX_BUFFERED_PACKETS,
     MAX_DEPTH_S,
     MAX_IDLE_CONCEAL_S,
+    RELEASE_RATE,
+    START_DEPTH_S,
     AudioJitterBuffer,
     PlayoutFrame,
 )
@@ -132,9 +134,10 @@ def test_a_packet_after_its_deadline_is_dropped_and_counted_late() -> None:
 def test_reordered_and_duplicated_packets_play_once_in_order() -> None:
     packets = speech_packets(0)
     buffer = AudioJitterBuffer()
-    for sequence in (0, 2, 1, 1, 3, 0):
-        buffer.push(sequence, sequence * FRAME, packets[sequence], T0)
-    frames = buffer.pop(T0)
+    arrivals = ((0, 0.0), (2, 0.040), (1, 0.041), (1, 0.042), (3, 0.060), (0, 0.061))  # 1 overtaken by 2
+    for sequence, arrival in arrivals:
+        buffer.push(sequence, sequence * FRAME, packets[sequence], T0 + arrival)
+    frames = buffer.pop(T0 + 0.061)
     assert [(frame.timestamp // FRAME, frame.origin) for frame in frames] == [(i, "packet") for i in range(4)]
     assert buffer.stats.packets_duplicate == 2
 
@@ -221,3 +224,47 @@ def test_a_peer_sending_faster_than_real_time_is_held_to_the_buffers_bound() -> 
     assert buffer.stats.packets_overrun == sent - MAX_BUFFERED_PACKETS
     played = buffer.pop(T0 + 1.0)  # playout goes on in real time from what was kept
     assert [frame.origin for frame in played[:10]] == ["packet"] * 10
+
+
+def test_a_peer_whose_timestamps_jump_gets_no_more_than_real_time_released() -> None:
+    """Issue 34, finding 4: 1,000 one-byte packets within a second, each RTP timestamp 0.99 s past
+    the last. Every gap was concealed at once (989 s of audio, 49,944 frames); now at most real
+    time plus the buffer's depth comes out, and so at most that many frames are made."""
+    buffer = AudioJitterBuffer()
+    released: list[PlayoutFrame] = []
+    for sequence in range(1000):
+        now = T0 + sequence / 1000
+        buffer.push(sequence, sequence * 47_520 % 2**32, b"\x08", now)  # TOC only: SILK 20 ms, no frame
+        released += buffer.pop(now)  # as the playout track does at every packet
+    released += buffer.pop(T0 + 1.0)
+    seconds = sum(frame.pcm.size for frame in released) / 48_000
+    bound = START_DEPTH_S + RELEASE_RATE * 1.0 + FRAME_S  # the depth, real time (+5 %), one frame over
+    assert seconds <= bound  # 1.11 s
+    assert len(released) < 60  # the decoder's work, a call per frame: 55 of 20 ms, and a gap's shorter last one
+
+
+def test_a_spent_release_budget_puts_the_next_deadline_in_the_future() -> None:
+    """The playout track sleeps until next_deadline(): with the budget spent it must be later, not
+    now (a deadline in the past would spin its loop)."""
+    buffer = AudioJitterBuffer()
+    for sequence in range(50):  # 1 s of audio at once
+        buffer.push(sequence, sequence * FRAME, b"\x08", T0)
+    frames = buffer.pop(T0)
+    assert sum(frame.pcm.size for frame in frames) <= (START_DEPTH_S + FRAME_S) * 48_000
+    deadline = buffer.next_deadline()
+    assert deadline is not None and deadline > T0
+    assert buffer.pop(deadline)  # and then the next frame comes
+
+
+def test_a_malformed_packet_after_a_loss_is_concealed_and_the_stream_goes_on() -> None:
+    """Issue 34, finding 7: a lost packet, then one that claims FEC but is corrupt (1302 bytes,
+    TOC config 1, its LBRR bit set): decoding its FEC raised out of pop() and the call's inbound
+    audio stopped. Now the lost slot and the corrupt packet are concealed; the next ones decode."""
+    packets = list(speech_packets(0)[:6])
+    packets[3] = bytes([1 << 3, 0x40]) + bytes(1300)  # longer than any Opus frame may be (1275 bytes)
+    assert carries_fec(packets[3])
+    buffer = AudioJitterBuffer()
+    push(buffer, tuple(packets), [0, 1, 3, 4, 5])  # 2 is lost
+    frames = buffer.pop(T0 + 5 * FRAME_S + buffer.depth_s)
+    assert [frame.origin for frame in frames] == ["packet", "packet", "plc", "plc", "packet", "packet"]
+    assert [frame.timestamp for frame in frames] == [index * FRAME for index in range(6)]

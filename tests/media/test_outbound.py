@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 from fractions import Fraction
 
 import numpy as np
@@ -197,3 +198,69 @@ async def test_real_clock_paces_by_default() -> None:
     track = OutboundAudioTrack()
     frames = [await track.recv() for _ in range(3)]
     assert [frame.pts for frame in frames] == [0, 960, 1920]
+
+
+class HeldClock(FakeClock):
+    """A fake clock whose next sleep, once ``hold()`` is called, lasts until the test releases it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._held: asyncio.Future[None] | None = None
+
+    def hold(self) -> None:
+        self._held = asyncio.get_running_loop().create_future()
+
+    def release(self) -> None:
+        assert self._held is not None
+        self._held.set_result(None)
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        held, self._held = self._held, None
+        if held is not None:
+            await held  # the time passes as the test says
+        else:
+            self.now += seconds
+
+
+async def test_a_new_answers_first_frame_goes_at_once_and_the_schedule_moves_with_it() -> None:
+    clock = HeldClock()
+    track = OutboundAudioTrack(clock=clock, sleep=clock.sleep)
+    await receive(track, 2)  # silence; the second frame went at +20 ms
+    clock.hold()
+    waiting = asyncio.ensure_future(track.recv())  # sleeps until +40 ms
+    await asyncio.sleep(0)
+    clock.now += 0.015  # 15 ms after the last frame, the answer arrives
+    track.write(sine(0.1))
+    frame = await asyncio.wait_for(waiting, 1.0)
+    assert frame.pts == 1920 and frame.to_ndarray().any()  # its audio, now, at +35 ms
+    assert clock.now == pytest.approx(1000.035)
+    clock.sleeps.clear()
+    following = [await track.recv() for _ in range(3)]
+    assert clock.sleeps == pytest.approx([0.02] * 3)  # every later frame 20 ms after it
+    assert [f.pts for f in following] == [2880, 3840, 4800]  # pts is still the samples sent
+
+
+async def test_a_woken_frame_keeps_half_a_frame_after_the_last_one() -> None:
+    clock = HeldClock()
+    track = OutboundAudioTrack(clock=clock, sleep=clock.sleep)
+    await receive(track, 2)
+    clock.hold()
+    waiting = asyncio.ensure_future(track.recv())
+    await asyncio.sleep(0)
+    clock.now += 0.002  # the last silence frame went 2 ms ago
+    track.write(sine(0.1))
+    frame = await asyncio.wait_for(waiting, 1.0)
+    assert frame.to_ndarray().any()
+    assert clock.now == pytest.approx(1000.03)  # 10 ms after the last frame, not back to back
+    assert clock.sleeps[-1] == pytest.approx(0.008)
+
+
+async def test_audio_written_while_playing_leaves_the_schedule_alone(track: OutboundAudioTrack, clock: FakeClock) -> None:
+    track.write(sine(0.1))
+    await receive(track, 2)
+    clock.sleeps.clear()
+    for _ in range(5):
+        track.write(sine(0.02))
+        await track.recv()
+    assert clock.sleeps == pytest.approx([0.02] * 5)

@@ -53,6 +53,33 @@ async def test_frames_come_in_order_with_their_origin_and_rtp_time() -> None:
     track.stop()
 
 
+async def test_frames_released_together_are_handed_out_one_loop_iteration_apart() -> None:
+    """A backlog (here 0.8 s of packets read at once after a stall) must not hold the loop while
+    its reader resamples and runs the VAD over each frame: other calls' pacing shares it."""
+    packets = speech_packets(0)
+    t0 = 100.0
+    track = PlayoutTrack(SilentRemote(), clock=lambda: t0 + 1.0)
+    for sequence in range(40):
+        track.push(sequence, sequence * FRAME, packets[sequence], t0 + sequence * 0.02)
+    turns = 0
+
+    async def other_call() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    neighbour = asyncio.ensure_future(other_call())
+    await asyncio.sleep(0)
+    start = turns
+    frames = [await track.recv() for _ in range(40)]
+    neighbour.cancel()
+    await asyncio.gather(neighbour, return_exceptions=True)
+    assert [frame.pts for frame in frames] == [sequence * FRAME for sequence in range(40)]
+    assert turns - start >= 39  # the neighbour ran between every two frames
+    track.stop()
+
+
 async def test_the_track_ends_when_the_receivers_own_track_ends() -> None:
     remote = SilentRemote()
     track = PlayoutTrack(remote)
