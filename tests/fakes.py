@@ -27,7 +27,7 @@ import numpy as np
 from app.realtime.event_audio import EventAudioOutput
 from app.realtime.protocol import server_event_adapter
 from app.realtime.session import RealtimeSession
-from app.realtime.session_config import SessionConfig
+from app.realtime.session_config import SessionConfig, TurnDetection
 from media.rates import SPEECH_RATE, VOICE_RATE
 from pipeline.conversation import UserAudio, UserImage
 from pipeline.turn import (
@@ -40,6 +40,10 @@ from pipeline.turn import (
     TurnTimings,
     Usage,
 )
+
+# Server VAD without barge-in: the user's speech over an answer is heard but not acted on. Tests
+# of half-duplex say so, since a session's default is OpenAI's interrupt_response: true.
+HALF_DUPLEX = SessionConfig(turn_detection=TurnDetection(interrupt_response=False))
 
 CODEC_FRAME_SAMPLES = 1920  # one 80 ms Code2Wav frame at 24 kHz
 INPUT_CHUNK_SAMPLES = 320  # 20 ms at 16 kHz: what the inbound WebRTC track delivers

@@ -6,10 +6,10 @@ Out: server events as JSON-ready dicts (``send``) and 24 kHz float32 PCM (``Audi
 
 The session hears utterances end (server VAD, or semantic VAD: ``end_of_turn``) or takes client commits, runs one engine turn per
 response, streams the answer, and keeps the conversation *as the user heard it* (``history``,
-``ledger``). Turn detection: ``interrupt_response: false`` (default) is half-duplex — from a
-response's start until its audio has played out, plus ``ECHO_TAIL_MS``, speech is heard but not
-acted on; ``true`` is barge-in — speech start cancels the response, clears the output and
-truncates the item; ``null`` is manual mode (``input_audio_buffer.commit`` + ``response.create``).
+``ledger``). Turn detection: ``interrupt_response: true`` (default, OpenAI's) is barge-in — speech
+start cancels the response, clears the output and truncates the item; ``false`` is half-duplex —
+from a response's start until its audio has played out, plus ``ECHO_TAIL_MS``, speech is heard
+but not acted on; ``null`` is manual mode (``input_audio_buffer.commit`` + ``response.create``).
 Server VAD's events are turned into the protocol's by ``app.realtime.turn_taking``.
 docs/SESSION.md has the whole picture.
 """

@@ -89,9 +89,10 @@ class TurnDetection:
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
     create_response: bool = True
-    # Half-duplex by default: with speakers (no headset) the assistant's own voice reaches the
-    # microphone, and barge-in would let it interrupt itself.
-    interrupt_response: bool = False
+    # Barge-in, OpenAI's default: clients that send no turn detection (pipecat) or leave the field
+    # out rely on it. The server's default for sessions is ``Settings.default_interrupt_response``
+    # (``SessionConfig.default_interrupt_response``); the page sends its own toggle.
+    interrupt_response: bool = True
     # No speech for this long after the assistant's audio ended: the server prompts a response.
     idle_timeout_ms: int | None = None
 
@@ -159,6 +160,9 @@ class SessionConfig:
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     video: VideoInput = field(default_factory=VideoInput)
     # Server-side, not in the protocol:
+    # What a turn detection object that leaves out ``interrupt_response`` gets (OpenAI: true);
+    # Settings.default_interrupt_response. The session's own starts as ``turn_detection`` says.
+    default_interrupt_response: bool = True
     history: HistoryLimits = field(default_factory=HistoryLimits)
     max_text_chars: int = 16_000  # one input_text or the instructions; Settings.max_text_chars
     # Client events past these are answered with an error and dropped (app.realtime.gate.EventGate);
@@ -273,7 +277,7 @@ class _SessionReader:
         if "output_audio_format" in s:
             self._changes["output_audio_format"] = _beta_format(s["output_audio_format"], "session.output_audio_format")
         if "turn_detection" in s:
-            self._changes["turn_detection"] = _turn_detection(s["turn_detection"], "session.turn_detection")
+            self._changes["turn_detection"] = self._turn_detection(s["turn_detection"], "session.turn_detection")
         if "input_audio_noise_reduction" in s:
             _object_or_none(s["input_audio_noise_reduction"], "session.input_audio_noise_reduction")
         if "input_audio_transcription" in s:
@@ -290,6 +294,9 @@ class _SessionReader:
         config = dataclasses.replace(self._base, **self._changes)
         check_choice(config.tools, config.tool_choice, "session.tool_choice")
         return config
+
+    def _turn_detection(self, value: Any, param: str) -> TurnDetection | None:
+        return _turn_detection(value, param, interrupt_response=self._base.default_interrupt_response)
 
     def _voice(self, value: Any, param: str) -> None:
         self._changes["voice"] = read_voice(value, param, self._changes.get("voice", self._base.voice))
@@ -323,7 +330,7 @@ class _SessionReader:
             if "transcription" in audio_input:
                 self._transcription(audio_input["transcription"], "session.audio.input.transcription")
             if "turn_detection" in audio_input:
-                self._changes["turn_detection"] = _turn_detection(
+                self._changes["turn_detection"] = self._turn_detection(
                     audio_input["turn_detection"], "session.audio.input.turn_detection"
                 )
         audio_output = _object_or_none(audio.get("output"), "session.audio.output")
@@ -437,14 +444,15 @@ def _video(value: Any, current: VideoInput, param: str) -> VideoInput:
     return dataclasses.replace(current, **changes)
 
 
-def _turn_detection(value: Any, param: str) -> TurnDetection | None:
-    """A turn detection object; omitted fields take their defaults (the object sent is the object used)."""
+def _turn_detection(value: Any, param: str, *, interrupt_response: bool) -> TurnDetection | None:
+    """A turn detection object; omitted fields take their defaults (the object sent is the object
+    used), ``interrupt_response`` the server's (``SessionConfig.default_interrupt_response``)."""
     if value is None:
         return None
     if not isinstance(value, Mapping):
         raise _invalid(param, "must be an object or null")
     kind = value.get("type", "server_vad")
-    defaults = TurnDetection()
+    defaults = TurnDetection(interrupt_response=interrupt_response)
     changes: dict[str, Any] = {}
     if kind == "semantic_vad":
         eagerness = value.get("eagerness", "auto")

@@ -19,9 +19,10 @@ from app.realtime.history import History
 from app.realtime.input_buffer import MAX_APPEND_AHEAD_MS, AppendDecoder
 from app.realtime.ledger import PlaybackLedger
 from app.realtime.protocol import PlaybackAckEvent, ProtocolError
+from app.realtime.session_config import SessionConfig
 from media import g711
 from pipeline.conversation import AssistantText
-from tests.fakes import CODEC_FRAME_SAMPLES, ScriptedEngine, SessionHarness, SocketSessionHarness
+from tests.fakes import CODEC_FRAME_SAMPLES, HALF_DUPLEX, ScriptedEngine, SessionHarness, SocketSessionHarness
 from tests.speech import silence, tone
 
 REPLY = "Hello there friend"  # three words: three 80 ms frames of audio
@@ -41,8 +42,8 @@ async def say(h: SocketSessionHarness) -> None:
     await append(h, np.concatenate([silence(500), tone(600), silence(800)]))
 
 
-async def started(reply: str = REPLY) -> SocketSessionHarness:
-    h = SocketSessionHarness(ScriptedEngine(reply))
+async def started(reply: str = REPLY, config: SessionConfig | None = None) -> SocketSessionHarness:
+    h = SocketSessionHarness(ScriptedEngine(reply), config=config)
     await h.session.start()
     return h
 
@@ -85,7 +86,7 @@ async def test_without_acks_an_answer_is_heard_in_full_once_generated():
 
 
 async def test_without_acks_half_duplex_ignores_input_only_while_generating():
-    h = await started()
+    h = await started(config=HALF_DUPLEX)
     h.engine.hold = asyncio.Event()
     await say(h)  # answered: the engine holds after its first word
     await h.until("response.created")
@@ -101,7 +102,7 @@ async def test_without_acks_half_duplex_ignores_input_only_while_generating():
 
 
 async def test_with_acks_the_answer_waits_for_playback_and_so_does_listening():
-    h = await started()
+    h = await started(config=HALF_DUPLEX)
     done = await text_turn(h, 1)
     await h.send(type="playback.ack", played_ms=240, response_id=done["response"]["id"])  # all of it
     ack = (await h.until("playback.acknowledged"))["event"]

@@ -18,7 +18,7 @@ from app.realtime.session_config import SessionConfig, TurnDetection
 from app.realtime.turn_taking import ECHO_TAIL_MS
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, AssistantText, HistoryLimits, UserAudio, UserText
 from pipeline.turn import EngineError
-from tests.fakes import CODEC_FRAME_SAMPLES, EnergyVad, ScriptedEngine, SessionHarness
+from tests.fakes import CODEC_FRAME_SAMPLES, HALF_DUPLEX, EnergyVad, ScriptedEngine, SessionHarness
 from tests.speech import silence, tone
 
 RATE = 16_000
@@ -65,7 +65,7 @@ async def test_start_sends_session_created_with_the_full_effective_session(h):
         "silence_duration_ms": 500,
         "idle_timeout_ms": None,
         "create_response": True,
-        "interrupt_response": False,
+        "interrupt_response": True,  # OpenAI's default: barge-in
     }
     assert session["max_output_tokens"] == "inf"
     assert session["model"] == "scripted-engine"
@@ -395,7 +395,8 @@ async def test_voice_change_reaches_the_engine(h):
 # -- half-duplex and barge-in ----------------------------------------------------------------
 
 
-async def test_half_duplex_speech_during_playback_neither_cancels_nor_creates_a_turn(h):
+async def test_half_duplex_speech_during_playback_neither_cancels_nor_creates_a_turn():
+    h = await started(HALF_DUPLEX)
     h.utter()
     await h.until("response.done")
     events_before = len(h.events)
@@ -411,9 +412,11 @@ async def test_half_duplex_speech_during_playback_neither_cancels_nor_creates_a_
     await h.turn_done(2)
     assert len(h.engine.requests) == 2
     assert [type(item) for item in h.engine.requests[1].conversation.items] == [UserAudio, AssistantText, UserAudio]
+    await h.session.close()
 
 
-async def test_half_duplex_speech_while_generating_is_not_answered(h):
+async def test_half_duplex_speech_while_generating_is_not_answered():
+    h = await started(HALF_DUPLEX)
     h.engine.hold = asyncio.Event()
     h.utter()
     await h.until("response.output_audio_transcript.delta")
@@ -425,9 +428,11 @@ async def test_half_duplex_speech_while_generating_is_not_answered(h):
     assert h.types().count("input_audio_buffer.committed") == 1
     assert len(h.engine.requests) == 1
     assert h.last("response.done")["response"]["status"] == "completed"
+    await h.session.close()
 
 
-async def test_half_duplex_leftover_speech_is_not_committed_after_playback(h):
+async def test_half_duplex_leftover_speech_is_not_committed_after_playback():
+    h = await started(HALF_DUPLEX)
     h.utter()
     await h.until("response.done")
     h.output.play(CODEC_FRAME_SAMPLES)
@@ -440,6 +445,7 @@ async def test_half_duplex_leftover_speech_is_not_committed_after_playback(h):
     assert h.types().count("input_audio_buffer.committed") == 1
     assert h.types().count("input_audio_buffer.speech_started") == 1
     assert len(h.engine.requests) == 1
+    await h.session.close()
 
 
 async def test_barge_in_cancels_clears_and_truncates_to_what_was_heard():

@@ -85,6 +85,19 @@ async def test_the_session_is_created_first_and_answers_with_audio_deltas(tmp_pa
     assert len(audio) == 3 * 1920 * 2  # three 80 ms frames of PCM16 at 24 kHz
 
 
+@pytest.mark.parametrize("default", [True, False])
+async def test_a_socket_session_takes_the_servers_interrupt_response_default(tmp_path, default):
+    # pipecat sends no turn detection, others send one without interrupt_response: both get the default.
+    async with serving(Settings(cache_dir=tmp_path, default_interrupt_response=default)) as url:
+        async with websockets.connect(ws_url(url)) as ws:
+            created = await next_event(ws, "session.created")
+            await ws.send(json.dumps({"type": "session.update", "session": {
+                "type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}}))
+            updated = await next_event(ws, "session.updated")
+    for event in (created, updated):
+        assert event["session"]["audio"]["input"]["turn_detection"]["interrupt_response"] is default
+
+
 async def test_credentials_as_a_header_a_subprotocol_or_a_client_secret(tmp_path):
     async with serving(Settings(cache_dir=tmp_path, api_key=SecretStr(API_KEY))) as url:
         with pytest.raises(InvalidStatus) as missing:
