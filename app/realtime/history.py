@@ -190,14 +190,16 @@ class History:
         if event.content_index != 0:
             raise ProtocolError("invalid_value", "An assistant item has one content part (index 0).",
                                 param="content_index")
-        samples = event.audio_end_ms * VOICE_RATE // 1000
-        if samples > entry.audio_samples:
+        # Clients bound audio_end_ms by the audio they received in whole ms, rounded up (the
+        # openai-agents SDK: 29,610 bytes = 616.875 ms -> 617): that much is the whole item.
+        audio_ms = -(-entry.audio_samples * 1000 // VOICE_RATE)
+        if event.audio_end_ms > audio_ms:
             raise ProtocolError(
                 "invalid_value",
-                f"audio_end_ms {event.audio_end_ms} is past the item's audio "
-                f"({entry.audio_samples * 1000 // VOICE_RATE} ms).",
+                f"audio_end_ms {event.audio_end_ms} is past the item's audio ({audio_ms} ms).",
                 param="audio_end_ms",
             )
+        samples = min(event.audio_end_ms * VOICE_RATE // 1000, entry.audio_samples)
         playback = ledger.get(entry.id)
         if playback is not None:  # still playing: what is heard later stays within the cut
             playback.limit = samples if playback.limit is None else min(playback.limit, samples)

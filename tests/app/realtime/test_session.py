@@ -594,6 +594,35 @@ async def test_delete_and_truncate_items_and_unknown_ids(h):
     assert h.engine.requests[1].conversation.items == (UserText("two"), AssistantText("Hello "))
 
 
+class FractionalMsEngine(ScriptedEngine):
+    """Frames of 4,935 samples: a three-word answer is 14,805 samples (29,610 bytes of PCM16),
+    616.875 ms, as the answers of issue 35's openai-agents runs were."""
+
+    def frame(self) -> np.ndarray:
+        return np.full(4_935, 0.05, dtype=np.float32)
+
+
+async def test_a_truncate_at_the_answers_length_rounded_up_is_taken_and_clamped():
+    # openai-agents bounds audio_end_ms by the audio received rounded *up* to a whole ms (617).
+    h = SessionHarness(FractionalMsEngine("one two three"), EnergyVad())
+    await h.session.start()
+    await h.send(type="conversation.item.create", item={"type": "message", "role": "user",
+                                                        "content": [{"type": "input_text", "text": "hi"}]})
+    await h.send(type="response.create")
+    answer_id = (await h.turn_done())["response"]["output"][0]["id"]
+    await h.send(type="conversation.item.truncate", item_id=answer_id, content_index=0, audio_end_ms=617, event_id="t1")
+    await h.send(type="conversation.item.truncate", item_id=answer_id, content_index=0, audio_end_ms=618, event_id="t2")
+    await h.send(type="conversation.item.retrieve", item_id=answer_id)
+
+    assert h.last("conversation.item.truncated")["audio_end_ms"] == 617
+    (error,) = [e["error"] for e in h.of_type("error")]
+    assert (error["code"], error["event_id"], error["param"]) == ("invalid_value", "t2", "audio_end_ms")
+    assert "(617 ms)" in error["message"]  # the bound it can be truncated at, as the client counts it
+    # 617 ms is all of its audio: all of it was heard.
+    assert h.last("conversation.item.retrieved")["item"]["content"][0]["transcript"] == "one two three"
+    await h.session.close()
+
+
 async def test_retrieve_gives_an_item_as_it_stands_and_an_unknown_id_an_error(h):
     await h.send(type="conversation.item.create", item={"type": "message", "role": "user", "id": "u1",
                                                         "content": [{"type": "input_text", "text": "one"}]})
