@@ -140,6 +140,9 @@ class RealtimeSession:
         self._ledger = PlaybackLedger()
         self._speaking_response_id: str | None = None  # output_audio_buffer.started sent
         self._last_response_id: str | None = None
+        # The response the user's speech cancelled (barge-in), until a client's response.cancel
+        # for it has been answered or another response starts.
+        self._cut_by_speech: str | None = None
         self._clearing = False  # inside output.clear(), whose stop callback is not a drain
         self._closed = False
         self._close_lock = asyncio.Lock()
@@ -340,14 +343,30 @@ class RealtimeSession:
         self._start_response(response)
 
     async def _cancel_response(self, event: ResponseCancelEvent) -> None:
+        """Cancels the response in progress; answered by its ``response.done`` (docs/SESSION.md,
+        "A cancel that races the server's own")."""
         response = self._response
-        if response is None or response.cancelling or (event.response_id not in (None, response.id)):
-            raise ProtocolError(
-                "response_cancel_not_active",
-                "Cancellation failed: no active response found"
-                + (f" with id {event.response_id!r}." if event.response_id else "."),
-            )
-        await asyncio.wait({self._request_cancel(response, "client_cancelled")})
+        if response is not None and event.response_id in (None, response.id):
+            # One being cancelled already (the user's speech, an output clear) is in progress
+            # until its response.done, which answers this cancel too, as OpenAI's does.
+            assert response.task is not None
+            task = response.task if response.cancelling else self._request_cancel(response, "client_cancelled")
+            if response.id == self._cut_by_speech:
+                self._cut_by_speech = None
+            await asyncio.wait({task})
+            return
+        if self._cut_by_speech is not None and event.response_id in (None, self._cut_by_speech):
+            # The client's reply to speech_started, sent before the response.done of the server's
+            # own cancel reached it (LiveKit's interrupt()): that response.done answered it.
+            logger.debug("session %s: response.cancel %s answered by the barge-in's response.done of %s",
+                         self.session_id, event.event_id, self._cut_by_speech)
+            self._cut_by_speech = None
+            return
+        raise ProtocolError(
+            "response_cancel_not_active",
+            "Cancellation failed: no active response found"
+            + (f" with id {event.response_id!r}." if event.response_id else "."),
+        )
 
     async def _clear_output_by_client(self) -> None:
         # OpenAI: clearing the output also stops generating the response whose audio it is.
@@ -402,6 +421,7 @@ class RealtimeSession:
         previous = self._response.task if self._response is not None else None
         self._response = response
         self._last_response_id = response.id
+        self._cut_by_speech = None  # a cancel from now on is for this one
         self._turns.response_started(self._config.turn_detection)
         self._transcriptions.hold_until(response.output_started)
         task = asyncio.create_task(self._run_response(response, previous), name=f"response {response.id}")
@@ -556,6 +576,7 @@ class RealtimeSession:
         response = self._response
         if response is not None and not response.cancelling:
             self._request_cancel(response, "turn_detected")
+            self._cut_by_speech = response.id
         self._clear_output(always_announce=False)
 
     def _clear_output(self, *, always_announce: bool) -> None:

@@ -494,6 +494,48 @@ async def test_barge_in_during_playback_after_generation_keeps_the_heard_part():
     await h.session.close()
 
 
+async def barged_in() -> Harness:
+    """A session whose answer is being generated when the user starts speaking over it."""
+    h = await started(reply="one two three four five six seven eight")
+    h.engine.hold = asyncio.Event()  # a long answer: only the first word is generated
+    h.utter()
+    await h.until("response.output_audio_transcript.delta")
+    h.push(tone(600))  # the user barges in: the server cancels the answer itself
+    return h
+
+
+async def test_a_cancel_sent_as_the_server_cancels_at_barge_in_joins_that_cancel():
+    h = await barged_in()  # the cancel is under way: its response.done has not been sent
+    await h.send(type="response.cancel", event_id="c1")  # a client's reply to speech_started (LiveKit)
+
+    assert h.of_type("error") == []
+    (done,) = h.of_type("response.done")  # one response.done answers both
+    assert (done["response"]["status"], done["response"]["status_details"]["reason"]) == ("cancelled", "turn_detected")
+    await h.session.close()
+
+
+async def test_a_cancel_that_crossed_the_barge_in_response_done_is_answered_by_it():
+    h = await barged_in()
+    done = await h.until("response.done")
+    await h.send(type="response.cancel", event_id="c1")  # sent before the client saw response.done
+    assert h.of_type("error") == []
+    assert len(h.of_type("response.done")) == 1
+
+    await h.send(type="response.cancel", event_id="c2")  # a second one: nothing is left to cancel
+    await h.send(type="response.cancel", event_id="c3", response_id="resp_other")
+    errors = [e["error"] for e in h.of_type("error")]
+    assert [(e["code"], e["event_id"]) for e in errors] == [("response_cancel_not_active", "c2"),
+                                                           ("response_cancel_not_active", "c3")]
+    assert all(e["message"].startswith("Cancellation failed") for e in errors)  # what LiveKit ignores
+    h.engine.hold = None
+    h.push(silence(700))  # the barge-in utterance is answered
+    second = await h.turn_done(2)
+    assert second["response"]["status"] == "completed" and second["response"]["id"] != done["response"]["id"]
+    await h.send(type="response.cancel", event_id="c4")  # after a newer response: OpenAI's error
+    assert h.last("error")["error"]["event_id"] == "c4"
+    await h.session.close()
+
+
 # -- cancel, clear, delete, truncate ----------------------------------------------------------
 
 
