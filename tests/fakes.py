@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
@@ -249,6 +250,7 @@ class SessionHarness:
         on_ignored_speech: Callable[[], None] | None = None,
         end_of_turn: Any = None,
         text_judge: Any = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
         self.output = VirtualAudioOutput()
@@ -257,6 +259,7 @@ class SessionHarness:
         self.session = RealtimeSession(
             engine=engine, vad=vad if vad is not None else EnergyVad(), output=self.output, send=self._record,
             config=config, on_ignored_speech=on_ignored_speech, end_of_turn=end_of_turn, text_judge=text_judge,
+            clock=clock,
         )
 
     def _record(self, event: dict[str, Any]) -> None:
@@ -302,14 +305,15 @@ class SocketSessionHarness(SessionHarness):
     """A RealtimeSession as the WebSocket carries it: an ``EventAudioOutput`` sends the audio as
     delta events, and the events that describe a media track are not sent (``observe``)."""
 
-    def __init__(self, engine: Engine, vad: Any = None, config: SessionConfig | None = None) -> None:
+    def __init__(self, engine: Engine, vad: Any = None, config: SessionConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine
         self.events = []
         self._new_event = asyncio.Event()
         self.output = EventAudioOutput(self._record)  # type: ignore[assignment]
         self.session = RealtimeSession(
             engine=engine, vad=vad if vad is not None else EnergyVad(), output=self.output, send=self._send,
-            config=config,
+            config=config, clock=clock,
         )
 
     def _send(self, event: dict[str, Any]) -> None:

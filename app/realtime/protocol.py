@@ -288,6 +288,8 @@ _client_event_adapter: TypeAdapter[ClientEvent] = TypeAdapter(ClientEvent)
 CLIENT_EVENT_TYPES: tuple[str, ...] = tuple(
     get_args(model.model_fields["type"].annotation)[0] for model in get_args(get_args(ClientEvent)[0])
 )
+# The wire type of an audio append, which the event gate meets before the event is parsed.
+APPEND_EVENT_TYPE: str = get_args(InputAudioBufferAppendEvent.model_fields["type"].annotation)[0]
 
 # pydantic error types → OpenAI's error codes.
 _MISSING_CODES = {"missing"}

@@ -101,10 +101,12 @@ class RealtimeSession:
         on_ignored_speech: Callable[[], None] | None = None,
         end_of_turn: EndOfTurnModel | None = None,
         text_judge: TextJudge | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``on_ignored_speech`` is called for each utterance half-duplex does not act on (metrics).
         ``end_of_turn``: the model semantic_vad needs; without it, semantic_vad is refused (server VAD stays).
-        ``text_judge``: semantic_vad also judges the words said (``app.realtime.text_judge``)."""
+        ``text_judge``: semantic_vad also judges the words said (``app.realtime.text_judge``).
+        ``clock``: what the event gate and the appends' bound count time by (tests run it faster)."""
         self._engine = engine
         self._output = output
         self._send = send
@@ -118,6 +120,7 @@ class RealtimeSession:
             per_second=self._config.max_events_per_second,
             burst=self._config.max_event_burst,
             max_image_event_bytes=self._config.max_image_event_bytes,
+            clock=clock,
         )
         self._conversation_id = new_id("conv")
         self._expires_at = int(time.time()) + SESSION_LIFETIME_S
@@ -132,7 +135,7 @@ class RealtimeSession:
             judge_words=self._semantic.judges_words,
         )
         self._manual = ManualBuffer()
-        self._appends = AppendDecoder()
+        self._appends = AppendDecoder(clock=clock)
         self._history = History()
         self._frames = TurnFrames()
         self._response: Response | None = None  # generating, or queued behind a cancelling one
@@ -165,13 +168,13 @@ class RealtimeSession:
         """Handle one client event (JSON text); every mistake is answered with an ``error``."""
         if self._closed:
             return
-        rejection = self._gate.admit(raw)  # before parsing: a flood or a huge event costs nothing
+        rejection = self._gate.admit(raw)  # before parsing: a flood or a huge event costs nothing (appends: _parse)
         if rejection is not None:
             self._emit(ProtocolError(rejection.code, rejection.message).to_event())
             return
         event_id: str | None = None
         try:
-            event = parse_client_event(raw)
+            event = self._parse(raw)
             event_id = event.event_id
             carries_image = isinstance(event, ConversationItemCreateEvent) and event.carries_image
             if not carries_image and (large := self._gate.refuse_large(raw)) is not None:
@@ -182,6 +185,21 @@ class RealtimeSession:
         except Exception as exc:  # a bug of ours: the client hears of it, the session goes on
             where = f"session {self.session_id}: handling a client event"
             self._emit(failure_event("server_error", exc, where=where, client_event_id=event_id))
+
+    def _parse(self, raw: str | bytes) -> ClientEvent:
+        """The event; one the gate let through as a possible audio append pays the event rate
+        here unless it was one (``rate_limit_exceeded`` then wins over a parser's error)."""
+        try:
+            event = parse_client_event(raw)
+        except ProtocolError:
+            self._check_rate(raw, append=False)
+            raise
+        self._check_rate(raw, append=isinstance(event, InputAudioBufferAppendEvent))
+        return event
+
+    def _check_rate(self, raw: str | bytes, *, append: bool) -> None:
+        if (rejection := self._gate.admit_parsed(raw, append=append)) is not None:
+            raise ProtocolError(rejection.code, rejection.message)
 
     def push_audio(self, pcm: np.ndarray) -> None:
         """16 kHz float32 mono input (from the inbound track); runs the VAD inline, never awaits."""
