@@ -545,6 +545,18 @@ class SessionVideo(_ServerModel):
     max_pixels: int
 
 
+class TokenLimits(_ServerModel):
+    post_instructions: int | None = None
+
+
+class RetentionRatioTruncation(_ServerModel):
+    """``truncation: {type: "retention_ratio", …}``: past the token limit, drop to this share of it."""
+
+    type: Literal["retention_ratio"] = "retention_ratio"
+    retention_ratio: float
+    token_limits: TokenLimits | None = None
+
+
 class SessionObject(_ServerModel):
     """The full effective session, as ``session.created`` and ``session.updated`` carry it."""
 
@@ -558,7 +570,7 @@ class SessionObject(_ServerModel):
     tool_choice: Literal["auto", "none", "required"] | ToolChoiceFunction = "auto"
     max_output_tokens: int | Literal["inf"]
     tracing: Any = None
-    truncation: str = "auto"
+    truncation: Literal["auto", "disabled"] | RetentionRatioTruncation = "auto"
     prompt: Any = None
     expires_at: int
     audio: SessionAudio

@@ -301,6 +301,8 @@ class RealtimeSession:
         if unavailable is not None:
             self._emit(unavailable.for_event(event.event_id).to_event())
         self._config = new
+        if new.truncation != old.truncation:
+            self._prune()  # a budget that drops items now applies to what "disabled" kept
         if new.turn_detection != old.turn_detection:
             self._turns.configure(new.turn_detection, new.history)
             if old.turn_detection is None:  # manual audio is not the VAD's business
@@ -473,6 +475,7 @@ class RealtimeSession:
                 output_audio=response.modality == "audio",
             )
             self._announce_response(response)
+            self._check_context()
             done: TurnDone | None = None
             async with contextlib.aclosing(self._engine.run_turn(request)) as turn:
                 async for event in turn:
@@ -502,6 +505,14 @@ class RealtimeSession:
             self._finish_response(response, "failed", failure=(exc.code, str(exc)))
         except Exception as exc:
             self._finish_response(response, "failed", failure=("server_error", exc))
+
+    def _check_context(self) -> None:
+        """With truncation "disabled" nothing is dropped for tokens: past the budget a response fails."""
+        limits = self._config.history
+        tokens = self._history.prompt_tokens()
+        if self._config.truncation.token_budget(limits) is None and tokens > limits.max_prompt_tokens:
+            raise EngineError(f"the history holds {tokens} prompt tokens, past the {limits.max_prompt_tokens} "
+                              "of its budget, and truncation is disabled", code="context_length_exceeded")
 
     def _announce_response(self, response: Response) -> None:
         self._emit(created_event(response))
@@ -621,7 +632,7 @@ class RealtimeSession:
     # -- history ---------------------------------------------------------------------------
 
     def _prune(self) -> None:
-        for event in self._history.prune(self._config.history):
+        for event in self._history.prune(self._config.history, self._config.truncation):
             self._emit(event)
 
     # -- helpers ---------------------------------------------------------------------------

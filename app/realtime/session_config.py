@@ -21,6 +21,7 @@ from typing import Any, Literal
 from app.realtime.protocol import (
     AudioFormat,
     ProtocolError,
+    RetentionRatioTruncation,
     SemanticVadObject,
     ServerVadObject,
     SessionAudio,
@@ -28,6 +29,7 @@ from app.realtime.protocol import (
     SessionAudioOutput,
     SessionObject,
     SessionVideo,
+    TokenLimits,
     TranscriptionObject,
 )
 from app.realtime.tools import check_choice, choice_object, read_tool_choice, read_tools, tool_objects
@@ -127,6 +129,42 @@ class InputTranscription:
 
 
 @dataclass(frozen=True)
+class Truncation:
+    """``truncation``: how the history keeps to its token budget, as OpenAI's token-based truncation.
+
+    The budget is the server's ``HistoryLimits.max_prompt_tokens`` (``--history-max-tokens``);
+    ``retention_ratio``'s ``token_limits.post_instructions`` may lower it, never raise it. "auto":
+    past the budget the oldest items go until it holds. ``retention_ratio``: past it they go until
+    ``retention_ratio`` of it is used, so the next truncations come later (OpenAI: amortized, for
+    its prompt cache). "disabled": nothing goes for tokens; a response over the budget fails
+    (``context_length_exceeded``). The item and byte bounds hold in every mode (server memory);
+    so does the turn rule of the prompt (``HistoryLimits.max_turns``, the audio limits), which is
+    how this server renders Qwen3-Omni's prompt, not a token truncation (docs/SESSION.md).
+    """
+
+    type: Literal["auto", "disabled", "retention_ratio"] = "auto"
+    retention_ratio: float = 1.0  # retention_ratio only
+    post_instructions: int | None = None  # retention_ratio's token_limits; None: the server's budget
+
+    def token_budget(self, limits: HistoryLimits) -> tuple[int, int] | None:
+        """(the tokens past which items go, the tokens kept then); None: nothing goes for tokens."""
+        if self.type == "disabled":
+            return None
+        limit = limits.max_prompt_tokens
+        if self.type == "auto":
+            return limit, limit
+        if self.post_instructions is not None:
+            limit = min(limit, self.post_instructions)
+        return limit, int(limit * self.retention_ratio)
+
+    def to_object(self) -> Literal["auto", "disabled"] | RetentionRatioTruncation:
+        if self.type != "retention_ratio":
+            return self.type
+        limits = None if self.post_instructions is None else TokenLimits(post_instructions=self.post_instructions)
+        return RetentionRatioTruncation(retention_ratio=self.retention_ratio, token_limits=limits)
+
+
+@dataclass(frozen=True)
 class VideoInput:
     """``video`` (an extension): how camera frames join user turns.
 
@@ -159,6 +197,7 @@ class SessionConfig:
     tools: tuple[Tool, ...] = ()  # functions the model may call
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     video: VideoInput = field(default_factory=VideoInput)
+    truncation: Truncation = field(default_factory=Truncation)
     # Server-side, not in the protocol:
     # What a turn detection object that leaves out ``interrupt_response`` gets (OpenAI: true);
     # Settings.default_interrupt_response. The session's own starts as ``turn_detection`` says.
@@ -204,6 +243,7 @@ class SessionConfig:
             expires_at=expires_at,
             temperature=self.temperature,
             video=self.video.to_object(),
+            truncation=self.truncation.to_object(),
             audio=SessionAudio(
                 input=SessionAudioInput(
                     format=_format_object(self.input_audio_format),
@@ -290,7 +330,9 @@ class _SessionReader:
             self._changes["tools"] = read_tools(s["tools"], "session.tools", max_chars=self._base.max_text_chars)
         if "tool_choice" in s:
             self._changes["tool_choice"] = read_tool_choice(s["tool_choice"], "session.tool_choice")
-        # tracing, truncation, prompt, include: accepted, and not implemented.
+        if "truncation" in s:
+            self._changes["truncation"] = _truncation(s["truncation"], "session.truncation")
+        # tracing, prompt, include: accepted, and not implemented.
         config = dataclasses.replace(self._base, **self._changes)
         check_choice(config.tools, config.tool_choice, "session.tool_choice")
         return config
@@ -442,6 +484,22 @@ def _video(value: Any, current: VideoInput, param: str) -> VideoInput:
             raise _invalid(f"{param}.max_pixels", f"must be an integer from {MIN_PIXELS} to {MAX_VIDEO_PIXELS}")
         changes["max_pixels"] = pixels
     return dataclasses.replace(current, **changes)
+
+
+def _truncation(value: Any, param: str) -> Truncation:
+    """``"auto"``, ``"disabled"`` or ``{type: "retention_ratio", retention_ratio, token_limits?}``."""
+    if value in ("auto", "disabled"):
+        return Truncation(type=value)
+    if not isinstance(value, Mapping) or value.get("type") != "retention_ratio":
+        raise _invalid(param, "must be 'auto', 'disabled' or {type: 'retention_ratio', retention_ratio}")
+    ratio: Any = value.get("retention_ratio")
+    if not _is_number(ratio) or not 0.0 <= ratio <= 1.0:
+        raise _invalid(f"{param}.retention_ratio", "must be a number from 0 to 1")
+    limits = _object_or_none(value.get("token_limits"), f"{param}.token_limits") or {}
+    post_instructions = limits.get("post_instructions")
+    if post_instructions is not None and (not _is_int(post_instructions) or post_instructions < 1):
+        raise _invalid(f"{param}.token_limits.post_instructions", "must be a positive integer")
+    return Truncation(type="retention_ratio", retention_ratio=float(ratio), post_instructions=post_instructions)
 
 
 def _turn_detection(value: Any, param: str, *, interrupt_response: bool) -> TurnDetection | None:
