@@ -143,8 +143,8 @@ class RealtimeSession:
         self._ledger = PlaybackLedger()
         self._speaking_response_id: str | None = None  # output_audio_buffer.started sent
         self._last_response_id: str | None = None
-        # The response the user's speech cancelled (barge-in), until a client's response.cancel
-        # for it has been answered or another response starts.
+        # The response the user's speech cancelled (barge-in), until another response starts:
+        # a client's response.cancel for it is answered by its response.done.
         self._cut_by_speech: str | None = None
         self._clearing = False  # inside output.clear(), whose stop callback is not a drain
         self._closed = False
@@ -371,16 +371,14 @@ class RealtimeSession:
             # until its response.done, which answers this cancel too, as OpenAI's does.
             assert response.task is not None
             task = response.task if response.cancelling else self._request_cancel(response, "client_cancelled")
-            if response.id == self._cut_by_speech:
-                self._cut_by_speech = None
             await asyncio.wait({task})
             return
         if self._cut_by_speech is not None and event.response_id in (None, self._cut_by_speech):
             # The client's reply to speech_started, sent before the response.done of the server's
-            # own cancel reached it (LiveKit's interrupt()): that response.done answered it.
+            # own cancel reached it (LiveKit's interrupt(), twice at a barge-in): that
+            # response.done answered it.
             logger.debug("session %s: response.cancel %s answered by the barge-in's response.done of %s",
                          self.session_id, event.event_id, self._cut_by_speech)
-            self._cut_by_speech = None
             return
         raise ProtocolError(
             "response_cancel_not_active",

@@ -518,15 +518,14 @@ async def test_a_cancel_that_crossed_the_barge_in_response_done_is_answered_by_i
     h = await barged_in()
     done = await h.until("response.done")
     await h.send(type="response.cancel", event_id="c1")  # sent before the client saw response.done
+    await h.send(type="response.cancel", event_id="c2", response_id=done["response"]["id"])  # LiveKit sends two
     assert h.of_type("error") == []
     assert len(h.of_type("response.done")) == 1
 
-    await h.send(type="response.cancel", event_id="c2")  # a second one: nothing is left to cancel
-    await h.send(type="response.cancel", event_id="c3", response_id="resp_other")
-    errors = [e["error"] for e in h.of_type("error")]
-    assert [(e["code"], e["event_id"]) for e in errors] == [("response_cancel_not_active", "c2"),
-                                                           ("response_cancel_not_active", "c3")]
-    assert all(e["message"].startswith("Cancellation failed") for e in errors)  # what LiveKit ignores
+    await h.send(type="response.cancel", event_id="c3", response_id="resp_other")  # not that response
+    (error,) = [e["error"] for e in h.of_type("error")]
+    assert (error["code"], error["event_id"]) == ("response_cancel_not_active", "c3")
+    assert error["message"].startswith("Cancellation failed")  # what LiveKit ignores
     h.engine.hold = None
     h.push(silence(700))  # the barge-in utterance is answered
     second = await h.turn_done(2)
