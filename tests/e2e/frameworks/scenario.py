@@ -10,12 +10,17 @@ saw in a :class:`Record`, and prints the record as one JSON line for the pytest 
 
 The conversation, one response per scripted reply:
 
-1. "hello.wav" → ``REPLIES[0]``; 2. "weather.wav" → ``REPLIES[1]``;
-3. "finished_01_awb90.wav" → a call of ``get_weather`` (``REPLIES[2]``), which the framework
-   runs and answers → ``REPLIES[3]`` spoken;
-4. "long_story.wav" → ``REPLIES[4]``, a long answer, and ``BARGE_IN_AFTER_S`` after its first
-   audio the user talks over it ("weather.wav"): the framework and the server cut it, and the
-   barge-in is answered → ``REPLIES[5]``.
+1. "What is the weather like today?" → ``REPLIES[0]``;
+2. "My name is Sarah and I live in London." → ``REPLIES[1]``;
+3. "What is the weather like today?" (another voice) → a call of ``get_weather``
+   (``REPLIES[2]``), which the framework runs and answers → ``REPLIES[3]`` spoken;
+4. "Can you tell me a joke?" → ``REPLIES[4]``, a long answer, and ``BARGE_IN_AFTER_S`` after its
+   first audio the user talks over it ("Send a message to my brother."): the framework and the
+   server cut it, and the barge-in is answered → ``REPLIES[5]``.
+
+Every utterance is one sentence without a pause inside: LiveKit and the Agents SDK ask for
+semantic_vad, which may take "Hello," (hello.wav's first word, then a comma's pause) for a whole
+turn and answer it before the rest, which then barges in on that answer.
 """
 
 from __future__ import annotations
@@ -49,8 +54,8 @@ REPLIES = [
     LONG_REPLY,
     "Sorry, go ahead.",
 ]
-UTTERANCES = ["hello.wav", "weather.wav", "turns/finished_01_awb90.wav", "long_story.wav"]
-BARGE_IN_UTTERANCE = "weather.wav"
+UTTERANCES = ["weather.wav", "turns/finished_04_awb110.wav", "turns/finished_00_slt100.wav", "turns/finished_02_rms115.wav"]
+BARGE_IN_UTTERANCE = "turns/finished_11_slt100.wav"
 BARGE_IN_AFTER_S = 0.8  # into the long answer's audio
 FRAME_MS = 10  # LiveKit's and WebRTC's frame: 100 events a second
 TOOL = {
