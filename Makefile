@@ -8,8 +8,13 @@ PYTEST_ARGS ?=
 # The OpenAI Agents JS SDK for tests/e2e/test_tools.py, pinned by its package-lock.json.
 SDK_DIR := tests/e2e/sdk
 SDK_STAMP := $(SDK_DIR)/node_modules/.installed
+# pipecat, LiveKit Agents and the OpenAI Agents SDK for tests/e2e/frameworks, in a venv of their
+# own (their pins clash with the server's: websockets<17, protobuf<7), every package pinned.
+FW_VENV := .venv-frameworks
+FW_REQUIREMENTS := tests/e2e/frameworks/requirements.txt
+FW_STAMP := $(FW_VENV)/.installed
 
-.PHONY: serve test bench system-deps dev-model fixtures turn-model
+.PHONY: serve test bench system-deps dev-model fixtures turn-model frameworks-venv
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -26,7 +31,7 @@ serve: $(STAMP)
 	scripts/system-deps.sh serve
 	$(VENV)/bin/omni-rtc serve $(ARGS)
 
-test: $(STAMP) system-deps turn-model $(SDK_STAMP)
+test: $(STAMP) system-deps turn-model $(SDK_STAMP) $(FW_STAMP)
 	$(VENV)/bin/ruff check app media pipeline tests scripts
 	$(VENV)/bin/mypy
 	scripts/run-offline.sh $(VENV)/bin/pytest $(PYTEST_ARGS)
@@ -35,6 +40,15 @@ test: $(STAMP) system-deps turn-model $(SDK_STAMP)
 $(SDK_STAMP): $(SDK_DIR)/package.json $(SDK_DIR)/package-lock.json | system-deps
 	npm ci --prefix $(SDK_DIR) --ignore-scripts --no-audit --no-fund
 	touch $(SDK_STAMP)
+
+# --no-deps: the requirements file pins the whole tree, so nothing else is resolved or fetched.
+$(FW_STAMP): $(FW_REQUIREMENTS)
+	rm -rf $(FW_VENV)
+	python3 -m venv $(FW_VENV)
+	$(FW_VENV)/bin/pip install --quiet --no-deps -r $(FW_REQUIREMENTS)
+	touch $(FW_STAMP)
+
+frameworks-venv: $(FW_STAMP)
 
 # semantic_vad's end-of-turn model, from the pipecat-ai wheel on PyPI (the venv build runs it too).
 turn-model: $(STAMP)

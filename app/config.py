@@ -119,6 +119,12 @@ class Settings(BaseSettings):
     # the fallback should an aiortc upgrade refuse the receiver tap, and the "before" of the network bench.
     jitter_buffer: bool = True
 
+    # Sessions: what a client's turn detection gets when it leaves interrupt_response out (and the
+    # session's turn detection before any session.update). True is OpenAI's default, which the
+    # frameworks rely on (pipecat sends no turn detection); False makes API clients half-duplex
+    # unless they ask for barge-in (the page sends its own toggle either way). docs/SESSION.md.
+    default_interrupt_response: bool = True
+
     # Limits. Past each one the client gets a clear error (HTTP status, or an `error` event
     # while the session goes on).
     max_sessions: int = Field(16, ge=1)  # concurrent calls; the next offer gets 429 + Retry-After

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
@@ -27,7 +28,7 @@ import numpy as np
 from app.realtime.event_audio import EventAudioOutput
 from app.realtime.protocol import server_event_adapter
 from app.realtime.session import RealtimeSession
-from app.realtime.session_config import SessionConfig
+from app.realtime.session_config import SessionConfig, TurnDetection
 from media.rates import SPEECH_RATE, VOICE_RATE
 from pipeline.conversation import UserAudio, UserImage
 from pipeline.turn import (
@@ -40,6 +41,10 @@ from pipeline.turn import (
     TurnTimings,
     Usage,
 )
+
+# Server VAD without barge-in: the user's speech over an answer is heard but not acted on. Tests
+# of half-duplex say so, since a session's default is OpenAI's interrupt_response: true.
+HALF_DUPLEX = SessionConfig(turn_detection=TurnDetection(interrupt_response=False))
 
 CODEC_FRAME_SAMPLES = 1920  # one 80 ms Code2Wav frame at 24 kHz
 INPUT_CHUNK_SAMPLES = 320  # 20 ms at 16 kHz: what the inbound WebRTC track delivers
@@ -246,6 +251,7 @@ class SessionHarness:
         end_of_turn: Any = None,
         text_judge: Any = None,
         session_fields: Any = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
         self.output = VirtualAudioOutput()
@@ -255,6 +261,7 @@ class SessionHarness:
             engine=engine, vad=vad if vad is not None else EnergyVad(), output=self.output, send=self._record,
             config=config, on_ignored_speech=on_ignored_speech, end_of_turn=end_of_turn, text_judge=text_judge,
             session_fields=session_fields,
+            clock=clock,
         )
 
     def _record(self, event: dict[str, Any]) -> None:
@@ -300,14 +307,15 @@ class SocketSessionHarness(SessionHarness):
     """A RealtimeSession as the WebSocket carries it: an ``EventAudioOutput`` sends the audio as
     delta events, and the events that describe a media track are not sent (``observe``)."""
 
-    def __init__(self, engine: Engine, vad: Any = None, config: SessionConfig | None = None) -> None:
+    def __init__(self, engine: Engine, vad: Any = None, config: SessionConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine
         self.events = []
         self._new_event = asyncio.Event()
         self.output = EventAudioOutput(self._record)  # type: ignore[assignment]
         self.session = RealtimeSession(
             engine=engine, vad=vad if vad is not None else EnergyVad(), output=self.output, send=self._send,
-            config=config,
+            config=config, clock=clock,
         )
 
     def _send(self, event: dict[str, Any]) -> None:

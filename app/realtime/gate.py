@@ -9,6 +9,16 @@ receive and measure per second stay bounded whatever the events' sizes. That hol
 refused as too large too: one past ``max_image_event_bytes`` (room for one image,
 ``conversation.item.create`` with an ``input_image``) pays what the largest event would, then is
 refused unread. The session refuses a large event that turns out to carry no image, once parsed.
+
+Audio appends are not counted: they are bounded by the audio they carry
+(``app.realtime.input_buffer.AppendDecoder``: at most twice real time past a 20 s head start,
+each append costing at least 10 ms). A client that streams its microphone in 10 ms events,
+LiveKit's and WebRTC's frame, sends 100 a second: at 50 events a second (bursts of 100) it lost
+151 of 500 chunks in 5 s, and half of everything it said after that (issue 35). Before parsing,
+an event whose text holds the append's type (wherever its ``type`` key stands: openai-python
+writes ``audio`` first) is only checked for size; once parsed, one that was not an append after
+all (or failed to parse) pays its tokens then (:meth:`EventGate.admit_parsed`), so a flood of
+other events is refused as before, at the cost of parsing each.
 """
 
 from __future__ import annotations
@@ -17,6 +27,11 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from app.realtime.protocol import APPEND_EVENT_TYPE
+
+_APPEND_MARK = APPEND_EVENT_TYPE
+_APPEND_MARK_BYTES = APPEND_EVENT_TYPE.encode()
 
 
 @dataclass(frozen=True)
@@ -48,7 +63,21 @@ class EventGate:
         self._refilled_at = clock()
 
     def admit(self, raw: str | bytes) -> Rejection | None:
+        """Before parsing: the size of every event; the rate of every event that cannot be an audio append."""
         size = _size(raw)
+        if size <= self._max_bytes and _may_be_append(raw):
+            return None  # rated by its audio once decoded, or by admit_parsed if it is no append
+        return self._charge(size)  # a larger one is refused once parsed (an append has no image)
+
+    def admit_parsed(self, raw: str | bytes, *, append: bool) -> Rejection | None:
+        """Once parsed (or refused by the parser): an event :meth:`admit` let through as a possible
+        append that is not one pays its tokens now."""
+        size = _size(raw)
+        if append or size > self._max_bytes or not _may_be_append(raw):
+            return None  # an append, or an event admit() charged already
+        return self._charge(size)
+
+    def _charge(self, size: int) -> Rejection | None:
         now = self._clock()
         self._tokens = min(self._burst, self._tokens + (now - self._refilled_at) * self._per_second)
         self._refilled_at = now
@@ -59,7 +88,7 @@ class EventGate:
             return Rejection(
                 "rate_limit_exceeded",
                 f"More than {self._per_second:g} events per second (bursts of {self._burst}); "
-                "this event was dropped.",
+                "this event was dropped. Audio appends are not counted: they are bounded by their duration.",
             )
         self._tokens -= cost
         if size > self._max_image_event_bytes:
@@ -76,6 +105,10 @@ class EventGate:
 
 def _size(raw: str | bytes) -> int:
     return len(raw) if isinstance(raw, bytes) or raw.isascii() else len(raw.encode())
+
+
+def _may_be_append(raw: str | bytes) -> bool:
+    return (_APPEND_MARK_BYTES in raw) if isinstance(raw, bytes) else (_APPEND_MARK in raw)
 
 
 def too_large(size: int, max_bytes: int, max_image_event_bytes: int) -> Rejection:

@@ -42,7 +42,7 @@ from app.realtime.protocol import (
     ServerEvent,
     new_id,
 )
-from app.realtime.session_config import Modality
+from app.realtime.session_config import Modality, Truncation
 from media import g711
 from media.rates import SPEECH_RATE, VOICE_RATE
 from pipeline.conversation import (
@@ -58,6 +58,7 @@ from pipeline.conversation import (
     group_turns,
 )
 
+AUTO_TRUNCATION = Truncation()  # OpenAI's default: past the token budget the oldest items go
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit (or take as an item) less than 100 ms of audio
 # User items not yet answered (created without a response) kept before the oldest is dropped.
 MAX_UNANSWERED_ITEMS = 16
@@ -108,6 +109,10 @@ class History:
             if candidate is entry:
                 return self._entries[index - 1].id if index > 0 else None
         return None
+
+    def prompt_tokens(self) -> int:
+        """The history's prompt tokens after the system prompt, as its items estimate them."""
+        return prompt_tokens(self._entries)
 
     def audio_clip_count(self) -> int:
         return sum(len(entry.audio_clips()) for entry in self._entries if isinstance(entry, UserEntry))
@@ -192,14 +197,16 @@ class History:
         if event.content_index != 0:
             raise ProtocolError("invalid_value", "An assistant item has one content part (index 0).",
                                 param="content_index")
-        samples = event.audio_end_ms * VOICE_RATE // 1000
-        if samples > entry.audio_samples:
+        # Clients bound audio_end_ms by the audio they received in whole ms, rounded up (the
+        # openai-agents SDK: 29,610 bytes = 616.875 ms -> 617): that much is the whole item.
+        audio_ms = -(-entry.audio_samples * 1000 // VOICE_RATE)
+        if event.audio_end_ms > audio_ms:
             raise ProtocolError(
                 "invalid_value",
-                f"audio_end_ms {event.audio_end_ms} is past the item's audio "
-                f"({entry.audio_samples * 1000 // VOICE_RATE} ms).",
+                f"audio_end_ms {event.audio_end_ms} is past the item's audio ({audio_ms} ms).",
                 param="audio_end_ms",
             )
+        samples = min(event.audio_end_ms * VOICE_RATE // 1000, entry.audio_samples)
         playback = ledger.get(entry.id)
         if playback is not None:  # still playing: what is heard later stays within the cut
             playback.limit = samples if playback.limit is None else min(playback.limit, samples)
@@ -262,12 +269,12 @@ class History:
             )
         return FunctionOutputEntry(item_id, item.call_id, checked_text(item.output, "item.output", max_chars=max_chars))
 
-    def prune(self, limits: HistoryLimits) -> list[ServerEvent]:
+    def prune(self, limits: HistoryLimits, truncation: Truncation = AUTO_TRUNCATION) -> list[ServerEvent]:
         """Keep whole turns, newest first, while the history limits hold (as the prompt renderer
         bounds them), at most ``MAX_UNANSWERED_ITEMS`` unanswered user items, and then the
-        oldest items go until the items, bytes and prompt tokens are within the budget; a
-        ``conversation.item.deleted`` for each item that went."""
-        kept = within_budget(pruned(self._entries, limits), limits)
+        oldest items go until the items, bytes and prompt tokens are within the budget
+        (as the session's ``truncation`` says); a ``conversation.item.deleted`` for each item that went."""
+        kept = within_budget(pruned(self._entries, limits), limits, truncation)
         staying = {id(entry) for entry in kept}
         gone = [entry for entry in self._entries if id(entry) not in staying]
         self._entries = kept
@@ -337,9 +344,16 @@ def _entry_role(entry: Entry) -> ItemRole:
     return ("other", None)
 
 
-def within_budget(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
+def prompt_tokens(entries: Sequence[Entry]) -> int:
+    """The history's prompt tokens after the system prompt, as its items estimate them."""
+    return sum(entry.prompt_tokens() for entry in entries)
+
+
+def within_budget(entries: list[Entry], limits: HistoryLimits, truncation: Truncation = AUTO_TRUNCATION) -> list[Entry]:
     """``entries`` within the budget: at most ``max_items``, holding at most ``max_bytes``, and
-    estimating at most ``max_prompt_tokens`` prompt tokens.
+    estimating at most ``max_prompt_tokens`` prompt tokens, as ``truncation`` applies that
+    (``Truncation.token_budget``: "retention_ratio" then keeps less, "disabled" drops nothing
+    for tokens).
 
     Images go first: older items' images become ``IMAGE_NOTE`` (the item keeps its words and
     audio), oldest first; then the oldest items go. Whatever turn an item joined counts: an item
@@ -351,9 +365,14 @@ def within_budget(entries: list[Entry], limits: HistoryLimits) -> list[Entry]:
     for entry in entries:
         held += entry.held_bytes()
         tokens += entry.prompt_tokens()
+    token_budget = truncation.token_budget(limits)
+    if token_budget is None:
+        token_bound = float("inf")
+    else:
+        token_bound = token_budget[0] if tokens <= token_budget[0] else token_budget[1]
 
     def over() -> bool:
-        return items > limits.max_items or held > limits.max_bytes or tokens > limits.max_prompt_tokens
+        return items > limits.max_items or held > limits.max_bytes or tokens > token_bound
 
     for entry in evictable(entries):
         if not over():

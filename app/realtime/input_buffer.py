@@ -21,12 +21,19 @@ from media.rates import SPEECH_RATE, VOICE_RATE
 
 # Manual mode keeps at most this much uncommitted input audio (the oldest is dropped).
 MAX_MANUAL_BUFFER_MS = 60_000
-# Appended audio may run ahead of the wall clock by this much; past it an append is refused
-# (``input_audio_too_fast``) and dropped. A microphone streams at real time; SDK examples append
-# a recorded utterance at once, and 20 s holds any single utterance. The bound keeps a client
-# from making the server run VAD over hours of audio in seconds (one append of 256 KiB, 5.5 s
-# of PCM16, costs ~170 VAD windows inline).
+# Appends are bounded by the audio they carry, not by their count (the event gate does not count
+# them): a token bucket of audio milliseconds that holds MAX_APPEND_AHEAD_MS and refills at
+# APPEND_RATE times real time; past it an append is refused (``input_audio_too_fast``) and
+# dropped. A microphone streams at real time, in events of 10 to 100 ms; SDK examples append a
+# recorded utterance at once, and 20 s holds any single utterance. Twice real time leaves a
+# client that fell behind room to catch up, and keeps one from making the server run VAD over
+# hours of audio in seconds (one append of 256 KiB, 5.5 s of PCM16, costs ~170 VAD windows
+# inline). Each append costs at least MIN_APPEND_CHARGE_MS, so tiny appends cannot make a flood
+# of events: at most 200 a second once the head start is spent, twice what 10 ms events in real
+# time need (issue 35: 10 ms events in real time lost 151 of 500 to the event count's 50 a second).
 MAX_APPEND_AHEAD_MS = 20_000
+APPEND_RATE = 2.0
+MIN_APPEND_CHARGE_MS = 10.0
 
 
 class ManualBuffer:
@@ -61,8 +68,9 @@ class ManualBuffer:
 
 
 class AppendDecoder:
-    """Base64 appends → 16 kHz float32, resampled without seams between appends, at most
-    ``MAX_APPEND_AHEAD_MS`` ahead of real time (a token bucket of audio milliseconds)."""
+    """Base64 appends → 16 kHz float32, resampled without seams between appends, bounded by their
+    duration: ``MAX_APPEND_AHEAD_MS`` at once, then ``APPEND_RATE`` times real time (a token
+    bucket of audio milliseconds; each append costs at least ``MIN_APPEND_CHARGE_MS``)."""
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic, max_ahead_ms: int = MAX_APPEND_AHEAD_MS) -> None:
         self._clock = clock
@@ -74,7 +82,7 @@ class AppendDecoder:
 
     def decode(self, audio: str, *, input_audio_format: str, pcm_rate: int = VOICE_RATE) -> np.ndarray:
         pcm, rate = decode_input_audio(audio, input_audio_format, "audio", pcm_rate=pcm_rate)
-        self._admit(pcm.size * 1000 / rate)
+        self._admit(max(pcm.size * 1000 / rate, MIN_APPEND_CHARGE_MS))
         if self._resampler is None or self._format != (input_audio_format, rate):
             self._format = (input_audio_format, rate)  # a new format starts a new stream
             self._resampler = soxr.ResampleStream(rate, SPEECH_RATE, 1, dtype="float32")
@@ -82,13 +90,14 @@ class AppendDecoder:
 
     def _admit(self, audio_ms: float) -> None:
         now = self._clock()
-        self._budget_ms = min(self._max_ahead_ms, self._budget_ms + (now - self._refilled_at) * 1000)
+        self._budget_ms = min(self._max_ahead_ms, self._budget_ms + (now - self._refilled_at) * 1000 * APPEND_RATE)
         self._refilled_at = now
         if audio_ms > self._budget_ms:
             raise ProtocolError(
                 "input_audio_too_fast",
-                f"Input audio is arriving faster than real time: at most {self._max_ahead_ms / 1000:g} s ahead "
-                f"of the clock is accepted; this append ({audio_ms:.0f} ms) was dropped.",
+                f"Input audio is arriving too fast: {self._max_ahead_ms / 1000:g} s at once, then at most "
+                f"{APPEND_RATE:g} times real time, is accepted (each append counts at least "
+                f"{MIN_APPEND_CHARGE_MS:g} ms); this append ({audio_ms:.0f} ms) was dropped.",
                 param="audio",
             )
         self._budget_ms -= audio_ms

@@ -309,6 +309,8 @@ _client_event_adapter: TypeAdapter[ClientEvent] = TypeAdapter(ClientEvent)
 CLIENT_EVENT_TYPES: tuple[str, ...] = tuple(
     get_args(model.model_fields["type"].annotation)[0] for model in get_args(get_args(ClientEvent)[0])
 )
+# The wire type of an audio append, which the event gate meets before the event is parsed.
+APPEND_EVENT_TYPE: str = get_args(InputAudioBufferAppendEvent.model_fields["type"].annotation)[0]
 
 # pydantic error types → OpenAI's error codes.
 _MISSING_CODES = {"missing"}
@@ -564,6 +566,18 @@ class SessionVideo(_ServerModel):
     max_pixels: int
 
 
+class TokenLimits(_ServerModel):
+    post_instructions: int | None = None
+
+
+class RetentionRatioTruncation(_ServerModel):
+    """``truncation: {type: "retention_ratio", …}``: past the token limit, drop to this share of it."""
+
+    type: Literal["retention_ratio"] = "retention_ratio"
+    retention_ratio: float
+    token_limits: TokenLimits | None = None
+
+
 class SessionObject(_ServerModel):
     """The full effective session, as ``session.created`` and ``session.updated`` carry it."""
 
@@ -577,7 +591,7 @@ class SessionObject(_ServerModel):
     tool_choice: Literal["auto", "none", "required"] | ToolChoiceFunction = "auto"
     max_output_tokens: int | Literal["inf"]
     tracing: Any = None
-    truncation: str = "auto"
+    truncation: Literal["auto", "disabled"] | RetentionRatioTruncation = "auto"
     prompt: Any = None
     expires_at: int
     audio: SessionAudio

@@ -7,10 +7,10 @@ Out: server events as JSON-ready dicts (``send``) and 24 kHz float32 PCM (``Audi
 
 The session hears utterances end (server VAD, or semantic VAD: ``end_of_turn``) or takes client commits, runs one engine turn per
 response, streams the answer, and keeps the conversation *as the user heard it* (``history``,
-``ledger``). Turn detection: ``interrupt_response: false`` (default) is half-duplex — from a
-response's start until its audio has played out, plus ``ECHO_TAIL_MS``, speech is heard but not
-acted on; ``true`` is barge-in — speech start cancels the response, clears the output and
-truncates the item; ``null`` is manual mode (``input_audio_buffer.commit`` + ``response.create``).
+``ledger``). Turn detection: ``interrupt_response: true`` (default, OpenAI's) is barge-in — speech
+start cancels the response, clears the output and truncates the item; ``false`` is half-duplex —
+from a response's start until its audio has played out, plus ``ECHO_TAIL_MS``, speech is heard
+but not acted on; ``null`` is manual mode (``input_audio_buffer.commit`` + ``response.create``).
 ``session.finish`` ends the session: ``session.finished`` is its last event.
 Server VAD's events are turned into the protocol's by ``app.realtime.turn_taking``.
 docs/SESSION.md has the whole picture.
@@ -107,12 +107,14 @@ class RealtimeSession:
         end_of_turn: EndOfTurnModel | None = None,
         text_judge: TextJudge | None = None,
         session_fields: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``on_ignored_speech`` is called for each utterance half-duplex does not act on (metrics).
         ``end_of_turn``: the model semantic_vad needs; without it, semantic_vad is refused (server VAD stays).
         ``text_judge``: semantic_vad also judges the words said (``app.realtime.text_judge``).
         ``session_fields``: a dialect's reading of ``session.update`` fields, before the session's
-        own (``app.realtime.dashscope``); it raises ``ProtocolError`` for what it refuses."""
+        own (``app.realtime.dashscope``); it raises ``ProtocolError`` for what it refuses.
+        ``clock``: what the event gate and the appends' bound count time by (tests run it faster)."""
         self._engine = engine
         self._session_fields = session_fields
         self._output = output
@@ -127,6 +129,7 @@ class RealtimeSession:
             per_second=self._config.max_events_per_second,
             burst=self._config.max_event_burst,
             max_image_event_bytes=self._config.max_image_event_bytes,
+            clock=clock,
         )
         self._conversation_id = new_id("conv")
         self._expires_at = int(time.time()) + SESSION_LIFETIME_S
@@ -141,7 +144,7 @@ class RealtimeSession:
             judge_words=self._semantic.judges_words,
         )
         self._manual = ManualBuffer()
-        self._appends = AppendDecoder()
+        self._appends = AppendDecoder(clock=clock)
         self._history = History()
         self._frames = TurnFrames()
         self._response: Response | None = None  # generating, or queued behind a cancelling one
@@ -149,6 +152,9 @@ class RealtimeSession:
         self._ledger = PlaybackLedger()
         self._speaking_response_id: str | None = None  # output_audio_buffer.started sent
         self._last_response_id: str | None = None
+        # The response the user's speech cancelled (barge-in), until another response starts:
+        # a client's response.cancel for it is answered by its response.done.
+        self._cut_by_speech: str | None = None
         self._clearing = False  # inside output.clear(), whose stop callback is not a drain
         self._closed = False
         self._finished = False  # session.finished sent: nothing more is taken or sent
@@ -172,13 +178,13 @@ class RealtimeSession:
         """Handle one client event (JSON text); every mistake is answered with an ``error``."""
         if self._closed or self._finished:
             return
-        rejection = self._gate.admit(raw)  # before parsing: a flood or a huge event costs nothing
+        rejection = self._gate.admit(raw)  # before parsing: a flood or a huge event costs nothing (appends: _parse)
         if rejection is not None:
             self._emit(ProtocolError(rejection.code, rejection.message).to_event())
             return
         event_id: str | None = None
         try:
-            event = parse_client_event(raw)
+            event = self._parse(raw)
             event_id = event.event_id
             carries_image = isinstance(event, InputImageBufferAppendEvent) or (
                 isinstance(event, ConversationItemCreateEvent) and event.carries_image
@@ -191,6 +197,21 @@ class RealtimeSession:
         except Exception as exc:  # a bug of ours: the client hears of it, the session goes on
             where = f"session {self.session_id}: handling a client event"
             self._emit(failure_event("server_error", exc, where=where, client_event_id=event_id))
+
+    def _parse(self, raw: str | bytes) -> ClientEvent:
+        """The event; one the gate let through as a possible audio append pays the event rate
+        here unless it was one (``rate_limit_exceeded`` then wins over a parser's error)."""
+        try:
+            event = parse_client_event(raw)
+        except ProtocolError:
+            self._check_rate(raw, append=False)
+            raise
+        self._check_rate(raw, append=isinstance(event, InputAudioBufferAppendEvent))
+        return event
+
+    def _check_rate(self, raw: str | bytes, *, append: bool) -> None:
+        if (rejection := self._gate.admit_parsed(raw, append=append)) is not None:
+            raise ProtocolError(rejection.code, rejection.message)
 
     def push_audio(self, pcm: np.ndarray) -> None:
         """16 kHz float32 mono input (from the inbound track); runs the VAD inline, never awaits."""
@@ -297,6 +318,8 @@ class RealtimeSession:
         if unavailable is not None:
             self._emit(unavailable.for_event(event.event_id).to_event())
         self._config = new
+        if new.truncation != old.truncation:
+            self._prune()  # a budget that drops items now applies to what "disabled" kept
         if new.turn_detection != old.turn_detection:
             self._turns.configure(new.turn_detection, new.history)
             if old.turn_detection is None:  # manual audio is not the VAD's business
@@ -381,14 +404,28 @@ class RealtimeSession:
         self._start_response(response)
 
     async def _cancel_response(self, event: ResponseCancelEvent) -> None:
+        """Cancels the response in progress; answered by its ``response.done`` (docs/SESSION.md,
+        "A cancel that races the server's own")."""
         response = self._response
-        if response is None or response.cancelling or (event.response_id not in (None, response.id)):
-            raise ProtocolError(
-                "response_cancel_not_active",
-                "Cancellation failed: no active response found"
-                + (f" with id {event.response_id!r}." if event.response_id else "."),
-            )
-        await asyncio.wait({self._request_cancel(response, "client_cancelled")})
+        if response is not None and event.response_id in (None, response.id):
+            # One being cancelled already (the user's speech, an output clear) is in progress
+            # until its response.done, which answers this cancel too, as OpenAI's does.
+            assert response.task is not None
+            task = response.task if response.cancelling else self._request_cancel(response, "client_cancelled")
+            await asyncio.wait({task})
+            return
+        if self._cut_by_speech is not None and event.response_id in (None, self._cut_by_speech):
+            # The client's reply to speech_started, sent before the response.done of the server's
+            # own cancel reached it (LiveKit's interrupt(), twice at a barge-in): that
+            # response.done answered it.
+            logger.debug("session %s: response.cancel %s answered by the barge-in's response.done of %s",
+                         self.session_id, event.event_id, self._cut_by_speech)
+            return
+        raise ProtocolError(
+            "response_cancel_not_active",
+            "Cancellation failed: no active response found"
+            + (f" with id {event.response_id!r}." if event.response_id else "."),
+        )
 
     async def _clear_output_by_client(self) -> None:
         # OpenAI: clearing the output also stops generating the response whose audio it is.
@@ -443,6 +480,7 @@ class RealtimeSession:
         previous = self._response.task if self._response is not None else None
         self._response = response
         self._last_response_id = response.id
+        self._cut_by_speech = None  # a cancel from now on is for this one
         self._turns.response_started(self._config.turn_detection)
         self._transcriptions.hold_until(response.output_started)
         task = asyncio.create_task(self._run_response(response, previous), name=f"response {response.id}")
@@ -476,6 +514,7 @@ class RealtimeSession:
                 output_audio=response.modality == "audio",
             )
             self._announce_response(response)
+            self._check_context()
             done: TurnDone | None = None
             async with contextlib.aclosing(self._engine.run_turn(request)) as turn:
                 async for event in turn:
@@ -505,6 +544,14 @@ class RealtimeSession:
             self._finish_response(response, "failed", failure=(exc.code, str(exc)))
         except Exception as exc:
             self._finish_response(response, "failed", failure=("server_error", exc))
+
+    def _check_context(self) -> None:
+        """With truncation "disabled" nothing is dropped for tokens: past the budget a response fails."""
+        limits = self._config.history
+        tokens = self._history.prompt_tokens()
+        if self._config.truncation.token_budget(limits) is None and tokens > limits.max_prompt_tokens:
+            raise EngineError(f"the history holds {tokens} prompt tokens, past the {limits.max_prompt_tokens} "
+                              "of its budget, and truncation is disabled", code="context_length_exceeded")
 
     def _announce_response(self, response: Response) -> None:
         self._emit(created_event(response))
@@ -597,6 +644,7 @@ class RealtimeSession:
         response = self._response
         if response is not None and not response.cancelling:
             self._request_cancel(response, "turn_detected")
+            self._cut_by_speech = response.id
         self._clear_output(always_announce=False)
 
     def _clear_output(self, *, always_announce: bool) -> None:
@@ -623,7 +671,7 @@ class RealtimeSession:
     # -- history ---------------------------------------------------------------------------
 
     def _prune(self) -> None:
-        for event in self._history.prune(self._config.history):
+        for event in self._history.prune(self._config.history, self._config.truncation):
             self._emit(event)
 
     # -- helpers ---------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from app.realtime.protocol import (
     AudioFormat,
     ProtocolError,
+    RetentionRatioTruncation,
     SemanticVadObject,
     ServerVadObject,
     SessionAudio,
@@ -28,6 +29,7 @@ from app.realtime.protocol import (
     SessionAudioOutput,
     SessionObject,
     SessionVideo,
+    TokenLimits,
     TranscriptionObject,
 )
 from app.realtime.tools import check_choice, choice_object, read_tool_choice, read_tools, tool_objects
@@ -93,9 +95,10 @@ class TurnDetection:
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
     create_response: bool = True
-    # Half-duplex by default: with speakers (no headset) the assistant's own voice reaches the
-    # microphone, and barge-in would let it interrupt itself.
-    interrupt_response: bool = False
+    # Barge-in, OpenAI's default: clients that send no turn detection (pipecat) or leave the field
+    # out rely on it. The server's default for sessions is ``Settings.default_interrupt_response``
+    # (``SessionConfig.default_interrupt_response``); the page sends its own toggle.
+    interrupt_response: bool = True
     # No speech for this long after the assistant's audio ended: the server prompts a response.
     idle_timeout_ms: int | None = None
 
@@ -127,6 +130,42 @@ class InputTranscription:
 
     def hint(self) -> TranscriptionHint:
         return TranscriptionHint(language=self.language, prompt=self.prompt)
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """``truncation``: how the history keeps to its token budget, as OpenAI's token-based truncation.
+
+    The budget is the server's ``HistoryLimits.max_prompt_tokens`` (``--history-max-tokens``);
+    ``retention_ratio``'s ``token_limits.post_instructions`` may lower it, never raise it. "auto":
+    past the budget the oldest items go until it holds. ``retention_ratio``: past it they go until
+    ``retention_ratio`` of it is used, so the next truncations come later (OpenAI: amortized, for
+    its prompt cache). "disabled": nothing goes for tokens; a response over the budget fails
+    (``context_length_exceeded``). The item and byte bounds hold in every mode (server memory);
+    so does the turn rule of the prompt (``HistoryLimits.max_turns``, the audio limits), which is
+    how this server renders Qwen3-Omni's prompt, not a token truncation (docs/SESSION.md).
+    """
+
+    type: Literal["auto", "disabled", "retention_ratio"] = "auto"
+    retention_ratio: float = 1.0  # retention_ratio only
+    post_instructions: int | None = None  # retention_ratio's token_limits; None: the server's budget
+
+    def token_budget(self, limits: HistoryLimits) -> tuple[int, int] | None:
+        """(the tokens past which items go, the tokens kept then); None: nothing goes for tokens."""
+        if self.type == "disabled":
+            return None
+        limit = limits.max_prompt_tokens
+        if self.type == "auto":
+            return limit, limit
+        if self.post_instructions is not None:
+            limit = min(limit, self.post_instructions)
+        return limit, int(limit * self.retention_ratio)
+
+    def to_object(self) -> Literal["auto", "disabled"] | RetentionRatioTruncation:
+        if self.type != "retention_ratio":
+            return self.type
+        limits = None if self.post_instructions is None else TokenLimits(post_instructions=self.post_instructions)
+        return RetentionRatioTruncation(retention_ratio=self.retention_ratio, token_limits=limits)
 
 
 @dataclass(frozen=True)
@@ -163,7 +202,11 @@ class SessionConfig:
     tools: tuple[Tool, ...] = ()  # functions the model may call
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     video: VideoInput = field(default_factory=VideoInput)
+    truncation: Truncation = field(default_factory=Truncation)
     # Server-side, not in the protocol:
+    # What a turn detection object that leaves out ``interrupt_response`` gets (OpenAI: true);
+    # Settings.default_interrupt_response. The session's own starts as ``turn_detection`` says.
+    default_interrupt_response: bool = True
     history: HistoryLimits = field(default_factory=HistoryLimits)
     max_text_chars: int = 16_000  # one input_text or the instructions; Settings.max_text_chars
     # Client events past these are answered with an error and dropped (app.realtime.gate.EventGate);
@@ -205,6 +248,7 @@ class SessionConfig:
             expires_at=expires_at,
             temperature=self.temperature,
             video=self.video.to_object(),
+            truncation=self.truncation.to_object(),
             audio=SessionAudio(
                 input=SessionAudioInput(
                     format=_format_object(self.input_audio_format, self.input_audio_rate),
@@ -279,7 +323,7 @@ class _SessionReader:
         if "output_audio_format" in s:
             self._changes["output_audio_format"] = _beta_format(s["output_audio_format"], "session.output_audio_format")
         if "turn_detection" in s:
-            self._changes["turn_detection"] = _turn_detection(s["turn_detection"], "session.turn_detection")
+            self._changes["turn_detection"] = self._turn_detection(s["turn_detection"], "session.turn_detection")
         if "input_audio_noise_reduction" in s:
             _object_or_none(s["input_audio_noise_reduction"], "session.input_audio_noise_reduction")
         if "input_audio_transcription" in s:
@@ -292,10 +336,15 @@ class _SessionReader:
             self._changes["tools"] = read_tools(s["tools"], "session.tools", max_chars=self._base.max_text_chars)
         if "tool_choice" in s:
             self._changes["tool_choice"] = read_tool_choice(s["tool_choice"], "session.tool_choice")
-        # tracing, truncation, prompt, include: accepted, and not implemented.
+        if "truncation" in s:
+            self._changes["truncation"] = _truncation(s["truncation"], "session.truncation")
+        # tracing, prompt, include: accepted, and not implemented.
         config = dataclasses.replace(self._base, **self._changes)
         check_choice(config.tools, config.tool_choice, "session.tool_choice")
         return config
+
+    def _turn_detection(self, value: Any, param: str) -> TurnDetection | None:
+        return _turn_detection(value, param, interrupt_response=self._base.default_interrupt_response)
 
     def _voice(self, value: Any, param: str) -> None:
         self._changes["voice"] = read_voice(value, param, self._changes.get("voice", self._base.voice))
@@ -331,7 +380,7 @@ class _SessionReader:
             if "transcription" in audio_input:
                 self._transcription(audio_input["transcription"], "session.audio.input.transcription")
             if "turn_detection" in audio_input:
-                self._changes["turn_detection"] = _turn_detection(
+                self._changes["turn_detection"] = self._turn_detection(
                     audio_input["turn_detection"], "session.audio.input.turn_detection"
                 )
         audio_output = _object_or_none(audio.get("output"), "session.audio.output")
@@ -447,14 +496,31 @@ def _video(value: Any, current: VideoInput, param: str) -> VideoInput:
     return dataclasses.replace(current, **changes)
 
 
-def _turn_detection(value: Any, param: str) -> TurnDetection | None:
-    """A turn detection object; omitted fields take their defaults (the object sent is the object used)."""
+def _truncation(value: Any, param: str) -> Truncation:
+    """``"auto"``, ``"disabled"`` or ``{type: "retention_ratio", retention_ratio, token_limits?}``."""
+    if value in ("auto", "disabled"):
+        return Truncation(type=value)
+    if not isinstance(value, Mapping) or value.get("type") != "retention_ratio":
+        raise _invalid(param, "must be 'auto', 'disabled' or {type: 'retention_ratio', retention_ratio}")
+    ratio: Any = value.get("retention_ratio")
+    if not _is_number(ratio) or not 0.0 <= ratio <= 1.0:
+        raise _invalid(f"{param}.retention_ratio", "must be a number from 0 to 1")
+    limits = _object_or_none(value.get("token_limits"), f"{param}.token_limits") or {}
+    post_instructions = limits.get("post_instructions")
+    if post_instructions is not None and (not _is_int(post_instructions) or post_instructions < 1):
+        raise _invalid(f"{param}.token_limits.post_instructions", "must be a positive integer")
+    return Truncation(type="retention_ratio", retention_ratio=float(ratio), post_instructions=post_instructions)
+
+
+def _turn_detection(value: Any, param: str, *, interrupt_response: bool) -> TurnDetection | None:
+    """A turn detection object; omitted fields take their defaults (the object sent is the object
+    used), ``interrupt_response`` the server's (``SessionConfig.default_interrupt_response``)."""
     if value is None:
         return None
     if not isinstance(value, Mapping):
         raise _invalid(param, "must be an object or null")
     kind = value.get("type", "server_vad")
-    defaults = TurnDetection()
+    defaults = TurnDetection(interrupt_response=interrupt_response)
     changes: dict[str, Any] = {}
     if kind == "semantic_vad":
         eagerness = value.get("eagerness", "auto")

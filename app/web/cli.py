@@ -48,6 +48,7 @@ SERVE_FLAGS = {
     "disconnect_timeout": "disconnect_timeout_s",
     "max_image_bytes": "max_image_bytes",
     "jitter_buffer": "jitter_buffer",
+    "interrupt_response": "default_interrupt_response",
     "api_key": "api_key",
     "allow_unauthenticated_public": "allow_unauthenticated_public",
     "log_level": "log_level",
@@ -131,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--jitter-buffer", action=argparse.BooleanOptionalAction, default=None,
         help="inbound audio through omni-rtc's jitter buffer: playout deadline, FEC and PLC (default on); "
         "--no-jitter-buffer: aiortc's own receive path",
+    )
+    serve.add_argument(
+        "--interrupt-response", action=argparse.BooleanOptionalAction, default=None,
+        help="sessions barge in by default: the user's speech cancels the answer, as OpenAI's default (on); "
+        "--no-interrupt-response: half-duplex unless a client asks for interrupt_response",
     )
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or an ek_ client secret) to place calls")
     serve.add_argument(

@@ -23,7 +23,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from app.config import Settings, load_dev_replies
 from app.realtime.protocol import ProtocolError
-from app.realtime.session_config import SessionConfig
+from app.realtime.session_config import SessionConfig, TurnDetection
 from app.web.auth import Authenticator, install_auth
 from app.web.calls import ice_servers, load_end_of_turn_model
 from app.web.debug import debug_router
@@ -197,6 +197,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 def _base_session_config(settings: Settings) -> SessionConfig:
     """What every session starts from: the server-side limits of the settings."""
     return SessionConfig(
+        turn_detection=TurnDetection(interrupt_response=settings.default_interrupt_response),
+        default_interrupt_response=settings.default_interrupt_response,
         history=HistoryLimits(max_prompt_tokens=settings.history_max_tokens),
         max_text_chars=settings.max_text_chars,
         max_event_bytes=settings.max_event_bytes,

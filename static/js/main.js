@@ -12,6 +12,10 @@ import { Transcript } from "./transcript.js";
 import { View, findElements, wireControls } from "./ui.js";
 
 const hook = installTestHook(window);
+// The framework snippets name this server as the browser reached it.
+const wsBase = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}`;
+for (const base of document.querySelectorAll(".ws-base")) base.textContent = wsBase;
+for (const base of document.querySelectorAll(".http-base")) base.textContent = location.origin;
 const elements = findElements(document);
 const view = new View(elements, hook);
 const transcript = new Transcript(elements.transcript);

@@ -415,6 +415,16 @@ async def test_page_notices_its_media_worker_dying_and_reconnects_to_a_live_one(
     assert sessions_while_reconnected == 1
 
 
+async def test_page_shows_the_framework_snippets_with_this_servers_address(server_url: str, tmp_path: Path) -> None:
+    async with page_with_a_silent_microphone(server_url, tmp_path) as page:
+        await page.click(".frameworks summary")
+        code = await page.locator(".frameworks code").inner_text()
+    host = server_url.removeprefix("http://")
+    assert f'OpenAIRealtimeLLMService(api_key="unused", base_url="ws://{host}/v1/realtime")' in code
+    assert f'RealtimeModel(base_url="http://{host}/v1", api_key="unused")' in code
+    assert f'model_config={{"url": "ws://{host}/v1/realtime"}}' in code
+
+
 async def test_session_controls_become_a_session_update(server_url: str, tmp_path: Path) -> None:
     async with page_with_a_silent_microphone(server_url, tmp_path) as page:
         await page.select_option("#voice", "chelsie")  # before connecting: sent on connect

@@ -7,7 +7,7 @@ One conversation, as DashScope documents it (its default session: voice ``Cherry
 input at 16 kHz, server VAD, barge-in), is held once for the module and each test checks one
 thing of it: the espeak-ng fixtures are spoken at 16 kHz in real time by a microphone thread
 (silence between utterances), a camera frame goes in with ``append_video``, the user talks over a
-long answer, and ``end_session()`` ends it. The snippet of docs/DASHSCOPE.md runs too.
+long answer, and ``end_session()`` ends it. The README's DashScope snippet runs too.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from tests.speech import load_fixture, silence
 
 pytestmark = pytest.mark.e2e
 
-DASHSCOPE_MD = Path(__file__).resolve().parents[2] / "docs" / "DASHSCOPE.md"
+README_MD = Path(__file__).resolve().parents[2] / "README.md"
 FIRST = "Hello, I can hear you."
 SECOND = "I see a picture of soft colours."
 # Long enough to be generated for seconds (160 tokens, one 80 ms frame each, up to MAX_AUDIO_FRAMES):
@@ -164,14 +164,13 @@ def test_end_session_returns_cleanly_and_the_server_closes(dashscope_server, con
     assert wait_for_sessions(dashscope_server, 0) == 0
 
 
-# -- the snippet of docs/DASHSCOPE.md ---------------------------------------------------------
+# -- the README's DashScope snippet ("Use it from your framework") ---------------------------------
 
 
 def documented_snippet() -> str:
-    """The fenced block after ``<!-- snippet: dashscope -->`` in docs/DASHSCOPE.md (what the README's
-    "use it from your framework" section shows)."""
-    match = re.search(r"<!-- snippet: dashscope -->\n```python\n(.*?)\n```", DASHSCOPE_MD.read_text(), re.DOTALL)
-    assert match is not None, "docs/DASHSCOPE.md has no block marked 'snippet: dashscope'"
+    """The fenced block after ``<!-- framework: dashscope -->`` in README.md."""
+    match = re.search(r"<!-- framework: dashscope -->\n```python\n(.*?)\n```", README_MD.read_text(), re.DOTALL)
+    assert match is not None, "README.md has no block marked 'framework: dashscope'"
     return match.group(1)
 
 
@@ -197,7 +196,7 @@ def test_the_documented_snippet_speaks_a_turn(dashscope_server):
 
     namespace = {"play": played.append, "stop_playing": played.clear, "microphone": microphone}
     with contextlib.redirect_stdout(printed):
-        exec(compile(snippet.replace(documented_url, ws_url(dashscope_server)), str(DASHSCOPE_MD), "exec"), namespace)
+        exec(compile(snippet.replace(documented_url, ws_url(dashscope_server)), str(README_MD), "exec"), namespace)
     assert printed.getvalue() == FIRST + "\n"
     assert sum(len(chunk) for chunk in played) / 2 / VOICE_RATE >= 0.5
     assert wait_for_sessions(dashscope_server, 0) == 0

@@ -29,6 +29,8 @@ RATE = 16_000
 # 62.7 s with no pause near the 500 ms silence wait (its commas are ~200 ms).
 STORY_REPEATS = 17
 SEGMENT_MS = 30_000
+# Server VAD without barge-in: speech over the answer is heard and counted, not acted on.
+HALF_DUPLEX = {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad", "interrupt_response": False}}}}
 
 
 @pytest_asyncio.fixture(loop_scope="function")
@@ -85,7 +87,7 @@ async def test_speech_over_a_half_duplex_answer_is_counted_in_metrics(tmp_path: 
     engine = ScriptedEngine(" ".join(["la"] * 80))
     app = create_app(Settings(ice_loopback=True, cache_dir=tmp_path), engine=engine)
     async with serving_in_process(app) as url:
-        async with RealtimeClient(url, ice_loopback=True) as client:
+        async with RealtimeClient(url, ice_loopback=True, session=HALF_DUPLEX) as client:
             await client.say(read_utterance(FIXTURES / "hello.wav"))
             await client.wait_for("output_audio_buffer.started")
             await client.say(read_utterance(FIXTURES / "weather.wav"))  # spoken over the answer

@@ -24,6 +24,8 @@ pytestmark = pytest.mark.e2e
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 QUICK_REPLIES = 4
+# The echo tail is half-duplex's: barge-in (the default) acts on any speech at once.
+HALF_DUPLEX = {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad", "interrupt_response": False}}}}
 SEMANTIC = {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "medium"}}}}
 
 
@@ -37,7 +39,7 @@ async def scripted_server_url() -> AsyncIterator[str]:
 
 async def test_a_reply_started_the_moment_the_answer_stopped_is_answered_every_time(scripted_server_url: str) -> None:
     hello, weather = read_utterance(FIXTURES / "hello.wav"), read_utterance(FIXTURES / "weather.wav")
-    async with RealtimeClient(scripted_server_url, ice_loopback=True) as client:
+    async with RealtimeClient(scripted_server_url, ice_loopback=True, session=HALF_DUPLEX) as client:
         for number in range(QUICK_REPLIES + 1):  # the first turn, then each reply
             start = len(client.events)
             # Every reply starts the moment output_audio_buffer.stopped has come (the loop's last

@@ -80,8 +80,10 @@ async def test_openai_python_sdk_runs_a_text_turn_and_a_spoken_turn(server_url: 
 
 
 async def test_seed_style_two_spoken_turns_acknowledged_hold_the_first_in_the_second(server_url: str) -> None:
+    half_duplex = {"turn_detection": {"type": "server_vad", "interrupt_response": False}}  # as the seed client
     async with RealtimeSocketClient(server_url, acknowledge_playback=True, timeout_s=TURN_TIMEOUT_S,
-                                    session={"type": "realtime", "instructions": "Answer briefly."}) as client:
+                                    session={"type": "realtime", "instructions": "Answer briefly.",
+                                             "audio": {"input": half_duplex}}) as client:
         session = (await client.wait_for("session.updated"))["session"]
         first = await client.speak(read_utterance(FIXTURES / "hello.wav"))
         second = await client.speak(read_utterance(FIXTURES / "weather.wav"))

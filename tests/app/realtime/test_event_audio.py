@@ -19,9 +19,10 @@ from app.realtime.history import History
 from app.realtime.input_buffer import MAX_APPEND_AHEAD_MS, AppendDecoder
 from app.realtime.ledger import PlaybackLedger
 from app.realtime.protocol import PlaybackAckEvent, ProtocolError
+from app.realtime.session_config import SessionConfig
 from media import g711
 from pipeline.conversation import AssistantText
-from tests.fakes import CODEC_FRAME_SAMPLES, ScriptedEngine, SessionHarness, SocketSessionHarness
+from tests.fakes import CODEC_FRAME_SAMPLES, HALF_DUPLEX, ScriptedEngine, SessionHarness, SocketSessionHarness
 from tests.speech import silence, tone
 
 REPLY = "Hello there friend"  # three words: three 80 ms frames of audio
@@ -41,8 +42,8 @@ async def say(h: SocketSessionHarness) -> None:
     await append(h, np.concatenate([silence(500), tone(600), silence(800)]))
 
 
-async def started(reply: str = REPLY) -> SocketSessionHarness:
-    h = SocketSessionHarness(ScriptedEngine(reply))
+async def started(reply: str = REPLY, config: SessionConfig | None = None) -> SocketSessionHarness:
+    h = SocketSessionHarness(ScriptedEngine(reply), config=config)
     await h.session.start()
     return h
 
@@ -85,7 +86,7 @@ async def test_without_acks_an_answer_is_heard_in_full_once_generated():
 
 
 async def test_without_acks_half_duplex_ignores_input_only_while_generating():
-    h = await started()
+    h = await started(config=HALF_DUPLEX)
     h.engine.hold = asyncio.Event()
     await say(h)  # answered: the engine holds after its first word
     await h.until("response.created")
@@ -101,7 +102,7 @@ async def test_without_acks_half_duplex_ignores_input_only_while_generating():
 
 
 async def test_with_acks_the_answer_waits_for_playback_and_so_does_listening():
-    h = await started()
+    h = await started(config=HALF_DUPLEX)
     done = await text_turn(h, 1)
     await h.send(type="playback.ack", played_ms=240, response_id=done["response"]["id"])  # all of it
     ack = (await h.until("playback.acknowledged"))["event"]
@@ -202,7 +203,7 @@ async def test_bad_base64_and_too_fast_appends_are_errors_and_the_session_goes_o
     await h.session.close()
 
 
-def test_appends_may_run_ahead_of_real_time_by_the_bound_and_no_further():
+def test_appends_may_run_ahead_by_the_bound_then_at_twice_real_time_and_no_faster():
     now = [0.0]
     decoder = AppendDecoder(clock=lambda: now[0], max_ahead_ms=2_000)
     second = base64.b64encode(bytes(2 * 24_000)).decode()
@@ -211,10 +212,54 @@ def test_appends_may_run_ahead_of_real_time_by_the_bound_and_no_further():
     with pytest.raises(ProtocolError) as refused:
         decoder.decode(second, input_audio_format="audio/pcm")
     assert refused.value.code == "input_audio_too_fast"
-    now[0] = 1.0  # a second later, a second more
+    now[0] = 1.0  # a second later, two seconds more
+    decoder.decode(second, input_audio_format="audio/pcm")
     decoder.decode(second, input_audio_format="audio/pcm")
     with pytest.raises(ProtocolError):
         decoder.decode(second, input_audio_format="audio/pcm")
+
+
+def test_each_append_costs_at_least_10_ms_so_tiny_appends_make_no_flood():
+    decoder = AppendDecoder(clock=lambda: 0.0, max_ahead_ms=1_000)
+    one_sample = base64.b64encode(bytes(2)).decode()  # 1/24 ms of audio
+    for _ in range(100):  # 100 x 10 ms: the whole bound
+        decoder.decode(one_sample, input_audio_format="audio/pcm")
+    with pytest.raises(ProtocolError) as refused:
+        decoder.decode(one_sample, input_audio_format="audio/pcm")
+    assert refused.value.code == "input_audio_too_fast"
+
+
+class SteppedClock:
+    """The time a test says it is."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_30_s_of_10_ms_appends_in_real_time_are_all_taken_while_a_flood_of_other_events_is_refused():
+    # LiveKit's and WebRTC's frame: 100 appends a second, twice the event rate (50 a second, bursts of 100).
+    clock = SteppedClock()
+    h = SocketSessionHarness(ScriptedEngine(REPLY), config=SessionConfig(turn_detection=None), clock=clock)
+    await h.session.start()
+    pcm16 = (0.1 * np.sin(2 * np.pi * 220 * np.arange(240) / 24_000) * 32767).astype("<i2")
+    chunk = base64.b64encode(pcm16.tobytes()).decode()  # 10 ms at 24 kHz
+    for number in range(3_000):  # 30 s, one append every 10 ms of the clock
+        clock.now = number / 100
+        await h.send(type="input_audio_buffer.append", audio=chunk, event_id=f"audio{number}")
+        for flood in range(2):  # 200 other events a second beside it
+            await h.send(type="conversation.item.retrieve", item_id="none", event_id=f"flood{number}.{flood}")
+
+    codes = [event["error"]["code"] for event in h.of_type("error")]
+    assert "input_audio_too_fast" not in codes
+    assert codes.count("item_not_found") + codes.count("rate_limit_exceeded") == len(codes) == 6_000
+    assert codes.count("item_not_found") <= 100 + 50 * 30  # the flood got its burst and 50 a second, no more
+    # Every append's audio reached the session: 30 s at 16 kHz, less what the resampler's filter
+    # holds back (18 ms here).
+    assert h.session.stats()["manual_buffer_samples"] >= (30_000 - 50) * RATE // 1000
+    await h.session.close()
 
 
 async def test_a_g711_session_takes_g711_audio_in_created_items():

@@ -15,7 +15,7 @@ import pytest
 from app.realtime.session_config import END_OF_TURN_BY_EAGERNESS, SessionConfig
 from app.realtime.turn_taking import ECHO_TAIL_MS
 from pipeline.conversation import UserAudio
-from tests.fakes import CODEC_FRAME_SAMPLES, ScriptedEngine, SessionHarness
+from tests.fakes import CODEC_FRAME_SAMPLES, HALF_DUPLEX, ScriptedEngine, SessionHarness
 from tests.speech import silence, tone
 from tests.words import TranscriptJudge
 
@@ -46,12 +46,13 @@ class FakeEndOfTurn:
         return self.probability_to_answer
 
 
-async def semantic_session(model: FakeEndOfTurn | None, *, eagerness: str = "medium",
-                           reply: str = "Sure.", text_judge: TranscriptJudge | None = None) -> SessionHarness:
+async def semantic_session(model: FakeEndOfTurn | None, *, eagerness: str = "medium", reply: str = "Sure.",
+                           text_judge: TranscriptJudge | None = None, **turn_detection: bool) -> SessionHarness:
+    """A session that switched to semantic_vad; ``turn_detection``: more of its fields (interrupt_response)."""
     harness = SessionHarness(ScriptedEngine(reply), end_of_turn=model, text_judge=text_judge)
     await harness.session.start()
-    await harness.send(type="session.update",
-                       session={"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": eagerness}}}})
+    detection = {"type": "semantic_vad", "eagerness": eagerness, **turn_detection}
+    await harness.send(type="session.update", session={"audio": {"input": {"turn_detection": detection}}})
     return harness
 
 
@@ -79,8 +80,8 @@ async def test_finished_utterance_is_committed_at_the_candidate_silence_not_afte
     await h.turn_done()
 
     assert h.last("session.updated")["session"]["audio"]["input"]["turn_detection"] == {
-        "type": "semantic_vad", "eagerness": "medium", "create_response": True, "interrupt_response": False,
-    }
+        "type": "semantic_vad", "eagerness": "medium", "create_response": True, "interrupt_response": True,
+    }  # interrupt_response left out: OpenAI's default
     assert model.asked, "the model was asked"
     stopped = h.last("input_audio_buffer.speech_stopped")["audio_end_ms"]
     assert 800 + MEDIUM.candidate_ms <= stopped < 800 + 500  # before server VAD's 500 ms wait
@@ -215,7 +216,8 @@ async def test_please_put_the_groceries_in_the_fridge_is_committed_at_the_candid
 
 async def test_speech_heard_while_the_assistant_answers_costs_no_words_check():
     judge = TranscriptJudge("What time is it?")
-    h = await semantic_session(FakeEndOfTurn(0.95), reply="one two three four", text_judge=judge)
+    h = await semantic_session(FakeEndOfTurn(0.95), reply="one two three four", text_judge=judge,
+                               interrupt_response=False)
     h.push(tone(600))
     h.push(silence(MEDIUM.candidate_ms + 40))
     await h.until("response.done")
@@ -302,7 +304,7 @@ async def answered_and_played(h: SessionHarness) -> None:
 
 @pytest.mark.parametrize("delay_ms", [0, 100, 200, 300])
 async def test_a_reply_starting_inside_the_echo_tail_and_going_on_is_a_turn(delay_ms):
-    h = SessionHarness(ScriptedEngine("Sure, here it is."))
+    h = SessionHarness(ScriptedEngine("Sure, here it is."), config=HALF_DUPLEX)
     await h.session.start()
     await answered_and_played(h)
     tail_start_ms = 600 + 700  # the input pushed when output_audio_buffer.stopped came
@@ -323,7 +325,7 @@ async def test_a_reply_starting_inside_the_echo_tail_and_going_on_is_a_turn(dela
 
 
 async def test_a_blip_confined_to_the_echo_tail_is_ignored():
-    h = SessionHarness(ScriptedEngine("Sure, here it is."))
+    h = SessionHarness(ScriptedEngine("Sure, here it is."), config=HALF_DUPLEX)
     await h.session.start()
     await answered_and_played(h)
 
@@ -337,7 +339,7 @@ async def test_a_blip_confined_to_the_echo_tail_is_ignored():
 
 
 async def test_speech_begun_while_the_answer_played_is_still_not_a_turn():
-    h = SessionHarness(ScriptedEngine("one two three four"))
+    h = SessionHarness(ScriptedEngine("one two three four"), config=HALF_DUPLEX)
     await h.session.start()
     h.push(tone(600))
     h.push(silence(700))

@@ -18,7 +18,7 @@ from app.realtime.session_config import SessionConfig, TurnDetection
 from app.realtime.turn_taking import ECHO_TAIL_MS
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, AssistantText, HistoryLimits, UserAudio, UserText
 from pipeline.turn import EngineError
-from tests.fakes import CODEC_FRAME_SAMPLES, EnergyVad, ScriptedEngine, SessionHarness
+from tests.fakes import CODEC_FRAME_SAMPLES, HALF_DUPLEX, EnergyVad, ScriptedEngine, SessionHarness
 from tests.speech import silence, tone
 
 RATE = 16_000
@@ -65,7 +65,7 @@ async def test_start_sends_session_created_with_the_full_effective_session(h):
         "silence_duration_ms": 500,
         "idle_timeout_ms": None,
         "create_response": True,
-        "interrupt_response": False,
+        "interrupt_response": True,  # OpenAI's default: barge-in
     }
     assert session["max_output_tokens"] == "inf"
     assert session["model"] == "scripted-engine"
@@ -395,7 +395,8 @@ async def test_voice_change_reaches_the_engine(h):
 # -- half-duplex and barge-in ----------------------------------------------------------------
 
 
-async def test_half_duplex_speech_during_playback_neither_cancels_nor_creates_a_turn(h):
+async def test_half_duplex_speech_during_playback_neither_cancels_nor_creates_a_turn():
+    h = await started(HALF_DUPLEX)
     h.utter()
     await h.until("response.done")
     events_before = len(h.events)
@@ -411,9 +412,11 @@ async def test_half_duplex_speech_during_playback_neither_cancels_nor_creates_a_
     await h.turn_done(2)
     assert len(h.engine.requests) == 2
     assert [type(item) for item in h.engine.requests[1].conversation.items] == [UserAudio, AssistantText, UserAudio]
+    await h.session.close()
 
 
-async def test_half_duplex_speech_while_generating_is_not_answered(h):
+async def test_half_duplex_speech_while_generating_is_not_answered():
+    h = await started(HALF_DUPLEX)
     h.engine.hold = asyncio.Event()
     h.utter()
     await h.until("response.output_audio_transcript.delta")
@@ -425,9 +428,11 @@ async def test_half_duplex_speech_while_generating_is_not_answered(h):
     assert h.types().count("input_audio_buffer.committed") == 1
     assert len(h.engine.requests) == 1
     assert h.last("response.done")["response"]["status"] == "completed"
+    await h.session.close()
 
 
-async def test_half_duplex_leftover_speech_is_not_committed_after_playback(h):
+async def test_half_duplex_leftover_speech_is_not_committed_after_playback():
+    h = await started(HALF_DUPLEX)
     h.utter()
     await h.until("response.done")
     h.output.play(CODEC_FRAME_SAMPLES)
@@ -440,6 +445,7 @@ async def test_half_duplex_leftover_speech_is_not_committed_after_playback(h):
     assert h.types().count("input_audio_buffer.committed") == 1
     assert h.types().count("input_audio_buffer.speech_started") == 1
     assert len(h.engine.requests) == 1
+    await h.session.close()
 
 
 async def test_barge_in_cancels_clears_and_truncates_to_what_was_heard():
@@ -485,6 +491,47 @@ async def test_barge_in_during_playback_after_generation_keeps_the_heard_part():
     assert h.last("conversation.item.truncated")["audio_end_ms"] == 160
     assert h.of_type("response.done")[0]["response"]["status"] == "completed"
     assert h.engine.requests[1].conversation.items[1] == AssistantText("one two ")
+    await h.session.close()
+
+
+async def barged_in() -> Harness:
+    """A session whose answer is being generated when the user starts speaking over it."""
+    h = await started(reply="one two three four five six seven eight")
+    h.engine.hold = asyncio.Event()  # a long answer: only the first word is generated
+    h.utter()
+    await h.until("response.output_audio_transcript.delta")
+    h.push(tone(600))  # the user barges in: the server cancels the answer itself
+    return h
+
+
+async def test_a_cancel_sent_as_the_server_cancels_at_barge_in_joins_that_cancel():
+    h = await barged_in()  # the cancel is under way: its response.done has not been sent
+    await h.send(type="response.cancel", event_id="c1")  # a client's reply to speech_started (LiveKit)
+
+    assert h.of_type("error") == []
+    (done,) = h.of_type("response.done")  # one response.done answers both
+    assert (done["response"]["status"], done["response"]["status_details"]["reason"]) == ("cancelled", "turn_detected")
+    await h.session.close()
+
+
+async def test_a_cancel_that_crossed_the_barge_in_response_done_is_answered_by_it():
+    h = await barged_in()
+    done = await h.until("response.done")
+    await h.send(type="response.cancel", event_id="c1")  # sent before the client saw response.done
+    await h.send(type="response.cancel", event_id="c2", response_id=done["response"]["id"])  # LiveKit sends two
+    assert h.of_type("error") == []
+    assert len(h.of_type("response.done")) == 1
+
+    await h.send(type="response.cancel", event_id="c3", response_id="resp_other")  # not that response
+    (error,) = [e["error"] for e in h.of_type("error")]
+    assert (error["code"], error["event_id"]) == ("response_cancel_not_active", "c3")
+    assert error["message"].startswith("Cancellation failed")  # what LiveKit ignores
+    h.engine.hold = None
+    h.push(silence(700))  # the barge-in utterance is answered
+    second = await h.turn_done(2)
+    assert second["response"]["status"] == "completed" and second["response"]["id"] != done["response"]["id"]
+    await h.send(type="response.cancel", event_id="c4")  # after a newer response: OpenAI's error
+    assert h.last("error")["error"]["event_id"] == "c4"
     await h.session.close()
 
 
@@ -586,6 +633,35 @@ async def test_delete_and_truncate_items_and_unknown_ids(h):
     errors = [e["error"] for e in h.of_type("error")]
     assert [(e["code"], e["event_id"]) for e in errors] == [("item_not_found", "d9"), ("invalid_value", "t9")]
     assert h.engine.requests[1].conversation.items == (UserText("two"), AssistantText("Hello "))
+
+
+class FractionalMsEngine(ScriptedEngine):
+    """Frames of 4,935 samples: a three-word answer is 14,805 samples (29,610 bytes of PCM16),
+    616.875 ms, as the answers of issue 35's openai-agents runs were."""
+
+    def frame(self) -> np.ndarray:
+        return np.full(4_935, 0.05, dtype=np.float32)
+
+
+async def test_a_truncate_at_the_answers_length_rounded_up_is_taken_and_clamped():
+    # openai-agents bounds audio_end_ms by the audio received rounded *up* to a whole ms (617).
+    h = SessionHarness(FractionalMsEngine("one two three"), EnergyVad())
+    await h.session.start()
+    await h.send(type="conversation.item.create", item={"type": "message", "role": "user",
+                                                        "content": [{"type": "input_text", "text": "hi"}]})
+    await h.send(type="response.create")
+    answer_id = (await h.turn_done())["response"]["output"][0]["id"]
+    await h.send(type="conversation.item.truncate", item_id=answer_id, content_index=0, audio_end_ms=617, event_id="t1")
+    await h.send(type="conversation.item.truncate", item_id=answer_id, content_index=0, audio_end_ms=618, event_id="t2")
+    await h.send(type="conversation.item.retrieve", item_id=answer_id)
+
+    assert h.last("conversation.item.truncated")["audio_end_ms"] == 617
+    (error,) = [e["error"] for e in h.of_type("error")]
+    assert (error["code"], error["event_id"], error["param"]) == ("invalid_value", "t2", "audio_end_ms")
+    assert "(617 ms)" in error["message"]  # the bound it can be truncated at, as the client counts it
+    # 617 ms is all of its audio: all of it was heard.
+    assert h.last("conversation.item.retrieved")["item"]["content"][0]["transcript"] == "one two three"
+    await h.session.close()
 
 
 async def test_retrieve_gives_an_item_as_it_stands_and_an_unknown_id_an_error(h):

@@ -11,7 +11,7 @@ from app.realtime.session_config import SessionConfig, TurnDetection
 from app.realtime.turn_taking import ECHO_TAIL_MS
 from media.vad import SileroVad
 from pipeline.conversation import AssistantText, UserAudio
-from tests.fakes import CODEC_FRAME_SAMPLES, ScriptedEngine, SessionHarness
+from tests.fakes import CODEC_FRAME_SAMPLES, HALF_DUPLEX, ScriptedEngine, SessionHarness
 from tests.speech import RATE, load_fixture, silence
 
 
@@ -82,7 +82,7 @@ async def test_a_cough_is_not_a_turn(vad):
 
 
 async def test_half_duplex_speech_over_playback_is_not_a_turn(vad):
-    h = await started(vad)
+    h = await started(vad, HALF_DUPLEX)
     h.push(load_fixture("hello"))
     h.push(silence(800))
     await h.until("response.done")

@@ -11,7 +11,7 @@ import numpy as np
 from app.realtime.session_config import SessionConfig
 from app.realtime.turn_taking import ECHO_TAIL_MS, TURN_LIMIT_CODE
 from pipeline.conversation import AssistantText, UserAudio
-from tests.fakes import EnergyVad, ScriptedEngine, SessionHarness
+from tests.fakes import HALF_DUPLEX, EnergyVad, ScriptedEngine, SessionHarness
 from tests.speech import silence, tone
 
 RATE = 16_000
@@ -68,7 +68,7 @@ async def test_a_70_s_utterance_is_committed_in_segments_and_answered_once_it_en
 
 async def test_a_turn_past_its_maximum_gets_an_error_naming_it_and_is_answered():
     ignored = Counter()
-    h = await session(ignored)
+    h = await session(ignored, HALF_DUPLEX)
     h.push(tone(125_000))  # 5 s past the 120 s maximum, without a pause
     error = h.last("error")["error"]
     assert error["code"] == TURN_LIMIT_CODE
@@ -93,7 +93,7 @@ async def test_a_turn_past_its_maximum_gets_an_error_naming_it_and_is_answered()
 
 async def test_speech_over_an_answer_in_half_duplex_is_counted_not_acted_on():
     ignored = Counter()
-    h = await session(ignored)
+    h = await session(ignored, HALF_DUPLEX)
     h.push(tone(600))
     h.push(silence(700))
     await h.until("response.done")  # its audio has not played yet: the assistant is speaking

@@ -60,6 +60,12 @@ def test_serve_refuses_invalid_settings_with_a_message(capsys):
     assert "API key" in capsys.readouterr().err
 
 
+def test_interrupt_response_is_on_unless_the_flag_turns_it_off(monkeypatch):
+    assert serve_settings(monkeypatch, []).default_interrupt_response is True
+    assert serve_settings(monkeypatch, ["--no-interrupt-response"]).default_interrupt_response is False
+    assert serve_settings(monkeypatch, [], OMNI_RTC_DEFAULT_INTERRUPT_RESPONSE="false").default_interrupt_response is False
+
+
 def test_dev_replies_are_a_file_of_answer_texts(monkeypatch, tmp_path):
     replies = tmp_path / "replies.json"
     replies.write_text(json.dumps(["Hello.", '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>']))

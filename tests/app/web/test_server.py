@@ -318,3 +318,28 @@ async def test_healthz_shows_each_engine_of_a_pool_and_degraded_while_one_restar
     assert body["status"] == "degraded"
     assert [engine["device"] for engine in body["engine"]["engines"]] == ["cuda:0", "cuda:1"]
     assert [engine["alive"] for engine in body["engine"]["engines"]] == [True, False]
+
+
+async def minted_turn_detection(settings: Settings, session: dict) -> dict:
+    """The turn detection a call placed with a client secret minted for ``session`` starts with."""
+    settings = settings.model_copy(update={"api_key": SecretStr("sk-test")})
+    async with serving(settings) as http:
+        minted = await http.post("/v1/realtime/client_secrets", json={"session": session},
+                                 headers={"Authorization": "Bearer sk-test"})
+    assert minted.status_code == 200
+    return minted.json()["session"]["audio"]["input"]["turn_detection"]
+
+
+async def test_a_call_barges_in_by_default_as_openai_does(settings):
+    assert (await minted_turn_detection(settings, {"type": "realtime"}))["interrupt_response"] is True
+    without_field = {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}
+    assert (await minted_turn_detection(settings, without_field))["interrupt_response"] is True
+
+
+async def test_the_server_setting_makes_calls_half_duplex_unless_they_ask(settings):
+    settings = settings.model_copy(update={"default_interrupt_response": False})
+    assert (await minted_turn_detection(settings, {"type": "realtime"}))["interrupt_response"] is False
+    without_field = {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}
+    assert (await minted_turn_detection(settings, without_field))["interrupt_response"] is False
+    asked = {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad", "interrupt_response": True}}}}
+    assert (await minted_turn_detection(settings, asked))["interrupt_response"] is True

@@ -160,6 +160,36 @@ def test_gate_charges_every_event_by_its_size_the_refused_too():
     assert refused is not None and refused.code == "rate_limit_exceeded"
 
 
+def test_gate_does_not_count_audio_appends_wherever_their_type_stands():
+    gate = EventGate(max_bytes=1_000, per_second=10, burst=2, clock=FakeClock())
+    appends = ['{"type": "input_audio_buffer.append", "audio": "AAAA"}',
+               '{"audio": "AAAA", "type": "input_audio_buffer.append"}']  # openai-python's field order
+    for _ in range(10):
+        for append in appends:
+            assert gate.admit(append) is None
+            assert gate.admit_parsed(append, append=True) is None
+    assert gate.admit("{}") is None  # the burst is still whole
+
+
+def test_gate_charges_an_event_that_only_looked_like_an_append_once_parsed():
+    gate = EventGate(max_bytes=1_000, per_second=10, burst=2, clock=FakeClock())
+    lookalike = '{"type": "conversation.item.create", "item": {"text": "input_audio_buffer.append"}}'
+    answers = []
+    for _ in range(3):
+        assert gate.admit(lookalike) is None
+        answers.append(gate.admit_parsed(lookalike, append=False))
+    assert answers[:2] == [None, None]
+    assert answers[2] is not None and answers[2].code == "rate_limit_exceeded"
+
+
+def test_gate_charges_an_append_larger_than_any_append_before_parsing():
+    gate = EventGate(max_bytes=100, per_second=10, burst=5, max_image_event_bytes=1_000, clock=FakeClock())
+    large = '{"type": "input_audio_buffer.append", "audio": "' + "A" * 400 + '"}'  # 5 events' worth
+    assert gate.admit(large) is None  # charged all 5 tokens; refused once parsed (no image)
+    refused = gate.admit("{}")
+    assert refused is not None and refused.code == "rate_limit_exceeded"
+
+
 class ScriptedTurnEngine:
     """Yields ``events``; then stalls forever if ``stall``; records whether it was cancelled."""
 

@@ -85,6 +85,19 @@ async def test_the_session_is_created_first_and_answers_with_audio_deltas(tmp_pa
     assert len(audio) == 3 * 1920 * 2  # three 80 ms frames of PCM16 at 24 kHz
 
 
+@pytest.mark.parametrize("default", [True, False])
+async def test_a_socket_session_takes_the_servers_interrupt_response_default(tmp_path, default):
+    # pipecat sends no turn detection, others send one without interrupt_response: both get the default.
+    async with serving(Settings(cache_dir=tmp_path, default_interrupt_response=default)) as url:
+        async with websockets.connect(ws_url(url)) as ws:
+            created = await next_event(ws, "session.created")
+            await ws.send(json.dumps({"type": "session.update", "session": {
+                "type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}}))
+            updated = await next_event(ws, "session.updated")
+    for event in (created, updated):
+        assert event["session"]["audio"]["input"]["turn_detection"]["interrupt_response"] is default
+
+
 async def test_credentials_as_a_header_a_subprotocol_or_a_client_secret(tmp_path):
     async with serving(Settings(cache_dir=tmp_path, api_key=SecretStr(API_KEY))) as url:
         with pytest.raises(InvalidStatus) as missing:
@@ -170,6 +183,35 @@ async def test_bad_frames_get_errors_and_the_session_goes_on(tmp_path):
     assert too_fast[-1]["error"]["event_id"] == f"a{MAX_APPEND_AHEAD_MS // 1000 + 9}"  # the last one, at least
     assert not [e for e in events if e["type"] == "error"]
     assert events[-1]["response"]["status"] == "completed"
+
+
+async def test_5_s_of_10_ms_appends_sent_in_real_time_lose_nothing_and_a_flood_beside_them_is_refused(tmp_path):
+    # Issue 35: 100 appends a second (LiveKit's 10 ms frames) lost 151 of 500 to the event rate.
+    chunk = base64.b64encode(bytes(2 * 240)).decode()  # 10 ms of silence at 24 kHz
+    async with serving(Settings(cache_dir=tmp_path)) as url, websockets.connect(ws_url(url)) as ws:
+        await next_event(ws, "session.created")
+        await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}))
+        await next_event(ws, "session.updated")
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for number in range(500):
+            await asyncio.sleep(max(0.0, start + number / 100 - loop.time()))  # paced by the clock, not by sleeps
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk, "event_id": f"a{number}"}))
+            await ws.send(json.dumps({"type": "conversation.item.retrieve", "item_id": "none", "event_id": f"f{number}"}))
+        for number in range(300):  # then a flood of other events at once
+            await ws.send(json.dumps({"type": "conversation.item.retrieve", "item_id": "none", "event_id": f"g{number}"}))
+        errors = []
+        with contextlib.suppress(TimeoutError):  # every answer has come once the socket is quiet for 2 s
+            while True:
+                event = json.loads(await asyncio.wait_for(ws.recv(), 2.0))
+                if event["type"] == "error":
+                    errors.append(event["error"])
+    codes = [e["code"] for e in errors]
+    # One error per retrieve, taken (item_not_found) or refused (rate_limit_exceeded, before it was
+    # read: no event_id), and none for an append: a refused append would be one more.
+    assert len(errors) == 500 + 300
+    assert set(codes) == {"item_not_found", "rate_limit_exceeded"}
+    assert codes.count("item_not_found") <= 100 + 50 * 6  # 50 a second after the burst, over the ~5 s
 
 
 async def test_a_vanished_client_releases_the_session_and_its_engine_work(tmp_path):
