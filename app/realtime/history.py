@@ -43,6 +43,7 @@ from app.realtime.protocol import (
     new_id,
 )
 from app.realtime.session_config import Modality
+from app.realtime.tools import check_function_name
 from media import g711
 from media.rates import SPEECH_RATE, VOICE_RATE
 from pipeline.conversation import (
@@ -250,8 +251,9 @@ class History:
     ) -> Entry:
         """A client's function call, or the output of a call in the history."""
         if isinstance(item, ClientFunctionCallItem):
+            name = check_function_name(item.name, "item.name")
             arguments = checked_text(item.arguments, "item.arguments", max_chars=max_chars)
-            return FunctionCallEntry(item_id, item.call_id, item.name, arguments, status="completed")
+            return FunctionCallEntry(item_id, item.call_id, name, arguments, status="completed")
         made = (entry for entry in self._entries if isinstance(entry, FunctionCallEntry) and entry.status == "completed")
         if not any(entry.call_id == item.call_id for entry in made):  # a call cut off was never made
             raise ProtocolError(
