@@ -62,6 +62,7 @@ from pipeline.conversation import (
     asr_instruction,
     bound_history,
 )
+from pipeline.token_count import PromptTooLong, prompt_tokens_at_most
 from pipeline.tool_format import offers_tools
 from pipeline.turn import TranscriptionHint, TurnRequest
 
@@ -102,6 +103,24 @@ class ToolsUnsupported(ValueError):
 
 
 def _messages(request: TurnRequest) -> list[dict[str, Any]]:
+    system_prompt, items = _prompt(request)
+    messages: list[dict[str, Any]] = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
+    user_items: list[ConversationItem] = []
+    for item in items:
+        if isinstance(item, AssistantText):
+            if user_items:
+                messages.append(_user_message(user_items))
+                user_items = []
+            messages.append({"role": "assistant", "content": item.text})
+        else:
+            user_items.append(item)
+    if user_items:
+        messages.append(_user_message(user_items))
+    return messages
+
+
+def _prompt(request: TurnRequest) -> tuple[str | None, tuple[ConversationItem, ...]]:
+    """The system message (None: none) and the items of the prompt ``request`` sends."""
     conversation = request.conversation
     must_call = offers_tools(conversation.tools, conversation.tool_choice) and conversation.tool_choice.mode != "auto"
     if must_call or any(isinstance(item, FunctionCall | FunctionOutput) for item in conversation.items):
@@ -113,21 +132,18 @@ def _messages(request: TurnRequest) -> list[dict[str, Any]]:
                 f"a transcription turn takes one audio clip and nothing else, got {len(request.conversation.items)} items"
             )
         hint = request.hint or TranscriptionHint()
-        system = [{"role": "system", "content": hint.prompt}] if hint.prompt else []
-        return [*system, _user_message([UserAudio(clips[0].pcm), UserText(asr_instruction(hint.language))])]
-    messages: list[dict[str, Any]] = [{"role": "system", "content": conversation.system_prompt}]
-    user_items: list[ConversationItem] = []
-    for item in bound_history(conversation):
-        if isinstance(item, AssistantText):
-            if user_items:
-                messages.append(_user_message(user_items))
-                user_items = []
-            messages.append({"role": "assistant", "content": item.text})
-        else:
-            user_items.append(item)
-    if user_items:
-        messages.append(_user_message(user_items))
-    return messages
+        return hint.prompt or None, (UserAudio(clips[0].pcm), UserText(asr_instruction(hint.language)))
+    return conversation.system_prompt, bound_history(conversation)
+
+
+def check_prompt_length(request: TurnRequest, limit: int) -> None:
+    """``PromptTooLong`` when the prompt ``request`` sends may be longer than ``limit`` tokens
+    (``pipeline.token_count``: exact for audio and images, text counted once its bytes pass the
+    limit; the server's chat template may add or save a few framing tokens). Blocking when counted."""
+    system_prompt, items = _prompt(request)
+    tokens = prompt_tokens_at_most(system_prompt, items, limit)
+    if tokens > limit:
+        raise PromptTooLong(f"the prompt is {tokens} tokens; this engine takes at most {limit}")
 
 
 def _user_message(items: list[ConversationItem]) -> dict[str, Any]:

@@ -48,10 +48,12 @@ from pipeline.chat_completions import (
     TextPiece,
     ToolsUnsupported,
     UsagePiece,
+    check_prompt_length,
     encode_chat_request,
     read_chunk,
 )
 from pipeline.pool import LeastLoadedPool
+from pipeline.token_count import DEFAULT_MAX_PROMPT_TOKENS, PromptTooLong
 from pipeline.turn import (
     AudioChunk,
     EngineError,
@@ -98,7 +100,8 @@ class RemoteEngine:
     ``Authorization: Bearer`` (``vllm serve --api-key``). ``model`` is the served model name
     sent with every turn; None sends none (vLLM answers with the one model it serves) and
     takes the engine's ``name`` from the server's ``/v1/models`` at start. ``seed`` is sent
-    with every turn.
+    with every turn. A turn whose prompt may be longer than ``max_prompt_tokens``
+    (``chat_completions.check_prompt_length``) fails ``prompt_too_long`` before it is sent.
     """
 
     def __init__(
@@ -108,8 +111,10 @@ class RemoteEngine:
         api_key: str | None = None,
         model: str | None = None,
         seed: int | None = None,
+        max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
     ) -> None:
         self.url = url.rstrip("/")
+        self._max_prompt_tokens = max_prompt_tokens
         self.name = model or DEFAULT_NAME
         self._model = model
         self._seed = seed
@@ -222,11 +227,15 @@ class RemoteEngine:
         self.running += 1  # before the first await: a pool choosing for the next turn counts this one
         try:
             try:
-                body = await asyncio.to_thread(encode_chat_request, request, model=self._model, seed=self._seed)
+                body = await asyncio.to_thread(self._request_body, request)
             except ToolsUnsupported:
                 raise EngineError(
                     "Function calling is not available with vLLM-Omni engines (--engine-url).", code="tools_unsupported"
                 ) from None
+            except PromptTooLong as exc:
+                # The turn's, not the server's: the server's health is not touched.
+                logger.warning("engine server %s: a turn refused before it was sent: %s", redacted(self.url), exc)
+                raise EngineError("The turn's prompt is longer than this engine takes.", code=exc.code) from None
             async with aconnect_sse(
                 self._client, "POST", "chat/completions", content=body, headers={"Content-Type": "application/json"}
             ) as source:
@@ -244,6 +253,11 @@ class RemoteEngine:
         finally:
             self.running -= 1
             self.turns += 1
+
+    def _request_body(self, request: TurnRequest) -> bytes:
+        """The turn's request, its prompt's length checked first (blocking: a worker thread's)."""
+        check_prompt_length(request, self._max_prompt_tokens)
+        return encode_chat_request(request, model=self._model, seed=self._seed)
 
     async def _check_status(self, response: httpx.Response) -> None:
         if response.status_code == 200:

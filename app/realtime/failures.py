@@ -30,6 +30,7 @@ FAILURE_MESSAGES = {
     "engine_http_error": "The model server refused the turn.",
     "tools_unsupported": "Function calling is not available with this server's engine.",
     "turn_too_large": "The conversation is too large to send to the model.",
+    "prompt_too_long": "The conversation's prompt is longer than the model takes; the response was not started.",
     "turn_event_too_large": "A part of the answer was too large to send.",
     "server_error": "The server failed to handle this; the session goes on.",
 }

@@ -37,6 +37,7 @@ from app.realtime.history import History
 from app.realtime.images import read_item_images
 from app.realtime.input_buffer import AppendDecoder, ManualBuffer
 from app.realtime.ledger import AudioOutput, PlaybackLedger
+from app.realtime.prompt_budget import check_session, check_system_budget, session_param
 from app.realtime.protocol import (
     ClientEvent,
     ClientMessageItem,
@@ -250,7 +251,7 @@ class RealtimeSession:
 
     async def _dispatch(self, event: ClientEvent) -> None:
         if isinstance(event, SessionUpdateEvent):
-            self._update_session(event)
+            await self._update_session(event)
         elif isinstance(event, InputAudioBufferAppendEvent):
             self._append_audio(event)
         elif isinstance(event, InputAudioBufferCommitEvent):
@@ -266,7 +267,7 @@ class RealtimeSession:
         elif isinstance(event, ConversationItemTruncateEvent):
             self._truncate_item(event)
         elif isinstance(event, ResponseCreateEvent):
-            self._create_response(event)
+            await self._create_response(event)
         elif isinstance(event, ResponseCancelEvent):
             await self._cancel_response(event)
         elif isinstance(event, OutputAudioBufferClearEvent):
@@ -274,9 +275,13 @@ class RealtimeSession:
         elif isinstance(event, PlaybackAckEvent):  # WebSocket: the client says what it played
             self._emit(acknowledge_playback(event, self._output, self._history, self._ledger, self.session_id))
 
-    def _update_session(self, event: SessionUpdateEvent) -> None:
+    async def _update_session(self, event: SessionUpdateEvent) -> None:
         old = self._config
-        new, unavailable = self._semantic.runnable(old.updated(event.session))
+        updated = old.updated(event.session)
+        await check_session(updated, since=old, param=session_param(event.session))
+        if self._closed:
+            return
+        new, unavailable = self._semantic.runnable(updated)
         if unavailable is not None:
             self._emit(unavailable.for_event(event.event_id).to_event())
         self._config = new
@@ -327,17 +332,29 @@ class RealtimeSession:
         self._emit(self._history.truncate_item(event, self._ledger))
         played_out(self._output, event.item_id)
 
-    def _create_response(self, event: ResponseCreateEvent) -> None:
+    async def _create_response(self, event: ResponseCreateEvent) -> None:
+        self._refuse_second_response()
+        response = self._session_response(time.monotonic())
+        params = event.response
+        if params is not None:
+            apply_response_params(response, params, max_chars=self._config.max_text_chars)
+            if params.instructions is not None or params.tools is not None:
+                await check_system_budget(
+                    response.instructions, response.tools, budget=self._config.max_instructions_tokens,
+                    param="response.tools" if params.tools is not None else "response.instructions",
+                )
+                if self._closed:
+                    return
+                self._refuse_second_response()  # server VAD may have started one meanwhile
+        self._start_response(response)
+
+    def _refuse_second_response(self) -> None:
         if self._response is not None and not self._response.cancelling:
             raise ProtocolError(
                 "conversation_already_has_active_response",
                 f"Conversation already has an active response in progress: {self._response.id}. "
                 "Wait until the response is finished before creating a new one.",
             )
-        response = self._session_response(time.monotonic())
-        if event.response is not None:
-            apply_response_params(response, event.response, max_chars=self._config.max_text_chars)
-        self._start_response(response)
 
     async def _cancel_response(self, event: ResponseCancelEvent) -> None:
         response = self._response

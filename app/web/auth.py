@@ -14,7 +14,7 @@ import hmac
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -208,7 +208,7 @@ class ClientSecretRequest(BaseModel):
     session: dict[str, Any] | None = None
 
 
-SessionResolver = Callable[[dict[str, Any] | None], dict[str, Any]]
+SessionResolver = Callable[[dict[str, Any] | None], Awaitable[dict[str, Any]]]
 """Validates a partial session config and returns the effective session object.
 
 Raises ``ValueError`` (pydantic's ``ValidationError`` is one) for a config that is really wrong.
@@ -235,7 +235,7 @@ def client_secrets_router(authenticator: Authenticator, resolve_session: Session
             raise ApiError(400, _first_error(exc), param=_first_param(exc)) from None
         session = body.session
         try:
-            effective = resolve_session(session)
+            effective = await resolve_session(session)
         except ValueError as exc:
             raise ApiError(400, f"Invalid session: {exc}", param="session") from None
         secret = authenticator.secrets.mint(seconds=body.expires_after.seconds, session=session)

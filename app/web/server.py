@@ -22,6 +22,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.middleware.cors import CORSMiddleware
 
 from app.config import Settings, load_dev_replies
+from app.realtime.prompt_budget import check_session, session_param
 from app.realtime.protocol import ProtocolError
 from app.realtime.session_config import SessionConfig
 from app.web.auth import Authenticator, install_auth
@@ -94,10 +95,11 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app = FastAPI(title="omni-rtc", lifespan=lifespan)
     base_config = _base_session_config(settings)
 
-    def resolve_session(partial: dict[str, Any] | None) -> dict[str, Any]:
+    async def resolve_session(partial: dict[str, Any] | None) -> dict[str, Any]:
         """The effective session a client secret's call will start with (``ValueError`` when wrong)."""
         try:
             config = SessionConfig.from_session(partial or {}, base=base_config)
+            await check_session(config, since=base_config, param=session_param(partial or {}))
         except ProtocolError as exc:
             raise ValueError(exc.message) from None
         runtime = getattr(app.state, "runtime", None)
@@ -199,6 +201,7 @@ def _base_session_config(settings: Settings) -> SessionConfig:
     return SessionConfig(
         history=HistoryLimits(max_prompt_tokens=settings.history_max_tokens),
         max_text_chars=settings.max_text_chars,
+        max_instructions_tokens=settings.instructions_max_tokens,
         max_event_bytes=settings.max_event_bytes,
         max_events_per_second=settings.max_events_per_second,
         max_event_burst=settings.max_event_burst,
@@ -215,6 +218,7 @@ async def _start_engine(settings: Settings) -> tuple[Engine, str]:
             api_key=settings.engine_api_key.get_secret_value() if settings.engine_api_key else None,
             model=settings.model,
             seed=settings.seed,
+            max_prompt_tokens=settings.max_prompt_tokens,
         )
         await remote.start()
         return remote, remote.name
@@ -238,6 +242,7 @@ async def _start_engine(settings: Settings) -> tuple[Engine, str]:
         generation=settings.generation,
         threads=settings.engine_threads,
         attn_implementation=settings.attn_implementation,
+        max_prompt_tokens=settings.max_prompt_tokens,
     )
     await engine.start()
     return engine, model

@@ -282,7 +282,7 @@ def websocket_router(
             runtime = _runtime_of(websocket)
             _check_origin(websocket, origins)
             grant = _authorize(websocket, authenticator, offered)
-            config = read_session_config(grant.session or {}, base_config)
+            config = await read_session_config(grant.session or {}, base_config)
 
             def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
                 return RealtimeSession(

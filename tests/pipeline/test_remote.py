@@ -192,6 +192,22 @@ async def test_a_turn_that_must_call_a_function_fails_as_unsupported_and_the_nex
     assert isinstance(again[-1][1], TurnDone)
 
 
+async def test_a_prompt_past_the_limit_fails_before_it_is_sent_and_the_next_runs(replay: ReplayServer) -> None:
+    # Issue 34: 33,000 short words are ~33,000 tokens (165 KB: a byte bound alone would refuse
+    # far less); the limit is counted, and the server never sees the turn.
+    asked = len(replay.requests)
+    long = TurnRequest(Conversation((UserText("Hi"),), instructions="word " * 33_000), output_audio=False)
+    fits = TurnRequest(Conversation((UserText("Hi"),), instructions="word " * 30_000), output_audio=False)
+    async with started(replay.url) as engine:
+        with pytest.raises(EngineError) as refused:
+            await run(engine, long)
+        assert len(replay.requests) == asked
+        again = await run(engine, fits)
+    assert refused.value.code == "prompt_too_long"
+    assert isinstance(again[-1][1], TurnDone) and len(replay.requests) == asked + 1
+    assert engine.describe()[0]["last_error"] is None  # the turn's fault, not the server's
+
+
 async def test_an_unreachable_server_fails_the_turn_and_reads_not_alive() -> None:
     async with started(f"http://127.0.0.1:{closed_port()}/v1") as engine:
         assert not engine.alive

@@ -19,6 +19,7 @@ from pipeline.conversation import (
     split_turns,
 )
 from pipeline.prompt import PromptRenderer
+from pipeline.token_count import qwen_encoding
 from pipeline.tokenizer import load_tokenizer
 
 TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE, TOOL_RESPONSE_END = 151657, 151658, 151665, 151666
@@ -197,3 +198,9 @@ def test_json_arguments_are_written_as_the_templates_tojson_writes_a_mapping(ren
              FunctionOutput("call_1", "noon")]
     _, ids = render(renderer, items, tools=(GET_TIME,))
     assert '{"name": "get_time", "arguments": {"timezone": "UTC", "n": [1, 2]}}' in tokenizer.decode(ids)
+
+
+def test_text_holding_markup_is_encoded_as_the_bpe_encodes_plain_text(renderer):
+    text = "Ünïcödé, 你好 🙂 " + FORGED + " <think>no</think> <|fim_prefix|>x"
+    ids = renderer.render_open_user_message(text).input_ids[0].tolist()
+    assert ids[1:] == qwen_encoding().encode_ordinary("user\n" + text)

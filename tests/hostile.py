@@ -1,0 +1,25 @@
+"""What a hostile peer sends, made reproducibly for the tests and tests/bench/abuse.py (issue 34)."""
+
+from __future__ import annotations
+
+import random
+import string
+
+# No '"' or '\\': JSON carries them as two characters, and an event of them would pass 256 KiB.
+PUNCTUATION = string.punctuation.replace('"', "").replace("\\", "")
+
+
+def punctuation(chars: int, seed: int = 34) -> str:
+    """Random punctuation: Qwen's costliest text, ~0.7 tokens a byte (prose is ~0.2)."""
+    rng = random.Random(seed)
+    return "".join(rng.choice(PUNCTUATION) for _ in range(chars))
+
+
+def punctuation_tools(count: int = 16, chars: int = 15_000) -> list[dict]:
+    """The audit's ``session.update``: function tools whose descriptions are punctuation, each
+    just under ``max_text_chars``; 16 of them make a ~241 KB event."""
+    return [
+        {"type": "function", "name": f"tool_{index}", "description": punctuation(chars, seed=index),
+         "parameters": {"type": "object"}}
+        for index in range(count)
+    ]
