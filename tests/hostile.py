@@ -23,3 +23,16 @@ def punctuation_tools(count: int = 16, chars: int = 15_000) -> list[dict]:
          "parameters": {"type": "object"}}
         for index in range(count)
     ]
+
+
+def flac_silence(seconds: float = 600.0, rate: int = 24_000) -> bytes:
+    """An audio decode bomb: ten minutes of silence at 24 kHz are 43 KB of FLAC (58 KB as base64)
+    and 55 MiB once decoded to float32: what the audit's upstream sent."""
+    import io
+
+    import numpy as np
+    import soundfile
+
+    buffer = io.BytesIO()
+    soundfile.write(buffer, np.zeros(int(seconds * rate), np.float32), rate, format="FLAC", subtype="PCM_16")
+    return buffer.getvalue()
