@@ -33,7 +33,7 @@ from app.realtime.entries import AssistantEntry
 from app.realtime.event_audio import acknowledge_playback, played_out
 from app.realtime.failures import failure_event
 from app.realtime.gate import EventGate
-from app.realtime.history import History
+from app.realtime.history import History, read_item_audio
 from app.realtime.images import read_item_images
 from app.realtime.input_buffer import AppendDecoder, ManualBuffer
 from app.realtime.ledger import AudioOutput, PlaybackLedger
@@ -80,6 +80,7 @@ from app.realtime.turn_taking import TurnActions, TurnTaking, detector_params
 from media.end_of_turn import EndOfTurnModel
 from media.frames import FramePlan, SampledFrame
 from media.vad import SpeechModel
+from pipeline.conversation import UserAudio, UserImage
 from pipeline.turn import AudioChunk, Engine, EngineError, FunctionCallEvent, TextDelta, TurnDone, TurnRequest
 
 logger = logging.getLogger(__name__)
@@ -171,8 +172,8 @@ class RealtimeSession:
         try:
             event = parse_client_event(raw)
             event_id = event.event_id
-            carries_image = isinstance(event, ConversationItemCreateEvent) and event.carries_image
-            if not carries_image and (large := self._gate.refuse_large(raw)) is not None:
+            image_chars = event.image_url_chars if isinstance(event, ConversationItemCreateEvent) else 0
+            if (large := self._gate.refuse_large(raw, image_chars=image_chars)) is not None:
                 raise ProtocolError(large.code, large.message)
             await self._dispatch(event)
         except ProtocolError as exc:
@@ -308,18 +309,21 @@ class RealtimeSession:
         self._emit(InputAudioBufferClearedEvent())
 
     async def _create_item(self, event: ConversationItemCreateEvent) -> None:
-        images = {}
+        images: dict[int, UserImage] = {}
+        audio: dict[int, UserAudio] = {}
         item = event.item
-        # Images are decoded in a worker thread; the history checks the rest.
+        # Images and audio are decoded in worker threads; the history checks the rest.
         if isinstance(item, ClientMessageItem) and item.role == "user":
             images = await read_item_images(item.content, max_bytes=self._config.max_image_bytes)
+            if any(part.type == "input_audio" for part in item.content):
+                audio = await asyncio.to_thread(
+                    read_item_audio, item.content, input_audio_format=self._config.input_audio_format,
+                    max_seconds=self._config.history.max_audio_seconds,
+                )
             if self._closed:
                 return
         for server_event in self._history.create_item(
-            event,
-            input_audio_format=self._config.input_audio_format,
-            max_chars=self._config.max_text_chars,
-            images=images,
+            event, max_chars=self._config.max_text_chars, images=images, audio=audio
         ):
             self._emit(server_event)
         self._prune()

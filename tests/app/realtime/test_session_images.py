@@ -6,6 +6,7 @@ speech. Camera frames are handed to the session as the call's sampler would.
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest_asyncio
@@ -111,7 +112,9 @@ async def test_an_event_over_the_image_event_limit_gets_event_too_large_before_i
     await h.session.start()
     await h.create_item({"type": "input_image", "image_url": data_url(bytes(20_000))})
     assert h.last_error()["code"] == "event_too_large"
-    assert "or 17432 for a conversation.item.create with an input_image" in h.last_error()["message"]
+    assert "besides the input_image data URLs of a conversation.item.create (at most 17432 in all)" in (
+        h.last_error()["message"]
+    )
     await h.session.close()
 
 
@@ -125,6 +128,22 @@ async def test_a_large_event_without_an_image_is_refused_once_parsed():
     await h.create_item({"type": "input_image", "image_url": image})
     assert len(h.of_type("conversation.item.added")) == 1
     await h.session.close()
+
+
+async def test_the_image_exemption_covers_the_image_bytes_only(h):
+    # Issue 34: a 14 MB event of one tiny image and 14 MB of µ-law beside it was let in, and its
+    # 22 minutes of audio decoded and resampled on the loop.
+    await h.send(type="session.update", session={"input_audio_format": "g711_ulaw"})
+    tiny = {"type": "input_image", "image_url": data_url(encoded(32, 32))}
+    audio = {"type": "input_audio", "audio": base64.b64encode(bytes(10_500_000)).decode()}
+    await h.create_item(tiny, audio, event_id="big")
+    error = h.last_error()
+    assert (error["code"], error["event_id"]) == ("event_too_large", "big")
+    assert not h.of_type("conversation.item.added")
+    await h.create_item(tiny, {"type": "input_text", "text": "x" * 300_000})  # text beside it: the same
+    assert h.last_error()["code"] == "event_too_large"
+    await h.create_item(tiny, {"type": "input_audio", "audio": base64.b64encode(bytes(8_000)).decode()})
+    assert len(h.of_type("conversation.item.added")) == 1  # an ordinary event beside the image is taken
 
 
 async def test_a_message_takes_at_most_eight_images(h):
