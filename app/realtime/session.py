@@ -34,7 +34,7 @@ from app.realtime.event_audio import acknowledge_playback, played_out
 from app.realtime.failures import failure_event
 from app.realtime.gate import EventGate
 from app.realtime.history import History, read_item_audio
-from app.realtime.images import read_item_images
+from app.realtime.images import DecodeBudget, read_item_images
 from app.realtime.input_buffer import AppendDecoder, ManualBuffer
 from app.realtime.ledger import AudioOutput, PlaybackLedger
 from app.realtime.prompt_budget import check_session, check_system_budget, session_param
@@ -137,6 +137,7 @@ class RealtimeSession:
         self._appends = AppendDecoder()
         self._history = History()
         self._frames = TurnFrames()
+        self._image_budget = DecodeBudget()
         self._response: Response | None = None  # generating, or queued behind a cancelling one
         self._tasks: set[asyncio.Task[None]] = set()
         self._ledger = PlaybackLedger()
@@ -314,7 +315,8 @@ class RealtimeSession:
         item = event.item
         # Images and audio are decoded in worker threads; the history checks the rest.
         if isinstance(item, ClientMessageItem) and item.role == "user":
-            images = await read_item_images(item.content, max_bytes=self._config.max_image_bytes)
+            images = await read_item_images(item.content, max_bytes=self._config.max_image_bytes,
+                                            budget=self._image_budget)
             if any(part.type == "input_audio" for part in item.content):
                 audio = await asyncio.to_thread(
                     read_item_audio, item.content, input_audio_format=self._config.input_audio_format,

@@ -9,14 +9,19 @@ from __future__ import annotations
 import base64
 import json
 
+import pytest
 import pytest_asyncio
 
 from app.realtime.camera import TurnFrames
+from app.realtime.images import DecodeBudget, read_item_images
+from app.realtime.protocol import ClientContentPart, ProtocolError
 from app.realtime.session_config import DETAIL_MAX_PIXELS, SessionConfig, VideoInput
 from media.frames import SampledFrame
 from pipeline.conversation import IMAGE_NOTE, HistoryLimits, UserAudio, UserImage, UserText
 from pipeline.images import probe
+from tests.clock import FakeClock
 from tests.fakes import EnergyVad, ScriptedEngine, SessionHarness
+from tests.hostile import blank_png
 from tests.pictures import data_url, encoded
 from tests.speech import silence, tone
 
@@ -144,6 +149,29 @@ async def test_the_image_exemption_covers_the_image_bytes_only(h):
     assert h.last_error()["code"] == "event_too_large"
     await h.create_item(tiny, {"type": "input_audio", "audio": base64.b64encode(bytes(8_000)).decode()})
     assert len(h.of_type("conversation.item.added")) == 1  # an ordinary event beside the image is taken
+
+
+async def test_a_50_mp_rgba_png_is_refused_from_its_header_and_the_session_goes_on(h):
+    # Issue 34: 194 KB that decoded to 200 MB and peaked at +415 MB for 2.7 s.
+    await h.create_item({"type": "input_image", "image_url": data_url(blank_png(7071, 7071), "image/png")})
+    error = h.last_error()
+    assert (error["code"], error["param"]) == ("invalid_value", "item.content[0].image_url")
+    assert "decoding it takes more than 96 MiB" in error["message"]
+    await h.create_item(_image(1), {"type": "input_text", "text": "And this?"})
+    assert len(h.of_type("conversation.item.added")) == 1
+
+
+async def test_a_sessions_image_decoding_is_held_to_its_rate_before_anything_is_decoded():
+    clock = FakeClock()
+    budget = DecodeBudget(per_second=10 * 2**20, burst=40 * 2**20, clock=clock)
+    png = data_url(blank_png(1600, 1200), "image/png")  # 15 MiB to decode: RGBA and its RGB copy
+    content = [ClientContentPart(type="input_image", image_url=png)]
+    assert len(await read_item_images(content * 2, max_bytes=2**20, budget=budget)) == 2
+    with pytest.raises(ProtocolError) as refused:
+        await read_item_images(content * 2, max_bytes=2**20, budget=budget)  # 30 MiB, 10 left
+    assert (refused.value.code, refused.value.param) == ("rate_limit_exceeded", "item.content")
+    clock.now += 2.0  # 20 MiB more
+    assert len(await read_item_images(content * 2, max_bytes=2**20, budget=budget)) == 2
 
 
 async def test_a_message_takes_at_most_eight_images(h):
