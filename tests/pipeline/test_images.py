@@ -11,7 +11,7 @@ from PIL import Image
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
 from pipeline.images import MAX_DECODE_BYTES, ImageError, decode_bytes, fit, fitted_size, image_tokens, probe
-from tests.hostile import blank_png
+from tests.hostile import flat_png
 from tests.pictures import encoded
 
 DETAIL_HIGH = 1_003_520
@@ -74,7 +74,7 @@ def test_fit_refuses_a_truncated_image():
 
 def test_a_50_mp_rgba_png_is_refused_from_its_header_before_a_pixel_is_decoded():
     # Issue 34: the audit's 194 KB PNG decoded to 200 MB and was converted whole: +415 MB, 2.7 s.
-    data = blank_png(7071, 7071)
+    data = flat_png(7071, 7071)
     info = probe(data)  # within the header's 50 MP
     assert decode_bytes(data, info, DETAIL_HIGH) > MAX_DECODE_BYTES
     with pytest.raises(ImageError, match="decoding it takes more than 96 MiB"):
@@ -92,7 +92,7 @@ def test_a_large_jpeg_is_charged_at_the_scale_it_is_decoded():
 
 
 def test_an_rgba_png_within_the_bound_is_fitted_as_rgb():
-    data = blank_png(1200, 900)
+    data = flat_png(1200, 900)
     fitted, width, height = fit(data, probe(data), max_pixels=100_352)
     assert probe(fitted).format == "JPEG" and (width, height) == fitted_size(1200, 900, max_pixels=100_352)
     assert decode_bytes(data, probe(data), 100_352) == 1200 * 900 * 8  # decoded RGBA and its RGB copy

@@ -21,7 +21,7 @@ from pipeline.conversation import IMAGE_NOTE, HistoryLimits, UserAudio, UserImag
 from pipeline.images import probe
 from tests.clock import FakeClock
 from tests.fakes import EnergyVad, ScriptedEngine, SessionHarness
-from tests.hostile import blank_png
+from tests.hostile import flat_png
 from tests.pictures import data_url, encoded
 from tests.speech import silence, tone
 
@@ -153,7 +153,7 @@ async def test_the_image_exemption_covers_the_image_bytes_only(h):
 
 async def test_a_50_mp_rgba_png_is_refused_from_its_header_and_the_session_goes_on(h):
     # Issue 34: 194 KB that decoded to 200 MB and peaked at +415 MB for 2.7 s.
-    await h.create_item({"type": "input_image", "image_url": data_url(blank_png(7071, 7071), "image/png")})
+    await h.create_item({"type": "input_image", "image_url": data_url(flat_png(7071, 7071), "image/png")})
     error = h.last_error()
     assert (error["code"], error["param"]) == ("invalid_value", "item.content[0].image_url")
     assert "decoding it takes more than 96 MiB" in error["message"]
@@ -164,7 +164,7 @@ async def test_a_50_mp_rgba_png_is_refused_from_its_header_and_the_session_goes_
 async def test_a_sessions_image_decoding_is_held_to_its_rate_before_anything_is_decoded():
     clock = FakeClock()
     budget = DecodeBudget(per_second=10 * 2**20, burst=40 * 2**20, clock=clock)
-    png = data_url(blank_png(1600, 1200), "image/png")  # 15 MiB to decode: RGBA and its RGB copy
+    png = data_url(flat_png(1600, 1200), "image/png")  # 15 MiB to decode: RGBA and its RGB copy
     content = [ClientContentPart(type="input_image", image_url=png)]
     assert len(await read_item_images(content * 2, max_bytes=2**20, budget=budget)) == 2
     with pytest.raises(ProtocolError) as refused:
