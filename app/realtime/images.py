@@ -33,8 +33,9 @@ MAX_IMAGES_PER_ITEM = 8
 IMAGE_TOO_LARGE = "image_too_large"
 _MIME_TYPES = frozenset(FORMATS.values()) | {"image/jpg"}  # a common misspelling of image/jpeg
 # A session's image decoding: the largest image's worth every 6 s (a 4K RGBA screenshot every 4 s;
-# a 12 MP photo at "high" decodes 3 MP, 12 MB), bursts of four of the largest. On the dev box the
-# largest takes ~1.3 s of a core to decode and fit, so a session held to this uses a fifth of one.
+# a 12 MP photo at "high" decodes 3 MP, 12 MB), bursts of four of the largest. On the loaded dev
+# box the largest takes 0.4-1.3 s of a core to decode and fit (tests/bench/abuse.py), so a session
+# held to this uses at most a fifth of one.
 DECODE_BYTES_PER_SECOND = 16 * 1024 * 1024
 DECODE_BURST_BYTES = 4 * MAX_DECODE_BYTES
 

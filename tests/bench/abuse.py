@@ -21,8 +21,9 @@ command gives both columns:
   then over two WebSocket sessions of a real server (a subprocess): the slowest reply session B
   gets to a cheap event (``conversation.item.retrieve`` of no item, every 20 ms) while session A
   sends the large one, against B's slowest reply with nothing else going on.
-- ``png``: the audit's 194 KB, 50 MP RGBA PNG fitted as an ``input_image`` at "high" detail, in a
-  fresh process: refused or fitted, its peak RSS growth and wall time.
+- ``png``: the audit's 50 MP RGBA PNG (~212 KB of one colour here) fitted as an ``input_image`` at
+  "high" detail in a fresh process, and the largest RGBA PNG the fix takes (12 MP): refused or
+  fitted, the process's peak RSS growth (VmHWM) and wall time.
 - ``judge``: semantic_vad's text judge while someone speaks in four bursts (600 ms of speech, 200 ms
   pauses) with a judge that answers only once released: the words checks started, the most in
   flight at once and the cancelled ones; and the seconds of audio judged after 20 s of speech.
@@ -296,19 +297,22 @@ def case_png() -> dict[str, Any]:
 def _fit_png(side: int) -> dict[str, Any]:
     path = Path(f"/tmp/abuse-bench-{side}.png")
     path.write_bytes(flat_png(side, side))
+    # VmHWM, the process's own peak: ru_maxrss after fork and exec starts at the parent's RSS.
     script = (
-        "import resource, sys, time\n"
+        "import sys, time\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
         "from pipeline.images import probe, fit\n"
+        "def peak_kb():\n"
+        "    return int(next(line for line in open('/proc/self/status') if line.startswith('VmHWM')).split()[1])\n"
         f"data = open({str(path)!r}, 'rb').read()\n"
-        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "base = peak_kb()\n"
         "started = time.perf_counter()\n"
         "try:\n"
         "    out = fit(data, probe(data), 1_003_520)\n"
         "    outcome = f'fitted to {out[1]}x{out[2]}'\n"
         "except ValueError as exc:\n"
         "    outcome = f'refused: {exc}'\n"
-        "print(outcome, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024, time.perf_counter() - started)\n"
+        "print(outcome, (peak_kb() - base) / 1024, time.perf_counter() - started)\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     *words, peak_mb, seconds = result.stdout.split()
