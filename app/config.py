@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from pipeline.token_count import ANSWER_OPENING_TOKENS, DEFAULT_MAX_PROMPT_TOKENS
 from pipeline.worker import usable_cores  # the engine sizes its threads by the same count
 
 # Settings of the in-process engine, which do nothing when turns run on vLLM-Omni servers (engine_urls).
@@ -147,6 +148,14 @@ class Settings(BaseSettings):
     # the oldest items go, each announced with conversation.item.deleted. OpenAI's token-based
     # truncation (token_limits.post_instructions) does the same.
     history_max_tokens: int = Field(16_000, ge=1_000)
+    # A session's system message: its instructions and tools together, in Qwen tokens (counted
+    # exactly once their bytes pass it); past it session.update (an offer's or a client secret's
+    # session, response.create's own) is refused with invalid_value (app/realtime/prompt_budget.py).
+    instructions_max_tokens: int = Field(16_000, ge=1_000)
+    # The longest prompt the engine takes (in-process: counted by its tokenizer; vLLM-Omni: by
+    # pipeline/token_count.py before it is sent): longer, the turn alone fails prompt_too_long
+    # before it joins a batch. Must hold the two budgets above (the Thinker has 65,536 positions).
+    max_prompt_tokens: int = Field(DEFAULT_MAX_PROMPT_TOKENS, ge=2_048)
     # Calls one client address may have still connecting (offered, ICE/DTLS not yet up); the next
     # offer gets 429. A page connects one call at a time; a load tool on one host may open a few.
     max_connecting_per_client: int = Field(8, ge=1)
@@ -223,6 +232,18 @@ class Settings(BaseSettings):
             raise ValueError(
                 "turn_text_judge 'engine' set with engine_urls: the words' end-of-turn score (the Thinker's "
                 "P(<|im_end|>) after the transcript) is computed by the in-process engine only"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _prompt_holds_the_session_budgets(self) -> Settings:
+        needed = self.instructions_max_tokens + self.history_max_tokens + ANSWER_OPENING_TOKENS
+        if self.max_prompt_tokens < needed:
+            raise ValueError(
+                f"max_prompt_tokens {self.max_prompt_tokens} cannot hold a session's instructions_max_tokens "
+                f"({self.instructions_max_tokens}) and history_max_tokens ({self.history_max_tokens}) with the "
+                f"answer's opening ({ANSWER_OPENING_TOKENS}): sessions within their budgets would have turns "
+                f"refused; set it to at least {needed}"
             )
         return self
 

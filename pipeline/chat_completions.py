@@ -31,10 +31,11 @@ The request (:func:`chat_request`):
 The stream (:func:`read_chunk`): server-sent events, each ``data:`` one JSON chunk, then
 ``data: [DONE]``. A chunk's top-level ``modality`` says what ``choices[0].delta.content`` holds:
 ``"text"``, the new answer text (the first one carries ``role`` and ``""``); ``"audio"``, base64 of
-a whole encoded audio file (WAV, PCM16, 24 kHz mono for Qwen3-Omni) holding the newest piece of
-the answer's audio, described by ``choices[0].audio_metadata``. The usage chunk has
+a whole WAV file (PCM16, 24 kHz mono for Qwen3-Omni) holding the newest piece of the answer's
+audio, described by ``choices[0].audio_metadata`` (:func:`decode_audio` takes nothing else, and
+checks the header before it reads a sample). The usage chunk has
 ``choices: []`` and no ``modality``. An error mid-stream is a chunk ``{"error": {...}}``, then
-``[DONE]``.
+``[DONE]``. The events are read by :class:`EventStream`, every line bounded.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ import base64
 import binascii
 import io
 import json
+import math
+import wave
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,11 +65,19 @@ from pipeline.conversation import (
     asr_instruction,
     bound_history,
 )
+from pipeline.token_count import PromptTooLong, prompt_tokens_at_most
 from pipeline.tool_format import offers_tools
 from pipeline.turn import TranscriptionHint, TurnRequest
 
 DONE = "[DONE]"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# vLLM-Omni's deploy config sends audio in chunks of 4 codec frames, then 25 (2 s); a chunk of
+# 30 s is 15 times that, and the most decoded at once: 1.4 MB of PCM16, 2.9 MB as float32.
+MAX_AUDIO_CHUNK_SECONDS = 30
+_WAV_HEADER_ROOM = 4_096  # RIFF, fmt, and any LIST chunk a writer adds before the data
+MAX_AUDIO_CONTENT_CHARS = 4 * math.ceil((_WAV_HEADER_ROOM + MAX_AUDIO_CHUNK_SECONDS * VOICE_RATE * 2) / 3)
+# One server-sent event line: the largest audio chunk's base64 and its JSON, with room (4 MiB).
+MAX_EVENT_LINE_BYTES = 4 * 1024 * 1024
 
 
 def chat_request(request: TurnRequest, *, model: str | None = None, seed: int | None = None) -> dict[str, Any]:
@@ -102,6 +113,24 @@ class ToolsUnsupported(ValueError):
 
 
 def _messages(request: TurnRequest) -> list[dict[str, Any]]:
+    system_prompt, items = _prompt(request)
+    messages: list[dict[str, Any]] = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
+    user_items: list[ConversationItem] = []
+    for item in items:
+        if isinstance(item, AssistantText):
+            if user_items:
+                messages.append(_user_message(user_items))
+                user_items = []
+            messages.append({"role": "assistant", "content": item.text})
+        else:
+            user_items.append(item)
+    if user_items:
+        messages.append(_user_message(user_items))
+    return messages
+
+
+def _prompt(request: TurnRequest) -> tuple[str | None, tuple[ConversationItem, ...]]:
+    """The system message (None: none) and the items of the prompt ``request`` sends."""
     conversation = request.conversation
     must_call = offers_tools(conversation.tools, conversation.tool_choice) and conversation.tool_choice.mode != "auto"
     if must_call or any(isinstance(item, FunctionCall | FunctionOutput) for item in conversation.items):
@@ -113,21 +142,18 @@ def _messages(request: TurnRequest) -> list[dict[str, Any]]:
                 f"a transcription turn takes one audio clip and nothing else, got {len(request.conversation.items)} items"
             )
         hint = request.hint or TranscriptionHint()
-        system = [{"role": "system", "content": hint.prompt}] if hint.prompt else []
-        return [*system, _user_message([UserAudio(clips[0].pcm), UserText(asr_instruction(hint.language))])]
-    messages: list[dict[str, Any]] = [{"role": "system", "content": conversation.system_prompt}]
-    user_items: list[ConversationItem] = []
-    for item in bound_history(conversation):
-        if isinstance(item, AssistantText):
-            if user_items:
-                messages.append(_user_message(user_items))
-                user_items = []
-            messages.append({"role": "assistant", "content": item.text})
-        else:
-            user_items.append(item)
-    if user_items:
-        messages.append(_user_message(user_items))
-    return messages
+        return hint.prompt or None, (UserAudio(clips[0].pcm), UserText(asr_instruction(hint.language)))
+    return conversation.system_prompt, bound_history(conversation)
+
+
+def check_prompt_length(request: TurnRequest, limit: int) -> None:
+    """``PromptTooLong`` when the prompt ``request`` sends may be longer than ``limit`` tokens
+    (``pipeline.token_count``: exact for audio and images, text counted once its bytes pass the
+    limit; the server's chat template may add or save a few framing tokens). Blocking when counted."""
+    system_prompt, items = _prompt(request)
+    tokens = prompt_tokens_at_most(system_prompt, items, limit)
+    if tokens > limit:
+        raise PromptTooLong(f"the prompt is {tokens} tokens; this engine takes at most {limit}")
 
 
 def _user_message(items: list[ConversationItem]) -> dict[str, Any]:
@@ -269,18 +295,84 @@ def read_chunk(data: str) -> list[StreamPiece]:
 
 
 def decode_audio(content: str) -> np.ndarray:
-    """An audio delta (base64 of an encoded file) as float32 mono at 24 kHz."""
+    """An audio delta (base64 of a WAV file) as float32 mono at 24 kHz.
+
+    Only what serving_chat sends is decoded: a PCM16 mono WAV at 24 kHz of at most
+    ``MAX_AUDIO_CHUNK_SECONDS``, its size checked from the base64 length and its header (rate,
+    channels, sample format, length) before the samples are read. Any other format is refused
+    unread: the link to vLLM-Omni is often plain HTTP, and 58 KB of FLAC decoded whole took 55 MB
+    in the front process, which holds every call (issue 34)."""
+    if len(content) > MAX_AUDIO_CONTENT_CHARS:
+        raise MalformedChunk(f"an audio chunk of {len(content)} base64 characters; at most {MAX_AUDIO_CONTENT_CHARS}")
     try:
         encoded = base64.b64decode(content, validate=True)
     except (binascii.Error, ValueError):
         raise MalformedChunk("audio content is not base64") from None
     try:
-        with soundfile.SoundFile(io.BytesIO(encoded)) as sound:
-            rate, channels = sound.samplerate, sound.channels
-            pcm = sound.read(dtype="float32", always_2d=True)
-    except RuntimeError as exc:  # soundfile's LibsndfileError: not a format it knows
-        raise MalformedChunk(f"audio content is not a sound file: {exc}") from None
-    if rate != VOICE_RATE or channels != 1:
-        # Qwen3-Omni's Code2Wav speaks 24 kHz mono; anything else is another model behind the URL.
-        raise MalformedChunk(f"audio at {rate} Hz with {channels} channels; expected {VOICE_RATE} Hz mono")
-    return np.ascontiguousarray(pcm[:, 0])
+        with wave.open(io.BytesIO(encoded)) as sound:
+            rate, channels, width, frames = (
+                sound.getframerate(), sound.getnchannels(), sound.getsampwidth(), sound.getnframes()
+            )
+            # Qwen3-Omni's Code2Wav speaks 24 kHz mono, which serving_chat writes as PCM_16.
+            if (rate, channels, width) != (VOICE_RATE, 1, 2):
+                raise MalformedChunk(
+                    f"audio at {rate} Hz, {channels} channels, {8 * width}-bit; expected {VOICE_RATE} Hz mono PCM16"
+                )
+            if frames > MAX_AUDIO_CHUNK_SECONDS * VOICE_RATE:
+                raise MalformedChunk(f"an audio chunk of {frames / VOICE_RATE:.1f} s; at most {MAX_AUDIO_CHUNK_SECONDS} s")
+            data = sound.readframes(frames)
+    except (wave.Error, EOFError) as exc:  # not RIFF/WAVE, not PCM, or cut inside its header
+        raise MalformedChunk(f"audio content is not a PCM WAV file: {exc}") from None
+    return np.frombuffer(data[: len(data) // 2 * 2], dtype="<i2").astype(np.float32) / 32768.0
+
+
+class EventStreamTooLarge(MalformedChunk):
+    """A server-sent event line (or event) longer than ``MAX_EVENT_LINE_BYTES``."""
+
+
+class EventStream:
+    """Server-sent events read from the body's bytes, each event's ``data`` as one string.
+
+    Every line is bounded (``MAX_EVENT_LINE_BYTES``, and one event's data lines together): a
+    line that never ends would otherwise grow until memory runs out, as an SSE reader that
+    reads whole lines does. The WHATWG rules that serving_chat's stream needs: ``data:`` lines
+    (one leading space dropped) joined by newlines, a blank line ends the event, comments and
+    other fields ignored; lines end with LF or CRLF (a lone CR, which no server here sends, is
+    not a line end).
+    """
+
+    def __init__(self, max_line_bytes: int = MAX_EVENT_LINE_BYTES) -> None:
+        self._max = max_line_bytes
+        self._pending = bytearray()
+        self._data: list[bytes] = []
+        self._data_bytes = 0
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """The events ``chunk`` completes; ``EventStreamTooLarge`` past the bound."""
+        self._pending += chunk
+        events: list[str] = []
+        while (end := self._pending.find(b"\n")) >= 0:
+            line = bytes(self._pending[:end]).removesuffix(b"\r")
+            del self._pending[: end + 1]
+            event = self._line(line)
+            if event is not None:
+                events.append(event)
+        if len(self._pending) > self._max:
+            raise EventStreamTooLarge(f"a server-sent event line past {self._max} bytes")
+        return events
+
+    def _line(self, line: bytes) -> str | None:
+        if not line:
+            if not self._data:
+                return None
+            data = b"\n".join(self._data).decode("utf-8", errors="replace")
+            self._data, self._data_bytes = [], 0
+            return data
+        name, _, value = line.partition(b":")
+        if name == b"data":
+            value = value.removeprefix(b" ")
+            self._data_bytes += len(value) + 1
+            if self._data_bytes > self._max:
+                raise EventStreamTooLarge(f"a server-sent event past {self._max} bytes")
+            self._data.append(value)
+        return None

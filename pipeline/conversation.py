@@ -194,9 +194,9 @@ class FunctionCall:
 
     def prompt_tokens(self) -> int:
         """At most this many prompt tokens: its ``<tool_call>`` block in an assistant message."""
-        from pipeline.tool_format import call_text  # which imports this module
+        from pipeline.tool_format import call_pieces, pieces_text  # which imports this module
 
-        return ASSISTANT_MESSAGE_TOKENS + text_tokens_bound(call_text(self, newline_before=True))
+        return ASSISTANT_MESSAGE_TOKENS + text_tokens_bound(pieces_text(call_pieces(self, newline_before=True)))
 
     def held_bytes(self) -> int:
         return text_tokens_bound(self.name) + text_tokens_bound(self.arguments)
@@ -211,9 +211,9 @@ class FunctionOutput:
 
     def prompt_tokens(self) -> int:
         """At most this many prompt tokens: its ``<tool_response>`` block in a user message."""
-        from pipeline.tool_format import output_text  # which imports this module
+        from pipeline.tool_format import output_pieces, pieces_text  # which imports this module
 
-        return USER_MESSAGE_TOKENS + text_tokens_bound(output_text(self))
+        return USER_MESSAGE_TOKENS + text_tokens_bound(pieces_text(output_pieces(self)))
 
     def held_bytes(self) -> int:
         return text_tokens_bound(self.output)

@@ -175,7 +175,8 @@ class TransformersEngine:
     time).
     ``attn_implementation`` goes to ``from_pretrained`` (None: transformers' default, sdpa).
     ``audio_output`` True refuses a checkpoint without a Talker at start; False loads no Talker
-    and serves text-only turns.
+    and serves text-only turns. A turn whose prompt renders to more than ``max_prompt_tokens``
+    fails alone (``EngineError`` code ``prompt_too_long``) before it joins the batch.
     """
 
     def __init__(
@@ -191,6 +192,7 @@ class TransformersEngine:
         max_batch: int = DEFAULT_MAX_BATCH,
         attn_implementation: str | None = None,
         audio_output: bool = True,
+        max_prompt_tokens: int = worker.WorkerSpec.max_prompt_tokens,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
@@ -210,6 +212,7 @@ class TransformersEngine:
             max_batch=max_batch,
             attn_implementation=attn_implementation,
             audio_output=audio_output,
+            max_prompt_tokens=max_prompt_tokens,
         )
         self._process: _EngineProcess | None = None
         self._ready: worker.Ready | None = None
@@ -391,7 +394,7 @@ class TransformersEngine:
             return
         now = time.monotonic()
         if isinstance(message, worker.TurnFailed):
-            self._finish(turn, EngineError(message.message))
+            self._finish(turn, EngineError(message.message, code=message.code))
             return
         if not isinstance(message, worker.TurnEventMessage):
             logger.error("dropping an unknown engine message: %r", message)

@@ -28,9 +28,23 @@ PIXELS_PER_TOKEN_SIDE = 32
 MIN_PIXELS = 3_136
 # What the image processor accepts (its "absolute aspect ratio must be smaller than 200").
 MAX_ASPECT_RATIO = 200
-# The most pixels an input image may have: decoding 50 MP takes ~150 MB for a moment (a phone
-# photo has 12-48 MP; JPEGs decode at a fraction of that, see ``fit``).
+# The most pixels an input image may have (a phone photo has 12-50 MP), read from its header.
 MAX_SOURCE_PIXELS = 50_000_000
+# The most memory ``fit`` decodes into at once: the pixels of a PNG at its full size, or of a
+# JPEG at the scale ``draft`` decodes it (1/2, 1/4 or 1/8 when that still covers its budget: a
+# 50 MP photo at "high" detail decodes 3 MP), with the full-size copy the resize works on.
+# Pillow holds 4 bytes a pixel for RGB; RGB and grayscale are resized as decoded, any other mode
+# (RGBA, palette, 1-bit, 16-bit) is converted to RGB first, a full-size copy, as it always was
+# (the vision tower takes RGB; ``_WORKING_BYTES_PER_PIXEL``). 96 MiB
+# takes a 12 MP RGBA PNG (a 4K screenshot is 8.3 MP), 24 MP of RGB. Before issue 34 a 212 KB, 50 MP
+# RGBA PNG was decoded whole and converted: +415 MB and 2.7 s (the loaded dev box); it is now
+# refused from its header (tests/bench/abuse.py has the figures).
+MAX_DECODE_BYTES = 96 * 1024 * 1024
+_WORKING_BYTES_PER_PIXEL = {"L": 1, "RGB": 4, "RGBA": 8, "LA": 8, "P": 5, "1": 5, "I;16": 6}
+_MOST_BYTES_PER_PIXEL = 8  # any other mode: 4 decoded, 4 as RGB
+# Modes resized as decoded (per channel, so a grayscale image resized then made RGB is the RGB
+# one resized); others are converted to RGB first.
+_RESIZED_AS_DECODED = frozenset({"RGB", "L"})
 # Formats taken as input: OpenAI's input_image takes PNG and JPEG data URLs.
 FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg"}
 # Images are re-encoded only when fitting shrinks them; JPEG at this quality is visually lossless
@@ -96,28 +110,55 @@ def probe(data: bytes) -> ImageInfo:
     return info
 
 
+def decode_bytes(data: bytes, info: ImageInfo, max_pixels: int) -> int:
+    """The memory ``fit`` decodes this image into at ``max_pixels`` (from its header: a JPEG's
+    ``draft`` scale is chosen without decoding)."""
+    with Image.open(io.BytesIO(data)) as image:
+        _draft(image, info, max_pixels)
+        return _working_bytes(image)
+
+
 def fit(data: bytes, info: ImageInfo, max_pixels: int) -> tuple[bytes, int, int]:
     """The image at the size the processor takes it to under ``max_pixels``: (encoded bytes, width,
     height). The bytes are kept as they are when the image is that size already or smaller (the
     processor enlarges small images itself: storing them larger gains no detail); else the image
     is resized (bicubic, as the processor does) and stored as JPEG. Always decodes the pixels, so
     that a truncated or corrupt file is refused here and not in the engine: call it off the event
-    loop."""
+    loop. One that would decode into more than ``MAX_DECODE_BYTES`` is refused unread."""
     width, height = fitted_size(info.width, info.height, max_pixels=max_pixels)
     shrink = width * height < info.width * info.height
     try:
         with Image.open(io.BytesIO(data)) as image:
-            if shrink and image.format == "JPEG":
-                image.draft("RGB", (width, height))  # decode at 1/2, 1/4 or 1/8 scale when that suffices
+            _draft(image, info, max_pixels)
+            if _working_bytes(image) > MAX_DECODE_BYTES:
+                raise ImageError(
+                    f"the image is {info.width}x{info.height} ({image.mode}): decoding it takes more than "
+                    f"{MAX_DECODE_BYTES // 2**20} MiB (a JPEG of it, or a smaller one, is taken)"
+                )
             image.load()
             if not shrink:
                 return data, info.width, info.height
-            rgb = image.convert("RGB").resize((width, height), Image.Resampling.BICUBIC)
+            decoded = image if image.mode in _RESIZED_AS_DECODED else image.convert("RGB")
+            rgb = decoded.resize((width, height), Image.Resampling.BICUBIC).convert("RGB")
+    except ImageError:
+        raise
     except (OSError, ValueError, SyntaxError) as exc:
         raise ImageError("the image could not be decoded") from exc
     out = io.BytesIO()
     rgb.save(out, format="JPEG", quality=JPEG_QUALITY)
     return out.getvalue(), width, height
+
+
+def _draft(image: Image.Image, info: ImageInfo, max_pixels: int) -> None:
+    """A JPEG that shrinks is decoded at 1/2, 1/4 or 1/8 scale when that suffices (its size and
+    mode change before a pixel is decoded)."""
+    width, height = fitted_size(info.width, info.height, max_pixels=max_pixels)
+    if image.format == "JPEG" and width * height < info.width * info.height:
+        image.draft("RGB", (width, height))
+
+
+def _working_bytes(image: Image.Image) -> int:
+    return image.width * image.height * _WORKING_BYTES_PER_PIXEL.get(image.mode, _MOST_BYTES_PER_PIXEL)
 
 
 def decode_rgb(data: bytes) -> Image.Image:

@@ -69,7 +69,16 @@ from pipeline.conversation import (
 from pipeline.images import MIN_PIXELS, decode_rgb
 from pipeline.processed_cache import AUDIO_CACHE_BYTES, IMAGE_CACHE_BYTES, ProcessedCache
 from pipeline.tokenizer import load_tokenizer
-from pipeline.tool_format import answer_prefix, call_text, offers_tools, output_text, system_content
+from pipeline.tool_format import (
+    Markup,
+    Piece,
+    answer_prefix,
+    call_pieces,
+    offers_tools,
+    output_pieces,
+    system_content,
+    template_pieces,
+)
 from pipeline.turn import TranscriptionHint, TurnRequest
 
 IM_START = "<|im_start|>"
@@ -144,6 +153,11 @@ class PromptRenderer:
         self._special_ids = {
             token: self._token_id(token) for token in (IM_START, IM_END, AUDIO_START, AUDIO_END, VISION_START, VISION_END)
         }
+        # Qwen's non-special added tokens (the tool markup, <think>, the FIM tokens): its tokenizer
+        # finds them in any text, so text holding one is encoded without them (``_encode_text``).
+        self._added_in_text = tuple(
+            token.content for token in tokenizer.added_tokens_decoder.values() if not token.special
+        )
         self._audio_pad_id = self._token_id(AUDIO_PAD)
         self._image_pad_id = self._token_id(IMAGE_PAD)
         # torch.stft reflect-pads n_fft // 2 = 200 samples each side and fails on shorter input;
@@ -190,8 +204,7 @@ class PromptRenderer:
 
     def render_open_user_message(self, text: str) -> ThinkerInputs:
         """``<|im_start|>user\n{text}``, the message left open: the next token says whether it ends."""
-        ids = [self._special_ids[IM_START]]
-        ids += self._tokenizer.encode(f"user\n{text}", add_special_tokens=False, split_special_tokens=True)
+        ids = [self._special_ids[IM_START], *self._encode_text(f"user\n{text}")]
         input_ids = torch.tensor([ids], dtype=torch.long)
         return ThinkerInputs(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), input_features=None,
                              feature_attention_mask=None, text_tokens=len(ids), audio_tokens=0)
@@ -226,8 +239,7 @@ class PromptRenderer:
         ids: list[int] = []
         for piece in self._merge_text(pieces):
             if isinstance(piece, str):
-                # User and assistant text is data: "<|im_end|>" typed by a user stays plain text.
-                ids.extend(self._tokenizer.encode(piece, add_special_tokens=False, split_special_tokens=True))
+                ids.extend(self._encode_text(piece))
             elif isinstance(piece, _AudioSlot):
                 ids.extend([self._audio_pad_id] * pad_counts[piece.clip])
             elif isinstance(piece, _ImageSlot):
@@ -309,6 +321,27 @@ class PromptRenderer:
         pads = (image_grid_thw.prod(dim=-1) // (merge * merge)).tolist()
         return torch.cat(patches), image_grid_thw, pads
 
+    def _encode_text(self, text: str) -> list[int]:
+        """Text is data: "<|im_end|>" or "<tool_call>" typed by a client stays plain text, encoded
+        as Qwen's BPE encodes any other text; only the template's own pieces make those tokens.
+
+        Special tokens are kept out by ``split_special_tokens``; the tokenizer still finds its
+        non-special added tokens in text, so text holding one goes through the normaliser, the
+        pre-tokenizer and the BPE model alone (the ids tiktoken's ``encode_ordinary`` gives on
+        the same ranks: tests/pipeline/test_prompt.py). That path costs a Python call per word,
+        so it is taken only for such text."""
+        if not any(token in text for token in self._added_in_text):
+            return self._tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+        backend = self._tokenizer.backend_tokenizer
+        normalized = backend.normalizer.normalize_str(text) if backend.normalizer is not None else text
+        words = backend.pre_tokenizer.pre_tokenize_str(normalized)
+        return [token.id for word, _ in words for token in backend.model.tokenize(word)]
+
+    def _template(self, pieces: Sequence[Piece]) -> Iterator[_Piece]:
+        """``pipeline.tool_format``'s pieces: its markup as tokens, its text as text."""
+        for piece in pieces:
+            yield self._token_id(piece.token) if isinstance(piece, Markup) else piece
+
     def _token_id(self, token: str) -> int:
         ids = self._tokenizer.convert_tokens_to_ids([token])
         if not ids or ids[0] is None or ids[0] == self._tokenizer.unk_token_id:
@@ -327,7 +360,7 @@ class PromptRenderer:
         """
         im_start, im_end = self._special_ids[IM_START], self._special_ids[IM_END]
         if tools:
-            yield from (im_start, f"system\n{system_content(system_prompt, tools)}", im_end, "\n")
+            yield from (im_start, "system\n", *self._template(system_content(system_prompt, tools)), im_end, "\n")
         elif system_prompt is not None:
             yield from (im_start, f"system\n{system_prompt}", im_end, "\n")
         clip = image = 0
@@ -343,7 +376,7 @@ class PromptRenderer:
                     yield from (im_start, f"assistant\n{text}")
                     open_message, assistant_text, calls = "assistant", bool(text), 0
                 if isinstance(item, FunctionCall):
-                    yield call_text(item, newline_before=assistant_text or calls > 0)
+                    yield from self._template(call_pieces(item, newline_before=assistant_text or calls > 0))
                     calls += 1
                 continue
             if isinstance(item, FunctionOutput):
@@ -352,7 +385,7 @@ class PromptRenderer:
                         yield from (im_end, "\n")
                     yield from (im_start, "user")
                     open_message = "outputs"
-                yield output_text(item)
+                yield from self._template(output_pieces(item))
                 continue
             if open_message != "user":
                 if open_message is not None:
@@ -371,7 +404,7 @@ class PromptRenderer:
                 raise TypeError(f"not a conversation item: {item!r}")
         if open_message is not None:
             yield from (im_end, "\n")
-        yield from (im_start, f"assistant\n{prefix}")
+        yield from (im_start, "assistant\n", *self._template(template_pieces(prefix)))
 
     @staticmethod
     def _merge_text(pieces: Iterator[_Piece]) -> Iterator[_Piece]:

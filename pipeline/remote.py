@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncGenerator
@@ -36,22 +37,25 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
-from httpx_sse import EventSource, SSEError, aconnect_sse
 
 from media.rates import VOICE_RATE
 from pipeline.chat_completions import (
     DONE,
     AudioPiece,
+    EventStream,
+    EventStreamTooLarge,
     MalformedChunk,
     ServerError,
     StreamPiece,
     TextPiece,
     ToolsUnsupported,
     UsagePiece,
+    check_prompt_length,
     encode_chat_request,
     read_chunk,
 )
 from pipeline.pool import LeastLoadedPool
+from pipeline.token_count import DEFAULT_MAX_PROMPT_TOKENS, PromptTooLong
 from pipeline.turn import (
     AudioChunk,
     EngineError,
@@ -78,6 +82,8 @@ CONNECT_TIMEOUT_S = 5.0
 CODEC_FRAME_SAMPLES = VOICE_RATE * 80 // 1000
 # Of an HTTP error's body, this much goes to the log.
 ERROR_BODY_BYTES = 2_000
+# GET /v1/models answers a list of a few models (~1 KB); more is not a vLLM server.
+MAX_MODELS_BODY_BYTES = 1024 * 1024
 DEFAULT_NAME = "vllm-omni"
 
 
@@ -98,7 +104,8 @@ class RemoteEngine:
     ``Authorization: Bearer`` (``vllm serve --api-key``). ``model`` is the served model name
     sent with every turn; None sends none (vLLM answers with the one model it serves) and
     takes the engine's ``name`` from the server's ``/v1/models`` at start. ``seed`` is sent
-    with every turn.
+    with every turn. A turn whose prompt may be longer than ``max_prompt_tokens``
+    (``chat_completions.check_prompt_length``) fails ``prompt_too_long`` before it is sent.
     """
 
     def __init__(
@@ -108,12 +115,18 @@ class RemoteEngine:
         api_key: str | None = None,
         model: str | None = None,
         seed: int | None = None,
+        max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
     ) -> None:
         self.url = url.rstrip("/")
+        self._max_prompt_tokens = max_prompt_tokens
         self.name = model or DEFAULT_NAME
         self._model = model
         self._seed = seed
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # Bodies are read as sent (aiter_raw) and bounded by their size on the wire: a compressed
+        # body would inflate past any bound in one read, so none is asked for.
+        headers = {"Accept-Encoding": "identity"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
         self._client = httpx.AsyncClient(
             base_url=self.url + "/",
             headers=headers,
@@ -179,13 +192,15 @@ class RemoteEngine:
         """``GET /v1/models``: reachable when it answers 200; the served model names the engine."""
         started = time.monotonic()
         try:
-            response = await self._client.get("models", timeout=PROBE_TIMEOUT_S)
-            response.raise_for_status()
-            models = [entry["id"] for entry in response.json()["data"]]
-        except httpx.HTTPStatusError as exc:
-            self._unreachable("engine_http_error", f"GET /v1/models answered HTTP {exc.response.status_code}")
-            return
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            # The whole answer within the timeout: httpx's applies to each read, and a body
+            # trickled a byte at a time would hold the probe for as long as the server likes.
+            async with asyncio.timeout(PROBE_TIMEOUT_S), self._client.stream("GET", "models") as response:
+                if response.status_code != 200:
+                    self._unreachable("engine_http_error", f"GET /v1/models answered HTTP {response.status_code}")
+                    return
+                body = await _bounded_body(response, MAX_MODELS_BODY_BYTES)
+            models = [entry["id"] for entry in json.loads(body)["data"]]
+        except (httpx.HTTPError, TimeoutError, ValueError, KeyError, TypeError) as exc:
             self._unreachable("engine_unavailable", f"GET /v1/models failed: {type(exc).__name__}: {exc}")
             return
         self.probe_ms = (time.monotonic() - started) * 1000
@@ -222,34 +237,46 @@ class RemoteEngine:
         self.running += 1  # before the first await: a pool choosing for the next turn counts this one
         try:
             try:
-                body = await asyncio.to_thread(encode_chat_request, request, model=self._model, seed=self._seed)
+                body = await asyncio.to_thread(self._request_body, request)
             except ToolsUnsupported:
                 raise EngineError(
                     "Function calling is not available with vLLM-Omni engines (--engine-url).", code="tools_unsupported"
                 ) from None
-            async with aconnect_sse(
-                self._client, "POST", "chat/completions", content=body, headers={"Content-Type": "application/json"}
-            ) as source:
-                await self._check_status(source.response)
+            except PromptTooLong as exc:
+                # The turn's, not the server's: the server's health is not touched.
+                logger.warning("engine server %s: a turn refused before it was sent: %s", redacted(self.url), exc)
+                raise EngineError("The turn's prompt is longer than this engine takes.", code=exc.code) from None
+            headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+            async with self._client.stream("POST", "chat/completions", content=body, headers=headers) as response:
+                await self._check_status(response)
                 self._reached()
-                async with contextlib.aclosing(self._stream(source, request, submitted)) as events:
+                async with contextlib.aclosing(self._stream(response, request, submitted)) as events:
                     async for event in events:
                         yield event
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             self._unreachable("engine_unavailable", f"{type(exc).__name__}: {exc}")
             raise self._failed("engine_unavailable", "The engine server could not be reached.") from None
-        except (httpx.HTTPError, SSEError) as exc:
+        except httpx.HTTPError as exc:
             logger.warning("engine server %s: the stream broke off: %s: %s", redacted(self.url), type(exc).__name__, exc)
             raise self._failed("engine_stream_error", "The engine server's stream broke off.") from None
         finally:
             self.running -= 1
             self.turns += 1
 
+    def _request_body(self, request: TurnRequest) -> bytes:
+        """The turn's request, its prompt's length checked first (blocking: a worker thread's)."""
+        check_prompt_length(request, self._max_prompt_tokens)
+        return encode_chat_request(request, model=self._model, seed=self._seed)
+
     async def _check_status(self, response: httpx.Response) -> None:
         if response.status_code == 200:
-            return
+            if response.headers.get("content-type", "").partition(";")[0].strip() == "text/event-stream":
+                return
+            logger.warning("engine server %s answered %s, not an event stream", redacted(self.url),
+                           response.headers.get("content-type"))
+            raise self._failed("engine_stream_error", "The engine server's answer is not an event stream.")
         body = b""
-        async for data in response.aiter_bytes():
+        async for data in response.aiter_raw():
             body += data
             if len(body) >= ERROR_BODY_BYTES:
                 break
@@ -259,18 +286,18 @@ class RemoteEngine:
         )
         raise self._failed("engine_http_error", f"The engine server refused the turn (HTTP {response.status_code}).")
 
-    async def _stream(self, source: EventSource, request: TurnRequest, submitted: float) -> AsyncGenerator[TurnEvent, None]:
+    async def _stream(self, response: httpx.Response, request: TurnRequest, submitted: float) -> AsyncGenerator[TurnEvent, None]:
         """The server's events as turn events, ending with ``TurnDone`` at ``[DONE]``."""
         text: list[str] = []
         audio_samples = 0
         usage: UsagePiece | None = None
         finish: str | None = None
         first_text = first_audio = None
-        async with contextlib.aclosing(source.aiter_sse()) as events:
-            async for event in events:
-                if event.data == DONE:
+        async with contextlib.aclosing(self._events(response)) as events:
+            async for data in events:
+                if data == DONE:
                     break
-                for piece in self._read(event.data):
+                for piece in self._read(data):
                     if isinstance(piece, TextPiece):
                         first_text = first_text if first_text is not None else time.monotonic() - submitted
                         text.append(piece.text)
@@ -294,6 +321,18 @@ class RemoteEngine:
             timings=TurnTimings(first_text=first_text, first_audio=first_audio, total=time.monotonic() - submitted),
         )
 
+    async def _events(self, response: httpx.Response) -> AsyncGenerator[str, None]:
+        """The stream's events' data, every line bounded (``chat_completions.EventStream``)."""
+        stream = EventStream()
+        async for chunk in response.aiter_raw():
+            try:
+                events = stream.feed(chunk)
+            except EventStreamTooLarge as exc:
+                logger.warning("engine server %s sent a malformed stream: %s", redacted(self.url), exc)
+                raise self._failed("engine_protocol_error", "The engine server sent a malformed stream chunk.") from None
+            for data in events:
+                yield data
+
     def _read(self, data: str) -> list[StreamPiece]:
         try:
             return read_chunk(data)
@@ -308,6 +347,16 @@ class RemoteEngine:
         self.failures += 1
         self.last_error = code
         return EngineError(message, code=code)
+
+
+async def _bounded_body(response: httpx.Response, limit: int) -> bytes:
+    """The body as sent, ``ValueError`` once it passes ``limit`` bytes (read no further)."""
+    body = bytearray()
+    async for chunk in response.aiter_raw():
+        body += chunk
+        if len(body) > limit:
+            raise ValueError(f"a body of more than {limit} bytes")
+    return bytes(body)
 
 
 def _usage(usage: UsagePiece | None, *, text_deltas: int, audio_samples: int) -> Usage:

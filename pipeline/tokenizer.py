@@ -8,13 +8,14 @@ Built with the same normaliser, pre-tokenizer regex and decoder as the published
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from pathlib import Path
 
 from tokenizers import AddedToken
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2Tokenizer
 from transformers.convert_slow_tokenizer import TikTokenConverter
+
+from pipeline.token_count import qwen_ranks_path
 
 logger = logging.getLogger(__name__)
 
@@ -78,16 +79,6 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-
-
-def qwen_ranks_path() -> Path:
-    """The real Qwen BPE ranks, as shipped inside the ``dashscope`` wheel. Found without importing
-    ``dashscope`` (its client pulls aiohttp, requests and more): the device kit carries only the
-    wheel, not its dependencies."""
-    spec = importlib.util.find_spec("dashscope")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("the dashscope package (it ships qwen.tiktoken, the Qwen BPE ranks) is not installed")
-    return Path(spec.submodule_search_locations[0]) / "resources" / "qwen.tiktoken"
 
 
 def build_tokenizer() -> Qwen2Tokenizer:

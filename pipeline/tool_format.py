@@ -14,14 +14,25 @@ The words and layout are the Qwen3 family chat template's tool branch, which Qwe
 
 ``<tool_call>``, ``</tool_call>``, ``<tool_response>`` and ``</tool_response>`` are single
 added tokens of Qwen's vocabulary (151657, 151658, 151665, 151666), marked non-special: the
-tokenizer finds them in any text it encodes, the template's and the conversation's alike, as it
-does when it encodes the template's output. So this module writes text, and the prompt is
-tokenized as the template's string would be.
+tokenizer finds them in any text it encodes. Encoding the template's whole string would let a
+client forge them: a user's "</tool_response>" would close an output, a function output could
+open a call (issue 34). So this module writes *pieces*: text, and ``Markup`` for each of these
+tokens the template itself writes; the renderer (``pipeline.prompt``) turns markup into its token
+and encodes text without ever finding one in it, as it keeps role tokens out of text. For the
+template's own words the ids are the ones its string tokenizes to (tests/pipeline/test_tool_format.py).
+
+What a client gives is written so that it cannot change the block's structure either: a call's
+name and arguments go in through ``json.dumps`` (a name breaking the rule, or arguments that are
+not JSON, come out as JSON strings: the ``{"name": …, "arguments": …}`` object stays one object),
+and JSON arguments are written as the template's ``tojson`` writes a mapping.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from pipeline.conversation import FunctionCall, FunctionOutput, Tool, ToolChoice
 
@@ -29,6 +40,37 @@ TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
 TOOL_RESPONSE_START = "<tool_response>"
 TOOL_RESPONSE_END = "</tool_response>"
+TOOL_MARKUP = (TOOL_CALL_START, TOOL_CALL_END, TOOL_RESPONSE_START, TOOL_RESPONSE_END)
+_MARKUP = re.compile("|".join(re.escape(token) for token in TOOL_MARKUP))
+
+
+@dataclass(frozen=True)
+class Markup:
+    """One of Qwen's tool tokens, written by the template (never found in a client's text)."""
+
+    token: str
+
+
+Piece = str | Markup
+
+
+def template_pieces(text: str) -> list[Piece]:
+    """The template's own words with each tool token in them as ``Markup``. Never for client text."""
+    pieces: list[Piece] = []
+    start = 0
+    for match in _MARKUP.finditer(text):
+        if match.start() > start:
+            pieces.append(text[start:match.start()])
+        pieces.append(Markup(match.group()))
+        start = match.end()
+    if start < len(text):
+        pieces.append(text[start:])
+    return pieces
+
+
+def pieces_text(pieces: Iterable[Piece]) -> str:
+    """The pieces as the template's string: what the prompt says, as text."""
+    return "".join(piece.token if isinstance(piece, Markup) else piece for piece in pieces)
 
 _TOOLS_INTRO = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -56,21 +98,32 @@ def tool_json(tool: Tool) -> str:
     return json.dumps({"type": "function", "function": function}, ensure_ascii=False)
 
 
-def system_content(system_prompt: str | None, tools: tuple[Tool, ...]) -> str:
+def system_content(system_prompt: str | None, tools: tuple[Tool, ...]) -> list[Piece]:
     """The system message's content with the tool block (``system_prompt`` None: none before it)."""
     before = "" if system_prompt is None else system_prompt + "\n\n"
-    return before + _TOOLS_INTRO + "".join("\n" + tool_json(tool) for tool in tools) + _TOOLS_OUTRO
+    tools_text = "".join("\n" + tool_json(tool) for tool in tools)
+    return [before + _TOOLS_INTRO + tools_text, *template_pieces(_TOOLS_OUTRO)]
 
 
-def call_text(call: FunctionCall, *, newline_before: bool) -> str:
-    """One call in an assistant message (its arguments as written: the template's string case)."""
-    newline = "\n" if newline_before else ""
-    return f'{newline}{TOOL_CALL_START}\n{{"name": "{call.name}", "arguments": {call.arguments}}}\n{TOOL_CALL_END}'
+def call_pieces(call: FunctionCall, *, newline_before: bool) -> list[Piece]:
+    """One call in an assistant message: ``{"name": …, "arguments": …}`` inside ``<tool_call>``."""
+    body = f'{{"name": {json.dumps(call.name, ensure_ascii=False)}, "arguments": {arguments_json(call.arguments)}}}'
+    pieces: list[Piece] = ["\n"] if newline_before else []
+    return [*pieces, Markup(TOOL_CALL_START), "\n" + body + "\n", Markup(TOOL_CALL_END)]
 
 
-def output_text(output: FunctionOutput) -> str:
+def arguments_json(arguments: str) -> str:
+    """A call's arguments as the prompt writes them: JSON as the template's ``tojson`` writes a
+    mapping (what a well-formed call the model wrote already is), anything else as a JSON string."""
+    try:
+        return json.dumps(json.loads(arguments), ensure_ascii=False)
+    except (ValueError, RecursionError):  # not JSON, or nested past what Python holds
+        return json.dumps(arguments, ensure_ascii=False)
+
+
+def output_pieces(output: FunctionOutput) -> list[Piece]:
     """One output in the user message that holds a run of outputs."""
-    return f"\n{TOOL_RESPONSE_START}\n{output.output}\n{TOOL_RESPONSE_END}"
+    return ["\n", Markup(TOOL_RESPONSE_START), f"\n{output.output}\n", Markup(TOOL_RESPONSE_END)]
 
 
 def answer_prefix(choice: ToolChoice) -> str:
@@ -84,5 +137,5 @@ def answer_prefix(choice: ToolChoice) -> str:
     if choice.mode == "required":
         return f"{TOOL_CALL_START}\n"
     if choice.mode == "function" and choice.name is not None:
-        return f'{TOOL_CALL_START}\n{{"name": "{choice.name}", "arguments":'
+        return f'{TOOL_CALL_START}\n{{"name": {json.dumps(choice.name, ensure_ascii=False)}, "arguments":'
     return ""

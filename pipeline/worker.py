@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+from pipeline.token_count import DEFAULT_MAX_PROMPT_TOKENS, PromptTooLong
 from pipeline.turn import TurnDone, TurnEvent, TurnRequest, Usage
 
 if TYPE_CHECKING:
@@ -52,6 +53,9 @@ class WorkerSpec:
     audio_output: bool = True
     # Turns decoded together (see _BatchServer); the parent submits at most this many at a time.
     max_batch: int = 8
+    # The longest prompt a turn may have (its rendered ids); longer, it fails before it joins the
+    # batch (PromptTooLong), alone: a batched prefill pads every row to the longest (KVCache.joined).
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
 
 
 # Parent -> engine process.
@@ -90,6 +94,7 @@ class TurnEventMessage:
 class TurnFailed:
     turn_id: int
     message: str
+    code: str = "engine_error"  # pipeline.turn.EngineError's code
 
 
 def resolve_device(device: str) -> str:
@@ -165,6 +170,7 @@ class _Loaded:
     dtype: Any
     max_batch: int
     threads: int
+    max_prompt_tokens: int
 
 
 def _load(spec: WorkerSpec) -> _Loaded:
@@ -222,6 +228,7 @@ def _load(spec: WorkerSpec) -> _Loaded:
         dtype=dtype,
         max_batch=spec.max_batch,
         threads=torch.get_num_threads(),
+        max_prompt_tokens=spec.max_prompt_tokens,
     )
     logger.info("loaded %s", spec.model)
     return loaded
@@ -361,7 +368,8 @@ class _BatchServer:
             self._commands.forget(turn_id)
 
     def _fail(self, turn_id: int, exc: Exception) -> None:
-        self._events.send(TurnFailed(turn_id, f"{type(exc).__name__}: {exc}"))
+        code = exc.code if isinstance(exc, PromptTooLong) else "engine_error"
+        self._events.send(TurnFailed(turn_id, f"{type(exc).__name__}: {exc}", code))
         self._commands.forget(turn_id)
 
     def _leave_cancelled(self) -> None:
@@ -430,7 +438,15 @@ class _BatchServer:
                 params = dataclasses.replace(params, forced_tokens=forced_tokens(self._loaded.tokenizer, request.forced_reply))
             if params.output_audio and not self._loaded.model.has_talker:
                 raise ValueError("this engine was started without audio output; ask for text only")
-            return turn_id, self._loaded.renderer.render_request(request), params
+            inputs = self._loaded.renderer.render_request(request)
+            length, limit = inputs.input_ids.shape[-1], self._loaded.max_prompt_tokens
+            if length > limit:
+                raise PromptTooLong(f"the prompt is {length} tokens; this engine takes at most {limit}")
+            return turn_id, inputs, params
+        except PromptTooLong as exc:
+            logger.warning("turn %d refused: %s", turn_id, exc)
+            self._fail(turn_id, exc)
+            return None
         except Exception as exc:
             logger.exception("turn %d failed", turn_id)
             self._fail(turn_id, exc)

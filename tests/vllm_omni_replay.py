@@ -69,6 +69,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from tests.hostile import flac_silence
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SCHEMA_PATH = FIXTURES / "vllm_omni" / "chat_completion_request.schema.json"
 ANSWER_TEXT = "Once upon a time, a little robot walked to the sea to hear the waves."  # long_story.wav
@@ -83,8 +85,10 @@ AUDIO_TOKENS_PER_SECOND = 12.5
 # http_500: an HTTP 500 with vLLM's ErrorResponse; error_chunk: vLLM's streamed error after two text
 # chunks; malformed_chunk: a chunk that is not JSON; bad_audio: an audio chunk that is not a sound
 # file; stall: two text chunks, then nothing until the client goes; drop: the connection is cut
-# mid-stream.
-Failure = Literal["http_500", "error_chunk", "malformed_chunk", "bad_audio", "stall", "drop"]
+# mid-stream. A hostile server's (issue 34): flac_audio: an audio chunk of ten minutes of silence as
+# FLAC (58 KB of base64, 55 MiB decoded); endless_line: a data line that never ends.
+Failure = Literal["http_500", "error_chunk", "malformed_chunk", "bad_audio", "stall", "drop", "flac_audio", "endless_line"]
+_ENDLESS = "endless"  # the plan's marker for the line that never ends
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,7 @@ class ReceivedRequest:
     first_audio_at: float | None = None  # the first audio chunk sent
     done_at: float | None = None  # [DONE] sent
     closed_at: float | None = None  # the client went away before [DONE]
+    endless_bytes_sent: int = 0  # of the line that never ends (failure endless_line)
     ended: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -146,6 +151,8 @@ class ReplayServer:
         self.answer_text = ANSWER_TEXT
         self.answer = answer_audio()
         self.transcript = TRANSCRIPT
+        # Bytes of padding in the /v1/models answer: a hostile server's endless list (0: none).
+        self.models_padding = 0
         self.requests: list[ReceivedRequest] = []
         self._failures: collections.deque[Failure] = collections.deque()
         self._validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
@@ -213,7 +220,7 @@ class ReplayServer:
         return JSONResponse({"object": "list", "data": [
             {"id": MODEL, "object": "model", "created": int(time.time()), "owned_by": "vllm-omni", "root": MODEL,
              "parent": None, "max_model_len": 65536, "permission": []},
-        ]})
+        ], **({"padding": "x" * self.models_padding} if self.models_padding else {})})
 
     async def _chat_completions(self, request: Request) -> Response:
         if (refused := self._unauthorized(request)) is not None:
@@ -342,6 +349,12 @@ class ReplayServer:
             choice = {"index": 0, "delta": {"role": "assistant", "content": base64.b64encode(b"not a WAV").decode()},
                       "logprobs": None, "finish_reason": None}
             return [*kept, (at, _dump({**head, "choices": [choice], "modality": "audio", "metrics": None}))]
+        if failure == "flac_audio":
+            choice = {"index": 0, "delta": {"role": "assistant", "content": base64.b64encode(flac_silence()).decode()},
+                      "logprobs": None, "finish_reason": None}
+            return [*kept, (at, _dump({**head, "choices": [choice], "modality": "audio", "metrics": None}))]
+        if failure == "endless_line":
+            return [*kept, (at, _ENDLESS)]
         if failure == "stall":
             return [*kept, (math.inf, "")]
         return [*kept, (at, "")]  # drop: the marker ends the response with an error
@@ -354,6 +367,12 @@ class ReplayServer:
                 await asyncio.sleep(max(0.0, started + at - loop.time()) if math.isfinite(at) else 3600.0)
                 if received.failure == "drop" and data == "":
                     raise ConnectionAbortedError("the replay cuts the connection")  # uvicorn closes it
+                if received.failure == "endless_line" and data == _ENDLESS:
+                    yield "data: "
+                    while True:  # until the client goes
+                        yield "x" * 65_536
+                        received.endless_bytes_sent += 65_536
+                        await asyncio.sleep(0)
                 yield f"data: {data}\n\n"
                 received.chunks_sent += 1
                 if '"modality":"audio"' in data:

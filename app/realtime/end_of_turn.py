@@ -12,6 +12,12 @@ asks for the words, once per silence, as it starts; they are judged concurrently
 (an ASR engine turn, off the loop by nature). The answers reach the detector separately
 (``decide``, ``decide_words``), and its policy combines them
 (``media.turn_detection.EndOfTurnPolicy``). A judge that fails answers None: the sound decides.
+
+A words check costs the shared engine an ASR turn, so (issue 34) one is in flight per session at
+most: a newer check cancels the older one (its answer would be stale anyway: speech resumed in
+between), and the words judged are the utterance's last ``JUDGED_SECONDS``, as the end-of-turn
+model hears its last 8 s. Before, each silence of someone speaking in bursts queued another ASR
+turn over the whole utterance so far, none ever cancelled.
 """
 
 from __future__ import annotations
@@ -25,9 +31,14 @@ from app.realtime.protocol import ProtocolError
 from app.realtime.session_config import SessionConfig
 from app.realtime.text_judge import TextJudge
 from media.end_of_turn import EndOfTurnModel
+from media.rates import SPEECH_RATE
 from media.turn_detection import EndOfTurnCheck
 
 logger = logging.getLogger(__name__)
+
+# The end of the utterance the words are judged on: whether a turn is complete is in its last
+# words, and an ASR turn's cost grows with its audio (13 tokens a second).
+JUDGED_SECONDS = 8
 
 
 class SemanticVad:
@@ -54,6 +65,7 @@ class SemanticVad:
         self._text_judge = text_judge
         self._on_words = on_words
         self._tasks: set[asyncio.Task[None]] = set()
+        self._words: asyncio.Task[None] | None = None  # the words check in flight
 
     @property
     def judges_words(self) -> bool:
@@ -78,12 +90,15 @@ class SemanticVad:
         if check.sound:
             self._start(self._score(check), f"{self._name} end-of-turn check {check.check_id}")
         if check.words and self._text_judge is not None:
-            self._start(self._judge_words(check), f"{self._name} end-of-turn check {check.check_id}: words")
+            if self._words is not None:
+                self._words.cancel()  # superseded: its engine turn is cancelled, its answer never comes
+            self._words = self._start(self._judge_words(check), f"{self._name} end-of-turn check {check.check_id}: words")
 
-    def _start(self, work: Coroutine[None, None, None], name: str) -> None:
+    def _start(self, work: Coroutine[None, None, None], name: str) -> asyncio.Task[None]:
         task = asyncio.create_task(work, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _score(self, check: EndOfTurnCheck) -> None:
         assert self._model is not None  # submit() checked
@@ -98,7 +113,7 @@ class SemanticVad:
     async def _judge_words(self, check: EndOfTurnCheck) -> None:
         assert self._text_judge is not None and self._on_words is not None  # submit() checked
         try:
-            verdict = await self._text_judge.judge(check.pcm)
+            verdict = await self._text_judge.judge(check.pcm[-JUDGED_SECONDS * SPEECH_RATE :])
         except Exception:
             # The sound decides alone; the failure must be visible.
             logger.exception("%s: judging the words of end-of-turn check %d failed", self._name, check.check_id)

@@ -32,6 +32,7 @@ FAILURE_MESSAGES = {
     "turn_too_large": "The conversation is too large to send to the model.",
     "context_length_exceeded": "The conversation is past its token budget and truncation is disabled: "
     "delete items, or set truncation to 'auto' or a retention_ratio.",
+    "prompt_too_long": "The conversation's prompt is longer than the model takes; the response was not started.",
     "turn_event_too_large": "A part of the answer was too large to send.",
     "server_error": "The server failed to handle this; the session goes on.",
 }

@@ -8,7 +8,10 @@ Events up to ``max_bytes`` cost one token of the rate's bucket. Larger ones cost
 receive and measure per second stay bounded whatever the events' sizes. That holds for events
 refused as too large too: one past ``max_image_event_bytes`` (room for one image,
 ``conversation.item.create`` with an ``input_image``) pays what the largest event would, then is
-refused unread. The session refuses a large event that turns out to carry no image, once parsed.
+refused unread. Once parsed, an event is refused when what it holds *beside* its images' data
+URLs passes ``max_bytes``: the exemption is for image bytes only, so a 14 MB event of one tiny
+image and 14 MB of ``input_audio`` (22 minutes of audio, decoded and resampled on the loop before
+issue 34) is refused, and so is a large event with no image.
 
 Audio appends are not counted: they are bounded by the audio they carry
 (``app.realtime.input_buffer.AppendDecoder``: at most twice real time past a 20 s head start,
@@ -95,10 +98,11 @@ class EventGate:
             return too_large(size, self._max_bytes, self._max_image_event_bytes)
         return None
 
-    def refuse_large(self, raw: str | bytes) -> Rejection | None:
-        """Once parsed: an event over ``max_bytes`` that is not an image upload is refused."""
+    def refuse_large(self, raw: str | bytes, *, image_chars: int = 0) -> Rejection | None:
+        """Once parsed: an event whose size less its ``image_chars`` (its ``input_image`` data
+        URLs) is over ``max_bytes`` is refused."""
         size = _size(raw)
-        if size <= self._max_bytes:
+        if size - image_chars <= self._max_bytes:
             return None
         return too_large(size, self._max_bytes, self._max_image_event_bytes)
 
@@ -116,6 +120,6 @@ def too_large(size: int, max_bytes: int, max_image_event_bytes: int) -> Rejectio
         return Rejection("event_too_large", f"Event is {size} bytes; the limit is {max_bytes}.")
     return Rejection(
         "event_too_large",
-        f"Event is {size} bytes; the limit is {max_bytes}, or {max_image_event_bytes} for a "
-        "conversation.item.create with an input_image.",
+        f"Event is {size} bytes; the limit is {max_bytes}, besides the input_image data URLs of a "
+        f"conversation.item.create (at most {max_image_event_bytes} in all).",
     )

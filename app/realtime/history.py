@@ -43,6 +43,7 @@ from app.realtime.protocol import (
     new_id,
 )
 from app.realtime.session_config import Modality, Truncation
+from app.realtime.tools import check_function_name
 from media import g711
 from media.rates import SPEECH_RATE, VOICE_RATE
 from pipeline.conversation import (
@@ -136,13 +137,13 @@ class History:
         self,
         event: ConversationItemCreateEvent,
         *,
-        input_audio_format: str,
         max_chars: int,
         images: Mapping[int, UserImage] | None = None,
-        input_audio_rate: int = VOICE_RATE,
+        audio: Mapping[int, UserAudio] | None = None,
     ) -> list[ServerEvent]:
         """Adds a client's item where it asked; the ``conversation.item.added``/``done`` pair.
-        ``images``: its ``input_image`` parts by index, already read (``app.realtime.images``)."""
+        ``images`` and ``audio``: its ``input_image`` and ``input_audio`` parts by index, already
+        read off the loop (``app.realtime.images``, :func:`read_item_audio`)."""
         item = event.item
         if item.id is not None and self.find(item.id) is not None:
             raise ProtocolError("invalid_value", f"An item with id {item.id!r} already exists.", param="item.id")
@@ -154,10 +155,7 @@ class History:
         if not isinstance(item, ClientMessageItem):
             entry = self._function_item(item_id, item, max_chars=max_chars)
         elif item.role == "user":
-            parts, content = read_user_content(
-                item.content, input_audio_format=input_audio_format, max_chars=max_chars, images=images or {},
-                input_audio_rate=input_audio_rate,
-            )
+            parts, content = read_user_content(item.content, max_chars=max_chars, images=images or {}, audio=audio or {})
             entry = UserEntry(item_id, parts, content)
         elif item.role == "assistant":
             entry = read_assistant_item(item_id, item.content, max_chars=max_chars)
@@ -259,8 +257,9 @@ class History:
     ) -> Entry:
         """A client's function call, or the output of a call in the history."""
         if isinstance(item, ClientFunctionCallItem):
+            name = check_function_name(item.name, "item.name")
             arguments = checked_text(item.arguments, "item.arguments", max_chars=max_chars)
-            return FunctionCallEntry(item_id, item.call_id, item.name, arguments, status="completed")
+            return FunctionCallEntry(item_id, item.call_id, name, arguments, status="completed")
         made = (entry for entry in self._entries if isinstance(entry, FunctionCallEntry) and entry.status == "completed")
         if not any(entry.call_id == item.call_id for entry in made):  # a call cut off was never made
             raise ProtocolError(
@@ -436,6 +435,37 @@ def decode_input_audio(
     return g711.decode(raw, format_type), g711.G711_RATE
 
 
+def read_item_audio(
+    content: Sequence[ClientContentPart], *, input_audio_format: str, max_seconds: float,
+    input_audio_rate: int = VOICE_RATE,
+) -> dict[int, UserAudio]:
+    """A user message's ``input_audio`` parts, by part index, as 16 kHz clips; blocking (decoding
+    and resampling: call it off the loop). ``input_audio_rate``: the rate of ``audio/pcm`` input.
+    Their length is checked from the base64 before any is decoded: the message's audio together is
+    at most ``max_seconds`` (one turn's worth, ``HistoryLimits.max_audio_seconds``)."""
+    indexed = [(index, part) for index, part in enumerate(content) if part.type == "input_audio"]
+    rate, sample_bytes = (g711.G711_RATE, 1) if input_audio_format in g711.G711_FORMATS else (input_audio_rate, 2)
+    seconds = 0.0
+    for index, part in indexed:
+        param = f"item.content[{index}].audio"
+        if part.audio is None:
+            raise ProtocolError("missing_required_parameter", f"{param} is required.", param=param)
+        seconds += len(part.audio) * 3 // 4 / sample_bytes / rate
+        if seconds > max_seconds:
+            raise ProtocolError(
+                "invalid_value", f"{param}: the message's audio passes {max_seconds:g} s (one turn's most).", param=param
+            )
+    clips: dict[int, UserAudio] = {}
+    for index, part in indexed:
+        param = f"item.content[{index}].audio"
+        assert part.audio is not None  # checked above
+        pcm, rate = decode_input_audio(part.audio, input_audio_format, param, pcm_rate=input_audio_rate)
+        if pcm.size < MIN_COMMIT_MS * rate // 1000:
+            raise ProtocolError("invalid_value", f"{param} holds less than {MIN_COMMIT_MS} ms.", param=param)
+        clips[index] = UserAudio(soxr.resample(pcm, rate, SPEECH_RATE).astype(np.float32))
+    return clips
+
+
 def checked_text(text: str | None, param: str, *, max_chars: int) -> str:
     if text is None:
         raise ProtocolError("missing_required_parameter", f"{param} is required.", param=param)
@@ -447,13 +477,13 @@ def checked_text(text: str | None, param: str, *, max_chars: int) -> str:
 def read_user_content(
     content: list[ClientContentPart],
     *,
-    input_audio_format: str,
     max_chars: int,
     images: Mapping[int, UserImage],
-    input_audio_rate: int = VOICE_RATE,
+    audio: Mapping[int, UserAudio],
 ) -> tuple[tuple[ConversationItem, ...], list[ItemContent]]:
     """A user message's parts (for the prompt) and its content (as echoed to the client);
-    ``images``: the ``input_image`` parts by index, already read."""
+    ``images`` and ``audio``: its ``input_image`` and ``input_audio`` parts by index, already
+    read (``app.realtime.images``, :func:`read_item_audio`)."""
     parts: list[ConversationItem] = []
     echoed: list[ItemContent] = []
     for index, part in enumerate(content):
@@ -462,16 +492,8 @@ def read_user_content(
             text = checked_text(part.text, f"{param}.text", max_chars=max_chars)
             parts.append(UserText(text))
             echoed.append(InputTextContent(text=text))
-        elif part.type == "input_audio":
-            if part.audio is None:
-                raise ProtocolError("missing_required_parameter", f"{param}.audio is required.",
-                                    param=f"{param}.audio")
-            pcm, rate = decode_input_audio(part.audio, input_audio_format, f"{param}.audio", pcm_rate=input_audio_rate)
-            if pcm.size < MIN_COMMIT_MS * rate // 1000:
-                raise ProtocolError("invalid_value", f"{param}.audio holds less than {MIN_COMMIT_MS} ms.",
-                                    param=f"{param}.audio")
-            pcm16 = soxr.resample(pcm, rate, SPEECH_RATE).astype(np.float32)
-            parts.append(UserAudio(pcm16))
+        elif part.type == "input_audio" and index in audio:
+            parts.append(audio[index])
             echoed.append(InputAudioContent(transcript=part.transcript))
         elif part.type == "input_image" and index in images:
             parts.append(images[index])

@@ -35,10 +35,11 @@ from app.realtime.entries import AssistantEntry
 from app.realtime.event_audio import acknowledge_playback, played_out
 from app.realtime.failures import failure_event
 from app.realtime.gate import EventGate
-from app.realtime.history import History
-from app.realtime.images import read_frame, read_item_images
+from app.realtime.history import History, read_item_audio
+from app.realtime.images import DecodeBudget, read_frame, read_item_images
 from app.realtime.input_buffer import AppendDecoder, ManualBuffer
 from app.realtime.ledger import AudioOutput, PlaybackLedger
+from app.realtime.prompt_budget import check_session, check_system_budget, session_param
 from app.realtime.protocol import (
     ClientEvent,
     ClientMessageItem,
@@ -84,6 +85,7 @@ from app.realtime.turn_taking import TurnActions, TurnTaking, detector_params
 from media.end_of_turn import EndOfTurnModel
 from media.frames import FramePlan, SampledFrame
 from media.vad import SpeechModel
+from pipeline.conversation import UserAudio, UserImage
 from pipeline.turn import AudioChunk, Engine, EngineError, FunctionCallEvent, TextDelta, TurnDone, TurnRequest
 
 logger = logging.getLogger(__name__)
@@ -147,6 +149,7 @@ class RealtimeSession:
         self._appends = AppendDecoder(clock=clock)
         self._history = History()
         self._frames = TurnFrames()
+        self._image_budget = DecodeBudget()
         self._response: Response | None = None  # generating, or queued behind a cancelling one
         self._tasks: set[asyncio.Task[None]] = set()
         self._ledger = PlaybackLedger()
@@ -186,10 +189,13 @@ class RealtimeSession:
         try:
             event = self._parse(raw)
             event_id = event.event_id
-            carries_image = isinstance(event, InputImageBufferAppendEvent) or (
-                isinstance(event, ConversationItemCreateEvent) and event.carries_image
-            )
-            if not carries_image and (large := self._gate.refuse_large(raw)) is not None:
+            if isinstance(event, ConversationItemCreateEvent):
+                image_chars = event.image_url_chars
+            elif isinstance(event, InputImageBufferAppendEvent):
+                image_chars = len(event.image)
+            else:
+                image_chars = 0
+            if (large := self._gate.refuse_large(raw, image_chars=image_chars)) is not None:
                 raise ProtocolError(large.code, large.message)
             await self._dispatch(event)
         except ProtocolError as exc:
@@ -283,7 +289,7 @@ class RealtimeSession:
 
     async def _dispatch(self, event: ClientEvent) -> None:
         if isinstance(event, SessionUpdateEvent):
-            self._update_session(event)
+            await self._update_session(event)
         elif isinstance(event, InputAudioBufferAppendEvent):
             self._append_audio(event)
         elif isinstance(event, InputAudioBufferCommitEvent):
@@ -299,7 +305,7 @@ class RealtimeSession:
         elif isinstance(event, ConversationItemTruncateEvent):
             self._truncate_item(event)
         elif isinstance(event, ResponseCreateEvent):
-            self._create_response(event)
+            await self._create_response(event)
         elif isinstance(event, ResponseCancelEvent):
             await self._cancel_response(event)
         elif isinstance(event, OutputAudioBufferClearEvent):
@@ -311,10 +317,14 @@ class RealtimeSession:
         elif isinstance(event, SessionFinishEvent):
             await self._finish_session()
 
-    def _update_session(self, event: SessionUpdateEvent) -> None:
+    async def _update_session(self, event: SessionUpdateEvent) -> None:
         old = self._config
         fields = event.session if self._session_fields is None else self._session_fields(event.session)
-        new, unavailable = self._semantic.runnable(old.updated(fields))
+        updated = old.updated(fields)
+        await check_session(updated, since=old, param=session_param(event.session))
+        if self._closed:
+            return
+        new, unavailable = self._semantic.runnable(updated)
         if unavailable is not None:
             self._emit(unavailable.for_event(event.event_id).to_event())
         self._config = new
@@ -337,7 +347,7 @@ class RealtimeSession:
         if not self._frames.wants_pushed(video, now):
             return  # within the sampling interval of the last one kept (or no frames wanted)
         image = await asyncio.to_thread(read_frame, event.image, max_bytes=self._config.max_image_bytes,
-                                        max_pixels=video.max_pixels)
+                                        max_pixels=video.max_pixels, budget=self._image_budget)
         if not self._closed:
             self._frames.add_pushed(image, video, now)
 
@@ -366,19 +376,22 @@ class RealtimeSession:
         self._emit(InputAudioBufferClearedEvent())
 
     async def _create_item(self, event: ConversationItemCreateEvent) -> None:
-        images = {}
+        images: dict[int, UserImage] = {}
+        audio: dict[int, UserAudio] = {}
         item = event.item
-        # Images are decoded in a worker thread; the history checks the rest.
+        # Images and audio are decoded in worker threads; the history checks the rest.
         if isinstance(item, ClientMessageItem) and item.role == "user":
-            images = await read_item_images(item.content, max_bytes=self._config.max_image_bytes)
+            images = await read_item_images(item.content, max_bytes=self._config.max_image_bytes,
+                                            budget=self._image_budget)
+            if any(part.type == "input_audio" for part in item.content):
+                audio = await asyncio.to_thread(
+                    read_item_audio, item.content, input_audio_format=self._config.input_audio_format,
+                    max_seconds=self._config.history.max_audio_seconds, input_audio_rate=self._config.input_audio_rate,
+                )
             if self._closed:
                 return
         for server_event in self._history.create_item(
-            event,
-            input_audio_format=self._config.input_audio_format,
-            input_audio_rate=self._config.input_audio_rate,
-            max_chars=self._config.max_text_chars,
-            images=images,
+            event, max_chars=self._config.max_text_chars, images=images, audio=audio
         ):
             self._emit(server_event)
         self._prune()
@@ -391,17 +404,29 @@ class RealtimeSession:
         self._emit(self._history.truncate_item(event, self._ledger))
         played_out(self._output, event.item_id)
 
-    def _create_response(self, event: ResponseCreateEvent) -> None:
+    async def _create_response(self, event: ResponseCreateEvent) -> None:
+        self._refuse_second_response()
+        response = self._session_response(time.monotonic())
+        params = event.response
+        if params is not None:
+            apply_response_params(response, params, max_chars=self._config.max_text_chars)
+            if params.instructions is not None or params.tools is not None:
+                await check_system_budget(
+                    response.instructions, response.tools, budget=self._config.max_instructions_tokens,
+                    param="response.tools" if params.tools is not None else "response.instructions",
+                )
+                if self._closed:
+                    return
+                self._refuse_second_response()  # server VAD may have started one meanwhile
+        self._start_response(response)
+
+    def _refuse_second_response(self) -> None:
         if self._response is not None and not self._response.cancelling:
             raise ProtocolError(
                 "conversation_already_has_active_response",
                 f"Conversation already has an active response in progress: {self._response.id}. "
                 "Wait until the response is finished before creating a new one.",
             )
-        response = self._session_response(time.monotonic())
-        if event.response is not None:
-            apply_response_params(response, event.response, max_chars=self._config.max_text_chars)
-        self._start_response(response)
 
     async def _cancel_response(self, event: ResponseCancelEvent) -> None:
         """Cancels the response in progress; answered by its ``response.done`` (docs/SESSION.md,

@@ -209,6 +209,9 @@ class SessionConfig:
     default_interrupt_response: bool = True
     history: HistoryLimits = field(default_factory=HistoryLimits)
     max_text_chars: int = 16_000  # one input_text or the instructions; Settings.max_text_chars
+    # The system message's tokens: instructions and tools (app.realtime.prompt_budget);
+    # Settings.instructions_max_tokens.
+    max_instructions_tokens: int = 16_000
     # Client events past these are answered with an error and dropped (app.realtime.gate.EventGate);
     # Settings.max_event_bytes, max_events_per_second, max_event_burst.
     max_event_bytes: int = 262_144

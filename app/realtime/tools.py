@@ -41,6 +41,13 @@ def read_tools(value: Any, param: str, *, max_chars: int) -> tuple[Tool, ...]:
     return tools
 
 
+def check_function_name(name: str, param: str) -> str:
+    """A function's name as OpenAI's rule has it, wherever a client gives one; ``ProtocolError`` else."""
+    if not _NAME.fullmatch(name):
+        raise _invalid(param, "must be 1-64 letters, digits, underscores or dashes")
+    return name
+
+
 def read_tool_choice(value: Any, param: str) -> ToolChoice:
     if isinstance(value, str):
         if value not in _MODES:
@@ -97,8 +104,9 @@ def _read_tool(value: Any, param: str, *, max_chars: int) -> Tool:
     if kind != "function":
         raise _invalid(f"{param}.type", "only 'function' tools are supported")
     name = value.get("name")
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
+    if not isinstance(name, str):
         raise _invalid(f"{param}.name", "must be 1-64 letters, digits, underscores or dashes")
+    check_function_name(name, f"{param}.name")
     description = value.get("description")
     if description is not None and not isinstance(description, str):
         raise _invalid(f"{param}.description", "must be a string")

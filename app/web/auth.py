@@ -14,7 +14,7 @@ import hmac
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -54,6 +54,7 @@ class ClientSecretStore:
         self._capacity = capacity
         # Keyed by the secret's SHA-256, so a dict lookup's timing says nothing about the secret.
         self._by_digest: dict[bytes, ClientSecret] = {}
+        self._fetched_ice: set[bytes] = set()  # secrets whose one ICE servers fetch is spent
 
     def __len__(self) -> int:
         return len(self._by_digest)
@@ -77,20 +78,28 @@ class ClientSecretStore:
 
     def redeem(self, value: str) -> ClientSecret | None:
         """The secret, removed so it cannot be used again; None when unknown or expired."""
-        secret = self._by_digest.pop(_digest(value), None)
+        digest = _digest(value)
+        secret = self._by_digest.pop(digest, None)
+        self._fetched_ice.discard(digest)
         if secret is None or secret.expires_at <= self._clock():
             return None
         return secret
 
-    def is_valid(self, value: str) -> bool:
-        """Whether the secret would redeem now; it stays unused."""
-        secret = self._by_digest.get(_digest(value))
-        return secret is not None and secret.expires_at > self._clock()
+    def fetch_ice(self, value: str) -> bool:
+        """Whether the secret would redeem now and has not fetched its ICE servers yet (then it
+        has): one fetch of TURN credentials per secret, as it opens one call. It stays unused."""
+        digest = _digest(value)
+        secret = self._by_digest.get(digest)
+        if secret is None or secret.expires_at <= self._clock() or digest in self._fetched_ice:
+            return False
+        self._fetched_ice.add(digest)
+        return True
 
     def _drop_expired(self) -> None:
         now = self._clock()
         for digest in [d for d, s in self._by_digest.items() if s.expires_at <= now]:
             del self._by_digest[digest]
+            self._fetched_ice.discard(digest)
 
 
 def _digest(value: str) -> bytes:
@@ -132,17 +141,24 @@ class Authenticator:
         token = bearer_token(request.headers.get("authorization", ""))
         return self._api_key is not None and token is not None and hmac.compare_digest(token.encode(), self._api_key)
 
-    async def authorize_peek(self, request: Request) -> None:
-        """As for a call, but an ``ek_`` client secret is checked, not used up: the page fetches its
-        ICE servers with the secret it posts its offer with next."""
+    async def authorize_ice_servers(self, request: Request) -> str:
+        """As for a call, but an ``ek_`` client secret is not used up (the page fetches its ICE
+        servers with the secret it posts its offer with next); it fetches them once. Returns whose
+        TURN credentials they are (coturn's user, bounded by its ``user-quota``): the secret's
+        (a digest of it: coturn logs its users), or one of their own for the API key and an open
+        server, trusted callers that may fetch as often as they place calls."""
         if self._api_key is None:
-            return
+            return "open-" + secrets.token_hex(6)
         token = _bearer_token(request)
         if hmac.compare_digest(token.encode(), self._api_key):
-            return
-        if token.startswith(CLIENT_SECRET_PREFIX) and self.secrets.is_valid(token):
-            return
-        raise _unauthorized("Incorrect API key or client secret provided.", code="invalid_api_key")
+            return "key-" + secrets.token_hex(6)
+        if token.startswith(CLIENT_SECRET_PREFIX) and self.secrets.fetch_ice(token):
+            return "ek-" + _digest(token).hex()[:16]
+        raise _unauthorized(
+            "Incorrect API key or client secret provided, or the client secret has fetched its ICE servers already "
+            "(once per secret: mint one per call).",
+            code="invalid_api_key",
+        )
 
     async def authorize_call(self, request: Request) -> CallGrant:
         if self._api_key is None:
@@ -208,7 +224,7 @@ class ClientSecretRequest(BaseModel):
     session: dict[str, Any] | None = None
 
 
-SessionResolver = Callable[[dict[str, Any] | None], dict[str, Any]]
+SessionResolver = Callable[[dict[str, Any] | None], Awaitable[dict[str, Any]]]
 """Validates a partial session config and returns the effective session object.
 
 Raises ``ValueError`` (pydantic's ``ValidationError`` is one) for a config that is really wrong.
@@ -235,7 +251,7 @@ def client_secrets_router(authenticator: Authenticator, resolve_session: Session
             raise ApiError(400, _first_error(exc), param=_first_param(exc)) from None
         session = body.session
         try:
-            effective = resolve_session(session)
+            effective = await resolve_session(session)
         except ValueError as exc:
             raise ApiError(400, f"Invalid session: {exc}", param="session") from None
         secret = authenticator.secrets.mint(seconds=body.expires_after.seconds, session=session)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from app.config import Settings
 from app.realtime.text_judge import EngineTextJudge, TextJudge
 from app.web.metrics import Metrics
-from app.webrtc.call import Call, SessionFactory
+from app.webrtc.call import Call, SessionFactory, new_call_id
 from app.webrtc.ice import IceServer, rest_api_credentials, rtc_configuration
 from media.end_of_turn import SmartTurnModel, default_model_path
 from pipeline.turn import Engine
@@ -19,16 +19,20 @@ from pipeline.turn import Engine
 logger = logging.getLogger(__name__)
 
 
-def ice_servers(settings: Settings, *, now: float | None = None) -> tuple[list[IceServer], int | None]:
+def ice_servers(settings: Settings, *, user: str, now: float | None = None) -> tuple[list[IceServer], int | None]:
     """The STUN/TURN servers for one peer (the server's own, or a client's), TURN ones with credentials:
-    the static ones, or coturn REST credentials minted now. Also when minted ones expire (unix
-    seconds; None for static). A bad URL raises ``ValueError`` naming it."""
+    the static ones, or coturn REST credentials minted now for ``user`` (the username's part after
+    the expiry: whose they are, so that coturn's ``user-quota`` bounds each call, docs/DEPLOY.md).
+    Also when minted ones expire (unix seconds; None for static). A bad URL raises ``ValueError``
+    naming it."""
     expires_at = None
     username: str | None
     credential: str | None
     if settings.turn_secret is not None:
         expires_at = int(time.time() if now is None else now) + settings.turn_ttl_s
-        username, credential = rest_api_credentials(settings.turn_secret.get_secret_value(), expires_at=expires_at)
+        username, credential = rest_api_credentials(
+            settings.turn_secret.get_secret_value(), expires_at=expires_at, user=user
+        )
     else:
         username = settings.turn_username
         credential = settings.turn_credential.get_secret_value() if settings.turn_credential else None
@@ -49,10 +53,12 @@ def new_call(
     call_id: str | None = None,
 ) -> Call:
     """A call with the server's settings (in this process, or in a media worker)."""
+    call_id = call_id or new_call_id()
     return Call(
         call_id=call_id,
         make_session=make_session,
-        configuration=rtc_configuration(ice_servers(settings)[0]),  # TURN credentials minted per call
+        # TURN credentials minted per call, for this call's own user (coturn's user-quota).
+        configuration=rtc_configuration(ice_servers(settings, user=call_id)[0]),
         ice_loopback=settings.ice_loopback,
         connect_timeout_s=settings.connect_timeout_s,
         disconnect_timeout_s=settings.disconnect_timeout_s,

@@ -65,6 +65,8 @@ SERVE_FLAGS = {
     "turn_ttl": "turn_ttl_s",
     # Bounds for every caller (docs/HARDENING.md).
     "history_max_tokens": "history_max_tokens",
+    "instructions_max_tokens": "instructions_max_tokens",
+    "max_prompt_tokens": "max_prompt_tokens",
     "connect_timeout": "connect_timeout_s",
     "max_connecting_per_client": "max_connecting_per_client",
 }
@@ -150,6 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--history-max-tokens", type=int, metavar="N",
         help="a conversation's prompt tokens after the system prompt, as estimated; past it the oldest items go (default 16000)",
+    )
+    serve.add_argument(
+        "--instructions-max-tokens", type=int, metavar="N",
+        help="a session's instructions and tools together, in tokens; past it session.update is refused (default 16000)",
+    )
+    serve.add_argument(
+        "--max-prompt-tokens", type=int, metavar="N",
+        help="the longest prompt the engine takes; a longer turn fails alone, prompt_too_long (default 32768)",
     )
     serve.add_argument("--connect-timeout", type=float, metavar="SECONDS", help="end a call whose peer never connects (default 10)")
     serve.add_argument(

@@ -7,7 +7,9 @@ network that blocks UDP, or behind a symmetric NAT, reaches the server only thro
 and only the server knows which relay and credentials belong with it. The page and
 ``omni-rtc call`` ask here before they build their peer connection; a client that gets 404 (another
 server) keeps its own. Authorised like a call, except that an ``ek_`` client secret is checked and
-not used up (the offer that follows uses it).
+not used up (the offer that follows uses it); it fetches once. Minted credentials name whose they
+are (the secret's, or a user of their own for the API key), so that coturn's ``user-quota`` bounds
+what one holder can allocate (docs/DEPLOY.md).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ def ice_servers_router(settings: Settings, authenticator: Authenticator) -> APIR
 
     @router.get(ICE_SERVERS_PATH)
     async def get_ice_servers(request: Request) -> JSONResponse:
-        await authenticator.authorize_peek(request)
-        servers, expires_at = ice_servers(settings)
+        user = await authenticator.authorize_ice_servers(request)
+        servers, expires_at = ice_servers(settings, user=user)
         return JSONResponse(
             {"ice_servers": [server.to_json() for server in servers], "expires_at": expires_at},
             headers={"Cache-Control": "no-store"},  # credentials: never from a cache

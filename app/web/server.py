@@ -22,6 +22,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.middleware.cors import CORSMiddleware
 
 from app.config import Settings, load_dev_replies
+from app.realtime.prompt_budget import check_session, session_param
 from app.realtime.protocol import ProtocolError
 from app.realtime.session_config import SessionConfig, TurnDetection
 from app.web.auth import Authenticator, install_auth
@@ -51,7 +52,13 @@ SDP_CONTENT_TYPE = "application/sdp"
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     metrics = Metrics()
     authenticator = Authenticator(settings.api_key.get_secret_value() if settings.api_key else None)
-    ice_servers(settings)  # a bad ICE server URL fails here, at start-up, not per call
+    ice_servers(settings, user="start")  # a bad ICE server URL fails here, at start-up, not per call
+    if settings.turn_username is not None:
+        logger.warning(
+            "static TURN credentials go to every client that may place a call (GET /v1/realtime/ice_servers), "
+            "and stay valid after it: anyone who had them can relay through the TURN server; --turn-secret "
+            "mints credentials per call instead (docs/DEPLOY.md)"
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -94,10 +101,11 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app = FastAPI(title="omni-rtc", lifespan=lifespan)
     base_config = _base_session_config(settings)
 
-    def resolve_session(partial: dict[str, Any] | None) -> dict[str, Any]:
+    async def resolve_session(partial: dict[str, Any] | None) -> dict[str, Any]:
         """The effective session a client secret's call will start with (``ValueError`` when wrong)."""
         try:
             config = SessionConfig.from_session(partial or {}, base=base_config)
+            await check_session(config, since=base_config, param=session_param(partial or {}))
         except ProtocolError as exc:
             raise ValueError(exc.message) from None
         runtime = getattr(app.state, "runtime", None)
@@ -201,6 +209,7 @@ def _base_session_config(settings: Settings) -> SessionConfig:
         default_interrupt_response=settings.default_interrupt_response,
         history=HistoryLimits(max_prompt_tokens=settings.history_max_tokens),
         max_text_chars=settings.max_text_chars,
+        max_instructions_tokens=settings.instructions_max_tokens,
         max_event_bytes=settings.max_event_bytes,
         max_events_per_second=settings.max_events_per_second,
         max_event_burst=settings.max_event_burst,
@@ -217,6 +226,7 @@ async def _start_engine(settings: Settings) -> tuple[Engine, str]:
             api_key=settings.engine_api_key.get_secret_value() if settings.engine_api_key else None,
             model=settings.model,
             seed=settings.seed,
+            max_prompt_tokens=settings.max_prompt_tokens,
         )
         await remote.start()
         return remote, remote.name
@@ -240,6 +250,7 @@ async def _start_engine(settings: Settings) -> tuple[Engine, str]:
         generation=settings.generation,
         threads=settings.engine_threads,
         attn_implementation=settings.attn_implementation,
+        max_prompt_tokens=settings.max_prompt_tokens,
     )
     await engine.start()
     return engine, model

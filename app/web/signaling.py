@@ -21,6 +21,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 
 from app.config import Settings
 from app.realtime.ledger import AudioOutput
+from app.realtime.prompt_budget import check_session, session_param
 from app.realtime.protocol import ProtocolError
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
@@ -61,7 +62,7 @@ def signaling_router(
         runtime = runtime_of(request)
         _check_cross_site(request, grant, origins)
         offer, session = await _read_offer(request, settings)
-        config = read_session_config({**(grant.session or {}), **(session or {})}, base_config)
+        config = await read_session_config({**(grant.session or {}), **(session or {})}, base_config)
         client = request.client.host if request.client is not None else None
         if runtime.workers is not None:
             return await _place_on_worker(runtime.workers, offer, config, settings, metrics, client)
@@ -345,9 +346,12 @@ def check_offer_sdp(body: bytes, *, max_bytes: int) -> str:
     return text
 
 
-def read_session_config(partial: dict[str, Any], base: SessionConfig) -> SessionConfig:
+async def read_session_config(partial: dict[str, Any], base: SessionConfig) -> SessionConfig:
+    """The session a call or WebSocket starts with; ``ApiError`` 400 for a bad or over-budget one."""
     try:
-        return SessionConfig.from_session(partial, base=base)
+        config = SessionConfig.from_session(partial, base=base)
+        await check_session(config, since=base, param=session_param(partial))
+        return config
     except ProtocolError as exc:
         param = f"session.{exc.param}" if exc.param and not exc.param.startswith("session") else exc.param or "session"
         raise ApiError(400, f"Invalid session: {exc.message}", code=exc.code, param=param) from None

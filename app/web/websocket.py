@@ -313,7 +313,7 @@ def websocket_router(
             _check_origin(websocket, origins)
             grant = _authorize(websocket, authenticator, offered)
             base = base_config if dialect is None else dialect.initial_config(base_config)
-            config = read_session_config(grant.session or {}, base)
+            config = await read_session_config(grant.session or {}, base)
 
             def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
                 return RealtimeSession(

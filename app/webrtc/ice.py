@@ -97,7 +97,7 @@ class IceServer:
         ]
 
 
-def rest_api_credentials(secret: str, *, expires_at: int, user: str = "omni-rtc") -> tuple[str, str]:
+def rest_api_credentials(secret: str, *, expires_at: int, user: str) -> tuple[str, str]:
     """coturn's time-limited TURN credentials ("TURN REST API", ``use-auth-secret``).
 
     The username is ``"<expiry, unix seconds>:<user>"`` and the password

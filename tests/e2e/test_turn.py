@@ -81,7 +81,8 @@ class Turn:
         log = open(self.directory / f"turnserver-{self.kind}.log", "ab")
         self.process = subprocess.Popen(
             self.box.command("relay", [
-                TURNSERVER, "-c", str(config), "--log-file", "stdout", "--simple-log",
+                # -v: each session's username is logged (which call's credentials it took).
+                TURNSERVER, "-c", str(config), "--log-file", "stdout", "--simple-log", "-v",
                 "--pidfile", str(self.directory / f"turnserver-{self.kind}.pid"),
                 "--db", str(self.directory / f"turndb-{self.kind}"),
             ]),
@@ -224,13 +225,51 @@ def test_a_call_connects_through_the_relay_and_completes_a_spoken_turn(
 
 
 def test_the_page_gets_fresh_credentials_for_each_call(deployment: Deployment) -> None:
-    """``--turn-secret``: every ``GET /v1/realtime/ice_servers`` mints credentials expiring ``--turn-ttl`` from now."""
-    first = json.loads(deployment.get("secret", "/v1/realtime/ice_servers"))
+    """``--turn-secret``: every ``GET /v1/realtime/ice_servers`` mints credentials expiring
+    ``--turn-ttl`` from now, each fetch with the API key for a user of its own."""
+    first, second = (json.loads(deployment.get("secret", "/v1/realtime/ice_servers")) for _ in range(2))
     [server] = first["ice_servers"]
     expiry, _, user = server["username"].partition(":")
     assert int(expiry) == first["expires_at"]
-    assert user == "omni-rtc"
+    assert user.startswith("key-") and user != second["ice_servers"][0]["username"].partition(":")[2]
     assert server["urls"] == f"turn:{RELAY_ADDRESS}:{KINDS['secret']['turn_port']}?transport=udp"
+
+
+ALLOCATE = """
+import asyncio, json, sys
+import aioice.turn
+
+async def main(host, port, username, password, count):
+    held, refused = [], 0
+    for _ in range(count):  # each from a socket of its own: a new allocation
+        try:
+            endpoint = aioice.turn.create_turn_endpoint(asyncio.DatagramProtocol, (host, port), username, password)
+            held.append((await asyncio.wait_for(endpoint, 10))[0])
+        except Exception:
+            refused += 1
+    print(json.dumps({"allocated": len(held), "refused": refused}))
+    for transport in held:
+        transport.close()
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])))
+"""
+
+
+def test_one_holders_credentials_take_at_most_the_user_quota_of_relays(deployment: Deployment) -> None:
+    # Issue 34: DEPLOY.md's coturn had total-quota=200 and no user-quota: one holder could take all.
+    [server] = json.loads(deployment.get("secret", "/v1/realtime/ice_servers"))["ice_servers"]
+    argv = [sys.executable, "-c", ALLOCATE, RELAY_ADDRESS, str(KINDS["secret"]["turn_port"]),
+            server["username"], server["credential"], "10"]
+    result = deployment.box.run("client", argv, timeout=120, cwd=REPO_ROOT)
+    assert json.loads(result.stdout) == {"allocated": 8, "refused": 2}  # user-quota=8
+
+
+def test_the_servers_own_peer_relays_as_its_call(deployment: Deployment, tmp_path: Path) -> None:
+    called = deployment.call("secret", tmp_path)
+    assert called.returncode == 0, called.stderr[-3000:]
+    call_id = json.loads(called.stdout)["sessions"][0]["call"].rsplit("/", 1)[1]
+    log = (deployment.logs / "turnserver-secret.log").read_text()
+    assert re.search(rf"username=<\d+:{re.escape(call_id)}>", log), log[-3000:]
 
 
 def test_a_wrong_turn_secret_fails_the_call_clearly_and_releases_the_slot(deployment: Deployment, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,10 @@ import pytest
 import soundfile
 
 from pipeline.chat_completions import (
+    MAX_AUDIO_CONTENT_CHARS,
     AudioPiece,
+    EventStream,
+    EventStreamTooLarge,
     FinishPiece,
     MalformedChunk,
     ServerError,
@@ -37,6 +41,7 @@ from pipeline.conversation import (
     UserText,
 )
 from pipeline.turn import TranscriptionHint, TurnRequest
+from tests.hostile import flac_silence
 from tests.pictures import encoded
 from tests.vllm_omni_replay import ANSWER_TEXT, SCHEMA_PATH, ReplayServer
 
@@ -232,3 +237,65 @@ def test_a_chunk_read_from_a_file_shaped_like_vllm_omnis(tmp_path: Path) -> None
     (piece,) = read_chunk(audio_chunk(wav(pcm, 24_000)))
     assert isinstance(piece, AudioPiece) and piece.pcm.dtype == np.float32
     assert np.max(np.abs(piece.pcm - pcm)) < 1 / 16_000
+
+
+def test_a_flac_decode_bomb_is_refused_before_it_is_decoded() -> None:
+    # Issue 34: ten minutes of silence as FLAC, 58 KB of base64, added 55 MB in the front process.
+    content = base64.b64encode(flac_silence()).decode()
+    assert len(content) < 60_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(MalformedChunk, match="not a PCM WAV"):
+            read_chunk(audio_chunk(content))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000  # the base64 and its bytes; 55 MiB had it been decoded
+
+
+@pytest.mark.parametrize(
+    ("subtype", "channels", "seconds"),
+    [("FLOAT", 1, 0.1), ("PCM_24", 1, 0.1), ("PCM_16", 2, 0.1)],
+    ids=["float samples", "24-bit", "stereo"],
+)
+def test_audio_of_another_sample_format_or_layout_is_refused(subtype: str, channels: int, seconds: float) -> None:
+    buffer = io.BytesIO()
+    pcm = np.zeros((int(seconds * 24_000), channels), np.float32)
+    soundfile.write(buffer, pcm, 24_000, format="WAV", subtype=subtype)
+    with pytest.raises(MalformedChunk):
+        read_chunk(audio_chunk(base64.b64encode(buffer.getvalue()).decode()))
+
+
+def test_a_wav_header_claiming_more_than_the_chunk_bound_is_refused_unread() -> None:
+    # 10 s of PCM16 written, then the header's sizes claim an hour: refused from the header alone.
+    data = bytearray(base64.b64decode(wav(np.zeros(240_000, np.float32), 24_000)))
+    claimed = 3_600 * 24_000 * 2
+    data[4:8] = (claimed + 36).to_bytes(4, "little")
+    data[40:44] = claimed.to_bytes(4, "little")
+    with pytest.raises(MalformedChunk, match="at most 30 s"):
+        read_chunk(audio_chunk(base64.b64encode(bytes(data)).decode()))
+
+
+def test_an_audio_chunk_longer_than_its_bound_as_base64_is_refused_before_decoding() -> None:
+    with pytest.raises(MalformedChunk, match="base64 characters"):
+        read_chunk(audio_chunk("A" * (MAX_AUDIO_CONTENT_CHARS + 4)))
+
+
+def test_the_event_stream_joins_data_lines_across_reads() -> None:
+    stream = EventStream()
+    assert stream.feed(b": a comment\r\ndata: {\"a\":") == []
+    assert stream.feed(b" 1}\r\nid: 7\r\n\r\ndata: one\ndata:two\n\ndata: [DONE]\n") == ['{"a": 1}', "one\ntwo"]
+    assert stream.feed(b"\n") == ["[DONE]"]
+
+
+def test_an_event_stream_line_that_never_ends_is_refused_at_its_bound() -> None:
+    stream = EventStream(max_line_bytes=1_000)
+    stream.feed(b"data: " + b"x" * 900)
+    with pytest.raises(EventStreamTooLarge):
+        stream.feed(b"x" * 200)
+
+
+def test_an_event_of_many_short_data_lines_is_refused_at_the_same_bound() -> None:
+    stream = EventStream(max_line_bytes=1_000)
+    with pytest.raises(EventStreamTooLarge):
+        stream.feed(b"data: xxxxxxxxx\n" * 200)

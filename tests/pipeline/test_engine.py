@@ -12,10 +12,11 @@ import soundfile
 
 from app.realtime.text_judge import EngineTextJudge
 from media.rates import VOICE_RATE
-from pipeline.conversation import Conversation, UserAudio, UserText
+from pipeline.conversation import Conversation, Tool, UserAudio, UserText
 from pipeline.engine import EnginePool, TransformersEngine
 from pipeline.turn import AudioChunk, EngineError, TextDelta, TurnDone, TurnRequest
 from pipeline.worker import ENGINE_NICENESS
+from tests.hostile import punctuation_tools
 
 # The engine lives on the session loop, so every test here runs on it too.
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -239,6 +240,23 @@ async def test_a_failing_turn_submitted_with_others_fails_alone(engine):
         assert isinstance(events, list)
         assert (events[-1].text, events[-1].usage) == (alone[-1].text, alone[-1].usage)
     assert engine.describe()["running"] == 0
+
+
+async def test_a_prompt_past_the_limit_fails_alone_before_it_joins_the_batch(engine):
+    # Issue 34: the audit's 16 tools of punctuation render to ~190,000 tokens; unchecked, the
+    # batched prefill padded every row to that and a failed step failed every turn in it.
+    tools = tuple(Tool(tool["name"], tool["description"], tool["parameters"]) for tool in punctuation_tools())
+    huge = TurnRequest(conversation=Conversation(items=(UserText("Hi"),), tools=tools), max_output_tokens=4)
+    good = short_request(temperature=0)
+    alone = await collect(engine, good)
+    results = await asyncio.gather(collect(engine, good), collect(engine, huge), return_exceptions=True)
+    refused = results[1]
+    assert isinstance(refused, EngineError) and refused.code == "prompt_too_long"
+    assert "at most 32768" in str(refused)
+    events = results[0]
+    assert isinstance(events, list)
+    assert (events[-1].text, events[-1].usage) == (alone[-1].text, alone[-1].usage)
+    assert sum(len(event.pcm) for event in events if isinstance(event, AudioChunk)) > 0
 
 
 async def test_a_killed_engine_process_fails_its_turn_and_is_restarted(engine):

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from PIL import Image
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
-from pipeline.images import ImageError, fit, fitted_size, image_tokens, probe
+from pipeline.images import MAX_DECODE_BYTES, ImageError, decode_bytes, fit, fitted_size, image_tokens, probe
+from tests.hostile import flat_png
 from tests.pictures import encoded
+
+DETAIL_HIGH = 1_003_520
 
 
 @given(
@@ -64,3 +70,29 @@ def test_fit_refuses_a_truncated_image():
     data = encoded(320, 240, format="PNG")
     with pytest.raises(ImageError, match="could not be decoded"):
         fit(data[: len(data) // 2], probe(data), max_pixels=200_704)
+
+
+def test_a_50_mp_rgba_png_is_refused_from_its_header_before_a_pixel_is_decoded():
+    # Issue 34: the audit's 194 KB PNG decoded to 200 MB and was converted whole: +415 MB, 2.7 s.
+    data = flat_png(7071, 7071)
+    info = probe(data)  # within the header's 50 MP
+    assert decode_bytes(data, info, DETAIL_HIGH) > MAX_DECODE_BYTES
+    with pytest.raises(ImageError, match="decoding it takes more than 96 MiB"):
+        fit(data, info, max_pixels=DETAIL_HIGH)
+
+
+def test_a_large_jpeg_is_charged_at_the_scale_it_is_decoded():
+    photo = io.BytesIO()
+    Image.new("RGB", (4000, 3000), (90, 120, 150)).save(photo, format="JPEG")
+    data = photo.getvalue()
+    info = probe(data)
+    assert decode_bytes(data, info, 100_352) == 500 * 375 * 4  # drafted to 1/8 for "low"
+    assert decode_bytes(data, info, DETAIL_HIGH) == 2000 * 1500 * 4  # 1/2 for "high" (1,152 x 864)
+    assert fit(data, info, max_pixels=DETAIL_HIGH)[1:] == fitted_size(4000, 3000, max_pixels=DETAIL_HIGH)
+
+
+def test_an_rgba_png_within_the_bound_is_fitted_as_rgb():
+    data = flat_png(1200, 900)
+    fitted, width, height = fit(data, probe(data), max_pixels=100_352)
+    assert probe(fitted).format == "JPEG" and (width, height) == fitted_size(1200, 900, max_pixels=100_352)
+    assert decode_bytes(data, probe(data), 100_352) == 1200 * 900 * 8  # decoded RGBA and its RGB copy

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from app.web.engines import StallTimeoutEngine
+from pipeline.chat_completions import MAX_EVENT_LINE_BYTES
 from pipeline.conversation import AssistantText, Conversation, Tool, ToolChoice, UserAudio, UserText
 from pipeline.remote import RemoteEngine, RemoteEnginePool, redacted
 from pipeline.turn import AudioChunk, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest
@@ -166,6 +167,8 @@ async def test_a_stall_is_failed_by_the_stall_timeout_which_closes_the_stream(re
         ("malformed_chunk", "engine_protocol_error"),
         ("bad_audio", "engine_protocol_error"),
         ("drop", "engine_stream_error"),
+        ("flac_audio", "engine_protocol_error"),  # issue 34: refused before it is decoded
+        ("endless_line", "engine_protocol_error"),  # issue 34: refused at 4 MiB
     ],
 )
 async def test_a_failing_server_fails_the_turn_and_serves_the_next(
@@ -190,6 +193,44 @@ async def test_a_turn_that_must_call_a_function_fails_as_unsupported_and_the_nex
         again = await run(engine, written())
     assert refused.value.code == "tools_unsupported"
     assert isinstance(again[-1][1], TurnDone)
+
+
+async def test_a_prompt_past_the_limit_fails_before_it_is_sent_and_the_next_runs(replay: ReplayServer) -> None:
+    # Issue 34: 33,000 short words are ~33,000 tokens (165 KB: a byte bound alone would refuse
+    # far less); the limit is counted, and the server never sees the turn.
+    asked = len(replay.requests)
+    long = TurnRequest(Conversation((UserText("Hi"),), instructions="word " * 33_000), output_audio=False)
+    fits = TurnRequest(Conversation((UserText("Hi"),), instructions="word " * 30_000), output_audio=False)
+    async with started(replay.url) as engine:
+        with pytest.raises(EngineError) as refused:
+            await run(engine, long)
+        assert len(replay.requests) == asked
+        again = await run(engine, fits)
+    assert refused.value.code == "prompt_too_long"
+    assert isinstance(again[-1][1], TurnDone) and len(replay.requests) == asked + 1
+    assert engine.describe()[0]["last_error"] is None  # the turn's fault, not the server's
+
+
+async def test_a_line_that_never_ends_is_refused_at_its_bound(replay: ReplayServer) -> None:
+    replay.fail_next("endless_line")
+    async with started(replay.url) as engine:
+        with pytest.raises(EngineError):
+            await run(engine, spoken())
+    received = replay.requests[-1]
+    assert received.wait_ended() and received.closed_at is not None  # the client hung up on it
+    # Past the bound nothing more is read: what was sent is the bound plus the sockets' buffers
+    # (a few MB on loopback), not all that the server could send until the turn's deadline.
+    assert received.endless_bytes_sent < 8 * MAX_EVENT_LINE_BYTES
+
+
+async def test_a_models_answer_past_its_bound_reads_unreachable(replay: ReplayServer) -> None:
+    replay.models_padding = 2 * 1024 * 1024
+    try:
+        async with started(replay.url) as engine:
+            assert not engine.describe()[0]["alive"]
+            assert engine.describe()[0]["last_error"] == "engine_unavailable"
+    finally:
+        replay.models_padding = 0
 
 
 async def test_an_unreachable_server_fails_the_turn_and_reads_not_alive() -> None:

@@ -1,18 +1,7 @@
 import pytest
-import tiktoken
-from tiktoken.load import load_tiktoken_bpe
 
-from pipeline.tokenizer import (
-    CHAT_TEMPLATE,
-    REGULAR_VOCAB_SIZE,
-    SPECIAL_TOKENS,
-    load_tokenizer,
-    qwen_ranks_path,
-)
-
-QWEN_PATTERN = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+from pipeline.token_count import qwen_encoding, text_tokens
+from pipeline.tokenizer import CHAT_TEMPLATE, REGULAR_VOCAB_SIZE, SPECIAL_TOKENS, load_tokenizer
 
 MIXED_TEXT = (
     "Hello world! It's 2026-11-29, and we'll test 12345 numbers.\n\n"
@@ -51,14 +40,11 @@ def test_chatml_prompt_encodes_to_the_real_ids(tokenizer):
 
 
 def test_encoding_matches_tiktoken_on_the_same_ranks(tokenizer):
-    reference = tiktoken.Encoding(
-        name="qwen",
-        pat_str=QWEN_PATTERN,
-        mergeable_ranks=load_tiktoken_bpe(str(qwen_ranks_path())),
-        special_tokens={},
-    )
+    # What the session and the vLLM-Omni client count with (pipeline/token_count.py).
+    reference = qwen_encoding()
     assert reference.n_vocab == REGULAR_VOCAB_SIZE
     assert tokenizer.encode(MIXED_TEXT) == reference.encode(MIXED_TEXT)
+    assert text_tokens(MIXED_TEXT) == len(tokenizer.encode(MIXED_TEXT))
 
 
 def test_decode_round_trips_text_and_special_tokens(tokenizer):

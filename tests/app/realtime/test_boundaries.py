@@ -1,17 +1,19 @@
-"""The session core is transport-agnostic: importing it loads no web framework, WebRTC or ONNX runtime."""
+"""The session core is transport-agnostic: importing it loads no web framework, WebRTC or ONNX runtime,
+and no torch (the session counts tokens without the engine's tokenizer: pipeline/token_count.py)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-FORBIDDEN = ("fastapi", "starlette", "aiortc", "onnxruntime")
+FORBIDDEN = ("fastapi", "starlette", "aiortc", "onnxruntime", "torch", "transformers")
 
 
 def test_importing_the_session_core_loads_no_transport_or_onnx():
     modules = " ".join(
         f"app.realtime.{name}"
-        for name in ("session", "history", "responses", "ledger", "gate", "protocol", "session_config", "input_buffer")
+        for name in ("session", "history", "responses", "ledger", "gate", "protocol", "session_config", "input_buffer",
+                     "prompt_budget")
     )
     code = (
         f"import importlib, sys\n"

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.config import Settings
-from app.realtime.protocol import CLIENT_EVENT_TYPES, ProtocolError
+from app.realtime.protocol import CLIENT_EVENT_TYPES, ProtocolError, SessionFinishedEvent
 from app.realtime.session_config import SessionConfig
 from app.web.server import create_app
 from tests.e2e.conftest import free_port
@@ -66,6 +66,7 @@ json_values = st.recursive(
     max_leaves=12,
 )
 event_types = st.sampled_from(CLIENT_EVENT_TYPES)
+FINISHED = SessionFinishedEvent().type
 # Values chosen to break parsers and arithmetic: wrong types, huge and negative numbers,
 # overlong strings, unknown ids.
 hostile_values = (
@@ -160,6 +161,8 @@ async def _drive(
 
     The harness checks every server event against the protocol's schema as it is sent. With
     ``socket`` the session is carried as over the WebSocket, where playing is acknowledging.
+    A ``session.finish`` among ``messages`` ends the session: the turn is still asked for, and
+    what it gets (nothing, if the session keeps its word) is returned without waiting.
     """
     harness = SocketSessionHarness(ScriptedEngine("Hello there")) if socket else SessionHarness(ScriptedEngine("Hello there"))
     await harness.session.start()
@@ -179,6 +182,12 @@ async def _drive(
             else:
                 await harness.session.handle_message(message)
             await _settle()
+        if _finished(harness.events):
+            before = len(harness.events)
+            await harness.session.handle_message(encode(_message("user", {"type": "input_text", "text": "there?"})))
+            await harness.send(type="response.create")
+            await _settle()
+            return harness.events[:before], harness.events[before:]
         # Whatever state the fuzz left, a client can still have a turn: cancel, then ask.
         await harness.send(type="response.cancel")
         await _settle()
@@ -192,6 +201,11 @@ async def _drive(
         await harness.session.close()
 
 
+def _finished(events: list[dict[str, Any]]) -> bool:
+    """The client ended the session (``session.finish``): ``session.finished`` was sent."""
+    return any(event["type"] == FINISHED for event in events)
+
+
 async def _settle() -> None:
     for _ in range(10):
         await asyncio.sleep(0)
@@ -203,6 +217,9 @@ def test_session_survives_any_event_sequence_and_serves_a_turn(messages):
     before, final = asyncio.run(_drive(messages))
     # server_error is what the session answers when its own code raised: a bug, whatever the input.
     assert [e for e in before if e["type"] == "error" and e["error"]["type"] == "server_error"] == []
+    if _finished(before):  # the client ended it: session.finished is the last event, and stays so
+        assert before[-1]["type"] == FINISHED and final == []
+        return
     done = [e for e in final if e["type"] == "response.done"]
     errors = [e for e in final if e["type"] == "error"]
     assert errors == [], errors
@@ -215,6 +232,9 @@ def test_session_survives_any_event_sequence_and_serves_a_turn(messages):
 def test_socket_session_survives_any_event_sequence_and_serves_a_turn(messages):
     before, final = asyncio.run(_drive(messages, socket=True))
     assert [e for e in before if e["type"] == "error" and e["error"]["type"] == "server_error"] == []
+    if _finished(before):
+        assert before[-1]["type"] == FINISHED and final == []
+        return
     assert [e for e in before + final if e["type"].startswith("output_audio_buffer.")] == []
     done = [e for e in final if e["type"] == "response.done"]
     assert [e for e in final if e["type"] == "error"] == []

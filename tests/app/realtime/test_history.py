@@ -97,7 +97,7 @@ def test_create_item_after_an_unknown_item_names_previous_item_id():
          "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}}
     )
     with pytest.raises(ProtocolError) as caught:
-        History().create_item(event, input_audio_format="audio/pcm", max_chars=100)
+        History().create_item(event, max_chars=100)
     assert caught.value.param == "previous_item_id"
 
 
@@ -108,7 +108,7 @@ def test_create_item_at_root_goes_first():
         {"type": "conversation.item.create", "previous_item_id": "root",
          "item": {"id": "first", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}}
     )
-    added, done = history.create_item(event, input_audio_format="audio/pcm", max_chars=100)
+    added, done = history.create_item(event, max_chars=100)
     assert ids(history) == ["first", "u1"]
     assert added.previous_item_id is None and done.item.id == "first"
 
@@ -127,7 +127,7 @@ def insert_text(history: History, text: str, *, previous_item_id: str | None = N
         {"type": "conversation.item.create", "previous_item_id": previous_item_id,
          "item": {"id": item_id, "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}
     )
-    history.create_item(event, input_audio_format="audio/pcm", max_chars=16_000)
+    history.create_item(event, max_chars=16_000)
 
 
 def test_items_inserted_at_root_into_an_answered_turn_are_bounded_by_the_token_budget():

@@ -8,6 +8,7 @@ import pytest
 
 from app.realtime import protocol
 from app.realtime.protocol import (
+    LARGE_EVENT_CHARS,
     ConversationItemCreateEvent,
     ProtocolError,
     ResponseCreateEvent,
@@ -173,3 +174,15 @@ def test_event_ids_are_unique():
     ids = {protocol.InputAudioBufferClearedEvent().event_id for _ in range(1000)}
 
     assert len(ids) == 1000
+
+
+def test_an_image_upload_past_a_mebibyte_is_read_alike_and_its_mistakes_told_alike():
+    image = {"type": "input_image", "image_url": "data:image/png;base64," + "A" * (LARGE_EVENT_CHARS + 10)}
+    raw = json.dumps({"type": "conversation.item.create", "event_id": "big",
+                      "item": {"type": "message", "role": "user", "content": [image, {"type": "input_text", "text": "é"}]}})
+    event = parse_client_event(raw)
+    assert isinstance(event, ConversationItemCreateEvent) and event.event_id == "big"
+    assert event.image_url_chars == len(image["image_url"]) and event.item.content[1].text == "é"
+    with pytest.raises(ProtocolError) as broken:
+        parse_client_event(raw[:-3])
+    assert broken.value.code == "invalid_json" and "(line 1, column" in broken.value.message

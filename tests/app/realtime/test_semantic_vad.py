@@ -12,7 +12,9 @@ import threading
 import numpy as np
 import pytest
 
+from app.realtime.end_of_turn import JUDGED_SECONDS
 from app.realtime.session_config import END_OF_TURN_BY_EAGERNESS, SessionConfig
+from app.realtime.text_judge import WordsVerdict
 from app.realtime.turn_taking import ECHO_TAIL_MS
 from pipeline.conversation import UserAudio
 from tests.fakes import CODEC_FRAME_SAMPLES, HALF_DUPLEX, ScriptedEngine, SessionHarness
@@ -226,6 +228,52 @@ async def test_speech_heard_while_the_assistant_answers_costs_no_words_check():
     h.push(silence(300))
     await settle()
     assert judge.judged == ["What time is it?"]  # the user's turn only: no engine turn for the echo
+    await h.session.close()
+
+
+class HeldJudge:
+    """A text judge that answers only once released, counting the checks in flight."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.sizes: list[int] = []  # samples of each utterance judged
+        self.running = self.most_running = self.cancelled = 0
+
+    async def judge(self, pcm: np.ndarray) -> WordsVerdict:
+        self.sizes.append(pcm.size)
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
+        try:
+            await self.release.wait()
+            return WordsVerdict("Hm", 0.5)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.running -= 1
+
+
+async def test_speaking_in_bursts_keeps_one_words_check_in_flight():
+    # Issue 34: each silence started another ASR turn over the whole utterance, none cancelled.
+    judge = HeldJudge()
+    h = await semantic_session(FakeEndOfTurn(0.3), text_judge=judge)  # type: ignore[arg-type]
+    for _ in range(4):
+        h.push(tone(600))
+        h.push(silence(200))  # a pause: a words check, then speech again makes it stale
+        await settle()
+    assert (len(judge.sizes), judge.cancelled, judge.most_running) == (4, 3, 1)
+    judge.release.set()
+    await h.session.close()
+
+
+async def test_the_words_judged_are_the_utterances_last_seconds():
+    judge = HeldJudge()
+    h = await semantic_session(FakeEndOfTurn(0.3), text_judge=judge)  # type: ignore[arg-type]
+    h.push(tone(20_000))
+    h.push(silence(200))
+    await settle()
+    assert judge.sizes == [JUDGED_SECONDS * RATE]
+    judge.release.set()
     await h.session.close()
 
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import threading
 
 import numpy as np
 import pytest
 import pytest_asyncio
 
+from app.realtime import history
 from app.realtime.failures import failure_message
 from app.realtime.session_config import SessionConfig, TurnDetection
 from app.realtime.turn_taking import ECHO_TAIL_MS
@@ -327,6 +329,36 @@ async def test_input_audio_item_is_decoded_and_resampled_from_24k_to_16k(h):
     assert clip.pcm.dtype == np.float32 and clip.pcm.size == RATE
     assert np.max(np.abs(clip.pcm)) == pytest.approx(8000 / 32768, rel=0.05)
     assert h.of_type("conversation.item.added")[0]["item"]["content"] == [{"type": "input_audio", "transcript": None}]
+
+
+async def test_input_audio_items_are_decoded_off_the_event_loop(h, monkeypatch):
+    # Issue 34: an item's audio was decoded and resampled on the loop (0.5 s for 14 MB of µ-law).
+    loop_thread = threading.current_thread()
+    threads = []
+    resample = history.soxr.resample
+
+    def recording(*args, **kwargs):
+        threads.append(threading.current_thread())
+        return resample(*args, **kwargs)
+
+    monkeypatch.setattr(history.soxr, "resample", recording)
+    await h.send(type="conversation.item.create", item={"type": "message", "role": "user", "content": [
+        {"type": "input_audio", "audio": base64.b64encode(bytes(48_000)).decode()}]})
+    assert h.of_type("conversation.item.added") and threads and loop_thread not in threads
+
+
+async def test_an_items_audio_past_one_turns_worth_is_refused_from_its_length():
+    config = SessionConfig(turn_detection=None, max_event_bytes=8 * 1024 * 1024)
+    h = SessionHarness(ScriptedEngine(), EnergyVad(), config)
+    await h.session.start()
+    await h.send(type="session.update", session={"input_audio_format": "g711_ulaw"})
+    half = base64.b64encode(bytes(8_000 * 70)).decode()  # 70 s at 8 kHz
+    await h.send(event_id="long", type="conversation.item.create", item={"type": "message", "role": "user",
+                 "content": [{"type": "input_audio", "audio": half}, {"type": "input_audio", "audio": half}]})
+    error = h.last("error")["error"]
+    assert (error["code"], error["param"], error["event_id"]) == ("invalid_value", "item.content[1].audio", "long")
+    assert "120 s" in error["message"] and not h.of_type("conversation.item.added")
+    await h.session.close()
 
 
 async def test_input_audio_buffer_append_feeds_the_vad(h):

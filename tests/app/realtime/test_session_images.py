@@ -6,16 +6,22 @@ speech. Camera frames are handed to the session as the call's sampler would.
 
 from __future__ import annotations
 
+import base64
 import json
 
+import pytest
 import pytest_asyncio
 
 from app.realtime.camera import TurnFrames
+from app.realtime.images import DecodeBudget, read_item_images
+from app.realtime.protocol import ClientContentPart, ProtocolError
 from app.realtime.session_config import DETAIL_MAX_PIXELS, SessionConfig, VideoInput
 from media.frames import SampledFrame
 from pipeline.conversation import IMAGE_NOTE, HistoryLimits, UserAudio, UserImage, UserText
 from pipeline.images import probe
+from tests.clock import FakeClock
 from tests.fakes import EnergyVad, ScriptedEngine, SessionHarness
+from tests.hostile import flat_png
 from tests.pictures import data_url, encoded
 from tests.speech import silence, tone
 
@@ -111,7 +117,9 @@ async def test_an_event_over_the_image_event_limit_gets_event_too_large_before_i
     await h.session.start()
     await h.create_item({"type": "input_image", "image_url": data_url(bytes(20_000))})
     assert h.last_error()["code"] == "event_too_large"
-    assert "or 17432 for a conversation.item.create with an input_image" in h.last_error()["message"]
+    assert "besides the input_image data URLs of a conversation.item.create (at most 17432 in all)" in (
+        h.last_error()["message"]
+    )
     await h.session.close()
 
 
@@ -125,6 +133,45 @@ async def test_a_large_event_without_an_image_is_refused_once_parsed():
     await h.create_item({"type": "input_image", "image_url": image})
     assert len(h.of_type("conversation.item.added")) == 1
     await h.session.close()
+
+
+async def test_the_image_exemption_covers_the_image_bytes_only(h):
+    # Issue 34: a 14 MB event of one tiny image and 14 MB of µ-law beside it was let in, and its
+    # 22 minutes of audio decoded and resampled on the loop.
+    await h.send(type="session.update", session={"input_audio_format": "g711_ulaw"})
+    tiny = {"type": "input_image", "image_url": data_url(encoded(32, 32))}
+    audio = {"type": "input_audio", "audio": base64.b64encode(bytes(10_500_000)).decode()}
+    await h.create_item(tiny, audio, event_id="big")
+    error = h.last_error()
+    assert (error["code"], error["event_id"]) == ("event_too_large", "big")
+    assert not h.of_type("conversation.item.added")
+    await h.create_item(tiny, {"type": "input_text", "text": "x" * 300_000})  # text beside it: the same
+    assert h.last_error()["code"] == "event_too_large"
+    await h.create_item(tiny, {"type": "input_audio", "audio": base64.b64encode(bytes(8_000)).decode()})
+    assert len(h.of_type("conversation.item.added")) == 1  # an ordinary event beside the image is taken
+
+
+async def test_a_50_mp_rgba_png_is_refused_from_its_header_and_the_session_goes_on(h):
+    # Issue 34: 194 KB that decoded to 200 MB and peaked at +415 MB for 2.7 s.
+    await h.create_item({"type": "input_image", "image_url": data_url(flat_png(7071, 7071), "image/png")})
+    error = h.last_error()
+    assert (error["code"], error["param"]) == ("invalid_value", "item.content[0].image_url")
+    assert "decoding it takes more than 96 MiB" in error["message"]
+    await h.create_item(_image(1), {"type": "input_text", "text": "And this?"})
+    assert len(h.of_type("conversation.item.added")) == 1
+
+
+async def test_a_sessions_image_decoding_is_held_to_its_rate_before_anything_is_decoded():
+    clock = FakeClock()
+    budget = DecodeBudget(per_second=10 * 2**20, burst=40 * 2**20, clock=clock)
+    png = data_url(flat_png(1600, 1200), "image/png")  # 15 MiB to decode: RGBA and its RGB copy
+    content = [ClientContentPart(type="input_image", image_url=png)]
+    assert len(await read_item_images(content * 2, max_bytes=2**20, budget=budget)) == 2
+    with pytest.raises(ProtocolError) as refused:
+        await read_item_images(content * 2, max_bytes=2**20, budget=budget)  # 30 MiB, 10 left
+    assert (refused.value.code, refused.value.param) == ("rate_limit_exceeded", "item.content")
+    clock.now += 2.0  # 20 MiB more
+    assert len(await read_item_images(content * 2, max_bytes=2**20, budget=budget)) == 2
 
 
 async def test_a_message_takes_at_most_eight_images(h):

@@ -23,7 +23,7 @@ from tests.clock import FakeClock
 API_KEY = "sk-test-key"
 
 
-def resolve_session(session: dict[str, Any] | None) -> dict[str, Any]:
+async def resolve_session(session: dict[str, Any] | None) -> dict[str, Any]:
     """Stands in for the session config: rejects a bad voice, reflects the rest."""
     session = dict(session or {})
     if session.get("voice", "ethan") not in ("ethan", "chelsie", "aiden"):

@@ -66,6 +66,13 @@ def test_interrupt_response_is_on_unless_the_flag_turns_it_off(monkeypatch):
     assert serve_settings(monkeypatch, [], OMNI_RTC_DEFAULT_INTERRUPT_RESPONSE="false").default_interrupt_response is False
 
 
+def test_the_prompt_limit_must_hold_the_session_budgets(monkeypatch, capsys):
+    settings = serve_settings(monkeypatch, ["--instructions-max-tokens", "8000", "--max-prompt-tokens", "24100"])
+    assert (settings.instructions_max_tokens, settings.max_prompt_tokens) == (8_000, 24_100)
+    assert main(["serve", "--instructions-max-tokens", "20000"]) == 2  # 20,000 + 16,000 history > 32,768
+    assert "max_prompt_tokens" in capsys.readouterr().err
+
+
 def test_dev_replies_are_a_file_of_answer_texts(monkeypatch, tmp_path):
     replies = tmp_path / "replies.json"
     replies.write_text(json.dumps(["Hello.", '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>']))

@@ -54,7 +54,11 @@ async def test_a_turn_secret_mints_credentials_per_request(tmp_path):
         after = int(time.time())
     [server] = body["ice_servers"]
     assert before + 120 <= body["expires_at"] <= after + 120
-    assert (server["username"], server["credential"]) == rest_api_credentials("north", expires_at=body["expires_at"])
+    user = server["username"].partition(":")[2]
+    assert user.startswith("open-")
+    assert (server["username"], server["credential"]) == rest_api_credentials(
+        "north", expires_at=body["expires_at"], user=user
+    )
 
 
 async def test_with_a_key_the_route_is_authorised_like_calls(tmp_path):
@@ -79,6 +83,34 @@ async def test_a_client_secret_fetches_ice_servers_and_still_opens_its_call(tmp_
     assert servers.status_code == 200
     assert call.status_code == 201  # the secret was checked, not used up, by the ICE servers request
     assert after_use.status_code == 401
+
+
+def turn_user(response: httpx.Response) -> str:
+    [server] = response.json()["ice_servers"]
+    return server["username"].partition(":")[2]
+
+
+async def test_a_client_secret_fetches_its_turn_credentials_once_and_they_are_its_own(tmp_path):
+    # Issue 34: one ek_ secret fetched fresh credentials, all of one user, for its whole 600 s.
+    settings = settings_for(tmp_path, api_key=API_KEY, ice_servers=[TURN_URL], turn_secret="north")
+    key = {"Authorization": f"Bearer {API_KEY}"}
+    async with offering_peer() as pc, serving(settings) as http:
+        minted = [(await http.post("/v1/realtime/client_secrets", json={}, headers=key)).json()["value"]
+                  for _ in range(2)]
+        first, second = ({"Authorization": f"Bearer {value}"} for value in minted)
+        fetched = await http.get("/v1/realtime/ice_servers", headers=first)
+        again = await http.get("/v1/realtime/ice_servers", headers=first)
+        other = await http.get("/v1/realtime/ice_servers", headers=second)
+        by_key = [await http.get("/v1/realtime/ice_servers", headers=key) for _ in range(2)]
+        call = await http.post("/v1/realtime/calls", content=pc.localDescription.sdp,
+                               headers={**first, "Content-Type": "application/sdp"})
+        await http.delete(call.headers["location"], headers=key)
+    assert (fetched.status_code, again.status_code, other.status_code) == (200, 401, 200)
+    assert "fetched its ICE servers already" in again.json()["error"]["message"]
+    assert turn_user(fetched).startswith("ek-") and turn_user(fetched) != turn_user(other)
+    assert minted[0] not in turn_user(fetched)  # a digest of it: coturn logs its users
+    assert turn_user(by_key[0]).startswith("key-") and turn_user(by_key[0]) != turn_user(by_key[1])
+    assert call.status_code == 201  # the one fetch did not use the secret up
 
 
 @pytest.mark.parametrize(("values", "named"), [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -20,6 +21,7 @@ from pipeline.conversation import Conversation, UserText
 from pipeline.turn import EngineError, TextDelta, TurnDone, TurnRequest, Usage
 from tests.clock import FakeClock
 from tests.fakes import ScriptedEngine, SessionHarness
+from tests.hostile import punctuation_tools
 
 OFFER = (
     "v=0\r\n"
@@ -331,6 +333,13 @@ async def test_a_client_secret_with_a_bad_tool_schema_is_400():
     assert "session.tools[0].parameters" in response.json()["error"]["message"]
 
 
+async def test_a_client_secret_over_the_instructions_budget_is_400_naming_it():
+    # Issue 34: the session a secret binds is a session like any other.
+    response = await mint_with_session({"tools": punctuation_tools(count=2)})
+    assert response.status_code == 400
+    assert "budget for them is 16,000 tokens" in response.json()["error"]["message"]
+
+
 async def post_to_calls(content, content_type: str = "application/sdp") -> httpx.Response:
     app = create_app(Settings(ice_loopback=True, max_sdp_bytes=4_096, media_workers=1), engine=ScriptedEngine())
     async with app.router.lifespan_context(app):
@@ -385,6 +394,15 @@ async def test_a_multipart_offer_within_the_limit_is_read_as_before():
     response = await post_to_calls(body, "multipart/form-data; boundary=b")
     assert response.status_code == 400  # read whole: the session was checked
     assert response.json()["error"]["param"] == "session.instructions"
+
+
+async def test_a_multipart_offer_over_the_instructions_budget_is_400():
+    session = json.dumps({"tools": punctuation_tools(count=2)})
+    body = (b'--b\r\nContent-Disposition: form-data; name="session"\r\n\r\n' + session.encode() + b"\r\n"
+            b'--b\r\nContent-Disposition: form-data; name="sdp"\r\n\r\n' + OFFER.encode() + b"\r\n--b--\r\n")
+    response = await post_to_calls(body, "multipart/form-data; boundary=b")
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "session.tools"
 
 
 def candidates(count: int) -> str:

@@ -17,7 +17,7 @@ def test_rest_api_credentials_are_coturns():
     The expected password was computed apart from this code, with OpenSSL:
     printf '%s' '1700000000:omni-rtc' | openssl dgst -sha1 -hmac 'north' -binary | base64
     """
-    assert rest_api_credentials("north", expires_at=1_700_000_000) == (
+    assert rest_api_credentials("north", expires_at=1_700_000_000, user="omni-rtc") == (
         "1700000000:omni-rtc", "PyXhBAT9HzSrzTcQhwbKcAamdGk="
     )
 
