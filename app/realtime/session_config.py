@@ -94,6 +94,9 @@ class TurnDetection:
     interrupt_response: bool = False
     # No speech for this long after the assistant's audio ended: the server prompts a response.
     idle_timeout_ms: int | None = None
+    # An extension: the answer starts at a candidate end of turn and is held until the commit
+    # (app.realtime.speculation); its default is the server's (Settings.speculative_responses).
+    speculative_response: bool = True
 
     def detector_params(self) -> TurnDetectionParams:
         """What the voice activity detector takes of these settings."""
@@ -168,6 +171,9 @@ class SessionConfig:
     max_event_burst: int = 100
     # One input_image's bytes (decoded from its data URL); Settings.max_image_bytes.
     max_image_bytes: int = 10_485_760
+    # turn_detection.speculative_response when a client's turn detection leaves it out;
+    # Settings.speculative_responses.
+    speculative_responses: bool = True
 
     @classmethod
     def from_session(cls, session: Mapping[str, Any], *, base: SessionConfig | None = None) -> SessionConfig:
@@ -212,6 +218,7 @@ class SessionConfig:
                         eagerness=td.eagerness,
                         create_response=td.create_response,
                         interrupt_response=td.interrupt_response,
+                        speculative_response=td.speculative_response,
                     )
                     if td.type == "semantic_vad"
                     else ServerVadObject(
@@ -221,6 +228,7 @@ class SessionConfig:
                         idle_timeout_ms=td.idle_timeout_ms,
                         create_response=td.create_response,
                         interrupt_response=td.interrupt_response,
+                        speculative_response=td.speculative_response,
                     ),
                 ),
                 output=SessionAudioOutput(format=_format_object(self.output_audio_format), voice=self.voice),
@@ -273,7 +281,9 @@ class _SessionReader:
         if "output_audio_format" in s:
             self._changes["output_audio_format"] = _beta_format(s["output_audio_format"], "session.output_audio_format")
         if "turn_detection" in s:
-            self._changes["turn_detection"] = _turn_detection(s["turn_detection"], "session.turn_detection")
+            self._changes["turn_detection"] = _turn_detection(
+                s["turn_detection"], "session.turn_detection", self._base.speculative_responses
+            )
         if "input_audio_noise_reduction" in s:
             _object_or_none(s["input_audio_noise_reduction"], "session.input_audio_noise_reduction")
         if "input_audio_transcription" in s:
@@ -324,7 +334,7 @@ class _SessionReader:
                 self._transcription(audio_input["transcription"], "session.audio.input.transcription")
             if "turn_detection" in audio_input:
                 self._changes["turn_detection"] = _turn_detection(
-                    audio_input["turn_detection"], "session.audio.input.turn_detection"
+                    audio_input["turn_detection"], "session.audio.input.turn_detection", self._base.speculative_responses
                 )
         audio_output = _object_or_none(audio.get("output"), "session.audio.output")
         if audio_output:
@@ -437,14 +447,15 @@ def _video(value: Any, current: VideoInput, param: str) -> VideoInput:
     return dataclasses.replace(current, **changes)
 
 
-def _turn_detection(value: Any, param: str) -> TurnDetection | None:
-    """A turn detection object; omitted fields take their defaults (the object sent is the object used)."""
+def _turn_detection(value: Any, param: str, speculative_default: bool) -> TurnDetection | None:
+    """A turn detection object; omitted fields take their defaults (the object sent is the object used;
+    ``speculative_response``'s is the server's, ``speculative_default``)."""
     if value is None:
         return None
     if not isinstance(value, Mapping):
         raise _invalid(param, "must be an object or null")
     kind = value.get("type", "server_vad")
-    defaults = TurnDetection()
+    defaults = TurnDetection(speculative_response=speculative_default)
     changes: dict[str, Any] = {}
     if kind == "semantic_vad":
         eagerness = value.get("eagerness", "auto")
@@ -471,7 +482,7 @@ def _turn_detection(value: Any, param: str) -> TurnDetection | None:
             changes["idle_timeout_ms"] = idle
     else:
         raise _invalid(f"{param}.type", "must be 'server_vad' or 'semantic_vad'")
-    for key in ("create_response", "interrupt_response"):
+    for key in ("create_response", "interrupt_response", "speculative_response"):
         if key in value:
             if not isinstance(value[key], bool):
                 raise _invalid(f"{param}.{key}", "must be a boolean")
