@@ -74,7 +74,9 @@ class Transcriptions:
         """A response has been started: transcriptions not yet submitted wait for its first output."""
         self._answer_started = answer_started
 
-    def transcribe(self, entry: Entry, settings: InputTranscription | None, held: HeldTranscriptions | None = None) -> None:
+    def transcribe(
+        self, entry: Entry, settings: InputTranscription | None, held: HeldTranscriptions | None = None
+    ) -> None:
         """Transcribe a user item's audio parts, if the session asks for it (``settings``); ``held``
         offers transcriptions already running (a speculative answer's)."""
         if settings is None or self._closed or not isinstance(entry, UserEntry):

@@ -48,6 +48,7 @@ SERVE_FLAGS = {
     "disconnect_timeout": "disconnect_timeout_s",
     "max_image_bytes": "max_image_bytes",
     "jitter_buffer": "jitter_buffer",
+    "speculative_responses": "speculative_responses",
     "api_key": "api_key",
     "allow_unauthenticated_public": "allow_unauthenticated_public",
     "log_level": "log_level",
@@ -131,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--jitter-buffer", action=argparse.BooleanOptionalAction, default=None,
         help="inbound audio through omni-rtc's jitter buffer: playout deadline, FEC and PLC (default on); "
         "--no-jitter-buffer: aiortc's own receive path",
+    )
+    serve.add_argument(
+        "--speculative-responses", action=argparse.BooleanOptionalAction, default=None,
+        help="start each answer at the first sign of silence on spare engine capacity, held until the turn "
+        "is committed (default on; a session may turn it off); --no-speculative-responses: at the commit",
     )
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or an ek_ client secret) to place calls")
     serve.add_argument(

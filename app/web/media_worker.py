@@ -208,7 +208,8 @@ class MediaWorker:
         def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
             return RealtimeSession(
                 engine=for_session(engine, self._dev_replies), vad=vad, output=output, send=send, config=config,
-                on_ignored_speech=metrics.ignored_speech.inc, end_of_turn=end_of_turn,
+                on_ignored_speech=metrics.ignored_speech.inc, on_speculation=metrics.speculation,
+                end_of_turn=end_of_turn,
                 text_judge=text_judge(self._settings, engine),
             )
 

@@ -23,7 +23,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from app.config import Settings, load_dev_replies
 from app.realtime.protocol import ProtocolError
-from app.realtime.session_config import SessionConfig
+from app.realtime.session_config import SessionConfig, TurnDetection
 from app.web.auth import Authenticator, install_auth
 from app.web.calls import ice_servers, load_end_of_turn_model
 from app.web.debug import debug_router
@@ -203,6 +203,8 @@ def _base_session_config(settings: Settings) -> SessionConfig:
         max_events_per_second=settings.max_events_per_second,
         max_event_burst=settings.max_event_burst,
         max_image_bytes=settings.max_image_bytes,
+        turn_detection=TurnDetection(speculative_response=settings.speculative_responses),
+        speculative_responses=settings.speculative_responses,
     )
 
 
