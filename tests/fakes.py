@@ -316,10 +316,12 @@ class SessionHarness:
         self.engine = engine
         self.output = VirtualAudioOutput()
         self.events: list[dict[str, Any]] = []
+        self.speculations: list[tuple[str | None, float]] = []  # the session's on_speculation reports
         self._new_event = asyncio.Event()
         self.session = RealtimeSession(
             engine=engine, vad=vad if vad is not None else EnergyVad(), output=self.output, send=self._record,
             config=config, on_ignored_speech=on_ignored_speech, end_of_turn=end_of_turn, text_judge=text_judge,
+            on_speculation=lambda outcome, seconds: self.speculations.append((outcome, seconds)),
         )
 
     def _record(self, event: dict[str, Any]) -> None:
@@ -330,6 +332,10 @@ class SessionHarness:
 
     def types(self) -> list[str]:
         return [event["type"] for event in self.events]
+
+    def outcomes(self) -> list[str]:
+        """The speculations' outcomes reported so far, in order ("started", "used"...)."""
+        return [outcome for outcome, _ in self.speculations if outcome is not None]
 
     def of_type(self, event_type: str) -> list[dict[str, Any]]:
         return [event for event in self.events if event["type"] == event_type]
