@@ -14,7 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from app.config import Settings
 from app.realtime.session_config import InputTranscription, SessionConfig, TurnDetection
+from app.web.server import _base_session_config
 from pipeline.conversation import UserAudio, UserText
 from tests.app.realtime.test_session_tools import GET_TIME, PARIS, Answer, CallingEngine
 from tests.fakes import EnergyVad, ScriptedEngine, SessionHarness
@@ -335,4 +337,22 @@ async def test_speech_while_a_speculative_answer_plays_is_handled_as_for_any_ans
     else:  # half-duplex: not heard, nothing speculated on it
         assert h.types().count("input_audio_buffer.speech_started") == 1
         assert len(engine.requests) == 1
+    await h.session.close()
+
+
+async def test_the_servers_setting_is_every_sessions_default_and_a_session_may_set_its_own():
+    base = _base_session_config(Settings(speculative_responses=False))
+    engine = held_engine()
+    h = await started(engine, base)
+    assert h.events[0]["session"]["audio"]["input"]["turn_detection"]["speculative_response"] is False
+    await h.send(type="session.update", session={"turn_detection": {"type": "server_vad"}})  # beta, key left out
+    assert h.last("session.updated")["session"]["audio"]["input"]["turn_detection"]["speculative_response"] is False
+    h.push(tone(600))
+    h.push(silence(100))
+    await settle()
+    assert engine.requests == [] and h.outcomes() == []  # the server's default: off
+
+    await h.send(type="session.update", session={"turn_detection": {"type": "server_vad", "speculative_response": True}})
+    assert h.last("session.updated")["session"]["audio"]["input"]["turn_detection"]["speculative_response"] is True
+    engine.hold.set()
     await h.session.close()
