@@ -17,9 +17,11 @@ import pytest
 from app.config import Settings
 from app.realtime.session_config import InputTranscription, SessionConfig, TurnDetection
 from app.web.server import _base_session_config
-from pipeline.conversation import UserAudio, UserText
+from media.frames import SampledFrame
+from pipeline.conversation import UserAudio, UserImage, UserText
 from tests.app.realtime.test_session_tools import GET_TIME, PARIS, Answer, CallingEngine
 from tests.fakes import EnergyVad, ScriptedEngine, SessionHarness
+from tests.pictures import encoded
 from tests.speech import RATE, silence, tone
 
 REPLY = "one two three"
@@ -133,6 +135,45 @@ async def test_a_session_update_that_turns_speculation_off_cancels_it_and_the_co
     assert used.preemptible_id is None
     assert done["latency"]["speculative"] is False
     assert h.outcomes() == ["started", "discarded"]
+    await h.session.close()
+
+
+async def test_input_audio_buffer_clear_during_the_silence_cancels_the_speculation_and_nothing_is_answered():
+    engine = held_engine()
+    h = await started(engine)
+    h.push(tone(600))
+    h.push(silence(100))
+    await settle()
+    await h.send(type="input_audio_buffer.clear")
+    h.push(silence(600))
+    await settle()
+
+    assert engine.cancelled_turns == 1
+    assert h.outcomes() == ["started", "discarded"]
+    assert "input_audio_buffer.committed" not in h.types() and "response.created" not in h.types()
+    engine.hold.set()
+    await h.session.close()
+
+
+async def test_a_camera_frame_during_the_silence_replaces_the_speculation_with_one_that_sees_it():
+    engine = held_engine()
+    h = await started(engine)
+    h.session.add_video_frame(SampledFrame(encoded(64, 48, seed=1), 64, 48))  # before speech: the lead-in frame
+    h.push(tone(600))
+    h.push(silence(100))
+    await settle()
+    h.session.add_video_frame(SampledFrame(encoded(64, 48, seed=2), 64, 48))  # seen in the silence
+    await settle()
+    assert engine.cancelled_turns == 1
+    engine.hold.set()
+    h.push(silence(600))
+    await h.turn_done()
+
+    discarded, used = engine.requests[0], engine.used_requests()[0]
+    assert [type(item) for item in discarded.conversation.items] == [UserImage, UserAudio]
+    assert [type(item) for item in used.conversation.items] == [UserImage, UserImage, UserAudio]
+    user_item = h.of_type("conversation.item.done")[0]["item"]
+    assert [part["type"] for part in user_item["content"]] == ["input_image", "input_image", "input_audio"]
     await h.session.close()
 
 
