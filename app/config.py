@@ -77,6 +77,10 @@ class Settings(BaseSettings):
     engines: int = Field(1, ge=1)  # engine processes on a single device (e.g. several on CPU)
     # Turns one engine process decodes together; more wait first in, first out (queue_wait_ms).
     max_batch: int = Field(8, ge=1)
+    # Answers start at a candidate end of turn (the silence's first quiet window) on spare engine
+    # capacity and are held until the commit (app/realtime/speculation.py); the default of each
+    # session's turn_detection.speculative_response. Off: every answer starts at the commit.
+    speculative_responses: bool = True
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     seed: int | None = None  # makes turns reproducible
     # pipeline.params.GenerationParams fields for every turn (JSON in the environment), e.g.

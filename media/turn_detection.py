@@ -58,6 +58,11 @@ The rules, with the defaults of OpenAI's ``server_vad``:
   nothing is committed twice), announced by a new ``SpeechStarted``.
 Each ``UtteranceCommitted`` is therefore preceded by one ``SpeechStarted``, any number of
 ``SegmentCommitted`` and one ``SpeechStopped`` of its own.
+
+Candidates for a speculative answer (``app.realtime.speculation``), with ``candidates`` set: each
+trailing silence of a confirmed utterance starts with a ``SilenceStarted`` (its first window below
+the hysteresis threshold) carrying the utterance so far, as a commit then would hold it; a window
+back at ``threshold`` before the silence ended the turn emits ``SpeechResumed`` (that candidate is void).
 """
 
 from __future__ import annotations
@@ -138,6 +143,8 @@ class TurnDetectionParams:
     end_of_turn: EndOfTurnPolicy | None = None  # None: server VAD (silence alone ends a turn)
     # A text judge answers too (decide_words): each silence's first window asks for the words.
     judge_words: bool = False
+    # Emit SilenceStarted and SpeechResumed: the candidates of speculative answers.
+    candidates: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold < 1.0:
@@ -192,6 +199,21 @@ class UtteranceCommitted:
 
 
 @dataclass(frozen=True)
+class SilenceStarted:
+    """The first quiet window after speech: a candidate end of turn."""
+
+    pcm: np.ndarray  # float32, 16 kHz mono: the utterance since the last segment, up to this window's end
+    audio_end_ms: int
+
+
+@dataclass(frozen=True)
+class SpeechResumed:
+    """Speech came back before the silence ended the turn: the silence's candidate is void."""
+
+    audio_ms: int  # where the window that resumed it starts
+
+
+@dataclass(frozen=True)
 class EndOfTurnCheck:
     """Ask about ``pcm`` (the utterance so far): the end-of-turn model (``sound``: answer with
     ``decide``) or the text judge (``words``: answer with ``decide_words``)."""
@@ -203,7 +225,10 @@ class EndOfTurnCheck:
     words: bool = False
 
 
-TurnEvent = SpeechStarted | SegmentCommitted | SpeechStopped | UtteranceCommitted | EndOfTurnCheck
+TurnEvent = (
+    SpeechStarted | SegmentCommitted | SpeechStopped | UtteranceCommitted | EndOfTurnCheck | SilenceStarted
+    | SpeechResumed
+)
 
 
 class _State(enum.Enum):
@@ -246,6 +271,7 @@ class TurnCommitBuffer:
         self._words_pending = False  # their answer has not come yet
         self._words: float | None = None  # P(complete turn) by the words; None: not asked, or failed
         self._hold_confident = False  # an answer said "not finished" with confidence: confident_wait_ms
+        self._silence_events: list[TurnEvent] = []  # this window's SilenceStarted or SpeechResumed
 
     @property
     def in_speech(self) -> bool:
@@ -349,6 +375,12 @@ class TurnCommitBuffer:
         return self._commit(forced=False)
 
     def push(self, window: np.ndarray, probability: float) -> list[TurnEvent]:
+        events = self._push(window, probability)
+        if self._silence_events:  # they come first: the window began (or ended) the silence first
+            events, self._silence_events = self._silence_events + events, []
+        return events
+
+    def _push(self, window: np.ndarray, probability: float) -> list[TurnEvent]:
         if window.ndim != 1 or window.size == 0:
             raise ValueError(f"a window is a non-empty 1-D array, got shape {window.shape}")
         if self._ahead:
@@ -395,12 +427,16 @@ class TurnCommitBuffer:
         # _State.SPEECH
         if probability >= params.threshold:
             self._speech_end = self._position
+            if self._silence_start is not None and params.candidates:
+                self._silence_events.append(SpeechResumed(audio_ms=_ms(window_start)))
             self._silence_start = None
             self._forget_answers()  # the speaker went on: that silence's answers no longer apply
         elif probability < params.negative_threshold and self._silence_start is None:
             self._silence_start = window_start
             self._checks = 0
             self._forget_answers()
+            if params.candidates:
+                self._silence_events.append(SilenceStarted(np.concatenate(self._chunks), _ms(self._position)))
         if self._silence_start is not None:
             silence_ms = _ms(self._position - self._silence_start)
             policy = params.end_of_turn

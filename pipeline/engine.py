@@ -10,6 +10,13 @@ the next is submitted when the engine process reports a running one over (done, 
 cancelled), so queue waits are real. If the engine process dies, its running turns fail
 with ``EngineError`` and a new process is started for the turns still waiting.
 
+Preemptible turns (``pipeline.turn``): one starts only while fewer than ``max_batch`` turns
+are decoding or waiting, else it is refused (``no_spare_capacity``). An ordinary turn that finds
+every slot taken while a preemptible turn holds one cancels the newest such turn
+(``preempted``) and takes its slot at once: the cancel reaches the engine process before the
+submit on the same pipe, and the engine process lets cancelled turns leave before it admits new
+ones, so its batch never holds more than ``max_batch``.
+
 ``EnginePool`` runs one such engine per device (or N on CPU) and sends each turn to the
 least loaded one.
 """
@@ -33,7 +40,17 @@ from typing import Any
 
 from pipeline import worker
 from pipeline.pool import LeastLoadedPool
-from pipeline.turn import AudioChunk, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest, TurnTimings
+from pipeline.turn import (
+    NO_SPARE_CAPACITY,
+    PREEMPTED,
+    AudioChunk,
+    EngineError,
+    TextDelta,
+    TurnDone,
+    TurnEvent,
+    TurnRequest,
+    TurnTimings,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +78,7 @@ class _Turn:
     # The consumer went away: events are dropped, but the turn keeps its batch slot until
     # the engine process confirms it stopped.
     abandoned: bool = False
+    preemptible: bool = False  # may be cancelled for an ordinary turn (until promoted)
 
     def timings(self, now: float) -> TurnTimings:
         started = self.submitted if self.started is None else self.started
@@ -218,6 +236,9 @@ class TransformersEngine:
         self._ready: worker.Ready | None = None
         self._waiting: collections.deque[_Turn] = collections.deque()
         self._running: dict[int, _Turn] = {}
+        # Preempted turns the engine process has not yet confirmed stopped: their slots are
+        # already another turn's (see the module docstring).
+        self._preempting: dict[int, _Turn] = {}
         self._turn_ids = itertools.count(1)
         self._restart_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -240,8 +261,24 @@ class TransformersEngine:
 
     @property
     def load(self) -> int:
-        """Turns this engine holds: decoding and waiting."""
-        return len(self._running) + len(self._waiting)
+        """Ordinary turns this engine holds, decoding and waiting: what a new ordinary turn would
+        wait behind (preemptible ones give their slots up to it)."""
+        return sum(not turn.preemptible for turn in self._running.values()) + len(self._waiting)
+
+    @property
+    def spare(self) -> int:
+        """Free batch slots now: how many preemptible turns it would take (0 while not loaded)."""
+        if self._ready is None or self._process is None:
+            return 0
+        return max(0, self.max_batch - len(self._running) - len(self._waiting))
+
+    async def promote(self, preemptible_id: str) -> bool:
+        """The running preemptible turn ``preemptible_id`` becomes ordinary (``pipeline.turn``)."""
+        for turn in self._running.values():
+            if turn.preemptible and turn.request.preemptible_id == preemptible_id:
+                turn.preemptible = False
+                return True
+        return False
 
     def describe(self) -> dict[str, Any]:
         """This engine's state for health reports."""
@@ -252,6 +289,7 @@ class TransformersEngine:
             "threads": self._ready.threads if self._ready is not None else None,
             "restarts": self.restarts,
             "running": self.running,
+            "preemptible": sum(turn.preemptible for turn in self._running.values()),
             "queue_depth": self.queue_depth,
             "max_batch": self.max_batch,
         }
@@ -282,7 +320,10 @@ class TransformersEngine:
         restarting = self._restart_task is not None and not self._restart_task.done()
         if self._process is None and not restarting:
             raise EngineError("the engine is not running", code="engine_unavailable")
-        turn = _Turn(id=next(self._turn_ids), request=request, submitted=time.monotonic())
+        turn = _Turn(id=next(self._turn_ids), request=request, submitted=time.monotonic(),
+                     preemptible=request.preemptible_id is not None)
+        if turn.preemptible and self.spare == 0:
+            raise EngineError("The engine has no spare capacity for a preemptible turn.", code=NO_SPARE_CAPACITY)
         self._waiting.append(turn)
         self._submit_next()
         finished = False
@@ -319,6 +360,7 @@ class TransformersEngine:
         for turn in self._running.values():
             turn.inbox.put_nowait(closed)
         self._running.clear()
+        self._preempting.clear()
         process, was_ready = self._process, self._ready
         self._process = self._ready = None
         if process is not None:
@@ -356,18 +398,32 @@ class TransformersEngine:
         self._submit_next()
 
     def _submit_next(self) -> None:
-        while (
-            len(self._running) < self.max_batch
-            and self._waiting
-            and self._ready is not None
-            and self._process is not None
-        ):
+        while self._waiting and self._ready is not None and self._process is not None:
+            if len(self._running) >= self.max_batch and not self._preempt_for(self._waiting[0]):
+                return
             turn = self._waiting.popleft()
             turn.started = time.monotonic()
             self._running[turn.id] = turn
             self._process.send(worker.Submit(turn.id, turn.request))
 
+    def _preempt_for(self, turn: _Turn) -> bool:
+        """Frees a slot for ordinary ``turn`` by cancelling the newest preemptible turn; False: none."""
+        if turn.preemptible:
+            return False
+        victim = next((running for running in reversed(self._running.values()) if running.preemptible), None)
+        if victim is None or self._process is None:
+            return False
+        del self._running[victim.id]
+        self._preempting[victim.id] = victim
+        self._process.send(worker.Cancel(victim.id))
+        if not victim.abandoned:
+            victim.inbox.put_nowait(EngineError("An ordinary turn needed this turn's slot.", code=PREEMPTED))
+        victim.abandoned = True
+        return True
+
     def _abandon(self, turn: _Turn) -> None:
+        if self._preempting.get(turn.id) is turn:
+            return  # cancelled already
         if self._running.get(turn.id) is turn:
             turn.abandoned = True
             if self._process is not None:
@@ -388,6 +444,12 @@ class TransformersEngine:
             logger.debug("dropping a message from a stopped engine process: %r", message)
             return
         turn_id = getattr(message, "turn_id", None)
+        if isinstance(turn_id, int) and turn_id in self._preempting:
+            if isinstance(message, worker.TurnFailed) or (
+                isinstance(message, worker.TurnEventMessage) and isinstance(message.event, TurnDone)
+            ):
+                del self._preempting[turn_id]  # stopped: its slot was handed on when it was preempted
+            return
         turn = self._running.get(turn_id) if isinstance(turn_id, int) else None
         if turn is None:
             logger.error("dropping an engine message for no running turn: %r", message)
@@ -422,6 +484,7 @@ class TransformersEngine:
         if process is not self._process:
             return
         self._process, was_ready, self._ready = None, self._ready, None
+        self._preempting.clear()
         for turn in list(self._running.values()):
             self._finish(turn, error)
         if self._closed or was_ready is None:

@@ -3,6 +3,10 @@
 Shared by the in-process ``EnginePool`` (one engine process per device) and the
 ``RemoteEnginePool`` (one vLLM-Omni server per URL); it imports neither, so the remote pool
 loads no torch.
+
+An ordinary turn goes to the member with the fewest ordinary turns (``load``: a preemptible
+turn gives its slot up to it, ``pipeline.turn``); a preemptible one to the member with the most
+``spare`` capacity, which refuses it when it has none.
 """
 
 from __future__ import annotations
@@ -22,11 +26,16 @@ class PooledEngine(Protocol):
     def alive(self) -> bool: ...
 
     @property
-    def load(self) -> int: ...  # turns it is decoding or holding in line
+    def load(self) -> int: ...  # ordinary turns it is decoding or holding in line
+
+    @property
+    def spare(self) -> int: ...  # preemptible turns it would take now
 
     def describe(self) -> dict[str, Any]: ...
 
     def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]: ...
+
+    async def promote(self, preemptible_id: str) -> bool: ...
 
     async def close(self) -> None: ...
 
@@ -58,10 +67,20 @@ class LeastLoadedPool(Generic[EngineT]):
 
     async def _run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
         # Chosen when the turn is first iterated, which is when a member counts it.
-        engine = min(self.engines, key=lambda engine: (not engine.alive, engine.load))
+        if request.preemptible_id is not None:
+            engine = max(self.engines, key=lambda engine: (engine.alive, engine.spare))
+        else:
+            engine = min(self.engines, key=lambda engine: (not engine.alive, engine.load))
         async with contextlib.aclosing(engine.run_turn(request)) as events:
             async for event in events:
                 yield event
+
+    async def promote(self, preemptible_id: str) -> bool:
+        """The member running preemptible turn ``preemptible_id`` makes it ordinary; False: none does."""
+        for engine in self.engines:
+            if await engine.promote(preemptible_id):
+                return True
+        return False
 
     async def close(self) -> None:
         """Close every member; safe to call twice."""

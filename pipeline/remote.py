@@ -23,6 +23,16 @@ stream early raises :class:`~pipeline.turn.EngineError` with a code and a fixed 
 details go to the log). A stream that stalls is failed by the server's stall timeout
 (app/web/engines.py), which closes it. Each server's reachability (its ``GET /v1/models``,
 asked every ``PROBE_INTERVAL_S`` and told by every turn) is in :meth:`RemoteEngine.describe`.
+
+Preemptible turns (``pipeline.turn``; speculative answers): a vLLM-Omni server does not say how
+full its batches are, so the capacity rule is ours (*decided*): a server takes a preemptible turn
+while this front streams fewer than ``SERVER_BATCH`` turns to it (64, vllm-omni 0.30.0's
+``deploy/qwen3_omni_moe.yaml``: ``max_num_seqs`` of every stage), else it is refused
+(``no_spare_capacity``). An ordinary turn that finds ``SERVER_BATCH`` turns streaming while a
+preemptible one is among them preempts the newest: its stream is closed at once (its read is
+interrupted; closing the connection makes vLLM-Omni abort the request, as for any cancel) and
+its consumer gets ``preempted``. The rule counts this front's turns only: fronts sharing a server
+(docs/DEPLOY.md) do not see each other's.
 """
 
 from __future__ import annotations
@@ -32,8 +42,9 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -57,6 +68,8 @@ from pipeline.chat_completions import (
 from pipeline.pool import LeastLoadedPool
 from pipeline.token_count import DEFAULT_MAX_PROMPT_TOKENS, PromptTooLong
 from pipeline.turn import (
+    NO_SPARE_CAPACITY,
+    PREEMPTED,
     AudioChunk,
     EngineError,
     FinishReason,
@@ -85,6 +98,23 @@ ERROR_BODY_BYTES = 2_000
 # GET /v1/models answers a list of a few models (~1 KB); more is not a vLLM server.
 MAX_MODELS_BODY_BYTES = 1024 * 1024
 DEFAULT_NAME = "vllm-omni"
+# Turns one server is taken to batch: vllm-omni 0.30.0's deploy config for Qwen3-Omni
+# (deploy/qwen3_omni_moe.yaml) sets max_num_seqs 64 for the Thinker, the Talker and Code2Wav.
+SERVER_BATCH = 64
+
+
+@dataclass(eq=False)
+class _Preemptible:
+    """A preemptible turn streaming from a server: ``preempt`` interrupts the read it is in."""
+
+    id: str
+    preempted: bool = False
+    scope: asyncio.Timeout | None = None  # armed while the turn awaits the server's next event
+
+    def preempt(self) -> None:
+        self.preempted = True
+        if self.scope is not None:
+            self.scope.reschedule(asyncio.get_running_loop().time())
 
 
 def redacted(url: str) -> str:
@@ -142,6 +172,7 @@ class RemoteEngine:
         self.failures = 0
         self.last_error: str | None = None  # the code of the latest failure, until a turn or probe succeeds
         self.probe_ms: float | None = None  # the latest successful GET /v1/models
+        self._preemptible: dict[str, _Preemptible] = {}  # streaming now, oldest first
         self._prober: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -152,7 +183,21 @@ class RemoteEngine:
 
     @property
     def load(self) -> int:
-        return self.running
+        """Ordinary turns streaming (preemptible ones give way to a new one)."""
+        return self.running - len(self._preemptible)
+
+    @property
+    def spare(self) -> int:
+        """Preemptible turns it would take now (the module docstring's rule); 0 while unreachable."""
+        return max(0, SERVER_BATCH - self.running) if self.reachable else 0
+
+    async def promote(self, preemptible_id: str) -> bool:
+        """The streaming preemptible turn ``preemptible_id`` becomes ordinary (``pipeline.turn``)."""
+        turn = self._preemptible.get(preemptible_id)
+        if turn is None or turn.preempted:
+            return False
+        del self._preemptible[preemptible_id]
+        return True
 
     def describe(self) -> dict[str, Any]:
         """This server's state for health reports."""
@@ -233,6 +278,14 @@ class RemoteEngine:
             raise EngineError("the engine was closed")
         if request.task == "end_of_turn":  # chat completions return text, not a next-token probability
             raise EngineError("A vLLM-Omni server does not score the end of a turn.", code="unsupported_task")
+        preemptible = None
+        if request.preemptible_id is not None:
+            if self.spare == 0:
+                raise EngineError("The engine server has no spare capacity for a preemptible turn.",
+                                  code=NO_SPARE_CAPACITY)
+            preemptible = self._preemptible[request.preemptible_id] = _Preemptible(request.preemptible_id)
+        elif self.running >= SERVER_BATCH:
+            self._preempt_newest()
         submitted = time.monotonic()
         self.running += 1  # before the first await: a pool choosing for the next turn counts this one
         try:
@@ -250,7 +303,7 @@ class RemoteEngine:
             async with self._client.stream("POST", "chat/completions", content=body, headers=headers) as response:
                 await self._check_status(response)
                 self._reached()
-                async with contextlib.aclosing(self._stream(response, request, submitted)) as events:
+                async with contextlib.aclosing(self._stream(response, request, submitted, preemptible)) as events:
                     async for event in events:
                         yield event
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
@@ -262,6 +315,15 @@ class RemoteEngine:
         finally:
             self.running -= 1
             self.turns += 1
+            if preemptible is not None and self._preemptible.get(preemptible.id) is preemptible:
+                del self._preemptible[preemptible.id]
+
+    def _preempt_newest(self) -> None:
+        """Closes the newest preemptible turn's stream, for an ordinary turn (the module docstring)."""
+        for turn in reversed(self._preemptible.values()):
+            if not turn.preempted:
+                turn.preempt()
+                return
 
     def _request_body(self, request: TurnRequest) -> bytes:
         """The turn's request, its prompt's length checked first (blocking: a worker thread's)."""
@@ -286,7 +348,9 @@ class RemoteEngine:
         )
         raise self._failed("engine_http_error", f"The engine server refused the turn (HTTP {response.status_code}).")
 
-    async def _stream(self, response: httpx.Response, request: TurnRequest, submitted: float) -> AsyncGenerator[TurnEvent, None]:
+    async def _stream(
+        self, response: httpx.Response, request: TurnRequest, submitted: float, preemptible: _Preemptible | None
+    ) -> AsyncGenerator[TurnEvent, None]:
         """The server's events as turn events, ending with ``TurnDone`` at ``[DONE]``."""
         text: list[str] = []
         audio_samples = 0
@@ -294,7 +358,12 @@ class RemoteEngine:
         finish: str | None = None
         first_text = first_audio = None
         async with contextlib.aclosing(self._events(response)) as events:
-            async for data in events:
+            while True:
+                try:
+                    data = await _next_unless_preempted(events, preemptible)
+                except StopAsyncIteration:
+                    raise self._failed("engine_stream_error",
+                                       "The engine server's stream ended before the answer did.") from None
                 if data == DONE:
                     break
                 for piece in self._read(data):
@@ -312,8 +381,6 @@ class RemoteEngine:
                         usage = piece
                     else:
                         finish = piece.reason
-            else:
-                raise self._failed("engine_stream_error", "The engine server's stream ended before the answer did.")
         yield TurnDone(
             text="".join(text),
             usage=_usage(usage, text_deltas=len(text), audio_samples=audio_samples),
@@ -357,6 +424,27 @@ async def _bounded_body(response: httpx.Response, limit: int) -> bytes:
         if len(body) > limit:
             raise ValueError(f"a body of more than {limit} bytes")
     return bytes(body)
+
+
+T = TypeVar("T")
+
+
+async def _next_unless_preempted(events: AsyncIterator[T], preemptible: _Preemptible | None) -> T:
+    """The stream's next event; ``EngineError`` ``preempted`` once ``preemptible`` is preempted,
+    also while it waits (``_Preemptible.preempt`` expires the scope around the read)."""
+    if preemptible is None:
+        return await anext(events)
+    if not preemptible.preempted:
+        try:
+            async with asyncio.timeout(None) as scope:
+                preemptible.scope = scope
+                return await anext(events)
+        except TimeoutError:
+            if not preemptible.preempted:
+                raise
+        finally:
+            preemptible.scope = None
+    raise EngineError("An ordinary turn needed this turn's place on the engine server.", code=PREEMPTED)
 
 
 def _usage(usage: UsagePiece | None, *, text_deltas: int, audio_samples: int) -> Usage:

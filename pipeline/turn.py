@@ -1,4 +1,24 @@
-"""What one turn takes and what it yields: the contract between the session and any engine."""
+"""What one turn takes and what it yields: the contract between the session and any engine.
+
+Turns are *ordinary* (committed: a visitor waits for them) or *preemptible*
+(``TurnRequest.preemptible_id`` set: work that may be thrown away, such as an answer started
+speculatively before its user turn was committed, ``app.realtime.speculation``). The rules every
+engine keeps (``Engine``):
+
+- a preemptible turn starts only with spare capacity, else it is refused at once (its first
+  ``anext`` raises ``EngineError`` with code ``no_spare_capacity``); it never waits in a queue;
+- an ordinary turn never waits for a preemptible one: when it needs a slot that a preemptible
+  turn holds, that turn is cancelled in the engine and its consumer gets ``EngineError`` with
+  code ``preempted``;
+- ``Engine.promote(preemptible_id)`` makes a running preemptible turn ordinary from then on: it
+  runs to its end like any committed turn. It answers False when the turn is no longer running
+  preemptibly (it ended, was preempted or refused, or never existed); its last event, or its
+  error, is then already on its way to the consumer.
+
+What counts as capacity is each engine's (``pipeline.engine.TransformersEngine``: fewer turns
+than ``max_batch``; ``pipeline.remote.RemoteEngine``: a documented rule, since a vLLM-Omni server
+does not say how full it is).
+"""
 
 from __future__ import annotations
 
@@ -46,6 +66,9 @@ class TurnRequest:
     # The answer's text, forced through the real tokenizer instead of sampled (the dev model's
     # scripted replies, ``omni-rtc serve --dev-replies``); it continues any forced call opening.
     forced_reply: str | None = None
+    # Set: a preemptible turn, named so that ``Engine.promote`` can make it ordinary (the module
+    # docstring has the rules); unique among the engine's turns. None: an ordinary turn.
+    preemptible_id: str | None = None
 
     @classmethod
     def transcription(cls, clip: UserAudio, hint: TranscriptionHint | None = None) -> TurnRequest:
@@ -173,6 +196,12 @@ FunctionCallEvent = FunctionCallStarted | FunctionCallDelta | FunctionCallDone
 TurnEvent = TextDelta | AudioChunk | FunctionCallEvent | TurnDone
 
 
+# EngineError codes of preemptible turns (the module docstring): refused for want of a free slot,
+# and cancelled for an ordinary turn that needed its slot.
+NO_SPARE_CAPACITY = "no_spare_capacity"
+PREEMPTED = "preempted"
+
+
 class EngineError(Exception):
     """A turn failed inside the engine; the engine itself serves the next turn."""
 
@@ -186,7 +215,7 @@ class Engine(Protocol):
 
     Closing the iterator early (``aclose()``, or cancelling the task that iterates it)
     cancels the turn: compute stops within one decoding step and the engine is free
-    for the next queued turn.
+    for the next queued turn. Preemptible turns and ``promote``: the module docstring.
     """
 
     name: str
@@ -194,5 +223,7 @@ class Engine(Protocol):
     async def start(self) -> None: ...
 
     def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]: ...
+
+    async def promote(self, preemptible_id: str) -> bool: ...
 
     async def close(self) -> None: ...

@@ -4,7 +4,8 @@ Used by the session tests and by any test that needs a whole server without a ch
 - ``ScriptedEngine``: an ``Engine`` that answers every turn with a scripted reply, one text
   delta (one "Thinker token") and one 80 ms codec frame of audio per word, counting frames
   and voiced tokens as ``AudioChunk`` does (transcription turns: ``transcript``, text only),
-  and records the requests it got.
+  and records the requests it got. It keeps the preemptible-turn rules of ``pipeline.turn``
+  with a batch of ``max_batch`` turns (None: room for any number).
 - ``EnergyVad``: a ``SileroVad`` stand-in whose "speech probability" is 1 for loud windows
   and 0 for quiet ones, so a test can write speech as a tone and silence as zeros.
 - ``VirtualAudioOutput``: an ``AudioOutput`` that plays only when told (``play()``), with the
@@ -17,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -32,8 +34,11 @@ from app.realtime.session_config import SessionConfig, TurnDetection
 from media.rates import SPEECH_RATE, VOICE_RATE
 from pipeline.conversation import UserAudio, UserImage
 from pipeline.turn import (
+    NO_SPARE_CAPACITY,
+    PREEMPTED,
     AudioChunk,
     Engine,
+    EngineError,
     TextDelta,
     TurnDone,
     TurnEvent,
@@ -85,6 +90,11 @@ class ScriptedEngine:
         self.hold: asyncio.Event | None = None
         # Raised by the next turn after its first word (then cleared).
         self.fail_next: Exception | None = None
+        self.max_batch: int | None = None  # turns at once; a preemptible one needs a free slot
+        self.running: dict[int, TurnRequest] = {}  # by turn number, oldest first
+        self.preemptible: dict[int, asyncio.Event] = {}  # running preemptible turns: set to preempt
+        self.promoted: list[str] = []  # preemptible ids promoted, in order
+        self._turns = 0
 
     async def start(self) -> None:
         return None
@@ -98,8 +108,65 @@ class ScriptedEngine:
         # A quiet ramp, so that tests can tell the samples apart.
         return np.linspace(0.0, 0.1, CODEC_FRAME_SAMPLES, dtype=np.float32)
 
+    def used_requests(self) -> list[TurnRequest]:
+        """The requests whose turns were used: ordinary ones, and preemptible ones once promoted
+        (a speculative answer thrown away is in ``requests`` only)."""
+        return [request for request in self.requests
+                if request.preemptible_id is None or request.preemptible_id in self.promoted]
+
+    async def promote(self, preemptible_id: str) -> bool:
+        self.promoted.append(preemptible_id)
+        for turn, running in self.running.items():
+            if running.preemptible_id == preemptible_id and turn in self.preemptible:
+                if self.preemptible[turn].is_set():
+                    return False
+                del self.preemptible[turn]
+                return True
+        return False
+
+    def _admit(self, request: TurnRequest) -> int:
+        full = self.max_batch is not None and len(self.running) >= self.max_batch
+        if request.preemptible_id is not None and full:
+            raise EngineError("no spare capacity", code=NO_SPARE_CAPACITY)
+        if full:
+            victims = [turn for turn, preempt in self.preemptible.items() if not preempt.is_set()]
+            if victims:
+                self.preemptible[victims[-1]].set()
+        self._turns += 1
+        self.running[self._turns] = request
+        if request.preemptible_id is not None:
+            self.preemptible[self._turns] = asyncio.Event()
+        return self._turns
+
+    async def _pause(self, turn: int, until: asyncio.Event | None = None) -> None:
+        """A decoding step (or a wait on ``until``) that a preemption interrupts."""
+        preempt = self.preemptible.get(turn)
+        if until is None:
+            await asyncio.sleep(0)
+        elif preempt is None:
+            await until.wait()
+        else:
+            waits = {asyncio.ensure_future(until.wait()), asyncio.ensure_future(preempt.wait())}
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+        if preempt is not None and preempt.is_set():
+            raise EngineError("preempted", code=PREEMPTED)
+
     async def run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
         self.requests.append(request)
+        turn = self._admit(request)
+        try:
+            async with contextlib.aclosing(self._answer(request, turn)) as events:
+                async for event in events:
+                    yield event
+        finally:
+            del self.running[turn]
+            self.preemptible.pop(turn, None)
+
+    async def _answer(self, request: TurnRequest, turn: int) -> AsyncGenerator[TurnEvent, None]:
         said = self.transcript if request.task == "transcribe" else self.reply
         words = [word + " " for word in said.split(" ")]
         words[-1] = words[-1].rstrip()
@@ -121,13 +188,13 @@ class ScriptedEngine:
                         failure, self.fail_next = self.fail_next, None
                         raise failure
                     if self.hold is not None and not self.text_first:
-                        await self.hold.wait()
-                await asyncio.sleep(0)  # let the session's other work run, as a real engine would
+                        await self._pause(turn, self.hold)
+                await self._pause(turn)  # let the session's other work run, as a real engine would
             if request.output_audio and self.text_first:
                 for start in range(0, len(words), self.frames_per_chunk):
                     yield chunk(min(self.frames_per_chunk, len(words) - start))
                     if start == 0 and self.hold is not None:
-                        await self.hold.wait()
+                        await self._pause(turn, self.hold)
                     await asyncio.sleep(self.chunk_interval_s)
             audio_frames = len(words) if request.output_audio else 0
             yield TurnDone(
@@ -256,12 +323,14 @@ class SessionHarness:
         self.engine = engine
         self.output = VirtualAudioOutput()
         self.events: list[dict[str, Any]] = []
+        self.speculations: list[tuple[str | None, float]] = []  # the session's on_speculation reports
         self._new_event = asyncio.Event()
         self.session = RealtimeSession(
             engine=engine, vad=vad if vad is not None else EnergyVad(), output=self.output, send=self._record,
             config=config, on_ignored_speech=on_ignored_speech, end_of_turn=end_of_turn, text_judge=text_judge,
             session_fields=session_fields,
             clock=clock,
+            on_speculation=lambda outcome, seconds: self.speculations.append((outcome, seconds)),
         )
 
     def _record(self, event: dict[str, Any]) -> None:
@@ -272,6 +341,10 @@ class SessionHarness:
 
     def types(self) -> list[str]:
         return [event["type"] for event in self.events]
+
+    def outcomes(self) -> list[str]:
+        """The speculations' outcomes reported so far, in order ("started", "used"...)."""
+        return [outcome for outcome, _ in self.speculations if outcome is not None]
 
     def of_type(self, event_type: str) -> list[dict[str, Any]]:
         return [event for event in self.events if event["type"] == event_type]

@@ -85,17 +85,22 @@ class TurnFrames:
 
     def take(self, frames_per_turn: int) -> tuple[UserImage, ...]:
         """The frames of the utterance being committed (see the module docstring), oldest first."""
+        taken = self.peek(frames_per_turn)
+        if frames_per_turn and self.speaking:
+            self._before = None
+            self._during.clear()
+        elif frames_per_turn:
+            self._idle.clear()
+        return taken
+
+    def peek(self, frames_per_turn: int) -> tuple[UserImage, ...]:
+        """What ``take`` would return now, taking nothing (a speculative answer's frames)."""
         if frames_per_turn == 0:
             return ()
         if self.speaking:
             before = () if self._before is None else (self._before,)
-            taken = (*before, *list(self._during)[-frames_per_turn:])
-            self._before = None
-            self._during.clear()
-            return taken
-        taken = tuple(list(self._idle)[-(frames_per_turn + 1) :])
-        self._idle.clear()
-        return taken
+            return (*before, *list(self._during)[-frames_per_turn:])
+        return tuple(list(self._idle)[-(frames_per_turn + 1) :])
 
 
 def _push(frames: deque[UserImage], frame: UserImage, keep: int) -> None:

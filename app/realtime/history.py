@@ -237,8 +237,11 @@ class History:
             if self.settle(playback, played) and not playback.truncated
         ]
 
-    def conversation(self, instructions: str | None, limits: HistoryLimits) -> Conversation:
-        """What the next turn's prompt is rendered from: user items as given, assistant items as heard."""
+    def conversation(
+        self, instructions: str | None, limits: HistoryLimits, pending: tuple[ConversationItem, ...] = ()
+    ) -> Conversation:
+        """What the next turn's prompt is rendered from: user items as given, assistant items as
+        heard; ``pending``: the parts of a user item not yet committed, as if it were the last."""
         items: list[ConversationItem] = []
         for entry in self._entries:
             if isinstance(entry, UserEntry):
@@ -250,7 +253,7 @@ class History:
                 items.append(FunctionOutput(entry.call_id, entry.output))
             elif entry.status != "in_progress" and (text := entry.history_text()):
                 items.append(AssistantText(text))  # nothing heard: as if it had not been said
-        return Conversation(items=tuple(items), instructions=instructions, limits=limits)
+        return Conversation(items=(*items, *pending), instructions=instructions, limits=limits)
 
     def _function_item(
         self, item_id: str, item: ClientFunctionCallItem | ClientFunctionCallOutputItem, *, max_chars: int

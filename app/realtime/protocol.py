@@ -8,7 +8,9 @@ fields; ``ServerEvent.to_json()`` gives the dict the transport serialises.
 
 Extensions, clearly named and ignored by clients that do not know them:
 - ``response.done`` carries ``latency``: where the time from end of speech to first audio went
-  (see ``ResponseLatency``).
+  (see ``ResponseLatency``), and whether the answer was started speculatively.
+- ``turn_detection`` carries ``speculative_response``: whether answers start at a candidate end
+  of turn, before the commit (``app.realtime.speculation``).
 - sessions and ``response.create`` accept ``temperature`` (the beta name), like OpenAI's beta.
 - sessions carry ``video``: how camera frames (a WebRTC video track) join user turns
   (``SessionVideo``); ``session.update`` may change it.
@@ -529,6 +531,7 @@ class ServerVadObject(_ServerModel):
     idle_timeout_ms: int | None
     create_response: bool
     interrupt_response: bool
+    speculative_response: bool  # extension: answers start at a candidate end of turn
 
 
 class SemanticVadObject(_ServerModel):
@@ -536,6 +539,7 @@ class SemanticVadObject(_ServerModel):
     eagerness: Literal["low", "medium", "high", "auto"]
     create_response: bool
     interrupt_response: bool
+    speculative_response: bool  # extension: answers start at a candidate end of turn
 
 
 class TranscriptionObject(_ServerModel):
@@ -726,6 +730,12 @@ class ResponseLatency(_ServerModel):
     ``engine_first_audio_ms`` is the engine's own time to first audio (``TurnTimings.first_audio``,
     including ``queue_wait_ms``) and ``other_ms`` the rest (session, transport to the engine
     process, event loop, and the wait for the outbound track's next frame slot).
+
+    ``speculative``: the answer was started before the commit, at a candidate end of turn
+    (``app.realtime.speculation``), and held until it. The engine's time to first audio is then
+    split at the commit: ``speculation_hidden_ms`` ran before it (the user did not wait for it),
+    ``engine_first_audio_ms`` is what was left after it (0 when the first audio was ready), so
+    the two add up to the engine's own ``TurnTimings.first_audio`` and the sum above still holds.
     """
 
     end_of_speech_to_first_audio_ms: float
@@ -733,6 +743,8 @@ class ResponseLatency(_ServerModel):
     engine_first_audio_ms: float | None
     queue_wait_ms: float
     other_ms: float
+    speculative: bool = False
+    speculation_hidden_ms: float = 0.0
     network: NetworkLatency | None = None  # WebRTC calls: added by the call (app/webrtc/network.py)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,10 +58,11 @@ from app.realtime.protocol import (
     new_id,
 )
 from app.realtime.session_config import Modality, SessionConfig, read_max_output_tokens, read_voice
+from app.realtime.speculation import Speculation
 from app.realtime.tools import check_choice, read_tool_choice, read_tools
-from pipeline.conversation import Tool, ToolChoice
+from pipeline.conversation import Conversation, Tool, ToolChoice
 from pipeline.tool_format import offers_tools
-from pipeline.turn import FunctionCallDone, TurnDone, TurnTimings, Usage, Voice
+from pipeline.turn import FunctionCallDone, TurnDone, TurnRequest, TurnTimings, Usage, Voice
 
 # How long response.done may wait for the answer's first frame to reach the transport. A paced
 # track sends the first queued frame within 20 ms; only a worker far behind takes longer, and
@@ -98,6 +100,10 @@ class Response:
     # Set at its first audio, or when it ends: work for the engine that must not delay the
     # answer (input transcription) waits for it.
     output_started: asyncio.Event = field(default_factory=asyncio.Event)
+    # The speculation taken at its commit (app.realtime.speculation), and, once its held answer
+    # is used, when that answer's engine turn started (monotonic).
+    speculation: Speculation | None = None
+    speculation_started_at: float | None = None
 
     @property
     def entry(self) -> AssistantEntry | None:
@@ -185,6 +191,26 @@ class Response:
         if self.modality == "audio":
             return ContentPart(type="audio", transcript=text)
         return ContentPart(type="text", text=text)
+
+
+def ended_as(response: Response, done: TurnDone) -> tuple[ResponseStatus, str | None]:
+    """The status (and reason) of a response whose engine turn ended with ``done``."""
+    if done.finish_reason == "length":
+        return "incomplete", "max_output_tokens"
+    if done.finish_reason == "cancelled":
+        return "cancelled", response.cancel_reason or "client_cancelled"
+    return "completed", None
+
+
+def turn_request(response: Response, conversation: Conversation) -> TurnRequest:
+    """The engine turn that answers ``conversation`` with ``response``'s settings."""
+    return TurnRequest(
+        conversation=dataclasses.replace(conversation, tools=response.tools, tool_choice=response.tool_choice),
+        voice=response.voice,
+        temperature=response.temperature,
+        max_output_tokens=response.max_output_tokens,
+        output_audio=response.modality == "audio",
+    )
 
 
 def apply_response_params(response: Response, params: ResponseCreateParams, *, max_chars: int) -> None:
@@ -324,17 +350,24 @@ def latency(response: Response, timings: TurnTimings | None) -> ResponseLatency 
     """Where the time from end of speech to first audio went; None for a response without audio.
 
     First audio is the first frame handed to the transport when the output reported it (a paced
-    WebRTC track), else the first chunk handed to the output.
+    WebRTC track), else the first chunk handed to the output. A speculative answer's engine time
+    is split at the commit (``ResponseLatency``).
     """
     if response.first_audio_at is None:
         return None
     first_audio_at = response.first_frame_sent_at or response.first_audio_at
     to_first_audio_ms = response.silence_wait_ms + (first_audio_at - response.started_at) * 1000
     engine_ms = timings.first_audio * 1000 if timings is not None and timings.first_audio is not None else None
+    hidden_ms = 0.0
+    if response.speculation_started_at is not None and engine_ms is not None:
+        hidden_ms = min(engine_ms, max(0.0, (response.started_at - response.speculation_started_at) * 1000))
+        engine_ms -= hidden_ms
     return ResponseLatency(
         end_of_speech_to_first_audio_ms=round(to_first_audio_ms, 1),
         silence_wait_ms=round(response.silence_wait_ms, 1),
         engine_first_audio_ms=None if engine_ms is None else round(engine_ms, 1),
         queue_wait_ms=round(timings.queue_wait * 1000, 1) if timings is not None else 0.0,
         other_ms=round(to_first_audio_ms - response.silence_wait_ms - (engine_ms or 0.0), 1),
+        speculative=response.speculation_started_at is not None,
+        speculation_hidden_ms=round(hidden_ms, 1),
     )

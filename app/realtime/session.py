@@ -12,7 +12,8 @@ start cancels the response, clears the output and truncates the item; ``false`` 
 from a response's start until its audio has played out, plus ``ECHO_TAIL_MS``, speech is heard
 but not acted on; ``null`` is manual mode (``input_audio_buffer.commit`` + ``response.create``).
 ``session.finish`` ends the session: ``session.finished`` is its last event.
-Server VAD's events are turned into the protocol's by ``app.realtime.turn_taking``.
+Server VAD's events are turned into the protocol's by ``app.realtime.turn_taking``; answers start
+at a candidate end of turn and are held until the commit (``app.realtime.speculation``).
 docs/SESSION.md has the whole picture.
 """
 
@@ -20,14 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+from app.realtime.answer_audio import AnswerAudio
 from app.realtime.calls import call_events, close_calls
 from app.realtime.camera import TurnFrames
 from app.realtime.end_of_turn import SemanticVad
@@ -38,7 +39,7 @@ from app.realtime.gate import EventGate
 from app.realtime.history import History, read_item_audio
 from app.realtime.images import DecodeBudget, read_frame, read_item_images
 from app.realtime.input_buffer import AppendDecoder, ManualBuffer
-from app.realtime.ledger import AudioOutput, PlaybackLedger
+from app.realtime.ledger import AudioOutput
 from app.realtime.prompt_budget import check_session, check_system_budget, session_param
 from app.realtime.protocol import (
     ClientEvent,
@@ -52,10 +53,7 @@ from app.realtime.protocol import (
     InputAudioBufferClearEvent,
     InputAudioBufferCommitEvent,
     InputImageBufferAppendEvent,
-    OutputAudioBufferClearedEvent,
     OutputAudioBufferClearEvent,
-    OutputAudioBufferStartedEvent,
-    OutputAudioBufferStoppedEvent,
     PlaybackAckEvent,
     ProtocolError,
     ResponseCancelEvent,
@@ -75,18 +73,30 @@ from app.realtime.responses import (
     apply_response_params,
     created_event,
     delta_event,
+    ended_as,
     finish_events,
     message_events,
+    turn_request,
 )
 from app.realtime.session_config import SessionConfig, TurnDetection
+from app.realtime.speculation import OutcomeObserver, Speculation, SpeculativeTurn, Speculator
 from app.realtime.text_judge import TextJudge
 from app.realtime.transcription import Transcriptions
 from app.realtime.turn_taking import TurnActions, TurnTaking, detector_params
 from media.end_of_turn import EndOfTurnModel
 from media.frames import FramePlan, SampledFrame
 from media.vad import SpeechModel
-from pipeline.conversation import UserAudio, UserImage
-from pipeline.turn import AudioChunk, Engine, EngineError, FunctionCallEvent, TextDelta, TurnDone, TurnRequest
+from pipeline.conversation import ConversationItem, UserAudio, UserImage
+from pipeline.turn import (
+    AudioChunk,
+    Engine,
+    EngineError,
+    FunctionCallEvent,
+    TextDelta,
+    TurnDone,
+    TurnEvent,
+    TurnRequest,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -110,16 +120,17 @@ class RealtimeSession:
         text_judge: TextJudge | None = None,
         session_fields: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_speculation: OutcomeObserver | None = None,
     ) -> None:
         """``on_ignored_speech`` is called for each utterance half-duplex does not act on (metrics).
         ``end_of_turn``: the model semantic_vad needs; without it, semantic_vad is refused (server VAD stays).
         ``text_judge``: semantic_vad also judges the words said (``app.realtime.text_judge``).
         ``session_fields``: a dialect's reading of ``session.update`` fields, before the session's
         own (``app.realtime.dashscope``); it raises ``ProtocolError`` for what it refuses.
+        ``on_speculation``: each speculation's outcome (metrics, ``app.realtime.speculation``).
         ``clock``: what the event gate and the appends' bound count time by (tests run it faster)."""
         self._engine = engine
         self._session_fields = session_fields
-        self._output = output
         self._send = send
         self.session_id = session_id or new_id("sess")
         self._semantic = SemanticVad(end_of_turn, self._on_end_of_turn_answer, name=self.session_id,
@@ -135,12 +146,15 @@ class RealtimeSession:
         )
         self._conversation_id = new_id("conv")
         self._expires_at = int(time.time()) + SESSION_LIFETIME_S
+        self._speculator = Speculator(engine, self._speculative_turn, session_id=self.session_id,
+                                      on_outcome=on_speculation)
         self._turns = TurnTaking(
             vad,
             detector_params(self._config.turn_detection or TurnDetection(), self._config.history,
                             judge_words=self._semantic.judges_words),
             TurnActions(self._emit, self._commit_user_audio, self._busy, self._interrupt, self._respond_to_speech,
-                        self._semantic.submit, speaking=self._user_speaking),
+                        self._semantic.submit, speaking=self._user_speaking, candidate=self._speculator.candidate,
+                        resumed=self._speculator.resumed),
             session_id=self.session_id,
             on_ignored_speech=on_ignored_speech,
             judge_words=self._semantic.judges_words,
@@ -152,17 +166,15 @@ class RealtimeSession:
         self._image_budget = DecodeBudget()
         self._response: Response | None = None  # generating, or queued behind a cancelling one
         self._tasks: set[asyncio.Task[None]] = set()
-        self._ledger = PlaybackLedger()
-        self._speaking_response_id: str | None = None  # output_audio_buffer.started sent
-        self._last_response_id: str | None = None
+        self._audio = AnswerAudio(output, self._history, self._emit, on_idle=self._audio_idle, on_settled=self._prune)
         # The response the user's speech cancelled (barge-in), until another response starts:
         # a client's response.cancel for it is answered by its response.done.
         self._cut_by_speech: str | None = None
-        self._clearing = False  # inside output.clear(), whose stop callback is not a drain
         self._closed = False
         self._finished = False  # session.finished sent: nothing more is taken or sent
         self._close_lock = asyncio.Lock()
         self._transcriptions = Transcriptions(engine, self._emit, self._history.holds, self.session_id)
+        self._committed_speculation: Speculation | None = None  # taken at a commit, for its response
         output.set_listener(self)
 
     # -- public API ------------------------------------------------------------------------
@@ -198,6 +210,7 @@ class RealtimeSession:
             if (large := self._gate.refuse_large(raw, image_chars=image_chars)) is not None:
                 raise ProtocolError(large.code, large.message)
             await self._dispatch(event)
+            self._speculator.check()  # the turn a commit would start may have changed
         except ProtocolError as exc:
             self._emit(exc.to_event() if exc.event_id else exc.for_event(event_id).to_event())
         except Exception as exc:  # a bug of ours: the client hears of it, the session goes on
@@ -237,6 +250,7 @@ class RealtimeSession:
         """One frame sampled from the call's camera; it joins the next committed utterance (or not)."""
         if not self._closed:
             self._frames.keep(frame, self._config.video)
+            self._speculator.check()
 
     def video_plan(self) -> FramePlan | None:
         """How often to sample the camera now and at what size; None: no frame is wanted now."""
@@ -253,6 +267,7 @@ class RealtimeSession:
                 task.cancel()
             if tasks:
                 await asyncio.wait(tasks)
+            await self._speculator.close()  # last: a response ending hands its speculation back
 
     def stats(self) -> dict[str, int]:
         """Sizes of the per-session structures (metrics; tests check they stay bounded)."""
@@ -261,8 +276,9 @@ class RealtimeSession:
             "audio_clips": self._history.audio_clip_count(),
             "images": self._history.image_count(),
             "camera_frames": len(self._frames),
-            "playbacks": len(self._ledger),
+            "playbacks": len(self._audio),
             "tasks": len(self._tasks) + len(self._transcriptions),
+            "speculations": len(self._speculator),
             "manual_buffer_samples": self._manual.samples,
             "responses": int(self._response is not None),
         }
@@ -270,20 +286,12 @@ class RealtimeSession:
     # -- AudioOutput listener --------------------------------------------------------------
 
     def on_playback_started(self) -> None:
-        if self._closed or self._speaking_response_id is not None:
-            return
-        playback = self._ledger.oldest()
-        if playback is not None:
-            self._speaking_response_id = playback.response_id
-            self._emit(OutputAudioBufferStartedEvent(response_id=playback.response_id))
-            if self._response is not None:
-                self._response.first_frame_out(playback.response_id)
+        if not self._closed:
+            self._audio.started(self._response)
 
     def on_playback_stopped(self) -> None:
-        if self._closed or self._clearing:
-            return  # a clear is accounted for by _clear_output itself
-        self._ledger.drained(self._output.played_samples)
-        self._settle_playback()
+        if not self._closed:
+            self._audio.stopped()
 
     # -- client events ---------------------------------------------------------------------
 
@@ -311,7 +319,8 @@ class RealtimeSession:
         elif isinstance(event, OutputAudioBufferClearEvent):
             await self._clear_output_by_client()
         elif isinstance(event, PlaybackAckEvent):  # WebSocket: the client says what it played
-            self._emit(acknowledge_playback(event, self._output, self._history, self._ledger, self.session_id))
+            self._emit(acknowledge_playback(event, self._audio.output, self._history, self._audio.ledger,
+                                            self.session_id))
         elif isinstance(event, InputImageBufferAppendEvent):
             await self._append_image(event)
         elif isinstance(event, SessionFinishEvent):
@@ -359,6 +368,7 @@ class RealtimeSession:
             task = self._request_cancel(response, "client_cancelled") if not response.cancelling else response.task
             assert task is not None
             await asyncio.wait({task})
+        self._speculator.utterance_over()  # nothing more is answered: a held answer is thrown away
         self._emit(SessionFinishedEvent())
         self._finished = True
 
@@ -401,8 +411,8 @@ class RealtimeSession:
         self._emit(self._history.delete_item(event.item_id, in_progress=in_progress))
 
     def _truncate_item(self, event: ConversationItemTruncateEvent) -> None:
-        self._emit(self._history.truncate_item(event, self._ledger))
-        played_out(self._output, event.item_id)
+        self._emit(self._history.truncate_item(event, self._audio.ledger))
+        played_out(self._audio.output, event.item_id)
 
     async def _create_response(self, event: ResponseCreateEvent) -> None:
         self._refuse_second_response()
@@ -457,7 +467,7 @@ class RealtimeSession:
         response = self._response
         if response is not None and not response.cancelling:
             await asyncio.wait({self._request_cancel(response, "client_cancelled")})
-        self._clear_output(always_announce=True)
+        self._audio.clear(always_announce=True)
 
     # -- server VAD (app.realtime.turn_taking) ---------------------------------------------
 
@@ -471,11 +481,30 @@ class RealtimeSession:
 
     def _respond_to_speech(self, item_id: str, committed_at: float, silence_wait_ms: float) -> None:
         """Server VAD (or the idle timeout) committed the turn ending with ``item_id``: answer it."""
+        speculation, self._committed_speculation = self._committed_speculation, None
         if self._response is not None and not self._response.cancelling:
             logger.info("session %s: utterance %s committed while %s is responding; not answering it",
                         self.session_id, item_id, self._response.id)
+            if speculation is not None:
+                self._speculator.release(speculation)
             return
-        self._start_response(self._session_response(committed_at, silence_wait_ms))
+        response = self._session_response(committed_at, silence_wait_ms)
+        response.speculation = speculation
+        self._start_response(response)
+
+    def _speculative_turn(self, pcm: np.ndarray) -> SpeculativeTurn | None:
+        """The turn a commit of ``pcm`` now would start; None when the session would not answer now."""
+        detection = self._config.turn_detection
+        if self._closed or detection is None or not (detection.speculative_response and detection.create_response
+                                                      and not self._busy()):
+            return None
+        response = self._session_response(0.0)
+        audio = UserAudio(pcm)
+        pending: tuple[ConversationItem, ...] = (*self._frames.peek(self._config.video.frames_per_turn), audio)
+        answer = turn_request(response, self._history.conversation(response.instructions, self._config.history, pending))
+        transcribe = self._config.transcription
+        hint = transcribe.hint() if transcribe is not None and np.any(pcm) else None
+        return SpeculativeTurn(answer, TurnRequest.transcription(audio, hint) if hint is not None else None)
 
     def _session_response(self, started_at: float, silence_wait_ms: float = 0.0) -> Response:
         """A response the server starts by itself, with the session's settings."""
@@ -487,24 +516,30 @@ class RealtimeSession:
             self._frames.speech_started()
         else:
             self._frames.speech_ended()
+        self._speculator.utterance_over()
 
     def _commit_user_audio(self, item_id: str, pcm: np.ndarray) -> None:
+        """A user item of ``pcm``: of the audio a speculative answer was made from, when one runs."""
+        if self._committed_speculation is not None:  # committed without an answer (create_response off)
+            self._speculator.release(self._committed_speculation)
+        speculation = self._committed_speculation = self._speculator.take()
         images = self._frames.take(self._config.video.frames_per_turn)
-        for event in self._history.commit_audio(item_id, pcm, images):
+        for event in self._history.commit_audio(item_id, pcm if speculation is None else speculation.pcm, images):
             self._emit(event)
-        self._transcriptions.transcribe(self._history.require(item_id), self._config.transcription)
+        held = speculation.take_transcription if speculation is not None else None
+        self._transcriptions.transcribe(self._history.require(item_id), self._config.transcription, held)
         self._prune()
 
     def _busy(self) -> bool:
         """The assistant is answering or its audio has not finished playing."""
-        return self._response is not None or len(self._ledger) > 0
+        return self._response is not None or len(self._audio) > 0
 
     # -- responses -------------------------------------------------------------------------
 
     def _start_response(self, response: Response) -> None:
         previous = self._response.task if self._response is not None else None
         self._response = response
-        self._last_response_id = response.id
+        self._audio.last_response_id = response.id
         self._cut_by_speech = None  # a cancel from now on is for this one
         self._turns.response_started(self._config.turn_detection)
         self._transcriptions.hold_until(response.output_started)
@@ -530,18 +565,12 @@ class RealtimeSession:
         try:
             if previous is not None and not previous.done():
                 await asyncio.wait({previous})  # a cancelled response first sends its response.done
-            conversation = self._history.conversation(response.instructions, self._config.history)
-            request = TurnRequest(
-                conversation=dataclasses.replace(conversation, tools=response.tools, tool_choice=response.tool_choice),
-                voice=response.voice,
-                temperature=response.temperature,
-                max_output_tokens=response.max_output_tokens,
-                output_audio=response.modality == "audio",
-            )
+            request = turn_request(response, self._history.conversation(response.instructions, self._config.history))
+            events = await self._engine_turn(response, request)
             self._announce_response(response)
             self._check_context()
             done: TurnDone | None = None
-            async with contextlib.aclosing(self._engine.run_turn(request)) as turn:
+            async with contextlib.aclosing(events) as turn:
                 async for event in turn:
                     if isinstance(event, TextDelta):
                         self._on_text(response, event)
@@ -555,13 +584,8 @@ class RealtimeSession:
             if done is None:
                 raise EngineError("The engine ended the turn without TurnDone.", code="engine_protocol_error")
             await response.wait_first_frame()
-            if done.finish_reason == "length":
-                self._finish_response(response, "incomplete", reason="max_output_tokens", done=done)
-            elif done.finish_reason == "cancelled":
-                self._finish_response(response, "cancelled", reason=response.cancel_reason or "client_cancelled",
-                                      done=done)
-            else:
-                self._finish_response(response, "completed", done=done)
+            status, reason = ended_as(response, done)
+            self._finish_response(response, status, reason=reason, done=done)
         except asyncio.CancelledError:
             self._finish_response(response, "cancelled", reason=response.cancel_reason or "client_cancelled")
             raise
@@ -569,6 +593,18 @@ class RealtimeSession:
             self._finish_response(response, "failed", failure=(exc.code, str(exc)))
         except Exception as exc:
             self._finish_response(response, "failed", failure=("server_error", exc))
+        finally:
+            if response.speculation is not None:  # used, or thrown away: the speculator awaits what is left
+                self._speculator.release(response.speculation)
+
+    async def _engine_turn(self, response: Response, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+        """The answer's engine turn: the speculative one taken at the commit when it answers
+        ``request`` (its held events first), else a new one."""
+        held = await response.speculation.use(request) if response.speculation is not None else None
+        if held is None:
+            return self._engine.run_turn(request)
+        response.speculation_started_at = held.started_at
+        return held.events()
 
     def _check_context(self) -> None:
         """With truncation "disabled" nothing is dropped for tokens: past the budget a response fails."""
@@ -603,11 +639,7 @@ class RealtimeSession:
         pcm = chunk.pcm
         if response.modality != "audio" or pcm.size == 0:
             return
-        entry = self._open_message(response)
-        response.audio_written(to_idle_paced_output=len(self._ledger) == 0 and getattr(self._output, "paced", False))
-        entry.add_audio(pcm.size)
-        self._ledger.write(entry.id, response.id, pcm.size, self._output.played_samples)
-        self._output.write(pcm)
+        self._audio.write(response, self._open_message(response), pcm)
 
     def _finish_response(
         self,
@@ -641,28 +673,18 @@ class RealtimeSession:
                 entry.heard = entry.text if response.modality == "text" else ""
                 self._prune()
             else:
-                self._ledger.complete(entry.id)
+                self._audio.ledger.complete(entry.id)
         if self._response is response:
             self._response = None
-        self._settle_playback()
+        self._audio.settle()
+        self._speculator.check()  # a candidate silence the answer overlapped may speculate now
 
-    # -- playback --------------------------------------------------------------------------
+    # -- playback (app.realtime.answer_audio) ----------------------------------------------
 
-    def _settle_playback(self) -> None:
-        """Retire items whose audio has played out; announce when the assistant stopped speaking."""
-        played = self._output.played_samples
-        finished = self._ledger.pop_finished(played)
-        for event in self._history.settle_all(finished, played):  # a cancelled answer's text ran ahead
-            self._emit(event)
-        if len(self._ledger) == 0:
-            if self._speaking_response_id is not None:
-                response_id = finished[-1].response_id if finished else self._speaking_response_id
-                self._speaking_response_id = None
-                self._emit(OutputAudioBufferStoppedEvent(response_id=response_id))
-            if self._response is None:
-                self._turns.idle()
-        if finished:
-            self._prune()
+    def _audio_idle(self) -> None:
+        """The answers' audio is over: played out, or cleared."""
+        if self._response is None:
+            self._turns.idle()
 
     def _interrupt(self) -> None:
         """Barge-in: the user started speaking over the assistant."""
@@ -670,28 +692,7 @@ class RealtimeSession:
         if response is not None and not response.cancelling:
             self._request_cancel(response, "turn_detected")
             self._cut_by_speech = response.id
-        self._clear_output(always_announce=False)
-
-    def _clear_output(self, *, always_announce: bool) -> None:
-        """Drop unplayed audio; items keep what was heard (``conversation.item.truncated``)."""
-        had_audio = len(self._ledger) > 0
-        self._clearing = True
-        try:
-            self._output.clear()
-        finally:
-            self._clearing = False
-        played = self._output.played_samples
-        cut = self._ledger.cut(played)
-        response_id = cut[0].response_id if cut else self._last_response_id
-        if (had_audio or always_announce) and response_id is not None:
-            self._emit(OutputAudioBufferClearedEvent(response_id=response_id))
-        self._speaking_response_id = None
-        for event in self._history.settle_all(cut, played):
-            self._emit(event)
-        if cut:
-            self._prune()
-        if self._response is None:
-            self._turns.idle()
+        self._audio.clear(always_announce=False)
 
     # -- history ---------------------------------------------------------------------------
 

@@ -101,6 +101,9 @@ class TurnDetection:
     interrupt_response: bool = True
     # No speech for this long after the assistant's audio ended: the server prompts a response.
     idle_timeout_ms: int | None = None
+    # An extension: the answer starts at a candidate end of turn and is held until the commit
+    # (app.realtime.speculation); its default is the server's (Settings.speculative_responses).
+    speculative_response: bool = True
 
     def detector_params(self) -> TurnDetectionParams:
         """What the voice activity detector takes of these settings."""
@@ -219,6 +222,9 @@ class SessionConfig:
     max_event_burst: int = 100
     # One input_image's bytes (decoded from its data URL); Settings.max_image_bytes.
     max_image_bytes: int = 10_485_760
+    # turn_detection.speculative_response when a client's turn detection leaves it out;
+    # Settings.speculative_responses.
+    speculative_responses: bool = True
 
     @classmethod
     def from_session(cls, session: Mapping[str, Any], *, base: SessionConfig | None = None) -> SessionConfig:
@@ -264,6 +270,7 @@ class SessionConfig:
                         eagerness=td.eagerness,
                         create_response=td.create_response,
                         interrupt_response=td.interrupt_response,
+                        speculative_response=td.speculative_response,
                     )
                     if td.type == "semantic_vad"
                     else ServerVadObject(
@@ -273,6 +280,7 @@ class SessionConfig:
                         idle_timeout_ms=td.idle_timeout_ms,
                         create_response=td.create_response,
                         interrupt_response=td.interrupt_response,
+                        speculative_response=td.speculative_response,
                     ),
                 ),
                 output=SessionAudioOutput(format=_format_object(self.output_audio_format), voice=self.voice),
@@ -347,7 +355,8 @@ class _SessionReader:
         return config
 
     def _turn_detection(self, value: Any, param: str) -> TurnDetection | None:
-        return _turn_detection(value, param, interrupt_response=self._base.default_interrupt_response)
+        return _turn_detection(value, param, interrupt_response=self._base.default_interrupt_response,
+                               speculative_response=self._base.speculative_responses)
 
     def _voice(self, value: Any, param: str) -> None:
         self._changes["voice"] = read_voice(value, param, self._changes.get("voice", self._base.voice))
@@ -515,15 +524,18 @@ def _truncation(value: Any, param: str) -> Truncation:
     return Truncation(type="retention_ratio", retention_ratio=float(ratio), post_instructions=post_instructions)
 
 
-def _turn_detection(value: Any, param: str, *, interrupt_response: bool) -> TurnDetection | None:
+def _turn_detection(
+    value: Any, param: str, *, interrupt_response: bool, speculative_response: bool
+) -> TurnDetection | None:
     """A turn detection object; omitted fields take their defaults (the object sent is the object
-    used), ``interrupt_response`` the server's (``SessionConfig.default_interrupt_response``)."""
+    used), ``interrupt_response`` and ``speculative_response`` the server's
+    (``SessionConfig.default_interrupt_response``, ``SessionConfig.speculative_responses``)."""
     if value is None:
         return None
     if not isinstance(value, Mapping):
         raise _invalid(param, "must be an object or null")
     kind = value.get("type", "server_vad")
-    defaults = TurnDetection(interrupt_response=interrupt_response)
+    defaults = TurnDetection(interrupt_response=interrupt_response, speculative_response=speculative_response)
     changes: dict[str, Any] = {}
     if kind == "semantic_vad":
         eagerness = value.get("eagerness", "auto")
@@ -550,7 +562,7 @@ def _turn_detection(value: Any, param: str, *, interrupt_response: bool) -> Turn
             changes["idle_timeout_ms"] = idle
     else:
         raise _invalid(f"{param}.type", "must be 'server_vad' or 'semantic_vad'")
-    for key in ("create_response", "interrupt_response"):
+    for key in ("create_response", "interrupt_response", "speculative_response"):
         if key in value:
             if not isinstance(value[key], bool):
                 raise _invalid(f"{param}.{key}", "must be a boolean")

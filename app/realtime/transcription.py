@@ -17,6 +17,11 @@ on a FIFO engine that response then waits for this transcription).
 A clip of digital silence (every sample zero: the idle timeout's clip, a muted microphone's
 commit) holds no words: its transcript is "" without an engine turn, which could only cost a
 visitor's answer time and might make up words.
+
+A commit whose answer was speculative may bring its transcription already started
+(``app.realtime.speculation``: held, started after the held answer's first audio): when it
+transcribes exactly the committed clip it is promoted and its held events are released, in the
+same order and at the same point as a fresh turn's would be.
 """
 
 from __future__ import annotations
@@ -24,13 +29,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import numpy as np
 
 from app.realtime.entries import Entry, UserEntry
 from app.realtime.failures import transcription_failed_event
+from app.realtime.held_turn import HeldTurn
 from app.realtime.protocol import (
     ConversationItemInputAudioTranscriptionCompletedEvent,
     ConversationItemInputAudioTranscriptionDeltaEvent,
@@ -39,7 +45,10 @@ from app.realtime.protocol import (
 )
 from app.realtime.session_config import InputTranscription
 from pipeline.conversation import UserAudio
-from pipeline.turn import Engine, EngineError, TextDelta, TurnDone, TurnRequest, Usage
+from pipeline.turn import Engine, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest, Usage
+
+# Given a transcription request, the held turn already running it (the caller's to own), or None.
+HeldTranscriptions = Callable[[TurnRequest], HeldTurn | None]
 
 logger = logging.getLogger(__name__)
 
@@ -65,15 +74,19 @@ class Transcriptions:
         """A response has been started: transcriptions not yet submitted wait for its first output."""
         self._answer_started = answer_started
 
-    def transcribe(self, entry: Entry, settings: InputTranscription | None) -> None:
-        """Transcribe a user item's audio parts, if the session asks for it (``settings``)."""
+    def transcribe(
+        self, entry: Entry, settings: InputTranscription | None, held: HeldTranscriptions | None = None
+    ) -> None:
+        """Transcribe a user item's audio parts, if the session asks for it (``settings``); ``held``
+        offers transcriptions already running (a speculative answer's)."""
         if settings is None or self._closed or not isinstance(entry, UserEntry):
             return
         for content_index, part in enumerate(entry.parts):
             if isinstance(part, UserAudio):
                 request = None if not np.any(part.pcm) else TurnRequest.transcription(part, settings.hint())
+                running = held(request) if held is not None and request is not None else None
                 task = asyncio.create_task(
-                    self._run(entry, content_index, request), name=f"transcription {entry.id}[{content_index}]"
+                    self._run(entry, content_index, request, running), name=f"transcription {entry.id}[{content_index}]"
                 )
                 self._tasks.add(task)
                 task.add_done_callback(self._on_task_done)
@@ -91,26 +104,37 @@ class Transcriptions:
         if not task.cancelled() and task.exception() is not None:
             logger.error("session %s: %s crashed", self._session_id, task.get_name(), exc_info=task.exception())
 
-    async def _run(self, entry: UserEntry, content_index: int, request: TurnRequest | None) -> None:
-        """Transcribe one audio part; ``request`` None: digital silence, transcribed as "" at once."""
+    async def _run(
+        self, entry: UserEntry, content_index: int, request: TurnRequest | None, held: HeldTurn | None
+    ) -> None:
+        """Transcribe one audio part; ``request`` None: digital silence, transcribed as "" at once;
+        ``held``: its turn, already running (promoted now, so that it is no longer preemptible)."""
         # Runs first on the loop's next turn, after the commit's response (if any) was started.
         answer_started = self._answer_started
-        if answer_started is not None:
-            await answer_started.wait()
-        if not self._holds_item(entry):
-            logger.debug("session %s: item %s is gone; not transcribing it", self._session_id, entry.id)
-            return
-        if request is None:
-            done = TurnDone(text="", usage=Usage(0, 0, 0), finish_reason="stop")
-        else:
-            try:
-                done = await self._stream(entry.id, content_index, request)
-            except EngineError as exc:
-                self._fail(entry.id, content_index, exc.code, str(exc))
+        try:
+            if held is not None and not await held.promote():
+                await held.close()
+                held = None
+            if answer_started is not None:
+                await answer_started.wait()
+            if not self._holds_item(entry):
+                logger.debug("session %s: item %s is gone; not transcribing it", self._session_id, entry.id)
                 return
-            except Exception as exc:
-                self._fail(entry.id, content_index, "server_error", exc)
-                return
+            if request is None:
+                done = TurnDone(text="", usage=Usage(0, 0, 0), finish_reason="stop")
+            else:
+                try:
+                    events = held.events() if held is not None else self._engine.run_turn(request)
+                    done = await self._stream(entry.id, content_index, events)
+                except EngineError as exc:
+                    self._fail(entry.id, content_index, exc.code, str(exc))
+                    return
+                except Exception as exc:
+                    self._fail(entry.id, content_index, "server_error", exc)
+                    return
+        finally:
+            if held is not None:
+                await held.close()
         entry.transcribed(content_index, done.text)
         usage = done.usage
         self._emit(
@@ -129,9 +153,9 @@ class Transcriptions:
             )
         )
 
-    async def _stream(self, item_id: str, content_index: int, request: TurnRequest) -> TurnDone:
+    async def _stream(self, item_id: str, content_index: int, events: AsyncGenerator[TurnEvent, None]) -> TurnDone:
         done: TurnDone | None = None
-        async with contextlib.aclosing(self._engine.run_turn(request)) as turn:
+        async with contextlib.aclosing(events) as turn:
             async for event in turn:
                 if isinstance(event, TextDelta) and event.text:
                     self._emit(

@@ -15,6 +15,9 @@ which runs the detector (``media.turn_detection``) and acts through the session
   (``turn_audio_limit_reached``) names the limit, and what was said is answered;
 - semantic VAD: the detector asks for end-of-turn checks (``EndOfTurnCheck``), which the
   session scores off the event loop (``app.realtime.end_of_turn``) and answers with ``decide``;
+- a candidate end of turn (the silence's first quiet window, ``SilenceStarted``) and its end by
+  resumed speech (``SpeechResumed``) go to the session's speculation (``app.realtime.speculation``),
+  as long as the speech is acted on;
 - half-duplex (``interrupt_response: false``): from a response's start until its audio has
   played out, plus ``ECHO_TAIL_MS``, speech is heard but not acted on. Each such utterance is
   reported (``on_ignored_speech``, for metrics) and logged at debug with the session id. The
@@ -48,6 +51,8 @@ from media.rates import SPEECH_RATE
 from media.turn_detection import (
     EndOfTurnCheck,
     SegmentCommitted,
+    SilenceStarted,
+    SpeechResumed,
     SpeechStarted,
     SpeechStopped,
     TurnDetectionParams,
@@ -80,11 +85,12 @@ def detector_params(
 ) -> TurnDetectionParams:
     """The detector's settings: the session's, with the turn bounded by the history (a smaller
     history budget shortens the segments too); ``judge_words``: a text judge answers semantic
-    VAD's checks too."""
+    VAD's checks too; candidates for speculative answers when the session speculates."""
     params = turn_detection.detector_params()
     limit = max_turn_ms(history)
     return replace(params, max_turn_ms=limit, max_utterance_ms=min(params.max_utterance_ms, limit),
-                   judge_words=judge_words and params.end_of_turn is not None)
+                   judge_words=judge_words and params.end_of_turn is not None,
+                   candidates=turn_detection.speculative_response)
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,8 @@ class TurnActions:
     # True once the user's speech is acted on (speech_started sent), False once it is committed
     # or dropped: the camera samples faster meanwhile and keeps the frames for the turn.
     speaking: Callable[[bool], None] | None = None
+    candidate: Callable[[np.ndarray], None] | None = None  # a candidate end of turn: the utterance so far
+    resumed: Callable[[], None] | None = None  # speech came back: the candidate is void
 
 
 class TurnTaking:
@@ -159,6 +167,10 @@ class TurnTaking:
                 self._handle(self._detector.decide_words(event.check_id, None), turn_detection)
             elif isinstance(event, EndOfTurnCheck) and self._act.check_end_of_turn is not None:
                 self._act.check_end_of_turn(event)
+            elif isinstance(event, SilenceStarted) and not self._deaf and self._act.candidate is not None:
+                self._act.candidate(event.pcm)
+            elif isinstance(event, SpeechResumed) and not self._deaf and self._act.resumed is not None:
+                self._act.resumed()
 
     def skip(self, samples: int) -> None:
         """Input that server VAD does not see (manual mode): the input clock goes on."""

@@ -49,6 +49,7 @@ SERVE_FLAGS = {
     "max_image_bytes": "max_image_bytes",
     "jitter_buffer": "jitter_buffer",
     "interrupt_response": "default_interrupt_response",
+    "speculative_responses": "speculative_responses",
     "api_key": "api_key",
     "allow_unauthenticated_public": "allow_unauthenticated_public",
     "log_level": "log_level",
@@ -139,6 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--interrupt-response", action=argparse.BooleanOptionalAction, default=None,
         help="sessions barge in by default: the user's speech cancels the answer, as OpenAI's default (on); "
         "--no-interrupt-response: half-duplex unless a client asks for interrupt_response",
+    )
+    serve.add_argument(
+        "--speculative-responses", action=argparse.BooleanOptionalAction, default=None,
+        help="start each answer at the first sign of silence on spare engine capacity, held until the turn "
+        "is committed (default on; a session may turn it off); --no-speculative-responses: at the commit",
     )
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or an ek_ client secret) to place calls")
     serve.add_argument(

@@ -1,7 +1,8 @@
 """Wrappers around the shared engine, as the sessions are given it.
 
 Every wrapper keeps one forwarding contract (:class:`EngineWrapper`): it changes only
-``run_turn``; ``name`` and every other attribute (``alive``, ``restarts``, ``queue_depth``...)
+``run_turn`` (and ``promote``, where it must know which preemptible turns were made ordinary);
+``name`` and every other attribute (``alive``, ``restarts``, ``queue_depth``...)
 read through to the wrapped engine, and ``start``/``close`` belong to whoever owns the wrapped
 engine, so a wrapper never starts or closes it. The server stacks them as
 ``MeteredEngine(StallTimeoutEngine(engine))``; with ``--dev-replies`` each session gets
@@ -18,7 +19,11 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from app.web.metrics import Metrics
-from pipeline.turn import Engine, EngineError, TurnDone, TurnEvent, TurnRequest
+from pipeline.turn import NO_SPARE_CAPACITY, PREEMPTED, Engine, EngineError, TurnDone, TurnEvent, TurnRequest
+
+# Preemptible turns end this way by design (pipeline.turn): counted as speculation outcomes
+# (omni_rtc_speculative_responses_total), not as engine errors.
+_PREEMPTIBLE_ENDS = frozenset({NO_SPARE_CAPACITY, PREEMPTED})
 
 
 class EngineWrapper:
@@ -39,6 +44,9 @@ class EngineWrapper:
 
     def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
         return self._engine.run_turn(request)
+
+    async def promote(self, preemptible_id: str) -> bool:
+        return await self._engine.promote(preemptible_id)
 
 
 class StallTimeoutEngine(EngineWrapper):
@@ -87,7 +95,8 @@ class MeteredEngine(EngineWrapper):
                         self._observe(request, event)
                     yield event
         except EngineError as exc:
-            self._metrics.errors.labels(type="engine_error", code=exc.code).inc()
+            if exc.code not in _PREEMPTIBLE_ENDS:
+                self._metrics.errors.labels(type="engine_error", code=exc.code).inc()
             raise
 
     def _observe(self, request: TurnRequest, done: TurnDone) -> None:
@@ -107,16 +116,56 @@ class DevReplies(EngineWrapper):
     (*decided*: a demo or a test sees the same script in every session, and sessions running
     side by side do not take each other's replies). The reply is forced through the real
     tokenizer, Talker and Code2Wav (``TurnRequest.forced_reply``); transcription turns are the
-    model's own."""
+    model's own.
+
+    A speculative answer (a preemptible turn) says the next reply without taking it: the reply is
+    taken once the session uses that answer (``promote``), or once the answer ends by itself if
+    it was promoted while its end was on its way; a discarded one leaves it for the next answer.
+    """
 
     def __init__(self, engine: Engine, replies: tuple[str, ...]) -> None:
         super().__init__(engine)
         self._replies = collections.deque(replies)
+        # Preemptible answers saying the next reply: whether each ended by itself (TurnDone), and
+        # those promoted before that (the reply is taken when they do). Superseded by the next answer.
+        self._speaking: dict[str, bool] = {}
+        self._take_when_done: set[str] = set()
 
     def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
-        if request.task == "respond" and self._replies:
-            request = dataclasses.replace(request, forced_reply=self._replies.popleft())
-        return self._engine.run_turn(request)
+        if request.task != "respond" or not self._replies:
+            return self._engine.run_turn(request)
+        self._speaking.clear()  # a new answer: the earlier speculative ones are over, used or not
+        self._take_when_done.clear()
+        request = dataclasses.replace(request, forced_reply=self._replies[0])
+        if request.preemptible_id is None:
+            self._replies.popleft()
+            return self._engine.run_turn(request)
+        self._speaking[request.preemptible_id] = False
+        return self._speculative(request, request.preemptible_id)
+
+    async def _speculative(self, request: TurnRequest, preemptible_id: str) -> AsyncGenerator[TurnEvent, None]:
+        async with contextlib.aclosing(self._engine.run_turn(request)) as events:
+            async for event in events:
+                if isinstance(event, TurnDone) and preemptible_id in self._speaking:
+                    self._speaking[preemptible_id] = True
+                    if preemptible_id in self._take_when_done:
+                        self._take(preemptible_id)
+                yield event
+
+    async def promote(self, preemptible_id: str) -> bool:
+        promoted = await self._engine.promote(preemptible_id)
+        if preemptible_id in self._speaking:
+            if promoted or self._speaking[preemptible_id]:
+                self._take(preemptible_id)
+            else:  # preempted (its error is on its way), or ending by itself: its TurnDone decides
+                self._take_when_done.add(preemptible_id)
+        return promoted
+
+    def _take(self, preemptible_id: str) -> None:
+        del self._speaking[preemptible_id]
+        self._take_when_done.discard(preemptible_id)
+        if self._replies:
+            self._replies.popleft()
 
 
 def for_session(engine: Engine, replies: tuple[str, ...]) -> Engine:

@@ -9,9 +9,11 @@ same connection. The worker reports its calls' ends, its session count, its paci
 metrics; when the front goes away the worker closes its calls and exits.
 
 Messages, front → worker: ``offer`` (call id, SDP, session config), ``hangup``, ``resources``
-(for ``/debug/resources``), ``turn_event``/``turn_end`` (a turn's events), ``shutdown``.
+(for ``/debug/resources``), ``turn_event``/``turn_end`` (a turn's events), ``turn_promoted`` (the
+answer to ``promote_turn``), ``shutdown``.
 Worker → front: ``hello``, ``answer`` (reply to ``offer``/``hangup``/``resources``), ``call_connected``,
-``call_closed``, ``status`` (every ``STATUS_INTERVAL_S``: the worker's heartbeat), ``turn``/``cancel_turn``.
+``call_closed``, ``status`` (every ``STATUS_INTERVAL_S``: the worker's heartbeat), ``turn``/``cancel_turn``,
+``promote_turn`` (``Engine.promote`` of a speculative turn).
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ class EngineProxy:
     """The front process's engine, as sessions in a worker get it: each turn streamed over IPC.
 
     Closing a turn's iterator before it ended cancels the turn in the front (``cancel_turn``).
-    An ``EngineError`` in the front is raised here with its code.
+    An ``EngineError`` in the front is raised here with its code (``preempted`` and
+    ``no_spare_capacity`` included). ``promote`` asks the front's engine and waits for its answer.
     """
 
     def __init__(self, name: str, send: Callable[[dict[str, Any]], None]) -> None:
@@ -61,6 +64,7 @@ class EngineProxy:
         self._send = send
         self._turns: dict[int, asyncio.Queue[dict[str, Any]]] = {}
         self._ids = itertools.count(1)
+        self._promotions: dict[int, asyncio.Future[bool]] = {}
 
     async def start(self) -> None:
         """The engine is the front process's."""
@@ -101,6 +105,22 @@ class EngineProxy:
         if queue is not None:
             queue.put_nowait(message)
 
+    async def promote(self, preemptible_id: str) -> bool:
+        promotion = next(self._ids)
+        answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._promotions[promotion] = answer
+        try:
+            self._send({"op": "promote_turn", "promotion": promotion, "preemptible_id": preemptible_id})
+            return await answer
+        finally:
+            del self._promotions[promotion]
+
+    def promoted(self, message: dict[str, Any]) -> None:
+        """The front's answer to a ``promote_turn``; one nobody waits for any more is dropped."""
+        answer = self._promotions.get(message["promotion"])
+        if answer is not None and not answer.done():
+            answer.set_result(bool(message["promoted"]))
+
 
 class MediaWorker:
     """One worker's loop: the connection to the front, its calls, its status reports."""
@@ -131,6 +151,8 @@ class MediaWorker:
                 op = message["op"]
                 if op in ("turn_event", "turn_end"):
                     engine.deliver(message)
+                elif op == "turn_promoted":
+                    engine.promoted(message)
                 elif op == "offer":
                     answer = self._answer(message, calls, engine, vad, end_of_turn, metrics)
                     self._start(answer, f"offer {message['call_id']}")
@@ -186,7 +208,8 @@ class MediaWorker:
         def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
             return RealtimeSession(
                 engine=for_session(engine, self._dev_replies), vad=vad, output=output, send=send, config=config,
-                on_ignored_speech=metrics.ignored_speech.inc, end_of_turn=end_of_turn,
+                on_ignored_speech=metrics.ignored_speech.inc, on_speculation=metrics.speculation,
+                end_of_turn=end_of_turn,
                 text_judge=text_judge(self._settings, engine),
             )
 

@@ -7,8 +7,9 @@ The numbers come from what the glue already sees:
   per-call :class:`CallMetrics`;
 - the engine's own ``TurnDone.timings`` (queue wait, time to first Thinker token), read by
   :class:`app.web.engines.MeteredEngine`, which wraps the shared engine the sessions are given;
-- one session callback, ``on_ignored_speech`` (an utterance half-duplex did not act on),
-  counted in ``ignored_speech``;
+- two session callbacks: ``on_ignored_speech`` (an utterance half-duplex did not act on),
+  counted in ``ignored_speech``, and ``on_speculation`` (each speculative answer's outcome and
+  the engine time thrown away, ``app.realtime.speculation``), counted by :meth:`Metrics.speculation`;
 - each WebRTC call's network samples (``app.webrtc.network.CallNetwork``, every second and once
   at the end): packet and frame counters as they move, and per-call summaries (loss, jitter,
   RTT) when the call ends.
@@ -56,6 +57,7 @@ LOSS_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 # Seconds: jitter of Wi-Fi and mobile links runs from a few ms to ~100 ms; RTT up to ~1 s.
 JITTER_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2)
 RTT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
+SPECULATION_OUTCOMES = ("started", "used", "discarded", "refused", "preempted")
 
 
 class Metrics:
@@ -91,6 +93,22 @@ class Metrics:
             "omni_rtc_ignored_speech",
             "Utterances half-duplex did not act on: the user (or the answer's echo) spoke while an "
             "answer was being given or played. Reported by the session (on_ignored_speech).",
+            registry=r,
+        )
+        self.speculative_responses = Counter(
+            "omni_rtc_speculative_responses",
+            "Answers started at a candidate end of turn and held until the commit, by outcome: started; "
+            "then used (the commit released it), discarded (speech resumed, the turn it answered changed, "
+            "or the session closed), refused (no spare engine capacity) or preempted (a committed turn "
+            "needed its engine slot).",
+            ["outcome"], registry=r,
+        )
+        for outcome in SPECULATION_OUTCOMES:
+            self.speculative_responses.labels(outcome=outcome)
+        self.speculative_discarded_engine = Counter(
+            "omni_rtc_speculative_discarded_engine_seconds",
+            "Engine time spent on speculative answers (and their held transcriptions) that were thrown "
+            "away: from each one's start to its cancel (or its end, for one that finished first).",
             registry=r,
         )
         self.end_of_utterance_delay = Histogram(
@@ -179,6 +197,13 @@ class Metrics:
               if not sample.name.endswith("_created")])
             for family in self.registry.collect()
         ]
+
+    def speculation(self, outcome: str | None, engine_seconds: float) -> None:
+        """A session's speculation report (``app.realtime.speculation.OutcomeObserver``)."""
+        if outcome is not None:
+            self.speculative_responses.labels(outcome=outcome).inc()
+        if engine_seconds > 0:
+            self.speculative_discarded_engine.inc(engine_seconds)
 
     def set_open_sessions(self, counts: dict[str, int]) -> None:
         for transport in TRANSPORTS:

@@ -205,8 +205,10 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 def _base_session_config(settings: Settings) -> SessionConfig:
     """What every session starts from: the server-side limits of the settings."""
     return SessionConfig(
-        turn_detection=TurnDetection(interrupt_response=settings.default_interrupt_response),
+        turn_detection=TurnDetection(interrupt_response=settings.default_interrupt_response,
+                                     speculative_response=settings.speculative_responses),
         default_interrupt_response=settings.default_interrupt_response,
+        speculative_responses=settings.speculative_responses,
         history=HistoryLimits(max_prompt_tokens=settings.history_max_tokens),
         max_text_chars=settings.max_text_chars,
         max_instructions_tokens=settings.instructions_max_tokens,

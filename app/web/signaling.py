@@ -70,7 +70,8 @@ def signaling_router(
         def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
             return RealtimeSession(
                 engine=runtime.session_engine(), vad=runtime.vad, output=output, send=send, config=config,
-                on_ignored_speech=metrics.ignored_speech.inc, end_of_turn=runtime.end_of_turn,
+                on_ignored_speech=metrics.ignored_speech.inc, on_speculation=metrics.speculation,
+                end_of_turn=runtime.end_of_turn,
                 text_judge=text_judge(settings, runtime.for_sessions),
             )
 

@@ -83,6 +83,7 @@ class WorkerHandle:
     metrics: list[FamilySamples] = field(default_factory=list)
     pending: dict[int, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
     turns: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    promotions: set[asyncio.Task[None]] = field(default_factory=set)  # promote_turn being answered
     restarts: int = 0
     spawned_at: float = 0.0  # monotonic
 
@@ -354,6 +355,10 @@ class MediaWorkerPool:
             turn_task = worker.turns.get(message["turn"])
             if turn_task is not None:
                 turn_task.cancel()
+        elif op == "promote_turn":
+            promotion = asyncio.create_task(self._promote(worker, message), name=f"promote {message['promotion']}")
+            worker.promotions.add(promotion)
+            promotion.add_done_callback(worker.promotions.discard)
         else:
             logger.error("media worker %d sent an unknown message %r", worker.index, op)
 
@@ -394,6 +399,12 @@ class MediaWorkerPool:
         with contextlib.suppress(WorkerUnavailable):
             worker.send({"op": "turn_end", "turn": turn, "error": error})
 
+    async def _promote(self, worker: WorkerHandle, message: dict[str, Any]) -> None:
+        """A worker's session uses its speculative turn: made ordinary in the engine (``Engine.promote``)."""
+        promoted = await self._engine.promote(message["preemptible_id"])
+        with contextlib.suppress(WorkerUnavailable):
+            worker.send({"op": "turn_promoted", "promotion": message["promotion"], "promoted": promoted})
+
     def _forget_call(self, worker: WorkerHandle, call_id: str, reason: str) -> None:
         if call_id in worker.calls:
             worker.calls.discard(call_id)
@@ -431,9 +442,9 @@ class MediaWorkerPool:
             if not future.done():
                 future.set_exception(WorkerUnavailable(f"media worker {worker.index} ended"))
         worker.pending.clear()
-        for task in list(worker.turns.values()):
+        for task in [*worker.turns.values(), *worker.promotions]:
             task.cancel()
-        await asyncio.gather(*worker.turns.values(), return_exceptions=True)
+        await asyncio.gather(*worker.turns.values(), *worker.promotions, return_exceptions=True)
         writer.close()
         if not self._closing:
             logger.error(

@@ -101,6 +101,8 @@ function describeServerLatency(latency) {
     const queue = latency.queue_wait_ms > 0 ? ` incl. ${ms(latency.queue_wait_ms)} queued` : "";
     parts.push(`${ms(latency.engine_first_audio_ms)} model${queue}`);
   }
+  // A speculative answer started at the first quiet moment: this much model time ran before the commit.
+  if (latency.speculative) parts.push(`${ms(latency.speculation_hidden_ms)} model ahead of the commit`);
   parts.push(`${ms(latency.other_ms)} other`);
   return `server: ${ms(latency.end_of_speech_to_first_audio_ms)} (${parts.join(", ")})`;
 }

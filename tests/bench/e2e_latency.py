@@ -3,6 +3,7 @@
 Run: .venv/bin/python tests/bench/e2e_latency.py [--turns 10] [--url http://127.0.0.1:8000]
      [--max-output-tokens 8] [--transport webrtc|websocket] [--out tests/bench/results/e2e_latency.json]
      [--turn-detection server_vad|semantic_vad[:low|medium|high] ...] [--utterances espeak|finished]
+     [--speculation on|off ...]
 
 ``--transport websocket`` measures the same over ``GET /v1/realtime`` with
 ``app.client.websocket.RealtimeSocketClient`` (speech appended in 100 ms events paced as a
@@ -14,7 +15,9 @@ written to ``e2e_latency_websocket.json`` by default.
 modes take turns utterance by utterance in one run, so that other jobs' load falls on each alike;
 the JSON's ``median_client_ms_drop`` is the first mode's median client_ms minus each other's. ``--utterances
 finished`` speaks the finished sentences of tests/fixtures/turns (Flite voices, labelled for
-turn-taking) instead of the two espeak-ng fixtures.
+turn-taking) instead of the two espeak-ng fixtures. ``--speculation`` sets the sessions'
+``turn_detection.speculative_response`` (default on, the server's default); ``--speculation off on``
+runs every turn-detection mode both ways, interleaved like the modes.
 
 Without ``--url`` it starts ``omni-rtc serve --ice-loopback`` with the dev model on a free
 loopback port (as ``soak.py`` does; answers capped at 25 codec frames). One headless client
@@ -109,6 +112,8 @@ def turn_row(number: int, fixture: str, client_latency_s: float | None, latency:
         "other_ms": latency["other_ms"],
         "wire_ms": round(client_ms - latency["end_of_speech_to_first_audio_ms"], 1),
         "overhead_ms": round(client_ms - latency["silence_wait_ms"] - latency["engine_first_audio_ms"], 1),
+        "speculative": latency.get("speculative", False),
+        "speculation_hidden_ms": latency.get("speculation_hidden_ms", 0.0),
     }
 
 
@@ -123,9 +128,10 @@ def turn_detection_object(spec: str) -> dict[str, Any]:
 
 
 def mode_name(turn_detection: dict[str, Any]) -> str:
+    speculation = "" if turn_detection.get("speculative_response", True) else ", no spec"
     if turn_detection["type"] == "server_vad":
-        return f"server_vad {turn_detection['silence_duration_ms']} ms"
-    return f"semantic_vad {turn_detection['eagerness']}"
+        return f"server_vad {turn_detection['silence_duration_ms']} ms{speculation}"
+    return f"semantic_vad {turn_detection['eagerness']}{speculation}"
 
 
 def open_client(url: str, transport: str, session: dict[str, Any]) -> RealtimeClient | RealtimeSocketClient:
@@ -202,7 +208,11 @@ def main() -> None:
                         default=[turn_detection_object("server_vad")], metavar="server_vad|semantic_vad[:EAGERNESS]",
                         help="one or more modes; several run side by side, turn by turn, in one run")
     parser.add_argument("--utterances", choices=["espeak", "finished"], default="espeak")
+    parser.add_argument("--speculation", choices=["on", "off"], nargs="+", default=["on"],
+                        help="speculative answers (turn_detection.speculative_response); both: each mode both ways")
     args = parser.parse_args()
+    args.turn_detection = [{**mode, "speculative_response": speculation == "on"}
+                           for mode in args.turn_detection for speculation in args.speculation]
     utterances = UTTERANCES if args.utterances == "espeak" else FINISHED
     if args.out is None:
         args.out = DEFAULT_OUT if args.transport == "webrtc" else DEFAULT_OUT.with_name("e2e_latency_websocket.json")

@@ -88,5 +88,5 @@ async def test_barge_in_truncates_the_answer_to_the_audio_the_client_received(en
     assert second["response"]["status"] == "completed"
     transcript = done["response"]["output"][0]["content"][0]["transcript"]
     assert transcript in {" ".join(REPLY.split(" ")[:words]) + " " for words in (heard_words, heard_words + 1)}
-    answers = [item for item in engine.requests[1].conversation.items if isinstance(item, AssistantText)]
+    answers = [item for item in engine.used_requests()[1].conversation.items if isinstance(item, AssistantText)]
     assert answers == [AssistantText(transcript)]

@@ -1,6 +1,7 @@
 """TransformersEngine on the dev checkpoint, in a real engine process."""
 
 import asyncio
+import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -180,6 +181,62 @@ async def test_turns_beyond_max_batch_wait_first_in_first_out(one_at_a_time):
     assert order == sorted(order)  # every "first" event before any "second" one
     assert order[0] == "first"
     assert second_done.timings.queue_wait > 0
+
+
+async def slots_freed(engine: TransformersEngine) -> None:
+    """Until the engine process has confirmed that every closed turn stopped (a slot is held till then)."""
+    async def freed() -> None:
+        while engine.running:
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(freed(), HANG_GUARD_S)
+
+
+async def test_a_preemptible_turn_is_refused_at_once_when_every_slot_is_taken(one_at_a_time):
+    engine = one_at_a_time
+    await slots_freed(engine)
+    ordinary = engine.run_turn(long_request())
+    assert isinstance(await anext(ordinary), TextDelta)
+    with pytest.raises(EngineError) as refused:
+        await anext(engine.run_turn(dataclasses.replace(short_request(), preemptible_id="spec_1")))
+    assert refused.value.code == "no_spare_capacity"
+    assert (engine.running, engine.queue_depth) == (1, 0)
+    await ordinary.aclose()
+
+
+async def test_an_ordinary_turn_takes_a_preemptible_turns_slot_at_once(one_at_a_time):
+    engine = one_at_a_time
+    await slots_freed(engine)
+    speculative = engine.run_turn(dataclasses.replace(long_request(), preemptible_id="spec_2"))
+    assert isinstance(await anext(speculative), TextDelta)
+    assert engine.spare == 0
+    committed = asyncio.create_task(collect(engine, short_request()))
+    await asyncio.sleep(0)
+    assert (engine.running, engine.queue_depth) == (1, 0)  # submitted at once, not queued behind it
+    with pytest.raises(EngineError) as preempted:
+        async for _ in speculative:
+            pass
+    assert preempted.value.code == "preempted"
+    events = await asyncio.wait_for(committed, HANG_GUARD_S)
+    assert isinstance(events[-1], TurnDone) and events[-1].finish_reason != "cancelled"
+    events = await asyncio.wait_for(collect(engine, short_request()), HANG_GUARD_S)  # the slot is free again
+    assert isinstance(events[-1], TurnDone)
+
+
+async def test_a_promoted_turn_is_an_ordinary_one_and_keeps_its_slot(one_at_a_time):
+    engine = one_at_a_time
+    await slots_freed(engine)
+    speculative = engine.run_turn(dataclasses.replace(long_request(), preemptible_id="spec_3"))
+    assert isinstance(await anext(speculative), TextDelta)
+    assert await engine.promote("spec_3")
+    assert not await engine.promote("spec_3") and not await engine.promote("spec_unknown")
+    committed = asyncio.create_task(collect(engine, short_request()))
+    await asyncio.sleep(0)
+    assert (engine.running, engine.queue_depth) == (1, 1)  # it waits, as behind any committed turn
+    assert isinstance(await anext(speculative), TextDelta)
+    await speculative.aclose()
+    events = await asyncio.wait_for(committed, HANG_GUARD_S)
+    assert isinstance(events[-1], TurnDone)
 
 
 async def test_concurrent_turns_are_decoded_together_and_each_gets_what_it_gets_alone(engine):

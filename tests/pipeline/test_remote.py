@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import socket
 import time
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from app.web.engines import StallTimeoutEngine
+from pipeline import remote
 from pipeline.chat_completions import MAX_EVENT_LINE_BYTES
 from pipeline.conversation import AssistantText, Conversation, Tool, ToolChoice, UserAudio, UserText
 from pipeline.remote import RemoteEngine, RemoteEnginePool, redacted
@@ -146,6 +148,77 @@ async def test_closing_the_turn_closes_the_servers_stream_at_once(replay: Replay
         assert engine.engines[0].running == 0
     assert received.done_at is None and received.closed_at is not None  # the server saw its client go
     assert received.chunks_sent < received.chunks_planned
+
+
+def speculative(text: str = "Hello?", preemptible_id: str = "spec_1") -> TurnRequest:
+    return dataclasses.replace(spoken(text), preemptible_id=preemptible_id)
+
+
+async def test_a_speculative_turn_closed_on_cancel_closes_its_servers_stream(replay: ReplayServer) -> None:
+    async with started(replay.url) as engine:
+        turn = engine.run_turn(speculative())
+        async for event in turn:
+            if isinstance(event, AudioChunk):
+                break
+        await turn.aclose()  # the speculation was discarded
+        received = replay.requests[-1]
+        assert await asyncio.to_thread(received.wait_ended, DEADLINE_S)
+        assert engine.engines[0].running == 0 and engine.engines[0].spare == remote.SERVER_BATCH
+    assert received.done_at is None and received.closed_at is not None
+    assert received.chunks_sent < received.chunks_planned
+
+
+async def test_a_speculative_turn_is_refused_while_the_server_streams_its_batch(
+    replay: ReplayServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(remote, "SERVER_BATCH", 1)
+    async with started(replay.url) as engine:
+        committed = engine.run_turn(spoken())
+        assert isinstance(await anext(committed), TextDelta)
+        sent = len(replay.requests)
+        with pytest.raises(EngineError) as refused:
+            await anext(engine.run_turn(speculative()))
+        await committed.aclose()
+    assert refused.value.code == "no_spare_capacity"
+    assert len(replay.requests) == sent  # refused here, never sent
+
+
+async def test_a_committed_turn_past_the_batch_preempts_the_speculative_stream_and_closes_it(
+    replay: ReplayServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(remote, "SERVER_BATCH", 1)
+    async with started(replay.url) as engine:
+        turn = engine.run_turn(speculative())
+        assert isinstance(await anext(turn), TextDelta)
+        speculative_request = replay.requests[-1]
+
+        async def drain() -> None:
+            async for _ in turn:
+                pass
+
+        draining = asyncio.create_task(drain())  # waiting on the server's next chunk when preempted
+        await asyncio.sleep(0)
+        events = await run(engine, spoken("Now mine."))
+        with pytest.raises(EngineError) as preempted:
+            await draining
+        assert await asyncio.to_thread(speculative_request.wait_ended, DEADLINE_S)
+    assert preempted.value.code == "preempted"
+    assert speculative_request.done_at is None and speculative_request.closed_at is not None
+    assert isinstance(events[-1][1], TurnDone) and events[-1][1].text == ANSWER_TEXT
+
+
+async def test_a_promoted_speculative_turn_is_not_preempted(replay: ReplayServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(remote, "SERVER_BATCH", 1)
+    async with started(replay.url) as engine:
+        turn = engine.run_turn(speculative(preemptible_id="spec_7"))
+        assert isinstance(await anext(turn), TextDelta)
+        assert await engine.promote("spec_7")
+        assert not await engine.promote("spec_7")
+        committed = asyncio.create_task(run(engine, spoken()))
+        async with asyncio.timeout(DEADLINE_S):
+            rest = [event async for event in turn]  # it runs to its end beside the committed turn
+        committed_events = await committed
+    assert isinstance(rest[-1], TurnDone) and isinstance(committed_events[-1][1], TurnDone)
 
 
 async def test_a_stall_is_failed_by_the_stall_timeout_which_closes_the_stream(replay: ReplayServer) -> None:

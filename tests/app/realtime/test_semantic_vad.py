@@ -83,12 +83,15 @@ async def test_finished_utterance_is_committed_at_the_candidate_silence_not_afte
 
     assert h.last("session.updated")["session"]["audio"]["input"]["turn_detection"] == {
         "type": "semantic_vad", "eagerness": "medium", "create_response": True, "interrupt_response": True,
+        "speculative_response": True,
     }  # interrupt_response left out: OpenAI's default
     assert model.asked, "the model was asked"
     stopped = h.last("input_audio_buffer.speech_stopped")["audio_end_ms"]
     assert 800 + MEDIUM.candidate_ms <= stopped < 800 + 500  # before server VAD's 500 ms wait
-    (clip,) = h.engine.requests[0].conversation.items
-    assert isinstance(clip, UserAudio) and clip.pcm.size == stopped * RATE // 1000
+    (clip,) = h.engine.used_requests()[0].conversation.items
+    # The item is the audio its (speculative) answer was made from: up to the silence's first
+    # quiet 32 ms window, where the candidate was.
+    assert isinstance(clip, UserAudio) and clip.pcm.size == (800 + 32) * RATE // 1000
     latency = h.last("response.done")["latency"]
     assert latency["silence_wait_ms"] == stopped - 800  # the silence actually waited
     await h.session.close()
@@ -120,7 +123,7 @@ async def test_a_pause_the_model_calls_unfinished_keeps_the_sentence_in_one_turn
     await h.turn_done()
 
     assert h.types().count("input_audio_buffer.committed") == 1
-    (clip,) = h.engine.requests[0].conversation.items
+    (clip,) = h.engine.used_requests()[0].conversation.items
     assert clip.pcm.size >= (700 + 700 + 600) * RATE // 1000
     await h.session.close()
 
@@ -139,7 +142,7 @@ async def test_an_answer_arriving_after_the_user_spoke_again_is_ignored():
 
     h.push(silence(MEDIUM.candidate_ms + 40))
     await h.turn_done()
-    (clip,) = h.engine.requests[0].conversation.items
+    (clip,) = h.engine.used_requests()[0].conversation.items
     assert clip.pcm.size >= (700 + MEDIUM.candidate_ms + 500) * RATE // 1000  # one turn, both parts
     await h.session.close()
 
@@ -160,7 +163,7 @@ async def test_a_confident_not_finished_is_held_through_a_2_5_s_pause():
     h.push(silence(MEDIUM.candidate_ms + 40))
     await h.turn_done()
     assert h.types().count("input_audio_buffer.committed") == 1
-    (clip,) = h.engine.requests[0].conversation.items
+    (clip,) = h.engine.used_requests()[0].conversation.items
     assert clip.pcm.size >= (700 + 2500 + 600) * RATE // 1000  # one turn across the pause
     await h.session.close()
 
@@ -365,10 +368,12 @@ async def test_a_reply_starting_inside_the_echo_tail_and_going_on_is_a_turn(dela
     second_started = h.of_type("input_audio_buffer.speech_started")[1]
     # From where the speech started (the VAD's 32 ms window), never from the answer's time.
     assert tail_start_ms - 32 <= second_started["audio_start_ms"] <= tail_start_ms + delay_ms
-    assert len(h.engine.requests) == 2
-    clip = h.engine.requests[1].conversation.items[-1]
+    assert len(h.engine.used_requests()) == 2
+    clip = h.engine.used_requests()[1].conversation.items[-1]
     assert isinstance(clip, UserAudio)
-    assert clip.pcm.size >= (1000 + 500) * RATE // 1000  # from where the speech started, not the tail's end
+    # All of the reply, from where the speech started, not from the tail's end (400 - delay ms
+    # later), up to the silence's first quiet window (the audio its speculative answer was made from).
+    assert clip.pcm.size >= (1000 + 32) * RATE // 1000
     await h.session.close()
 
 

@@ -68,6 +68,7 @@ async def test_start_sends_session_created_with_the_full_effective_session(h):
         "idle_timeout_ms": None,
         "create_response": True,
         "interrupt_response": True,  # OpenAI's default: barge-in
+        "speculative_response": True,
     }
     assert session["max_output_tokens"] == "inf"
     assert session["model"] == "scripted-engine"
@@ -250,7 +251,10 @@ async def test_response_done_reports_latency_split(h):
 
     latency = done["latency"]
     assert latency["silence_wait_ms"] == 500
-    assert latency["engine_first_audio_ms"] == 2.0
+    # Started at the silence's first quiet window: the engine's 2 ms to first audio (the fake's) are
+    # split at the commit between what the speculation hid and what was left.
+    assert latency["speculative"] is True
+    assert latency["engine_first_audio_ms"] + latency["speculation_hidden_ms"] == pytest.approx(2.0, abs=0.11)
     assert latency["end_of_speech_to_first_audio_ms"] >= latency["silence_wait_ms"]
     assert latency["other_ms"] == pytest.approx(
         latency["end_of_speech_to_first_audio_ms"] - latency["silence_wait_ms"] - latency["engine_first_audio_ms"],
@@ -821,7 +825,7 @@ async def test_200_short_turns_leave_per_session_structures_bounded():
     assert len(h.engine.requests) == 200
     assert max(s["items"] for s in sizes) <= 2 * limits.max_turns
     assert max(s["audio_clips"] for s in sizes) <= limits.max_audio_clips
-    assert sizes[-1] == {"items": 4, "audio_clips": 2, "playbacks": 0, "tasks": 0,
+    assert sizes[-1] == {"items": 4, "audio_clips": 2, "playbacks": 0, "tasks": 0, "speculations": 0,
                          "manual_buffer_samples": 0, "responses": 0, "images": 0, "camera_frames": 0}
     last_request = h.engine.requests[-1].conversation.items
     assert [type(item) for item in last_request] == [UserAudio, AssistantText, UserAudio, AssistantText, UserAudio]

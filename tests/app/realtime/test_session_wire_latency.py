@@ -27,7 +27,7 @@ def utterance() -> np.ndarray:
 async def paced_harness() -> SessionHarness:
     harness = SessionHarness(ScriptedEngine("Hello there"), EnergyVad())
     harness.output = PacedOutput()
-    harness.session._output = harness.output  # the harness builds its session with the plain speaker
+    harness.session._audio.output = harness.output  # the harness builds its session with the plain speaker
     harness.output.set_listener(harness.session)
     await harness.session.start()
     return harness

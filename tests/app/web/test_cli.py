@@ -255,3 +255,11 @@ def test_serve_refuses_in_process_engine_options_with_engine_urls(monkeypatch):
         serve_settings(monkeypatch, ["--engine-url", "http://gpu-1:8091/v1", "--device", "cuda", "--max-batch", "4"])
     with pytest.raises(ValueError, match="engine_api_key is set without engine_urls"):
         serve_settings(monkeypatch, ["--engine-api-key", "k"])
+
+
+def test_speculative_responses_are_on_unless_the_flag_or_the_environment_turns_them_off(monkeypatch):
+    assert serve_settings(monkeypatch, []).speculative_responses is True
+    assert serve_settings(monkeypatch, ["--no-speculative-responses"]).speculative_responses is False
+    off = serve_settings(monkeypatch, [], OMNI_RTC_SPECULATIVE_RESPONSES="false")
+    assert off.speculative_responses is False
+    assert serve_settings(monkeypatch, ["--speculative-responses"], OMNI_RTC_SPECULATIVE_RESPONSES="false").speculative_responses

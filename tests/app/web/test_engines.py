@@ -1,10 +1,15 @@
-"""The engine as sessions get it: scripted dev replies."""
+"""The engine as sessions get it: scripted dev replies (speculative answers included), metering."""
 
 from __future__ import annotations
 
-from app.web.engines import DevReplies, for_session
+import dataclasses
+
+import pytest
+
+from app.web.engines import DevReplies, MeteredEngine, for_session
+from app.web.metrics import Metrics
 from pipeline.conversation import Conversation, UserAudio, UserText
-from pipeline.turn import TextDelta, TurnRequest
+from pipeline.turn import EngineError, TextDelta, TurnRequest
 from tests.fakes import ScriptedEngine
 from tests.speech import tone
 
@@ -41,3 +46,39 @@ async def test_transcriptions_are_not_scripted():
 def test_without_replies_a_session_gets_the_shared_engine():
     shared = ForcedEngine()
     assert for_session(shared, ()) is shared
+
+
+QUESTION = TurnRequest(Conversation((UserText("Hi"),)))
+
+
+def speculative(preemptible_id: str) -> TurnRequest:
+    return dataclasses.replace(QUESTION, preemptible_id=preemptible_id)
+
+
+async def test_a_discarded_speculative_answer_leaves_its_reply_for_the_next_answer():
+    engine = DevReplies(ForcedEngine(), ("one", "two"))
+    assert await answer(engine, speculative("spec_1")) == "one"  # ran to its end, then thrown away
+    assert await answer(engine, speculative("spec_2")) == "one"
+    assert await answer(engine, QUESTION) == "one"  # the committed turn says it
+    assert await answer(engine, QUESTION) == "two"
+
+
+async def test_a_used_speculative_answer_takes_its_reply_also_when_it_ended_before_the_commit():
+    engine = DevReplies(ForcedEngine(), ("one", "two", "three"))
+    running = engine.run_turn(speculative("spec_1"))
+    assert (await anext(running)).text == "one"
+    assert await engine.promote("spec_1")  # used while still running
+    assert [event async for event in running]  # its audio and TurnDone
+    assert await answer(engine, speculative("spec_2")) == "two"
+    assert not await engine.promote("spec_2")  # it ended by itself before the commit: used all the same
+    assert await answer(engine, QUESTION) == "three"
+
+
+async def test_refused_and_preempted_speculations_are_not_counted_as_engine_errors():
+    metrics = Metrics()
+    shared = ForcedEngine()
+    shared.max_batch = 0  # no slot for any preemptible turn
+    with pytest.raises(EngineError) as refused:
+        await answer(MeteredEngine(shared, metrics), speculative("spec_1"))
+    assert refused.value.code == "no_spare_capacity"
+    assert b"no_spare_capacity" not in metrics.render()

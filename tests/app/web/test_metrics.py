@@ -66,6 +66,20 @@ def test_a_text_answer_records_no_first_audio_and_does_not_skew_the_next_turn():
     assert sample(metrics, "omni_rtc_time_to_first_audio_seconds_sum") == pytest.approx(0.5)
 
 
+def test_speculations_are_counted_by_outcome_with_the_engine_time_thrown_away():
+    metrics = Metrics()
+    for outcome, seconds in (("started", 0.0), ("used", 0.0), ("started", 0.0), ("discarded", 0.25),
+                             (None, 0.1), ("started", 0.0), ("refused", 0.0)):
+        metrics.speculation(outcome, seconds)
+    text = metrics.render().decode()
+
+    assert 'omni_rtc_speculative_responses_total{outcome="started"} 3.0' in text
+    for outcome in ("used", "discarded", "refused"):
+        assert f'omni_rtc_speculative_responses_total{{outcome="{outcome}"}} 1.0' in text
+    assert 'omni_rtc_speculative_responses_total{outcome="preempted"} 0.0' in text  # shown before it happens
+    assert "omni_rtc_speculative_discarded_engine_seconds_total 0.35" in text
+
+
 def test_error_events_are_counted_by_type_and_code():
     metrics = Metrics()
     observer = metrics.observer(Clock())

@@ -1,0 +1,61 @@
+"""LeastLoadedPool's routing: ordinary turns by ordinary load, preemptible ones by spare slots."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from pipeline.conversation import Conversation, UserText
+from pipeline.pool import LeastLoadedPool
+from pipeline.turn import TurnDone, TurnEvent, TurnRequest, Usage
+
+
+class Member:
+    def __init__(self, name: str, *, load: int, spare: int, alive: bool = True, holding: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.load = load
+        self.spare = spare
+        self.alive = alive
+        self.holding = set(holding)  # preemptible turns it runs
+        self.turns: list[TurnRequest] = []
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+    async def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+        self.turns.append(request)
+        yield TurnDone(text="", usage=Usage(0, 0, 0), finish_reason="stop")
+
+    async def promote(self, preemptible_id: str) -> bool:
+        return preemptible_id in self.holding
+
+    async def close(self) -> None:
+        return None
+
+
+def request(preemptible_id: str | None = None) -> TurnRequest:
+    return TurnRequest(conversation=Conversation(items=(UserText("hi"),)), preemptible_id=preemptible_id)
+
+
+async def test_an_ordinary_turn_goes_to_the_fewest_ordinary_turns_and_a_preemptible_one_to_the_most_spare_slots():
+    # a: 1 ordinary turn and 7 preemptible ones in 8 slots; b: 3 ordinary turns, 5 slots free.
+    a, b = Member("a", load=1, spare=0), Member("b", load=3, spare=5)
+    pool = LeastLoadedPool([a, b])
+    [_ async for _ in pool.run_turn(request())]
+    [_ async for _ in pool.run_turn(request("spec_1"))]
+
+    assert [turn.preemptible_id for turn in a.turns] == [None]  # a committed turn preempts rather than waits
+    assert [turn.preemptible_id for turn in b.turns] == ["spec_1"]
+
+
+async def test_a_preemptible_turn_skips_a_member_that_is_down():
+    down, up = Member("down", load=0, spare=8, alive=False), Member("up", load=0, spare=2)
+    pool = LeastLoadedPool([down, up])
+    [_ async for _ in pool.run_turn(request("spec_1"))]
+    assert not down.turns and len(up.turns) == 1
+
+
+async def test_promote_is_answered_by_the_member_running_the_turn():
+    pool = LeastLoadedPool([Member("a", load=0, spare=1), Member("b", load=0, spare=1, holding=("spec_2",))])
+    assert await pool.promote("spec_2")
+    assert not await pool.promote("spec_3")
