@@ -21,7 +21,7 @@ as concurrent sessions' turns are:
    decoding and the transcription prompt;
 3. one end-of-turn score (semantic VAD's text judge): a forward without a cache.
 
-Each answer is forced to ``WARM_UP_TOKENS`` tokens and ``2 * first_chunk_frames`` codec frames
+Each answer is forced to ``WARM_UP_TOKENS`` tokens and ``first_chunk_frames + 1`` codec frames
 (sampled, with codec EOS held until then), so every stage runs whatever the weights say; the
 answers are thrown away. A benchmark's emulated speed (``pipeline.emulation``) does not apply:
 it slows the turns users wait for, not the server's start. A checkpoint loaded without its Talker warms the text paths only.
@@ -64,7 +64,7 @@ def warm_up_turns(*, speaks: bool) -> list[list[TurnRequest]]:
 
 def warm_up_params(base: GenerationParams) -> GenerationParams:
     """The engine's settings with each answer held to its full length and audio (see above)."""
-    frames = 2 * base.first_chunk_frames
+    frames = base.first_chunk_frames + 1  # the first chunk, and one frame more decoded from its state
     return dataclasses.replace(
         base,
         emulate=None,

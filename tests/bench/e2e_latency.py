@@ -2,7 +2,8 @@
 
 Run: .venv/bin/python tests/bench/e2e_latency.py [--turns 10] [--url http://127.0.0.1:8000]
      [--max-output-tokens 8] [--transport webrtc|websocket] [--out tests/bench/results/e2e_latency.json]
-     [--turn-detection server_vad|semantic_vad[:low|medium|high] ...] [--utterances espeak|finished]
+     [--turn-detection server_vad|semantic_vad[:low|medium|high] ...] [--utterances espeak|finished|families]
+     [--paused N] [--speculation off on] [--speed dev FIRST_AUDIO_MS[/FRAME_MS] ...] [--visitors N]
 
 ``--transport websocket`` measures the same over ``GET /v1/realtime`` with
 ``app.client.websocket.RealtimeSocketClient`` (speech appended in 100 ms events paced as a

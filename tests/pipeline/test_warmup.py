@@ -39,9 +39,9 @@ def test_warm_up_answers_run_every_stage_at_the_engines_settings_without_emulati
     base = GenerationParams(max_audio_frames=50, first_chunk_frames=4, emulate=None)
     params = warm_up_params(base)
     assert params.force_output_tokens == WARM_UP_TOKENS
-    assert params.max_audio_frames == 8  # a first chunk and a later one
-    assert params.talker_frames_per_token * WARM_UP_TOKENS == pytest.approx(8)
-    assert warm_up_params(GenerationParams(max_audio_frames=5)).max_audio_frames == 5
+    assert params.max_audio_frames == 5  # a first chunk and a later one
+    assert params.talker_frames_per_token * WARM_UP_TOKENS == pytest.approx(5)
+    assert warm_up_params(GenerationParams(max_audio_frames=3)).max_audio_frames == 3
 
 
 def test_the_engine_process_takes_no_turn_before_its_warm_up_is_over(dev_model_dir):
