@@ -13,7 +13,10 @@ has played. Per turn:
   ``end_of_speech_to_first_audio_ms`` - ``silence_wait_ms``), what the issue measured as
   ``response.create`` -> first audio delta: everything the server does once it has the turn;
 - ``engine_ms``: of that, the engine's own time to first audio (``engine_first_audio_ms``);
-- ``client_ms``: end of speech -> first audible answer frame at the client (``TurnResult.latency_s``).
+- ``client_ms``: end of speech -> first audible answer frame at the client (``TurnResult.latency_s``);
+- ``cpu_ms``: the CPU each of the server's processes (front, engine, media workers) used over the
+  turn, read with psutil before and after it: on a loaded machine wall times are mostly waiting
+  for a core, and this says which process a first turn's extra time was spent in.
 
 Also per server: ``start_s``, process start -> ``/healthz`` ok, and the warm-up the server
 reports in ``/healthz`` (the engine processes' ``warm_up``: its turns and milliseconds). The
@@ -41,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import soundfile as sf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -55,8 +59,26 @@ DEFAULT_OUT = REPO / "tests" / "bench" / "results" / "first_turn.json"
 COLUMNS = ("commit_ms", "engine_ms", "client_ms")
 
 
+def server_processes(url: str) -> dict[str, list[psutil.Process]]:
+    """The server's processes by role, as its ``/healthz`` names them (the front: the one listening on the port)."""
+    health = httpx.get(f"{url}/healthz", timeout=10).json()
+    port = int(url.rsplit(":", 1)[1])
+    front = [process for process in psutil.process_iter(["cmdline"])
+             if "serve" in (process.info["cmdline"] or []) and str(port) in (process.info["cmdline"] or [])]
+    engines = [psutil.Process(engine["pid"]) for engine in health["engine"].get("engines", []) if engine["pid"]]
+    workers = [psutil.Process(worker["pid"]) for worker in health["workers"]
+               if worker["pid"] and worker["pid"] not in {process.pid for process in front}]
+    return {"front": front, "engine": engines, "workers": workers}
+
+
+def cpu_seconds(processes: dict[str, list[psutil.Process]]) -> dict[str, float]:
+    """CPU seconds (user + system) each role's processes have used so far."""
+    return {role: sum(sum(process.cpu_times()[:2]) for process in members) for role, members in processes.items()}
+
+
 async def run_turns(url: str, transport: str, turns: int) -> list[dict[str, Any]]:
     speech = sf.read(FIXTURES / "hello.wav", dtype="float32")[0]
+    processes = server_processes(url)
     session = {"max_output_tokens": 8}
     client: RealtimeClient | RealtimeSocketClient
     if transport == "websocket":
@@ -66,7 +88,9 @@ async def run_turns(url: str, transport: str, turns: int) -> list[dict[str, Any]
     rows = []
     async with client:
         for number in range(1, turns + 1):
+            cpu_before = cpu_seconds(processes)
             result = await client.speak(speech)
+            cpu_after = cpu_seconds(processes)
             latency = next(e for e in result.events if e["type"] == "response.done").get("latency") or {}
             to_first = latency.get("end_of_speech_to_first_audio_ms")
             rows.append({
@@ -75,6 +99,9 @@ async def run_turns(url: str, transport: str, turns: int) -> list[dict[str, Any]
                 "commit_ms": None if to_first is None else round(to_first - latency["silence_wait_ms"], 1),
                 "engine_ms": latency.get("engine_first_audio_ms"),
                 "client_ms": None if result.latency_s is None else round(result.latency_s * 1000, 1),
+                # What each process computed over the turn (utterance, answer, playout): under load
+                # the figure that tells where a first turn's extra time went.
+                "cpu_ms": {role: round((cpu_after[role] - cpu_before[role]) * 1000, 1) for role in cpu_after},
             })
     return rows
 
@@ -186,6 +213,13 @@ def summary(servers: list[dict[str, Any]], transport: str) -> dict[str, Any]:
         out[column] = {"first": first, "second": second,
                        "first_over_second": round(first / second, 2) if first and second else None}
     out["start_s"] = round(statistics.median(server["start_s"] for server in mine), 1)
+    roles = sorted({role for server in mine for row in server["turns"] for role in row.get("cpu_ms", {})})
+    out["cpu_ms"] = {
+        role: {f"turn {number}": round(statistics.median(
+            row["cpu_ms"][role] for server in mine for row in server["turns"] if row["turn"] == number), 1)
+            for number in (1, 2)}
+        for role in roles
+    }
     return out
 
 
@@ -217,6 +251,8 @@ def main() -> None:
                 entry = values[column]
                 print(f"{transport:<10} {column:<10} median turn 1 {entry['first']} ms, turn 2 {entry['second']} ms, "
                       f"ratio {entry['first_over_second']}")
+            for role, per_turn in values["cpu_ms"].items():
+                print(f"{transport:<10} CPU ms of the {role} over the turn: {per_turn}")
     stages = run_stages(args.rounds) if "stages" in args.part else None
     report: dict[str, Any] = {}
     if args.out.exists():
