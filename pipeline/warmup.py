@@ -5,9 +5,9 @@ handles and workspaces, each kernel's first load (CUDA loads modules lazily) and
 allocator's first blocks; on a CPU, torch's first dispatch of each operator and its first
 allocations, the Whisper feature extractor's first call (its mel filters, numpy's FFT plans)
 and the audio encoder's first convolution. Measured on the dev model (one CPU thread, in the
-engine's own code path, CPU ms, tests/bench/README.md "first_turn"): a first spoken turn's
-render 7.4 vs 2.4 ms, Thinker prefill 23 vs 16, Talker prefill 8.7 vs 7.5, first Code2Wav chunk
-11 vs 9.
+engine's own code path, median CPU ms, tests/bench/README.md "first_turn"): a first spoken turn
+costs 72.6 ms to its first audio against 65.7 for the second (render 6.3 vs 3.3, Thinker prefill
+17.3 vs 12.7, first Code2Wav chunk 7.2 vs 6.2); after this warm-up, 62.2 and 62.3.
 
 :func:`warm_up_turns` is what the engine process runs through its own batch server
 (``pipeline.worker``) right after loading, one group at a time, each group submitted together
