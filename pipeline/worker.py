@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pipeline.emulation import EmulatedSpeed, EmulatedTurns
 from pipeline.turn import AudioChunk, TextDelta, TurnDone, TurnEvent, TurnRequest, Usage
-from pipeline.warmup import WarmUpReport
+from pipeline.warmup import WarmUpReport, warm_up_params, warm_up_turns
 
 if TYPE_CHECKING:
     from pipeline.params import GenerationParams
@@ -350,8 +350,6 @@ class _Script:
 def warm_up(loaded: _Loaded) -> WarmUpReport:
     """Runs ``pipeline.warmup``'s turns through a batch server like the one that then serves (its
     events thrown away, failures logged) and reports them."""
-    from pipeline.warmup import warm_up_params, warm_up_turns
-
     started, started_cpu = time.monotonic(), time.process_time()
     counts = collections.Counter[str]()
 
