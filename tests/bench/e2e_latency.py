@@ -319,7 +319,10 @@ async def run_turns(url: str | dict[Speed, str], turns: int, max_output_tokens: 
             for _ in range(visitors):
                 client = await stack.enter_async_context(open_client(servers[mode.speed], transport,
                                                                      mode.session(max_output_tokens)))
-                effective = client.events[0]["session"]["audio"]["input"]["turn_detection"]
+                # The session as the server last stated it (over the WebSocket, session.updated
+                # follows session.created; over WebRTC the offer carried it).
+                stated = next(e for e in reversed(client.events) if e["type"] in ("session.created", "session.updated"))
+                effective = stated["session"]["audio"]["input"]["turn_detection"]
                 if effective["type"] != mode.turn_detection["type"]:
                     raise SystemExit(f"the server runs {effective['type']}, not {mode.turn_detection['type']}: "
                                      f"{client.events[1:2]}")
