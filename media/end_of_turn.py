@@ -45,6 +45,9 @@ _HOP = 160  # 10 ms
 _N_MELS = 80
 _LOG_FLOOR_SPAN = 8.0  # Whisper keeps 8 decades (80 dB) below the loudest bin
 _VARIANCE_EPS = 1e-7
+# One decision runs at load: the first one paid numpy's FFT import and plans and onnxruntime's
+# first-run set-up, ~12 ms of CPU over the ~70 ms a decision takes (one thread, this 2-core box).
+_WARM_UP_SECONDS = 1
 
 
 class EndOfTurnModel(Protocol):
@@ -121,7 +124,8 @@ def last_window(pcm: np.ndarray) -> np.ndarray:
 
 
 class SmartTurnModel:
-    """smart-turn v3.2 through onnxruntime; load once per process and share."""
+    """smart-turn v3.2 through onnxruntime; load once per process and share. Loading runs one
+    decision, so that the first session's first check pays no first-call costs."""
 
     def __init__(self, session: onnxruntime.InferenceSession) -> None:
         self._session = session
@@ -143,7 +147,13 @@ class SmartTurnModel:
         options.inter_op_num_threads = 1
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
         session = onnxruntime.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
-        return cls(session)
+        model = cls(session)
+        model.warm_up()
+        return model
+
+    def warm_up(self) -> None:
+        """One decision on a second of quiet noise, thrown away (``load`` does)."""
+        self.probability(np.random.default_rng(0).standard_normal(_WARM_UP_SECONDS * SPEECH_RATE).astype(np.float32) * 0.01)
 
     def probability(self, pcm: np.ndarray) -> float:
         features = log_mel_features(last_window(pcm))[np.newaxis]

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 WINDOW_SAMPLES = 512  # 32 ms at 16 kHz: the only window size silero v5+ accepts at 16 kHz
 CONTEXT_SAMPLES = 64  # samples of the previous window the model sees before each window
 _STATE_SHAPE = (2, 1, 128)
+# Windows run once at load: onnxruntime's first runs allocate and set up its kernels (the first
+# window ~1 ms of CPU, later ones ~0.2 ms, one thread), which the first call's windows paid.
+WARM_UP_WINDOWS = 4
 
 
 class SpeechStream(Protocol):
@@ -57,7 +60,8 @@ def default_model_path() -> Path:
 
 
 class SileroVad:
-    """The loaded model; share one per process between all streams (it holds no stream state)."""
+    """The loaded model; share one per process between all streams (it holds no stream state).
+    Loading runs a few windows, so that the first call's first windows pay no first-run costs."""
 
     def __init__(self, session: onnxruntime.InferenceSession) -> None:
         self._session = session
@@ -79,7 +83,16 @@ class SileroVad:
             sess_options=options,
             providers=["CPUExecutionProvider"],
         )
-        return cls(session)
+        vad = cls(session)
+        vad.warm_up()
+        return vad
+
+    def warm_up(self) -> None:
+        """Run a few windows of quiet noise through a throwaway stream (``load`` does)."""
+        stream = self.new_stream()
+        noise = np.random.default_rng(0).standard_normal(WARM_UP_WINDOWS * WINDOW_SAMPLES).astype(np.float32) * 0.01
+        for window in noise.reshape(WARM_UP_WINDOWS, WINDOW_SAMPLES):
+            stream.probability(window)
 
     def new_stream(self) -> VadStream:
         return VadStream(self)

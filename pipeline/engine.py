@@ -17,6 +17,11 @@ every slot taken while a preemptible turn holds one cancels the newest such turn
 submit on the same pipe, and the engine process lets cancelled turns leave before it admits new
 ones, so its batch never holds more than ``max_batch``.
 
+A process is ready (``alive``, and given turns) only once it has loaded the model and run its
+warm-up turns (``pipeline.warmup``), at the first start and at every restart alike: no user's
+turn pays a cold model's first-call costs. ``describe()`` says which phase it is in
+(``loading``, ``warming``, ``ready``) and what its warm-up ran.
+
 ``EnginePool`` runs one such engine per device (or N on CPU) and sends each turn to the
 least loaded one.
 """
@@ -39,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import worker
+from pipeline.emulation import EmulatedSpeed
 from pipeline.pool import LeastLoadedPool
 from pipeline.turn import (
     NO_SPARE_CAPACITY,
@@ -114,6 +120,7 @@ class _EngineProcess:
         self._reader = threading.Thread(target=self._read, name="engine-events", daemon=True)
         self._writer = threading.Thread(target=self._write, name="engine-commands", daemon=True)
         self.ready: asyncio.Future[worker.Ready] = loop.create_future()
+        self.warming = False  # loaded, running its warm-up turns
 
     def start(self) -> None:
         """Blocking (spawning starts an interpreter): call it in a thread."""
@@ -215,6 +222,9 @@ class TransformersEngine:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         path = Path(model)
+        # Checked here too, so that a wrong emulated speed fails at construction, not in the process.
+        emulate = (generation or {}).get("emulate")
+        self.emulated_speed = None if emulate is None else EmulatedSpeed.of(emulate)
         self.max_batch = max_batch
         self.requested_device = device
         self.name = path.name if path.is_dir() else str(model)
@@ -280,11 +290,23 @@ class TransformersEngine:
                 return True
         return False
 
+    @property
+    def state(self) -> str:
+        """``loading`` (the process starts and loads the model), ``warming`` (its warm-up turns),
+        ``ready`` (it takes turns), or ``stopped`` (not started, closed, or given up on)."""
+        if self._ready is not None:
+            return "ready"
+        if self._process is not None:
+            return "warming" if self._process.warming else "loading"
+        restarting = self._restart_task is not None and not self._restart_task.done()
+        return "loading" if restarting else "stopped"
+
     def describe(self) -> dict[str, Any]:
         """This engine's state for health reports."""
-        return {
+        described: dict[str, Any] = {
             "device": self.device or self.requested_device,
             "alive": self.alive,
+            "state": self.state,
             "pid": self.pid,
             "threads": self._ready.threads if self._ready is not None else None,
             "restarts": self.restarts,
@@ -292,7 +314,11 @@ class TransformersEngine:
             "preemptible": sum(turn.preemptible for turn in self._running.values()),
             "queue_depth": self.queue_depth,
             "max_batch": self.max_batch,
+            "warm_up": None if self._ready is None or self._ready.warm_up is None else self._ready.warm_up.describe(),
         }
+        if self.emulated_speed is not None:  # a benchmark's server says it is one
+            described["emulated_speed"] = self.emulated_speed.describe()
+        return described
 
     @property
     def pid(self) -> int | None:
@@ -389,11 +415,12 @@ class TransformersEngine:
             raise
         self._ready = ready
         logger.info(
-            "engine process %d ready on %s (%s) after %.1f s",
+            "engine process %d ready on %s (%s) after %.1f s (warm-up %s ms)",
             ready.pid,
             ready.device,
             ready.dtype,
             time.monotonic() - started,
+            None if ready.warm_up is None else ready.warm_up.ms,
         )
         self._submit_next()
 
@@ -432,6 +459,9 @@ class TransformersEngine:
             self._waiting.remove(turn)
 
     def _on_message(self, process: _EngineProcess, message: object) -> None:
+        if isinstance(message, worker.WarmingUp):
+            process.warming = True
+            return
         if isinstance(message, worker.Ready):
             if not process.ready.done():
                 process.ready.set_result(message)

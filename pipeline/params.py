@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.emulation import EmulatedSpeed
 from pipeline.turn import VOICES
 
 # generate()'s talker_max_new_tokens: 4096 frames are 5.5 minutes of speech.
@@ -44,6 +45,9 @@ class GenerationParams:
     # Chunks after the first sized by how far the audio is ahead of the listener, up to
     # max_chunk_frames (see AudioChunker); False: every later chunk holds chunk_frames.
     adaptive_chunks: bool = True
+    # Benchmarks and tests only: hold each turn's events until a model this slow would have
+    # produced them (``pipeline.emulation``; ``--generation '{"emulate": {"first_audio_ms": 400}}'``).
+    emulate: EmulatedSpeed | None = None
 
     def __post_init__(self) -> None:
         if self.voice.lower() not in VOICES:

@@ -3,8 +3,14 @@
 ``TransformersEngine`` starts :func:`main` in a spawned process so that model compute never
 holds the server's GIL. Two one-way pipes join them: commands (``Submit``, ``Cancel``) arrive
 on one and are read by a command thread while the main thread computes; events
-(``Ready``, ``TurnEventMessage``, ``TurnFailed``) go back on the other, one message per event
-as soon as it is produced. Closing the command pipe stops the process.
+(``WarmingUp``, ``Ready``, ``TurnEventMessage``, ``TurnFailed``) go back on the other, one message
+per event as soon as it is produced. Closing the command pipe stops the process.
+
+Between loading and ``Ready`` the process warms up (``pipeline.warmup``): a few short turns
+through the same batch server that then serves, so that the first user's turn pays none of the
+first-call costs; the parent submits no turn before ``Ready``, which carries the warm-up's report.
+A benchmark's emulated speed (``pipeline.emulation``) is kept here, between the batch server and
+the pipe.
 """
 
 from __future__ import annotations
@@ -16,12 +22,16 @@ import os
 import queue
 import signal
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from pipeline.emulation import EmulatedSpeed, EmulatedTurns
 from pipeline.token_count import DEFAULT_MAX_PROMPT_TOKENS, PromptTooLong
-from pipeline.turn import TurnDone, TurnEvent, TurnRequest, Usage
+from pipeline.turn import AudioChunk, TextDelta, TurnDone, TurnEvent, TurnRequest, Usage
+from pipeline.warmup import WarmUpReport, warm_up_params, warm_up_turns
 
 if TYPE_CHECKING:
     from pipeline.params import GenerationParams
@@ -72,11 +82,17 @@ class Cancel:
 
 # Engine process -> parent.
 @dataclass(frozen=True)
+class WarmingUp:
+    """Loaded; the warm-up turns run now (``Ready`` follows them)."""
+
+
+@dataclass(frozen=True)
 class Ready:
     pid: int
     device: str
     dtype: str
     threads: int  # torch's CPU threads in the engine process
+    warm_up: WarmUpReport | None = None
 
 
 @dataclass(frozen=True)
@@ -145,12 +161,15 @@ def main(spec: WorkerSpec, commands: Connection, events: Connection) -> None:
         logger.exception("loading %s failed", spec.model)
         events.send(LoadFailed(f"loading {spec.model} failed: {type(exc).__name__}: {exc}"))
         return
+    events.send(WarmingUp())
+    report = warm_up(loaded)
     events.send(
         Ready(
             pid=os.getpid(),
             device=loaded.device,
             dtype=str(loaded.dtype).removeprefix("torch."),
             threads=loaded.threads,
+            warm_up=report,
         )
     )
     _serve(loaded, commands, events)
@@ -190,7 +209,11 @@ def _load(spec: WorkerSpec) -> _Loaded:
     unknown = set(spec.generation) - {f.name for f in dataclasses.fields(GenerationParams)}
     if unknown:
         raise ValueError(f"unknown generation options {sorted(unknown)}")
-    base_params = GenerationParams(**spec.generation)
+    generation = dict(spec.generation)
+    if generation.get("emulate") is not None:
+        generation["emulate"] = EmulatedSpeed.of(generation["emulate"])
+        logger.warning("emulating a slower model (benchmarks only): %s", generation["emulate"].describe())
+    base_params = GenerationParams(**generation)
     if spec.seed is not None:
         base_params = dataclasses.replace(base_params, seed=spec.seed)
 
@@ -276,6 +299,8 @@ class _Commands:
                 elif isinstance(command, Cancel):
                     with self._lock:
                         self._cancelled.add(command.turn_id)
+                    # Wakes a batch server asleep until an emulated release: the cancel is at once.
+                    self.submitted.put([])
                 else:
                     logger.error("ignoring an unknown command %r", command)
                 # The parent sends concurrent sessions' turns one after another within
@@ -302,7 +327,66 @@ def forced_tokens(tokenizer, reply: str) -> tuple[int, ...]:
 def _serve(loaded: _Loaded, commands_connection: Connection, events: Connection) -> None:
     commands = _Commands(commands_connection)
     commands.start()
-    _BatchServer(loaded, commands, events, loaded.max_batch).run()
+    _BatchServer(loaded, commands, events.send, loaded.max_batch).run()
+
+
+class _CommandSource(Protocol):
+    """Where a batch server's turns come from: the parent's pipe (``_Commands``), or the warm-up's script."""
+
+    submitted: queue.SimpleQueue[list[Submit] | None]
+
+    def is_cancelled(self, turn_id: int) -> bool: ...
+
+    def forget(self, turn_id: int) -> None: ...
+
+
+class _Script:
+    """The warm-up's turns, as if submitted together; none is cancelled."""
+
+    def __init__(self, submits: list[Submit]) -> None:
+        self.submitted: queue.SimpleQueue[list[Submit] | None] = queue.SimpleQueue()
+        self.submitted.put(submits)
+
+    def is_cancelled(self, turn_id: int) -> bool:
+        return False
+
+    def forget(self, turn_id: int) -> None:
+        pass
+
+
+def warm_up(loaded: _Loaded) -> WarmUpReport:
+    """Runs ``pipeline.warmup``'s turns through a batch server like the one that then serves (its
+    events thrown away, failures logged) and reports them."""
+    started, started_cpu = time.monotonic(), time.process_time()
+    counts = collections.Counter[str]()
+
+    def tally(message: object) -> None:
+        if isinstance(message, TurnFailed):
+            counts["failed"] += 1
+            logger.error("a warm-up turn failed (its paths are not warmed): %s", message.message)
+        elif isinstance(message, TurnEventMessage):
+            counts[type(message.event).__name__] += 1
+
+    params = warm_up_params(loaded.base_params)
+    groups = warm_up_turns(speaks=bool(getattr(loaded.model, "has_talker", False)))
+    turn_ids = iter(range(-1, -1000, -1))  # never a parent's turn id (those count up from 1)
+    for group in groups:
+        script = _Script([Submit(next(turn_ids), request) for request in group])
+        _BatchServer(loaded, script, tally, loaded.max_batch, base_params=params).run(until_idle=True)
+    if loaded.device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+    report = WarmUpReport(
+        turns=sum(len(group) for group in groups),
+        failed=counts["failed"],
+        audio_chunks=counts[AudioChunk.__name__],
+        text_deltas=counts[TextDelta.__name__],
+        ms=round((time.monotonic() - started) * 1000, 1),
+        cpu_ms=round((time.process_time() - started_cpu) * 1000, 1),
+    )
+    logger.info("warmed up in %.0f ms (%.0f ms of CPU): %s", report.ms, report.cpu_ms, report)
+    return report
 
 
 class _BatchServer:
@@ -314,26 +398,47 @@ class _BatchServer:
     ``max_batch`` turns at a time; any beyond that wait here in FIFO order. A turn whose
     rendering or prefill fails fails alone; a failure inside a batched step cannot be
     blamed on one turn, so it fails every turn in the batch and the next ones start afresh.
+    Events leave through ``send`` (the pipe's), held first to an emulated speed when the
+    settings ask for one (``pipeline.emulation``).
     """
 
-    def __init__(self, loaded: _Loaded, commands: _Commands, events: Connection, max_batch: int) -> None:
+    def __init__(
+        self,
+        loaded: _Loaded,
+        commands: _CommandSource,
+        send: Callable[[object], None],
+        max_batch: int,
+        *,
+        base_params: GenerationParams | None = None,
+    ) -> None:
         from pipeline.generation import DecodeBatch
 
         self._loaded = loaded
         self._commands = commands
-        self._events = events
+        self._send_message = send
         self._max_batch = max_batch
+        self._base_params = loaded.base_params if base_params is None else base_params
         self._new_batch = lambda: DecodeBatch[int](loaded.model, loaded.tokenizer)  # noqa: E731
         self._batch = self._new_batch()
         self._waiting: collections.deque[Submit] = collections.deque()
+        self._emulated = EmulatedTurns[int](self._send_now)
         self._closing = False
 
-    def run(self) -> None:
+    def run(self, *, until_idle: bool = False) -> None:
+        """Serve until the commands end (``until_idle``: until every turn submitted so far is over)."""
         while True:
-            self._collect_commands(block=not self._batch.keys and not self._waiting)
+            idle = not self._batch.keys and not self._waiting
+            # Asleep while idle, until a command comes or a held event is due.
+            release_in = self._emulated.seconds_to_next()
+            self._collect_commands(block=idle and not (until_idle and release_in is None), timeout=release_in)
+            if until_idle and not self._batch.keys and not self._waiting and self._emulated.seconds_to_next() is None:
+                return
             if self._closing:
                 for key in self._batch.keys:
-                    self._send(key, self._batch.cancel(key))
+                    self._emulated.cancel(key)
+                    self._send_now(key, self._batch.cancel(key))
+                for key in self._emulated.holds_done():
+                    self._send_cancelled(key)
                 return
             self._leave_cancelled()
             # Every waiting turn that fits joins in one batched prefill per gap between steps:
@@ -345,11 +450,13 @@ class _BatchServer:
                 self._admit(joining)
             if self._batch.keys:
                 self._step()
+            self._emulated.release_due()
 
-    def _collect_commands(self, *, block: bool) -> None:
+    def _collect_commands(self, *, block: bool, timeout: float | None) -> None:
+        """Take what was submitted; when ``block``, wait for it, at most ``timeout`` seconds."""
         submitted = self._commands.submitted
         try:
-            command = submitted.get() if block else submitted.get_nowait()
+            command = submitted.get(timeout=timeout) if block else submitted.get_nowait()
         except queue.Empty:
             return
         while True:
@@ -363,22 +470,37 @@ class _BatchServer:
                 return
 
     def _send(self, turn_id: int, event: TurnEvent) -> None:
-        self._events.send(TurnEventMessage(turn_id, event))
+        """The event goes now, or when the emulated model would have produced it."""
+        self._emulated.offer(turn_id, event)
+
+    def _send_now(self, turn_id: int, event: TurnEvent) -> None:
+        self._send_message(TurnEventMessage(turn_id, event))
         if isinstance(event, TurnDone):
             self._commands.forget(turn_id)
 
+    def _send_cancelled(self, turn_id: int) -> None:
+        """A turn whose decoding is over but whose emulated time is not: its ``TurnDone`` goes at once."""
+        done = self._emulated.cancel(turn_id)
+        if done is not None:
+            self._send_now(turn_id, done)
+
     def _fail(self, turn_id: int, exc: Exception) -> None:
         code = exc.code if isinstance(exc, PromptTooLong) else "engine_error"
-        self._events.send(TurnFailed(turn_id, f"{type(exc).__name__}: {exc}", code))
+        self._emulated.cancel(turn_id)
+        self._send_message(TurnFailed(turn_id, f"{type(exc).__name__}: {exc}", code))
         self._commands.forget(turn_id)
 
     def _leave_cancelled(self) -> None:
         for key in self._batch.keys:
             if self._commands.is_cancelled(key):
-                self._send(key, self._batch.cancel(key))
+                self._emulated.cancel(key)
+                self._send_now(key, self._batch.cancel(key))
+        for key in self._emulated.holds_done():
+            if self._commands.is_cancelled(key):
+                self._send_cancelled(key)
         for submit in [submit for submit in self._waiting if self._commands.is_cancelled(submit.turn_id)]:
             self._waiting.remove(submit)
-            self._send(submit.turn_id, TurnDone(text="", usage=Usage(0, 0, 0), finish_reason="cancelled"))
+            self._send_now(submit.turn_id, TurnDone(text="", usage=Usage(0, 0, 0), finish_reason="cancelled"))
 
     def _admit(self, submits: list[Submit]) -> None:
         """Prefill the turns together; if that fails, one at a time, so a bad turn fails alone.
@@ -386,6 +508,8 @@ class _BatchServer:
         for submit in [submit for submit in submits if submit.request.task == "end_of_turn"]:
             self._score_end_of_turn(submit)
         submits = [submit for submit in submits if submit.request.task != "end_of_turn"]
+        for submit in submits:  # the emulated model's time starts here, with its rendering
+            self._emulated.start(submit.turn_id, self._base_params.emulate)
         rendered = [prepared for submit in submits if (prepared := self._render(submit)) is not None]
         if len(rendered) > 1:
             try:
@@ -427,7 +551,7 @@ class _BatchServer:
         """The turn's Thinker inputs and settings; None (and the turn failed) when it cannot start."""
         turn_id, request = submit.turn_id, submit.request
         params = dataclasses.replace(
-            self._loaded.base_params,
+            self._base_params,
             voice=request.voice,
             temperature=request.temperature,
             max_output_tokens=request.max_output_tokens,

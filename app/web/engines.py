@@ -15,6 +15,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -88,16 +89,24 @@ class MeteredEngine(EngineWrapper):
         self._metrics = metrics
 
     async def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+        submitted = time.monotonic()
+        done: TurnDone | None = None
         try:
             async with contextlib.aclosing(self._engine.run_turn(request)) as events:
                 async for event in events:
                     if isinstance(event, TurnDone):
+                        done = event
                         self._observe(request, event)
                     yield event
         except EngineError as exc:
             if exc.code not in _PREEMPTIBLE_ENDS:
                 self._metrics.errors.labels(type="engine_error", code=exc.code).inc()
             raise
+        finally:
+            # Every turn's engine time, also one closed early (cancelled) or failed: the share of it
+            # thrown away is what the latency bench weighs speculation by (tests/bench/e2e_latency.py).
+            seconds = done.timings.total if done is not None and done.timings.total else time.monotonic() - submitted
+            self._metrics.engine_turn.labels(task=request.task).observe(seconds)
 
     def _observe(self, request: TurnRequest, done: TurnDone) -> None:
         # Labelled by task: transcriptions are short, greedy and scheduled after answers; mixed

@@ -140,6 +140,12 @@ class Metrics:
             "Engine: time a turn waited for the engine before it started; task: respond or transcribe.",
             ["task"], buckets=LATENCY_BUCKETS, registry=r,
         )
+        self.engine_turn = Histogram(
+            "omni_rtc_engine_turn_seconds",
+            "Engine: each turn's time from submission to its end (done, cancelled or failed), queue wait "
+            "included; task: respond, transcribe or end_of_turn. Its sum is the engine time turns took.",
+            ["task"], buckets=DURATION_BUCKETS, registry=r,
+        )
         self.turn_duration = Histogram(
             "omni_rtc_turn_duration_seconds",
             "From response.created to response.done.",

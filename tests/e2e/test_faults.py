@@ -123,6 +123,16 @@ async def test_healthz_reports_a_dead_engine_as_degraded_with_its_restarts():
     assert response.json()["engine"]["restarts"] == 2
 
 
+async def test_healthz_is_ok_once_the_engine_has_warmed_up_and_every_worker_is_ready(server_url: str):
+    health = get_json(f"{server_url}/healthz")
+    assert health["status"] == "ok"
+    [described] = health["engine"]["engines"]
+    assert (described["state"], described["alive"]) == ("ready", True)
+    assert (described["warm_up"]["turns"], described["warm_up"]["failed"]) == (4, 0)
+    assert described["warm_up"]["audio_chunks"] > 0
+    assert health["workers"] and all(worker["ready"] for worker in health["workers"])
+
+
 def engine_process(server_url: str) -> psutil.Process:
     """The dev-model server's one engine process, known by what the server says it is.
 
@@ -166,6 +176,9 @@ async def test_killed_engine_process_is_restarted_and_reported(server_url: str):
     assert health["engine"]["restarts"] == before + 1
     restarted = engine_process(server_url)
     assert restarted.pid != engine.pid
+    # The new process said ready only after its warm-up turns, as the first one did.
+    [described] = health["engine"]["engines"]
+    assert (described["state"], described["warm_up"]["turns"], described["warm_up"]["failed"]) == ("ready", 4, 0)
     async with RealtimeClient(server_url, ice_loopback=True, timeout_s=120.0) as client:
         await client.send({"type": "session.update", "session": {"output_modalities": ["text"], "max_output_tokens": 8}})
         done = await text_turn(client, "still there?")

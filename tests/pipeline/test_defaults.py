@@ -179,6 +179,13 @@ def test_without_audio_output_a_checkpoint_without_talker_serves_text(no_talker_
     assert TurnRequest(conversation=conversation).output_audio  # what a speaking session would ask for
 
 
+def test_a_checkpoint_without_talker_warms_up_its_text_paths_without_a_failure(no_talker_dir):
+    loaded = worker._load(worker.WorkerSpec(model=str(no_talker_dir), device="cpu", audio_output=False))
+    report = worker.warm_up(loaded)
+    assert (report.turns, report.failed, report.audio_chunks) == (4, 0, 0)
+    assert report.text_deltas > 0
+
+
 def test_the_engine_loads_the_tokenizer_once(dev_model_dir, monkeypatch):
     loads = []
     original = pipeline.tokenizer.AutoTokenizer.from_pretrained

@@ -62,6 +62,17 @@ async def engine(dev_model_dir):
     await engine.close()
 
 
+async def test_start_returns_once_the_process_has_warmed_up(engine):
+    described = engine.describe()
+    assert (described["state"], described["alive"]) == ("ready", True)
+    warm_up = described["warm_up"]
+    # A spoken answer alone, a spoken answer and a transcription together, an end-of-turn score.
+    assert (warm_up["turns"], warm_up["failed"]) == (4, 0)
+    assert warm_up["audio_chunks"] >= 4  # two spoken answers, each a first chunk and a later one
+    assert warm_up["text_deltas"] > 0
+    assert "emulated_speed" not in described
+
+
 async def test_speech_turn_streams_text_and_audio_and_ends_with_done(engine):
     events = await collect(engine, short_request())
     deltas = [event for event in events if isinstance(event, TextDelta)]
@@ -320,15 +331,20 @@ async def test_a_killed_engine_process_fails_its_turn_and_is_restarted(engine):
     restarts = engine.restarts
     turn = engine.run_turn(long_request())
     assert isinstance(await anext(turn), TextDelta)
+    dead = engine.pid
     os.kill(engine.pid, signal.SIGKILL)
     with pytest.raises(EngineError) as failure:
         async for _ in turn:
             pass
     assert failure.value.code == "engine_died"
+    assert engine.state in ("loading", "warming") and not engine.alive
     events = await asyncio.wait_for(collect(engine, short_request()), HANG_GUARD_S)
     assert isinstance(events[-1], TurnDone)
     assert engine.restarts == restarts + 1
     assert engine.alive
+    # The new process warmed up too before it was given the turn (it reads none before: test_warmup.py).
+    assert engine.pid != dead
+    assert engine.describe()["warm_up"]["turns"] == 4
 
 
 async def test_close_fails_waiting_turns_and_is_safe_twice(dev_model_dir):
@@ -444,3 +460,45 @@ async def test_close_during_start_ends_start_with_engine_error(dev_model_dir, mo
         await starting
     assert not engine.alive
     assert engine_processes() <= existing
+
+
+# Text after 1.5 s of model time, audio after ten minutes: a turn is held well past any test's wait.
+EMULATED = {"first_text_ms": 1500, "first_audio_ms": 600_000}
+
+
+@pytest.fixture(scope="module")
+async def emulated(dev_model_dir):
+    engine = TransformersEngine(
+        dev_model_dir, device="cpu", seed=0, threads=1, max_batch=1, generation={**GENERATION, "emulate": EMULATED}
+    )
+    await engine.start()
+    yield engine
+    await engine.close()
+
+
+async def test_an_emulated_engine_holds_a_turn_until_its_model_time(emulated):
+    assert emulated.describe()["emulated_speed"] == EMULATED
+    loop = asyncio.get_running_loop()
+    submitted = loop.time()
+    turn = emulated.run_turn(short_request())
+    first = await anext(turn)
+    # The dev model writes its first token in tens of milliseconds; the emulated one in 1.5 s.
+    assert isinstance(first, TextDelta)
+    assert loop.time() - submitted >= 1.5
+    await turn.aclose()
+
+
+async def test_cancelling_an_emulated_turn_mid_delay_ends_it_at_once(emulated):
+    turn = emulated.run_turn(short_request())
+    assert isinstance(await anext(turn), TextDelta)  # decoded long since; its audio is held for ten minutes
+    await turn.aclose()
+    # The engine decodes one turn at a time: the next turn starts only once the cancelled one has ended.
+    following = emulated.run_turn(short_request())
+    assert isinstance(await asyncio.wait_for(anext(following), HANG_GUARD_S), TextDelta)
+    assert emulated.running == 1
+    await following.aclose()
+
+
+async def test_a_wrong_emulated_speed_is_refused_when_the_engine_is_made(dev_model_dir):
+    with pytest.raises(ValueError, match="first_audio"):
+        TransformersEngine(dev_model_dir, device="cpu", generation={"emulate": {"first_audio": 400}})

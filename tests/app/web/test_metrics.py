@@ -129,6 +129,21 @@ async def test_metered_engine_records_first_audio():
     assert sample(metrics, "omni_rtc_engine_first_audio_seconds_sum", task="respond") == pytest.approx(1.0)
 
 
+async def test_metered_engine_records_each_turns_engine_time():
+    metrics = Metrics()
+    _ = [event async for event in MeteredEngine(TimedEngine(), metrics).run_turn(TurnRequest(Conversation()))]
+    assert sample(metrics, "omni_rtc_engine_turn_seconds_sum", task="respond") == pytest.approx(2.0)
+
+
+async def test_metered_engine_records_the_engine_time_of_a_turn_closed_early():
+    metrics = Metrics()
+    turn = MeteredEngine(TimedEngine(), metrics).run_turn(TurnRequest(Conversation()))
+    assert isinstance(await anext(turn), TextDelta)
+    await turn.aclose()
+    assert sample(metrics, "omni_rtc_engine_turn_seconds_count", task="respond") == 1
+    assert 0 < sample(metrics, "omni_rtc_engine_turn_seconds_sum", task="respond") < 2.0
+
+
 async def test_metered_engine_keeps_transcriptions_apart_from_answers():
     metrics = Metrics()
     request = TurnRequest(Conversation(), task="transcribe")

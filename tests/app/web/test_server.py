@@ -307,6 +307,32 @@ class TwoEnginePool(FakeEngine):
         ]
 
 
+class WarmingEngine(FakeEngine):
+    """An engine whose process has loaded and runs its warm-up turns until ``warmed`` is set."""
+
+    alive = False
+
+    def describe(self) -> list[dict]:
+        state = "ready" if self.alive else "warming"
+        return [{"device": "cpu", "alive": self.alive, "state": state, "pid": 11, "restarts": 0, "running": 0,
+                 "queue_depth": 0, "max_batch": 8, "warm_up": {"turns": 4} if self.alive else None}]
+
+
+async def test_healthz_is_not_ok_while_the_engine_warms_up(settings):
+    engine = WarmingEngine()
+    app = create_app(settings.model_copy(update={"media_workers": 1}), engine=engine)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as http:
+            warming = await http.get("/healthz")
+            engine.alive = True  # its warm-up turns are over
+            warmed = await http.get("/healthz")
+    assert warming.status_code == 503
+    assert [entry["state"] for entry in warming.json()["engine"]["engines"]] == ["warming"]
+    assert warmed.status_code == 200
+    assert warmed.json()["status"] == "ok"
+
+
 async def test_healthz_shows_each_engine_of_a_pool_and_degraded_while_one_restarts(settings):
     app = create_app(settings, engine=TwoEnginePool())
     async with app.router.lifespan_context(app):
