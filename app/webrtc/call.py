@@ -38,7 +38,7 @@ from aiortc.exceptions import InternalError, InvalidAccessError, InvalidStateErr
 from app.realtime.protocol import EVENTS_CHANNEL, ProtocolError
 from app.webrtc.ice import loopback_candidates, missing_relay, selected_candidate_pair
 from app.webrtc.network import CallNetwork, NetworkObserver
-from app.webrtc.sctp_guard import guard_receive_window
+from app.webrtc.sctp_guard import Refusal, guard_data_channel
 from app.webrtc.sdp import with_opus_inband_fec
 from media.frames import FramePlan, SampledFrame
 from media.inbound import InboundAudio
@@ -202,7 +202,7 @@ class Call:
             raise OfferError(
                 f"the SDP offer has no data channel (m=application); open one named {EVENTS_CHANNEL!r} before offering"
             )
-        guard_receive_window(pc.sctp, self._on_receive_window_overrun)
+        guard_data_channel(pc.sctp, self._on_data_channel_refused)
         pc.addTrack(opus)
         answer = await pc.createAnswer()
         # aiortc gathers every candidate inside setLocalDescription, so the answer is complete.
@@ -383,13 +383,12 @@ class Call:
         self._inbound = InboundAudio(source, on_audio=self._on_audio)
         self._inbound.start()
 
-    def _on_receive_window_overrun(self, undelivered: int) -> None:
+    def _on_data_channel_refused(self, refusal: Refusal) -> None:
         logger.warning(
-            "call %s: the peer sent %d bytes the data channel could not deliver yet, past the receive window "
-            "it was given (app/webrtc/sctp_guard.py); ending the call",
-            self.id, undelivered,
+            "call %s: the peer sent %s on the data channel (app/webrtc/sctp_guard.py); ending the call",
+            self.id, refusal.detail,
         )
-        self.end("data_channel_overrun")
+        self.end(refusal.reason)
 
     def _on_audio(self, pcm: np.ndarray) -> None:
         first = self._last_media_at is None

@@ -16,6 +16,7 @@ from app.client.webrtc import MicrophoneTrack
 from app.webrtc.call import MAX_QUEUED_MESSAGES, Call, CallRegistry, ConnectingLimitError, OfferError
 from app.webrtc.ice import loopback_candidates, rtc_configuration
 from app.webrtc.sctp_guard import MAX_UNDELIVERED_BYTES
+from tests import hostile_sctp
 
 # Generous: waiting is not measured, a call that never gets there fails the wait.
 DEADLINE_S = 30.0
@@ -168,6 +169,40 @@ async def test_messages_of_the_largest_size_in_a_burst_are_delivered_without_end
         await until(lambda: len(sessions[0].messages) == 12)
         assert reasons == []
     assert [json.loads(raw)["n"] for raw in sessions[0].messages] == list(range(12))
+
+
+async def test_a_peer_sending_data_chunks_with_no_user_data_is_ended():
+    """RFC 4960 §6.2: a DATA chunk has at least one byte. aiortc kept each and counted 0 bytes
+    (200,000 of them held 33 MB, issue 34)."""
+    async with call_under_test() as (call, sessions, reasons), peer() as (pc, channel, _):
+        await connect(call, pc)
+        await until(lambda: channel.readyState == "open")
+        assert pc.sctp is not None
+        await hostile_sctp.send(pc.sctp, hostile_sctp.zero_length(hostile_sctp.next_tsn(pc.sctp), 2_000))
+        await until(lambda: reasons == ["data_channel_violation"])
+    assert sessions[0].messages == []
+
+
+async def test_a_peer_skipping_every_other_tsn_is_ended_once_it_keeps_sending_past_the_window():
+    """One-byte chunks with every other TSN missing: aiortc sorted every one it held on each chunk
+    (16,000 took 31 s of loop time, issue 34) and counted 16 KB."""
+    async with call_under_test() as (call, _, reasons), peer() as (pc, channel, _):
+        await connect(call, pc)
+        await until(lambda: channel.readyState == "open")
+        assert pc.sctp is not None
+        await hostile_sctp.send(pc.sctp, hostile_sctp.gapped(hostile_sctp.next_tsn(pc.sctp), 6_000))
+        await until(lambda: reasons == ["data_channel_overrun"])
+
+
+async def test_a_message_sent_in_one_byte_fragments_ends_the_call_past_the_held_chunk_bound():
+    """4 KB of data, but 4,000 chunks aiortc keeps and walks for every one."""
+    async with call_under_test() as (call, sessions, reasons), peer() as (pc, channel, _):
+        await connect(call, pc)
+        await until(lambda: channel.readyState == "open")
+        assert pc.sctp is not None
+        await hostile_sctp.send(pc.sctp, hostile_sctp.fragments(hostile_sctp.next_tsn(pc.sctp), 4_000))
+        await until(lambda: reasons == ["data_channel_overrun"])
+    assert sessions[0].messages == []
 
 
 async def test_peer_audio_reaches_the_session_as_16khz_float32():
