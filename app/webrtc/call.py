@@ -4,8 +4,9 @@ The session is transport-agnostic; a call gives it
 
 - the peer's audio (``media.inbound.InboundAudio`` on the remote track → ``push_audio``),
 - the peer's camera, when it offers a video track (VP8 or H.264, received only):
-  ``media.video.VideoSampler`` keeps the frames the session asks for (``video_plan``) and
-  hands them on (``add_video_frame``),
+  ``media.video.VideoSampler`` has the frames the session asks for (``video_plan``) decoded,
+  none larger than ``max_video_pixels`` (``media.video_gate``), and hands them on
+  (``add_video_frame``),
 - an output (``media.outbound.OutboundAudioTrack``, sent as the answer's audio track),
 - a ``send`` callback that puts each server event on the ``oai-events`` data channel as JSON
   (events sent before the peer opens the channel wait and go out, in order, on open),
@@ -47,6 +48,7 @@ from media.outbound import OutboundAudioTrack
 from media.pacing import PacingStats
 from media.playout import receive_audio
 from media.video import VideoSampler
+from media.video_gate import MAX_DECODED_PIXELS
 
 logger = logging.getLogger(__name__)
 
@@ -121,10 +123,13 @@ class Call:
         call_id: str | None = None,
         pacing_stats: PacingStats | None = None,
         jitter_buffer: bool = True,
+        max_video_pixels: int = MAX_DECODED_PIXELS,
     ) -> None:
-        """``jitter_buffer``: inbound audio through ``media.playout`` (False: aiortc's own path)."""
+        """``jitter_buffer``: inbound audio through ``media.playout`` (False: aiortc's own path).
+        ``max_video_pixels``: the largest camera frame decoded (``media.video_gate``)."""
         self.id = call_id or new_call_id()
         self._jitter_buffer = jitter_buffer
+        self._max_video_pixels = max_video_pixels
         self._network: CallNetwork | None = None
         self._pacing_stats = pacing_stats
         self._make_session = make_session
@@ -365,16 +370,19 @@ class Call:
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         assert self._session is not None
+        assert self._pc is not None
+        receiver = next(t.receiver for t in self._pc.getTransceivers() if t.receiver.track is track)
         if track.kind == "video" and self._video is None:
-            # aiortc queues every decoded frame for whoever reads the track: the sampler reads them all.
-            self._video = VideoSampler(track, plan=self._session.video_plan, on_frame=self._session.add_video_frame)
+            # The sampler gates the receiver's decoder (size, wanted or not) and reads every frame.
+            self._video = VideoSampler(
+                receiver, plan=self._session.video_plan, on_frame=self._session.add_video_frame,
+                max_pixels=self._max_video_pixels,
+            )
             self._video.start()
             return
         if track.kind != "audio" or self._inbound is not None:
             logger.warning("call %s: ignoring an extra %s track", self.id, track.kind)
             return
-        assert self._pc is not None
-        receiver = next(t.receiver for t in self._pc.getTransceivers() if t.receiver.track is track)
         # The track event comes inside setRemoteDescription, before any media can flow.
         source = receive_audio(receiver, jitter_buffer=self._jitter_buffer)
         self._resources.callback(source.stop)

@@ -53,7 +53,7 @@ bursts of more than ~300 KB. The 2 MiB and 2,048-chunk bounds leave room for a p
 ``a=max-message-size`` (tests/app/webrtc/test_call.py makes one).
 
 The private names (``_RECEIVER_STATE``) and the three methods were read in aiortc 1.16
-(``TESTED_AIORTC``; pyproject.toml pins the same range): another version, or a transport without
+(``media.aiortc_version``; pyproject.toml pins the same range): another version, or a transport without
 them, is refused with a message that says so, and a test fails when any of aiortc's methods
 this builds on changes.
 """
@@ -67,7 +67,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiortc
 from aiortc import RTCSctpTransport
 from aiortc.rtcsctptransport import (
     SCTP_DATA_LAST_FRAG,
@@ -79,7 +78,7 @@ from aiortc.rtcsctptransport import (
 )
 from aiortc.utils import uint16_gt, uint32_gt, uint32_gte
 
-TESTED_AIORTC = ((1, 16), (1, 16))  # first and last minor versions whose SCTP transport this was read in
+from media.aiortc_version import UnsupportedAiortc, check_aiortc
 
 # Twice the window aiortc advertises (1 MiB). A peer that keeps to the window never holds more
 # than 1 MiB here; aiortc's own sender ignores the window but never has more in flight than its
@@ -119,30 +118,12 @@ _SACK_SENDER = "_send_sack"
 _STOOD_IN_FOR = (_DATA_HANDLER, _FORWARD_TSN_HANDLER, _SACK_SENDER)
 
 
-class UnsupportedAiortc(RuntimeError):
-    """This aiortc's SCTP transport is not one the guard was read against."""
-
-
 @dataclass(frozen=True)
 class Refusal:
     """Why a peer's call ends: ``reason`` is the call's end reason, ``detail`` says what it sent."""
 
     reason: str  # "data_channel_violation" (RFC 4960 broken) or "data_channel_overrun" (a bound passed)
     detail: str
-
-
-def check_aiortc(version: str = aiortc.__version__) -> None:
-    """Raises :class:`UnsupportedAiortc` unless ``version`` is one the guard was read against."""
-    try:
-        major_minor = tuple(int(part) for part in version.split(".")[:2])
-    except ValueError:
-        major_minor = ()
-    if not TESTED_AIORTC[0] <= major_minor <= TESTED_AIORTC[1]:
-        first, last = (".".join(map(str, v)) for v in TESTED_AIORTC)
-        raise UnsupportedAiortc(
-            f"aiortc {version} is installed; omni-rtc's data-channel guard stands in for a private part "
-            f"of aiortc's SCTP transport read in {first} to {last} only (app/webrtc/sctp_guard.py)"
-        )
 
 
 class SctpGuard:
@@ -373,7 +354,7 @@ def guard_data_channel(
     transport keeps no DATA chunk: the caller is expected to end the call. ``limits``: the
     :class:`SctpGuard` keywords (tests).
     """
-    check_aiortc()
+    check_aiortc("app/webrtc/sctp_guard.py (the data channel's bounds)")
     missing = [name for name in (*_RECEIVER_STATE, *_STOOD_IN_FOR) if not hasattr(transport, name)]
     if missing or not isinstance(getattr(transport, "_advertised_rwnd", None), int):
         raise UnsupportedAiortc(

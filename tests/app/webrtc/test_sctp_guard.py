@@ -37,9 +37,9 @@ from app.webrtc.sctp_guard import (
     Refusal,
     SctpGuard,
     UnsupportedAiortc,
-    check_aiortc,
     guard_data_channel,
 )
+from media.aiortc_version import check_aiortc
 from tests import hostile_sctp
 from tests.clock import FakeClock
 
@@ -125,9 +125,9 @@ def test_aiortcs_receive_path_is_the_one_the_guard_was_read_against():
 
 
 def test_an_aiortc_the_guard_was_not_read_against_is_refused():
-    check_aiortc("1.16.2")
-    with pytest.raises(UnsupportedAiortc, match="1.17.0"):
-        check_aiortc("1.17.0")
+    check_aiortc("the guard", "1.16.2")
+    with pytest.raises(UnsupportedAiortc, match="aiortc 1.17.0 is installed; the guard stands in"):
+        check_aiortc("the guard", "1.17.0")
 
 
 def _well_behaved_traffic(rng: random.Random, first_tsn: int) -> list[list[DataChunk]]:
