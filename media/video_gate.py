@@ -28,7 +28,7 @@ which aiortc's own receiver reads on the next packet to send the peer a picture 
 
 *Decided*: the bound is a pixel count (``--max-video-pixels``, 1920x1080 by default: portrait and
 landscape alike; the page asks its camera for 640x480, and the session scales every kept frame to
-its own budget anyway, by default ~200,000 pixels). A stream past it is not ended: its frames are
+its own budget anyway, by default 100,352 pixels). A stream past it is not ended: its frames are
 dropped undecoded and logged once per size, the call goes on with its audio, and a peer that
 lowers its resolution (a new key frame) is decoded again.
 

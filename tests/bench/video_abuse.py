@@ -5,7 +5,7 @@ Run: .venv/bin/python tests/bench/video_abuse.py [--sizes 640 4096] [--seconds 2
      [--out tests/bench/results/video_abuse.json]
 
 One process holds both ends on 127.0.0.1: a call (``app.webrtc.call.Call``) whose session stand-in
-wants a camera frame every second at the session's default budget (200,704 pixels), and an aiortc
+wants a camera frame every second at the session's default budget (100,352 pixels), and an aiortc
 peer whose camera sends one flat grey key frame and 9 inter frames coded once by libvpx
 (``tests/hostile_video.py``: ~28 KB and ~0.3 KB each), over and over at ``--fps``. The process's
 RSS is sampled every 0.5 s for ``--seconds`` from before the call; the result is its peak and its
@@ -34,7 +34,7 @@ from media.frames import FramePlan, SampledFrame
 from pipeline.images import fitted_size
 from tests import hostile_video
 
-SESSION_PIXELS = 200_704  # the session's default camera budget (app/realtime/session_config.py)
+SESSION_PIXELS = 100_352  # the session's default camera budget (app/realtime/session_config.py, "low")
 
 
 class WantsFrames:
