@@ -59,6 +59,7 @@ MAX_PENDING_EVENTS = 1_000
 # of ~50; a peer that outruns the handler by this much is flooding, and its excess is dropped
 # (with an error event) before it can grow the call's memory.
 MAX_QUEUED_MESSAGES = 256
+DROPPED_EVENTS_LOG_INTERVAL_S = 1.0
 # Events sent on the data channel that SCTP has not yet taken (the peer stopped acknowledging:
 # a frozen tab, a stuck client): past this the call ends ("client_not_reading"). The same bound
 # as a WebSocket's (app.web.websocket.MAX_PENDING_BYTES); a burst of 100 maximal text items
@@ -150,6 +151,8 @@ class Call:
         self._channel: RTCDataChannel | None = None
         self._pending_events: deque[str] = deque()
         self._messages: asyncio.Queue[str | bytes] = asyncio.Queue(MAX_QUEUED_MESSAGES)
+        self._events_dropped = 0  # since the last warning about it
+        self._dropped_logged_at: float | None = None
         self._connected = False
         self._last_media_at: float | None = None  # loop time of the last inbound frame
         self._wakeup = asyncio.Event()  # state changed: connected, inbound media seen, or end
@@ -360,7 +363,17 @@ class Call:
         try:
             self._messages.put_nowait(raw)
         except asyncio.QueueFull:
-            logger.warning("call %s: %d client events wait to be handled; dropping one", self.id, MAX_QUEUED_MESSAGES)
+            # A warning a second, not one an event: a peer's flood of tiny events (a chunk each)
+            # made a log line apiece, half of what each dropped event cost the loop.
+            self._events_dropped += 1
+            now = self._loop.time()
+            if self._dropped_logged_at is None or now - self._dropped_logged_at >= DROPPED_EVENTS_LOG_INTERVAL_S:
+                logger.warning(
+                    "call %s: %d client events wait to be handled; %d dropped since the last warning",
+                    self.id, MAX_QUEUED_MESSAGES, self._events_dropped,
+                )
+                self._dropped_logged_at = now
+                self._events_dropped = 0
             self._send(
                 ProtocolError(
                     "rate_limit_exceeded",

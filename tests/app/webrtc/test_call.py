@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -165,6 +166,22 @@ async def test_a_flood_of_client_events_is_bounded_and_the_excess_answered_with_
     assert {event["error"]["code"] for event in errors} == {"rate_limit_exceeded"}
     assert len(sessions[0].messages) + len(errors) == flood
     assert [json.loads(raw)["n"] for raw in sessions[0].messages] == sorted(json.loads(raw)["n"] for raw in sessions[0].messages)
+
+
+async def test_events_dropped_in_a_flood_are_logged_once_a_second_not_once_an_event(caplog: pytest.LogCaptureFixture):
+    flood = MAX_QUEUED_MESSAGES + 400
+    async with call_under_test() as (call, sessions, _), peer() as (pc, channel, received):
+        await connect(call, pc)
+        await until(lambda: channel.readyState == "open" and bool(sessions))
+        sessions[0].busy = asyncio.Event()
+        with caplog.at_level(logging.WARNING, logger="app.webrtc.call"):
+            for number in range(flood):
+                channel.send(json.dumps({"type": "probe", "n": number}))
+            await until(lambda: sum(event.get("type") == "error" for event in received) >= 399)
+        sessions[0].busy.set()
+    warnings = [record.getMessage() for record in caplog.records if "client events wait to be handled" in record.getMessage()]
+    # 400 dropped within a second or so (one error event each all the same): a line a second, not 400.
+    assert 1 <= len(warnings) <= 10
 
 
 async def test_a_peer_that_ignores_the_receive_window_ends_its_call_before_its_message_fills_memory():
