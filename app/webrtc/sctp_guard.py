@@ -36,21 +36,22 @@ What this does, on the one transport of a call. It stands in for aiortc's DATA-c
   may move the cumulative TSN any distance: that releases what is held, and a sender abandoning
   queued messages skips TSNs it never sent);
 - **kept at a flat cost per chunk**: the TSN bookkeeping of aiortc's ``_mark_received`` without
-  its sort (the cumulative TSN walks through its successors, each TSN once); a chunk is queued
-  without walking the stream's queue when it cannot complete a message (``_may_deliver``); a
-  SACK reports the lowest ``MAX_SACK_GAP_BLOCKS`` holes and ``MAX_SACK_DUPLICATES`` duplicates,
-  as dcsctp does, walking no further. Otherwise what aiortc keeps and reports is unchanged: the
+  its sort (the out-of-order TSNs also kept as blocks, ``_Blocks``, updated by bisection; each
+  TSN leaves the set once); a chunk is queued without walking the stream's queue when it cannot
+  complete a message (``_may_deliver``); a SACK reports the lowest ``MAX_SACK_GAP_BLOCKS`` holes
+  and ``MAX_SACK_DUPLICATES`` duplicates, as dcsctp does, read from those blocks. Otherwise what aiortc keeps and reports is unchanged: the
   same cumulative TSN, out-of-order set, advertised window, SACKs and delivered messages
   (tests/app/webrtc/test_sctp_guard.py feeds both the same traffic), except across a wrap of
   the TSN through 2**32, where aiortc's sort of raw numbers stops its cumulative TSN for good.
 
 *Decided*: the bounds sit where no well-behaved peer goes. A peer that keeps to the window in
 full-size chunks (1,160 bytes of data in aiortc, about as many in browsers) has at most 904 TSNs
-in flight and one message of at most 226 fragments being reassembled (fragments of a message
-are sent in a row); under loss, chunks more than 256 TSNs past a hole are dropped and come again
-when the sender retransmits them (its timer: 1-3 s in aiortc), a slower recovery only for
-bursts of more than ~300 KB. The 2 MiB and 2,048-chunk bounds leave room for a peer that ignores
-``a=max-message-size`` (tests/app/webrtc/test_call.py makes one).
+in flight, within the 1,024 taken past a hole (a first version took 256, as dcsctp first did:
+chunks dropped within the window a sender may fill come again only when its retransmission
+timer fires, which backs off, and a test moving 18 MB through the data channel then stalled on
+a loaded box), and one message of at most 226 fragments being reassembled (a message's
+fragments are sent in a row). The 2 MiB and 2,048-chunk bounds leave room for a peer that
+ignores ``a=max-message-size`` (tests/app/webrtc/test_call.py makes one).
 
 The private names (``_RECEIVER_STATE``) and the three methods were read in aiortc 1.16
 (``media.aiortc_version``; pyproject.toml pins the same range): another version, or a transport without
@@ -61,7 +62,6 @@ this builds on changes.
 from __future__ import annotations
 
 import bisect
-import itertools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -74,7 +74,6 @@ from aiortc.rtcsctptransport import (
     DataChunk,
     ForwardTsnChunk,
     SackChunk,
-    tsn_plus_one,
 )
 from aiortc.utils import uint16_gt, uint32_gt, uint32_gte
 
@@ -87,9 +86,9 @@ MAX_UNDELIVERED_BYTES = 2 * 1024 * 1024
 # Chunks held undelivered (out of order, or fragments of a message not yet whole): 2 MiB of
 # full-size chunks is 1,808. Each held chunk costs ~200 bytes besides its data.
 MAX_HELD_CHUNKS = 2048
-# TSNs accepted past the cumulative TSN; later ones are dropped. Chrome's dcsctp shipped with 256
-# (``kMaxAcceptedOutstandingFragments``). A SACK then lists at most 128 gap blocks.
-MAX_TSN_AHEAD = 256
+# TSNs accepted past the cumulative TSN; later ones are dropped (as in Chrome's dcsctp,
+# ``kMaxAcceptedOutstandingFragments``): more than the 904 full-size chunks of the 1 MiB window.
+MAX_TSN_AHEAD = 1024
 # Chunks dropped past the window since the cumulative TSN last moved: a sender retransmitting
 # after a loss sends at most its congestion window (under 1 MiB, 904 full chunks) per round.
 MAX_DROPPED_AHEAD = 4096
@@ -158,6 +157,7 @@ class SctpGuard:
             transport, _FORWARD_TSN_HANDLER
         )
         self._dropped_since_progress = 0
+        self._ahead = _Blocks.of(transport._last_received_tsn, transport._sack_misordered)
         self.refusal: Refusal | None = None
         self.chunks_dropped = 0  # DATA chunks past the window, and FORWARD TSNs past the window or the rate
 
@@ -208,8 +208,9 @@ class SctpGuard:
         """aiortc's ``_mark_received`` without its sort: True for a duplicate.
 
         The out-of-order set holds only TSNs past the cumulative TSN (aiortc filters it so after
-        every chunk); the cumulative TSN moves through the successors that are in it, each
-        removed once. Duplicates are kept as aiortc keeps them: those past the new cumulative TSN.
+        every chunk); ``_ahead`` holds the same TSNs as blocks, so the cumulative TSN moves past
+        a whole block at once (each TSN leaves the set once). Duplicates are kept as aiortc keeps
+        them: those past the new cumulative TSN.
         """
         transport = self._transport
         last = transport._last_received_tsn
@@ -217,53 +218,41 @@ class SctpGuard:
         if uint32_gte(last, tsn) or tsn in misordered:
             transport._sack_duplicates.append(tsn)
             return True
+        ahead = self._ahead_of(last, misordered)
         misordered.add(tsn)
-        following = tsn_plus_one(last)
-        if following in misordered:
-            while following in misordered:
-                misordered.remove(following)
-                last = following
-                following = tsn_plus_one(following)
+        moved = ahead.add((tsn - last) % _TSN_MODULO)
+        if moved:
+            for step in range(1, moved + 1):
+                misordered.discard((last + step) % _TSN_MODULO)
+            last = (last + moved) % _TSN_MODULO
             transport._last_received_tsn = last
             self._dropped_since_progress = 0
+        ahead.synced = (last, len(misordered))
         if transport._sack_duplicates:
             transport._sack_duplicates = [seen for seen in transport._sack_duplicates if uint32_gt(seen, last)]
         return False
+
+    def _ahead_of(self, last: int, misordered: set[int]) -> _Blocks:
+        """``_ahead``, made again from aiortc's set if anything else moved either (a FORWARD TSN,
+        an INIT from the peer): they are compared after every chunk, so this is rare."""
+        if self._ahead.synced != (last, len(misordered)):
+            self._ahead = _Blocks.of(last, misordered)
+        return self._ahead
 
     # -- SACK ------------------------------------------------------------------------
 
     async def send_sack(self) -> None:
         """aiortc's ``_send_sack``, reporting at most ``MAX_SACK_GAP_BLOCKS`` gap blocks and
-        ``MAX_SACK_DUPLICATES`` duplicates, the lowest first (RFC 4960 §3.3.4).
-
-        The out-of-order set is sorted (in C), turned to start after the cumulative TSN when it
-        spans a wrap through 2**32 (aiortc's own sort puts the TSNs past the wrap first), and
-        walked only as far as the blocks reported.
-        """
+        ``MAX_SACK_DUPLICATES`` duplicates, the lowest first (RFC 4960 §3.3.4), read from the
+        blocks kept as chunks come (aiortc sorts the whole set for every SACK, by raw number, which
+        puts TSNs past a wrap through 2**32 first)."""
         transport = self._transport
         last = transport._last_received_tsn
-        gaps: list[tuple[int, int]] = []
-        held = sorted(transport._sack_misordered)
-        if held and held[-1] - held[0] >= _SERIAL_HALF:  # past a wrap: those after ``last`` come first
-            split = bisect.bisect_right(held, last)
-            held = held[split:] + held[:split]
-        if held:
-            start = end = (held[0] - last) % _TSN_MODULO
-            for tsn in itertools.islice(held, 1, None):
-                offset = (tsn - last) % _TSN_MODULO
-                if offset != end + 1:
-                    gaps.append((start, end))
-                    if len(gaps) == MAX_SACK_GAP_BLOCKS:
-                        break
-                    start = offset
-                end = offset
-            else:
-                gaps.append((start, end))
         sack = SackChunk()
         sack.cumulative_tsn = last
         sack.advertised_rwnd = max(0, transport._advertised_rwnd)
         sack.duplicates = transport._sack_duplicates[:MAX_SACK_DUPLICATES]
-        sack.gaps = gaps
+        sack.gaps = self._ahead_of(last, transport._sack_misordered).first(MAX_SACK_GAP_BLOCKS)
         await transport._send_chunk(sack)
         transport._sack_duplicates.clear()
         transport._sack_needed = False
@@ -329,6 +318,60 @@ class SctpGuard:
         if self.refusal is None:
             self.refusal = Refusal(reason, detail)
             self._on_refused(self.refusal)
+
+
+class _Blocks:
+    """The TSNs held past the cumulative TSN as blocks of consecutive ones (a SACK's gap blocks):
+    ``starts`` and ``ends`` in order, apart (no two touch), counted on a line that does not wrap,
+    on which the cumulative TSN is ``origin``. Kept as chunks come, at ``bisect``'s cost: aiortc
+    walks a sorted copy of the whole set instead, for every chunk and every SACK."""
+
+    def __init__(self, last: int | None) -> None:
+        self.origin = 0
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.synced: tuple[int | None, int] = (last, 0)  # aiortc's cumulative TSN and set size they match
+
+    @classmethod
+    def of(cls, last: int | None, misordered: set[int]) -> _Blocks:
+        blocks = cls(last)
+        if last is not None:
+            for distance in sorted((tsn - last) % _TSN_MODULO for tsn in misordered):
+                if blocks.ends and distance == blocks.ends[-1] + 1:
+                    blocks.ends[-1] = distance
+                else:
+                    blocks.starts.append(distance)
+                    blocks.ends.append(distance)
+        blocks.synced = (last, len(misordered))
+        return blocks
+
+    def add(self, distance: int) -> int:
+        """One more TSN, ``distance`` past the cumulative TSN (not held yet); returns how far the
+        cumulative TSN moves: 0, or to the end of the first block once it starts right after it."""
+        point = self.origin + distance
+        at = bisect.bisect_left(self.starts, point)
+        joins_left = at > 0 and self.ends[at - 1] + 1 == point
+        joins_right = at < len(self.starts) and self.starts[at] == point + 1
+        if joins_left and joins_right:
+            self.ends[at - 1] = self.ends[at]
+            del self.starts[at], self.ends[at]
+        elif joins_left:
+            self.ends[at - 1] = point
+        elif joins_right:
+            self.starts[at] = point
+        else:
+            self.starts.insert(at, point)
+            self.ends.insert(at, point)
+        if self.starts[0] != self.origin + 1:
+            return 0
+        moved = self.ends[0] - self.origin
+        self.origin = self.ends[0]
+        del self.starts[0], self.ends[0]
+        return moved
+
+    def first(self, count: int) -> list[tuple[int, int]]:
+        """The first ``count`` blocks as a SACK reports them: distances from the cumulative TSN."""
+        return [(start - self.origin, end - self.origin) for start, end in zip(self.starts[:count], self.ends[:count], strict=True)]
 
 
 def _may_deliver(chunk: DataChunk, next_sequence: int) -> bool:

@@ -82,6 +82,7 @@ async def test_a_hostile_peer_leaves_its_neighbour_on_the_same_worker_talking(tm
             await asyncio.gather(flood, answered(neighbour))
             # The worker ended it (data_channel_overrun), not a loop too stuck to send ("nothing heard").
             assert await ended(flooder) in ("the server closed the call", "the connection closed")
+            await flooder.close()  # its tracks and watchers too: this process's loop carries every peer
             assert await sessions_by_worker(http, lambda counts: sum(counts) == 2) == [1, 1]
 
             camera = hostile_video.CodedVideoTrack(huge_camera, fps=10)  # ~30 KB/s

@@ -180,6 +180,27 @@ async def test_a_well_behaved_peer_gets_from_the_guard_what_aiortc_alone_gives_i
         assert guarded.transport._sack_misordered == set()  # everything arrived in the end
 
 
+async def test_after_a_forward_tsn_the_sacks_report_the_holes_left_as_aiortc_alone_does():
+    """aiortc's own FORWARD TSN handler moves the cumulative TSN and filters the out-of-order set:
+    the guard's blocks follow."""
+    plain, guarded = association(guarded=False), association()
+    traffic = [
+        [hostile_sctp.data_chunk(FIRST_TSN + offset, stream_seq=offset) for offset in (2, 3, 5, 9, 10, 11, 30)],
+        [hostile_sctp.forward_tsn(FIRST_TSN + 4, [(0, 4)])],  # abandons 1 and 4: delivers 0-5, holes left 6-8, 12-29
+        [hostile_sctp.data_chunk(FIRST_TSN + 7, stream_seq=7)],
+        [hostile_sctp.forward_tsn(FIRST_TSN + 40)],  # past everything held
+        [hostile_sctp.data_chunk(FIRST_TSN + 42, stream_seq=42)],
+    ]
+    for packet in traffic:
+        for end in (plain, guarded):
+            await end.feed(packet)
+        assert guarded.transport._last_received_tsn == plain.transport._last_received_tsn
+        assert guarded.transport._sack_misordered == plain.transport._sack_misordered
+    assert [(s.cumulative_tsn, s.gaps) for s in guarded.sacks()] == [(s.cumulative_tsn, s.gaps) for s in plain.sacks()]
+    assert guarded.sacks()[-1].gaps == [(2, 2)]
+    assert guarded.delivered == plain.delivered
+
+
 async def test_out_of_order_chunks_across_the_wrap_of_2_32_move_the_cumulative_tsn():
     """aiortc's own walk sorts raw TSNs: 0 before 2**32 - 1, and its cumulative TSN stops there."""
     top = 2**32 - 1
