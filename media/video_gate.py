@@ -160,11 +160,17 @@ class DecoderFeed:
         self._max_pending = max_pending
         self._items: deque[Any] = deque()
         self._ready = threading.Condition()
+        self._unread_codec_logged = False
 
     def put(self, item: Any) -> None:
         if item is not None:
             codec, encoded = item
-            if codec.name not in _CODECS or not self._gate.admit(codec.name, encoded.data):
+            if codec.name not in _CODECS:
+                if not self._unread_codec_logged:  # aiortc 1.16 negotiates no other video codec
+                    logger.warning("video: no header reader for %s: its frames are dropped undecoded", codec.name)
+                    self._unread_codec_logged = True
+                return
+            if not self._gate.admit(codec.name, encoded.data):
                 return
         with self._ready:
             if item is not None and len(self._items) >= self._max_pending:

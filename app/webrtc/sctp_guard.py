@@ -159,7 +159,7 @@ class SctpGuard:
         self._dropped_since_progress = 0
         self._ahead = _Blocks.of(transport._last_received_tsn, transport._sack_misordered)
         self.refusal: Refusal | None = None
-        self.chunks_dropped = 0  # DATA chunks past the window, and FORWARD TSNs past the window or the rate
+        self.chunks_dropped = 0  # DATA chunks past the window, and FORWARD TSNs past the rate
 
     # -- DATA ------------------------------------------------------------------------
 
