@@ -145,6 +145,10 @@ class Settings(BaseSettings):
     # One input_image's bytes; the event carrying it may be that much (as base64) over max_event_bytes.
     # 10 MiB holds any phone photo; over WebRTC the data channel takes 256 KiB messages at most.
     max_image_bytes: int = Field(10_485_760, ge=1_024, le=16_777_216)
+    # Pixels of a camera frame the server decodes (media/video_gate.py: read from the key frame's
+    # header, before decoding); a stream past it is dropped undecoded and the call goes on. A
+    # 1080p frame is ~3 MB decoded; a peer may declare 16383x16383 (~400 MB).
+    max_video_pixels: int = Field(1920 * 1080, ge=64 * 64, le=7680 * 4320)
     # Characters in one text field of a client event (input_text, instructions); ~4k tokens.
     max_text_chars: int = Field(16_000, ge=1)
     # The conversation's prompt tokens after the system prompt, as its items estimate them (an

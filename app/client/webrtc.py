@@ -9,8 +9,8 @@ and records every frame it receives with its arrival time::
         print(turn.user_transcript, turn.transcript, turn.audio_seconds, turn.latency_s)
         client.events                            # every server event so far, in order
 
-With ``video=`` (a Y4M video or a PNG/JPEG image) it also sends a camera track, sendonly, as
-the page does with its camera on (``app.client.video_file.VideoFileTrack``).
+With ``video=`` (a Y4M video or a PNG/JPEG image, or any video track) it also sends a camera
+track, sendonly, as the page does with its camera on (``app.client.video_file.VideoFileTrack``).
 
 :meth:`RealtimeClient.speak` is half-duplex: it returns once the answer is done *and* has
 played out (``response.done`` and ``output_audio_buffer.stopped``), so the next utterance
@@ -189,7 +189,7 @@ class RealtimeClient(RealtimeClientBase):
         server_silence_timeout_s: float = SERVER_SILENCE_TIMEOUT_S,
         jitter_buffer: bool = True,
         answer_filter: Callable[[str], str] | None = None,
-        video: str | Path | None = None,
+        video: str | Path | MediaStreamTrack | None = None,
         video_fps: float | None = None,
     ) -> None:
         """``url`` is the server's base URL; ``session`` goes with the offer (multipart).
@@ -206,7 +206,8 @@ class RealtimeClient(RealtimeClientBase):
         path, no concealment); the microphone is Opus-encoded with in-band FEC tuned to the loss
         the server reports, as browsers do. ``answer_filter``, when given, rewrites the server's
         SDP answer before it is used (tests route a call through an impairing relay with it).
-        ``video``: a file to send as the camera (``video_fps`` overrides its frame rate).
+        ``video``: a file to send as the camera (``video_fps`` overrides its frame rate), or a video
+        track to send as it is (a test's).
         """
         self.url = url.rstrip("/")
         self._api_key = api_key
@@ -219,7 +220,9 @@ class RealtimeClient(RealtimeClientBase):
         self.answer_sdp: str | None = None  # the server's SDP answer, as used
         self._pc: RTCPeerConnection | None = None
         self._microphone = MicrophoneTrack()
-        self.camera = VideoFileTrack(video, fps=video_fps) if video is not None else None
+        self.camera: MediaStreamTrack | None = (
+            video if video is None or isinstance(video, MediaStreamTrack) else VideoFileTrack(video, fps=video_fps)
+        )
         self._jitter_buffer = jitter_buffer
         self._answer_filter = answer_filter
         self._network: CallNetwork | None = None

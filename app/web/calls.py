@@ -68,6 +68,7 @@ def new_call(
         on_closed=on_closed,
         pacing_stats=metrics.pacing,
         jitter_buffer=settings.jitter_buffer,
+        max_video_pixels=settings.max_video_pixels,
     )
 
 

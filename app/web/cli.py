@@ -47,6 +47,7 @@ SERVE_FLAGS = {
     "media_workers": "media_workers",
     "disconnect_timeout": "disconnect_timeout_s",
     "max_image_bytes": "max_image_bytes",
+    "max_video_pixels": "max_video_pixels",
     "jitter_buffer": "jitter_buffer",
     "interrupt_response": "default_interrupt_response",
     "speculative_responses": "speculative_responses",
@@ -130,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--disconnect-timeout", type=float, metavar="SECONDS", help="end a call whose peer sent no media this long (default 10)")
     serve.add_argument(
         "--max-image-bytes", type=int, metavar="BYTES", help="the largest input_image a client may send (default 10 MiB)"
+    )
+    serve.add_argument(
+        "--max-video-pixels", type=int, metavar="PIXELS",
+        help="the largest camera frame decoded, in pixels (default 1920x1080 = 2073600); past it frames are dropped undecoded",
     )
     serve.add_argument(
         "--jitter-buffer", action=argparse.BooleanOptionalAction, default=None,

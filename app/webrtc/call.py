@@ -4,8 +4,9 @@ The session is transport-agnostic; a call gives it
 
 - the peer's audio (``media.inbound.InboundAudio`` on the remote track → ``push_audio``),
 - the peer's camera, when it offers a video track (VP8 or H.264, received only):
-  ``media.video.VideoSampler`` keeps the frames the session asks for (``video_plan``) and
-  hands them on (``add_video_frame``),
+  ``media.video.VideoSampler`` has the frames the session asks for (``video_plan``) decoded,
+  none larger than ``max_video_pixels`` (``media.video_gate``), and hands them on
+  (``add_video_frame``),
 - an output (``media.outbound.OutboundAudioTrack``, sent as the answer's audio track),
 - a ``send`` callback that puts each server event on the ``oai-events`` data channel as JSON
   (events sent before the peer opens the channel wait and go out, in order, on open),
@@ -38,7 +39,7 @@ from aiortc.exceptions import InternalError, InvalidAccessError, InvalidStateErr
 from app.realtime.protocol import EVENTS_CHANNEL, ProtocolError
 from app.webrtc.ice import loopback_candidates, missing_relay, selected_candidate_pair
 from app.webrtc.network import CallNetwork, NetworkObserver
-from app.webrtc.sctp_guard import guard_receive_window
+from app.webrtc.sctp_guard import Refusal, guard_data_channel
 from app.webrtc.sdp import with_opus_inband_fec
 from media.frames import FramePlan, SampledFrame
 from media.inbound import InboundAudio
@@ -47,6 +48,7 @@ from media.outbound import OutboundAudioTrack
 from media.pacing import PacingStats
 from media.playout import receive_audio
 from media.video import VideoSampler
+from media.video_gate import MAX_DECODED_PIXELS
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +59,7 @@ MAX_PENDING_EVENTS = 1_000
 # of ~50; a peer that outruns the handler by this much is flooding, and its excess is dropped
 # (with an error event) before it can grow the call's memory.
 MAX_QUEUED_MESSAGES = 256
+DROPPED_EVENTS_LOG_INTERVAL_S = 1.0
 # Events sent on the data channel that SCTP has not yet taken (the peer stopped acknowledging:
 # a frozen tab, a stuck client): past this the call ends ("client_not_reading"). The same bound
 # as a WebSocket's (app.web.websocket.MAX_PENDING_BYTES); a burst of 100 maximal text items
@@ -121,10 +124,13 @@ class Call:
         call_id: str | None = None,
         pacing_stats: PacingStats | None = None,
         jitter_buffer: bool = True,
+        max_video_pixels: int = MAX_DECODED_PIXELS,
     ) -> None:
-        """``jitter_buffer``: inbound audio through ``media.playout`` (False: aiortc's own path)."""
+        """``jitter_buffer``: inbound audio through ``media.playout`` (False: aiortc's own path).
+        ``max_video_pixels``: the largest camera frame decoded (``media.video_gate``)."""
         self.id = call_id or new_call_id()
         self._jitter_buffer = jitter_buffer
+        self._max_video_pixels = max_video_pixels
         self._network: CallNetwork | None = None
         self._pacing_stats = pacing_stats
         self._make_session = make_session
@@ -145,6 +151,8 @@ class Call:
         self._channel: RTCDataChannel | None = None
         self._pending_events: deque[str] = deque()
         self._messages: asyncio.Queue[str | bytes] = asyncio.Queue(MAX_QUEUED_MESSAGES)
+        self._events_dropped = 0  # since the last warning about it
+        self._dropped_logged_at: float | None = None
         self._connected = False
         self._last_media_at: float | None = None  # loop time of the last inbound frame
         self._wakeup = asyncio.Event()  # state changed: connected, inbound media seen, or end
@@ -202,7 +210,7 @@ class Call:
             raise OfferError(
                 f"the SDP offer has no data channel (m=application); open one named {EVENTS_CHANNEL!r} before offering"
             )
-        guard_receive_window(pc.sctp, self._on_receive_window_overrun)
+        guard_data_channel(pc.sctp, self._on_data_channel_refused)
         pc.addTrack(opus)
         answer = await pc.createAnswer()
         # aiortc gathers every candidate inside setLocalDescription, so the answer is complete.
@@ -355,7 +363,17 @@ class Call:
         try:
             self._messages.put_nowait(raw)
         except asyncio.QueueFull:
-            logger.warning("call %s: %d client events wait to be handled; dropping one", self.id, MAX_QUEUED_MESSAGES)
+            # A warning a second, not one an event: a peer's flood of tiny events (a chunk each)
+            # made a log line apiece, half of what each dropped event cost the loop.
+            self._events_dropped += 1
+            now = self._loop.time()
+            if self._dropped_logged_at is None or now - self._dropped_logged_at >= DROPPED_EVENTS_LOG_INTERVAL_S:
+                logger.warning(
+                    "call %s: %d client events wait to be handled; %d dropped since the last warning",
+                    self.id, MAX_QUEUED_MESSAGES, self._events_dropped,
+                )
+                self._dropped_logged_at = now
+                self._events_dropped = 0
             self._send(
                 ProtocolError(
                     "rate_limit_exceeded",
@@ -365,16 +383,19 @@ class Call:
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         assert self._session is not None
+        assert self._pc is not None
+        receiver = next(t.receiver for t in self._pc.getTransceivers() if t.receiver.track is track)
         if track.kind == "video" and self._video is None:
-            # aiortc queues every decoded frame for whoever reads the track: the sampler reads them all.
-            self._video = VideoSampler(track, plan=self._session.video_plan, on_frame=self._session.add_video_frame)
+            # The sampler gates the receiver's decoder (size, wanted or not) and reads every frame.
+            self._video = VideoSampler(
+                receiver, plan=self._session.video_plan, on_frame=self._session.add_video_frame,
+                max_pixels=self._max_video_pixels,
+            )
             self._video.start()
             return
         if track.kind != "audio" or self._inbound is not None:
             logger.warning("call %s: ignoring an extra %s track", self.id, track.kind)
             return
-        assert self._pc is not None
-        receiver = next(t.receiver for t in self._pc.getTransceivers() if t.receiver.track is track)
         # The track event comes inside setRemoteDescription, before any media can flow.
         source = receive_audio(receiver, jitter_buffer=self._jitter_buffer)
         self._resources.callback(source.stop)
@@ -383,13 +404,12 @@ class Call:
         self._inbound = InboundAudio(source, on_audio=self._on_audio)
         self._inbound.start()
 
-    def _on_receive_window_overrun(self, undelivered: int) -> None:
+    def _on_data_channel_refused(self, refusal: Refusal) -> None:
         logger.warning(
-            "call %s: the peer sent %d bytes the data channel could not deliver yet, past the receive window "
-            "it was given (app/webrtc/sctp_guard.py); ending the call",
-            self.id, undelivered,
+            "call %s: the peer sent %s on the data channel (app/webrtc/sctp_guard.py); ending the call",
+            self.id, refusal.detail,
         )
-        self.end("data_channel_overrun")
+        self.end(refusal.reason)
 
     def _on_audio(self, pcm: np.ndarray) -> None:
         first = self._last_media_at is None

@@ -5,17 +5,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import numpy as np
 import pytest
-from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 
 from app.client.webrtc import MicrophoneTrack
 from app.webrtc.call import MAX_QUEUED_MESSAGES, Call, CallRegistry, ConnectingLimitError, OfferError
 from app.webrtc.ice import loopback_candidates, rtc_configuration
 from app.webrtc.sctp_guard import MAX_UNDELIVERED_BYTES
+from media.frames import FramePlan, SampledFrame
+from tests import hostile_sctp, hostile_video
 
 # Generous: waiting is not measured, a call that never gets there fails the wait.
 DEADLINE_S = 30.0
@@ -63,13 +66,29 @@ class RecordingSession:
         pass
 
 
+class WatchingSession(RecordingSession):
+    """Wants a camera frame every 50 ms, scaled to a 32nd of its size; keeps what it is given."""
+
+    def __init__(self, output: Any, send: Callable[[dict[str, Any]], None]) -> None:
+        super().__init__(output, send)
+        self.frames: list[SampledFrame] = []
+
+    def video_plan(self) -> FramePlan:  # type: ignore[override]
+        return FramePlan(0.05, lambda width, height: (max(width // 32, 1), max(height // 32, 1)))
+
+    def add_video_frame(self, frame: SampledFrame) -> None:
+        self.frames.append(frame)
+
+
 @contextlib.asynccontextmanager
-async def call_under_test(**options: Any) -> AsyncIterator[tuple[Call, list[RecordingSession], list[str]]]:
+async def call_under_test(
+    session: type[RecordingSession] = RecordingSession, **options: Any
+) -> AsyncIterator[tuple[Call, list[Any], list[str]]]:
     sessions: list[RecordingSession] = []
     reasons: list[str] = []
 
     def make_session(output: Any, send: Callable[[dict[str, Any]], None]) -> RecordingSession:
-        sessions.append(RecordingSession(output, send))
+        sessions.append(session(output, send))
         return sessions[-1]
 
     call = Call(
@@ -86,12 +105,16 @@ async def call_under_test(**options: Any) -> AsyncIterator[tuple[Call, list[Reco
 
 
 @contextlib.asynccontextmanager
-async def peer(microphone: MicrophoneTrack | None = None) -> AsyncIterator[tuple[RTCPeerConnection, RTCDataChannel, list[dict]]]:
+async def peer(
+    microphone: MicrophoneTrack | None = None, camera: MediaStreamTrack | None = None
+) -> AsyncIterator[tuple[RTCPeerConnection, RTCDataChannel, list[dict]]]:
     pc = RTCPeerConnection(rtc_configuration([]))
     received: list[dict] = []
     channel = pc.createDataChannel("oai-events")
     channel.on("message", lambda message: received.append(json.loads(message)))
     pc.addTrack(microphone or MicrophoneTrack())
+    if camera is not None:
+        pc.addTransceiver(camera, direction="sendonly")
     with loopback_candidates():
         await pc.setLocalDescription(await pc.createOffer())
     try:
@@ -145,6 +168,22 @@ async def test_a_flood_of_client_events_is_bounded_and_the_excess_answered_with_
     assert [json.loads(raw)["n"] for raw in sessions[0].messages] == sorted(json.loads(raw)["n"] for raw in sessions[0].messages)
 
 
+async def test_events_dropped_in_a_flood_are_logged_once_a_second_not_once_an_event(caplog: pytest.LogCaptureFixture):
+    flood = MAX_QUEUED_MESSAGES + 400
+    async with call_under_test() as (call, sessions, _), peer() as (pc, channel, received):
+        await connect(call, pc)
+        await until(lambda: channel.readyState == "open" and bool(sessions))
+        sessions[0].busy = asyncio.Event()
+        with caplog.at_level(logging.WARNING, logger="app.webrtc.call"):
+            for number in range(flood):
+                channel.send(json.dumps({"type": "probe", "n": number}))
+            await until(lambda: sum(event.get("type") == "error" for event in received) >= 399)
+        sessions[0].busy.set()
+    warnings = [record.getMessage() for record in caplog.records if "client events wait to be handled" in record.getMessage()]
+    # 400 dropped within a second or so (one error event each all the same): a line a second, not 400.
+    assert 1 <= len(warnings) <= 10
+
+
 async def test_a_peer_that_ignores_the_receive_window_ends_its_call_before_its_message_fills_memory():
     """One 8 MiB message that the peer sends past the answer's max-message-size (256 KiB) and the
     1 MiB window the server advertised: aiortc would reassemble all of it."""
@@ -168,6 +207,71 @@ async def test_messages_of_the_largest_size_in_a_burst_are_delivered_without_end
         await until(lambda: len(sessions[0].messages) == 12)
         assert reasons == []
     assert [json.loads(raw)["n"] for raw in sessions[0].messages] == list(range(12))
+
+
+async def test_a_peer_sending_data_chunks_with_no_user_data_is_ended():
+    """RFC 4960 §6.2: a DATA chunk has at least one byte. aiortc kept each and counted 0 bytes
+    (200,000 of them held 33 MB, issue 34)."""
+    async with call_under_test() as (call, sessions, reasons), peer() as (pc, channel, _):
+        await connect(call, pc)
+        await until(lambda: channel.readyState == "open")
+        assert pc.sctp is not None
+        await hostile_sctp.send(pc.sctp, hostile_sctp.zero_length(hostile_sctp.next_tsn(pc.sctp), 2_000))
+        await until(lambda: reasons == ["data_channel_violation"])
+    assert sessions[0].messages == []
+
+
+async def test_a_peer_skipping_every_other_tsn_is_ended_once_it_keeps_sending_past_the_window():
+    """One-byte chunks with every other TSN missing: aiortc sorted every one it held on each chunk
+    (16,000 took 31 s of loop time, issue 34) and counted 16 KB."""
+    async with call_under_test() as (call, _, reasons), peer() as (pc, channel, _):
+        await connect(call, pc)
+        await until(lambda: channel.readyState == "open")
+        assert pc.sctp is not None
+        await hostile_sctp.send(pc.sctp, hostile_sctp.gapped(hostile_sctp.next_tsn(pc.sctp), 6_000))
+        await until(lambda: reasons == ["data_channel_overrun"])
+
+
+async def test_a_message_sent_in_one_byte_fragments_ends_the_call_past_the_held_chunk_bound():
+    """4 KB of data, but 4,000 chunks aiortc keeps and walks for every one."""
+    async with call_under_test() as (call, sessions, reasons), peer() as (pc, channel, _):
+        await connect(call, pc)
+        await until(lambda: channel.readyState == "open")
+        assert pc.sctp is not None
+        await hostile_sctp.send(pc.sctp, hostile_sctp.fragments(hostile_sctp.next_tsn(pc.sctp), 4_000))
+        await until(lambda: reasons == ["data_channel_overrun"])
+    assert sessions[0].messages == []
+
+
+HUGE_CAMERA = (2048, 1152)  # 2.4 MP: past the 1920x1080 decoded by default
+SMALL_CAMERA = (64, 48)
+
+
+async def test_a_camera_past_the_decoded_size_is_never_decoded_and_one_within_it_is():
+    """aiortc decoded frames of any size (a 4096x4096 VP8 stream held 353 MB, issue 34). The
+    same peer's camera turns small: from then on its frames reach the session, and only those."""
+    camera = hostile_video.CodedVideoTrack(hostile_video.coded_frames("libvpx", *HUGE_CAMERA, count=2), fps=10)
+    async with call_under_test(WatchingSession) as (call, sessions, reasons), peer(camera=camera) as (pc, _, _):
+        await connect(call, pc)
+        await until(lambda: camera.sent >= 20)  # two seconds of the huge stream
+        camera.replace(hostile_video.coded_frames("libvpx", *SMALL_CAMERA, count=2))
+        await until(lambda: len(sessions[0].frames) >= 3)
+        assert reasons == []
+    small = (SMALL_CAMERA[0] // 32, SMALL_CAMERA[1] // 32)
+    assert {(frame.width, frame.height) for frame in sessions[0].frames} == {small}
+
+
+async def test_no_camera_frame_is_decoded_while_the_session_wants_none():
+    camera = hostile_video.CodedVideoTrack(hostile_video.coded_frames("libvpx", *SMALL_CAMERA, count=2), fps=20)
+    async with call_under_test() as (call, _, _), peer(camera=camera) as (pc, _, _):
+        await connect(call, pc)
+        await until(lambda: call._video is not None and camera.sent >= 20)
+        video = call._video
+        assert video is not None
+        # aiortc decoded every frame for the sampler to throw away; the gate skips them undecoded.
+        await until(lambda: video.frames_received > 0 or video.gate.frames_skipped >= 10)
+        assert video.frames_received == 0
+        assert video.gate.frames_passed == 0
 
 
 async def test_peer_audio_reaches_the_session_as_16khz_float32():
