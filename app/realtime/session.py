@@ -311,7 +311,7 @@ class RealtimeSession:
         elif isinstance(event, ConversationItemRetrieveEvent):
             self._emit(self._history.retrieve_item(event.item_id))
         elif isinstance(event, ConversationItemTruncateEvent):
-            self._truncate_item(event)
+            await self._truncate_item(event)
         elif isinstance(event, ResponseCreateEvent):
             await self._create_response(event)
         elif isinstance(event, ResponseCancelEvent):
@@ -410,7 +410,15 @@ class RealtimeSession:
         in_progress = self._response.output if self._response is not None else []
         self._emit(self._history.delete_item(event.item_id, in_progress=in_progress))
 
-    def _truncate_item(self, event: ConversationItemTruncateEvent) -> None:
+    async def _truncate_item(self, event: ConversationItemTruncateEvent) -> None:
+        response = self._response
+        if (response is not None and response.cancelling and response.task is not None
+                and any(entry.id == event.item_id for entry in response.output)):
+            # The client's reply to speech_started (pipecat, the Agents SDK), sent before the
+            # server's own cancel at that barge-in ended the item: it is cut once that has.
+            await asyncio.wait({response.task})
+            if self._closed:
+                return
         self._emit(self._history.truncate_item(event, self._audio.ledger))
         played_out(self._audio.output, event.item_id)
 

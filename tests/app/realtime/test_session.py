@@ -550,6 +550,20 @@ async def test_a_cancel_sent_as_the_server_cancels_at_barge_in_joins_that_cancel
     await h.session.close()
 
 
+async def test_a_truncate_sent_as_the_server_cancels_at_barge_in_cuts_the_item_once_cancelled():
+    h = await barged_in()  # the answer's item is in progress until its cancel ends
+    item_id = h.last("response.output_item.added")["item"]["id"]
+    # pipecat's and the Agents SDK's reply to speech_started: the audio they had played
+    await h.send(type="conversation.item.truncate", event_id="t1", item_id=item_id, content_index=0, audio_end_ms=40)
+
+    assert h.of_type("error") == []
+    types = h.types()
+    assert types.index("response.done") < len(types) - 1 - types[::-1].index("conversation.item.truncated")
+    truncated = h.last("conversation.item.truncated")
+    assert (truncated["item_id"], truncated["audio_end_ms"]) == (item_id, 40)
+    await h.session.close()
+
+
 async def test_a_cancel_that_crossed_the_barge_in_response_done_is_answered_by_it():
     h = await barged_in()
     done = await h.until("response.done")

@@ -63,6 +63,8 @@ TOOL = {
     "description": "The weather forecast for a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }
+AUDIO_RATE = 24_000  # every framework's output audio: PCM16 mono at 24 kHz
+AFTER_THE_ANSWER_S = 0.3  # the user's pause between hearing the answer and talking
 # Against hangs only: a dev-model turn takes a second or two on a busy CPU.
 TURN_TIMEOUT_S = 90.0
 
@@ -133,7 +135,8 @@ class Record:
 
     def server_event(self, event: dict[str, Any]) -> None:
         if event.get("type") in ("response.output_audio.delta", "response.audio.delta"):
-            event = {**event, "delta": len(event.get("delta") or "")}  # the size, not the audio
+            # The size, not the audio; and when it came, for the time the answer takes to hear.
+            event = {**event, "delta": len(event.get("delta") or ""), "received_at": time.monotonic()}
         self.data["server_events"].append(event)
         self._changed.set()
 
@@ -163,6 +166,19 @@ class Record:
         return await self.until(lambda: len(done := self.of_type("response.done")) >= count and done,
                                 f"response.done #{count}")
 
+    async def answer_heard(self, count: int) -> None:
+        """Until response #``count`` is done and its audio has been heard: a person answers what
+        they heard, not the server's ``response.done``, which a speculative answer sends a few
+        milliseconds after the commit. (LiveKit also replaces the microphone by silence for its
+        first 3 s of an agent's speech, its AEC warm-up: words said then are never sent.)"""
+        response_id = (await self.responses_done(count))[count - 1]["response"]["id"]
+        deltas = [event for event in self.of_type("response.output_audio.delta") + self.of_type("response.audio.delta")
+                  if event.get("response_id") == response_id]
+        if deltas:
+            audio_s = sum(event["delta"] * 3 / 4 for event in deltas) / (2 * AUDIO_RATE)  # base64 of PCM16
+            first_heard = min(event["received_at"] for event in deltas)
+            await asyncio.sleep(max(0.0, first_heard + audio_s + AFTER_THE_ANSWER_S - time.monotonic()))
+
     def print(self) -> None:
         print(json.dumps(self.data), flush=True)
 
@@ -170,11 +186,11 @@ class Record:
 async def run_scenario(record: Record, microphone: Microphone, *, tool_answered: Callable[[], Any] | None = None) -> None:
     """The conversation of the module docstring; the framework answers the tool call itself."""
     await microphone.say(UTTERANCES[0])
-    await record.responses_done(1)
+    await record.answer_heard(1)
     await microphone.say(UTTERANCES[1])
-    await record.responses_done(2)
+    await record.answer_heard(2)
     await microphone.say(UTTERANCES[2])
-    await record.responses_done(4)  # the call, then the answer that used its output
+    await record.answer_heard(4)  # the call, then the answer that used its output
     await microphone.say(UTTERANCES[3])
     long_id = (await record.until(lambda: len(record.of_type("response.created")) >= 5 and
                                   record.of_type("response.created")[4], "the long answer"))["response"]["id"]
