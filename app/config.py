@@ -81,6 +81,10 @@ class Settings(BaseSettings):
     # capacity and are held until the commit (app/realtime/speculation.py); the default of each
     # session's turn_detection.speculative_response. Off: every answer starts at the commit.
     speculative_responses: bool = True
+    # With input transcription on, the words are also transcribed while the user speaks, about
+    # every second, on spare engine capacity (app/realtime/partial_transcripts.py); the default of
+    # each session's audio.input.transcription.partials. Off: only after the commit.
+    partial_transcripts: bool = True
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     seed: int | None = None  # makes turns reproducible
     # pipeline.params.GenerationParams fields for every turn (JSON in the environment), e.g.

@@ -293,6 +293,17 @@ class TurnCommitBuffer:
         """Stream position of the first sample the current utterance would commit."""
         return self._buffer_start
 
+    @property
+    def utterance_samples(self) -> int:
+        """Samples a commit now would hold (since the last segment), while in confirmed speech; else 0."""
+        return self._position - self._buffer_start if self._state is _State.SPEECH else 0
+
+    def utterance_audio(self) -> np.ndarray:
+        """What a commit now would hold, as ``utterance_samples`` counts it (a copy)."""
+        if self._state is not _State.SPEECH or not self._chunks:
+            return np.zeros(0, dtype=np.float32)
+        return np.concatenate(self._chunks)
+
     def forget_before(self, position: int) -> None:
         """Drop audio before ``position``; speech that began before it is dropped whole."""
         if self._state is not _State.IDLE and self._onset < position:
@@ -568,6 +579,15 @@ class VoiceActivityDetector:
     @property
     def audio_start_ms(self) -> int:
         return _ms(self._buffer.audio_start)
+
+    @property
+    def utterance_samples(self) -> int:
+        """Samples of the utterance so far (since the last segment) while in confirmed speech; else 0."""
+        return self._buffer.utterance_samples
+
+    def utterance_audio(self) -> np.ndarray:
+        """The utterance so far, as a commit now would hold it (partial transcripts)."""
+        return self._buffer.utterance_audio()
 
     def forget_before(self, position: int) -> None:
         """Drop buffered audio before input sample ``position``; speech begun before it is dropped."""

@@ -3,8 +3,8 @@
 Used by the session tests and by any test that needs a whole server without a checkpoint:
 - ``ScriptedEngine``: an ``Engine`` that answers every turn with a scripted reply, one text
   delta (one "Thinker token") and one 80 ms codec frame of audio per word, counting frames
-  and voiced tokens as ``AudioChunk`` does (transcription turns: ``transcript``, text only),
-  and records the requests it got. It keeps the preemptible-turn rules of ``pipeline.turn``
+  and voiced tokens as ``AudioChunk`` does (transcription turns: ``transcript``, text only, or
+  what a function of the clip says), and records the requests it got. It keeps the preemptible-turn rules of ``pipeline.turn``
   with a batch of ``max_batch`` turns (None: room for any number).
 - ``EnergyVad``: a ``SileroVad`` stand-in whose "speech probability" is 1 for loud windows
   and 0 for quiet ones, so a test can write speech as a tone and silence as zeros.
@@ -72,14 +72,14 @@ class ScriptedEngine:
         self,
         reply: str = "Hello there, how can I help you today?",
         *,
-        transcript: str = "What is the weather like?",
+        transcript: str | Callable[[UserAudio], str] = "What is the weather like?",
         text_first: bool = False,
         frames_per_chunk: int = 1,
         chunk_interval_s: float = 0.0,
         waveform: Literal["ramp", "tone"] = "ramp",
     ) -> None:
         self.reply = reply
-        self.transcript = transcript  # what every transcription turn "hears" (text only)
+        self.transcript = transcript  # what every transcription turn "hears" (text only), or of each clip
         self.text_first = text_first
         self.frames_per_chunk = frames_per_chunk
         self.chunk_interval_s = chunk_interval_s
@@ -88,6 +88,8 @@ class ScriptedEngine:
         self.cancelled_turns = 0
         # When set, each turn waits on it after its first word (a long answer being generated).
         self.hold: asyncio.Event | None = None
+        # When set, each transcription turn waits on it after its first word (answers do not).
+        self.hold_transcriptions: asyncio.Event | None = None
         # Raised by the next turn after its first word (then cleared).
         self.fail_next: Exception | None = None
         self.max_batch: int | None = None  # turns at once; a preemptible one needs a free slot
@@ -167,7 +169,9 @@ class ScriptedEngine:
             self.preemptible.pop(turn, None)
 
     async def _answer(self, request: TurnRequest, turn: int) -> AsyncGenerator[TurnEvent, None]:
-        said = self.transcript if request.task == "transcribe" else self.reply
+        said = self.reply
+        if request.task == "transcribe":
+            said = self.transcript if isinstance(self.transcript, str) else self.transcript(_the_clip(request))
         words = [word + " " for word in said.split(" ")]
         words[-1] = words[-1].rstrip()
         finish_reason = "stop"
@@ -189,6 +193,8 @@ class ScriptedEngine:
                         raise failure
                     if self.hold is not None and not self.text_first:
                         await self._pause(turn, self.hold)
+                    if self.hold_transcriptions is not None and request.task == "transcribe":
+                        await self._pause(turn, self.hold_transcriptions)
                 await self._pause(turn)  # let the session's other work run, as a real engine would
             if request.output_audio and self.text_first:
                 for start in range(0, len(words), self.frames_per_chunk):
@@ -214,6 +220,12 @@ class ScriptedEngine:
         except (GeneratorExit, asyncio.CancelledError):
             self.cancelled_turns += 1
             raise
+
+
+def _the_clip(request: TurnRequest) -> UserAudio:
+    clip = request.conversation.items[-1]
+    assert isinstance(clip, UserAudio), "a transcription turn transcribes one clip"
+    return clip
 
 
 def audio_tokens(request: TurnRequest) -> int:
@@ -324,6 +336,7 @@ class SessionHarness:
         self.output = VirtualAudioOutput()
         self.events: list[dict[str, Any]] = []
         self.speculations: list[tuple[str | None, float]] = []  # the session's on_speculation reports
+        self.partials: list[tuple[str, float]] = []  # the session's on_partial_transcript reports
         self._new_event = asyncio.Event()
         self.session = RealtimeSession(
             engine=engine, vad=vad if vad is not None else EnergyVad(), output=self.output, send=self._record,
@@ -331,6 +344,7 @@ class SessionHarness:
             session_fields=session_fields,
             clock=clock,
             on_speculation=lambda outcome, seconds: self.speculations.append((outcome, seconds)),
+            on_partial_transcript=lambda outcome, seconds: self.partials.append((outcome, seconds)),
         )
 
     def _record(self, event: dict[str, Any]) -> None:

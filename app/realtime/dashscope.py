@@ -151,7 +151,8 @@ class DashScopeDialect:
             )
         return dataclasses.replace(
             config, input_audio_format="audio/pcm", input_audio_rate=DASHSCOPE_INPUT_RATE,
-            turn_detection=turn_detection, transcription=config.transcription or InputTranscription(),
+            turn_detection=turn_detection,
+            transcription=config.transcription or InputTranscription(partials=config.partial_transcripts),
         )
 
     def session_fields(self, session: Mapping[str, Any]) -> Mapping[str, Any]:

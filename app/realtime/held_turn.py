@@ -4,7 +4,9 @@ A speculative answer and its input transcription (``app.realtime.speculation``) 
 turns: preemptible engine turns (``pipeline.turn``) whose events are kept, in order, as they
 come. Whoever holds one either closes it (cancelled in the engine, forgotten) or, once the turn
 it stands for is committed, promotes it (an ordinary engine turn from then on) and takes its
-``events()``: those held so far at once, then the rest as they come. The held turn owns the task
+``events()``: those held so far at once, then the rest as they come. A partial transcript
+(``app.realtime.partial_transcripts``) is never promoted: it is read once it ended by itself
+(``on_end``, then ``done``), or closed unseen. The held turn owns the task
 that reads the engine's stream: ``close()`` cancels and awaits it, and is safe to call twice.
 What it holds is bounded by one answer (``max_output_tokens``, the engine's audio bound).
 """
@@ -76,6 +78,12 @@ class HeldTurn:
     def engine_code(self) -> str | None:
         """The ``EngineError`` code it ended with (``preempted``, ``no_spare_capacity``...), if any."""
         return self.error.code if isinstance(self.error, EngineError) else None
+
+    @property
+    def done(self) -> TurnDone | None:
+        """Its ``TurnDone``, once the engine's stream ended with one (None while it runs, or when it failed)."""
+        last = self._events[-1] if self.ended and self.error is None and self._events else None
+        return last if isinstance(last, TurnDone) else None
 
     def engine_seconds(self) -> float:
         """How long the engine has worked on it: from its start to its end, or to now."""

@@ -548,6 +548,7 @@ class TranscriptionObject(_ServerModel):
     model: str | None = None
     language: str | None = None
     prompt: str | None = None
+    partials: bool = True  # an extension: partial transcripts while the user speaks (docs/SESSION.md)
 
 
 class SessionAudioInput(_ServerModel):
@@ -862,6 +863,11 @@ class ConversationItemInputAudioTranscriptionDeltaEvent(_ServerEventBase):
     content_index: int
     delta: str
     logprobs: list[Any] | None = None
+    # Extensions (docs/SESSION.md "Partial transcripts"): ``partial`` is true for the deltas sent
+    # while the user speaks, before the commit; ``transcript`` is the item part's whole text as
+    # the server now hears it, which replaces the previous delta event's.
+    partial: bool = False
+    transcript: str
 
 
 class ConversationItemInputAudioTranscriptionCompletedEvent(_ServerEventBase):

@@ -13,7 +13,9 @@ from a response's start until its audio has played out, plus ``ECHO_TAIL_MS``, s
 but not acted on; ``null`` is manual mode (``input_audio_buffer.commit`` + ``response.create``).
 ``session.finish`` ends the session: ``session.finished`` is its last event.
 Server VAD's events are turned into the protocol's by ``app.realtime.turn_taking``; answers start
-at a candidate end of turn and are held until the commit (``app.realtime.speculation``).
+at a candidate end of turn and are held until the commit (``app.realtime.speculation``); with
+input transcription on, the words are transcribed while the user speaks too
+(``app.realtime.partial_transcripts``).
 docs/SESSION.md has the whole picture.
 """
 
@@ -40,6 +42,7 @@ from app.realtime.history import History, read_item_audio
 from app.realtime.images import DecodeBudget, read_frame, read_item_images
 from app.realtime.input_buffer import AppendDecoder, ManualBuffer
 from app.realtime.ledger import AudioOutput
+from app.realtime.partial_transcripts import PartialObserver, PartialTranscripts
 from app.realtime.prompt_budget import check_session, check_system_budget, session_param
 from app.realtime.protocol import (
     ClientEvent,
@@ -121,6 +124,7 @@ class RealtimeSession:
         session_fields: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_speculation: OutcomeObserver | None = None,
+        on_partial_transcript: PartialObserver | None = None,
     ) -> None:
         """``on_ignored_speech`` is called for each utterance half-duplex does not act on (metrics).
         ``end_of_turn``: the model semantic_vad needs; without it, semantic_vad is refused (server VAD stays).
@@ -128,6 +132,7 @@ class RealtimeSession:
         ``session_fields``: a dialect's reading of ``session.update`` fields, before the session's
         own (``app.realtime.dashscope``); it raises ``ProtocolError`` for what it refuses.
         ``on_speculation``: each speculation's outcome (metrics, ``app.realtime.speculation``).
+        ``on_partial_transcript``: each partial transcript's outcome (metrics, ``app.realtime.partial_transcripts``).
         ``clock``: what the event gate and the appends' bound count time by (tests run it faster)."""
         self._engine = engine
         self._session_fields = session_fields
@@ -174,6 +179,8 @@ class RealtimeSession:
         self._finished = False  # session.finished sent: nothing more is taken or sent
         self._close_lock = asyncio.Lock()
         self._transcriptions = Transcriptions(engine, self._emit, self._history.holds, self.session_id)
+        self._partials = PartialTranscripts(engine, self._emit, self._audio_content_index, session_id=self.session_id,
+                                            on_outcome=on_partial_transcript)
         self._committed_speculation: Speculation | None = None  # taken at a commit, for its response
         output.set_listener(self)
 
@@ -245,6 +252,7 @@ class RealtimeSession:
             self._manual.append(pcm)
             return
         self._turns.push(pcm, turn_detection)
+        self._partials.heard(self._turns.speech_so_far(), self._config.transcription)
 
     def add_video_frame(self, frame: SampledFrame) -> None:
         """One frame sampled from the call's camera; it joins the next committed utterance (or not)."""
@@ -261,6 +269,7 @@ class RealtimeSession:
         async with self._close_lock:
             self._closed = True
             await self._transcriptions.close()  # first: an ending response would let them start
+            await self._partials.close()
             await self._semantic.close()
             tasks = list(self._tasks)
             for task in tasks:
@@ -278,6 +287,7 @@ class RealtimeSession:
             "camera_frames": len(self._frames),
             "playbacks": len(self._audio),
             "tasks": len(self._tasks) + len(self._transcriptions),
+            "partial_transcripts": len(self._partials),
             "speculations": len(self._speculator),
             "manual_buffer_samples": self._manual.samples,
             "responses": int(self._response is not None),
@@ -343,6 +353,8 @@ class RealtimeSession:
             self._turns.configure(new.turn_detection, new.history)
             if old.turn_detection is None:  # manual audio is not the VAD's business
                 self._manual.clear()
+        if new.transcription != old.transcription:  # partials turned off stop now, not at the next audio
+            self._partials.heard(self._turns.speech_so_far(), new.transcription)
         self._emit(SessionUpdatedEvent(session=self._session_object()))
 
     def _append_audio(self, event: InputAudioBufferAppendEvent) -> None:
@@ -369,6 +381,7 @@ class RealtimeSession:
             assert task is not None
             await asyncio.wait({task})
         self._speculator.utterance_over()  # nothing more is answered: a held answer is thrown away
+        self._partials.stop()
         self._emit(SessionFinishedEvent())
         self._finished = True
 
@@ -524,6 +537,7 @@ class RealtimeSession:
             self._frames.speech_started()
         else:
             self._frames.speech_ended()
+            self._partials.stop()
         self._speculator.utterance_over()
 
     def _commit_user_audio(self, item_id: str, pcm: np.ndarray) -> None:
@@ -531,12 +545,17 @@ class RealtimeSession:
         if self._committed_speculation is not None:  # committed without an answer (create_response off)
             self._speculator.release(self._committed_speculation)
         speculation = self._committed_speculation = self._speculator.take()
+        partial = self._partials.committed(item_id)
         images = self._frames.take(self._config.video.frames_per_turn)
         for event in self._history.commit_audio(item_id, pcm if speculation is None else speculation.pcm, images):
             self._emit(event)
         held = speculation.take_transcription if speculation is not None else None
-        self._transcriptions.transcribe(self._history.require(item_id), self._config.transcription, held)
+        self._transcriptions.transcribe(self._history.require(item_id), self._config.transcription, held, partial)
         self._prune()
+
+    def _audio_content_index(self) -> int:
+        """The index a commit now would give the user item's audio part: after its camera frames."""
+        return len(self._frames.peek(self._config.video.frames_per_turn))
 
     def _busy(self) -> bool:
         """The assistant is answering or its audio has not finished playing."""

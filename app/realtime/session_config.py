@@ -124,12 +124,15 @@ class InputTranscription:
     """``audio.input.transcription``: committed user audio is transcribed (by Qwen3-Omni itself).
 
     ``model`` is any name the client gave, only reported back; ``language`` (ISO-639-1) and
-    ``prompt`` are hints for the ASR prompt (``pipeline.prompt``).
+    ``prompt`` are hints for the ASR prompt (``pipeline.prompt``). ``partials``, an extension:
+    the words are also transcribed while the user speaks (``app.realtime.partial_transcripts``);
+    left out, the server's ``--partial-transcripts`` (``SessionConfig.partial_transcripts``).
     """
 
     model: str | None = None
     language: str | None = None
     prompt: str | None = None
+    partials: bool = True
 
     def hint(self) -> TranscriptionHint:
         return TranscriptionHint(language=self.language, prompt=self.prompt)
@@ -225,6 +228,9 @@ class SessionConfig:
     # turn_detection.speculative_response when a client's turn detection leaves it out;
     # Settings.speculative_responses.
     speculative_responses: bool = True
+    # audio.input.transcription.partials when a client's transcription leaves it out;
+    # Settings.partial_transcripts.
+    partial_transcripts: bool = True
 
     @classmethod
     def from_session(cls, session: Mapping[str, Any], *, base: SessionConfig | None = None) -> SessionConfig:
@@ -362,7 +368,8 @@ class _SessionReader:
         self._changes["voice"] = read_voice(value, param, self._changes.get("voice", self._base.voice))
 
     def _transcription(self, value: Any, param: str) -> None:
-        """Any ``model`` name is accepted (and reported); ``delay``, ``keywords``… are accepted and ignored."""
+        """Any ``model`` name is accepted (and reported); ``delay``, ``keywords``… are accepted and
+        ignored; ``partials`` left out is the server's (the object sent is the object used)."""
         value = _object_or_none(value, param)
         if value is None:
             self._changes["transcription"] = None
@@ -375,7 +382,10 @@ class _SessionReader:
             if field_value is not None and len(field_value) > self._base.max_text_chars:
                 raise _invalid(f"{param}.{key}", f"longer than {self._base.max_text_chars} characters")
             fields[key] = field_value
-        self._changes["transcription"] = InputTranscription(**fields)
+        partials = value.get("partials", self._base.partial_transcripts)
+        if not isinstance(partials, bool):
+            raise _invalid(f"{param}.partials", "must be a boolean")
+        self._changes["transcription"] = InputTranscription(**fields, partials=partials)
 
     def _audio(self, audio: Any) -> None:
         if audio is None:

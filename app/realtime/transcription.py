@@ -22,6 +22,14 @@ A commit whose answer was speculative may bring its transcription already starte
 (``app.realtime.speculation``: held, started after the held answer's first audio): when it
 transcribes exactly the committed clip it is promoted and its held events are released, in the
 same order and at the same point as a fresh turn's would be.
+
+Partial transcripts sent while the user spoke (``app.realtime.partial_transcripts``) come with
+the commit as what their deltas said (``PartialText``): the final transcription's deltas go on
+from there, appending what it says past those words when it starts with them, and nothing more
+when it revises them (the ``.completed`` transcript is the final text either way). Without
+partials every delta is sent as it comes, and the deltas concatenate to ``.completed``'s
+transcript. Each delta also carries the extensions ``partial`` (false here) and ``transcript``
+(the final text so far).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import numpy as np
 from app.realtime.entries import Entry, UserEntry
 from app.realtime.failures import transcription_failed_event
 from app.realtime.held_turn import HeldTurn
+from app.realtime.partial_transcripts import PartialText
 from app.realtime.protocol import (
     ConversationItemInputAudioTranscriptionCompletedEvent,
     ConversationItemInputAudioTranscriptionDeltaEvent,
@@ -75,18 +84,23 @@ class Transcriptions:
         self._answer_started = answer_started
 
     def transcribe(
-        self, entry: Entry, settings: InputTranscription | None, held: HeldTranscriptions | None = None
+        self, entry: Entry, settings: InputTranscription | None, held: HeldTranscriptions | None = None,
+        partial: PartialText | None = None,
     ) -> None:
         """Transcribe a user item's audio parts, if the session asks for it (``settings``); ``held``
-        offers transcriptions already running (a speculative answer's)."""
+        offers transcriptions already running (a speculative answer's); ``partial``: what partial
+        transcripts said of one part while it was spoken."""
         if settings is None or self._closed or not isinstance(entry, UserEntry):
             return
         for content_index, part in enumerate(entry.parts):
             if isinstance(part, UserAudio):
                 request = None if not np.any(part.pcm) else TurnRequest.transcription(part, settings.hint())
                 running = held(request) if held is not None and request is not None else None
+                said = partial if partial is not None and partial.content_index == content_index else None
+                text = PartialText(content_index, shown=said.shown) if said is not None else PartialText(content_index)
                 task = asyncio.create_task(
-                    self._run(entry, content_index, request, running), name=f"transcription {entry.id}[{content_index}]"
+                    self._run(entry, content_index, request, running, text),
+                    name=f"transcription {entry.id}[{content_index}]",
                 )
                 self._tasks.add(task)
                 task.add_done_callback(self._on_task_done)
@@ -105,10 +119,12 @@ class Transcriptions:
             logger.error("session %s: %s crashed", self._session_id, task.get_name(), exc_info=task.exception())
 
     async def _run(
-        self, entry: UserEntry, content_index: int, request: TurnRequest | None, held: HeldTurn | None
+        self, entry: UserEntry, content_index: int, request: TurnRequest | None, held: HeldTurn | None,
+        text: PartialText,
     ) -> None:
         """Transcribe one audio part; ``request`` None: digital silence, transcribed as "" at once;
-        ``held``: its turn, already running (promoted now, so that it is no longer preemptible)."""
+        ``held``: its turn, already running (promoted now, so that it is no longer preemptible);
+        ``text``: what its deltas have said so far (the partial transcripts')."""
         # Runs first on the loop's next turn, after the commit's response (if any) was started.
         answer_started = self._answer_started
         try:
@@ -125,7 +141,7 @@ class Transcriptions:
             else:
                 try:
                     events = held.events() if held is not None else self._engine.run_turn(request)
-                    done = await self._stream(entry.id, content_index, events)
+                    done = await self._stream(entry.id, text, events)
                 except EngineError as exc:
                     self._fail(entry.id, content_index, exc.code, str(exc))
                     return
@@ -153,16 +169,18 @@ class Transcriptions:
             )
         )
 
-    async def _stream(self, item_id: str, content_index: int, events: AsyncGenerator[TurnEvent, None]) -> TurnDone:
+    async def _stream(self, item_id: str, text: PartialText, events: AsyncGenerator[TurnEvent, None]) -> TurnDone:
         done: TurnDone | None = None
+        so_far = ""
         async with contextlib.aclosing(events) as turn:
             async for event in turn:
                 if isinstance(event, TextDelta) and event.text:
-                    self._emit(
-                        ConversationItemInputAudioTranscriptionDeltaEvent(
-                            item_id=item_id, content_index=content_index, delta=event.text
-                        )
-                    )
+                    so_far += event.text
+                    delta = text.final(so_far)
+                    if delta is not None:
+                        self._emit(ConversationItemInputAudioTranscriptionDeltaEvent(
+                            item_id=item_id, content_index=text.content_index, delta=delta, transcript=so_far,
+                        ))
                 elif isinstance(event, TurnDone):
                     done = event
         if done is None:

@@ -94,6 +94,17 @@ def detector_params(
 
 
 @dataclass(frozen=True)
+class SpeechSoFar:
+    """The user item being spoken (announced by ``speech_started``): what its partial transcripts
+    follow (``app.realtime.partial_transcripts``)."""
+
+    item_id: str
+    samples: int  # 16 kHz samples a commit now would hold
+    hearing: bool  # speech goes on (False: in a trailing silence)
+    audio: Callable[[], np.ndarray]  # those samples (a copy, made when called)
+
+
+@dataclass(frozen=True)
 class TurnActions:
     """What turn taking asks of the session."""
 
@@ -171,6 +182,15 @@ class TurnTaking:
                 self._act.candidate(event.pcm)
             elif isinstance(event, SpeechResumed) and not self._deaf and self._act.resumed is not None:
                 self._act.resumed()
+
+    def speech_so_far(self) -> SpeechSoFar | None:
+        """The user item being spoken and acted on, as a commit now would hold it; None between
+        utterances, and while half-duplex is not acting on speech."""
+        item_id = self._speech_item_id
+        detector = self._detector
+        if self._deaf or item_id is None or not detector.in_speech:
+            return None
+        return SpeechSoFar(item_id, detector.utterance_samples, detector.hearing_speech, detector.utterance_audio)
 
     def skip(self, samples: int) -> None:
         """Input that server VAD does not see (manual mode): the input clock goes on."""

@@ -51,6 +51,7 @@ SERVE_FLAGS = {
     "jitter_buffer": "jitter_buffer",
     "interrupt_response": "default_interrupt_response",
     "speculative_responses": "speculative_responses",
+    "partial_transcripts": "partial_transcripts",
     "api_key": "api_key",
     "allow_unauthenticated_public": "allow_unauthenticated_public",
     "log_level": "log_level",
@@ -150,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--speculative-responses", action=argparse.BooleanOptionalAction, default=None,
         help="start each answer at the first sign of silence on spare engine capacity, held until the turn "
         "is committed (default on; a session may turn it off); --no-speculative-responses: at the commit",
+    )
+    serve.add_argument(
+        "--partial-transcripts", action=argparse.BooleanOptionalAction, default=None,
+        help="with input transcription on, transcribe the words while the user speaks too, about every second, "
+        "on spare engine capacity (default on; a session may turn it off); --no-partial-transcripts: "
+        "only after the commit",
     )
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or an ek_ client secret) to place calls")
     serve.add_argument(

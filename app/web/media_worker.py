@@ -209,6 +209,7 @@ class MediaWorker:
             return RealtimeSession(
                 engine=for_session(engine, self._dev_replies), vad=vad, output=output, send=send, config=config,
                 on_ignored_speech=metrics.ignored_speech.inc, on_speculation=metrics.speculation,
+                on_partial_transcript=metrics.partial_transcript,
                 end_of_turn=end_of_turn,
                 text_judge=text_judge(self._settings, engine),
             )

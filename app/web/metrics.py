@@ -7,9 +7,11 @@ The numbers come from what the glue already sees:
   per-call :class:`CallMetrics`;
 - the engine's own ``TurnDone.timings`` (queue wait, time to first Thinker token), read by
   :class:`app.web.engines.MeteredEngine`, which wraps the shared engine the sessions are given;
-- two session callbacks: ``on_ignored_speech`` (an utterance half-duplex did not act on),
-  counted in ``ignored_speech``, and ``on_speculation`` (each speculative answer's outcome and
+- three session callbacks: ``on_ignored_speech`` (an utterance half-duplex did not act on),
+  counted in ``ignored_speech``; ``on_speculation`` (each speculative answer's outcome and
   the engine time thrown away, ``app.realtime.speculation``), counted by :meth:`Metrics.speculation`;
+  ``on_partial_transcript`` (each partial transcript's outcome and engine time,
+  ``app.realtime.partial_transcripts``), counted by :meth:`Metrics.partial_transcript`;
 - each WebRTC call's network samples (``app.webrtc.network.CallNetwork``, every second and once
   at the end): packet and frame counters as they move, and per-call summaries (loss, jitter,
   RTT) when the call ends.
@@ -58,6 +60,7 @@ LOSS_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 JITTER_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2)
 RTT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
 SPECULATION_OUTCOMES = ("started", "used", "discarded", "refused", "preempted")
+PARTIAL_OUTCOMES = ("started", "done", "superseded", "cancelled", "refused", "preempted", "failed")
 
 
 class Metrics:
@@ -109,6 +112,21 @@ class Metrics:
             "omni_rtc_speculative_discarded_engine_seconds",
             "Engine time spent on speculative answers (and their held transcriptions) that were thrown "
             "away: from each one's start to its cancel (or its end, for one that finished first).",
+            registry=r,
+        )
+        self.partial_transcripts = Counter(
+            "omni_rtc_partial_transcripts",
+            "Transcriptions of the utterance so far while the user speaks, by outcome: started; then done "
+            "(ended by itself: shown when it says something new), superseded (a newer one was due), "
+            "cancelled (the commit, a clear, or transcription turned off), refused (no spare engine "
+            "capacity), preempted (a committed turn needed its slot) or failed.",
+            ["outcome"], registry=r,
+        )
+        for outcome in PARTIAL_OUTCOMES:
+            self.partial_transcripts.labels(outcome=outcome)
+        self.partial_transcript_engine = Counter(
+            "omni_rtc_partial_transcript_engine_seconds",
+            "Engine time spent on partial transcripts, shown or not: from each one's start to its end or cancel.",
             registry=r,
         )
         self.end_of_utterance_delay = Histogram(
@@ -210,6 +228,12 @@ class Metrics:
             self.speculative_responses.labels(outcome=outcome).inc()
         if engine_seconds > 0:
             self.speculative_discarded_engine.inc(engine_seconds)
+
+    def partial_transcript(self, outcome: str, engine_seconds: float) -> None:
+        """A session's partial transcript report (``app.realtime.partial_transcripts.PartialObserver``)."""
+        self.partial_transcripts.labels(outcome=outcome).inc()
+        if engine_seconds > 0:
+            self.partial_transcript_engine.inc(engine_seconds)
 
     def set_open_sessions(self, counts: dict[str, int]) -> None:
         for transport in TRANSPORTS:

@@ -209,6 +209,7 @@ def _base_session_config(settings: Settings) -> SessionConfig:
                                      speculative_response=settings.speculative_responses),
         default_interrupt_response=settings.default_interrupt_response,
         speculative_responses=settings.speculative_responses,
+        partial_transcripts=settings.partial_transcripts,
         history=HistoryLimits(max_prompt_tokens=settings.history_max_tokens),
         max_text_chars=settings.max_text_chars,
         max_instructions_tokens=settings.instructions_max_tokens,

@@ -319,6 +319,7 @@ def websocket_router(
                 return RealtimeSession(
                     engine=runtime.session_engine(), vad=runtime.vad, output=output, send=send, config=config,
                     on_ignored_speech=metrics.ignored_speech.inc, on_speculation=metrics.speculation,
+                    on_partial_transcript=metrics.partial_transcript,
                     end_of_turn=runtime.end_of_turn,
                     text_judge=text_judge(settings, runtime.for_sessions),
                     session_fields=None if dialect is None else dialect.session_fields,

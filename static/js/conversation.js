@@ -61,6 +61,7 @@ export class Conversation {
         break;
       case "input_audio_buffer.cleared":
         this.userSpeaking = false;
+        this.transcript.dropGuesses();
         break;
       case "response.output_item.added":
         this.latency.outputItemAdded(event.response_id, event.item.id);
@@ -72,7 +73,14 @@ export class Conversation {
         this.transcript.renderItem(event.item);
         break;
       case "conversation.item.input_audio_transcription.delta":
-        this.transcript.appendUserText(event.item_id, event.delta);
+        // This server's deltas carry the whole text heard so far (`transcript`): while the user
+        // speaks (`partial: true`) each one replaces the previous guess, words it revised
+        // included (docs/SESSION.md "Partial transcripts"). Another server's deltas append.
+        if (typeof event.transcript === "string") {
+          this.transcript.setUserText(event.item_id, event.transcript, { partial: event.partial === true });
+        } else {
+          this.transcript.appendUserText(event.item_id, event.delta);
+        }
         break;
       case "conversation.item.input_audio_transcription.completed":
         this.transcript.setUserText(event.item_id, event.transcript);

@@ -6,8 +6,9 @@
 export class Transcript {
   constructor(list) {
     this.list = list;
-    // What the user said, as streamed by input audio transcription (item id → text so far); a
-    // committed voice item shows it in place of "(voice message)".
+    // What the user said, as streamed by input audio transcription (item id → text so far, the
+    // partial transcripts' newest guess while they speak); a voice item shows it in place of
+    // "(voice message)".
     this.userTexts = new Map();
     // Keeps the newest words in view while the answer streams (the list scrolls on wide
     // screens), unless the person has scrolled up to read.
@@ -51,6 +52,7 @@ export class Transcript {
   renderItem(item) {
     if (!item || item.type !== "message") return;
     const element = this.ensureItemElement(item.id, item.role);
+    element.dataset.added = "true";
     const textElement = element.querySelector(".text");
     const parts = item.content ?? [];
     if (item.role === "user") {
@@ -76,12 +78,24 @@ export class Transcript {
     this.setUserText(itemId, (this.userTexts.get(itemId) ?? "") + (delta ?? ""));
   }
 
-  setUserText(itemId, text) {
+  // `partial`: a guess while the user still speaks (shown dimmed until the transcription after
+  // the commit says the words); its item may not exist yet, so this creates its place.
+  setUserText(itemId, text, { partial = false } = {}) {
     if (typeof text !== "string") return;
     this.userTexts.set(itemId, text);
     const element = this.ensureItemElement(itemId, "user");
     element.querySelector(".text").textContent = text;
     element.classList.remove("voice");
+    element.classList.toggle("partial", partial);
+  }
+
+  // The utterance was dropped before its commit (input_audio_buffer.cleared): the words guessed
+  // while it was spoken belong to no item.
+  dropGuesses() {
+    for (const element of this.list.querySelectorAll("li.turn.user.partial:not([data-added])")) {
+      this.userTexts.delete(element.dataset.itemId);
+      element.remove();
+    }
   }
 
   appendText(itemId, delta) {

@@ -840,7 +840,8 @@ async def test_200_short_turns_leave_per_session_structures_bounded():
     assert max(s["items"] for s in sizes) <= 2 * limits.max_turns
     assert max(s["audio_clips"] for s in sizes) <= limits.max_audio_clips
     assert sizes[-1] == {"items": 4, "audio_clips": 2, "playbacks": 0, "tasks": 0, "speculations": 0,
-                         "manual_buffer_samples": 0, "responses": 0, "images": 0, "camera_frames": 0}
+                         "manual_buffer_samples": 0, "responses": 0, "images": 0, "camera_frames": 0,
+                         "partial_transcripts": 0}
     last_request = h.engine.requests[-1].conversation.items
     assert [type(item) for item in last_request] == [UserAudio, AssistantText, UserAudio, AssistantText, UserAudio]
     await h.session.close()

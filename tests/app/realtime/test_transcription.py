@@ -105,7 +105,7 @@ async def test_settings_are_reported_and_the_hints_reach_the_engine():
     settings = {"model": "whisper-1", "language": "de", "prompt": "Namen: Jürgen", "delay": "low"}
     await h.send(type="session.update", session={"audio": {"input": {"transcription": settings}}})
     reported = h.last("session.updated")["session"]["audio"]["input"]["transcription"]
-    assert reported == {"model": "whisper-1", "language": "de", "prompt": "Namen: Jürgen"}
+    assert reported == {"model": "whisper-1", "language": "de", "prompt": "Namen: Jürgen", "partials": True}
     assert_openai_parses([h.last("session.updated")])
     h.utter()
     await h.until(f"{TRANSCRIPTION}.completed")

@@ -16,7 +16,7 @@ from app.config import Settings
 from app.realtime.text_judge import EngineTextJudge
 from app.web.calls import text_judge
 from app.web.cli import _settings, build_parser, main
-from app.web.server import create_app
+from app.web.server import _base_session_config, create_app
 from tests.e2e.conftest import serving_in_process
 from tests.fakes import ScriptedEngine
 
@@ -255,6 +255,13 @@ def test_serve_refuses_in_process_engine_options_with_engine_urls(monkeypatch):
         serve_settings(monkeypatch, ["--engine-url", "http://gpu-1:8091/v1", "--device", "cuda", "--max-batch", "4"])
     with pytest.raises(ValueError, match="engine_api_key is set without engine_urls"):
         serve_settings(monkeypatch, ["--engine-api-key", "k"])
+
+
+def test_partial_transcripts_are_on_unless_the_flag_or_the_environment_turns_them_off(monkeypatch):
+    assert serve_settings(monkeypatch, []).partial_transcripts is True
+    assert serve_settings(monkeypatch, ["--no-partial-transcripts"]).partial_transcripts is False
+    assert serve_settings(monkeypatch, [], OMNI_RTC_PARTIAL_TRANSCRIPTS="false").partial_transcripts is False
+    assert _base_session_config(Settings(partial_transcripts=False)).partial_transcripts is False
 
 
 def test_speculative_responses_are_on_unless_the_flag_or_the_environment_turns_them_off(monkeypatch):

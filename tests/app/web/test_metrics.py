@@ -80,6 +80,20 @@ def test_speculations_are_counted_by_outcome_with_the_engine_time_thrown_away():
     assert "omni_rtc_speculative_discarded_engine_seconds_total 0.35" in text
 
 
+def test_partial_transcripts_are_counted_by_outcome_with_their_engine_time():
+    metrics = Metrics()
+    for outcome, seconds in (("started", 0.0), ("done", 0.125), ("started", 0.0), ("superseded", 0.5),
+                             ("started", 0.0), ("refused", 0.0)):
+        metrics.partial_transcript(outcome, seconds)
+    text = metrics.render().decode()
+
+    assert 'omni_rtc_partial_transcripts_total{outcome="started"} 3.0' in text
+    for outcome in ("done", "superseded", "refused"):
+        assert f'omni_rtc_partial_transcripts_total{{outcome="{outcome}"}} 1.0' in text
+    assert 'omni_rtc_partial_transcripts_total{outcome="preempted"} 0.0' in text  # shown before it happens
+    assert "omni_rtc_partial_transcript_engine_seconds_total 0.625" in text
+
+
 def test_error_events_are_counted_by_type_and_code():
     metrics = Metrics()
     observer = metrics.observer(Clock())
