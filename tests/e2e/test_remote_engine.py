@@ -148,7 +148,8 @@ async def test_webrtc_spoken_turns_stream_from_the_engine_server_and_carry_the_h
 
 
 async def test_websocket_spoken_turn_with_transcription_and_metrics(server_url: str, replay: ReplayServer) -> None:
-    session = {**SESSION, "audio": {"input": {"transcription": {"model": "qwen3-omni"}}}}
+    # The final transcriptions alone: partial ones would be upstream requests of their own.
+    session = {**SESSION, "audio": {"input": {"transcription": {"model": "qwen3-omni", "partials": False}}}}
     async with RealtimeSocketClient(server_url, session=session, acknowledge_playback=True,
                                     timeout_s=DEADLINE_S) as client:
         first = await client.speak(read_utterance(FIXTURES / "hello.wav"))
