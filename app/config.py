@@ -11,8 +11,8 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from pipeline.local.devices import usable_cores
 from pipeline.token_count import ANSWER_OPENING_TOKENS, DEFAULT_MAX_PROMPT_TOKENS
-from pipeline.worker import usable_cores  # the engine sizes its threads by the same count
 
 # Settings of the in-process engine, which do nothing when turns run on vLLM-Omni servers (engine_urls).
 LOCAL_ENGINE_SETTINGS = frozenset(
@@ -87,7 +87,7 @@ class Settings(BaseSettings):
     partial_transcripts: bool = True
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     seed: int | None = None  # makes turns reproducible
-    # pipeline.params.GenerationParams fields for every turn (JSON in the environment), e.g.
+    # pipeline.local.params.GenerationParams fields for every turn (JSON in the environment), e.g.
     # {"max_audio_frames": 250} caps an answer at 20 s of speech (12.5 codec frames per second).
     generation: dict[str, Any] = Field(default_factory=dict)
     engine_threads: int | None = Field(None, ge=1)  # torch CPU threads in the engine process
@@ -96,7 +96,7 @@ class Settings(BaseSettings):
     # A JSON list of answer texts the model says, one per response of each session, then its own:
     # for the dev model in tests and demos (make it call a tool); it scripts any checkpoint.
     dev_replies: Path | None = None
-    # vLLM-Omni servers to run turns on instead of the in-process engine (pipeline/remote.py): their
+    # vLLM-Omni servers to run turns on instead of the in-process engine (pipeline/vllm_omni/vllm_omni_engine.py): their
     # API base URLs, e.g. http://gpu-1:8091/v1; each turn goes to the least loaded reachable one.
     # With them, `model` is the served model name sent with each turn (None: the server's own).
     engine_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)

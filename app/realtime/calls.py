@@ -20,7 +20,7 @@ from app.realtime.protocol import (
 )
 from app.realtime.responses import Response
 from app.realtime.tools import arguments_problem
-from pipeline.turn import FunctionCallDelta, FunctionCallEvent, FunctionCallStarted
+from pipeline.contract import FunctionCallDelta, FunctionCallEvent, FunctionCallStarted
 
 
 def call_events(response: Response, event: FunctionCallEvent, history: History) -> list[ServerEvent]:

@@ -58,7 +58,7 @@ from app.realtime.session_config import (
     InputTranscription,
     SessionConfig,
 )
-from pipeline.turn import VOICES, Voice
+from pipeline.contract import VOICES, Voice
 
 # DashScope's voices (Qwen-Omni-Turbo-Realtime's Chelsie, Serena, Ethan, Cherry, from Model Studio's
 # SDK page, and the longer Qwen3-Omni-Flash / Qwen3-TTS list as docs/DASHSCOPE.md sources it), by lower-cased

@@ -50,7 +50,6 @@ from pipeline.conversation import (
     AssistantText,
     Conversation,
     ConversationItem,
-    FunctionOutput,
     HistoryLimits,
     ItemRole,
     UserAudio,
@@ -58,6 +57,7 @@ from pipeline.conversation import (
     UserText,
     group_turns,
 )
+from pipeline.tool_format import FunctionOutput
 
 AUTO_TRUNCATION = Truncation()  # OpenAI's default: past the token budget the oldest items go
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit (or take as an item) less than 100 ms of audio

@@ -60,9 +60,9 @@ from app.realtime.protocol import (
 from app.realtime.session_config import Modality, SessionConfig, read_max_output_tokens, read_voice
 from app.realtime.speculation import Speculation
 from app.realtime.tools import check_choice, read_tool_choice, read_tools
-from pipeline.conversation import Conversation, Tool, ToolChoice
-from pipeline.tool_format import offers_tools
-from pipeline.turn import FunctionCallDone, TurnDone, TurnRequest, TurnTimings, Usage, Voice
+from pipeline.contract import FunctionCallDone, TurnDone, TurnRequest, TurnTimings, Usage, Voice
+from pipeline.conversation import Conversation
+from pipeline.tool_format import Tool, ToolChoice, offers_tools
 
 # How long response.done may wait for the answer's first frame to reach the transport. A paced
 # track sends the first queued frame within 20 ms; only a worker far behind takes longer, and

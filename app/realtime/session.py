@@ -89,8 +89,7 @@ from app.realtime.turn_taking import TurnActions, TurnTaking, detector_params
 from media.end_of_turn import EndOfTurnModel
 from media.frames import FramePlan, SampledFrame
 from media.vad import SpeechModel
-from pipeline.conversation import ConversationItem, UserAudio, UserImage
-from pipeline.turn import (
+from pipeline.contract import (
     AudioChunk,
     Engine,
     EngineError,
@@ -100,6 +99,7 @@ from pipeline.turn import (
     TurnEvent,
     TurnRequest,
 )
+from pipeline.conversation import ConversationItem, UserAudio, UserImage
 
 logger = logging.getLogger(__name__)
 

@@ -34,9 +34,10 @@ from app.realtime.protocol import (
 )
 from app.realtime.tools import check_choice, choice_object, read_tool_choice, read_tools, tool_objects
 from media.turn_detection import EndOfTurnPolicy, TurnDetectionParams
-from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, HistoryLimits, Tool, ToolChoice
+from pipeline.contract import VOICES, TranscriptionHint, Voice
+from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, HistoryLimits
 from pipeline.images import MIN_PIXELS
-from pipeline.turn import VOICES, TranscriptionHint, Voice
+from pipeline.tool_format import Tool, ToolChoice
 
 Modality = Literal["audio", "text"]
 AudioFormatType = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
@@ -124,7 +125,7 @@ class InputTranscription:
     """``audio.input.transcription``: committed user audio is transcribed (by Qwen3-Omni itself).
 
     ``model`` is any name the client gave, only reported back; ``language`` (ISO-639-1) and
-    ``prompt`` are hints for the ASR prompt (``pipeline.prompt``). ``partials``, an extension:
+    ``prompt`` are hints for the ASR prompt (``pipeline.local.prompt``). ``partials``, an extension:
     the words are also transcribed while the user speaks (``app.realtime.partial_transcripts``);
     left out, the server's ``--partial-transcripts`` (``SessionConfig.partial_transcripts``).
     """

@@ -24,8 +24,8 @@ from typing import Protocol
 
 import numpy as np
 
+from pipeline.contract import Engine, EngineError, TranscriptionHint, TurnDone, TurnRequest
 from pipeline.conversation import UserAudio
-from pipeline.turn import Engine, EngineError, TranscriptionHint, TurnDone, TurnRequest
 
 
 @dataclass(frozen=True)

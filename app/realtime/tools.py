@@ -19,7 +19,7 @@ from jsonschema import SchemaError
 from jsonschema.validators import validator_for
 
 from app.realtime.protocol import FunctionTool, ProtocolError, ToolChoiceFunction
-from pipeline.conversation import Tool, ToolChoice
+from pipeline.tool_format import Tool, ToolChoice
 
 # OpenAI's bounds: function names of 1-64 letters, digits, underscores and dashes; 128 tools.
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")

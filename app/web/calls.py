@@ -14,7 +14,7 @@ from app.web.metrics import Metrics
 from app.webrtc.call import Call, SessionFactory, new_call_id
 from app.webrtc.ice import IceServer, rest_api_credentials, rtc_configuration
 from media.end_of_turn import SmartTurnModel, default_model_path
-from pipeline.turn import Engine
+from pipeline.contract import Engine
 
 logger = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from app.web.resources import process_resources
 from app.webrtc.call import Call, CallRegistry, OfferError
 from media.end_of_turn import EndOfTurnModel
 from media.vad import SileroVad
-from pipeline.turn import EngineError, TurnEvent, TurnRequest
+from pipeline.contract import EngineError, TurnEvent, TurnRequest
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from app.web.workers import MediaWorkerPool
 from app.webrtc.call import CallRegistry
 from media.end_of_turn import EndOfTurnModel
 from media.vad import SileroVad
-from pipeline.turn import Engine
+from pipeline.contract import Engine
 
 
 @dataclass

@@ -42,9 +42,9 @@ from media.turn_detection import (
     UtteranceCommitted,
     VoiceActivityDetector,
 )
-from media.vad import SileroVad, SpeechModel, SpeechStream
-from pipeline.devmodel import ensure_dev_model
-from pipeline.engine import TransformersEngine
+from media.vad import SileroVad, SpeechStream, TalkerDecoder
+from pipeline.local.devmodel import ensure_dev_model
+from pipeline.local.transformers_engine import TransformersEngine
 from tests.words import complete_probability
 
 TURNS = Path(__file__).resolve().parents[1] / "fixtures" / "turns"
@@ -184,7 +184,7 @@ class RecordedVad:
         self._vad = vad
         self._recorded: dict[str, list[float]] = {}
 
-    def for_fixture(self, name: str) -> SpeechModel:
+    def for_fixture(self, name: str) -> TalkerDecoder:
         recorded = self._recorded.setdefault(name, [])
         vad = self._vad
 

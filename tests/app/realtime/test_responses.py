@@ -6,7 +6,7 @@ from app.realtime.entries import AssistantEntry
 from app.realtime.protocol import server_event_adapter
 from app.realtime.responses import Response, announce_events, delta_event, finish_events
 from app.realtime.session_config import SessionConfig
-from pipeline.turn import TurnDone, TurnTimings, Usage
+from pipeline.contract import TurnDone, TurnTimings, Usage
 
 
 def response(modality: str = "audio") -> Response:

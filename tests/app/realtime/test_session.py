@@ -18,8 +18,8 @@ from app.realtime import history
 from app.realtime.failures import failure_message
 from app.realtime.session_config import SessionConfig, TurnDetection
 from app.realtime.turn_taking import ECHO_TAIL_MS
+from pipeline.contract import EngineError
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, AssistantText, HistoryLimits, UserAudio, UserText
-from pipeline.turn import EngineError
 from tests.fakes import CODEC_FRAME_SAMPLES, HALF_DUPLEX, EnergyVad, ScriptedEngine, SessionHarness
 from tests.speech import silence, tone
 
