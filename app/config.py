@@ -262,10 +262,11 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _jitter_buffer_needs_a_known_aiortc(self) -> Settings:
         if self.jitter_buffer:
-            from media.receiver_tap import UnsupportedAiortc, check_aiortc  # aiortc loads only when asked
+            from media.aiortc_version import UnsupportedAiortc
+            from media.receiver_tap import check_receiver_tap
 
             try:
-                check_aiortc()
+                check_receiver_tap()
             except UnsupportedAiortc as exc:
                 raise ValueError(f"jitter_buffer: {exc}") from None
         return self

@@ -11,7 +11,7 @@ With a text judge (``app.realtime.text_judge``, the ``turn_text_judge`` setting)
 asks for the words, once per silence, as it starts; they are judged concurrently with the sound
 (an ASR engine turn, off the loop by nature). The answers reach the detector separately
 (``decide``, ``decide_words``), and its policy combines them
-(``media.turn_detection.EndOfTurnPolicy``). A judge that fails answers None: the sound decides.
+(``media.detector_params.EndOfTurnPolicy``). A judge that fails answers None: the sound decides.
 
 A words check costs the shared engine an ASR turn, so (issue 34) one is in flight per session at
 most: a newer check cancels the older one (its answer would be stale anyway: speech resumed in
@@ -30,9 +30,9 @@ from collections.abc import Callable, Coroutine
 from app.realtime.protocol import ProtocolError
 from app.realtime.session_config import SessionConfig
 from app.realtime.text_judge import TextJudge
-from media.end_of_turn import EndOfTurnModel
+from media.detector_events import EndOfTurnCheck
+from media.end_of_turn_model import EndOfTurnModel
 from media.rates import SPEECH_RATE
-from media.turn_detection import EndOfTurnCheck
 
 logger = logging.getLogger(__name__)
 

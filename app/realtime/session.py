@@ -86,7 +86,7 @@ from app.realtime.speculation import OutcomeObserver, Speculation, SpeculativeTu
 from app.realtime.text_judge import TextJudge
 from app.realtime.transcription import Transcriptions
 from app.realtime.turn_taking import TurnActions, TurnTaking, detector_params
-from media.end_of_turn import EndOfTurnModel
+from media.end_of_turn_model import EndOfTurnModel
 from media.frames import FramePlan, SampledFrame
 from media.vad import SpeechModel
 from pipeline.contract import (

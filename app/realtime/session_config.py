@@ -33,7 +33,7 @@ from app.realtime.protocol import (
     TranscriptionObject,
 )
 from app.realtime.tools import check_choice, choice_object, read_tool_choice, read_tools, tool_objects
-from media.turn_detection import EndOfTurnPolicy, TurnDetectionParams
+from media.detector_params import EndOfTurnPolicy, TurnDetectionParams
 from pipeline.contract import VOICES, TranscriptionHint, Voice
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, HistoryLimits
 from pipeline.images import MIN_PIXELS
@@ -49,7 +49,7 @@ OPENAI_VOICES = frozenset(
     {"alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar", "fable", "onyx", "nova"}
 )
 Eagerness = Literal["low", "medium", "high", "auto"]
-# semantic_vad: the end-of-turn model (media/end_of_turn.py) is asked at a short silence and
+# semantic_vad: the end-of-turn model (media/end_of_turn_model.py) is asked at a short silence and
 # commits when it says "finished"; how long an unfinished turn is held open follows how sure it
 # is (and, with a text judge, the words). OpenAI: "low" lets the user take their time, "high"
 # answers quickly, "auto" = "medium". Chosen from tests/bench/turn_taking.py over

@@ -1,7 +1,7 @@
 """Server-VAD turn taking: what the voice activity detector's events mean for the conversation.
 
 While ``turn_detection`` is on, the session hands its 16 kHz input to :class:`TurnTaking`,
-which runs the detector (``media.turn_detection``) and acts through the session
+which runs the detector (``media.commit_buffer``) and acts through the session
 (:class:`TurnActions`):
 
 - speech starts: ``input_audio_buffer.speech_started`` (with the id of the user item to come)
@@ -47,20 +47,20 @@ from app.realtime.protocol import (
     new_id,
 )
 from app.realtime.session_config import TurnDetection
-from media.rates import SPEECH_RATE
-from media.turn_detection import (
+from media.detector_events import (
+    DetectorEvent,
     EndOfTurnCheck,
     SegmentCommitted,
     SilenceStarted,
     SpeechResumed,
     SpeechStarted,
     SpeechStopped,
-    TurnDetectionParams,
-    TurnEvent,
     UtteranceCommitted,
-    VoiceActivityDetector,
 )
+from media.detector_params import TurnDetectionParams
+from media.rates import SPEECH_RATE
 from media.vad import WINDOW_SAMPLES, SpeechModel
+from media.voice_activity_detector import VoiceActivityDetector
 from pipeline.conversation import HistoryLimits
 
 logger = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ class TurnTaking:
         """The text judge's answer to a check (semantic VAD); a stale one changes nothing."""
         self._handle(self._detector.decide_words(check_id, probability), turn_detection)
 
-    def _handle(self, events: list[TurnEvent], turn_detection: TurnDetection) -> None:
+    def _handle(self, events: list[DetectorEvent], turn_detection: TurnDetection) -> None:
         for event in events:
             if isinstance(event, SpeechStarted):
                 self._on_speech_started(event, turn_detection)

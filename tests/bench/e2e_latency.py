@@ -104,9 +104,11 @@ from soak import DEV_MODEL_AUDIO_FRAMES, FIXTURES, REPO, TURN_TIMEOUT_S, dev_mod
 
 from app.client.webrtc import RealtimeClient  # noqa: E402
 from app.client.websocket import CHUNK_MS, RealtimeSocketClient  # noqa: E402  (after the path set-up above)
+from media.detector_events import UtteranceCommitted
+from media.detector_params import TurnDetectionParams
 from media.rates import SPEECH_RATE  # noqa: E402
-from media.turn_detection import TurnDetectionParams, UtteranceCommitted, VoiceActivityDetector  # noqa: E402
 from media.vad import WINDOW_SAMPLES, SileroVad  # noqa: E402
+from media.voice_activity_detector import VoiceActivityDetector
 
 DEFAULT_OUT = REPO / "tests" / "bench" / "results" / "e2e_latency.json"
 UTTERANCES = ("hello.wav", "weather.wav")

@@ -1,6 +1,6 @@
 """RealtimeSession with a scripted engine, an energy VAD (tone = speech) and a virtual speaker.
 
-The real TurnCommitBuffer runs underneath (media.turn_detection); only the speech probability
+The real TurnCommitBuffer runs underneath (media.commit_buffer); only the speech probability
 comes from signal energy, so every event sequence here is exact and repeatable.
 """
 

@@ -1,7 +1,7 @@
 """Server VAD turn detection: speech probabilities in, committed utterances out.
 
 ``TurnCommitBuffer`` is a synchronous state machine over (audio window, speech
-probability) pairs; ``VoiceActivityDetector`` feeds it from any-size 16 kHz chunks
+probability) pairs; ``VoiceActivityDetector`` (``media.voice_activity_detector``) feeds it from any-size 16 kHz chunks
 through a ``VadStream``. Every millisecond value counts from the first sample of the
 session's input stream (OpenAI Realtime semantics), and is exact: windows are whole
 samples, 16 per millisecond.
@@ -68,14 +68,22 @@ back at ``threshold`` before the silence ended the turn emits ``SpeechResumed`` 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 
 import numpy as np
 
+from media.detector_events import (
+    DetectorEvent,
+    EndOfTurnCheck,
+    SegmentCommitted,
+    SilenceStarted,
+    SpeechResumed,
+    SpeechStarted,
+    SpeechStopped,
+    UtteranceCommitted,
+)
+from media.detector_params import EndOfTurnPolicy, TurnDetectionParams
 from media.rates import SPEECH_RATE
-from media.vad import WINDOW_SAMPLES, SpeechModel
 
-HYSTERESIS = 0.15  # speech ends below threshold - 0.15, as in silero's VADIterator
 # Before speech is confirmed, a dip below the hysteresis threshold this long ends the onset:
 # silero's own get_speech_timestamps ends a segment after 100 ms (min_silence_duration_ms) and
 # only then weighs it against min_speech_duration_ms (250). A dip of one 32 ms window ended it
@@ -85,159 +93,13 @@ ONSET_GAP_MS = 100
 _SAMPLES_PER_MS = SPEECH_RATE // 1000
 
 
-@dataclass(frozen=True)
-class EndOfTurnPolicy:
-    """When to ask the end-of-turn model, how sure it must be, and how long to wait at most.
-
-    The wait follows the answer's confidence (docs/SESSION.md has the table per eagerness): a
-    confident "not finished" is held for ``confident_wait_ms``, an unsure one for ``max_wait_ms``.
-    """
-
-    candidate_ms: int  # silence after speech before the first check
-    rescore_ms: int  # further silence between checks while the model says "not finished"; 0: one check
-    threshold: float  # P(finished) at or above which the utterance is committed
-    max_wait_ms: int  # silence that commits when the model is unsure (or has not answered yet)
-    confident_below: float = 0.0  # P(finished) below this is a confident "not finished"...
-    confident_wait_ms: int = 0  # ...held open this long; also when the words say "not finished"
-    words_incomplete_below: float = 0.1  # the words' P(complete turn) below this: "not finished"
-    # The words' P(complete turn) at or above this commits a turn the sound is unsure of
-    # (confident_below <= P(finished) < threshold); None: the words never commit by themselves.
-    words_complete_at: float | None = None
-    # The sound's threshold when the words are judged too (``judge_words``): their veto keeps a
-    # lower one from cutting pauses, which the sound alone would (docs/SESSION.md); None: threshold.
-    words_threshold: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("threshold", "words_threshold"):
-            value = getattr(self, name)
-            if value is not None and not 0.0 < value <= 1.0:
-                raise ValueError(f"{name} must be in (0, 1], got {value}")
-        if not 0 < self.candidate_ms <= self.max_wait_ms or self.rescore_ms < 0:
-            raise ValueError(f"need 0 < candidate_ms <= max_wait_ms and rescore_ms >= 0, got {self}")
-        lowest = min(self.threshold, self.words_threshold if self.words_threshold is not None else 1.0)
-        if not 0.0 <= self.confident_below <= lowest or not 0.0 <= self.words_incomplete_below <= 1.0:
-            raise ValueError(
-                f"need 0 <= confident_below <= threshold, words_threshold and words_incomplete_below in [0, 1], got {self}"
-            )
-        if self.confident_wait_ms and self.confident_wait_ms < self.max_wait_ms:
-            raise ValueError(f"confident_wait_ms must be 0 or at least max_wait_ms, got {self}")
-
-    @property
-    def longest_wait_ms(self) -> int:
-        """The most silence any answer holds a turn open: a forced commit comes by then."""
-        return max(self.max_wait_ms, self.confident_wait_ms)
-
-    def threshold_for(self, *, judge_words: bool) -> float:
-        """P(finished) by the sound at or above which the utterance is committed."""
-        return self.words_threshold if judge_words and self.words_threshold is not None else self.threshold
-
-
-@dataclass(frozen=True)
-class TurnDetectionParams:
-    threshold: float = 0.5
-    prefix_padding_ms: int = 300
-    silence_duration_ms: int = 500  # server VAD's wait; an end-of-turn policy replaces it
-    min_speech_ms: int = 250
-    max_utterance_ms: int = 30_000  # one segment of a longer utterance
-    max_turn_ms: int = 120_000  # all segments of one turn; the session passes its history budget
-    end_of_turn: EndOfTurnPolicy | None = None  # None: server VAD (silence alone ends a turn)
-    # A text judge answers too (decide_words): each silence's first window asks for the words.
-    judge_words: bool = False
-    # Emit SilenceStarted and SpeechResumed: the candidates of speculative answers.
-    candidates: bool = False
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.threshold < 1.0:
-            raise ValueError(f"threshold must be in (0, 1), got {self.threshold}")
-        for name in ("prefix_padding_ms", "silence_duration_ms", "min_speech_ms"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.max_utterance_ms <= self.min_speech_ms:
-            raise ValueError(
-                f"max_utterance_ms ({self.max_utterance_ms}) must exceed min_speech_ms ({self.min_speech_ms})"
-            )
-        if self.max_turn_ms < self.max_utterance_ms:
-            raise ValueError(
-                f"max_turn_ms ({self.max_turn_ms}) must be at least max_utterance_ms ({self.max_utterance_ms})"
-            )
-
-    @property
-    def negative_threshold(self) -> float:
-        return max(self.threshold - HYSTERESIS, 0.0)
-
-
-@dataclass(frozen=True)
-class SpeechStarted:
-    audio_start_ms: int
-
-
-@dataclass(frozen=True)
-class SpeechStopped:
-    audio_end_ms: int
-
-
-@dataclass(frozen=True)
-class SegmentCommitted:
-    """``max_utterance_ms`` of an utterance that goes on: not the end of the turn."""
-
-    pcm: np.ndarray  # float32, 16 kHz mono: exactly the input samples [audio_start_ms, audio_end_ms)
-    audio_start_ms: int
-    audio_end_ms: int
-
-
-@dataclass(frozen=True)
-class UtteranceCommitted:
-    """The end of the turn: its last (or only) segment."""
-
-    pcm: np.ndarray  # float32, 16 kHz mono: exactly the input samples [audio_start_ms, audio_end_ms)
-    audio_start_ms: int
-    audio_end_ms: int
-    forced: bool  # True when max_turn_ms ended the turn, not silence
-    # The silence waited before committing: server VAD's silence_duration_ms; with an end-of-turn
-    # policy, the trailing silence when the model (or max_wait_ms) decided; 0 when forced.
-    silence_wait_ms: int = 0
-
-
-@dataclass(frozen=True)
-class SilenceStarted:
-    """The first quiet window after speech: a candidate end of turn."""
-
-    pcm: np.ndarray  # float32, 16 kHz mono: the utterance since the last segment, up to this window's end
-    audio_end_ms: int
-
-
-@dataclass(frozen=True)
-class SpeechResumed:
-    """Speech came back before the silence ended the turn: the silence's candidate is void."""
-
-    audio_ms: int  # where the window that resumed it starts
-
-
-@dataclass(frozen=True)
-class EndOfTurnCheck:
-    """Ask about ``pcm`` (the utterance so far): the end-of-turn model (``sound``: answer with
-    ``decide``) or the text judge (``words``: answer with ``decide_words``)."""
-
-    check_id: int
-    pcm: np.ndarray  # since the last segment: the model looks at the last 8 s only
-    silence_ms: int  # trailing silence included in pcm
-    sound: bool = True
-    words: bool = False
-
-
-TurnEvent = (
-    SpeechStarted | SegmentCommitted | SpeechStopped | UtteranceCommitted | EndOfTurnCheck | SilenceStarted
-    | SpeechResumed
-)
-
-
 class _State(enum.Enum):
     IDLE = "idle"  # no speech; only the last prefix_padding_ms of audio is kept
     PENDING = "pending"  # onset seen, min_speech_ms of speech not yet reached
     SPEECH = "speech"  # confirmed speech (SpeechStarted emitted), waiting for silence
 
 
-def _ms(samples: int) -> int:
+def samples_to_ms(samples: int) -> int:
     return samples // _SAMPLES_PER_MS
 
 
@@ -271,7 +133,7 @@ class TurnCommitBuffer:
         self._words_pending = False  # their answer has not come yet
         self._words: float | None = None  # P(complete turn) by the words; None: not asked, or failed
         self._hold_confident = False  # an answer said "not finished" with confidence: confident_wait_ms
-        self._silence_events: list[TurnEvent] = []  # this window's SilenceStarted or SpeechResumed
+        self._silence_events: list[DetectorEvent] = []  # this window's SilenceStarted or SpeechResumed
 
     @property
     def in_speech(self) -> bool:
@@ -320,7 +182,7 @@ class TurnCommitBuffer:
         self._silence_start = None
         self._forget_answers()
 
-    def decide(self, check_id: int, probability: float) -> list[TurnEvent]:
+    def decide(self, check_id: int, probability: float) -> list[DetectorEvent]:
         """The end-of-turn model's answer to an ``EndOfTurnCheck``: P(finished) by the sound.
 
         A stale answer (speech resumed, the utterance was committed or reset, or the policy was
@@ -333,7 +195,7 @@ class TurnCommitBuffer:
         self._sound = probability
         return self._apply(policy)
 
-    def decide_words(self, check_id: int, probability: float | None) -> list[TurnEvent]:
+    def decide_words(self, check_id: int, probability: float | None) -> list[DetectorEvent]:
         """The text judge's answer to a check that asked for the words: P(the transcript is a
         complete turn), or None when the judge failed (the sound alone decides then)."""
         policy = self.params.end_of_turn
@@ -343,7 +205,7 @@ class TurnCommitBuffer:
         self._words = probability
         return self._apply(policy)
 
-    def _apply(self, policy: EndOfTurnPolicy) -> list[TurnEvent]:
+    def _apply(self, policy: EndOfTurnPolicy) -> list[DetectorEvent]:
         """The rule of ``EndOfTurnPolicy`` over what this silence's answers said so far."""
         sound, words = self._sound, self._words
         if (words is not None and words < policy.words_incomplete_below) or (
@@ -367,7 +229,7 @@ class TurnCommitBuffer:
         self._words = None
         self._hold_confident = False
 
-    def push_unscored(self, samples: np.ndarray) -> list[TurnEvent]:
+    def push_unscored(self, samples: np.ndarray) -> list[DetectorEvent]:
         """Samples past the last whole window, not yet scored (they come again, first in the next
         window ``push`` gets). Server VAD commits with them when they complete its wait in a silence
         already confirmed: on the exact sample ``silence_duration_ms`` after the end of speech, not
@@ -385,13 +247,13 @@ class TurnCommitBuffer:
             self._ahead = taken
         return self._commit(forced=False)
 
-    def push(self, window: np.ndarray, probability: float) -> list[TurnEvent]:
+    def push(self, window: np.ndarray, probability: float) -> list[DetectorEvent]:
         events = self._push(window, probability)
         if self._silence_events:  # they come first: the window began (or ended) the silence first
             events, self._silence_events = self._silence_events + events, []
         return events
 
-    def _push(self, window: np.ndarray, probability: float) -> list[TurnEvent]:
+    def _push(self, window: np.ndarray, probability: float) -> list[DetectorEvent]:
         if window.ndim != 1 or window.size == 0:
             raise ValueError(f"a window is a non-empty 1-D array, got shape {window.shape}")
         if self._ahead:
@@ -433,13 +295,13 @@ class TurnCommitBuffer:
             self._state = _State.SPEECH
             self._silence_start = None
             self._turn_start = self._buffer_start
-            return [SpeechStarted(audio_start_ms=_ms(self._buffer_start))]
+            return [SpeechStarted(audio_start_ms=samples_to_ms(self._buffer_start))]
 
         # _State.SPEECH
         if probability >= params.threshold:
             self._speech_end = self._position
             if self._silence_start is not None and params.candidates:
-                self._silence_events.append(SpeechResumed(audio_ms=_ms(window_start)))
+                self._silence_events.append(SpeechResumed(audio_ms=samples_to_ms(window_start)))
             self._silence_start = None
             self._forget_answers()  # the speaker went on: that silence's answers no longer apply
         elif probability < params.negative_threshold and self._silence_start is None:
@@ -447,9 +309,9 @@ class TurnCommitBuffer:
             self._checks = 0
             self._forget_answers()
             if params.candidates:
-                self._silence_events.append(SilenceStarted(np.concatenate(self._chunks), _ms(self._position)))
+                self._silence_events.append(SilenceStarted(np.concatenate(self._chunks), samples_to_ms(self._position)))
         if self._silence_start is not None:
-            silence_ms = _ms(self._position - self._silence_start)
+            silence_ms = samples_to_ms(self._position - self._silence_start)
             policy = params.end_of_turn
             if policy is None and self._position >= self._wait_due():
                 # On the wait's exact sample when it falls in this window, else (the unsure windows
@@ -458,7 +320,7 @@ class TurnCommitBuffer:
                 return self._commit(forced=False, end=due if due > window_start else self._position)
             if policy is not None and silence_ms >= self._wait_ms(policy):
                 return self._commit(forced=False)
-            checks: list[TurnEvent] = []
+            checks: list[DetectorEvent] = []
             if policy is not None and params.judge_words and self._words_check is None:
                 checks.append(self._check(silence_ms, sound=False))
                 self._words_check, self._words_pending = self._last_check_id, True
@@ -479,7 +341,7 @@ class TurnCommitBuffer:
 
     def _take_segment(self) -> SegmentCommitted:
         start, end = self._buffer_start, self._position
-        segment = SegmentCommitted(pcm=np.concatenate(self._chunks), audio_start_ms=_ms(start), audio_end_ms=_ms(end))
+        segment = SegmentCommitted(pcm=np.concatenate(self._chunks), audio_start_ms=samples_to_ms(start), audio_end_ms=samples_to_ms(end))
         self._chunks = []
         self._buffer_start = end
         return segment
@@ -507,17 +369,17 @@ class TurnCommitBuffer:
             return 0
         if self.params.end_of_turn is None:
             return self.params.silence_duration_ms
-        return _ms(self._position - self._silence_start)
+        return samples_to_ms(self._position - self._silence_start)
 
-    def _commit(self, *, forced: bool, end: int | None = None) -> list[TurnEvent]:
+    def _commit(self, *, forced: bool, end: int | None = None) -> list[DetectorEvent]:
         """Commit the retained audio up to ``end`` (default: all of it); what follows is kept."""
         start = self._buffer_start
         end = self._position if end is None else end
         retained = np.concatenate(self._chunks)
         pcm, rest = retained[: end - start], retained[end - start :]
-        events: list[TurnEvent] = [
-            SpeechStopped(audio_end_ms=_ms(end)),
-            UtteranceCommitted(pcm=pcm, audio_start_ms=_ms(start), audio_end_ms=_ms(end), forced=forced,
+        events: list[DetectorEvent] = [
+            SpeechStopped(audio_end_ms=samples_to_ms(end)),
+            UtteranceCommitted(pcm=pcm, audio_start_ms=samples_to_ms(start), audio_end_ms=samples_to_ms(end), forced=forced,
                                silence_wait_ms=0 if forced else self._silence_wait_ms()),
         ]
         self._forget_answers()
@@ -527,7 +389,7 @@ class TurnCommitBuffer:
             # Still talking: the next utterance begins at the next sample, already confirmed.
             self._turn_start = end
             self._speech_end = end
-            events.append(SpeechStarted(audio_start_ms=_ms(end)))
+            events.append(SpeechStarted(audio_start_ms=samples_to_ms(end)))
         else:
             self._state = _State.IDLE
             self._silence_start = None
@@ -547,84 +409,3 @@ class TurnCommitBuffer:
             else:
                 self._chunks[0] = head[drop:]
                 drop = 0
-
-
-class VoiceActivityDetector:
-    """Any-size 16 kHz float32 chunks → 512-sample windows → silero VAD → TurnCommitBuffer.
-
-    One per session. Samples that do not fill a window wait for the next chunk.
-    """
-
-    def __init__(self, vad: SpeechModel, params: TurnDetectionParams) -> None:
-        self._stream = vad.new_stream()
-        self._buffer = TurnCommitBuffer(params)
-        self._pending = np.zeros(0, dtype=np.float32)
-
-    @property
-    def params(self) -> TurnDetectionParams:
-        return self._buffer.params
-
-    @property
-    def in_speech(self) -> bool:
-        return self._buffer.in_speech
-
-    @property
-    def hearing_speech(self) -> bool:
-        return self._buffer.hearing_speech
-
-    @property
-    def speech_onset_sample(self) -> int | None:
-        return self._buffer.speech_onset
-
-    @property
-    def audio_start_ms(self) -> int:
-        return _ms(self._buffer.audio_start)
-
-    @property
-    def utterance_samples(self) -> int:
-        """Samples of the utterance so far (since the last segment) while in confirmed speech; else 0."""
-        return self._buffer.utterance_samples
-
-    def utterance_audio(self) -> np.ndarray:
-        """The utterance so far, as a commit now would hold it (partial transcripts)."""
-        return self._buffer.utterance_audio()
-
-    def forget_before(self, position: int) -> None:
-        """Drop buffered audio before input sample ``position``; speech begun before it is dropped."""
-        self._buffer.forget_before(position)
-
-    def update(self, params: TurnDetectionParams) -> None:
-        """New parameters apply from the next window; an utterance in progress carries on."""
-        self._buffer.params = params
-
-    def decide(self, check_id: int, probability: float) -> list[TurnEvent]:
-        """The end-of-turn model's answer to an ``EndOfTurnCheck`` (see ``TurnCommitBuffer.decide``)."""
-        return self._buffer.decide(check_id, probability)
-
-    def decide_words(self, check_id: int, probability: float | None) -> list[TurnEvent]:
-        """The text judge's answer to a check that asked for the words (``TurnCommitBuffer.decide_words``)."""
-        return self._buffer.decide_words(check_id, probability)
-
-    def push(self, pcm: np.ndarray) -> list[TurnEvent]:
-        if pcm.ndim != 1 or not np.issubdtype(pcm.dtype, np.floating):
-            raise ValueError(f"expected 1-D float 16 kHz mono PCM, got {pcm.dtype} array of shape {pcm.shape}")
-        samples = np.concatenate([self._pending, pcm.astype(np.float32, copy=False)])
-        whole = samples.size - samples.size % WINDOW_SAMPLES
-        events: list[TurnEvent] = []
-        for start in range(0, whole, WINDOW_SAMPLES):
-            window = samples[start : start + WINDOW_SAMPLES]
-            events.extend(self._buffer.push(window, self._stream.probability(window)))
-        self._pending = samples[whole:]
-        if self._pending.size:
-            # They may complete server VAD's wait now, not when their window is complete.
-            events.extend(self._buffer.push_unscored(self._pending))
-        return events
-
-    def reset(self) -> None:
-        """Drop buffered audio and speech state (input_audio_buffer.clear, half-duplex discard).
-
-        The VAD's recurrent state and the partial window are kept: they describe the
-        continuous input stream, and zeroing the model mid-stream makes its next
-        ~100 ms of probabilities unreliable.
-        """
-        self._buffer.reset()

@@ -10,27 +10,22 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from media.end_of_turn import (
+from media.commit_buffer import TurnCommitBuffer
+from media.detector_events import EndOfTurnCheck, SpeechStarted, UtteranceCommitted
+from media.detector_params import EndOfTurnPolicy, TurnDetectionParams
+from media.end_of_turn_model import (
     WINDOW_SAMPLES,
     SmartTurnModel,
-    default_model_path,
+    default_turn_model_path,
     last_window,
     log_mel_features,
-)
-from media.turn_detection import (
-    EndOfTurnCheck,
-    EndOfTurnPolicy,
-    SpeechStarted,
-    TurnCommitBuffer,
-    TurnDetectionParams,
-    UtteranceCommitted,
 )
 
 W = 512  # VAD window samples (32 ms)
 SPEECH, QUIET = 0.9, 0.0
 POLICY = EndOfTurnPolicy(candidate_ms=128, rescore_ms=0, threshold=0.8, max_wait_ms=1200)
 TURNS = Path(__file__).resolve().parents[1] / "fixtures" / "turns"
-MODEL_PATH = default_model_path(Path.home() / ".cache" / "omni-rtc")
+MODEL_PATH = default_turn_model_path(Path.home() / ".cache" / "omni-rtc")
 
 
 def push(buffer: TurnCommitBuffer, probabilities: list[float]) -> list[object]:

@@ -58,7 +58,7 @@ class EndOfTurnModel(Protocol):
         ...
 
 
-def default_model_path(cache_dir: Path) -> Path:
+def default_turn_model_path(cache_dir: Path) -> Path:
     return cache_dir / TURN_MODEL_FILE
 
 
