@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     # The end-of-turn model for semantic_vad (installed by `make`); None: cache_dir's copy.
     # Missing, the server starts and sessions asking for semantic_vad get an error and server VAD.
     turn_model: Path | None = None
-    # semantic_vad's second opinion from the words (app/realtime/text_judge.py): "engine" has
+    # semantic_vad's second opinion from the words (app/realtime/semantic_vad.py): "engine" has
     # Qwen3-Omni transcribe the utterance at each candidate silence and score whether its text is
     # a complete turn (two short engine turns per check). Off by default: the dev model's words
     # are noise, and on a CPU a check costs as much as a turn. Turn it on with real weights.

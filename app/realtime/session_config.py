@@ -16,7 +16,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from app.realtime.protocol import (
     AudioFormat,
@@ -33,7 +33,6 @@ from app.realtime.protocol import (
     invalid_value,
 )
 from app.realtime.tools import check_choice, choice_object, read_tool_choice, read_tools, tool_objects
-from media.detector_params import EndOfTurnPolicy, TurnDetectionParams
 from pipeline.contract import VOICES, TranscriptionHint, Voice
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, HistoryLimits
 from pipeline.images import MIN_PIXELS
@@ -49,21 +48,6 @@ OPENAI_VOICES = frozenset(
     {"alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar", "fable", "onyx", "nova"}
 )
 Eagerness = Literal["low", "medium", "high", "auto"]
-# semantic_vad: the end-of-turn model (media/end_of_turn_model.py) is asked at a short silence and
-# commits when it says "finished"; how long an unfinished turn is held open follows how sure it
-# is (and, with a text judge, the words). OpenAI: "low" lets the user take their time, "high"
-# answers quickly, "auto" = "medium". Chosen from tests/bench/turn_taking.py over
-# tests/fixtures/turns (docs/SESSION.md has the table, the rule and the figures).
-END_OF_TURN_BY_EAGERNESS: dict[Eagerness, EndOfTurnPolicy] = {
-    "low": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.8, max_wait_ms=2000,
-                           confident_below=0.1, confident_wait_ms=4000),
-    "medium": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.75, max_wait_ms=1200,
-                              confident_below=0.1, confident_wait_ms=3000, words_threshold=0.6),
-    "high": EndOfTurnPolicy(candidate_ms=96, rescore_ms=320, threshold=0.5, max_wait_ms=800,
-                            confident_below=0.05, confident_wait_ms=2000, words_complete_at=0.8),
-    "auto": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.75, max_wait_ms=1200,
-                            confident_below=0.1, confident_wait_ms=3000, words_threshold=0.6),
-}
 # An image's pixel budget by OpenAI's ``detail``. "low" is 448 x 224 pixels, at most 98 tokens (a
 # 4:3 image is 352 x 256, 88 tokens: about what "low" costs on OpenAI's models, 85); it is also
 # the camera's default, because frames cost time to first audio: on the dev model 4 frames at
@@ -105,15 +89,6 @@ class TurnDetection:
     # An extension: the answer starts at a candidate end of turn and is held until the commit
     # (app.realtime.speculation); its default is the server's (Settings.speculative_responses).
     speculative_response: bool = True
-
-    def detector_params(self) -> TurnDetectionParams:
-        """What the voice activity detector takes of these settings."""
-        return TurnDetectionParams(
-            threshold=self.threshold,
-            prefix_padding_ms=self.prefix_padding_ms,
-            silence_duration_ms=self.silence_duration_ms,
-            end_of_turn=END_OF_TURN_BY_EAGERNESS[self.eagerness] if self.type == "semantic_vad" else None,
-        )
 
     def as_server_vad(self) -> TurnDetection:
         """The same settings with server VAD's silence wait (when semantic VAD is not available)."""
@@ -547,7 +522,7 @@ def _turn_detection(
     changes: dict[str, Any] = {}
     if kind == "semantic_vad":
         eagerness = value.get("eagerness", "auto")
-        if not isinstance(eagerness, str) or eagerness not in END_OF_TURN_BY_EAGERNESS:
+        if not isinstance(eagerness, str) or eagerness not in get_args(Eagerness):
             raise invalid_value(f"{param}.eagerness", "must be 'low', 'medium', 'high' or 'auto'")
         changes["type"] = "semantic_vad"
         changes["eagerness"] = eagerness

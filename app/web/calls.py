@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from app.config import Settings
-from app.realtime.text_judge import EngineTextJudge, TextJudge
+from app.realtime.semantic_vad import EngineTextJudge, TextJudge
 from app.web.metrics import Metrics
 from app.webrtc.call import Call, SessionFactory, new_call_id
 from app.webrtc.ice import IceServer, rest_api_credentials, rtc_configuration

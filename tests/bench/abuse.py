@@ -321,7 +321,7 @@ def _fit_png(side: int) -> dict[str, Any]:
 
 
 async def case_judge() -> dict[str, Any]:
-    from app.realtime.text_judge import WordsVerdict
+    from app.realtime.semantic_vad import WordsVerdict
     from tests.fakes import ScriptedEngine, SessionHarness
     from tests.speech import silence, tone
 

@@ -49,7 +49,7 @@ from turn_taking import (
     load_fixtures,
 )
 
-from app.realtime.session_config import END_OF_TURN_BY_EAGERNESS
+from app.realtime.semantic_vad import END_OF_TURN_BY_EAGERNESS
 from app.realtime.speculation import MAX_PER_UTTERANCE
 from media.detector_events import EndOfTurnCheck, SilenceStarted, SpeechResumed, SpeechStarted, UtteranceCommitted
 from media.detector_params import EndOfTurnPolicy, TurnDetectionParams

@@ -11,7 +11,7 @@ import psutil
 import pytest
 import soundfile
 
-from app.realtime.text_judge import EngineTextJudge
+from app.realtime.semantic_vad import EngineTextJudge
 from media.rates import VOICE_RATE
 from pipeline.contract import AudioChunk, EngineError, TextDelta, TurnDone, TurnRequest
 from pipeline.conversation import Conversation, UserAudio, UserText

@@ -1,4 +1,5 @@
-"""semantic_vad for one session: end-of-turn checks scored off the event loop, and its availability.
+"""semantic_vad for one session: its policies by eagerness, end-of-turn checks scored off the event
+loop, its availability, and the text judge that weighs the words.
 
 The end-of-turn model costs tens of milliseconds per decision on a CPU core
 (tests/bench/turn_taking.py), longer than one 20 ms audio frame, so it runs in a worker thread
@@ -7,7 +8,7 @@ the detector meanwhile; the answer is handed back on the loop and applied to the
 state *then*: if the user spoke again in between, the check has gone stale and its answer is
 ignored (``TurnCommitBuffer.decide``), and a commit includes the silence that arrived meanwhile.
 
-With a text judge (``app.realtime.text_judge``, the ``turn_text_judge`` setting), the detector also
+With a text judge (``TextJudge`` below, the ``turn_text_judge`` setting), the detector also
 asks for the words, once per silence, as it starts; they are judged concurrently with the sound
 (an ASR engine turn, off the loop by nature). The answers reach the detector separately
 (``decide``, ``decide_words``), and its policy combines them
@@ -18,23 +19,63 @@ most: a newer check cancels the older one (its answer would be stale anyway: spe
 between), and the words judged are the utterance's last ``JUDGED_SECONDS``, as the end-of-turn
 model hears its last 8 s. Before, each silence of someone speaking in bursts queued another ASR
 turn over the whole utterance so far, none ever cancelled.
+
+The text judge: do the *words* said so far make a complete turn?
+
+The end-of-turn model hears prosody only; after "Please put the" a voice whose pitch falls may
+sound finished (it scored 0.92-0.99 on held-out synthetic voices), while no English sentence ends
+on "the". A ``TextJudge`` answers from the words: P(the utterance so far is a complete turn).
+
+``EngineTextJudge`` is the real one, Qwen3-Omni itself on the engine, no second model:
+1. its own ASR writes down the utterance so far (``TurnRequest.transcription``: the ASR prompt of
+   Qwen3-Omni's README, text only, greedy — the input transcription's path);
+2. the Thinker reads that transcript as an open user message (``TurnRequest.end_of_turn``:
+   ``<|im_start|>user\\n{transcript}``) and the engine returns its probability of
+   ``<|im_end|>`` next, i.e. of the user's message ending there (the idea of LiveKit's text
+   turn detector, with the conversation model itself as the language model).
+
+On the dev model its words are noise; tests use a stand-in that reads a given transcript
+(tests/words.py) behind the same interface.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
 
 from app.realtime.protocol import ProtocolError
-from app.realtime.session_config import SessionConfig
-from app.realtime.text_judge import TextJudge
+from app.realtime.session_config import Eagerness, SessionConfig
 from media.detector_events import EndOfTurnCheck
+from media.detector_params import EndOfTurnPolicy
 from media.end_of_turn_model import EndOfTurnModel
 from media.rates import SPEECH_RATE
+from pipeline.contract import Engine, EngineError, TranscriptionHint, TurnDone, TurnRequest
+from pipeline.conversation import UserAudio
 
 logger = logging.getLogger(__name__)
+
+# semantic_vad: the end-of-turn model (media/end_of_turn_model.py) is asked at a short silence and
+# commits when it says "finished"; how long an unfinished turn is held open follows how sure it
+# is (and, with a text judge, the words). OpenAI: "low" lets the user take their time, "high"
+# answers quickly, "auto" = "medium". Chosen from tests/bench/turn_taking.py over
+# tests/fixtures/turns (docs/SESSION.md has the table, the rule and the figures).
+END_OF_TURN_BY_EAGERNESS: dict[Eagerness, EndOfTurnPolicy] = {
+    "low": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.8, max_wait_ms=2000,
+                           confident_below=0.1, confident_wait_ms=4000),
+    "medium": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.75, max_wait_ms=1200,
+                              confident_below=0.1, confident_wait_ms=3000, words_threshold=0.6),
+    "high": EndOfTurnPolicy(candidate_ms=96, rescore_ms=320, threshold=0.5, max_wait_ms=800,
+                            confident_below=0.05, confident_wait_ms=2000, words_complete_at=0.8),
+    "auto": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.75, max_wait_ms=1200,
+                            confident_below=0.1, confident_wait_ms=3000, words_threshold=0.6),
+}
 
 # The end of the utterance the words are judged on: whether a turn is complete is in its last
 # words, and an ASR turn's cost grows with its audio (13 tokens a second).
@@ -130,3 +171,41 @@ class SemanticVad:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
+
+
+@dataclass(frozen=True)
+class WordsVerdict:
+    transcript: str
+    complete: float | None  # P(a complete turn); None: no words to judge (nothing was transcribed)
+
+
+class TextJudge(Protocol):
+    """Judges an utterance by its words; the session runs it beside the end-of-turn model."""
+
+    async def judge(self, pcm: np.ndarray) -> WordsVerdict:
+        """``pcm``: the utterance so far, 16 kHz mono float32, trailing silence included."""
+        ...
+
+
+class EngineTextJudge:
+    """Qwen3-Omni's ASR, then the Thinker's P(``<|im_end|>``) after the transcript (two engine turns)."""
+
+    def __init__(self, engine: Engine, hint: TranscriptionHint | None = None) -> None:
+        self._engine = engine
+        self._hint = hint
+
+    async def judge(self, pcm: np.ndarray) -> WordsVerdict:
+        transcript = (await self._run(TurnRequest.transcription(UserAudio(pcm), self._hint))).text.strip()
+        if not transcript:
+            return WordsVerdict("", None)
+        done = await self._run(TurnRequest.end_of_turn(transcript))
+        if done.end_of_turn_probability is None:
+            raise EngineError("The engine scored no end of turn.", code="engine_protocol_error")
+        return WordsVerdict(transcript, done.end_of_turn_probability)
+
+    async def _run(self, request: TurnRequest) -> TurnDone:
+        async with contextlib.aclosing(self._engine.run_turn(request)) as turn:
+            async for event in turn:
+                if isinstance(event, TurnDone):
+                    return event
+        raise EngineError("The engine ended a turn without TurnDone.", code="engine_protocol_error")

@@ -18,7 +18,7 @@ from app.realtime.protocol import (
     ServerEvent,
     new_id,
 )
-from app.realtime.responses import Response
+from app.realtime.response import Response
 from app.realtime.tools import arguments_problem
 from pipeline.contract import FunctionCallDelta, FunctionCallEvent, FunctionCallStarted
 
