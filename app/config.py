@@ -11,8 +11,8 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from pipeline.local.devices import usable_cores
 from pipeline.token_count import ANSWER_OPENING_TOKENS, DEFAULT_MAX_PROMPT_TOKENS
-from pipeline.worker import usable_cores  # the engine sizes its threads by the same count
 
 # Settings of the in-process engine, which do nothing when turns run on vLLM-Omni servers (engine_urls).
 LOCAL_ENGINE_SETTINGS = frozenset(
@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     # The end-of-turn model for semantic_vad (installed by `make`); None: cache_dir's copy.
     # Missing, the server starts and sessions asking for semantic_vad get an error and server VAD.
     turn_model: Path | None = None
-    # semantic_vad's second opinion from the words (app/realtime/text_judge.py): "engine" has
+    # semantic_vad's second opinion from the words (app/realtime/semantic_vad.py): "engine" has
     # Qwen3-Omni transcribe the utterance at each candidate silence and score whether its text is
     # a complete turn (two short engine turns per check). Off by default: the dev model's words
     # are noise, and on a CPU a check costs as much as a turn. Turn it on with real weights.
@@ -87,7 +87,7 @@ class Settings(BaseSettings):
     partial_transcripts: bool = True
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     seed: int | None = None  # makes turns reproducible
-    # pipeline.params.GenerationParams fields for every turn (JSON in the environment), e.g.
+    # pipeline.local.params.GenerationParams fields for every turn (JSON in the environment), e.g.
     # {"max_audio_frames": 250} caps an answer at 20 s of speech (12.5 codec frames per second).
     generation: dict[str, Any] = Field(default_factory=dict)
     engine_threads: int | None = Field(None, ge=1)  # torch CPU threads in the engine process
@@ -96,7 +96,7 @@ class Settings(BaseSettings):
     # A JSON list of answer texts the model says, one per response of each session, then its own:
     # for the dev model in tests and demos (make it call a tool); it scripts any checkpoint.
     dev_replies: Path | None = None
-    # vLLM-Omni servers to run turns on instead of the in-process engine (pipeline/remote.py): their
+    # vLLM-Omni servers to run turns on instead of the in-process engine (pipeline/vllm_omni/vllm_omni_engine.py): their
     # API base URLs, e.g. http://gpu-1:8091/v1; each turn goes to the least loaded reachable one.
     # With them, `model` is the served model name sent with each turn (None: the server's own).
     engine_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
@@ -262,10 +262,11 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _jitter_buffer_needs_a_known_aiortc(self) -> Settings:
         if self.jitter_buffer:
-            from media.receiver_tap import UnsupportedAiortc, check_aiortc  # aiortc loads only when asked
+            from media.aiortc_version import UnsupportedAiortc
+            from media.receiver_tap import check_receiver_tap
 
             try:
-                check_aiortc()
+                check_receiver_tap()
             except UnsupportedAiortc as exc:
                 raise ValueError(f"jitter_buffer: {exc}") from None
         return self

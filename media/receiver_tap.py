@@ -9,7 +9,7 @@ payload) on, arrival-stamped, and releases nothing to aiortc's decoder. Everythi
 receiver does stays: RTCP receiver reports and their loss and jitter figures (fed before the
 buffer), SSRC bookkeeping, and the end of its track when the peer or the connection goes.
 
-The private name and the ``add`` contract were read in aiortc 1.16 (``TESTED_AIORTC``; pyproject.toml
+The private name and the ``add`` contract were read in aiortc 1.16 (``media.aiortc_version``; pyproject.toml
 pins the same range): another version is refused with a message that says so, rather than poked
 blindly.
 """
@@ -24,12 +24,9 @@ import aiortc
 from aiortc import RTCRtpReceiver
 from aiortc.rtp import RtpPacket
 
-TESTED_AIORTC = ((1, 16), (1, 16))  # first and last minor versions whose receiver this was checked against
+from media.aiortc_version import check_aiortc
+
 _ATTRIBUTE = "_RTCRtpReceiver__jitter_buffer"
-
-
-class UnsupportedAiortc(RuntimeError):
-    """This aiortc's receiver is not one the tap was checked against."""
 
 
 class PacketSink(Protocol):
@@ -50,19 +47,13 @@ class _Tap:
         return False, None
 
 
-def check_aiortc(version: str = aiortc.__version__) -> None:
-    """Raises :class:`UnsupportedAiortc` unless ``version`` is one the tap was checked against."""
-    try:
-        major_minor = tuple(int(part) for part in version.split(".")[:2])
-    except ValueError:
-        major_minor = ()
-    if not TESTED_AIORTC[0] <= major_minor <= TESTED_AIORTC[1]:
-        first, last = (".".join(map(str, v)) for v in TESTED_AIORTC)
-        raise UnsupportedAiortc(
-            f"aiortc {version} is installed; omni-rtc's jitter buffer replaces a private part of aiortc's "
-            f"audio receiver checked against {first} to {last} only (media/receiver_tap.py). Install one of "
-            f"those, or run with OMNI_RTC_JITTER_BUFFER=false to use aiortc's own receive path"
-        )
+def check_receiver_tap(version: str = aiortc.__version__) -> None:
+    """Raises ``UnsupportedAiortc`` unless ``version`` is one the tap was checked against."""
+    check_aiortc(
+        "omni-rtc's jitter buffer (media/receiver_tap.py, in aiortc's audio receiver)",
+        version,
+        way_out="run with OMNI_RTC_JITTER_BUFFER=false to use aiortc's own receive path",
+    )
 
 
 def tap_audio_receiver(
@@ -73,7 +64,7 @@ def tap_audio_receiver(
     Call before media flows (after ``setRemoteDescription``, or when the transceiver is made).
     The receiver's track then yields no frames; it still ends when the receiver stops.
     """
-    check_aiortc()
+    check_receiver_tap()
     if getattr(receiver, "_RTCRtpReceiver__kind", None) != "audio" or not hasattr(receiver, _ATTRIBUTE):
         raise TypeError(f"expected an aiortc audio RTCRtpReceiver with a jitter buffer, got {receiver!r}")
     setattr(receiver, _ATTRIBUTE, _Tap(sink, clock))

@@ -48,7 +48,7 @@ class SpeechModel(Protocol):
     def new_stream(self) -> SpeechStream: ...
 
 
-def default_model_path() -> Path:
+def silero_model_path() -> Path:
     """The ``silero_vad.onnx`` (opset 16) shipped in the installed silero-vad wheel."""
     spec = importlib.util.find_spec("silero_vad")  # finds the package without running its __init__
     if spec is None or not spec.submodule_search_locations:
@@ -79,7 +79,7 @@ class SileroVad:
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
         session = onnxruntime.InferenceSession(
-            str(model_path or default_model_path()),
+            str(model_path or silero_model_path()),
             sess_options=options,
             providers=["CPUExecutionProvider"],
         )

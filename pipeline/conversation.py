@@ -1,20 +1,31 @@
 """The conversation a turn is rendered from: items, instructions, the history bound, and the prompts
 Qwen3-Omni is given (its spoken-chat system prompt and its ASR instruction).
 
-Nothing here needs torch: the in-process engine (``pipeline.prompt``) and the vLLM-Omni
-client (``pipeline.chat_completions``) render the same conversation.
+Nothing here needs torch: the in-process engine (``pipeline.local.prompt``) and the vLLM-Omni
+client (``pipeline.vllm_omni.chat_completions``) render the same conversation. What each item adds to a
+prompt at most is ``pipeline.token_bounds``'s; the tool items (``FunctionCall``,
+``FunctionOutput``) and the tools are ``pipeline.tool_format``'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 import numpy as np
 
 from media.rates import SPEECH_RATE
 from pipeline.images import image_tokens
+from pipeline.token_bounds import (
+    ASSISTANT_MESSAGE_TOKENS,
+    AUDIO_MARKER_TOKENS,
+    USER_MESSAGE_TOKENS,
+    VISION_MARKER_TOKENS,
+    audio_tokens,
+    text_tokens_bound,
+)
+from pipeline.tool_format import FunctionCall, FunctionOutput, Tool, ToolChoice
 
 # The system prompt the Qwen3-Omni README (github.com/QwenLM/Qwen3-Omni, "Usage Tips", "Prompt for
 # Audio-Visual Interaction") recommends for spoken interaction: the Thinker writes short,
@@ -55,55 +66,6 @@ ASR_LANGUAGES = {
 ASR_PROMPT = "Transcribe the audio into text."
 ASR_PROMPT_FOR_LANGUAGE = "Transcribe the {language} audio into text."
 ASR_PROMPT_CHINESE = "请将这段中文语音转换为纯文本。"
-
-
-# -- prompt tokens, estimated without the tokenizer ----------------------------------------
-#
-# The session bounds its history by prompt tokens (``HistoryLimits.max_prompt_tokens``) on every
-# insert, in a process that has no tokenizer (loading Qwen's 151,643 ranks takes ~2 s and ~100 MB
-# per process). So each item says how many tokens it adds to a prompt at most (``prompt_tokens``),
-# from what ``pipeline.prompt.PromptRenderer`` renders for it:
-#
-# - text: Qwen's BPE is byte-level, so every token stands for at least one UTF-8 byte and a
-#   text's bytes bound its tokens. A bound, not a guess: English and Chinese prose run ~4.7 bytes
-#   per real token (tests/pipeline/test_prompt.py checks both), so for ordinary text the
-#   estimate is ~4.7 times the real count (a 16,000-token budget holds ~3,400 real tokens of
-#   prose, ~2,500 English words) and for text built to cost the most (emoji, punctuation)
-#   ~1.7 times.
-# - audio: exact. Whisper features are one frame per 160 samples (10 ms at 16 kHz), and Qwen3-Omni's
-#   audio encoder turns each 100-frame window (``2 * n_window``, n_window = 50 in the published
-#   config) into 13 tokens and a shorter rest into ceil(ceil(ceil(rest / 2) / 2) / 2):
-#   transformers' ``_get_feat_extract_output_lengths`` (models/qwen3_omni_moe), which
-#   tests/pipeline/test_prompt.py compares with this one. 13 tokens per second of speech.
-# - each part is counted as a message of its own (``<|im_start|>``, the role line, ``<|im_end|>``,
-#   ``"\n"``), although consecutive user parts share one: an over-count of a few tokens per part.
-#
-# - images: exact, their ``<|image_pad|>`` count (``pipeline.images.image_tokens``) and the two
-#   ``<|vision_start|>``/``<|vision_end|>`` around it.
-#
-# A new kind of part says its own ``prompt_tokens`` and ``held_bytes`` and is counted the same way.
-
-FEATURE_HOP = 160  # samples per Whisper feature frame at 16 kHz
-AUDIO_N_WINDOW = 50  # Qwen3-Omni's audio_config.n_window: windows of 2 * 50 feature frames
-AUDIO_TOKENS_PER_WINDOW = 13  # what one full window becomes (transformers hard-codes it too)
-# <|im_start|>, the role line as text ("user\n": at most 5 tokens, "assistant\n": 10), <|im_end|>, "\n".
-USER_MESSAGE_TOKENS = 1 + 5 + 1 + 1
-ASSISTANT_MESSAGE_TOKENS = 1 + 10 + 1 + 1
-AUDIO_MARKER_TOKENS = 2  # <|audio_start|> and <|audio_end|> around the pads
-VISION_MARKER_TOKENS = 2  # <|vision_start|> and <|vision_end|> around an image's pads
-
-
-def text_tokens_bound(text: str) -> int:
-    """At most this many tokens: one per UTF-8 byte (``isascii`` is O(1) in CPython)."""
-    return len(text) if text.isascii() else len(text.encode("utf-8"))
-
-
-def audio_tokens(samples: int, n_window: int = AUDIO_N_WINDOW) -> int:
-    """The audio encoder's output length for ``samples`` of 16 kHz audio: its ``<|audio_pad|>`` count."""
-    frames = samples // FEATURE_HOP
-    window = 2 * n_window
-    rest = (frames % window - 1) // 2 + 1
-    return ((rest - 1) // 2 + 1 - 1) // 2 + 1 + (frames // window) * AUDIO_TOKENS_PER_WINDOW
 
 
 @dataclass(frozen=True)
@@ -179,69 +141,11 @@ class AssistantText:
         return text_tokens_bound(self.text)
 
 
-@dataclass(frozen=True)
-class FunctionCall:
-    """A function the assistant called: Qwen renders it in the assistant's message.
-
-    ``arguments`` is the JSON text as the model (or the client that created the item) wrote
-    it; ``call_id`` pairs it with its output for the history bound, never for the prompt
-    (Qwen matches outputs to calls by position).
-    """
-
-    call_id: str
-    name: str
-    arguments: str
-
-    def prompt_tokens(self) -> int:
-        """At most this many prompt tokens: its ``<tool_call>`` block in an assistant message."""
-        from pipeline.tool_format import call_pieces, pieces_text  # which imports this module
-
-        return ASSISTANT_MESSAGE_TOKENS + text_tokens_bound(pieces_text(call_pieces(self, newline_before=True)))
-
-    def held_bytes(self) -> int:
-        return text_tokens_bound(self.name) + text_tokens_bound(self.arguments)
-
-
-@dataclass(frozen=True)
-class FunctionOutput:
-    """What a function call returned, given back by the client: Qwen's ``<tool_response>``."""
-
-    call_id: str
-    output: str
-
-    def prompt_tokens(self) -> int:
-        """At most this many prompt tokens: its ``<tool_response>`` block in a user message."""
-        from pipeline.tool_format import output_pieces, pieces_text  # which imports this module
-
-        return USER_MESSAGE_TOKENS + text_tokens_bound(pieces_text(output_pieces(self)))
-
-    def held_bytes(self) -> int:
-        return text_tokens_bound(self.output)
-
-
 ConversationItem = UserAudio | UserText | UserImage | AssistantText | FunctionCall | FunctionOutput
 
 # What stands in the prompt for an image of an older turn once images no longer fit the history's
 # image budget: the model knows one was shown, the prompt does not pay for its pixels.
 IMAGE_NOTE = "(an image was shown here)"
-
-
-@dataclass(frozen=True)
-class Tool:
-    """A function the model may call (OpenAI's ``function`` tool): its JSON-schema ``parameters``."""
-
-    name: str
-    description: str | None = None
-    parameters: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ToolChoice:
-    """``auto``: the model decides; ``none``: no tools in the prompt; ``required``: some call;
-    ``function``: a call of ``name``."""
-
-    mode: Literal["auto", "none", "required", "function"] = "auto"
-    name: str | None = None
 
 
 # What ``group_turns`` needs to know of an item: whether it is an answer (which ends a turn),

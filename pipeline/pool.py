@@ -1,11 +1,11 @@
-"""Several engines behind one ``pipeline.turn.Engine``: each turn goes to the least loaded.
+"""Several engines behind one ``pipeline.contract.Engine``: each turn goes to the least loaded.
 
-Shared by the in-process ``EnginePool`` (one engine process per device) and the
-``RemoteEnginePool`` (one vLLM-Omni server per URL); it imports neither, so the remote pool
+Shared by the in-process ``TransformersEnginePool`` (one engine process per device) and the
+``VllmOmniEnginePool`` (one vLLM-Omni server per URL); it imports neither, so the remote pool
 loads no torch.
 
 An ordinary turn goes to the member with the fewest ordinary turns (``load``: a preemptible
-turn gives its slot up to it, ``pipeline.turn``); a preemptible one to the member with the most
+turn gives its slot up to it, ``pipeline.contract``); a preemptible one to the member with the most
 ``spare`` capacity, which refuses it when it has none.
 """
 
@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import AsyncGenerator
 from typing import Any, Generic, Protocol, TypeVar
 
-from pipeline.turn import TurnEvent, TurnRequest
+from pipeline.contract import TurnEvent, TurnRequest
 
 
 class PooledEngine(Protocol):

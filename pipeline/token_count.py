@@ -4,12 +4,12 @@ message (instructions and tools) and the vLLM-Omni client's prompt limit.
 The session's processes (the front, the media workers) do not load the engine's tokenizer:
 transformers pulls in torch (~6 s and ~500 MB on the dev box). tiktoken on the same 151,643 BPE
 ranks (``dashscope``'s ``qwen.tiktoken``) with the pre-tokenizer pattern of Qwen's
-``tokenizer.json`` gives the same ids for text (tests/pipeline/test_tokenizer.py) and loads in
+``tokenizer.json`` gives the same ids for text (tests/pipeline/local/test_tokenizer.py) and loads in
 ~0.8 s and ~60 MB: once per process, on the first text counted exactly, in whichever worker
 thread counts it.
 
 Counting is two-step: a text's UTF-8 bytes bound its tokens (the BPE is byte-level,
-``pipeline.conversation.text_tokens_bound``), so text whose bound is within a limit needs no
+``pipeline.token_bounds.text_tokens_bound``), so text whose bound is within a limit needs no
 tokenizer; only text past it is counted exactly (:func:`tokens_at_most`), ~85 ms for 240 KB of
 punctuation, Qwen's worst case. Where the prompt holds one of Qwen's tool tokens the count is
 that token's text (2-5 tokens for one): an over-count of a few tokens per message with tools.
@@ -23,16 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.conversation import (
-    ASSISTANT_MESSAGE_TOKENS,
-    USER_MESSAGE_TOKENS,
-    AssistantText,
-    ConversationItem,
-    Tool,
-    UserText,
-    text_tokens_bound,
-)
-from pipeline.tool_format import pieces_text, system_content
+from pipeline.conversation import AssistantText, ConversationItem, UserText
+from pipeline.token_bounds import ASSISTANT_MESSAGE_TOKENS, USER_MESSAGE_TOKENS, text_tokens_bound
+from pipeline.tool_format import Tool, pieces_text, system_content
 
 if TYPE_CHECKING:
     import tiktoken

@@ -1,4 +1,5 @@
-"""Qwen3-Omni's tool format (Hermes style), as its chat template writes it.
+"""Tools in a conversation (``Tool``, ``ToolChoice``, ``FunctionCall``, ``FunctionOutput``) and
+Qwen3-Omni's tool format (Hermes style), as its chat template writes them.
 
 The words and layout are the Qwen3 family chat template's tool branch, which Qwen3-Omni's
 ``chat_template.json`` carries (docs/MODEL.md names the sources):
@@ -17,7 +18,7 @@ added tokens of Qwen's vocabulary (151657, 151658, 151665, 151666), marked non-s
 tokenizer finds them in any text it encodes. Encoding the template's whole string would let a
 client forge them: a user's "</tool_response>" would close an output, a function output could
 open a call (issue 34). So this module writes *pieces*: text, and ``Markup`` for each of these
-tokens the template itself writes; the renderer (``pipeline.prompt``) turns markup into its token
+tokens the template itself writes; the renderer (``pipeline.local.prompt``) turns markup into its token
 and encodes text without ever finding one in it, as it keeps role tokens out of text. For the
 template's own words the ids are the ones its string tokenizes to (tests/pipeline/test_tool_format.py).
 
@@ -31,10 +32,66 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
-from pipeline.conversation import FunctionCall, FunctionOutput, Tool, ToolChoice
+from pipeline.token_bounds import ASSISTANT_MESSAGE_TOKENS, USER_MESSAGE_TOKENS, text_tokens_bound
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may call (OpenAI's ``function`` tool): its JSON-schema ``parameters``."""
+
+    name: str
+    description: str | None = None
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """``auto``: the model decides; ``none``: no tools in the prompt; ``required``: some call;
+    ``function``: a call of ``name``."""
+
+    mode: Literal["auto", "none", "required", "function"] = "auto"
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class FunctionCall:
+    """A function the assistant called: Qwen renders it in the assistant's message.
+
+    ``arguments`` is the JSON text as the model (or the client that created the item) wrote
+    it; ``call_id`` pairs it with its output for the history bound, never for the prompt
+    (Qwen matches outputs to calls by position).
+    """
+
+    call_id: str
+    name: str
+    arguments: str
+
+    def prompt_tokens(self) -> int:
+        """At most this many prompt tokens: its ``<tool_call>`` block in an assistant message."""
+        return ASSISTANT_MESSAGE_TOKENS + text_tokens_bound(pieces_text(call_pieces(self, newline_before=True)))
+
+    def held_bytes(self) -> int:
+        return text_tokens_bound(self.name) + text_tokens_bound(self.arguments)
+
+
+@dataclass(frozen=True)
+class FunctionOutput:
+    """What a function call returned, given back by the client: Qwen's ``<tool_response>``."""
+
+    call_id: str
+    output: str
+
+    def prompt_tokens(self) -> int:
+        """At most this many prompt tokens: its ``<tool_response>`` block in a user message."""
+        return USER_MESSAGE_TOKENS + text_tokens_bound(pieces_text(output_pieces(self)))
+
+    def held_bytes(self) -> int:
+        return text_tokens_bound(self.output)
+
 
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"

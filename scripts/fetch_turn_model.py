@@ -16,17 +16,17 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from media.end_of_turn import (
+from media.end_of_turn_model import (
     TURN_MODEL_SHA256,
     TURN_MODEL_WHEEL,
     TURN_MODEL_WHEEL_PATH,
-    default_model_path,
+    default_turn_model_path,
     file_sha256,
 )
 
 
 def fetch(cache_dir: Path) -> Path:
-    target = default_model_path(cache_dir)
+    target = default_turn_model_path(cache_dir)
     if target.is_file() and file_sha256(target) == TURN_MODEL_SHA256:
         print(f"{target}: present, sha256 ok")
         return target

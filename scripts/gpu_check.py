@@ -7,7 +7,7 @@ minutes, with only this working tree and the wheels scripts/device-wheels.sh gat
 prints one table (exit status 1 if a step failed). docs/GPU.md has the command and the results.
 
 ``--size full`` (the default on CUDA) builds, directly in device memory, a model with
-Qwen3-Omni-30B-A3B-Instruct's exact configuration (pipeline/qwen3_omni_config.py) and random
+Qwen3-Omni-30B-A3B-Instruct's exact configuration (pipeline/local/qwen3_omni_config.py) and random
 weights, with the dev tokenizer: a decoding step costs what it costs with the real weights.
 ``--size dev`` (the default on CPU) is the tiny dev model, and adds one full turn through the
 engine process. Steps, each a row of the table:
@@ -50,22 +50,23 @@ from harness import read_wav  # noqa: E402
 from transformers import Qwen3OmniMoeForConditionalGeneration  # noqa: E402
 
 from media.rates import SPEECH_RATE, VOICE_RATE  # noqa: E402
-from pipeline.code2wav import StreamingCode2Wav  # noqa: E402
+from pipeline.contract import AudioChunk, TextDelta, TurnDone, TurnRequest  # noqa: E402
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText  # noqa: E402
-from pipeline.devmodel import (  # noqa: E402
+from pipeline.local.code2wav import StreamingCode2Wav  # noqa: E402
+from pipeline.local.decode_batch import DecodeBatch
+from pipeline.local.devmodel import (  # noqa: E402
     dev_feature_extractor,
     dev_generation_config,
     dev_model,
     ensure_dev_model,
     initialise_talker_experts,
 )
-from pipeline.engine import TransformersEngine  # noqa: E402
-from pipeline.generation import DecodeBatch, stream_turn  # noqa: E402
-from pipeline.params import GenerationParams  # noqa: E402
-from pipeline.prompt import PromptRenderer  # noqa: E402
-from pipeline.qwen3_omni_config import instruct_config  # noqa: E402
-from pipeline.tokenizer import build_tokenizer  # noqa: E402
-from pipeline.turn import AudioChunk, TextDelta, TurnDone, TurnRequest  # noqa: E402
+from pipeline.local.generation import stream_turn
+from pipeline.local.params import GenerationParams  # noqa: E402
+from pipeline.local.prompt import PromptRenderer  # noqa: E402
+from pipeline.local.qwen3_omni_config import instruct_config  # noqa: E402
+from pipeline.local.tokenizer import build_tokenizer  # noqa: E402
+from pipeline.local.transformers_engine import TransformersEngine  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures"
 FRAME_S = 0.08
@@ -259,7 +260,7 @@ class Check:
 
 
 async def engine_turn(model_dir: Path, device: str, dtype: str, tokens: int) -> str:
-    """One spoken turn through the engine process, twice: after the engine's warm-up (pipeline/warmup.py)
+    """One spoken turn through the engine process, twice: after the engine's warm-up (pipeline/local/warmup.py)
     the first should cost what the second does (its TTFA is reported beside the second's)."""
     started = time.perf_counter()
     generation = {"force_output_tokens": tokens, "talker_frames_per_token": FRAMES_PER_TOKEN,

@@ -11,9 +11,9 @@ import pytest
 import transformers
 from hypothesis import settings
 
-import pipeline.devmodel
-import pipeline.tokenizer
-from pipeline.devmodel import ensure_dev_model
+import pipeline.local.devmodel
+import pipeline.local.tokenizer
+from pipeline.local.devmodel import ensure_dev_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,7 +29,7 @@ if os.environ.get("CI"):
 def _dev_model_fingerprint() -> str:
     """Changes whenever what the dev model is built from changes, so a stale build is never reused."""
     digest = hashlib.sha256(transformers.__version__.encode())
-    for module in (pipeline.devmodel, pipeline.tokenizer):
+    for module in (pipeline.local.devmodel, pipeline.local.tokenizer):
         digest.update(Path(module.__file__).read_bytes())
     return digest.hexdigest()[:12]
 

@@ -4,7 +4,7 @@ Used by the session tests and by any test that needs a whole server without a ch
 - ``ScriptedEngine``: an ``Engine`` that answers every turn with a scripted reply, one text
   delta (one "Thinker token") and one 80 ms codec frame of audio per word, counting frames
   and voiced tokens as ``AudioChunk`` does (transcription turns: ``transcript``, text only, or
-  what a function of the clip says), and records the requests it got. It keeps the preemptible-turn rules of ``pipeline.turn``
+  what a function of the clip says), and records the requests it got. It keeps the preemptible-turn rules of ``pipeline.contract``
   with a batch of ``max_batch`` turns (None: room for any number).
 - ``EnergyVad``: a ``SileroVad`` stand-in whose "speech probability" is 1 for loud windows
   and 0 for quiet ones, so a test can write speech as a tone and silence as zeros.
@@ -32,8 +32,7 @@ from app.realtime.protocol import server_event_adapter
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig, TurnDetection
 from media.rates import SPEECH_RATE, VOICE_RATE
-from pipeline.conversation import UserAudio, UserImage
-from pipeline.turn import (
+from pipeline.contract import (
     NO_SPARE_CAPACITY,
     PREEMPTED,
     AudioChunk,
@@ -46,6 +45,7 @@ from pipeline.turn import (
     TurnTimings,
     Usage,
 )
+from pipeline.conversation import UserAudio, UserImage
 
 # Server VAD without barge-in: the user's speech over an answer is heard but not acted on. Tests
 # of half-duplex say so, since a session's default is OpenAI's interrupt_response: true.

@@ -22,7 +22,6 @@ from app.realtime.protocol import (
     OutputAudioBufferStartedEvent,
     OutputAudioBufferStoppedEvent,
 )
-from app.realtime.responses import Response
 
 
 class AnswerAudio:
@@ -52,23 +51,28 @@ class AnswerAudio:
         """Answers whose audio is written and not yet played out."""
         return len(self.ledger)
 
-    def write(self, response: Response, entry: AssistantEntry, pcm: np.ndarray) -> None:
-        """Queue ``response``'s audio for ``entry``."""
-        response.audio_written(to_idle_paced_output=len(self.ledger) == 0 and getattr(self.output, "paced", False))
+    def idle_and_paced(self) -> bool:
+        """Nothing is queued and the output is paced: it will report the next audio's first frame
+        (``on_playback_started``)."""
+        return len(self.ledger) == 0 and getattr(self.output, "paced", False)
+
+    def write(self, response_id: str, entry: AssistantEntry, pcm: np.ndarray) -> None:
+        """Queue response ``response_id``'s audio for ``entry``."""
         entry.add_audio(pcm.size)
-        self.ledger.write(entry.id, response.id, pcm.size, self.output.played_samples)
+        self.ledger.write(entry.id, response_id, pcm.size, self.output.played_samples)
         self.output.write(pcm)
 
-    def started(self, response: Response | None) -> None:
-        """The output sent a first frame after being idle (``response``: the one generating, if any)."""
+    def started(self) -> str | None:
+        """The output sent a first frame after being idle: the response whose audio it is, when this
+        starts the assistant speaking (``output_audio_buffer.started``), else None."""
         if self._speaking_response_id is not None:
-            return
+            return None
         playback = self.ledger.oldest()
-        if playback is not None:
-            self._speaking_response_id = playback.response_id
-            self._emit(OutputAudioBufferStartedEvent(response_id=playback.response_id))
-            if response is not None:
-                response.first_frame_out(playback.response_id)
+        if playback is None:
+            return None
+        self._speaking_response_id = playback.response_id
+        self._emit(OutputAudioBufferStartedEvent(response_id=playback.response_id))
+        return playback.response_id
 
     def stopped(self) -> None:
         """The output ran dry: everything written has played."""

@@ -42,7 +42,6 @@ from app.realtime.protocol import (
     DASHSCOPE_UNSENT,
     ConversationItemAddedEvent,
     ConversationItemRetrievedEvent,
-    ProtocolError,
     ResponseCreatedEvent,
     ResponseDoneEvent,
     ResponseOutputItemAddedEvent,
@@ -50,6 +49,7 @@ from app.realtime.protocol import (
     SessionCreatedEvent,
     SessionUpdatedEvent,
     event_type,
+    invalid_value,
 )
 from app.realtime.session_config import (
     INPUT_PCM_RATES,
@@ -58,7 +58,7 @@ from app.realtime.session_config import (
     InputTranscription,
     SessionConfig,
 )
-from pipeline.turn import VOICES, Voice
+from pipeline.contract import VOICES, Voice
 
 # DashScope's voices (Qwen-Omni-Turbo-Realtime's Chelsie, Serena, Ethan, Cherry, from Model Studio's
 # SDK page, and the longer Qwen3-Omni-Flash / Qwen3-TTS list as docs/DASHSCOPE.md sources it), by lower-cased
@@ -199,13 +199,10 @@ class DashScopeDialect:
 # -- fields in ------------------------------------------------------------------------------
 
 
-def _invalid(param: str, why: str) -> ProtocolError:
-    return ProtocolError("invalid_value", f"Invalid value for {param!r}: {why}.", param=param)
-
 
 def _object(value: Any, param: str) -> Mapping[str, Any] | None:
     if value is not None and not isinstance(value, Mapping):
-        raise _invalid(param, "must be an object or null")
+        raise invalid_value(param, "must be an object or null")
     return value
 
 
@@ -214,13 +211,13 @@ def _voice(value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise _invalid("session.voice", "must be a string or null")
+        raise invalid_value("session.voice", "must be a string or null")
     name = value.strip().lower()
     if name in DASHSCOPE_VOICES:
         return DASHSCOPE_VOICES[name]
     if name in VOICES or name in OPENAI_VOICES:
         return name  # the session's reader takes these
-    raise _invalid(
+    raise invalid_value(
         "session.voice",
         f"unknown voice {value!r}; this server speaks as Chelsie, Ethan or Aiden and takes DashScope's voice "
         "names (Cherry, Serena, Ethan, Chelsie, … as docs/DASHSCOPE.md lists them)",
@@ -237,7 +234,7 @@ def _move_formats(fields: dict[str, Any]) -> None:
     if "sample_rate" in fields:  # the SDK's transcription_params: the input's rate
         rate = fields.pop("sample_rate")
         if not isinstance(rate, int) or isinstance(rate, bool) or rate not in INPUT_PCM_RATES:
-            raise _invalid("session.sample_rate", "must be " + ", ".join(map(str, INPUT_PCM_RATES)))
+            raise invalid_value("session.sample_rate", "must be " + ", ".join(map(str, INPUT_PCM_RATES)))
         formats["input"] = {"type": "audio/pcm", "rate": rate}
     if "output_audio_format" in fields:
         formats["output"] = _flat_format(fields.pop("output_audio_format"), _OUTPUT_FORMATS, 24_000,
@@ -256,21 +253,21 @@ def _move_formats(fields: dict[str, Any]) -> None:
 
 def _flat_format(value: Any, names: tuple[str, ...], rate: int, param: str, what: str) -> dict[str, Any]:
     if not isinstance(value, str) or value not in names:
-        raise _invalid(param, f"must be {' or '.join(repr(name) for name in names)} ({what})")
+        raise invalid_value(param, f"must be {' or '.join(repr(name) for name in names)} ({what})")
     return {"type": "audio/pcm", "rate": rate}
 
 
 def _new_style_format(value: Any, param: str) -> dict[str, Any]:
     """The SDK's ``AudioFormatConfig``: ``{type: "pcm", sample_rate, ...extra_params}``."""
     if not isinstance(value, Mapping):
-        raise _invalid(param, "must be an object like {type: 'pcm', sample_rate: 16000}")
+        raise invalid_value(param, "must be an object like {type: 'pcm', sample_rate: 16000}")
     if value.get("type", "pcm") not in _NEW_STYLE_PCM:
-        raise _invalid(f"{param}.type", "must be 'pcm' (PCM16 mono)")
+        raise invalid_value(f"{param}.type", "must be 'pcm' (PCM16 mono)")
     is_input = param.endswith("input.format")
     rates = INPUT_PCM_RATES if is_input else (24_000,)
     rate = value.get("sample_rate", DASHSCOPE_INPUT_RATE if is_input else 24_000)
     if not isinstance(rate, int) or isinstance(rate, bool) or rate not in rates:
-        raise _invalid(f"{param}.sample_rate", "must be " + " or ".join(map(str, rates)))
+        raise invalid_value(f"{param}.sample_rate", "must be " + " or ".join(map(str, rates)))
     return {"type": "audio/pcm", "rate": rate}
 
 
@@ -285,7 +282,7 @@ def _turn_detection(value: Any) -> Any:
         low, high = DASHSCOPE_THRESHOLD_RANGE
         valid = isinstance(threshold, int | float) and not isinstance(threshold, bool) and math.isfinite(threshold)
         if not valid or not low <= threshold <= high:
-            raise _invalid("session.turn_detection.threshold", f"must be a number from {low:g} to {high:g}")
+            raise invalid_value("session.turn_detection.threshold", f"must be a number from {low:g} to {high:g}")
         fields["threshold"] = vad_threshold(float(threshold))
     return fields
 
@@ -294,7 +291,7 @@ def _max_tokens(value: Any) -> int:
     """DashScope's ``max_tokens`` (up to the model's output length, 16,384 for its Qwen3-Omni-Flash):
     ``max_output_tokens``, at most 4096 (this server's bound, OpenAI's)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise _invalid("session.max_tokens", "must be a positive integer")
+        raise invalid_value("session.max_tokens", "must be a positive integer")
     return min(value, MAX_OUTPUT_TOKENS_LIMIT)
 
 

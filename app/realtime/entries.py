@@ -20,17 +20,9 @@ from app.realtime.protocol import (
     OutputTextContent,
 )
 from app.realtime.session_config import Modality
-from pipeline.conversation import (
-    ASSISTANT_MESSAGE_TOKENS,
-    IMAGE_NOTE,
-    ConversationItem,
-    FunctionCall,
-    FunctionOutput,
-    UserAudio,
-    UserImage,
-    UserText,
-    text_tokens_bound,
-)
+from pipeline.conversation import IMAGE_NOTE, ConversationItem, UserAudio, UserImage, UserText
+from pipeline.token_bounds import ASSISTANT_MESSAGE_TOKENS, text_tokens_bound
+from pipeline.tool_format import FunctionCall, FunctionOutput
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """An engine turn that runs before anyone may see it: its events are held until it is released.
 
 A speculative answer and its input transcription (``app.realtime.speculation``) run as held
-turns: preemptible engine turns (``pipeline.turn``) whose events are kept, in order, as they
+turns: preemptible engine turns (``pipeline.contract``) whose events are kept, in order, as they
 come. Whoever holds one either closes it (cancelled in the engine, forgotten) or, once the turn
 it stands for is committed, promotes it (an ordinary engine turn from then on) and takes its
 ``events()``: those held so far at once, then the rest as they come. A partial transcript
@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Callable
 
-from pipeline.turn import (
+from pipeline.contract import (
     NO_SPARE_CAPACITY,
     PREEMPTED,
     AudioChunk,

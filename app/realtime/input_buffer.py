@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import soxr
 
-from app.realtime.history import MIN_COMMIT_MS, decode_input_audio
+from app.realtime.input_readers import MIN_COMMIT_MS, decode_input_audio
 from app.realtime.protocol import ProtocolError
 from media.rates import SPEECH_RATE, VOICE_RATE
 

@@ -10,7 +10,7 @@ announced, before that item exists. The final transcription after the commit
 
 - **What a partial is**: Qwen3-Omni's ASR turn (``TurnRequest.transcription``) over the item's
   audio so far, as a commit now would hold it (since the last 30 s segment: a partial transcribes
-  at most one segment), started as a *preemptible* engine turn (``pipeline.turn``): only on spare
+  at most one segment), started as a *preemptible* engine turn (``pipeline.contract``): only on spare
   capacity (else refused at once), cancelled for any committed turn that needs its slot
   (``preempted``), never promoted. It never waits in a queue and never delays a committed turn.
 - **When**: the first once the item holds ``PARTIAL_INTERVAL_MS`` of audio (its prefix padding
@@ -57,8 +57,8 @@ from app.realtime.protocol import ConversationItemInputAudioTranscriptionDeltaEv
 from app.realtime.session_config import InputTranscription
 from app.realtime.turn_taking import SpeechSoFar
 from media.rates import SPEECH_RATE
+from pipeline.contract import NO_SPARE_CAPACITY, PREEMPTED, Engine, TurnRequest
 from pipeline.conversation import UserAudio
-from pipeline.turn import NO_SPARE_CAPACITY, PREEMPTED, Engine, TurnRequest
 
 logger = logging.getLogger(__name__)
 

@@ -22,8 +22,10 @@ from typing import Any
 
 from app.realtime.protocol import ProtocolError
 from app.realtime.session_config import SessionConfig
-from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, Tool, text_tokens_bound
+from pipeline.conversation import DEFAULT_SYSTEM_PROMPT
+from pipeline.token_bounds import text_tokens_bound
 from pipeline.token_count import MESSAGE_MARKERS, system_message_text, system_tokens_at_most
+from pipeline.tool_format import Tool
 
 
 async def check_system_budget(instructions: str | None, tools: Sequence[Tool], *, budget: int, param: str) -> None:

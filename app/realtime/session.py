@@ -2,7 +2,7 @@
 
 In: 16 kHz float32 PCM (``push_audio``), client events as JSON text (``handle_message``) and
 camera frames (``add_video_frame``, sampled as ``video_plan`` says; or pushed by the client as
-``input_image_buffer.append``; ``app.realtime.camera``).
+``input_image_buffer.append``; ``app.realtime.camera_frames``).
 Out: server events as JSON-ready dicts (``send``) and 24 kHz float32 PCM (``AudioOutput.write``).
 
 The session hears utterances end (server VAD, or semantic VAD: ``end_of_turn``) or takes client commits, runs one engine turn per
@@ -22,25 +22,22 @@ docs/SESSION.md has the whole picture.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from app.realtime.answer_audio import AnswerAudio
-from app.realtime.calls import call_events, close_calls
-from app.realtime.camera import TurnFrames
-from app.realtime.end_of_turn import SemanticVad
-from app.realtime.entries import AssistantEntry
+from app.realtime.camera_frames import TurnFrames
 from app.realtime.event_audio import acknowledge_playback, played_out
 from app.realtime.failures import failure_event
 from app.realtime.gate import EventGate
-from app.realtime.history import History, read_item_audio
-from app.realtime.images import DecodeBudget, read_frame, read_item_images
+from app.realtime.history import History
 from app.realtime.input_buffer import AppendDecoder, ManualBuffer
+from app.realtime.input_images import DecodeBudget, read_frame, read_item_images
+from app.realtime.input_readers import read_item_audio
 from app.realtime.ledger import AudioOutput
 from app.realtime.partial_transcripts import PartialObserver, PartialTranscripts
 from app.realtime.prompt_budget import check_session, check_system_budget, session_param
@@ -61,7 +58,6 @@ from app.realtime.protocol import (
     ProtocolError,
     ResponseCancelEvent,
     ResponseCreateEvent,
-    ResponseStatus,
     SessionCreatedEvent,
     SessionFinishedEvent,
     SessionFinishEvent,
@@ -71,35 +67,22 @@ from app.realtime.protocol import (
     new_id,
     parse_client_event,
 )
-from app.realtime.responses import (
-    Response,
-    apply_response_params,
-    created_event,
-    delta_event,
-    ended_as,
-    finish_events,
-    message_events,
-    turn_request,
-)
+from app.realtime.response import Response
+from app.realtime.response_events import apply_response_params, turn_request
+from app.realtime.response_run import ResponsePort, ResponseRun
+from app.realtime.semantic_vad import SemanticVad, TextJudge
 from app.realtime.session_config import SessionConfig, TurnDetection
 from app.realtime.speculation import OutcomeObserver, Speculation, SpeculativeTurn, Speculator
-from app.realtime.text_judge import TextJudge
 from app.realtime.transcription import Transcriptions
 from app.realtime.turn_taking import TurnActions, TurnTaking, detector_params
-from media.end_of_turn import EndOfTurnModel
+from media.end_of_turn_model import EndOfTurnModel
 from media.frames import FramePlan, SampledFrame
 from media.vad import SpeechModel
-from pipeline.conversation import ConversationItem, UserAudio, UserImage
-from pipeline.turn import (
-    AudioChunk,
+from pipeline.contract import (
     Engine,
-    EngineError,
-    FunctionCallEvent,
-    TextDelta,
-    TurnDone,
-    TurnEvent,
     TurnRequest,
 )
+from pipeline.conversation import ConversationItem, UserAudio, UserImage
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +111,7 @@ class RealtimeSession:
     ) -> None:
         """``on_ignored_speech`` is called for each utterance half-duplex does not act on (metrics).
         ``end_of_turn``: the model semantic_vad needs; without it, semantic_vad is refused (server VAD stays).
-        ``text_judge``: semantic_vad also judges the words said (``app.realtime.text_judge``).
+        ``text_judge``: semantic_vad also judges the words said (``app.realtime.semantic_vad``).
         ``session_fields``: a dialect's reading of ``session.update`` fields, before the session's
         own (``app.realtime.dashscope``); it raises ``ProtocolError`` for what it refuses.
         ``on_speculation``: each speculation's outcome (metrics, ``app.realtime.speculation``).
@@ -169,9 +152,14 @@ class RealtimeSession:
         self._history = History()
         self._frames = TurnFrames()
         self._image_budget = DecodeBudget()
-        self._response: Response | None = None  # generating, or queued behind a cancelling one
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._response: ResponseRun | None = None  # generating, or queued behind a cancelling one
+        self._runs: set[ResponseRun] = set()  # every run whose task is not over (a cancelled one finishing)
         self._audio = AnswerAudio(output, self._history, self._emit, on_idle=self._audio_idle, on_settled=self._prune)
+        self._port = ResponsePort(
+            session_id=self.session_id, engine=engine, history=self._history, audio=self._audio,
+            config=lambda: self._config, emit=self._emit, prune=self._prune,
+            release_speculation=self._speculator.release, finished=self._response_finished, over=self._runs.discard,
+        )
         # The response the user's speech cancelled (barge-in), until another response starts:
         # a client's response.cancel for it is answered by its response.done.
         self._cut_by_speech: str | None = None
@@ -271,11 +259,8 @@ class RealtimeSession:
             await self._transcriptions.close()  # first: an ending response would let them start
             await self._partials.close()
             await self._semantic.close()
-            tasks = list(self._tasks)
-            for task in tasks:
-                task.cancel()
-            if tasks:
-                await asyncio.wait(tasks)
+            for run in list(self._runs):
+                await run.close()
             await self._speculator.close()  # last: a response ending hands its speculation back
 
     def stats(self) -> dict[str, int]:
@@ -286,7 +271,7 @@ class RealtimeSession:
             "images": self._history.image_count(),
             "camera_frames": len(self._frames),
             "playbacks": len(self._audio),
-            "tasks": len(self._tasks) + len(self._transcriptions),
+            "tasks": len(self._runs) + len(self._transcriptions),
             "partial_transcripts": len(self._partials),
             "speculations": len(self._speculator),
             "manual_buffer_samples": self._manual.samples,
@@ -296,8 +281,8 @@ class RealtimeSession:
     # -- AudioOutput listener --------------------------------------------------------------
 
     def on_playback_started(self) -> None:
-        if not self._closed:
-            self._audio.started(self._response)
+        if not self._closed and (started := self._audio.started()) is not None and self._response is not None:
+            self._response.response.first_frame_out(started)
 
     def on_playback_stopped(self) -> None:
         if not self._closed:
@@ -375,11 +360,9 @@ class RealtimeSession:
     async def _finish_session(self) -> None:
         """``session.finish``: the running response is cancelled (its ``response.done`` goes out),
         then ``session.finished``, the last event; the transport closes on it."""
-        response = self._response
-        if response is not None:
-            task = self._request_cancel(response, "client_cancelled") if not response.cancelling else response.task
-            assert task is not None
-            await asyncio.wait({task})
+        run = self._response
+        if run is not None:
+            await asyncio.wait({run.cancel("client_cancelled") if not run.cancelling else run.task})
         self._speculator.utterance_over()  # nothing more is answered: a held answer is thrown away
         self._partials.stop()
         self._emit(SessionFinishedEvent())
@@ -420,16 +403,15 @@ class RealtimeSession:
         self._prune()
 
     def _delete_item(self, event: ConversationItemDeleteEvent) -> None:
-        in_progress = self._response.output if self._response is not None else []
+        in_progress = self._response.response.output if self._response is not None else []
         self._emit(self._history.delete_item(event.item_id, in_progress=in_progress))
 
     async def _truncate_item(self, event: ConversationItemTruncateEvent) -> None:
-        response = self._response
-        if (response is not None and response.cancelling and response.task is not None
-                and any(entry.id == event.item_id for entry in response.output)):
+        run = self._response
+        if run is not None and run.cancelling and any(entry.id == event.item_id for entry in run.response.output):
             # The client's reply to speech_started (pipecat, the Agents SDK), sent before the
             # server's own cancel at that barge-in ended the item: it is cut once that has.
-            await asyncio.wait({response.task})
+            await asyncio.wait({run.task})
             if self._closed:
                 return
         self._emit(self._history.truncate_item(event, self._audio.ledger))
@@ -462,13 +444,11 @@ class RealtimeSession:
     async def _cancel_response(self, event: ResponseCancelEvent) -> None:
         """Cancels the response in progress; answered by its ``response.done`` (docs/SESSION.md,
         "A cancel that races the server's own")."""
-        response = self._response
-        if response is not None and event.response_id in (None, response.id):
+        run = self._response
+        if run is not None and event.response_id in (None, run.id):
             # One being cancelled already (the user's speech, an output clear) is in progress
             # until its response.done, which answers this cancel too, as OpenAI's does.
-            assert response.task is not None
-            task = response.task if response.cancelling else self._request_cancel(response, "client_cancelled")
-            await asyncio.wait({task})
+            await asyncio.wait({run.task if run.cancelling else run.cancel("client_cancelled")})
             return
         if self._cut_by_speech is not None and event.response_id in (None, self._cut_by_speech):
             # The client's reply to speech_started, sent before the response.done of the server's
@@ -485,9 +465,9 @@ class RealtimeSession:
 
     async def _clear_output_by_client(self) -> None:
         # OpenAI: clearing the output also stops generating the response whose audio it is.
-        response = self._response
-        if response is not None and not response.cancelling:
-            await asyncio.wait({self._request_cancel(response, "client_cancelled")})
+        run = self._response
+        if run is not None and not run.cancelling:
+            await asyncio.wait({run.cancel("client_cancelled")})
         self._audio.clear(always_announce=True)
 
     # -- server VAD (app.realtime.turn_taking) ---------------------------------------------
@@ -561,147 +541,21 @@ class RealtimeSession:
         """The assistant is answering or its audio has not finished playing."""
         return self._response is not None or len(self._audio) > 0
 
-    # -- responses -------------------------------------------------------------------------
+    # -- responses (app.realtime.response_run) ---------------------------------------------
 
     def _start_response(self, response: Response) -> None:
-        previous = self._response.task if self._response is not None else None
-        self._response = response
+        run = ResponseRun(response, self._port)
+        previous, self._response = self._response, run
         self._audio.last_response_id = response.id
         self._cut_by_speech = None  # a cancel from now on is for this one
         self._turns.response_started(self._config.turn_detection)
         self._transcriptions.hold_until(response.output_started)
-        task = asyncio.create_task(self._run_response(response, previous), name=f"response {response.id}")
-        response.task = task
-        self._tasks.add(task)
-        task.add_done_callback(self._on_task_done)
+        self._runs.add(run)
+        run.start(previous)
 
-    def _on_task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("session %s: %s crashed", self.session_id, task.get_name(), exc_info=task.exception())
-
-    def _request_cancel(self, response: Response, reason: str) -> asyncio.Task[None]:
-        """Cancels ``response``; its task, to await when the caller must see it end."""
-        response.cancelling = True
-        response.cancel_reason = reason
-        assert response.task is not None
-        response.task.cancel()
-        return response.task
-
-    async def _run_response(self, response: Response, previous: asyncio.Task[None] | None) -> None:
-        try:
-            if previous is not None and not previous.done():
-                await asyncio.wait({previous})  # a cancelled response first sends its response.done
-            request = turn_request(response, self._history.conversation(response.instructions, self._config.history))
-            events = await self._engine_turn(response, request)
-            self._announce_response(response)
-            self._check_context()
-            done: TurnDone | None = None
-            async with contextlib.aclosing(events) as turn:
-                async for event in turn:
-                    if isinstance(event, TextDelta):
-                        self._on_text(response, event)
-                    elif isinstance(event, AudioChunk):
-                        self._on_audio(response, event)
-                    elif isinstance(event, FunctionCallEvent):
-                        for server_event in call_events(response, event, self._history):
-                            self._emit(server_event)
-                    elif isinstance(event, TurnDone):
-                        done = event
-            if done is None:
-                raise EngineError("The engine ended the turn without TurnDone.", code="engine_protocol_error")
-            await response.wait_first_frame()
-            status, reason = ended_as(response, done)
-            self._finish_response(response, status, reason=reason, done=done)
-        except asyncio.CancelledError:
-            self._finish_response(response, "cancelled", reason=response.cancel_reason or "client_cancelled")
-            raise
-        except EngineError as exc:
-            self._finish_response(response, "failed", failure=(exc.code, str(exc)))
-        except Exception as exc:
-            self._finish_response(response, "failed", failure=("server_error", exc))
-        finally:
-            if response.speculation is not None:  # used, or thrown away: the speculator awaits what is left
-                self._speculator.release(response.speculation)
-
-    async def _engine_turn(self, response: Response, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
-        """The answer's engine turn: the speculative one taken at the commit when it answers
-        ``request`` (its held events first), else a new one."""
-        held = await response.speculation.use(request) if response.speculation is not None else None
-        if held is None:
-            return self._engine.run_turn(request)
-        response.speculation_started_at = held.started_at
-        return held.events()
-
-    def _check_context(self) -> None:
-        """With truncation "disabled" nothing is dropped for tokens: past the budget a response fails."""
-        limits = self._config.history
-        tokens = self._history.prompt_tokens()
-        if self._config.truncation.token_budget(limits) is None and tokens > limits.max_prompt_tokens:
-            raise EngineError(f"the history holds {tokens} prompt tokens, past the {limits.max_prompt_tokens} "
-                              "of its budget, and truncation is disabled", code="context_length_exceeded")
-
-    def _announce_response(self, response: Response) -> None:
-        self._emit(created_event(response))
-        if not response.may_call:  # with tools, the message opens at its first text: there may be none
-            self._open_message(response)
-
-    def _open_message(self, response: Response) -> AssistantEntry:
-        entry = response.entry
-        if entry is None:
-            entry = AssistantEntry(new_id("item"), response.modality)
-            response.entry = entry
-            previous_id = self._history.append(entry)
-            for event in message_events(response, previous_id):
-                self._emit(event)
-        return entry
-
-    def _on_text(self, response: Response, delta: TextDelta) -> None:
-        if not delta.text:
-            return
-        self._open_message(response).add_delta(delta.text, tokens=delta.tokens)
-        self._emit(delta_event(response, delta.text))
-
-    def _on_audio(self, response: Response, chunk: AudioChunk) -> None:
-        pcm = chunk.pcm
-        if response.modality != "audio" or pcm.size == 0:
-            return
-        self._audio.write(response, self._open_message(response), pcm)
-
-    def _finish_response(
-        self,
-        response: Response,
-        status: ResponseStatus,
-        *,
-        reason: str | None = None,
-        done: TurnDone | None = None,
-        failure: tuple[str, BaseException | str] | None = None,
-    ) -> None:
-        """Ends ``response``; a ``failure`` (its code, and its cause for the log) is told in an ``error`` event."""
-        for event in close_calls(response, status, self._history):
-            self._emit(event)
-        if response.announced and not response.output:  # a plain answer has its item, even empty
-            self._open_message(response)
-        entry = response.entry
-        previous_id = self._history.previous_id(entry) if entry is not None else None
-        if entry is not None:  # its text ran ahead of its audio: only what is heard counts
-            entry.ended_early = status in ("cancelled", "failed")
-        events = finish_events(
-            response, status, previous_item_id=previous_id, reason=reason, done=done,
-            error_code=failure[0] if failure else None,
-        )
-        for event in events:
-            self._emit(event)
-        if failure is not None:
-            code, cause = failure
-            self._emit(failure_event(code, cause, where=f"session {self.session_id}: response {response.id}"))
-        if entry is not None:
-            if entry.audio_samples == 0:  # nothing to hear: text-only, or cut before any audio
-                entry.heard = entry.text if response.modality == "text" else ""
-                self._prune()
-            else:
-                self._audio.ledger.complete(entry.id)
-        if self._response is response:
+    def _response_finished(self, run: ResponseRun) -> None:
+        """``run`` sent its ``response.done``."""
+        if self._response is run:
             self._response = None
         self._audio.settle()
         self._speculator.check()  # a candidate silence the answer overlapped may speculate now
@@ -715,10 +569,10 @@ class RealtimeSession:
 
     def _interrupt(self) -> None:
         """Barge-in: the user started speaking over the assistant."""
-        response = self._response
-        if response is not None and not response.cancelling:
-            self._request_cancel(response, "turn_detected")
-            self._cut_by_speech = response.id
+        run = self._response
+        if run is not None and not run.cancelling:
+            run.cancel("turn_detected")
+            self._cut_by_speech = run.id
         self._audio.clear(always_announce=False)
 
     # -- history ---------------------------------------------------------------------------

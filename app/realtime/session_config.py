@@ -16,11 +16,10 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from app.realtime.protocol import (
     AudioFormat,
-    ProtocolError,
     RetentionRatioTruncation,
     SemanticVadObject,
     ServerVadObject,
@@ -31,12 +30,13 @@ from app.realtime.protocol import (
     SessionVideo,
     TokenLimits,
     TranscriptionObject,
+    invalid_value,
 )
 from app.realtime.tools import check_choice, choice_object, read_tool_choice, read_tools, tool_objects
-from media.turn_detection import EndOfTurnPolicy, TurnDetectionParams
-from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, HistoryLimits, Tool, ToolChoice
+from pipeline.contract import VOICES, TranscriptionHint, Voice
+from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, HistoryLimits
 from pipeline.images import MIN_PIXELS
-from pipeline.turn import VOICES, TranscriptionHint, Voice
+from pipeline.tool_format import Tool, ToolChoice
 
 Modality = Literal["audio", "text"]
 AudioFormatType = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
@@ -48,21 +48,6 @@ OPENAI_VOICES = frozenset(
     {"alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar", "fable", "onyx", "nova"}
 )
 Eagerness = Literal["low", "medium", "high", "auto"]
-# semantic_vad: the end-of-turn model (media/end_of_turn.py) is asked at a short silence and
-# commits when it says "finished"; how long an unfinished turn is held open follows how sure it
-# is (and, with a text judge, the words). OpenAI: "low" lets the user take their time, "high"
-# answers quickly, "auto" = "medium". Chosen from tests/bench/turn_taking.py over
-# tests/fixtures/turns (docs/SESSION.md has the table, the rule and the figures).
-END_OF_TURN_BY_EAGERNESS: dict[Eagerness, EndOfTurnPolicy] = {
-    "low": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.8, max_wait_ms=2000,
-                           confident_below=0.1, confident_wait_ms=4000),
-    "medium": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.75, max_wait_ms=1200,
-                              confident_below=0.1, confident_wait_ms=3000, words_threshold=0.6),
-    "high": EndOfTurnPolicy(candidate_ms=96, rescore_ms=320, threshold=0.5, max_wait_ms=800,
-                            confident_below=0.05, confident_wait_ms=2000, words_complete_at=0.8),
-    "auto": EndOfTurnPolicy(candidate_ms=96, rescore_ms=0, threshold=0.75, max_wait_ms=1200,
-                            confident_below=0.1, confident_wait_ms=3000, words_threshold=0.6),
-}
 # An image's pixel budget by OpenAI's ``detail``. "low" is 448 x 224 pixels, at most 98 tokens (a
 # 4:3 image is 352 x 256, 88 tokens: about what "low" costs on OpenAI's models, 85); it is also
 # the camera's default, because frames cost time to first audio: on the dev model 4 frames at
@@ -105,15 +90,6 @@ class TurnDetection:
     # (app.realtime.speculation); its default is the server's (Settings.speculative_responses).
     speculative_response: bool = True
 
-    def detector_params(self) -> TurnDetectionParams:
-        """What the voice activity detector takes of these settings."""
-        return TurnDetectionParams(
-            threshold=self.threshold,
-            prefix_padding_ms=self.prefix_padding_ms,
-            silence_duration_ms=self.silence_duration_ms,
-            end_of_turn=END_OF_TURN_BY_EAGERNESS[self.eagerness] if self.type == "semantic_vad" else None,
-        )
-
     def as_server_vad(self) -> TurnDetection:
         """The same settings with server VAD's silence wait (when semantic VAD is not available)."""
         return dataclasses.replace(self, type="server_vad", eagerness="auto")
@@ -124,7 +100,7 @@ class InputTranscription:
     """``audio.input.transcription``: committed user audio is transcribed (by Qwen3-Omni itself).
 
     ``model`` is any name the client gave, only reported back; ``language`` (ISO-639-1) and
-    ``prompt`` are hints for the ASR prompt (``pipeline.prompt``). ``partials``, an extension:
+    ``prompt`` are hints for the ASR prompt (``pipeline.local.prompt``). ``partials``, an extension:
     the words are also transcribed while the user speaks (``app.realtime.partial_transcripts``);
     left out, the server's ``--partial-transcripts`` (``SessionConfig.partial_transcripts``).
     """
@@ -309,17 +285,17 @@ class _SessionReader:
     def read(self) -> SessionConfig:
         s = self._session
         if not isinstance(s, Mapping):
-            raise _invalid("session", "must be an object")
+            raise invalid_value("session", "must be an object")
         if "type" in s and s["type"] != "realtime":
-            raise _invalid("session.type", "must be 'realtime' (transcription sessions are not supported)")
+            raise invalid_value("session.type", "must be 'realtime' (transcription sessions are not supported)")
         if "model" in s and not isinstance(s["model"], str):
-            raise _invalid("session.model", "must be a string")
+            raise invalid_value("session.model", "must be a string")
         if "instructions" in s:
             value = s["instructions"]
             if value is not None and not isinstance(value, str):
-                raise _invalid("session.instructions", "must be a string")
+                raise invalid_value("session.instructions", "must be a string")
             if value is not None and len(value) > self._base.max_text_chars:
-                raise _invalid("session.instructions", f"longer than {self._base.max_text_chars} characters")
+                raise invalid_value("session.instructions", f"longer than {self._base.max_text_chars} characters")
             self._changes["instructions"] = value
         for key in ("output_modalities", "modalities"):
             if key in s:
@@ -378,20 +354,20 @@ class _SessionReader:
         for key in ("model", "language", "prompt"):
             field_value = value.get(key)
             if field_value is not None and not isinstance(field_value, str):
-                raise _invalid(f"{param}.{key}", "must be a string or null")
+                raise invalid_value(f"{param}.{key}", "must be a string or null")
             if field_value is not None and len(field_value) > self._base.max_text_chars:
-                raise _invalid(f"{param}.{key}", f"longer than {self._base.max_text_chars} characters")
+                raise invalid_value(f"{param}.{key}", f"longer than {self._base.max_text_chars} characters")
             fields[key] = field_value
         partials = value.get("partials", self._base.partial_transcripts)
         if not isinstance(partials, bool):
-            raise _invalid(f"{param}.partials", "must be a boolean")
+            raise invalid_value(f"{param}.partials", "must be a boolean")
         self._changes["transcription"] = InputTranscription(**fields, partials=partials)
 
     def _audio(self, audio: Any) -> None:
         if audio is None:
             return
         if not isinstance(audio, Mapping):
-            raise _invalid("session.audio", "must be an object")
+            raise invalid_value("session.audio", "must be an object")
         audio_input = _object_or_none(audio.get("input"), "session.audio.input")
         if audio_input:
             if "format" in audio_input:
@@ -415,13 +391,10 @@ class _SessionReader:
                 _speed(audio_output["speed"], "session.audio.output.speed")
 
 
-def _invalid(param: str, why: str) -> ProtocolError:
-    return ProtocolError("invalid_value", f"Invalid value for {param!r}: {why}.", param=param)
-
 
 def _object_or_none(value: Any, param: str) -> Mapping[str, Any] | None:
     if value is not None and not isinstance(value, Mapping):
-        raise _invalid(param, "must be an object or null")
+        raise invalid_value(param, "must be an object or null")
     return value
 
 
@@ -435,7 +408,7 @@ def _is_int(value: Any) -> bool:
 
 def _modality(value: Any, param: str) -> Modality:
     if not isinstance(value, list) or not value or any(m not in ("audio", "text") for m in value):
-        raise _invalid(param, 'must be ["audio"] or ["text"]')
+        raise invalid_value(param, 'must be ["audio"] or ["text"]')
     # Beta clients send ["text", "audio"]: audio output always carries its text transcript.
     return "audio" if "audio" in value else "text"
 
@@ -445,57 +418,57 @@ def read_max_output_tokens(value: Any, param: str) -> int | None:
     if value == "inf" or value is None:
         return None
     if not _is_int(value) or not 1 <= value <= MAX_OUTPUT_TOKENS_LIMIT:
-        raise _invalid(param, f'must be an integer from 1 to {MAX_OUTPUT_TOKENS_LIMIT} or "inf"')
+        raise invalid_value(param, f'must be an integer from 1 to {MAX_OUTPUT_TOKENS_LIMIT} or "inf"')
     return value
 
 
 def read_temperature(value: Any, param: str) -> float:
     if not _is_number(value) or not 0.0 <= value <= MAX_TEMPERATURE:
-        raise _invalid(param, f"must be a number from 0 to {MAX_TEMPERATURE}")
+        raise invalid_value(param, f"must be a number from 0 to {MAX_TEMPERATURE}")
     return float(value)
 
 
 def read_voice(value: Any, param: str, current: Voice) -> Voice:
     """A Qwen voice name; OpenAI voice names keep ``current``."""
     if not isinstance(value, str):
-        raise _invalid(param, "must be a string")
+        raise invalid_value(param, "must be a string")
     name = value.lower()
     if name in VOICES:
         return name
     if name in OPENAI_VOICES:
         return current
-    raise _invalid(param, f"unknown voice {value!r}; Qwen3-Omni speaks as {', '.join(VOICES)}")
+    raise invalid_value(param, f"unknown voice {value!r}; Qwen3-Omni speaks as {', '.join(VOICES)}")
 
 
 def _speed(value: Any, param: str) -> None:
     # OpenAI's range; the speed itself is not applied (Qwen3-Omni speaks at its own pace).
     if not _is_number(value) or not 0.25 <= value <= 1.5:
-        raise _invalid(param, "must be a number from 0.25 to 1.5")
+        raise invalid_value(param, "must be a number from 0.25 to 1.5")
 
 
 def _format(value: Any, param: str, *, rates: tuple[int, ...] = (24_000,)) -> tuple[AudioFormatType, int]:
     """A GA format object: its type, and its PCM rate (one of ``rates``; 24000 when not given)."""
     if not isinstance(value, Mapping):
-        raise _invalid(param, "must be an object like {type: 'audio/pcm', rate: 24000}")
+        raise invalid_value(param, "must be an object like {type: 'audio/pcm', rate: 24000}")
     format_type = value.get("type", "audio/pcm")
     if format_type not in ("audio/pcm", "audio/pcmu", "audio/pcma"):
-        raise _invalid(f"{param}.type", "must be 'audio/pcm', 'audio/pcmu' or 'audio/pcma'")
+        raise invalid_value(f"{param}.type", "must be 'audio/pcm', 'audio/pcmu' or 'audio/pcma'")
     rate = value.get("rate", 24_000) if format_type == "audio/pcm" else 24_000
     if not _is_number(rate) or rate not in rates:
-        raise _invalid(f"{param}.rate", "must be " + " or ".join(str(r) for r in rates))
+        raise invalid_value(f"{param}.rate", "must be " + " or ".join(str(r) for r in rates))
     return format_type, int(rate)
 
 
 def _beta_format(value: Any, param: str) -> AudioFormatType:
     if not isinstance(value, str) or value not in _BETA_AUDIO_FORMATS:  # a list or object is unhashable
-        raise _invalid(param, "must be 'pcm16', 'g711_ulaw' or 'g711_alaw'")
+        raise invalid_value(param, "must be 'pcm16', 'g711_ulaw' or 'g711_alaw'")
     return _BETA_AUDIO_FORMATS[value]
 
 
 def _video(value: Any, current: VideoInput, param: str) -> VideoInput:
     """``video``: the fields given change, the others keep their current values."""
     if not isinstance(value, Mapping):
-        raise _invalid(param, "must be an object")
+        raise invalid_value(param, "must be an object")
     changes: dict[str, Any] = {}
     for key, low in (("speaking_fps", None), ("idle_fps", 0.0)):
         if key in value:
@@ -503,17 +476,17 @@ def _video(value: Any, current: VideoInput, param: str) -> VideoInput:
             valid = _is_number(fps) and fps <= MAX_VIDEO_FPS and (fps > 0 if low is None else fps >= low)
             if not valid:
                 bound = "above 0" if low is None else "from 0"
-                raise _invalid(f"{param}.{key}", f"must be a number {bound} to {MAX_VIDEO_FPS:g}")
+                raise invalid_value(f"{param}.{key}", f"must be a number {bound} to {MAX_VIDEO_FPS:g}")
             changes[key] = float(fps)
     if "frames_per_turn" in value:
         frames = value["frames_per_turn"]
         if not _is_int(frames) or not 0 <= frames <= MAX_FRAMES_PER_TURN:
-            raise _invalid(f"{param}.frames_per_turn", f"must be an integer from 0 to {MAX_FRAMES_PER_TURN}")
+            raise invalid_value(f"{param}.frames_per_turn", f"must be an integer from 0 to {MAX_FRAMES_PER_TURN}")
         changes["frames_per_turn"] = frames
     if "max_pixels" in value:
         pixels = value["max_pixels"]
         if not _is_int(pixels) or not MIN_PIXELS <= pixels <= MAX_VIDEO_PIXELS:
-            raise _invalid(f"{param}.max_pixels", f"must be an integer from {MIN_PIXELS} to {MAX_VIDEO_PIXELS}")
+            raise invalid_value(f"{param}.max_pixels", f"must be an integer from {MIN_PIXELS} to {MAX_VIDEO_PIXELS}")
         changes["max_pixels"] = pixels
     return dataclasses.replace(current, **changes)
 
@@ -523,14 +496,14 @@ def _truncation(value: Any, param: str) -> Truncation:
     if value in ("auto", "disabled"):
         return Truncation(type=value)
     if not isinstance(value, Mapping) or value.get("type") != "retention_ratio":
-        raise _invalid(param, "must be 'auto', 'disabled' or {type: 'retention_ratio', retention_ratio}")
+        raise invalid_value(param, "must be 'auto', 'disabled' or {type: 'retention_ratio', retention_ratio}")
     ratio: Any = value.get("retention_ratio")
     if not _is_number(ratio) or not 0.0 <= ratio <= 1.0:
-        raise _invalid(f"{param}.retention_ratio", "must be a number from 0 to 1")
+        raise invalid_value(f"{param}.retention_ratio", "must be a number from 0 to 1")
     limits = _object_or_none(value.get("token_limits"), f"{param}.token_limits") or {}
     post_instructions = limits.get("post_instructions")
     if post_instructions is not None and (not _is_int(post_instructions) or post_instructions < 1):
-        raise _invalid(f"{param}.token_limits.post_instructions", "must be a positive integer")
+        raise invalid_value(f"{param}.token_limits.post_instructions", "must be a positive integer")
     return Truncation(type="retention_ratio", retention_ratio=float(ratio), post_instructions=post_instructions)
 
 
@@ -543,38 +516,38 @@ def _turn_detection(
     if value is None:
         return None
     if not isinstance(value, Mapping):
-        raise _invalid(param, "must be an object or null")
+        raise invalid_value(param, "must be an object or null")
     kind = value.get("type", "server_vad")
     defaults = TurnDetection(interrupt_response=interrupt_response, speculative_response=speculative_response)
     changes: dict[str, Any] = {}
     if kind == "semantic_vad":
         eagerness = value.get("eagerness", "auto")
-        if not isinstance(eagerness, str) or eagerness not in END_OF_TURN_BY_EAGERNESS:
-            raise _invalid(f"{param}.eagerness", "must be 'low', 'medium', 'high' or 'auto'")
+        if not isinstance(eagerness, str) or eagerness not in get_args(Eagerness):
+            raise invalid_value(f"{param}.eagerness", "must be 'low', 'medium', 'high' or 'auto'")
         changes["type"] = "semantic_vad"
         changes["eagerness"] = eagerness
     elif kind == "server_vad":
         if "threshold" in value:
             threshold = value["threshold"]
             if not _is_number(threshold) or not 0.0 < threshold < 1.0:
-                raise _invalid(f"{param}.threshold", "must be a number between 0 and 1 (exclusive)")
+                raise invalid_value(f"{param}.threshold", "must be a number between 0 and 1 (exclusive)")
             changes["threshold"] = float(threshold)
         for key in ("prefix_padding_ms", "silence_duration_ms"):
             if key in value:
                 # 10 s bounds both: longer prefixes or waits are mistakes, not preferences.
                 if not _is_int(value[key]) or not 0 <= value[key] <= 10_000:
-                    raise _invalid(f"{param}.{key}", "must be an integer from 0 to 10000")
+                    raise invalid_value(f"{param}.{key}", "must be an integer from 0 to 10000")
                 changes[key] = value[key]
         if "idle_timeout_ms" in value:
             idle = value["idle_timeout_ms"]
             if idle is not None and (not _is_int(idle) or idle < 0):
-                raise _invalid(f"{param}.idle_timeout_ms", "must be a non-negative integer or null")
+                raise invalid_value(f"{param}.idle_timeout_ms", "must be a non-negative integer or null")
             changes["idle_timeout_ms"] = idle
     else:
-        raise _invalid(f"{param}.type", "must be 'server_vad' or 'semantic_vad'")
+        raise invalid_value(f"{param}.type", "must be 'server_vad' or 'semantic_vad'")
     for key in ("create_response", "interrupt_response", "speculative_response"):
         if key in value:
             if not isinstance(value[key], bool):
-                raise _invalid(f"{param}.{key}", "must be a boolean")
+                raise invalid_value(f"{param}.{key}", "must be a boolean")
             changes[key] = value[key]
     return dataclasses.replace(defaults, **changes)

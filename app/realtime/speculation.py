@@ -4,7 +4,7 @@ At each candidate (the first quiet VAD window after confirmed speech, ``SilenceS
 docs/SESSION.md "Speculative answers" says why that point and what it costs) the session says
 which turn a commit *now* would start (``plan``): the audio so far as the user item, the
 conversation as it stands, the session's response settings. The :class:`Speculator` starts it as
-a preemptible engine turn (``pipeline.turn``) and holds everything it yields
+a preemptible engine turn (``pipeline.contract``) and holds everything it yields
 (``app.realtime.held_turn``): no event of it reaches the client before the commit. Then:
 
 - the commit comes while it runs (or after it ended by itself): the committed item takes the
@@ -43,8 +43,8 @@ import numpy as np
 
 from app.realtime.held_turn import HeldTurn
 from app.realtime.protocol import new_id
+from pipeline.contract import NO_SPARE_CAPACITY, PREEMPTED, Engine, TurnRequest
 from pipeline.conversation import Conversation, ConversationItem, UserAudio, bound_history
-from pipeline.turn import NO_SPARE_CAPACITY, PREEMPTED, Engine, TurnRequest
 
 logger = logging.getLogger(__name__)
 

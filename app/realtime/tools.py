@@ -18,8 +18,8 @@ from typing import Any
 from jsonschema import SchemaError
 from jsonschema.validators import validator_for
 
-from app.realtime.protocol import FunctionTool, ProtocolError, ToolChoiceFunction
-from pipeline.conversation import Tool, ToolChoice
+from app.realtime.protocol import FunctionTool, ToolChoiceFunction, invalid_value
+from pipeline.tool_format import Tool, ToolChoice
 
 # OpenAI's bounds: function names of 1-64 letters, digits, underscores and dashes; 128 tools.
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -30,44 +30,44 @@ _MODES = ("auto", "none", "required")
 def read_tools(value: Any, param: str, *, max_chars: int) -> tuple[Tool, ...]:
     """``tools``: function tools, each checked; ``ProtocolError`` naming the first bad field."""
     if not isinstance(value, list):
-        raise _invalid(param, "must be an array of function tools")
+        raise invalid_value(param, "must be an array of function tools")
     if len(value) > MAX_TOOLS:
-        raise _invalid(param, f"holds more than {MAX_TOOLS} tools")
+        raise invalid_value(param, f"holds more than {MAX_TOOLS} tools")
     tools = tuple(_read_tool(tool, f"{param}[{index}]", max_chars=max_chars) for index, tool in enumerate(value))
     names = [tool.name for tool in tools]
     for index, name in enumerate(names):
         if name in names[:index]:
-            raise _invalid(f"{param}[{index}].name", f"{name!r} names two tools")
+            raise invalid_value(f"{param}[{index}].name", f"{name!r} names two tools")
     return tools
 
 
 def check_function_name(name: str, param: str) -> str:
     """A function's name as OpenAI's rule has it, wherever a client gives one; ``ProtocolError`` else."""
     if not _NAME.fullmatch(name):
-        raise _invalid(param, "must be 1-64 letters, digits, underscores or dashes")
+        raise invalid_value(param, "must be 1-64 letters, digits, underscores or dashes")
     return name
 
 
 def read_tool_choice(value: Any, param: str) -> ToolChoice:
     if isinstance(value, str):
         if value not in _MODES:
-            raise _invalid(param, "must be 'auto', 'none', 'required' or {type: 'function', name}")
+            raise invalid_value(param, "must be 'auto', 'none', 'required' or {type: 'function', name}")
         return ToolChoice(value)  # type: ignore[arg-type]  # one of _MODES
     if isinstance(value, Mapping) and value.get("type") == "function":
         function = value.get("function")
         name = function.get("name") if isinstance(function, Mapping) else value.get("name")
         if isinstance(name, str) and _NAME.fullmatch(name):
             return ToolChoice("function", name)
-        raise _invalid(f"{param}.name", "must name a function")
-    raise _invalid(param, "must be 'auto', 'none', 'required' or {type: 'function', name}")
+        raise invalid_value(f"{param}.name", "must name a function")
+    raise invalid_value(param, "must be 'auto', 'none', 'required' or {type: 'function', name}")
 
 
 def check_choice(tools: tuple[Tool, ...], choice: ToolChoice, param: str) -> None:
     """A call can be forced only among the tools given."""
     if choice.mode == "required" and not tools:
-        raise _invalid(param, "'required' needs at least one tool")
+        raise invalid_value(param, "'required' needs at least one tool")
     if choice.mode == "function" and choice.name not in {tool.name for tool in tools}:
-        raise _invalid(f"{param}.name", f"{choice.name!r} is not one of the tools")
+        raise invalid_value(f"{param}.name", f"{choice.name!r} is not one of the tools")
 
 
 def tool_objects(tools: tuple[Tool, ...]) -> list[FunctionTool]:
@@ -99,30 +99,27 @@ def arguments_problem(tools: tuple[Tool, ...], name: str, arguments: str) -> str
 
 def _read_tool(value: Any, param: str, *, max_chars: int) -> Tool:
     if not isinstance(value, Mapping):
-        raise _invalid(param, "must be an object")
+        raise invalid_value(param, "must be an object")
     kind = value.get("type", "function")
     if kind != "function":
-        raise _invalid(f"{param}.type", "only 'function' tools are supported")
+        raise invalid_value(f"{param}.type", "only 'function' tools are supported")
     name = value.get("name")
     if not isinstance(name, str):
-        raise _invalid(f"{param}.name", "must be 1-64 letters, digits, underscores or dashes")
+        raise invalid_value(f"{param}.name", "must be 1-64 letters, digits, underscores or dashes")
     check_function_name(name, f"{param}.name")
     description = value.get("description")
     if description is not None and not isinstance(description, str):
-        raise _invalid(f"{param}.description", "must be a string")
+        raise invalid_value(f"{param}.description", "must be a string")
     if description is not None and len(description) > max_chars:
-        raise _invalid(f"{param}.description", f"longer than {max_chars} characters")
+        raise invalid_value(f"{param}.description", f"longer than {max_chars} characters")
     parameters = value.get("parameters", {"type": "object", "properties": {}})
     if not isinstance(parameters, Mapping):
-        raise _invalid(f"{param}.parameters", "must be a JSON Schema object")
+        raise invalid_value(f"{param}.parameters", "must be a JSON Schema object")
     try:
         validator_for(parameters).check_schema(parameters)
     except SchemaError as exc:
-        raise _invalid(f"{param}.parameters", f"is not a valid JSON Schema (at {exc.json_path})") from None
+        raise invalid_value(f"{param}.parameters", f"is not a valid JSON Schema (at {exc.json_path})") from None
     if len(json.dumps(parameters)) > max_chars:
-        raise _invalid(f"{param}.parameters", f"longer than {max_chars} characters as JSON")
+        raise invalid_value(f"{param}.parameters", f"longer than {max_chars} characters as JSON")
     return Tool(name=name, description=description, parameters=dict(parameters))
 
-
-def _invalid(param: str, why: str) -> ProtocolError:
-    return ProtocolError("invalid_value", f"Invalid value for {param!r}: {why}.", param=param)

@@ -53,8 +53,8 @@ from app.realtime.protocol import (
     TranscriptionUsage,
 )
 from app.realtime.session_config import InputTranscription
+from pipeline.contract import Engine, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest, Usage
 from pipeline.conversation import UserAudio
-from pipeline.turn import Engine, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest, Usage
 
 # Given a transcription request, the held turn already running it (the caller's to own), or None.
 HeldTranscriptions = Callable[[TurnRequest], HeldTurn | None]

@@ -1,7 +1,7 @@
 """Server-VAD turn taking: what the voice activity detector's events mean for the conversation.
 
 While ``turn_detection`` is on, the session hands its 16 kHz input to :class:`TurnTaking`,
-which runs the detector (``media.turn_detection``) and acts through the session
+which runs the detector (``media.commit_buffer``) and acts through the session
 (:class:`TurnActions`):
 
 - speech starts: ``input_audio_buffer.speech_started`` (with the id of the user item to come)
@@ -14,7 +14,7 @@ which runs the detector (``media.turn_detection``) and acts through the session
   reaches :func:`max_turn_ms` of audio (120 s) is ended there: an ``error``
   (``turn_audio_limit_reached``) names the limit, and what was said is answered;
 - semantic VAD: the detector asks for end-of-turn checks (``EndOfTurnCheck``), which the
-  session scores off the event loop (``app.realtime.end_of_turn``) and answers with ``decide``;
+  session scores off the event loop (``app.realtime.semantic_vad``) and answers with ``decide``;
 - a candidate end of turn (the silence's first quiet window, ``SilenceStarted``) and its end by
   resumed speech (``SpeechResumed``) go to the session's speculation (``app.realtime.speculation``),
   as long as the speech is acted on;
@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -46,21 +46,22 @@ from app.realtime.protocol import (
     ServerEvent,
     new_id,
 )
+from app.realtime.semantic_vad import END_OF_TURN_BY_EAGERNESS
 from app.realtime.session_config import TurnDetection
-from media.rates import SPEECH_RATE
-from media.turn_detection import (
+from media.detector_events import (
+    DetectorEvent,
     EndOfTurnCheck,
     SegmentCommitted,
     SilenceStarted,
     SpeechResumed,
     SpeechStarted,
     SpeechStopped,
-    TurnDetectionParams,
-    TurnEvent,
     UtteranceCommitted,
-    VoiceActivityDetector,
 )
+from media.detector_params import TurnDetectionParams
+from media.rates import SPEECH_RATE
 from media.vad import WINDOW_SAMPLES, SpeechModel
+from media.voice_activity_detector import VoiceActivityDetector
 from pipeline.conversation import HistoryLimits
 
 logger = logging.getLogger(__name__)
@@ -83,14 +84,22 @@ def max_turn_ms(history: HistoryLimits) -> int:
 def detector_params(
     turn_detection: TurnDetection, history: HistoryLimits, *, judge_words: bool = False
 ) -> TurnDetectionParams:
-    """The detector's settings: the session's, with the turn bounded by the history (a smaller
-    history budget shortens the segments too); ``judge_words``: a text judge answers semantic
-    VAD's checks too; candidates for speculative answers when the session speculates."""
-    params = turn_detection.detector_params()
+    """The detector's settings, built here only: the session's turn detection (semantic VAD's
+    policy by its eagerness, ``app.realtime.semantic_vad``), with the turn bounded by the history (a
+    smaller history budget shortens the segments too); ``judge_words``: a text judge answers
+    semantic VAD's checks too; candidates for speculative answers when the session speculates."""
+    end_of_turn = END_OF_TURN_BY_EAGERNESS[turn_detection.eagerness] if turn_detection.type == "semantic_vad" else None
     limit = max_turn_ms(history)
-    return replace(params, max_turn_ms=limit, max_utterance_ms=min(params.max_utterance_ms, limit),
-                   judge_words=judge_words and params.end_of_turn is not None,
-                   candidates=turn_detection.speculative_response)
+    return TurnDetectionParams(
+        threshold=turn_detection.threshold,
+        prefix_padding_ms=turn_detection.prefix_padding_ms,
+        silence_duration_ms=turn_detection.silence_duration_ms,
+        end_of_turn=end_of_turn,
+        max_turn_ms=limit,
+        max_utterance_ms=min(TurnDetectionParams.max_utterance_ms, limit),
+        judge_words=judge_words and end_of_turn is not None,
+        candidates=turn_detection.speculative_response,
+    )
 
 
 @dataclass(frozen=True)
@@ -162,7 +171,7 @@ class TurnTaking:
         """The text judge's answer to a check (semantic VAD); a stale one changes nothing."""
         self._handle(self._detector.decide_words(check_id, probability), turn_detection)
 
-    def _handle(self, events: list[TurnEvent], turn_detection: TurnDetection) -> None:
+    def _handle(self, events: list[DetectorEvent], turn_detection: TurnDetection) -> None:
         for event in events:
             if isinstance(event, SpeechStarted):
                 self._on_speech_started(event, turn_detection)

@@ -9,12 +9,12 @@ import time
 from collections.abc import Callable
 
 from app.config import Settings
-from app.realtime.text_judge import EngineTextJudge, TextJudge
+from app.realtime.semantic_vad import EngineTextJudge, TextJudge
 from app.web.metrics import Metrics
 from app.webrtc.call import Call, SessionFactory, new_call_id
 from app.webrtc.ice import IceServer, rest_api_credentials, rtc_configuration
-from media.end_of_turn import SmartTurnModel, default_model_path
-from pipeline.turn import Engine
+from media.end_of_turn_model import SmartTurnModel, default_turn_model_path
+from pipeline.contract import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def text_judge(settings: Settings, engine: Engine) -> TextJudge | None:
 
 def load_end_of_turn_model(settings: Settings) -> SmartTurnModel | None:
     """The end-of-turn model for semantic_vad, or None (logged) when it is missing or damaged."""
-    path = settings.turn_model or default_model_path(settings.cache_dir)
+    path = settings.turn_model or default_turn_model_path(settings.cache_dir)
     try:
         model = SmartTurnModel.load(path)
     except (OSError, ValueError) as exc:

@@ -19,7 +19,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from app.config import Settings
-from pipeline.worker import usable_cores
+from pipeline.local.devices import usable_cores
 
 # Flag -> Settings field, for the flags `serve` passes on only when given.
 SERVE_FLAGS = {
@@ -292,7 +292,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _dev_model(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from pipeline.devmodel import build_dev_model, ensure_dev_model
+    from pipeline.local.devmodel import build_dev_model, ensure_dev_model
 
     if args.out is not None:
         path = build_dev_model(args.out, layout=args.layout)

@@ -20,15 +20,15 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from app.web.metrics import Metrics
-from pipeline.turn import NO_SPARE_CAPACITY, PREEMPTED, Engine, EngineError, TurnDone, TurnEvent, TurnRequest
+from pipeline.contract import NO_SPARE_CAPACITY, PREEMPTED, Engine, EngineError, TurnDone, TurnEvent, TurnRequest
 
-# Preemptible turns end this way by design (pipeline.turn): counted as speculation outcomes
+# Preemptible turns end this way by design (pipeline.contract): counted as speculation outcomes
 # (omni_rtc_speculative_responses_total), not as engine errors.
 _PREEMPTIBLE_ENDS = frozenset({NO_SPARE_CAPACITY, PREEMPTED})
 
 
 class EngineWrapper:
-    """An :class:`~pipeline.turn.Engine` that reads through to the engine it wraps."""
+    """An :class:`~pipeline.contract.Engine` that reads through to the engine it wraps."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine

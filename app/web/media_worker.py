@@ -37,9 +37,9 @@ from app.web.ipc import MessageTooLarge, post, receive
 from app.web.metrics import Metrics
 from app.web.resources import process_resources
 from app.webrtc.call import Call, CallRegistry, OfferError
-from media.end_of_turn import EndOfTurnModel
+from media.end_of_turn_model import EndOfTurnModel
 from media.vad import SileroVad
-from pipeline.turn import EngineError, TurnEvent, TurnRequest
+from pipeline.contract import EngineError, TurnEvent, TurnRequest
 
 logger = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ from app.web.engines import for_session
 from app.web.errors import ApiError
 from app.web.workers import MediaWorkerPool
 from app.webrtc.call import CallRegistry
-from media.end_of_turn import EndOfTurnModel
+from media.end_of_turn_model import EndOfTurnModel
 from media.vad import SileroVad
-from pipeline.turn import Engine
+from pipeline.contract import Engine
 
 
 @dataclass

@@ -40,8 +40,8 @@ from app.web.websocket import websocket_router
 from app.web.workers import MediaWorkerPool
 from app.webrtc.call import CallRegistry
 from media.vad import SileroVad
+from pipeline.contract import Engine
 from pipeline.conversation import HistoryLimits
-from pipeline.turn import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -222,9 +222,9 @@ def _base_session_config(settings: Settings) -> SessionConfig:
 
 async def _start_engine(settings: Settings) -> tuple[Engine, str]:
     if settings.engine_urls:
-        from pipeline.remote import RemoteEnginePool
+        from pipeline.vllm_omni.vllm_omni_engine import VllmOmniEnginePool
 
-        remote = RemoteEnginePool(
+        remote = VllmOmniEnginePool(
             settings.engine_urls,
             api_key=settings.engine_api_key.get_secret_value() if settings.engine_api_key else None,
             model=settings.model,
@@ -235,8 +235,8 @@ async def _start_engine(settings: Settings) -> tuple[Engine, str]:
         return remote, remote.name
     # Imported here: the engine pulls in torch and transformers, which the CLI's other
     # commands and the client never need.
-    from pipeline.devmodel import ensure_dev_model
-    from pipeline.engine import EnginePool
+    from pipeline.local.devmodel import ensure_dev_model
+    from pipeline.local.transformers_engine import TransformersEnginePool
 
     if settings.model is None:
         model_dir = await asyncio.to_thread(ensure_dev_model, settings.cache_dir)
@@ -244,7 +244,7 @@ async def _start_engine(settings: Settings) -> tuple[Engine, str]:
         logger.info("no model given: using the dev model at %s", model_dir)
     else:
         model = settings.model
-    engine = EnginePool(
+    engine = TransformersEnginePool(
         model,
         devices=settings.engine_devices,
         max_batch=settings.max_batch,

@@ -33,7 +33,7 @@ from app.web.ipc import MessageTooLarge, post, receive
 from app.web.media_worker import run_media_worker
 from app.web.metrics import FamilySamples
 from app.webrtc.call import CallRegistry, OfferError
-from pipeline.turn import Engine, EngineError
+from pipeline.contract import Engine, EngineError
 
 logger = logging.getLogger(__name__)
 

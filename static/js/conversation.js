@@ -131,7 +131,7 @@ export class Conversation {
     }
   }
 
-  // `latency` is this server's extension of response.done (app/protocol.py ResponseLatency).
+  // `latency` is this server's extension of response.done (app/realtime/protocol/objects.py ResponseLatency).
   responseDone(response, latency) {
     this.awaitingAnswer = false;
     this.responseActive = false;

@@ -46,7 +46,7 @@ export class LatencyTracker {
     this.responses.get(responseId)?.itemIds.push(itemId);
   }
 
-  // `serverLatency` is this server's extension of response.done (app/protocol.py ResponseLatency).
+  // `serverLatency` is this server's extension of response.done (app/realtime/protocol/objects.py ResponseLatency).
   // The latency record stays pending: output_audio_buffer.started may come after response.done
   // (the server reports playback as it happens), and the next response replaces it.
   responseDone(responseId, itemIds, serverLatency) {

@@ -62,7 +62,7 @@ def _qwen_tokens(text: str) -> int:
     import tiktoken
     from tiktoken.load import load_tiktoken_bpe
 
-    from pipeline.tokenizer import qwen_ranks_path
+    from pipeline.local.tokenizer import qwen_ranks_path
 
     pattern = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
     encoding = tiktoken.Encoding("qwen", pat_str=pattern, mergeable_ranks=load_tiktoken_bpe(str(qwen_ranks_path())),
@@ -71,8 +71,8 @@ def _qwen_tokens(text: str) -> int:
 
 
 def _renderer():
-    from pipeline.devmodel import ensure_dev_model
-    from pipeline.prompt import PromptRenderer
+    from pipeline.local.devmodel import ensure_dev_model
+    from pipeline.local.prompt import PromptRenderer
 
     return PromptRenderer.from_pretrained(ensure_dev_model(Path.home() / ".cache" / "omni-rtc"))
 
@@ -87,8 +87,7 @@ async def _session(**config: Any):
 
 
 async def case_tools() -> dict[str, Any]:
-    from pipeline.conversation import Tool
-    from pipeline.tool_format import system_content
+    from pipeline.tool_format import Tool, system_content
 
     tools = punctuation_tools()
     event = {"type": "session.update", "session": {"tools": tools}}
@@ -115,10 +114,11 @@ async def case_tools() -> dict[str, Any]:
 async def case_engine() -> dict[str, Any]:
     from harness import read_wav
 
-    from pipeline.conversation import Conversation, Tool, UserAudio, UserText
-    from pipeline.devmodel import ensure_dev_model
-    from pipeline.engine import TransformersEngine
-    from pipeline.turn import AudioChunk, EngineError, TurnRequest
+    from pipeline.contract import AudioChunk, EngineError, TurnRequest
+    from pipeline.conversation import Conversation, UserAudio, UserText
+    from pipeline.local.devmodel import ensure_dev_model
+    from pipeline.local.transformers_engine import TransformersEngine
+    from pipeline.tool_format import Tool
 
     tools = tuple(Tool(t["name"], t["description"], t["parameters"]) for t in punctuation_tools())
     huge = TurnRequest(conversation=Conversation(items=(UserText("Hi"),), tools=tools), max_output_tokens=4)
@@ -146,7 +146,7 @@ async def case_engine() -> dict[str, Any]:
 
 
 def case_flac() -> dict[str, Any]:
-    from pipeline.chat_completions import read_chunk
+    from pipeline.vllm_omni.chat_completions import read_chunk
 
     content = base64.b64encode(flac_silence()).decode()
     choice = {"index": 0, "delta": {"role": "assistant", "content": content}, "finish_reason": None}
@@ -321,7 +321,7 @@ def _fit_png(side: int) -> dict[str, Any]:
 
 
 async def case_judge() -> dict[str, Any]:
-    from app.realtime.text_judge import WordsVerdict
+    from app.realtime.semantic_vad import WordsVerdict
     from tests.fakes import ScriptedEngine, SessionHarness
     from tests.speech import silence, tone
 
@@ -375,7 +375,8 @@ async def case_judge() -> dict[str, Any]:
 
 
 def case_markup() -> dict[str, Any]:
-    from pipeline.conversation import Conversation, FunctionCall, FunctionOutput, Tool, UserText
+    from pipeline.conversation import Conversation, UserText
+    from pipeline.tool_format import FunctionCall, FunctionOutput, Tool
 
     renderer = _renderer()
     tool = Tool("get_time", "Now.", {"type": "object", "properties": {}})

@@ -33,12 +33,12 @@ import psutil
 import soundfile as sf
 import torch
 
-import pipeline.devmodel
+import pipeline.local.devmodel
 from media.rates import VOICE_RATE
+from pipeline.contract import AudioChunk, TurnDone, TurnRequest
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
-from pipeline.devmodel import ensure_dev_model
-from pipeline.engine import TransformersEngine
-from pipeline.turn import AudioChunk, TurnDone, TurnRequest
+from pipeline.local.devmodel import ensure_dev_model
+from pipeline.local.transformers_engine import TransformersEngine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import machine, write_report  # noqa: E402
@@ -173,7 +173,7 @@ def main() -> None:
     report = {
         "benchmark": "batch",
         "command": " ".join([".venv/bin/python", "tests/bench/batch.py", *sys.argv[1:]]),
-        "model": f"dev model v{pipeline.devmodel.DEV_MODEL_VERSION}" if args.model is None else str(args.model),
+        "model": f"dev model v{pipeline.local.devmodel.DEV_MODEL_VERSION}" if args.model is None else str(args.model),
         "machine": machine(torch=torch.__version__, threads=args.threads, device=args.device),
         "settings": {
             "tokens": args.tokens,

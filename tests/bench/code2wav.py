@@ -5,11 +5,11 @@ Run: .venv/bin/python tests/bench/code2wav.py --config real --frames 300
      [--out tests/bench/results/code2wav.json]
 
 A Code2Wav with random weights in float32 (``--config real``: Qwen3-Omni-30B-A3B-Instruct's
-``code2wav_config``, pipeline/qwen3_omni_config.py; ``narrow``: the same layout with the test's
+``code2wav_config``, pipeline/local/qwen3_omni_config.py; ``narrow``: the same layout with the test's
 narrow widths) decodes ``--frames`` seeded random frames once whole, then chunk by chunk under
 each schedule, each first chunk 4 frames as the engine's:
 
-- ``--path stream``: ``pipeline.code2wav.StreamingCode2Wav``, this tree's engine (carried state);
+- ``--path stream``: ``pipeline.local.code2wav.StreamingCode2Wav``, this tree's engine (carried state);
 - ``--path left-context``: the engine before it, re-implemented here: each chunk decoded
   whole with up to 25 already decoded frames before it (vllm-omni's left context), its
   final samples kept.
@@ -38,8 +38,8 @@ import torch
 from harness import machine, write_report  # this folder: a script's is first on sys.path
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
-from pipeline.code2wav import StreamingCode2Wav
-from pipeline.qwen3_omni_config import code2wav_config
+from pipeline.local.code2wav import StreamingCode2Wav
+from pipeline.local.qwen3_omni_config import code2wav_config
 from tests.chunk_schedules import schedules_covering
 
 RESULTS = Path(__file__).resolve().parent / "results" / "code2wav.json"

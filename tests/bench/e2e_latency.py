@@ -56,7 +56,7 @@ Speculation, emulated speed and visitors (issue 33):
 - ``--speed dev 400`` starts one dev-model server per speed, side by side: ``dev`` at the dev
   model's own speed, ``400`` (or ``400/30``) with an emulated model whose first audio takes 400 ms
   of model time (and each later codec frame 30 ms): ``--generation '{"emulate": ...}'``
-  (``pipeline/emulation.py``, benchmarks only). Every mode of an emulated server is named
+  (``pipeline/local/emulation.py``, benchmarks only). Every mode of an emulated server is named
   ``emulated ...`` in the table and the JSON, which also records each server's speed.
 - Modes are every speed x turn detection x speculation, each its own session(s), all open at
   once; they take turns utterance by utterance. ``--visitors N`` gives each mode N sessions that
@@ -104,9 +104,11 @@ from soak import DEV_MODEL_AUDIO_FRAMES, FIXTURES, REPO, TURN_TIMEOUT_S, dev_mod
 
 from app.client.webrtc import RealtimeClient  # noqa: E402
 from app.client.websocket import CHUNK_MS, RealtimeSocketClient  # noqa: E402  (after the path set-up above)
+from media.detector_events import UtteranceCommitted
+from media.detector_params import TurnDetectionParams
 from media.rates import SPEECH_RATE  # noqa: E402
-from media.turn_detection import TurnDetectionParams, UtteranceCommitted, VoiceActivityDetector  # noqa: E402
 from media.vad import WINDOW_SAMPLES, SileroVad  # noqa: E402
+from media.voice_activity_detector import VoiceActivityDetector
 
 DEFAULT_OUT = REPO / "tests" / "bench" / "results" / "e2e_latency.json"
 UTTERANCES = ("hello.wav", "weather.wav")
@@ -488,7 +490,7 @@ def main() -> None:
         "args": {k: str(v) for k, v in vars(args).items()},
         "turn_detection": args.turn_detection,
         "server": args.url or f"dev model, answers capped at {DEV_MODEL_AUDIO_FRAMES} codec frames",
-        # Benchmarks only: these servers' model was slowed to a stated speed (pipeline/emulation.py).
+        # Benchmarks only: these servers' model was slowed to a stated speed (pipeline/local/emulation.py).
         "emulation": emulated or None,
         "visitors": args.visitors,
         "machine": machine(),

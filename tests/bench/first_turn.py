@@ -24,8 +24,8 @@ summary is the median over rounds of turn 1 and of turn 2 and their ratio, per t
 
 ``--part stages`` finds out what a first turn pays, in the engine's own code path and in CPU
 time (which a loaded machine inflates far less than wall time): each of ``--rounds`` fresh
-interpreters loads the dev model as the engine process does (``pipeline.worker._load``), runs the
-engine's warm-up (``pipeline.warmup``) or not, then two spoken turns (hello.wav, the second's
+interpreters loads the dev model as the engine process does (``pipeline.local.checkpoint._load``), runs the
+engine's warm-up (``pipeline.local.warmup``) or not, then two spoken turns (hello.wav, the second's
 clip scaled by 0.999 so that it is not found in the features cache) through a
 ``DecodeBatch`` stage by stage, timing each stage's CPU ms up to the first audio chunk: render
 (Whisper features), Thinker prefill, Talker prefill, first Thinker step, first Talker step
@@ -126,21 +126,23 @@ def stage_profile(model_dir: str, warm: bool) -> list[dict[str, float]]:
 
     import torch
 
-    from pipeline import worker
+    from pipeline.contract import TurnRequest
     from pipeline.conversation import Conversation, UserAudio
-    from pipeline.generation import DecodeBatch
-    from pipeline.turn import TurnRequest
+    from pipeline.local.checkpoint import load_checkpoint
+    from pipeline.local.decode_batch import DecodeBatch
+    from pipeline.local.engine_messages import EngineProcessSpec
+    from pipeline.local.engine_process import warm_up
 
-    spec = worker.WorkerSpec(model=model_dir, device="cpu", seed=0, threads=1,
+    spec = EngineProcessSpec(model=model_dir, device="cpu", seed=0, threads=1,
                              generation={"max_audio_frames": DEV_MODEL_AUDIO_FRAMES})
-    loaded = worker._load(spec)
+    loaded = load_checkpoint(spec)
     if warm:
-        worker.warm_up(loaded)
+        warm_up(loaded)
     speech = sf.read(FIXTURES / "hello.wav", dtype="float32")[0]
     turns = []
     for number in range(2):
         # The second turn's clip differs by a hair: the renderer keeps a clip's features by
-        # content (pipeline/processed_cache.py), and the same clip again would be found there.
+        # content (pipeline/local/processed_cache.py), and the same clip again would be found there.
         clip = speech * (1.0 - 0.001 * number)
         request = TurnRequest(conversation=Conversation(items=(UserAudio(clip),)), max_output_tokens=8)
         params = dataclasses.replace(loaded.base_params, voice=request.voice, temperature=request.temperature,
@@ -175,7 +177,7 @@ def run_stages(rounds: int) -> dict[str, Any]:
     import concurrent.futures
     import multiprocessing
 
-    from pipeline.devmodel import ensure_dev_model
+    from pipeline.local.devmodel import ensure_dev_model
 
     model_dir = str(ensure_dev_model(Path.home() / ".cache" / "omni-rtc"))
     results: dict[str, list[list[dict[str, float]]]] = {"cold": [], "warmed": []}

@@ -6,13 +6,13 @@ Run: .venv/bin/python tests/bench/frame_cost.py [--tokens 64] [--frames-per-toke
 
 One spoken turn (the one ``tests/bench/ttfa.py`` answers) is streamed ``--turns`` times with a
 forced length of N Thinker tokens (sampling as ttfa.py: temperature 0.8, seed 0). The stages of
-``pipeline.generation`` are timed by wrapping their methods from outside:
+``pipeline.local.generation`` are timed by wrapping their methods from outside:
 
 - thinker step: ``DecodeBatch.step_thinker`` (one answer token: forward, processors,
   sampling, the Talker's projection of it);
 - talker step: ``DecodeBatch.step_talker`` less the code predictor inside it (one
   first-layer codec token: forward, processors, sampling);
-- code predictor: ``SpeechModel.residual_codes`` (pipeline/decoder.py: the 15 residual codes of a frame);
+- code predictor: ``TalkerDecoder.residual_codes`` (pipeline/local/decoder.py: the 15 residual codes of a frame);
 - code2wav: ``DecodeBatch.decode_chunks`` (per frame = all chunks / frames);
 - prefill: the Thinker's and the Talker's prefill (once per turn, not per frame);
 - python overhead: the turn's time outside all of the above (the ``stream_turn`` loop,
@@ -41,15 +41,15 @@ from typing import Any
 import torch
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
-import pipeline.devmodel
-from pipeline import generation
-from pipeline.decoder import SpeechModel
-from pipeline.devmodel import ensure_dev_model
-from pipeline.generation import stream_turn
-from pipeline.params import GenerationParams
-from pipeline.prompt import PromptRenderer
-from pipeline.tokenizer import load_tokenizer
-from pipeline.turn import AudioChunk, TurnDone
+import pipeline.local.devmodel
+from pipeline.contract import AudioChunk, TurnDone
+from pipeline.local.decode_batch import DecodeBatch
+from pipeline.local.decoder import TalkerDecoder
+from pipeline.local.devmodel import ensure_dev_model
+from pipeline.local.generation import stream_turn
+from pipeline.local.params import GenerationParams
+from pipeline.local.prompt import PromptRenderer
+from pipeline.local.tokenizer import load_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import machine, write_report  # noqa: E402
@@ -59,12 +59,12 @@ from ttfa import REPO, SEED, TEMPERATURE, dev_model_fingerprint, spoken_turn  # 
 # time includes its code predictor call; the table subtracts it. (The ``before`` entry in the
 # results was measured on the per-turn decoders these replaced, _ThinkerDecoder.step etc.)
 STAGES: tuple[tuple[str, type, str], ...] = (
-    ("thinker prefill", generation.DecodeBatch, "prefill_thinker"),
-    ("talker prefill", generation.DecodeBatch, "prefill_talker"),
-    ("thinker step", generation.DecodeBatch, "step_thinker"),
-    ("talker step", generation.DecodeBatch, "step_talker"),
-    ("code predictor", SpeechModel, "residual_codes"),
-    ("code2wav", generation.DecodeBatch, "decode_chunks"),
+    ("thinker prefill", DecodeBatch, "prefill_thinker"),
+    ("talker prefill", DecodeBatch, "prefill_talker"),
+    ("thinker step", DecodeBatch, "step_thinker"),
+    ("talker step", DecodeBatch, "step_talker"),
+    ("code predictor", TalkerDecoder, "residual_codes"),
+    ("code2wav", DecodeBatch, "decode_chunks"),
 )
 HOST_SYNCS = ("item", "tolist", "cpu", "numpy")
 
@@ -220,7 +220,7 @@ def main() -> None:
 
     entry = {
         "command": " ".join([".venv/bin/python", "tests/bench/frame_cost.py", *sys.argv[1:]]),
-        "model": f"dev model v{pipeline.devmodel.DEV_MODEL_VERSION}" if args.model is None else str(args.model),
+        "model": f"dev model v{pipeline.local.devmodel.DEV_MODEL_VERSION}" if args.model is None else str(args.model),
         "machine": machine(torch=torch.__version__, threads=args.threads, device=args.device, dtype=args.dtype),
         "settings": {"tokens": args.tokens, "frames_cap": frames_cap, "temperature": TEMPERATURE, "seed": SEED},
         "ms_per_frame": median,

@@ -30,7 +30,7 @@ from harness import machine, read_wav, write_report  # this folder: a script's i
 
 from app.realtime.heard import tokens_heard
 from media.rates import VOICE_RATE
-from pipeline.tokenizer import build_tokenizer
+from pipeline.local.tokenizer import build_tokenizer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "heard_text.json"
 SENTENCES = (

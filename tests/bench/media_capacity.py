@@ -80,7 +80,7 @@ class InstantReplyEngine:
         return None
 
     async def run_turn(self, request: Any) -> AsyncIterator[Any]:
-        from pipeline.turn import AudioChunk, TextDelta, TurnDone, TurnTimings, Usage
+        from pipeline.contract import AudioChunk, TextDelta, TurnDone, TurnTimings, Usage
 
         chunk = 1920  # one 80 ms codec frame at 24 kHz
         frames = int(REPLY_SECONDS * 24_000) // chunk

@@ -36,12 +36,12 @@ import torch
 from harness import machine, write_report
 from ttfa import dev_model_fingerprint
 
-import pipeline.devmodel
+import pipeline.local.devmodel
 from app.realtime.session_config import InputTranscription, SessionConfig, TurnDetection
 from media.rates import SPEECH_RATE
 from media.vad import SileroVad
-from pipeline.devmodel import ensure_dev_model
-from pipeline.engine import TransformersEngine
+from pipeline.local.devmodel import ensure_dev_model
+from pipeline.local.transformers_engine import TransformersEngine
 from tests.fakes import SessionHarness
 from tests.speech import load_fixture, silence
 
@@ -197,7 +197,7 @@ def main() -> None:
     report = {
         "benchmark": "partial_transcripts",
         "command": " ".join([".venv/bin/python", "tests/bench/partial_transcripts.py", *sys.argv[1:]]),
-        "model": f"dev model v{pipeline.devmodel.DEV_MODEL_VERSION}" if args.model is None else str(args.model),
+        "model": f"dev model v{pipeline.local.devmodel.DEV_MODEL_VERSION}" if args.model is None else str(args.model),
         "machine": machine(torch=torch.__version__, threads=args.threads, device=args.device),
         "settings": {"rounds": args.rounds, "fixture": FIXTURE, "piece_ms": PIECE_MS, "silence_duration_ms": 500},
         "modes": results,

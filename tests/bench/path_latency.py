@@ -71,6 +71,8 @@ from harness import machine, write_report  # noqa: E402
 from app.client.webrtc import AUDIBLE_PEAK, MicrophoneTrack  # noqa: E402
 from app.webrtc.ice import loopback_candidates  # noqa: E402
 from app.webrtc.sdp import with_opus_inband_fec  # noqa: E402
+from media.detector_events import UtteranceCommitted
+from media.detector_params import HYSTERESIS, TurnDetectionParams
 from media.inbound import InboundAudio  # noqa: E402
 from media.libopus import OpusDecoder, OpusEncoder  # noqa: E402
 from media.opus import OPUS_BITRATE, OpusTrack  # noqa: E402
@@ -78,8 +80,8 @@ from media.outbound import OutboundAudioTrack  # noqa: E402
 from media.pacing import FRAME_SAMPLES  # noqa: E402
 from media.playout import receive_audio  # noqa: E402
 from media.rates import SPEECH_RATE, WIRE_RATE  # noqa: E402
-from media.turn_detection import HYSTERESIS, TurnDetectionParams, UtteranceCommitted, VoiceActivityDetector  # noqa: E402
 from media.vad import WINDOW_SAMPLES, SileroVad  # noqa: E402
+from media.voice_activity_detector import VoiceActivityDetector
 
 FIXTURES = REPO / "tests" / "fixtures"
 DEFAULT_OUT = REPO / "tests" / "bench" / "results" / "path_latency.json"

@@ -7,7 +7,7 @@ meanwhile), and the prompt holds the history's audio clips again every turn: up 
 ``HistoryLimits.max_audio_clips`` (4) and 120 s. The conversation here is that bound filled: four
 spoken turns of ``--clip-seconds`` each (tests/fixtures/long_story.wav repeated, each clip with
 its own dither so no two are alike), three answered. Its render (dev model's renderer, one torch
-thread, the caches of pipeline/processed_cache.py): **cold**, nothing kept, every clip's Whisper
+thread, the caches of pipeline/local/processed_cache.py): **cold**, nothing kept, every clip's Whisper
 features extracted (as before the audio cache); **warm**, after the turn before was rendered, only
 the new clip's. Median of ``--repeats``, ms.
 """
@@ -29,9 +29,9 @@ sys.path.insert(0, str(REPO))
 
 from media.rates import SPEECH_RATE  # noqa: E402
 from pipeline.conversation import AssistantText, Conversation, UserAudio  # noqa: E402
-from pipeline.devmodel import ensure_dev_model  # noqa: E402
-from pipeline.processed_cache import AUDIO_CACHE_BYTES, ProcessedCache  # noqa: E402
-from pipeline.prompt import PromptRenderer  # noqa: E402
+from pipeline.local.devmodel import ensure_dev_model  # noqa: E402
+from pipeline.local.processed_cache import AUDIO_CACHE_BYTES, ProcessedCache  # noqa: E402
+from pipeline.local.prompt import PromptRenderer  # noqa: E402
 
 TURNS = 4  # HistoryLimits.max_audio_clips
 

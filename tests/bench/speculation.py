@@ -49,21 +49,14 @@ from turn_taking import (
     load_fixtures,
 )
 
-from app.realtime.session_config import END_OF_TURN_BY_EAGERNESS
+from app.realtime.semantic_vad import END_OF_TURN_BY_EAGERNESS
 from app.realtime.speculation import MAX_PER_UTTERANCE
-from media.end_of_turn import SmartTurnModel, default_model_path
+from media.detector_events import EndOfTurnCheck, SilenceStarted, SpeechResumed, SpeechStarted, UtteranceCommitted
+from media.detector_params import EndOfTurnPolicy, TurnDetectionParams
+from media.end_of_turn_model import SmartTurnModel, default_turn_model_path
 from media.rates import SPEECH_RATE
-from media.turn_detection import (
-    EndOfTurnCheck,
-    EndOfTurnPolicy,
-    SilenceStarted,
-    SpeechResumed,
-    SpeechStarted,
-    TurnDetectionParams,
-    UtteranceCommitted,
-    VoiceActivityDetector,
-)
 from media.vad import SileroVad
+from media.voice_activity_detector import VoiceActivityDetector
 
 TAIL_MS = 4_000  # past medium's longest wait (3 s): every turn ends inside it
 WINDOW_MS = 32
@@ -203,7 +196,7 @@ def main() -> None:
     args = parser.parse_args()
 
     vad = RecordedVad(SileroVad.load())
-    model = SmartTurnModel.load(default_model_path(args.cache_dir))
+    model = SmartTurnModel.load(default_turn_model_path(args.cache_dir))
     fixtures = load_fixtures()
     model.probability(fixtures[0].pcm)  # warm-up: onnxruntime allocates on the first run
     scores = CachedScores(model)

@@ -40,13 +40,13 @@ import torch
 from harness import machine, write_report
 from ttfa import dev_model_fingerprint
 
-import pipeline.devmodel
+import pipeline.local.devmodel
 from app.realtime.session_config import InputTranscription, SessionConfig
 from app.realtime.turn_taking import ECHO_TAIL_MS
 from media.vad import SileroVad
 from pipeline.conversation import HistoryLimits
-from pipeline.devmodel import ensure_dev_model
-from pipeline.engine import TransformersEngine
+from pipeline.local.devmodel import ensure_dev_model
+from pipeline.local.transformers_engine import TransformersEngine
 from tests.fakes import SessionHarness
 from tests.speech import load_fixture, silence
 
@@ -209,7 +209,7 @@ def main() -> None:
     report = {
         "benchmark": "transcription",
         "command": " ".join([".venv/bin/python", "tests/bench/transcription.py", *sys.argv[1:]]),
-        "model": f"dev model v{pipeline.devmodel.DEV_MODEL_VERSION}" if args.model is None else str(args.model),
+        "model": f"dev model v{pipeline.local.devmodel.DEV_MODEL_VERSION}" if args.model is None else str(args.model),
         "machine": machine(torch=torch.__version__, threads=args.threads, device=args.device),
         "settings": {"rounds": args.rounds, "answer_tokens": args.answer_tokens, "frames_per_token": 3},
         "sessions": results,

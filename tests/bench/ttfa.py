@@ -40,16 +40,16 @@ import transformers
 from harness import machine, read_wav, write_report  # this folder: a script's is first on sys.path
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
-import pipeline.devmodel
-import pipeline.tokenizer
+import pipeline.local.devmodel
+import pipeline.local.tokenizer
 from media.rates import VOICE_RATE
+from pipeline.contract import AudioChunk, TextDelta, TurnDone
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
-from pipeline.devmodel import ensure_dev_model
-from pipeline.generation import stream_turn
-from pipeline.params import GenerationParams
-from pipeline.prompt import PromptRenderer, ThinkerInputs
-from pipeline.tokenizer import load_tokenizer
-from pipeline.turn import AudioChunk, TextDelta, TurnDone
+from pipeline.local.devmodel import ensure_dev_model
+from pipeline.local.generation import stream_turn
+from pipeline.local.params import GenerationParams
+from pipeline.local.prompt import PromptRenderer, ThinkerInputs
+from pipeline.local.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -60,7 +60,7 @@ SEED = 0
 def dev_model_fingerprint() -> str:
     """Changes with what the dev model is built from, so a stale build is never measured."""
     digest = hashlib.sha256(transformers.__version__.encode())
-    for module in (pipeline.devmodel, pipeline.tokenizer):
+    for module in (pipeline.local.devmodel, pipeline.local.tokenizer):
         digest.update(Path(module.__file__).read_bytes())
     return digest.hexdigest()[:12]
 
@@ -251,7 +251,7 @@ def main() -> None:
     report = {
         "benchmark": "ttfa",
         "command": " ".join([".venv/bin/python", "tests/bench/ttfa.py", *sys.argv[1:]]),
-        "model": f"dev model v{pipeline.devmodel.DEV_MODEL_VERSION}" if args.model is None else str(args.model),
+        "model": f"dev model v{pipeline.local.devmodel.DEV_MODEL_VERSION}" if args.model is None else str(args.model),
         "machine": machine(torch=torch.__version__, threads=args.threads, device=args.device, dtype=args.dtype),
         "prompt": {"text_tokens": inputs.text_tokens, "audio_tokens": inputs.audio_tokens},
         "settings": {

@@ -31,20 +31,15 @@ import psutil
 import soundfile as sf
 from harness import machine, write_report  # this folder: a script's is first on sys.path
 
-from app.realtime.session_config import END_OF_TURN_BY_EAGERNESS
-from app.realtime.text_judge import EngineTextJudge
-from media.end_of_turn import SmartTurnModel, default_model_path
+from app.realtime.semantic_vad import END_OF_TURN_BY_EAGERNESS, EngineTextJudge
+from media.detector_events import EndOfTurnCheck, UtteranceCommitted
+from media.detector_params import EndOfTurnPolicy, TurnDetectionParams
+from media.end_of_turn_model import SmartTurnModel, default_turn_model_path
 from media.rates import SPEECH_RATE
-from media.turn_detection import (
-    EndOfTurnCheck,
-    EndOfTurnPolicy,
-    TurnDetectionParams,
-    UtteranceCommitted,
-    VoiceActivityDetector,
-)
-from media.vad import SileroVad, SpeechModel, SpeechStream
-from pipeline.devmodel import ensure_dev_model
-from pipeline.engine import TransformersEngine
+from media.vad import SileroVad, SpeechStream, TalkerDecoder
+from media.voice_activity_detector import VoiceActivityDetector
+from pipeline.local.devmodel import ensure_dev_model
+from pipeline.local.transformers_engine import TransformersEngine
 from tests.words import complete_probability
 
 TURNS = Path(__file__).resolve().parents[1] / "fixtures" / "turns"
@@ -184,7 +179,7 @@ class RecordedVad:
         self._vad = vad
         self._recorded: dict[str, list[float]] = {}
 
-    def for_fixture(self, name: str) -> SpeechModel:
+    def for_fixture(self, name: str) -> TalkerDecoder:
         recorded = self._recorded.setdefault(name, [])
         vad = self._vad
 
@@ -434,7 +429,7 @@ def main() -> None:
     args = parser.parse_args()
 
     vad = RecordedVad(SileroVad.load())
-    model = SmartTurnModel.load(default_model_path(args.cache_dir))
+    model = SmartTurnModel.load(default_turn_model_path(args.cache_dir))
     fixtures = load_fixtures()
     model.probability(fixtures[0].pcm)  # warm-up: onnxruntime allocates on the first run
     scores = CachedScores(model)

@@ -19,9 +19,10 @@ import onnxruntime
 import soundfile as sf
 from harness import machine, write_report  # this folder: a script's is first on sys.path
 
+from media.detector_params import TurnDetectionParams
 from media.rates import SPEECH_RATE
-from media.turn_detection import TurnDetectionParams, VoiceActivityDetector
 from media.vad import WINDOW_SAMPLES, SileroVad
+from media.voice_activity_detector import VoiceActivityDetector
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CHUNK_SAMPLES = 320  # 20 ms, one inbound WebRTC frame after resampling to 16 kHz

@@ -21,12 +21,12 @@ a camera; a default camera turn holds up to 5 (4 while speaking, 1 from before).
 render (dev model's renderer, CPU): the engine renders every turn's prompt between decoding
 steps, and past camera turns keep their frames, so turn 9 of a camera conversation holds 25
 (the history keeps 5 turns: 4 past audio clips). Its render with no processed image kept, as
-before pipeline/processed_cache.py, against its render after turn 8's (only turn 9's 5 frames
+before pipeline/local/processed_cache.py, against its render after turn 8's (only turn 9's 5 frames
 processed), median of ``--probes``.
 
 encoder (real config, random weights, CPU, float32): Qwen3-Omni-30B-A3B-Instruct's vision tower
 alone (``Qwen3OmniMoeVisionEncoder`` with the checkpoint's ``thinker_config.vision_config``,
-``pipeline/qwen3_omni_config.py``:
+``pipeline/local/qwen3_omni_config.py``:
 27 blocks of width 1152, 16 heads, MLP 4304, 16 px patches merged 2x2, out 2048 = the Thinker's
 width, deepstack after blocks 8/16/24; ~0.4 B parameters), fed 352x256 frames (352 patches, 88
 tokens each) ``--encoder-frames`` at a time: seconds per call and per frame, median of
@@ -55,17 +55,17 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from media.video import encode_frame  # noqa: E402
+from pipeline.contract import AudioChunk  # noqa: E402
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserImage, UserText  # noqa: E402
-from pipeline.devmodel import ensure_dev_model  # noqa: E402
-from pipeline.generation import stream_turn  # noqa: E402
 from pipeline.images import fit as fit_image  # noqa: E402
 from pipeline.images import fitted_size, probe  # noqa: E402
-from pipeline.params import GenerationParams  # noqa: E402
-from pipeline.processed_cache import IMAGE_CACHE_BYTES, ProcessedCache  # noqa: E402
-from pipeline.prompt import PromptRenderer  # noqa: E402
-from pipeline.qwen3_omni_config import vision_encoder_config  # noqa: E402
-from pipeline.tokenizer import load_tokenizer  # noqa: E402
-from pipeline.turn import AudioChunk  # noqa: E402
+from pipeline.local.devmodel import ensure_dev_model  # noqa: E402
+from pipeline.local.generation import stream_turn  # noqa: E402
+from pipeline.local.params import GenerationParams  # noqa: E402
+from pipeline.local.processed_cache import IMAGE_CACHE_BYTES, ProcessedCache  # noqa: E402
+from pipeline.local.prompt import PromptRenderer  # noqa: E402
+from pipeline.local.qwen3_omni_config import vision_encoder_config  # noqa: E402
+from pipeline.local.tokenizer import load_tokenizer  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures"
 CAMERA_PIXELS = 100_352  # the session's default camera budget (app/realtime/session_config.py)
@@ -103,7 +103,7 @@ def camera_conversation(turns: int, frames: int) -> Conversation:
 
 def measure_render(turns: int, frames: int, repeats: int) -> dict:
     """The engine's render of a camera turn after ``turns - 1`` camera turns: with no image kept
-    (every past frame processed again, as before pipeline/processed_cache.py), and after the turn
+    (every past frame processed again, as before pipeline/local/processed_cache.py), and after the turn
     before was rendered (only the new turn's frames processed). Median of ``repeats``."""
     model_dir = ensure_dev_model(Path.home() / ".cache" / "omni-rtc")
     renderer = PromptRenderer.from_pretrained(model_dir)

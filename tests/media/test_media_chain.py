@@ -11,10 +11,12 @@ from aiortc.codecs.opus import OpusDecoder, OpusEncoder
 from aiortc.jitterbuffer import JitterFrame
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from media.detector_events import UtteranceCommitted
+from media.detector_params import TurnDetectionParams
 from media.inbound import InboundAudio
 from media.outbound import OutboundAudioTrack
-from media.turn_detection import TurnDetectionParams, UtteranceCommitted, VoiceActivityDetector
 from media.vad import SileroVad
+from media.voice_activity_detector import VoiceActivityDetector
 from tests.speech import load_fixture, silence
 
 

@@ -10,8 +10,9 @@ from aiortc import RTCRtpReceiver
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtp import RtpPacket
 
+from media.aiortc_version import UnsupportedAiortc
 from media.playout import PlayoutTrack, receive_audio
-from media.receiver_tap import UnsupportedAiortc, check_aiortc, tap_audio_receiver
+from media.receiver_tap import check_receiver_tap, tap_audio_receiver
 from tests.media.test_jitter_buffer import FRAME, speech_packets
 
 
@@ -139,8 +140,8 @@ def test_aiortcs_own_buffer_stalls_where_the_tap_does_not() -> None:
 
 def test_an_untested_aiortc_is_refused_with_the_way_out() -> None:
     with pytest.raises(UnsupportedAiortc, match="OMNI_RTC_JITTER_BUFFER=false"):
-        check_aiortc("1.99.0")
-    check_aiortc("1.16.2")
+        check_receiver_tap("1.99.0")
+    check_receiver_tap("1.16.2")
 
 
 def test_the_tap_refuses_a_video_receiver() -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from media.vad import WINDOW_SAMPLES, SileroVad, VadStream, default_model_path
+from media.vad import WINDOW_SAMPLES, SileroVad, VadStream, silero_model_path
 from tests.speech import load_fixture, silence
 
 
@@ -61,7 +61,7 @@ def test_matches_silero_reference_wrapper(silero: SileroVad) -> None:
 
     torch.set_num_threads(1)
 
-    reference = OnnxWrapper(str(default_model_path()), force_onnx_cpu=True)
+    reference = OnnxWrapper(str(silero_model_path()), force_onnx_cpu=True)
     pcm = np.concatenate([silence(300), load_fixture("weather"), silence(300)])
     windows = pcm[: pcm.size - pcm.size % WINDOW_SAMPLES].reshape(-1, WINDOW_SAMPLES)
     expected = [float(reference(torch.from_numpy(window.copy()), 16_000)) for window in windows]

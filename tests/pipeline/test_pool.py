@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from pipeline.contract import TurnDone, TurnEvent, TurnRequest, Usage
 from pipeline.conversation import Conversation, UserText
 from pipeline.pool import LeastLoadedPool
-from pipeline.turn import TurnDone, TurnEvent, TurnRequest, Usage
 
 
 class Member:

@@ -6,21 +6,11 @@ import json
 
 import pytest
 
-from pipeline.conversation import (
-    AssistantText,
-    Conversation,
-    FunctionCall,
-    FunctionOutput,
-    HistoryLimits,
-    Tool,
-    ToolChoice,
-    UserText,
-    bound_history,
-    split_turns,
-)
-from pipeline.prompt import PromptRenderer
+from pipeline.conversation import AssistantText, Conversation, HistoryLimits, UserText, bound_history, split_turns
+from pipeline.local.prompt import PromptRenderer
+from pipeline.local.tokenizer import load_tokenizer
 from pipeline.token_count import qwen_encoding
-from pipeline.tokenizer import load_tokenizer
+from pipeline.tool_format import FunctionCall, FunctionOutput, Tool, ToolChoice
 
 TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE, TOOL_RESPONSE_END = 151657, 151658, 151665, 151666
 GET_TIME = Tool(

@@ -12,7 +12,7 @@ FORBIDDEN = ("fastapi", "starlette", "aiortc", "onnxruntime", "torch", "transfor
 def test_importing_the_session_core_loads_no_transport_or_onnx():
     modules = " ".join(
         f"app.realtime.{name}"
-        for name in ("session", "history", "responses", "ledger", "gate", "protocol", "session_config", "input_buffer",
+        for name in ("session", "history", "response_run", "ledger", "gate", "protocol", "session_config", "input_buffer",
                      "prompt_budget")
     )
     code = (

@@ -13,8 +13,8 @@ from typing import Any
 
 from app.realtime.partial_transcripts import PartialText, agreed_prefix, words
 from app.realtime.session_config import SessionConfig
+from pipeline.contract import TurnRequest
 from pipeline.conversation import Conversation, UserAudio, UserText
-from pipeline.turn import TurnRequest
 from tests.app.realtime.test_session import Harness
 from tests.app.realtime.test_transcription import ON, TRANSCRIPTION, assert_openai_parses
 from tests.speech import silence, tone

@@ -15,9 +15,9 @@ import pytest
 
 from app.realtime.session_config import InputTranscription, SessionConfig
 from media.vad import SileroVad
+from pipeline.contract import TurnDone, TurnEvent, TurnRequest
 from pipeline.conversation import Conversation, UserText
-from pipeline.engine import TransformersEngine
-from pipeline.turn import TurnDone, TurnEvent, TurnRequest
+from pipeline.local.transformers_engine import TransformersEngine
 from tests.fakes import SessionHarness
 from tests.speech import load_fixture, silence
 

@@ -12,9 +12,8 @@ import threading
 import numpy as np
 import pytest
 
-from app.realtime.end_of_turn import JUDGED_SECONDS
-from app.realtime.session_config import END_OF_TURN_BY_EAGERNESS, SessionConfig
-from app.realtime.text_judge import WordsVerdict
+from app.realtime.semantic_vad import END_OF_TURN_BY_EAGERNESS, JUDGED_SECONDS, WordsVerdict
+from app.realtime.session_config import SessionConfig
 from app.realtime.turn_taking import ECHO_TAIL_MS
 from pipeline.conversation import UserAudio
 from tests.fakes import CODEC_FRAME_SAMPLES, HALF_DUPLEX, ScriptedEngine, SessionHarness

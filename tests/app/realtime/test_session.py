@@ -1,6 +1,6 @@
 """RealtimeSession with a scripted engine, an energy VAD (tone = speech) and a virtual speaker.
 
-The real TurnCommitBuffer runs underneath (media.turn_detection); only the speech probability
+The real TurnCommitBuffer runs underneath (media.commit_buffer); only the speech probability
 comes from signal energy, so every event sequence here is exact and repeatable.
 """
 
@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from app.realtime import history
+from app.realtime import input_readers
 from app.realtime.failures import failure_message
 from app.realtime.session_config import SessionConfig, TurnDetection
 from app.realtime.turn_taking import ECHO_TAIL_MS
+from pipeline.contract import EngineError
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, AssistantText, HistoryLimits, UserAudio, UserText
-from pipeline.turn import EngineError
 from tests.fakes import CODEC_FRAME_SAMPLES, HALF_DUPLEX, EnergyVad, ScriptedEngine, SessionHarness
 from tests.speech import silence, tone
 
@@ -339,13 +339,13 @@ async def test_input_audio_items_are_decoded_off_the_event_loop(h, monkeypatch):
     # Issue 34: an item's audio was decoded and resampled on the loop (0.5 s for 14 MB of µ-law).
     loop_thread = threading.current_thread()
     threads = []
-    resample = history.soxr.resample
+    resample = input_readers.soxr.resample
 
     def recording(*args, **kwargs):
         threads.append(threading.current_thread())
         return resample(*args, **kwargs)
 
-    monkeypatch.setattr(history.soxr, "resample", recording)
+    monkeypatch.setattr(input_readers.soxr, "resample", recording)
     await h.send(type="conversation.item.create", item={"type": "message", "role": "user", "content": [
         {"type": "input_audio", "audio": base64.b64encode(bytes(48_000)).decode()}]})
     assert h.of_type("conversation.item.added") and threads and loop_thread not in threads

@@ -13,8 +13,8 @@ from app.realtime.session_config import InputTranscription, SessionConfig, TurnD
 from app.realtime.turn_taking import ECHO_TAIL_MS
 from media.vad import SileroVad
 from pipeline.conversation import AssistantText, HistoryLimits, UserAudio
-from pipeline.engine import TransformersEngine
-from pipeline.tokenizer import load_tokenizer
+from pipeline.local.tokenizer import load_tokenizer
+from pipeline.local.transformers_engine import TransformersEngine
 from tests.app.realtime.test_transcription import TRANSCRIPTION, assert_openai_parses
 from tests.fakes import SessionHarness
 from tests.speech import load_fixture, silence

@@ -13,8 +13,7 @@ import pytest_asyncio
 from app.realtime.entries import AssistantEntry, FunctionCallEntry, FunctionOutputEntry, UserEntry
 from app.realtime.history import pruned
 from app.realtime.session_config import SessionConfig
-from pipeline.conversation import FunctionCall, FunctionOutput, HistoryLimits, Tool, ToolChoice, UserText
-from pipeline.turn import (
+from pipeline.contract import (
     AudioChunk,
     FunctionCallDelta,
     FunctionCallDone,
@@ -25,6 +24,8 @@ from pipeline.turn import (
     TurnRequest,
     Usage,
 )
+from pipeline.conversation import HistoryLimits, UserText
+from pipeline.tool_format import FunctionCall, FunctionOutput, Tool, ToolChoice
 from tests.fakes import CODEC_FRAME_SAMPLES, EnergyVad, SessionHarness
 
 GET_TIME = {

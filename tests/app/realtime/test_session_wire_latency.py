@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-import app.realtime.responses
+import app.realtime.response
 from tests.fakes import EnergyVad, ScriptedEngine, SessionHarness, VirtualAudioOutput
 
 RATE = 16_000
@@ -52,7 +52,7 @@ async def test_latency_runs_until_the_first_frame_is_sent_not_until_the_audio_is
 
 
 async def test_an_output_that_never_sends_does_not_hold_response_done(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(app.realtime.responses, "FIRST_FRAME_WAIT_S", 0.05)
+    monkeypatch.setattr(app.realtime.response, "FIRST_FRAME_WAIT_S", 0.05)
     h = await paced_harness()
     try:
         h.push(utterance())
@@ -65,7 +65,7 @@ async def test_an_output_that_never_sends_does_not_hold_response_done(monkeypatc
 
 
 async def test_an_unpaced_output_is_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(app.realtime.responses, "FIRST_FRAME_WAIT_S", 60.0)
+    monkeypatch.setattr(app.realtime.response, "FIRST_FRAME_WAIT_S", 60.0)
     h = SessionHarness(ScriptedEngine("Hello there"), EnergyVad())
     await h.session.start()
     try:

@@ -2,7 +2,7 @@
 held until the commit, cancelled when the speech goes on or the turn changes.
 
 Speech is a tone and silence zeros (``EnergyVad``); the engine is the scripted fake, which keeps
-the preemptible-turn rules of ``pipeline.turn`` (``max_batch`` slots; ``hold`` keeps its turns
+the preemptible-turn rules of ``pipeline.contract`` (``max_batch`` slots; ``hold`` keeps its turns
 after their first word, a long answer still being generated).
 """
 

@@ -15,8 +15,8 @@ from pydantic import TypeAdapter
 
 from app.realtime.session_config import SessionConfig, TurnDetection
 from app.realtime.turn_taking import ECHO_TAIL_MS
+from pipeline.contract import EngineError, TurnRequest
 from pipeline.conversation import HistoryLimits, UserAudio
-from pipeline.turn import EngineError, TurnRequest
 from tests.app.realtime.test_session import Harness, silence, started
 
 TRANSCRIPTION = "conversation.item.input_audio_transcription"

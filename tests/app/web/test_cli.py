@@ -13,7 +13,7 @@ import pytest_asyncio
 import soundfile
 
 from app.config import Settings
-from app.realtime.text_judge import EngineTextJudge
+from app.realtime.semantic_vad import EngineTextJudge
 from app.web.calls import text_judge
 from app.web.cli import _settings, build_parser, main
 from app.web.server import _base_session_config, create_app

@@ -8,8 +8,8 @@ import pytest
 
 from app.web.engines import DevReplies, MeteredEngine, for_session
 from app.web.metrics import Metrics
+from pipeline.contract import EngineError, TextDelta, TurnRequest
 from pipeline.conversation import Conversation, UserAudio, UserText
-from pipeline.turn import EngineError, TextDelta, TurnRequest
 from tests.fakes import ScriptedEngine
 from tests.speech import tone
 

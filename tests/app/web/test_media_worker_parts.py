@@ -12,8 +12,8 @@ import pytest
 from app.web.ipc import MAX_MESSAGE_BYTES, MessageTooLarge, post
 from app.web.media_worker import EngineProxy
 from app.web.metrics import Metrics
+from pipeline.contract import AudioChunk, EngineError, TextDelta, TurnRequest
 from pipeline.conversation import Conversation, UserText
-from pipeline.turn import AudioChunk, EngineError, TextDelta, TurnRequest
 
 
 class Front:

@@ -9,8 +9,8 @@ import pytest
 
 from app.web.engines import MeteredEngine
 from app.web.metrics import Metrics
+from pipeline.contract import AudioChunk, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest, TurnTimings, Usage
 from pipeline.conversation import Conversation
-from pipeline.turn import AudioChunk, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest, TurnTimings, Usage
 
 
 class Clock:

@@ -21,8 +21,8 @@ from pydantic import SecretStr
 from app.config import Settings
 from app.web.server import create_app
 from app.webrtc.ice import loopback_candidates, rtc_configuration
-from pipeline.turn import AudioChunk, TextDelta, TurnDone, TurnEvent, TurnRequest, Usage
-from pipeline.worker import usable_cores
+from pipeline.contract import AudioChunk, TextDelta, TurnDone, TurnEvent, TurnRequest, Usage
+from pipeline.local.devices import usable_cores
 
 
 class FakeEngine:

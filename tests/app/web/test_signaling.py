@@ -17,8 +17,8 @@ from app.web.errors import ApiError
 from app.web.server import create_app
 from app.web.signaling import capacity_error, check_offer_sdp
 from app.webrtc.ice import loopback_candidates, rtc_configuration
+from pipeline.contract import EngineError, TextDelta, TurnDone, TurnRequest, Usage
 from pipeline.conversation import Conversation, UserText
-from pipeline.turn import EngineError, TextDelta, TurnDone, TurnRequest, Usage
 from tests.clock import FakeClock
 from tests.fakes import ScriptedEngine, SessionHarness
 from tests.hostile import punctuation_tools

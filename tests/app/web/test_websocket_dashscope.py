@@ -113,7 +113,8 @@ async def test_a_camera_frame_puts_image_tokens_into_the_next_turn(tmp_path):
         done = (await asyncio.to_thread(client.wait_for, "response.done"))["response"]
     assert not client.of_type("error")
     assert done["usage"]["input_token_details"]["image_tokens"] == 88
-    answer = next(request for request in engine.used_requests() if request.task == "respond")  # not a partial transcript
+    # The first answer's request: partial transcripts of the speech (DashScope transcribes) come before it.
+    answer = next(request for request in engine.requests if request.task == "respond")
     user_parts = [item for item in answer.conversation.items if isinstance(item, UserImage | UserAudio)]
     assert [type(item) for item in user_parts] == [UserImage, UserAudio]  # the frame, then the words
 

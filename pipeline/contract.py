@@ -1,0 +1,229 @@
+"""What one turn takes and what it yields: the contract between the session and any engine.
+
+Turns are *ordinary* (committed: a visitor waits for them) or *preemptible*
+(``TurnRequest.preemptible_id`` set: work that may be thrown away, such as an answer started
+speculatively before its user turn was committed, ``app.realtime.speculation``). The rules every
+engine keeps (``Engine``):
+
+- a preemptible turn starts only with spare capacity, else it is refused at once (its first
+  ``anext`` raises ``EngineError`` with code ``no_spare_capacity``); it never waits in a queue;
+- an ordinary turn never waits for a preemptible one: when it needs a slot that a preemptible
+  turn holds, that turn is cancelled in the engine and its consumer gets ``EngineError`` with
+  code ``preempted``;
+- ``Engine.promote(preemptible_id)`` makes a running preemptible turn ordinary from then on: it
+  runs to its end like any committed turn. It answers False when the turn is no longer running
+  preemptibly (it ended, was preempted or refused, or never existed); its last event, or its
+  error, is then already on its way to the consumer.
+
+What counts as capacity is each engine's (``pipeline.local.transformers_engine.TransformersEngine``: fewer turns
+than ``max_batch``; ``pipeline.vllm_omni.vllm_omni_engine.VllmOmniEngine``: a documented rule, since a vLLM-Omni server
+does not say how full it is).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+
+from pipeline.conversation import Conversation, UserAudio, UserText
+
+Voice = Literal["ethan", "chelsie", "aiden"]
+VOICES: tuple[Voice, ...] = ("ethan", "chelsie", "aiden")
+# "respond": answer the conversation. "transcribe": write down what its one user clip says
+# (Qwen3-Omni's own ASR prompt, pipeline.local.prompt.PromptRenderer.render_request). "end_of_turn":
+# how likely its one user text is a whole message (TurnDone.end_of_turn_probability; no text).
+TurnTask = Literal["respond", "transcribe", "end_of_turn"]
+
+# A transcript's length bound: fast speech is ~4 words (~6 tokens) a second in English and ~6
+# characters a second in Chinese; 10 tokens a second plus 16 leaves room and still stops a
+# model that repeats itself.
+TRANSCRIPTION_TOKENS_PER_SECOND = 10
+TRANSCRIPTION_MIN_TOKENS = 16
+TRANSCRIPTION_MAX_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class TranscriptionHint:
+    """What the client said about the audio to transcribe (``audio.input.transcription``)."""
+
+    language: str | None = None  # ISO-639-1, e.g. "en"
+    prompt: str | None = None  # free text: vocabulary, names, style
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    conversation: Conversation
+    voice: Voice = "ethan"
+    temperature: float = 0.8
+    # None: until the Thinker stops by itself ("inf" in the protocol).
+    max_output_tokens: int | None = None
+    output_audio: bool = True
+    task: TurnTask = "respond"
+    hint: TranscriptionHint | None = None  # task "transcribe" only
+    # The answer's text, forced through the real tokenizer instead of sampled (the dev model's
+    # scripted replies, ``omni-rtc serve --dev-replies``); it continues any forced call opening.
+    forced_reply: str | None = None
+    # Set: a preemptible turn, named so that ``Engine.promote`` can make it ordinary (the module
+    # docstring has the rules); unique among the engine's turns. None: an ordinary turn.
+    preemptible_id: str | None = None
+
+    @classmethod
+    def transcription(cls, clip: UserAudio, hint: TranscriptionHint | None = None) -> TurnRequest:
+        """Transcribe one clip: text only (no Talker), greedy (Qwen's evaluation setting), bounded."""
+        max_tokens = TRANSCRIPTION_MIN_TOKENS + int(clip.seconds * TRANSCRIPTION_TOKENS_PER_SECOND)
+        return cls(
+            conversation=Conversation(items=(clip,)),
+            temperature=0.0,
+            max_output_tokens=min(max_tokens, TRANSCRIPTION_MAX_TOKENS),
+            output_audio=False,
+            task="transcribe",
+            hint=hint or TranscriptionHint(),
+        )
+
+    @classmethod
+    def end_of_turn(cls, text: str) -> TurnRequest:
+        """The Thinker's P(``<|im_end|>``) right after ``text`` as an open user message: one
+        forward pass, no token generated (``TurnDone.end_of_turn_probability``)."""
+        return cls(conversation=Conversation(items=(UserText(text),)), temperature=0.0, max_output_tokens=1,
+                   output_audio=False, task="end_of_turn")
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """Answer text as it is released. ``tokens``: the Thinker tokens it completes; more than one
+    when a character's UTF-8 bytes span tokens and were held back until whole (the session maps
+    audio heard to tokens, then tokens to text)."""
+
+    text: str
+    tokens: int = 1
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """Float32 mono PCM at 24 kHz, in order; chunks concatenate to the turn's waveform.
+
+    ``frames``: the codec frames (80 ms of speech each) this chunk completes. A chunk holds
+    only final samples, so its PCM is not exactly ``frames * 1920`` long: the first chunk lacks
+    a fixed tail that needs the next frame, and the chunk after it starts with that tail.
+    Which answer tokens a listener heard is the session's to work out from the samples it
+    played (``app.realtime.heard``): the Talker is fed one token per frame but speaks ~3-4 a
+    second, so frames do not tell tokens.
+    """
+
+    pcm: np.ndarray
+    frames: int = 0
+
+
+@dataclass(frozen=True)
+class FunctionCallStarted:
+    """The answer began function call ``index`` (0-based, in the answer) of function ``name``.
+
+    From the first call on the answer's speech is over: the Talker was fed none of the call's
+    markup and no text after it. Each call streams as one ``FunctionCallStarted``, its
+    arguments' ``FunctionCallDelta``s, then one ``FunctionCallDone``.
+    """
+
+    index: int
+    name: str
+
+
+@dataclass(frozen=True)
+class FunctionCallDelta:
+    """More of call ``index``'s arguments, as the model writes them (JSON text)."""
+
+    index: int
+    delta: str
+
+
+@dataclass(frozen=True)
+class FunctionCallDone:
+    """Call ``index`` as written: ``arguments`` is its deltas joined. ``closed``: the model ended
+    it with ``</tool_call>`` (False: the answer stopped inside it). ``well_formed``: its body
+    was ``{"name": …, "arguments": …}`` (False: delivered as written, name possibly empty)."""
+
+    index: int
+    name: str
+    arguments: str
+    closed: bool = True
+    well_formed: bool = True
+
+
+@dataclass(frozen=True)
+class Usage:
+    input_text_tokens: int
+    input_audio_tokens: int
+    output_text_tokens: int
+    output_audio_tokens: int = 0  # Talker codec frames
+    input_image_tokens: int = 0  # expanded <|image_pad|> tokens
+
+    @property
+    def input_tokens(self) -> int:
+        return self.input_text_tokens + self.input_audio_tokens + self.input_image_tokens
+
+    @property
+    def output_tokens(self) -> int:
+        return self.output_text_tokens + self.output_audio_tokens
+
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+@dataclass(frozen=True)
+class TurnTimings:
+    """Seconds, measured inside the engine, from the moment the turn was submitted."""
+
+    queue_wait: float = 0.0
+    first_text: float | None = None
+    first_audio: float | None = None
+    total: float = 0.0
+
+
+@dataclass(frozen=True)
+class TurnDone:
+    """The last event of every turn that did not raise."""
+
+    text: str
+    usage: Usage
+    finish_reason: FinishReason
+    timings: TurnTimings = field(default_factory=TurnTimings)
+    end_of_turn_probability: float | None = None  # task "end_of_turn" only
+
+
+FunctionCallEvent = FunctionCallStarted | FunctionCallDelta | FunctionCallDone
+TurnEvent = TextDelta | AudioChunk | FunctionCallEvent | TurnDone
+
+
+# EngineError codes of preemptible turns (the module docstring): refused for want of a free slot,
+# and cancelled for an ordinary turn that needed its slot.
+NO_SPARE_CAPACITY = "no_spare_capacity"
+PREEMPTED = "preempted"
+
+
+class EngineError(Exception):
+    """A turn failed inside the engine; the engine itself serves the next turn."""
+
+    def __init__(self, message: str, *, code: str = "engine_error") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Engine(Protocol):
+    """Runs turns. ``run_turn`` yields deltas and chunks and ends with exactly one ``TurnDone``.
+
+    Closing the iterator early (``aclose()``, or cancelling the task that iterates it)
+    cancels the turn: compute stops within one decoding step and the engine is free
+    for the next queued turn. Preemptible turns and ``promote``: the module docstring.
+    """
+
+    name: str
+
+    async def start(self) -> None: ...
+
+    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]: ...
+
+    async def promote(self, preemptible_id: str) -> bool: ...
+
+    async def close(self) -> None: ...

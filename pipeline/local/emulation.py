@@ -1,0 +1,161 @@
+"""Benchmarks only: the engine made as slow as a stated real model ("emulated speed").
+
+The latency benchmark (``tests/bench/e2e_latency.py``) must show what speculative turns hide on a
+GPU before there is one: there the model's time to first audio is hundreds of milliseconds
+(vLLM-Omni reports a 631 ms mean first packet for Qwen3-Omni), on this CPU the dev model's is
+tens. ``--generation '{"emulate": {"first_audio_ms": 400, "frame_ms": 30}}'`` makes the engine
+hold each turn's events until a model of that speed would have produced them. It is a
+``GenerationParams`` field like ``force_output_tokens``, for benchmarks and tests only: the
+engine logs a warning when it runs emulated, ``/healthz`` shows the speed on each engine, and
+every bench result made with it says so.
+
+The delay is model time, kept per turn by the engine process (:class:`EmulatedTurns`):
+
+- A turn's clock starts when the engine process takes it into its batch (where it starts
+  computing; the wait for a batch slot before that is queue time, as for any turn).
+- Its first text (or function call) is released no earlier than ``first_text_ms`` after that,
+  its first audio chunk no earlier than ``first_audio_ms``, and a later chunk that ends at codec
+  frame ``n`` no earlier than ``first_audio_ms + (n - frames of the first chunk) * frame_ms``.
+  An event the dev model computes later than its emulated time goes when computed: emulation
+  only adds time. Events keep their order; a turn's ``TurnDone`` follows its last event.
+- Turns decoded together keep their own clocks: batching does not slow a turn's emulated time,
+  as a GPU step for 8 rows costs about what one costs (the dev model's own compute is still
+  shared on the CPU, and shows when it is the slower).
+- A turn being held keeps its batch slot until its ``TurnDone`` is released (the parent counts
+  it running until then), as a real model's turn holds its slot while it computes.
+- A cancel stops it at once: the turn's held events are dropped and its ``TurnDone``
+  ("cancelled") goes out at the engine's next look at its commands, mid-delay; a cancel wakes
+  an engine process that sleeps until a release.
+- Events are released between the engine's decoding steps, so at most one step late (~10 ms on
+  the dev model); an idle engine sleeps until the next release is due.
+- Turns only: end-of-turn scores (semantic VAD's text judge, one forward) and the engine's
+  warm-up at start (``pipeline.local.warmup``) run at the dev model's own speed.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from pipeline.contract import AudioChunk, TurnDone, TurnEvent
+
+
+@dataclass(frozen=True)
+class EmulatedSpeed:
+    """How slow the emulated model is, in milliseconds of model time (None: the dev model's own)."""
+
+    first_text_ms: float | None = None  # a turn's first text (or call), after it starts in the engine
+    first_audio_ms: float | None = None  # its first audio chunk, after it starts in the engine
+    frame_ms: float | None = None  # each codec frame after the first chunk's (1 / frames per second)
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is not None and not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"emulate.{field.name} must be a number of milliseconds >= 0, got {value!r}")
+
+    @classmethod
+    def of(cls, value: EmulatedSpeed | Mapping[str, Any]) -> EmulatedSpeed:
+        """From ``--generation``'s JSON object (unknown keys are refused)."""
+        if isinstance(value, EmulatedSpeed):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError(f"emulate must be an object such as {{\"first_audio_ms\": 400}}, got {value!r}")
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = set(value) - known
+        if unknown:
+            raise ValueError(f"unknown emulate options {sorted(unknown)}; expected some of {sorted(known)}")
+        return cls(**value)
+
+    def describe(self) -> dict[str, float]:
+        """The speed as results and health reports label it (only the figures set)."""
+        return {name: value for name, value in dataclasses.asdict(self).items() if value is not None}
+
+
+Key = TypeVar("Key", bound=Hashable)
+# Release times are sums of milliseconds in float seconds: one due "now" may compare a rounding
+# error later than the clock.
+_ROUNDING_S = 1e-9
+
+
+@dataclass
+class _HeldTurn:
+    speed: EmulatedSpeed
+    started: float
+    held: collections.deque[tuple[float, TurnEvent]] = dataclasses.field(default_factory=collections.deque)
+    last_release: float = 0.0  # events keep their order: none is due before the one before it
+    first_chunk_frames: int | None = None
+    frames: int = 0
+
+
+class EmulatedTurns(Generic[Key]):
+    """The engine process's turns held back to their emulated speed (see the module docstring).
+
+    ``send`` gets each event when it is due. A turn not started here (no speed) passes through.
+    """
+
+    def __init__(self, send: Callable[[Key, TurnEvent], None], *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._send = send
+        self._clock = clock
+        self._turns: dict[Key, _HeldTurn] = {}
+
+    def start(self, key: Key, speed: EmulatedSpeed | None) -> None:
+        """The turn starts computing now; with no speed it is not emulated."""
+        if speed is not None:
+            now = self._clock()
+            self._turns[key] = _HeldTurn(speed, started=now, last_release=now)
+
+    def offer(self, key: Key, event: TurnEvent) -> None:
+        """Send ``event`` now, or hold it until its emulated time."""
+        turn = self._turns.get(key)
+        if turn is None:
+            self._send(key, event)
+            return
+        due = max(self._emulated_time(turn, event), turn.last_release)
+        turn.last_release = due
+        turn.held.append((due, event))
+        self.release_due()
+
+    def release_due(self) -> None:
+        """Send every held event whose time has come (a turn whose ``TurnDone`` went is forgotten)."""
+        now = self._clock() + _ROUNDING_S
+        for key, turn in list(self._turns.items()):
+            while turn.held and turn.held[0][0] <= now:
+                _, event = turn.held.popleft()
+                if isinstance(event, TurnDone):
+                    del self._turns[key]
+                self._send(key, event)
+
+    def seconds_to_next(self) -> float | None:
+        """How long until the next held event is due (0 if one is); None when nothing is held."""
+        due = [turn.held[0][0] for turn in self._turns.values() if turn.held]
+        return max(0.0, min(due) - self._clock()) if due else None
+
+    def holds_done(self) -> list[Key]:
+        """Turns whose ``TurnDone`` is held: their decoding is over, their model time is not."""
+        return [key for key, turn in self._turns.items() if turn.held and isinstance(turn.held[-1][1], TurnDone)]
+
+    def cancel(self, key: Key) -> TurnDone | None:
+        """Forget the turn and drop what it holds; its held ``TurnDone``, now "cancelled", if it had one."""
+        turn = self._turns.pop(key, None)
+        if turn is None or not turn.held or not isinstance(turn.held[-1][1], TurnDone):
+            return None
+        return dataclasses.replace(turn.held[-1][1], finish_reason="cancelled")
+
+    def _emulated_time(self, turn: _HeldTurn, event: TurnEvent) -> float:
+        speed = turn.speed
+        if isinstance(event, AudioChunk):
+            turn.frames += event.frames
+            if turn.first_chunk_frames is None:
+                turn.first_chunk_frames = event.frames
+                return turn.started + (speed.first_audio_ms or 0.0) / 1000
+            later_frames = turn.frames - turn.first_chunk_frames
+            return turn.started + ((speed.first_audio_ms or 0.0) + later_frames * (speed.frame_ms or 0.0)) / 1000
+        if isinstance(event, TurnDone):
+            return turn.started  # right after the events before it
+        return turn.started + (speed.first_text_ms or 0.0) / 1000

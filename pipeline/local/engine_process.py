@@ -1,0 +1,419 @@
+"""The engine process: loads one checkpoint and decodes its turns together, streaming events back.
+
+``TransformersEngine`` starts :func:`main` in a spawned process so that model compute never
+holds the server's GIL. Two one-way pipes join them: commands (``Submit``, ``Cancel``) arrive
+on one and are read by a command thread while the main thread computes; events
+(``WarmingUp``, ``Ready``, ``TurnEventMessage``, ``TurnFailed``) go back on the other, one message
+per event as soon as it is produced. Closing the command pipe stops the process.
+
+The messages are ``pipeline.local.engine_messages``'s, the checkpoint's loading
+``pipeline.local.checkpoint``'s. Between loading and ``Ready`` the process warms up (``pipeline.local.warmup``): a few short turns
+through the same batch server that then serves, so that the first user's turn pays none of the
+first-call costs; the parent submits no turn before ``Ready``, which carries the warm-up's report.
+A benchmark's emulated speed (``pipeline.local.emulation``) is kept here, between the batch server and
+the pipe.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Protocol
+
+from pipeline.contract import AudioChunk, TextDelta, TurnDone, TurnEvent, Usage
+from pipeline.local.checkpoint import LoadedCheckpoint, forced_tokens, load_checkpoint
+from pipeline.local.devices import ENGINE_NICENESS
+from pipeline.local.emulation import EmulatedTurns
+from pipeline.local.engine_messages import (
+    Cancel,
+    EngineProcessSpec,
+    LoadFailed,
+    Ready,
+    Submit,
+    TurnEventMessage,
+    TurnFailed,
+    WarmingUp,
+)
+from pipeline.local.warmup import WarmUpReport, warm_up_params, warm_up_turns
+from pipeline.token_count import PromptTooLong
+
+if TYPE_CHECKING:
+    from pipeline.local.params import GenerationParams
+    from pipeline.local.prompt import ThinkerInputs
+
+logger = logging.getLogger(__name__)
+
+
+def main(spec: EngineProcessSpec, commands: Connection, events: Connection) -> None:
+    """Entry point of the engine process."""
+    # Ctrl-C (SIGINT) and a service manager's stop (SIGTERM to the whole control group: systemd's
+    # default KillMode) reach this process too; the parent decides when it stops (its command pipe
+    # closes, also when the parent dies), as multiprocessing's own resource tracker does.
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop_signal, signal.SIG_IGN)
+    os.nice(ENGINE_NICENESS)
+    logging.basicConfig(
+        level=spec.log_level, format=f"%(asctime)s %(levelname)s engine[{os.getpid()}] %(name)s: %(message)s"
+    )
+    try:
+        loaded = load_checkpoint(spec)
+    except Exception as exc:
+        logger.exception("loading %s failed", spec.model)
+        events.send(LoadFailed(f"loading {spec.model} failed: {type(exc).__name__}: {exc}"))
+        return
+    events.send(WarmingUp())
+    report = warm_up(loaded)
+    events.send(
+        Ready(
+            pid=os.getpid(),
+            device=loaded.device,
+            dtype=str(loaded.dtype).removeprefix("torch."),
+            threads=loaded.threads,
+            warm_up=report,
+        )
+    )
+    _serve(loaded, commands, events)
+
+
+class _Commands:
+    """Reads commands on its own thread so that a cancel lands while a turn computes."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        # Turns submitted back to back arrive as one list, so that they are prefilled together.
+        self.submitted: queue.SimpleQueue[list[Submit] | None] = queue.SimpleQueue()
+        self._cancelled: set[int] = set()
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="engine-commands", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def is_cancelled(self, turn_id: int) -> bool:
+        if self._closed.is_set():
+            return True
+        with self._lock:
+            return turn_id in self._cancelled
+
+    def forget(self, turn_id: int) -> None:
+        with self._lock:
+            self._cancelled.discard(turn_id)
+
+    def _read(self) -> None:
+        try:
+            submits: list[Submit] = []
+            while True:
+                command = self._connection.recv()
+                if isinstance(command, Submit):
+                    submits.append(command)
+                elif isinstance(command, Cancel):
+                    with self._lock:
+                        self._cancelled.add(command.turn_id)
+                    # Wakes a batch server asleep until an emulated release: the cancel is at once.
+                    self.submitted.put([])
+                else:
+                    logger.error("ignoring an unknown command %r", command)
+                # The parent sends concurrent sessions' turns one after another within
+                # microseconds; handing over each alone would prefill the first by itself
+                # (~12 ms on the dev model) before the others join.
+                if submits and not self._connection.poll(0):
+                    self.submitted.put(submits)
+                    submits = []
+        except (EOFError, OSError):
+            # The parent closed the pipe (or died): finish the running turn as cancelled and exit.
+            logger.info("command pipe closed; stopping")
+        finally:
+            self._closed.set()
+            self.submitted.put(None)
+
+
+def _serve(loaded: LoadedCheckpoint, commands_connection: Connection, events: Connection) -> None:
+    commands = _Commands(commands_connection)
+    commands.start()
+    _BatchServer(loaded, commands, events.send, loaded.max_batch).run()
+
+
+class _CommandSource(Protocol):
+    """Where a batch server's turns come from: the parent's pipe (``_Commands``), or the warm-up's script."""
+
+    submitted: queue.SimpleQueue[list[Submit] | None]
+
+    def is_cancelled(self, turn_id: int) -> bool: ...
+
+    def forget(self, turn_id: int) -> None: ...
+
+
+class _Script:
+    """The warm-up's turns, as if submitted together; none is cancelled."""
+
+    def __init__(self, submits: list[Submit]) -> None:
+        self.submitted: queue.SimpleQueue[list[Submit] | None] = queue.SimpleQueue()
+        self.submitted.put(submits)
+
+    def is_cancelled(self, turn_id: int) -> bool:
+        return False
+
+    def forget(self, turn_id: int) -> None:
+        pass
+
+
+def warm_up(loaded: LoadedCheckpoint) -> WarmUpReport:
+    """Runs ``pipeline.local.warmup``'s turns through a batch server like the one that then serves (its
+    events thrown away, failures logged) and reports them."""
+    started, started_cpu = time.monotonic(), time.process_time()
+    counts = collections.Counter[str]()
+
+    def tally(message: object) -> None:
+        if isinstance(message, TurnFailed):
+            counts["failed"] += 1
+            logger.error("a warm-up turn failed (its paths are not warmed): %s", message.message)
+        elif isinstance(message, TurnEventMessage):
+            counts[type(message.event).__name__] += 1
+
+    params = warm_up_params(loaded.base_params)
+    groups = warm_up_turns(speaks=bool(getattr(loaded.model, "has_talker", False)))
+    turn_ids = iter(range(-1, -1000, -1))  # never a parent's turn id (those count up from 1)
+    for group in groups:
+        script = _Script([Submit(next(turn_ids), request) for request in group])
+        _BatchServer(loaded, script, tally, loaded.max_batch, base_params=params).run(until_idle=True)
+    if loaded.device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+    report = WarmUpReport(
+        turns=sum(len(group) for group in groups),
+        failed=counts["failed"],
+        audio_chunks=counts[AudioChunk.__name__],
+        text_deltas=counts[TextDelta.__name__],
+        ms=round((time.monotonic() - started) * 1000, 1),
+        cpu_ms=round((time.process_time() - started_cpu) * 1000, 1),
+    )
+    logger.info("warmed up in %.0f ms (%.0f ms of CPU): %s", report.ms, report.cpu_ms, report)
+    return report
+
+
+class _BatchServer:
+    """Decodes every admitted turn together, one ``DecodeBatch`` step at a time.
+
+    Between steps: cancelled turns leave the batch (their ``TurnDone`` says "cancelled"),
+    then at most one submitted turn is prefilled and joins (every waiting one when the batch
+    is empty), so a joining turn delays the others by one prefill, never by a whole answer. The parent submits at most
+    ``max_batch`` turns at a time; any beyond that wait here in FIFO order. A turn whose
+    rendering or prefill fails fails alone; a failure inside a batched step cannot be
+    blamed on one turn, so it fails every turn in the batch and the next ones start afresh.
+    Events leave through ``send`` (the pipe's), held first to an emulated speed when the
+    settings ask for one (``pipeline.local.emulation``).
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedCheckpoint,
+        commands: _CommandSource,
+        send: Callable[[object], None],
+        max_batch: int,
+        *,
+        base_params: GenerationParams | None = None,
+    ) -> None:
+        from pipeline.local.decode_batch import DecodeBatch
+
+        self._loaded = loaded
+        self._commands = commands
+        self._send_message = send
+        self._max_batch = max_batch
+        self._base_params = loaded.base_params if base_params is None else base_params
+        self._new_batch = lambda: DecodeBatch[int](loaded.model, loaded.tokenizer)  # noqa: E731
+        self._batch = self._new_batch()
+        self._waiting: collections.deque[Submit] = collections.deque()
+        self._emulated = EmulatedTurns[int](self._send_now)
+        self._closing = False
+
+    def run(self, *, until_idle: bool = False) -> None:
+        """Serve until the commands end (``until_idle``: until every turn submitted so far is over)."""
+        while True:
+            idle = not self._batch.keys and not self._waiting
+            # Asleep while idle, until a command comes or a held event is due.
+            release_in = self._emulated.seconds_to_next()
+            self._collect_commands(block=idle and not (until_idle and release_in is None), timeout=release_in)
+            if until_idle and not self._batch.keys and not self._waiting and self._emulated.seconds_to_next() is None:
+                return
+            if self._closing:
+                for key in self._batch.keys:
+                    self._emulated.cancel(key)
+                    self._send_now(key, self._batch.cancel(key))
+                for key in self._emulated.holds_done():
+                    self._send_cancelled(key)
+                return
+            self._leave_cancelled()
+            # Every waiting turn that fits joins in one batched prefill per gap between steps:
+            # decoding turns wait for one prefill (four cost ~1.5 one), joining turns for none.
+            joining: list[Submit] = []
+            while self._waiting and len(self._batch.keys) + len(joining) < self._max_batch:
+                joining.append(self._waiting.popleft())
+            if joining:
+                self._admit(joining)
+            if self._batch.keys:
+                self._step()
+            self._emulated.release_due()
+
+    def _collect_commands(self, *, block: bool, timeout: float | None) -> None:
+        """Take what was submitted; when ``block``, wait for it, at most ``timeout`` seconds."""
+        submitted = self._commands.submitted
+        try:
+            command = submitted.get(timeout=timeout) if block else submitted.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if command is None:
+                self._closing = True
+                return
+            self._waiting.extend(command)
+            try:
+                command = submitted.get_nowait()
+            except queue.Empty:
+                return
+
+    def _send(self, turn_id: int, event: TurnEvent) -> None:
+        """The event goes now, or when the emulated model would have produced it."""
+        self._emulated.offer(turn_id, event)
+
+    def _send_now(self, turn_id: int, event: TurnEvent) -> None:
+        self._send_message(TurnEventMessage(turn_id, event))
+        if isinstance(event, TurnDone):
+            self._commands.forget(turn_id)
+
+    def _send_cancelled(self, turn_id: int) -> None:
+        """A turn whose decoding is over but whose emulated time is not: its ``TurnDone`` goes at once."""
+        done = self._emulated.cancel(turn_id)
+        if done is not None:
+            self._send_now(turn_id, done)
+
+    def _fail(self, turn_id: int, exc: Exception) -> None:
+        code = exc.code if isinstance(exc, PromptTooLong) else "engine_error"
+        self._emulated.cancel(turn_id)
+        self._send_message(TurnFailed(turn_id, f"{type(exc).__name__}: {exc}", code))
+        self._commands.forget(turn_id)
+
+    def _leave_cancelled(self) -> None:
+        for key in self._batch.keys:
+            if self._commands.is_cancelled(key):
+                self._emulated.cancel(key)
+                self._send_now(key, self._batch.cancel(key))
+        for key in self._emulated.holds_done():
+            if self._commands.is_cancelled(key):
+                self._send_cancelled(key)
+        for submit in [submit for submit in self._waiting if self._commands.is_cancelled(submit.turn_id)]:
+            self._waiting.remove(submit)
+            self._send_now(submit.turn_id, TurnDone(text="", usage=Usage(0, 0, 0), finish_reason="cancelled"))
+
+    def _admit(self, submits: list[Submit]) -> None:
+        """Prefill the turns together; if that fails, one at a time, so a bad turn fails alone.
+        End-of-turn scores take one forward each and never join the batch."""
+        for submit in [submit for submit in submits if submit.request.task == "end_of_turn"]:
+            self._score_end_of_turn(submit)
+        submits = [submit for submit in submits if submit.request.task != "end_of_turn"]
+        for submit in submits:  # the emulated model's time starts here, with its rendering
+            self._emulated.start(submit.turn_id, self._base_params.emulate)
+        rendered = [prepared for submit in submits if (prepared := self._render(submit)) is not None]
+        if len(rendered) > 1:
+            try:
+                self._prefill(rendered)
+            except Exception:
+                logger.exception("a batched prefill of %d turns failed; prefilling them one at a time", len(rendered))
+                for turn_id, _, _ in rendered:
+                    if turn_id in self._batch.keys:
+                        self._batch.cancel(turn_id)
+            else:
+                self._finish_decoded()
+                return
+        for prepared in rendered:
+            try:
+                self._prefill([prepared])
+            except Exception as exc:
+                logger.exception("turn %d failed", prepared[0])
+                if prepared[0] in self._batch.keys:
+                    self._batch.cancel(prepared[0])
+                self._fail(prepared[0], exc)
+        self._finish_decoded()
+
+    def _score_end_of_turn(self, submit: Submit) -> None:
+        from pipeline.local.thinker_prompt import message_end_probability
+
+        renderer = self._loaded.renderer
+        try:
+            inputs = renderer.render_request(submit.request)
+            probability = message_end_probability(self._loaded.model, inputs, renderer.message_end_id)
+        except Exception as exc:
+            logger.exception("turn %d failed", submit.turn_id)
+            self._fail(submit.turn_id, exc)
+            return
+        usage = Usage(input_text_tokens=inputs.text_tokens, input_audio_tokens=0, output_text_tokens=0)
+        self._send(submit.turn_id, TurnDone(text="", usage=usage, finish_reason="stop",
+                                            end_of_turn_probability=probability))
+
+    def _render(self, submit: Submit) -> tuple[int, ThinkerInputs, GenerationParams] | None:
+        """The turn's Thinker inputs and settings; None (and the turn failed) when it cannot start."""
+        turn_id, request = submit.turn_id, submit.request
+        params = dataclasses.replace(
+            self._base_params,
+            voice=request.voice,
+            temperature=request.temperature,
+            max_output_tokens=request.max_output_tokens,
+            output_audio=request.output_audio,
+        )
+        try:
+            if request.forced_reply is not None:
+                params = dataclasses.replace(params, forced_tokens=forced_tokens(self._loaded.tokenizer, request.forced_reply))
+            if params.output_audio and not self._loaded.model.has_talker:
+                raise ValueError("this engine was started without audio output; ask for text only")
+            inputs = self._loaded.renderer.render_request(request)
+            length, limit = inputs.input_ids.shape[-1], self._loaded.max_prompt_tokens
+            if length > limit:
+                raise PromptTooLong(f"the prompt is {length} tokens; this engine takes at most {limit}")
+            return turn_id, inputs, params
+        except PromptTooLong as exc:
+            logger.warning("turn %d refused: %s", turn_id, exc)
+            self._fail(turn_id, exc)
+            return None
+        except Exception as exc:
+            logger.exception("turn %d failed", turn_id)
+            self._fail(turn_id, exc)
+            return None
+
+    def _prefill(self, rendered: list[tuple[int, ThinkerInputs, GenerationParams]]) -> None:
+        """Both prefills, then the first tokens' text (none is sent if either prefill fails)."""
+        events = self._batch.prefill_thinkers(rendered)
+        speaking = [turn_id for turn_id, _, _ in rendered if self._batch.wants_talker(turn_id)]
+        if speaking:
+            self._batch.prefill_talkers(speaking)
+        for turn_id, event in events:
+            self._send(turn_id, event)
+
+    def _step(self) -> None:
+        batch = self._batch
+        try:
+            for key, event in batch.step_thinker():
+                self._send(key, event)
+            batch.step_talker()
+            if batch.chunks_due():
+                for key, event in batch.decode_chunks():
+                    self._send(key, event)
+        except Exception as exc:
+            logger.exception("a decoding step failed; failing the %d turn(s) in the batch", len(batch.keys))
+            for key in batch.keys:
+                self._fail(key, exc)
+            self._batch = self._new_batch()
+            return
+        self._finish_decoded()
+
+    def _finish_decoded(self) -> None:
+        for key in self._batch.finished_keys():
+            self._send(key, self._batch.finish(key))

@@ -1,0 +1,172 @@
+"""One ResponseRun against a scripted engine and a recorded port: a response's lifecycle without a session."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from app.realtime.answer_audio import AnswerAudio
+from app.realtime.history import History
+from app.realtime.response import Response
+from app.realtime.response_run import ResponsePort, ResponseRun
+from app.realtime.session_config import SessionConfig
+from pipeline.contract import EngineError, TextDelta, TurnEvent, TurnRequest
+from tests.fakes import ScriptedEngine, VirtualAudioOutput
+
+
+class RecordedPort:
+    """A session as the run sees it: every event it emits and every call it makes, in order."""
+
+    def __init__(self, engine: ScriptedEngine, config: SessionConfig) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.calls: list[str] = []
+        self.config = config
+        self.history = History()
+        self.output = VirtualAudioOutput()
+        self.audio = AnswerAudio(self.output, self.history, self.emit, on_idle=lambda: None,
+                                 on_settled=lambda: None)
+        self.port = ResponsePort(
+            session_id="sess_test", engine=engine, history=self.history, audio=self.audio,
+            config=lambda: self.config, emit=self.emit, prune=lambda: self.calls.append("prune"),
+            release_speculation=lambda speculation: self.calls.append("release"),
+            finished=lambda run: self.calls.append(f"finished {run.id}"),
+            over=lambda run: self.calls.append(f"over {run.id}"),
+        )
+
+    def emit(self, event: Any) -> None:
+        self.events.append(event.to_json())
+
+    def types(self) -> list[str]:
+        return [event["type"] for event in self.events]
+
+    def done(self) -> dict[str, Any]:
+        (done,) = [event for event in self.events if event["type"] == "response.done"]
+        return done["response"]
+
+
+def start(engine: ScriptedEngine, config: SessionConfig) -> tuple[ResponseRun, RecordedPort]:
+    recorded = RecordedPort(engine, config)
+    response = Response.for_session(config, "conv_test", started_at=0.0)
+    run = ResponseRun(response, recorded.port)
+    run.start(None)
+    return run, recorded
+
+
+async def test_a_run_streams_its_answer_and_ends_completed_with_usage():
+    run, recorded = start(ScriptedEngine("two words"), SessionConfig.from_session({"output_modalities": ["text"]}))
+    await asyncio.wait({run.task})
+
+    assert recorded.types() == [
+        "response.created", "response.output_item.added", "conversation.item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "conversation.item.done", "response.done",
+    ]
+    assert recorded.done()["status"] == "completed" and recorded.done()["usage"]["output_tokens"] > 0
+    assert recorded.calls == ["prune", f"finished {run.id}", f"over {run.id}"]  # text: heard as written
+
+
+async def test_an_audio_answer_goes_to_the_output_and_its_item_waits_to_be_heard():
+    run, recorded = start(ScriptedEngine("one two three"), SessionConfig())
+    await asyncio.wait({run.task})
+
+    assert recorded.output.queued_samples > 0
+    assert len(recorded.audio.ledger) == 1  # written, not yet played: history settles it as heard later
+    assert recorded.done()["status"] == "completed"
+
+
+async def test_a_turn_cut_by_max_output_tokens_is_incomplete():
+    config = SessionConfig.from_session({"output_modalities": ["text"], "max_output_tokens": 1})
+    engine = ScriptedEngine("one two three")
+    run, recorded = start(engine, config)
+    await asyncio.wait({run.task})
+
+    done = recorded.done()
+    assert done["status"] == "incomplete" and done["status_details"]["reason"] == "max_output_tokens"
+
+
+async def test_a_cancelled_run_says_the_reason_and_its_task_ends_cancelled():
+    engine = ScriptedEngine("one two three")
+    engine.hold = asyncio.Event()  # the turn waits after its first word
+    run, recorded = start(engine, SessionConfig.from_session({"output_modalities": ["text"]}))
+    while "response.output_text.delta" not in recorded.types():
+        await asyncio.sleep(0)
+
+    task = run.cancel("turn_detected")
+    await asyncio.wait({task})
+
+    assert task.cancelled() and run.cancelling
+    done = recorded.done()
+    assert done["status"] == "cancelled" and done["status_details"]["reason"] == "turn_detected"
+
+
+async def test_an_engine_failure_fails_the_response_with_its_code_and_an_error_event():
+    engine = ScriptedEngine("one two three")
+    engine.fail_next = EngineError("the engine broke", code="engine_error")
+    run, recorded = start(engine, SessionConfig.from_session({"output_modalities": ["text"]}))
+    await asyncio.wait({run.task})
+
+    done = recorded.done()
+    assert done["status"] == "failed" and done["status_details"]["error"]["code"] == "engine_error"
+    assert recorded.types()[-1] == "error"
+
+
+class SlowToCancelEngine(ScriptedEngine):
+    """Its turns say one word, then wait; a cancelled one ends only once ``released`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__("one")
+        self.released = asyncio.Event()
+
+    async def run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:  # type: ignore[override]
+        try:
+            yield TextDelta("one")
+            await asyncio.Event().wait()
+        finally:
+            await self.released.wait()
+
+
+async def test_a_run_waits_for_the_cancelled_run_before_it_to_send_its_response_done():
+    engine = SlowToCancelEngine()
+    config = SessionConfig.from_session({"output_modalities": ["text"]})
+    first, recorded = start(engine, config)
+    while "response.output_text.delta" not in recorded.types():
+        await asyncio.sleep(0)
+    first.cancel("client_cancelled")
+    second = ResponseRun(Response.for_session(config, "conv_test", started_at=0.0), recorded.port)
+    second.start(first)
+    for _ in range(10):  # the second run would be announced by now if it did not wait
+        await asyncio.sleep(0)
+    engine.released.set()
+    await asyncio.wait({first.task})
+    await second.close()
+
+    announced = [(event["type"], event["response"]["id"]) for event in recorded.events
+                 if event["type"] in ("response.created", "response.done")]
+    assert announced[:3] == [("response.created", first.id), ("response.done", first.id),
+                             ("response.created", second.id)]
+
+
+async def test_close_cancels_and_awaits_and_is_safe_twice():
+    engine = ScriptedEngine("one two three")
+    engine.hold = asyncio.Event()
+    run, recorded = start(engine, SessionConfig.from_session({"output_modalities": ["text"]}))
+    while "response.output_text.delta" not in recorded.types():
+        await asyncio.sleep(0)
+
+    await run.close()
+    await run.close()
+
+    assert run.task.done() and recorded.done()["status"] == "cancelled"
+
+
+def test_a_run_never_started_has_no_task_to_await():
+    config = SessionConfig()
+    run = ResponseRun(Response.for_session(config, "conv_test", started_at=0.0),
+                      RecordedPort(ScriptedEngine(), config).port)
+
+    with pytest.raises(RuntimeError, match="never started"):
+        run.task  # noqa: B018

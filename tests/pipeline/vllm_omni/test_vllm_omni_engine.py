@@ -1,0 +1,344 @@
+"""The vLLM-Omni engine against the replay of vLLM-Omni 0.30's server on 127.0.0.1 (tests/vllm_omni_replay.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import socket
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from app.web.engines import StallTimeoutEngine
+from pipeline.contract import AudioChunk, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest
+from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
+from pipeline.tool_format import Tool, ToolChoice
+from pipeline.vllm_omni import vllm_omni_engine
+from pipeline.vllm_omni.chat_completions import MAX_EVENT_LINE_BYTES
+from pipeline.vllm_omni.vllm_omni_engine import VllmOmniEngine, VllmOmniEnginePool, redacted
+from tests.vllm_omni_replay import ANSWER_TEXT, MODEL, TRANSCRIPT, Failure, Pace, ReplayServer
+
+DEADLINE_S = 30.0  # a guard against hangs, not a speed limit
+# Five times faster than a GPU deployment decodes (tests/e2e keeps the realistic pace): a 3.7 s
+# answer's audio streams in ~0.5 s, still chunk after chunk while the text streams.
+FAST = Pace(first_token_s=0.05, first_audio_s=0.15, real_time_factor=0.1)
+
+
+@pytest.fixture(scope="module")
+def replay() -> Iterator[ReplayServer]:
+    with ReplayServer(pace=FAST) as server:
+        yield server
+
+
+def spoken(text: str = "Hello?") -> TurnRequest:
+    return TurnRequest(Conversation(items=(UserText(text),)), voice="chelsie")
+
+
+def written(text: str = "Hello?") -> TurnRequest:
+    return TurnRequest(Conversation(items=(UserText(text),)), output_audio=False)
+
+
+async def run(engine: VllmOmniEngine | VllmOmniEnginePool, request: TurnRequest) -> list[tuple[float, TurnEvent]]:
+    """Every event of one turn with its arrival time."""
+    async with asyncio.timeout(DEADLINE_S):
+        return [(time.monotonic(), event) async for event in engine.run_turn(request)]
+
+
+@contextlib.asynccontextmanager
+async def started(*urls: str, **options) -> VllmOmniEnginePool:
+    pool = VllmOmniEnginePool(list(urls), **options)
+    await pool.start()
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # nothing listens there once the socket is closed
+
+
+async def test_a_spoken_turn_streams_audio_before_the_server_ends_its_stream(replay: ReplayServer) -> None:
+    async with started(replay.url) as engine:
+        events = await run(engine, spoken())
+    received = replay.requests[-1]
+    texts = [event.text for _, event in events if isinstance(event, TextDelta)]
+    audio = [(at, event) for at, event in events if isinstance(event, AudioChunk)]
+    done = events[-1][1]
+    assert "".join(texts) == ANSWER_TEXT
+    pcm = np.concatenate([chunk.pcm for _, chunk in audio])
+    assert np.max(np.abs(pcm - replay.answer)) < 1 / 16_000
+    assert audio[0][0] < received.done_at  # the first audio reached us while the server still streamed
+    assert len(audio) == received.audio_chunks_sent > 1
+    assert isinstance(done, TurnDone) and done.text == ANSWER_TEXT and done.finish_reason == "stop"
+    assert done.usage.output_text_tokens == len(texts) + 1  # the server's count, its stop token included
+    assert done.usage.output_audio_tokens == len(replay.answer) // 1920
+    assert done.timings.first_audio is not None and done.timings.first_text < done.timings.first_audio
+
+
+async def test_the_engine_is_named_after_the_servers_model(replay: ReplayServer) -> None:
+    async with started(replay.url) as engine:
+        assert engine.name == MODEL
+        assert engine.describe() == [{
+            "url": replay.url, "alive": True, "model": MODEL, "running": 0, "turns": 0, "failures": 0,
+            "last_error": None, "probe_ms": engine.engines[0].describe()["probe_ms"],
+        }]
+
+
+async def test_usage_splits_the_prompt_into_audio_and_text_tokens(replay: ReplayServer) -> None:
+    clip = UserAudio((0.1 * np.ones(32_000)).astype(np.float32))  # 2 s: the replay counts 25 tokens
+    async with started(replay.url) as engine:
+        events = await run(engine, TurnRequest(Conversation(items=(clip,))))
+    done = events[-1][1]
+    assert isinstance(done, TurnDone)
+    assert done.usage.input_audio_tokens == 25 and done.usage.input_text_tokens > 0
+
+
+async def test_a_second_turn_sends_the_first_as_history(replay: ReplayServer) -> None:
+    clip = UserAudio((0.1 * np.ones(16_000)).astype(np.float32))
+    conversation = Conversation(items=(clip, AssistantText("Once upon a time,"), UserText("Go on.")))
+    async with started(replay.url) as engine:
+        await run(engine, TurnRequest(conversation))
+    messages = replay.requests[-1].body["messages"]
+    assert [message["role"] for message in messages] == ["system", "user", "assistant", "user"]
+    assert messages[1]["content"][0]["type"] == "input_audio"
+    assert messages[2] == {"role": "assistant", "content": "Once upon a time,"}
+
+
+async def test_a_transcription_is_text_only(replay: ReplayServer) -> None:
+    clip = UserAudio((0.1 * np.ones(16_000)).astype(np.float32))
+    async with started(replay.url) as engine:
+        events = await run(engine, TurnRequest.transcription(clip))
+    assert replay.requests[-1].modalities == ["text"]
+    assert not [event for _, event in events if isinstance(event, AudioChunk)]
+    done = events[-1][1]
+    assert isinstance(done, TurnDone) and done.text == TRANSCRIPT and done.finish_reason == "stop"
+
+
+async def test_an_end_of_turn_score_is_refused_without_asking_the_server(replay: ReplayServer) -> None:
+    asked = len(replay.requests)
+    async with started(replay.url) as engine:
+        with pytest.raises(EngineError) as refused:
+            await run(engine, TurnRequest.end_of_turn("Please put the"))
+    assert refused.value.code == "unsupported_task" and len(replay.requests) == asked
+
+
+async def test_max_output_tokens_ends_the_answer_with_length(replay: ReplayServer) -> None:
+    request = TurnRequest(Conversation(items=(UserText("Hi"),)), max_output_tokens=4)
+    async with started(replay.url) as engine:
+        events = await run(engine, request)
+    done = events[-1][1]
+    assert replay.requests[-1].body["max_tokens"] == 4
+    assert isinstance(done, TurnDone) and done.text == "Once upon a time," and done.finish_reason == "length"
+
+
+async def test_closing_the_turn_closes_the_servers_stream_at_once(replay: ReplayServer) -> None:
+    async with started(replay.url) as engine:
+        turn = engine.run_turn(spoken())
+        async for event in turn:
+            if isinstance(event, AudioChunk):
+                break
+        await turn.aclose()
+        received = replay.requests[-1]
+        assert await asyncio.to_thread(received.wait_ended, DEADLINE_S)
+        assert engine.engines[0].running == 0
+    assert received.done_at is None and received.closed_at is not None  # the server saw its client go
+    assert received.chunks_sent < received.chunks_planned
+
+
+def speculative(text: str = "Hello?", preemptible_id: str = "spec_1") -> TurnRequest:
+    return dataclasses.replace(spoken(text), preemptible_id=preemptible_id)
+
+
+async def test_a_speculative_turn_closed_on_cancel_closes_its_servers_stream(replay: ReplayServer) -> None:
+    async with started(replay.url) as engine:
+        turn = engine.run_turn(speculative())
+        async for event in turn:
+            if isinstance(event, AudioChunk):
+                break
+        await turn.aclose()  # the speculation was discarded
+        received = replay.requests[-1]
+        assert await asyncio.to_thread(received.wait_ended, DEADLINE_S)
+        assert engine.engines[0].running == 0 and engine.engines[0].spare == vllm_omni_engine.SERVER_BATCH
+    assert received.done_at is None and received.closed_at is not None
+    assert received.chunks_sent < received.chunks_planned
+
+
+async def test_a_speculative_turn_is_refused_while_the_server_streams_its_batch(
+    replay: ReplayServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(vllm_omni_engine, "SERVER_BATCH", 1)
+    async with started(replay.url) as engine:
+        committed = engine.run_turn(spoken())
+        assert isinstance(await anext(committed), TextDelta)
+        sent = len(replay.requests)
+        with pytest.raises(EngineError) as refused:
+            await anext(engine.run_turn(speculative()))
+        await committed.aclose()
+    assert refused.value.code == "no_spare_capacity"
+    assert len(replay.requests) == sent  # refused here, never sent
+
+
+async def test_a_committed_turn_past_the_batch_preempts_the_speculative_stream_and_closes_it(
+    replay: ReplayServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(vllm_omni_engine, "SERVER_BATCH", 1)
+    async with started(replay.url) as engine:
+        turn = engine.run_turn(speculative())
+        assert isinstance(await anext(turn), TextDelta)
+        speculative_request = replay.requests[-1]
+
+        async def drain() -> None:
+            async for _ in turn:
+                pass
+
+        draining = asyncio.create_task(drain())  # waiting on the server's next chunk when preempted
+        await asyncio.sleep(0)
+        events = await run(engine, spoken("Now mine."))
+        with pytest.raises(EngineError) as preempted:
+            await draining
+        assert await asyncio.to_thread(speculative_request.wait_ended, DEADLINE_S)
+    assert preempted.value.code == "preempted"
+    assert speculative_request.done_at is None and speculative_request.closed_at is not None
+    assert isinstance(events[-1][1], TurnDone) and events[-1][1].text == ANSWER_TEXT
+
+
+async def test_a_promoted_speculative_turn_is_not_preempted(replay: ReplayServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_omni_engine, "SERVER_BATCH", 1)
+    async with started(replay.url) as engine:
+        turn = engine.run_turn(speculative(preemptible_id="spec_7"))
+        assert isinstance(await anext(turn), TextDelta)
+        assert await engine.promote("spec_7")
+        assert not await engine.promote("spec_7")
+        committed = asyncio.create_task(run(engine, spoken()))
+        async with asyncio.timeout(DEADLINE_S):
+            rest = [event async for event in turn]  # it runs to its end beside the committed turn
+        committed_events = await committed
+    assert isinstance(rest[-1], TurnDone) and isinstance(committed_events[-1][1], TurnDone)
+
+
+async def test_a_stall_is_failed_by_the_stall_timeout_which_closes_the_stream(replay: ReplayServer) -> None:
+    replay.fail_next("stall")
+    async with started(replay.url) as engine:
+        with pytest.raises(EngineError) as failed:
+            await run(StallTimeoutEngine(engine, stall_timeout_s=0.5), spoken())
+        received = replay.requests[-1]
+        assert await asyncio.to_thread(received.wait_ended, DEADLINE_S)
+    assert failed.value.code == "engine_timeout"
+    assert received.closed_at is not None
+
+
+@pytest.mark.parametrize(
+    ("failure", "code"),
+    [
+        ("http_500", "engine_http_error"),
+        ("error_chunk", "engine_error"),
+        ("malformed_chunk", "engine_protocol_error"),
+        ("bad_audio", "engine_protocol_error"),
+        ("drop", "engine_stream_error"),
+        ("flac_audio", "engine_protocol_error"),  # issue 34: refused before it is decoded
+        ("endless_line", "engine_protocol_error"),  # issue 34: refused at 4 MiB
+    ],
+)
+async def test_a_failing_server_fails_the_turn_and_serves_the_next(
+    replay: ReplayServer, failure: Failure, code: str
+) -> None:
+    replay.fail_next(failure)
+    async with started(replay.url) as engine:
+        with pytest.raises(EngineError) as failed:
+            await run(engine, spoken())
+        assert failed.value.code == code
+        assert "HTTP 500" in str(failed.value) if failure == "http_500" else "Internal" not in str(failed.value)
+        again = await run(engine, written())
+        assert engine.describe()[0]["failures"] == 1
+    assert isinstance(again[-1][1], TurnDone)
+
+
+async def test_a_turn_that_must_call_a_function_fails_as_unsupported_and_the_next_runs(replay: ReplayServer) -> None:
+    must_call = Conversation((UserText("Time?"),), tools=(Tool("get_time"),), tool_choice=ToolChoice("required"))
+    async with started(replay.url) as engine:
+        with pytest.raises(EngineError) as refused:
+            await run(engine, TurnRequest(must_call))
+        again = await run(engine, written())
+    assert refused.value.code == "tools_unsupported"
+    assert isinstance(again[-1][1], TurnDone)
+
+
+async def test_a_prompt_past_the_limit_fails_before_it_is_sent_and_the_next_runs(replay: ReplayServer) -> None:
+    # Issue 34: 33,000 short words are ~33,000 tokens (165 KB: a byte bound alone would refuse
+    # far less); the limit is counted, and the server never sees the turn.
+    asked = len(replay.requests)
+    long = TurnRequest(Conversation((UserText("Hi"),), instructions="word " * 33_000), output_audio=False)
+    fits = TurnRequest(Conversation((UserText("Hi"),), instructions="word " * 30_000), output_audio=False)
+    async with started(replay.url) as engine:
+        with pytest.raises(EngineError) as refused:
+            await run(engine, long)
+        assert len(replay.requests) == asked
+        again = await run(engine, fits)
+    assert refused.value.code == "prompt_too_long"
+    assert isinstance(again[-1][1], TurnDone) and len(replay.requests) == asked + 1
+    assert engine.describe()[0]["last_error"] is None  # the turn's fault, not the server's
+
+
+async def test_a_line_that_never_ends_is_refused_at_its_bound(replay: ReplayServer) -> None:
+    replay.fail_next("endless_line")
+    async with started(replay.url) as engine:
+        with pytest.raises(EngineError):
+            await run(engine, spoken())
+    received = replay.requests[-1]
+    assert received.wait_ended() and received.closed_at is not None  # the client hung up on it
+    # Past the bound nothing more is read: what was sent is the bound plus the sockets' buffers
+    # (a few MB on loopback), not all that the server could send until the turn's deadline.
+    assert received.endless_bytes_sent < 8 * MAX_EVENT_LINE_BYTES
+
+
+async def test_a_models_answer_past_its_bound_reads_unreachable(replay: ReplayServer) -> None:
+    replay.models_padding = 2 * 1024 * 1024
+    try:
+        async with started(replay.url) as engine:
+            assert not engine.describe()[0]["alive"]
+            assert engine.describe()[0]["last_error"] == "engine_unavailable"
+    finally:
+        replay.models_padding = 0
+
+
+async def test_an_unreachable_server_fails_the_turn_and_reads_not_alive() -> None:
+    async with started(f"http://127.0.0.1:{closed_port()}/v1") as engine:
+        assert not engine.alive
+        with pytest.raises(EngineError) as failed:
+            await run(engine, spoken())
+        (state,) = engine.describe()
+    assert failed.value.code == "engine_unavailable"
+    assert state["alive"] is False and state["last_error"] == "engine_unavailable"
+
+
+async def test_turns_go_to_the_least_loaded_reachable_server() -> None:
+    with ReplayServer(pace=FAST) as first, ReplayServer(pace=FAST) as second:
+        async with started(f"http://127.0.0.1:{closed_port()}/v1", first.url, second.url) as pool:
+            turns = [pool.run_turn(spoken()) for _ in range(3)]
+            firsts = await asyncio.gather(*(anext(turn) for turn in turns))
+            for turn in turns:
+                await turn.aclose()
+    assert all(isinstance(event, TextDelta) for event in firsts)
+    assert (len(first.requests), len(second.requests)) == (2, 1)  # ties to the first listed; the dead one never
+
+
+async def test_the_api_key_goes_with_every_request() -> None:
+    with ReplayServer(pace=FAST, api_key="secret") as guarded:
+        async with started(guarded.url, api_key="secret") as engine:
+            await run(engine, written())
+        async with started(guarded.url) as keyless:
+            assert not keyless.alive  # its probe got 401
+            with pytest.raises(EngineError) as refused:
+                await run(keyless, written())
+    assert guarded.requests[0].authorization == "Bearer secret"
+    assert refused.value.code == "engine_http_error"
+
+
+def test_urls_lose_their_credentials_in_reports() -> None:
+    assert redacted("http://user:pw@gpu-1:8091/v1") == "http://gpu-1:8091/v1"
