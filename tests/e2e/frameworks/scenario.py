@@ -123,6 +123,18 @@ class Microphone:
             await asyncio.sleep(max(0.0, start + self.frames_sent * FRAME_MS / 1000 - time.monotonic()))
 
 
+def audio_deltas(server_events: list[dict[str, Any]], response_id: str) -> list[dict[str, Any]]:
+    """The response's audio deltas as a :class:`Record` keeps them (each one's base64 length)."""
+    return [event for event in server_events
+            if event.get("type") in ("response.output_audio.delta", "response.audio.delta")
+            and event.get("response_id") == response_id]
+
+
+def audio_ms(deltas: list[dict[str, Any]]) -> int:
+    """The audio those deltas carry, in ms: base64 of PCM16 mono at ``AUDIO_RATE``."""
+    return sum(event["delta"] * 3 // 4 for event in deltas) * 1000 // (2 * AUDIO_RATE)
+
+
 class Record:
     """What a driver saw: the server's events as its framework received them, and its own notes."""
 
@@ -172,10 +184,9 @@ class Record:
         milliseconds after the commit. (LiveKit also replaces the microphone by silence for its
         first 3 s of an agent's speech, its AEC warm-up: words said then are never sent.)"""
         response_id = (await self.responses_done(count))[count - 1]["response"]["id"]
-        deltas = [event for event in self.of_type("response.output_audio.delta") + self.of_type("response.audio.delta")
-                  if event.get("response_id") == response_id]
+        deltas = audio_deltas(self.data["server_events"], response_id)
         if deltas:
-            audio_s = sum(event["delta"] * 3 / 4 for event in deltas) / (2 * AUDIO_RATE)  # base64 of PCM16
+            audio_s = audio_ms(deltas) / 1000
             first_heard = min(event["received_at"] for event in deltas)
             await asyncio.sleep(max(0.0, first_heard + audio_s + AFTER_THE_ANSWER_S - time.monotonic()))
 

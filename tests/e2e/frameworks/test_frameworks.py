@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import running_server, wait_for_sessions
-from tests.e2e.frameworks.scenario import AUDIO_RATE, REPLIES, TOOL_CITY
+from tests.e2e.frameworks.scenario import REPLIES, TOOL_CITY, audio_deltas, audio_ms
 
 pytestmark = pytest.mark.e2e
 
@@ -96,13 +96,6 @@ def responses(record: dict[str, Any]) -> list[dict[str, Any]]:
     return [event["response"] for event in record["server_events"] if event["type"] == "response.done"]
 
 
-def audio_ms(record: dict[str, Any], response_id: str) -> int:
-    """The audio the response sent, in ms (the records keep each delta's base64 length)."""
-    pcm_bytes = sum(event["delta"] * 3 // 4 for event in record["server_events"]
-                    if event["type"] == "response.output_audio.delta" and event.get("response_id") == response_id)
-    return pcm_bytes * 1000 // (2 * AUDIO_RATE)
-
-
 def spoken(response: dict[str, Any]) -> list[str]:
     return [part["transcript"] for item in response["output"] if item["type"] == "message" for part in item["content"]]
 
@@ -157,7 +150,7 @@ def test_a_barge_in_cuts_the_long_answer_and_is_answered(runs, name):
                  if e["type"] == "conversation.item.truncated" and e["item_id"] == cut["output"][0]["id"]]
     # Cut where the user spoke: the server's own truncation counts what it sent (a WebSocket client
     # that acknowledges no playback), the framework's what it played.
-    assert truncated and min(e["audio_end_ms"] for e in truncated) < audio_ms(record, cut["id"])
+    assert truncated and min(e["audio_end_ms"] for e in truncated) < audio_ms(audio_deltas(record["server_events"], cut["id"]))
     if cut["status"] == "cancelled":  # still being generated at the barge-in
         assert cut["status_details"]["reason"] == "turn_detected"
         heard = spoken(cut)[0]
