@@ -4,7 +4,7 @@ argparse rather than typer: it is the standard library (typer is not a dependenc
 package), and three subcommands with repeatable flags need nothing more. ``serve``'s flags
 follow from the Settings fields (``serve_flags``): one each, grouped by concern, its help the
 field's description; a flag given overrides the OMNI_RTC_* environment, which overrides the
-defaults.
+defaults. README's configuration tables are made from the same (``configuration_tables``).
 """
 
 from __future__ import annotations
@@ -157,6 +157,47 @@ def default_in_words(name: str) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     return json.dumps(value) if isinstance(value, dict) else str(value)
+
+
+def configuration_tables() -> str:
+    """README's configuration tables: a table of the settings of each concern, generated from the fields."""
+    flags = serve_flags()
+    sections = []
+    for concern in Concern:
+        rows = [
+            f"| `{flag.setting.upper()}` | {_flag_in_words(flag)} | {_cell(default_in_words(flag.setting))} "
+            f"| {_cell(Settings.model_fields[flag.setting].description or '')} |"
+            for flag in flags
+            if flag.concern is concern
+        ]
+        header = ["| env `OMNI_RTC_…` | flag | default | meaning |", "|---|---|---|---|"]
+        sections.append("\n".join([f"### {concern.value}", "", *header, *rows]))
+    return "\n\n".join(sections) + "\n"
+
+
+_README_SETTINGS_START = "<!-- settings: generated from app/config.py by scripts/settings_table.py -->\n"
+_README_SETTINGS_END = "<!-- /settings -->"
+
+
+def readme_with_configuration_tables(readme: str) -> str:
+    """``readme`` with its text between the settings markers replaced by ``configuration_tables()``."""
+    before, start, rest = readme.partition(_README_SETTINGS_START)
+    _, end, after = rest.partition(_README_SETTINGS_END)
+    if not start or not end:
+        raise ValueError(f"README has no {_README_SETTINGS_START.strip()} ... {_README_SETTINGS_END} section")
+    return before + start + "\n" + configuration_tables() + "\n" + end + after
+
+
+def _flag_in_words(flag: ServeFlag) -> str:
+    if flag.keywords.get("action") is argparse.BooleanOptionalAction:
+        return f"`{flag.option}` / `--no-{flag.option.removeprefix('--')}`"
+    value = flag.keywords.get("metavar") or "{" + ",".join(flag.keywords["choices"]) + "}"
+    repeatable = " (repeatable)" if flag.keywords.get("action") == "append" else ""
+    return f"`{flag.option} {value}`{repeatable}"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
 
 
 def main(argv: list[str] | None = None) -> int:

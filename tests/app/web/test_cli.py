@@ -17,12 +17,13 @@ from pydantic import SecretStr
 from app.config import Settings
 from app.realtime.semantic_vad import EngineTextJudge
 from app.web.calls import text_judge
-from app.web.cli import _settings, build_parser, default_in_words, main, serve_flags
+from app.web.cli import _settings, build_parser, default_in_words, main, readme_with_configuration_tables, serve_flags
 from app.web.server import _base_session_config, create_app
 from tests.e2e.conftest import serving_in_process
 from tests.fakes import ScriptedEngine
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+README = Path(__file__).resolve().parents[3] / "README.md"
 
 
 def serve_settings(monkeypatch: pytest.MonkeyPatch, argv: list[str], **env: str) -> Settings:
@@ -371,3 +372,9 @@ def test_serve_refuses_a_bad_value_naming_the_key(capsys):
     assert main(["serve", "--max-sdp-bytes", "100"]) == 2  # at least 1 KiB
     assert "max_sdp_bytes" in capsys.readouterr().err
 
+
+def test_readme_configuration_tables_are_the_settings():
+    readme = README.read_text(encoding="utf-8")
+    assert readme_with_configuration_tables(readme) == readme, (
+        "README.md's configuration tables are stale: run PYTHONPATH=. .venv/bin/python scripts/settings_table.py"
+    )
