@@ -87,7 +87,7 @@ class Settings(BaseSettings):
         "(or --allow-unauthenticated-public)",
     )
     port: Annotated[int, Flag(Concern.SERVER)] = Field(8000, ge=0, le=65535, description="port to listen on")
-    log_level: Annotated[Literal["debug", "info", "warning", "error"], Flag(Concern.SERVER)] = Field(
+    log_level: Annotated[Literal["debug", "info", "warning", "error", "critical"], Flag(Concern.SERVER)] = Field(
         "info", description="logging level of the server, its media workers and its engine processes"
     )
     cache_dir: Annotated[Path, Flag(Concern.SERVER, default="~/.cache/omni-rtc")] = Field(
