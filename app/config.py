@@ -1,9 +1,17 @@
-"""One typed settings object, read from flags and OMNI_RTC_* environment variables."""
+"""One typed settings object, read from flags and OMNI_RTC_* environment variables.
+
+A setting is written once, as a ``Settings`` field: its ``description`` is its help, and its
+``Flag`` names its concern (the group it is shown in) and what the field's name and type cannot
+say. ``omni-rtc serve``'s flags (app/web/cli.py) and README's configuration tables follow from the
+fields, and so does the environment variable (``OMNI_RTC_`` + the field name).
+"""
 
 from __future__ import annotations
 
 import ipaddress
 import json
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -14,10 +22,32 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pipeline.local.devices import usable_cores
 from pipeline.token_count import ANSWER_OPENING_TOKENS, DEFAULT_MAX_PROMPT_TOKENS
 
-# Settings of the in-process engine, which do nothing when turns run on vLLM-Omni servers (engine_urls).
-LOCAL_ENGINE_SETTINGS = frozenset(
-    {"device", "engines", "max_batch", "dtype", "generation", "engine_threads", "attn_implementation", "dev_replies"}
-)
+
+class Concern(Enum):
+    """What a setting configures: its group in ``omni-rtc serve --help`` and README, in this order."""
+
+    SERVER = "Server"
+    MODEL = "Model (either engine)"
+    LOCAL_ENGINE = "In-process engine"
+    VLLM_OMNI = "vLLM-Omni servers"
+    SESSIONS = "Sessions"
+    WEBRTC = "WebRTC"
+    LIMITS = "Limits"
+    EDGE = "Edge: auth, TLS, proxies, hosts"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A setting's place on ``omni-rtc serve``, as ``Annotated`` metadata of its field.
+
+    The flag is ``--`` and the field's name with dashes, less a trailing ``_s`` (the metavar then
+    says SECONDS); ``name`` replaces that where it would mislead (``engine-url``: one of engine_urls).
+    """
+
+    concern: Concern
+    name: str | None = None
+    metavar: str | None = None  # the value's name in --help (default: the flag's name in capitals)
+    default: str | None = None  # the default in words, where it is computed or None means something
 
 
 def _default_cache_dir() -> Path:
@@ -50,143 +80,300 @@ def load_dev_replies(path: Path | None) -> tuple[str, ...]:
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OMNI_RTC_", extra="forbid")
 
-    # Server
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
-    log_level: str = "info"
+    # -- server
+    host: Annotated[str, Flag(Concern.SERVER)] = Field(
+        "127.0.0.1",
+        description="bind address; one that other machines can reach needs an API key "
+        "(or --allow-unauthenticated-public)",
+    )
+    port: Annotated[int, Flag(Concern.SERVER)] = Field(8000, ge=0, le=65535, description="port to listen on")
+    log_level: Annotated[Literal["debug", "info", "warning", "error", "critical"], Flag(Concern.SERVER)] = Field(
+        "info", description="logging level of the server, its media workers and its engine processes"
+    )
+    cache_dir: Annotated[Path, Flag(Concern.SERVER, default="~/.cache/omni-rtc")] = Field(
+        default_factory=_default_cache_dir,
+        description="where the dev model is built, semantic_vad's end-of-turn model is installed (by `make`) "
+        "and a self-signed certificate is kept (tls/)",
+    )
+    # One process carries one core's worth of calls: aiortc runs on the GIL.
+    media_workers: Annotated[
+        int, Flag(Concern.SERVER, metavar="N", default="the usable cores (CPU affinity), at least 1")
+    ] = Field(
+        default_factory=usable_cores,
+        ge=1,
+        description="processes that carry the WebRTC calls behind the one port, one core's worth of calls each "
+        '(app/web/workers.py); 1 keeps every call in the server process (docs/ARCHITECTURE.md "Processes")',
+    )
 
-    # Auth: with an API key, placing a call takes `Authorization: Bearer <key or ek_ client secret>`.
-    api_key: SecretStr | None = None
-    # Binding to a non-loopback host without an API key is refused unless this is set.
-    allow_unauthenticated_public: bool = False
+    # -- the model, on either engine
+    model: Annotated[str | None, Flag(Concern.MODEL, default="the built-in dev model")] = Field(
+        None,
+        description="checkpoint directory or Hugging Face id; with --engine-url, the served model name sent with "
+        "each turn (unset: the server's own)",
+    )
+    seed: Annotated[int | None, Flag(Concern.MODEL)] = Field(None, description="makes turns reproducible")
 
-    # Model: a checkpoint directory or a Hugging Face id; None builds and uses the dev model.
-    model: str | None = None
-    cache_dir: Path = Field(default_factory=_default_cache_dir)
-    # The end-of-turn model for semantic_vad (installed by `make`); None: cache_dir's copy.
-    # Missing, the server starts and sessions asking for semantic_vad get an error and server VAD.
-    turn_model: Path | None = None
-    # semantic_vad's second opinion from the words (app/realtime/semantic_vad.py): "engine" has
-    # Qwen3-Omni transcribe the utterance at each candidate silence and score whether its text is
-    # a complete turn (two short engine turns per check). Off by default: the dev model's words
-    # are noise, and on a CPU a check costs as much as a turn. Turn it on with real weights.
-    turn_text_judge: Literal["off", "engine"] = "off"
-    # "auto" picks cuda when present, else cpu; a comma-separated list ("cuda:0,cuda:1") runs
-    # one engine process per device, each turn going to the least loaded one.
-    device: str = "auto"
-    engines: int = Field(1, ge=1)  # engine processes on a single device (e.g. several on CPU)
-    # Turns one engine process decodes together; more wait first in, first out (queue_wait_ms).
-    max_batch: int = Field(8, ge=1)
-    # Answers start at a candidate end of turn (the silence's first quiet window) on spare engine
-    # capacity and are held until the commit (app/realtime/speculation.py); the default of each
-    # session's turn_detection.speculative_response. Off: every answer starts at the commit.
-    speculative_responses: bool = True
-    # With input transcription on, the words are also transcribed while the user speaks, about
-    # every second, on spare engine capacity (app/realtime/partial_transcripts.py); the default of
-    # each session's audio.input.transcription.partials. Off: only after the commit.
-    partial_transcripts: bool = True
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    seed: int | None = None  # makes turns reproducible
-    # pipeline.local.params.GenerationParams fields for every turn (JSON in the environment), e.g.
-    # {"max_audio_frames": 250} caps an answer at 20 s of speech (12.5 codec frames per second).
-    generation: dict[str, Any] = Field(default_factory=dict)
-    engine_threads: int | None = Field(None, ge=1)  # torch CPU threads in the engine process
-    # from_pretrained's attention kernels; None: transformers' default (sdpa). docs/MODEL.md.
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] | None = None
-    # A JSON list of answer texts the model says, one per response of each session, then its own:
-    # for the dev model in tests and demos (make it call a tool); it scripts any checkpoint.
-    dev_replies: Path | None = None
-    # vLLM-Omni servers to run turns on instead of the in-process engine (pipeline/vllm_omni/vllm_omni_engine.py): their
-    # API base URLs, e.g. http://gpu-1:8091/v1; each turn goes to the least loaded reachable one.
-    # With them, `model` is the served model name sent with each turn (None: the server's own).
-    engine_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    engine_api_key: SecretStr | None = None  # sent as `Authorization: Bearer` (vllm serve --api-key)
+    # -- the in-process engine: each of these set with engine_urls is refused (LOCAL_ENGINE_SETTINGS)
+    device: Annotated[str, Flag(Concern.LOCAL_ENGINE)] = Field(
+        "auto",
+        description="torch device: auto (cuda when present, else cpu), cpu, cuda, cuda:1 ...; a comma-separated "
+        "list (cuda:0,cuda:1) runs one engine process per device, each turn going to the least loaded one",
+    )
+    engines: Annotated[int, Flag(Concern.LOCAL_ENGINE)] = Field(
+        1, ge=1, description="engine processes on a single device (several on a big CPU box)"
+    )
+    max_batch: Annotated[int, Flag(Concern.LOCAL_ENGINE)] = Field(
+        8, ge=1, description="turns one engine process decodes together; more wait first in, first out (queue_wait_ms)"
+    )
+    dtype: Annotated[Literal["auto", "float32", "bfloat16", "float16"], Flag(Concern.LOCAL_ENGINE)] = Field(
+        "auto", description="the weights' dtype; auto: bfloat16 on a GPU, float32 on a CPU"
+    )
+    # 12.5 codec frames per second: max_audio_frames 250 is 20 s of speech.
+    generation: Annotated[dict[str, Any], Flag(Concern.LOCAL_ENGINE, metavar="JSON")] = Field(
+        default_factory=dict,
+        description="GenerationParams fields for every turn (pipeline/local/params.py: chunk sizes, "
+        'max_audio_frames, ...), e.g. {"max_audio_frames": 250} caps an answer at 20 s of speech; benchmarks '
+        'only: {"emulate": {"first_audio_ms": 400, "frame_ms": 30}} makes the engine as slow as a stated real '
+        "model (pipeline/local/emulation.py; logged as a warning, shown in /healthz)",
+    )
+    engine_threads: Annotated[
+        int | None, Flag(Concern.LOCAL_ENGINE, default="torch's; with --engines N on a CPU, the usable cores / N")
+    ] = Field(None, ge=1, description="torch CPU threads of each engine process (/healthz shows each engine's)")
+    attn_implementation: Annotated[
+        Literal["sdpa", "eager", "flash_attention_2"] | None, Flag(Concern.LOCAL_ENGINE, default="transformers' (sdpa)")
+    ] = Field(None, description="from_pretrained's attention kernels (docs/MODEL.md)")
+    dev_replies: Annotated[Path | None, Flag(Concern.LOCAL_ENGINE, metavar="FILE")] = Field(
+        None,
+        description="a JSON list of answer texts the model says instead of its own, one per response, in order, "
+        "in every session (each starts at the first), then its own; forced through the real tokenizer, Talker "
+        "and Code2Wav (docs/MODEL.md \"Forced replies\"). For tests and demos with the dev model: a "
+        '`<tool_call>\\n{"name": "get_local_time", "arguments": {}}\\n</tool_call>` reply makes it call the '
+        "page's tool; it scripts any checkpoint",
+    )
 
-    # WebRTC. List settings read from the environment as comma-separated values (or JSON lists).
-    ice_servers: Annotated[list[str], NoDecode] = Field(default_factory=list)  # stun:/turn: URLs
-    # TURN credentials for the turn:/turns: URLs in ice_servers, for the server's own peers and for
-    # the page (GET /v1/realtime/ice_servers): a static username and credential, or coturn's
-    # shared secret (time-limited REST credentials minted per call, valid turn_ttl_s).
-    turn_username: str | None = None
-    turn_credential: SecretStr | None = None
-    turn_secret: SecretStr | None = None
+    # -- vLLM-Omni servers instead of the in-process engine (pipeline/vllm_omni/vllm_omni_engine.py)
+    engine_urls: Annotated[list[str], NoDecode, Flag(Concern.VLLM_OMNI, name="engine-url", metavar="URL")] = Field(
+        default_factory=list,
+        description="run turns on this vLLM-Omni server (its API base, e.g. http://gpu-1:8091/v1) instead of the "
+        "in-process engine; each turn goes to the least loaded reachable one",
+    )
+    engine_api_key: Annotated[SecretStr | None, Flag(Concern.VLLM_OMNI, metavar="KEY")] = Field(
+        None, description="the vLLM-Omni servers' API key (vllm serve --api-key), sent as `Authorization: Bearer`"
+    )
+
+    # -- what each session gets unless it asks otherwise
+    turn_model: Annotated[Path | None, Flag(Concern.SESSIONS, default="cache_dir's smart-turn-v3.2-cpu.onnx")] = Field(
+        None,
+        description="semantic_vad's end-of-turn model; missing, the server starts and sessions asking for "
+        "semantic_vad get an error and server VAD",
+    )
+    # Off by default: the dev model's words are noise, and on a CPU a check costs as much as a turn.
+    turn_text_judge: Annotated[Literal["off", "engine"], Flag(Concern.SESSIONS)] = Field(
+        "off",
+        description="engine: semantic_vad also judges the words said: Qwen3-Omni transcribes the utterance at each "
+        "candidate silence and scores whether its text is a complete turn (two short engine turns a check; "
+        'docs/SESSION.md "semantic_vad"); for real weights (the dev model\'s words are noise), on the in-process '
+        "engine only",
+    )
+    speculative_responses: Annotated[bool, Flag(Concern.SESSIONS)] = Field(
+        True,
+        description="start each answer at the first quiet VAD window after speech, on spare engine capacity, and "
+        'hold it until the turn is committed (app/realtime/speculation.py, docs/SESSION.md "Speculative answers"); '
+        "each session's turn_detection.speculative_response defaults to it. Off: answers start at the commit",
+    )
+    partial_transcripts: Annotated[bool, Flag(Concern.SESSIONS)] = Field(
+        True,
+        description="with input transcription on, also transcribe the words while the user speaks, about every "
+        'second, on spare engine capacity (docs/SESSION.md "Partial transcripts"); each session\'s '
+        "audio.input.transcription.partials defaults to it. Off: the words come after the commit",
+    )
+    # On, as OpenAI's default, because the frameworks rely on it (pipecat sends no turn detection).
+    default_interrupt_response: Annotated[bool, Flag(Concern.SESSIONS, name="interrupt-response")] = Field(
+        True,
+        description="barge-in for API clients that do not say (interrupt_response left out, or no turn detection "
+        "sent, as pipecat): the user's speech cancels the answer, OpenAI's default; off: half-duplex unless the "
+        "client asks "
+        '(docs/SESSION.md "Turn detection"). The page sends its own Barge-in toggle',
+    )
+
+    # -- WebRTC. List settings read from the environment as comma-separated values (or JSON lists).
+    ice_servers: Annotated[list[str], NoDecode, Flag(Concern.WEBRTC, name="ice-server", metavar="URL")] = Field(
+        default_factory=list,
+        description="a STUN/TURN server URL (stun:host:port, turn:host:port?transport=udp), for the server's own "
+        "peers and for clients (GET /v1/realtime/ice_servers)",
+    )
+    turn_username: Annotated[str | None, Flag(Concern.WEBRTC, name="ice-username")] = Field(
+        None, description="static TURN username for the turn:/turns: URLs of --ice-server (with --ice-credential)"
+    )
+    turn_credential: Annotated[SecretStr | None, Flag(Concern.WEBRTC, name="ice-credential")] = Field(
+        None, description="static TURN credential for the turn:/turns: URLs of --ice-server (with --ice-username)"
+    )
+    turn_secret: Annotated[SecretStr | None, Flag(Concern.WEBRTC)] = Field(
+        None,
+        description="coturn's static-auth-secret: time-limited TURN REST credentials minted per call instead, "
+        "valid --turn-ttl (docs/DEPLOY.md)",
+    )
     # Credentials are used within seconds (gathering); coturn checks the expiry only when an
     # allocation authenticates, so a call outlives them (docs/DEPLOY.md).
-    turn_ttl_s: int = Field(300, ge=30, le=86_400)
-    ice_loopback: bool = False  # gather on 127.0.0.1 only (tests, same-host clients)
-    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    # A call whose peer was never connected after this long is dropped (an offer posted, then gone).
+    turn_ttl_s: Annotated[int, Flag(Concern.WEBRTC)] = Field(
+        300, ge=30, le=86_400, description="how long minted TURN credentials last"
+    )
+    ice_loopback: Annotated[bool, Flag(Concern.WEBRTC)] = Field(
+        False, description="gather ICE candidates on 127.0.0.1 only (tests, clients on this machine)"
+    )
     # ICE and DTLS take well under a second on a LAN and a few seconds through TURN; an offer
     # that never connects holds a session slot this long (it was 30 s: issue 23).
-    connect_timeout_s: float = Field(10.0, gt=0)
-    # A connected peer that sends no media for this long counts as disconnected and its call
-    # ends. Browsers send a 20 ms frame even when muted; aiortc alone notices a vanished
-    # peer only when ICE consent expires (6 missed checks x 5 s = ~30 s).
-    disconnect_timeout_s: float = Field(10.0, gt=0)
-    # Inbound audio through omni-rtc's jitter buffer (media/jitter_buffer.py: a playout deadline,
-    # FEC and PLC concealment). False: aiortc's own receive path, which stalls on every lost packet;
-    # the fallback should an aiortc upgrade refuse the receiver tap, and the "before" of the network bench.
-    jitter_buffer: bool = True
+    connect_timeout_s: Annotated[float, Flag(Concern.WEBRTC)] = Field(
+        10.0,
+        gt=0,
+        description="a call whose peer never connected after this long is dropped (an offer posted, then gone)",
+    )
+    # Browsers send a 20 ms frame even when muted; aiortc alone notices a vanished peer only
+    # when ICE consent expires (6 missed checks x 5 s = ~30 s).
+    disconnect_timeout_s: Annotated[float, Flag(Concern.WEBRTC)] = Field(
+        10.0, gt=0, description="a connected peer that sends no media for this long counts as gone and its call ends"
+    )
+    jitter_buffer: Annotated[bool, Flag(Concern.WEBRTC)] = Field(
+        True,
+        description="inbound audio through omni-rtc's jitter buffer (media/jitter_buffer.py: a playout deadline, "
+        "Opus FEC and PLC; docs/NETWORK.md); off: aiortc's own receive path, which stalls on every lost packet "
+        "(the fallback should an aiortc upgrade refuse the receiver tap, and the network bench's \"before\")",
+    )
 
-    # Sessions: what a client's turn detection gets when it leaves interrupt_response out (and the
-    # session's turn detection before any session.update). True is OpenAI's default, which the
-    # frameworks rely on (pipecat sends no turn detection); False makes API clients half-duplex
-    # unless they ask for barge-in (the page sends its own toggle either way). docs/SESSION.md.
-    default_interrupt_response: bool = True
-
-    # Limits. Past each one the client gets a clear error (HTTP status, or an `error` event
-    # while the session goes on).
-    max_sessions: int = Field(16, ge=1)  # concurrent calls; the next offer gets 429 + Retry-After
-    # Media worker processes; by default one per usable core, since one process carries one
-    # core's worth of calls (aiortc runs on the GIL). 1: every call in the server process itself;
-    # N > 1: calls spread over N processes behind the one port (app/web/workers.py).
-    media_workers: int = Field(default_factory=usable_cores, ge=1)
-    max_sdp_bytes: int = Field(65_536, ge=1_024)  # offer body; browsers send 3-8 KB; past it 413
-    # One data-channel event. 256 KiB carries ~5 s of base64 PCM16 audio in conversation.item.create.
-    max_event_bytes: int = Field(262_144, ge=1_024)
-    max_events_per_second: float = Field(50.0, gt=0)  # sustained client event rate per session
-    max_event_burst: int = Field(100, ge=1)  # events accepted at once before the rate applies
-    # One input_image's bytes; the event carrying it may be that much (as base64) over max_event_bytes.
+    # -- limits: past each one the client gets a clear error (an HTTP status, or an `error` event
+    # while the session goes on); docs/HARDENING.md lists every bound.
+    max_sessions: Annotated[int, Flag(Concern.LIMITS)] = Field(
+        16, ge=1, description="concurrent sessions, WebRTC and WebSocket together; the next gets 429 + Retry-After"
+    )
+    # A page connects one call at a time; a load tool on one host may open a few.
+    max_connecting_per_client: Annotated[int, Flag(Concern.LIMITS, metavar="N")] = Field(
+        8,
+        ge=1,
+        description="calls one client address may have still connecting (offered, ICE/DTLS not yet up); "
+        "the next gets 429",
+    )
+    # Browsers send 3-8 KB.
+    max_sdp_bytes: Annotated[int, Flag(Concern.LIMITS, metavar="BYTES")] = Field(
+        65_536, ge=1_024, description="an offer's body; past it 413"
+    )
+    # 256 KiB carries ~5 s of base64 PCM16 audio in conversation.item.create.
+    max_event_bytes: Annotated[int, Flag(Concern.LIMITS, metavar="BYTES")] = Field(
+        262_144, ge=1_024, description="one client event; past it the error event_too_large"
+    )
+    max_events_per_second: Annotated[float, Flag(Concern.LIMITS, metavar="N")] = Field(
+        50.0, gt=0, description="a session's sustained client event rate; past it the error rate_limit_exceeded"
+    )
+    max_event_burst: Annotated[int, Flag(Concern.LIMITS, metavar="N")] = Field(
+        100, ge=1, description="client events accepted at once before max_events_per_second applies"
+    )
     # 10 MiB holds any phone photo; over WebRTC the data channel takes 256 KiB messages at most.
-    max_image_bytes: int = Field(10_485_760, ge=1_024, le=16_777_216)
-    # Pixels of a camera frame the server decodes (media/video_gate.py: read from the key frame's
-    # header, before decoding); a stream past it is dropped undecoded and the call goes on. A
-    # 1080p frame is ~3 MB decoded; a peer may declare 16383x16383 (~400 MB).
-    max_video_pixels: int = Field(1920 * 1080, ge=64 * 64, le=7680 * 4320)
-    # Characters in one text field of a client event (input_text, instructions); ~4k tokens.
-    max_text_chars: int = Field(16_000, ge=1)
-    # The conversation's prompt tokens after the system prompt, as its items estimate them (an
-    # upper bound: text counts a token per UTF-8 byte, audio 13 per second exactly); past it
-    # the oldest items go, each announced with conversation.item.deleted. OpenAI's token-based
-    # truncation (token_limits.post_instructions) does the same.
-    history_max_tokens: int = Field(16_000, ge=1_000)
-    # A session's system message: its instructions and tools together, in Qwen tokens (counted
-    # exactly once their bytes pass it); past it session.update (an offer's or a client secret's
-    # session, response.create's own) is refused with invalid_value (app/realtime/prompt_budget.py).
-    instructions_max_tokens: int = Field(16_000, ge=1_000)
-    # The longest prompt the engine takes (in-process: counted by its tokenizer; vLLM-Omni: by
-    # pipeline/token_count.py before it is sent): longer, the turn alone fails prompt_too_long
-    # before it joins a batch. Must hold the two budgets above (the Thinker has 65,536 positions).
-    max_prompt_tokens: int = Field(DEFAULT_MAX_PROMPT_TOKENS, ge=2_048)
-    # Calls one client address may have still connecting (offered, ICE/DTLS not yet up); the next
-    # offer gets 429. A page connects one call at a time; a load tool on one host may open a few.
-    max_connecting_per_client: int = Field(8, ge=1)
-    max_session_s: float = Field(3_600.0, gt=0)  # a call ends after this long, as OpenAI's do at 60 min
-    # A response whose engine yields nothing for this long ends `failed` and the session serves the
-    # next turn. Queue wait counts: 16 sessions x ~2 s CPU dev-model turns stay well under.
-    turn_stall_timeout_s: float = Field(60.0, gt=0)
+    max_image_bytes: Annotated[int, Flag(Concern.LIMITS, metavar="BYTES")] = Field(
+        10_485_760,
+        ge=1_024,
+        le=16_777_216,
+        description="the largest input_image (image_too_large past it); its event may be that much, as base64, "
+        "over max_event_bytes",
+    )
+    # A 1080p frame is ~3 MB decoded; a peer may declare 16383x16383 (~400 MB).
+    max_video_pixels: Annotated[int, Flag(Concern.LIMITS, metavar="PIXELS")] = Field(
+        1920 * 1080,
+        ge=64 * 64,
+        le=7680 * 4320,
+        description="the largest camera frame decoded (media/video_gate.py), read from its key frame's header "
+        "before decoding; a larger stream's frames are dropped undecoded (logged) and the call goes on",
+    )
+    # ~4k tokens.
+    max_text_chars: Annotated[int, Flag(Concern.LIMITS, metavar="N")] = Field(
+        16_000, ge=1, description="characters in one text field of a client event (input_text, instructions)"
+    )
+    # An upper bound: text counts a token per UTF-8 byte, audio 13 per second exactly. OpenAI's
+    # token-based truncation (token_limits.post_instructions) does the same.
+    history_max_tokens: Annotated[int, Flag(Concern.LIMITS, metavar="N")] = Field(
+        16_000,
+        ge=1_000,
+        description="a conversation's prompt tokens after the system prompt, as its items estimate them (an "
+        "upper bound); past it "
+        "the oldest items go, each announced with conversation.item.deleted (docs/SESSION.md)",
+    )
+    instructions_max_tokens: Annotated[int, Flag(Concern.LIMITS, metavar="N")] = Field(
+        16_000,
+        ge=1_000,
+        description="a session's system message, its instructions and tools together, in Qwen tokens (counted "
+        "exactly once their bytes pass it); past it session.update, response.create or the offer's / client "
+        "secret's session is refused with invalid_value naming the budget (app/realtime/prompt_budget.py)",
+    )
+    # The Thinker has 65,536 positions.
+    max_prompt_tokens: Annotated[int, Flag(Concern.LIMITS, metavar="N")] = Field(
+        DEFAULT_MAX_PROMPT_TOKENS,
+        ge=2_048,
+        description="the longest prompt the engine takes (in-process: counted by its tokenizer; vLLM-Omni: by "
+        "pipeline/token_count.py before it is sent); a longer turn fails alone with prompt_too_long before it "
+        "joins a batch; must hold the two budgets above",
+    )
+    # OpenAI's calls end at 60 min.
+    max_session_s: Annotated[float, Flag(Concern.LIMITS)] = Field(
+        3_600.0, gt=0, description="a session ends after this long (the error session_expired)"
+    )
+    # Queue wait counts: 16 sessions x ~2 s CPU dev-model turns stay well under.
+    turn_stall_timeout_s: Annotated[float, Flag(Concern.LIMITS)] = Field(
+        60.0,
+        gt=0,
+        description="a response whose engine yields nothing for this long ends failed (engine_timeout) and the "
+        "session serves the next turn",
+    )
 
-    # The edge (docs/DEPLOY.md): TLS, proxies whose forwarded headers are believed, the Host names
-    # answered, who may read /metrics. Kept together so that trust decisions read in one place.
-    ssl_certfile: Path | None = None  # PEM certificate (chain); serves HTTPS and WSS
-    ssl_keyfile: Path | None = None  # its private key, when not in ssl_certfile
-    # "self-signed": a certificate for this host's names and addresses, made once in cache_dir/tls.
-    tls: Literal["self-signed"] | None = None
-    # Peers (addresses or CIDR networks) whose X-Forwarded-For/-Proto are believed; none by default.
-    trusted_proxies: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    # Host names (or *.suffix patterns, or "*") answered besides localhost and the bind address.
-    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    metrics_public: bool = False  # /metrics and /healthz's details without the API key
+    # -- the edge (docs/DEPLOY.md): who may call, TLS, proxies whose forwarded headers are believed,
+    # the Host names answered. Kept together so that trust decisions read in one place.
+    api_key: Annotated[SecretStr | None, Flag(Concern.EDGE)] = Field(
+        None, description="require `Authorization: Bearer <key or ek_ client secret>` to place calls"
+    )
+    allow_unauthenticated_public: Annotated[bool, Flag(Concern.EDGE)] = Field(
+        False, description="allow a non-loopback host (or a trusted proxy) without an API key"
+    )
+    cors_origins: Annotated[list[str], NoDecode, Flag(Concern.EDGE, name="cors-origin", metavar="ORIGIN")] = Field(
+        default_factory=list,
+        description="a browser origin allowed to call /v1/realtime/calls and open /v1/realtime",
+    )
+    ssl_certfile: Annotated[Path | None, Flag(Concern.EDGE, metavar="PEM")] = Field(
+        None, description="serve HTTPS and WSS with this certificate (chain)"
+    )
+    ssl_keyfile: Annotated[Path | None, Flag(Concern.EDGE, metavar="PEM")] = Field(
+        None, description="the certificate's private key, when not in --ssl-certfile"
+    )
+    tls: Annotated[Literal["self-signed"] | None, Flag(Concern.EDGE)] = Field(
+        None,
+        description="self-signed: serve HTTPS with a certificate for this host's names and addresses, made once "
+        "in cache_dir/tls",
+    )
+    trusted_proxies: Annotated[list[str], NoDecode, Flag(Concern.EDGE, name="trusted-proxy", metavar="ADDR/CIDR")] = (
+        Field(
+            default_factory=list,
+            description="a reverse proxy (address or CIDR network) whose X-Forwarded-For/-Proto are believed "
+            "(needs an API key); nobody else's are",
+        )
+    )
+    allowed_hosts: Annotated[
+        list[str],
+        NoDecode,
+        Flag(
+            Concern.EDGE,
+            name="allowed-host",
+            metavar="NAME",
+            default="localhost and the bind address (a wildcard bind: this machine's names and addresses)",
+        ),
+    ] = Field(
+        default_factory=list,
+        description="a Host name to answer besides the default ones (`*.example.org`, or `*` for any); others get "
+        "421 (DNS rebinding)",
+    )
+    metrics_public: Annotated[bool, Flag(Concern.EDGE)] = Field(
+        False, description="with an API key: /metrics and /healthz's details without it"
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_case_log_level(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value  # OMNI_RTC_LOG_LEVEL=INFO as well
 
     @field_validator("ice_servers", "cors_origins", "engine_urls", "trusted_proxies", "allowed_hosts", mode="before")
     @classmethod
@@ -328,3 +515,16 @@ class Settings(BaseSettings):
                 "(--ice-username/--ice-credential) or turn_secret (--turn-secret, coturn's static-auth-secret)"
             )
         return self
+
+
+
+def setting_flag(name: str) -> Flag:
+    """The ``Flag`` of the Settings field ``name`` (every field has one)."""
+    [flag] = [item for item in Settings.model_fields[name].metadata if isinstance(item, Flag)]
+    return flag
+
+
+# The in-process engine's settings, which do nothing when turns run on vLLM-Omni servers (engine_urls).
+LOCAL_ENGINE_SETTINGS = frozenset(
+    name for name in Settings.model_fields if setting_flag(name).concern is Concern.LOCAL_ENGINE
+)

@@ -1,8 +1,10 @@
 """``omni-rtc``: serve, build the dev model, or place calls from the command line.
 
 argparse rather than typer: it is the standard library (typer is not a dependency of the
-package), and three subcommands with repeatable flags need nothing more. Flags override
-the OMNI_RTC_* environment, which overrides the defaults.
+package), and three subcommands with repeatable flags need nothing more. ``serve``'s flags
+follow from the Settings fields (``serve_flags``): one each, grouped by concern, its help the
+field's description; a flag given overrides the OMNI_RTC_* environment, which overrides the
+defaults. README's configuration tables are made from the same (``configuration_tables``).
 """
 
 from __future__ import annotations
@@ -12,177 +14,31 @@ import asyncio
 import json
 import logging
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import numpy as np
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
+from pydantic.fields import FieldInfo
 
-from app.config import Settings
-from pipeline.local.devices import usable_cores
-
-# Flag -> Settings field, for the flags `serve` passes on only when given.
-SERVE_FLAGS = {
-    "host": "host",
-    "port": "port",
-    "model": "model",
-    "device": "device",
-    "engines": "engines",
-    "max_batch": "max_batch",
-    "dtype": "dtype",
-    "seed": "seed",
-    "generation": "generation",
-    "engine_threads": "engine_threads",
-    "attn_implementation": "attn_implementation",
-    "dev_replies": "dev_replies",
-    "engine_url": "engine_urls",
-    "engine_api_key": "engine_api_key",
-    "cache_dir": "cache_dir",
-    "turn_model": "turn_model",
-    "turn_text_judge": "turn_text_judge",
-    "ice_server": "ice_servers",
-    "ice_loopback": "ice_loopback",
-    "cors_origin": "cors_origins",
-    "max_sessions": "max_sessions",
-    "media_workers": "media_workers",
-    "disconnect_timeout": "disconnect_timeout_s",
-    "max_image_bytes": "max_image_bytes",
-    "max_video_pixels": "max_video_pixels",
-    "jitter_buffer": "jitter_buffer",
-    "interrupt_response": "default_interrupt_response",
-    "speculative_responses": "speculative_responses",
-    "partial_transcripts": "partial_transcripts",
-    "api_key": "api_key",
-    "allow_unauthenticated_public": "allow_unauthenticated_public",
-    "log_level": "log_level",
-    # The edge: TLS, proxies, hosts, TURN credentials (docs/DEPLOY.md).
-    "ssl_certfile": "ssl_certfile",
-    "ssl_keyfile": "ssl_keyfile",
-    "tls": "tls",
-    "trusted_proxy": "trusted_proxies",
-    "allowed_host": "allowed_hosts",
-    "metrics_public": "metrics_public",
-    "ice_username": "turn_username",
-    "ice_credential": "turn_credential",
-    "turn_secret": "turn_secret",
-    "turn_ttl": "turn_ttl_s",
-    # Bounds for every caller (docs/HARDENING.md).
-    "history_max_tokens": "history_max_tokens",
-    "instructions_max_tokens": "instructions_max_tokens",
-    "max_prompt_tokens": "max_prompt_tokens",
-    "connect_timeout": "connect_timeout_s",
-    "max_connecting_per_client": "max_connecting_per_client",
-}
+from app.config import Concern, Settings, setting_flag
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omni-rtc", description="Talk to Qwen3-Omni over WebRTC or a WebSocket.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="run the server (flags override OMNI_RTC_* variables)")
-    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default 8000)")
-    serve.add_argument("--model", help="checkpoint directory or Hugging Face id (default: the built-in dev model)")
-    serve.add_argument(
-        "--device", help="torch device: auto, cpu, cuda, cuda:1 ...; a list (cuda:0,cuda:1) runs one engine per device (default auto)"
+    serve = commands.add_parser(
+        "serve",
+        help="run the server (flags override OMNI_RTC_* variables)",
+        description="Every flag is a setting of app/config.py and an OMNI_RTC_* environment variable (the "
+        "setting's name in capitals); a flag given overrides the environment, which overrides the default.",
     )
-    serve.add_argument("--engines", type=int, help="engine processes on the one device, e.g. several on CPU (default 1)")
-    serve.add_argument("--max-batch", type=int, help="turns one engine decodes together; more wait in line (default 8)")
-    serve.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
-    serve.add_argument("--seed", type=int, help="make turns reproducible")
-    serve.add_argument(
-        "--generation", type=json.loads, metavar="JSON", help='generation options for every turn, e.g. \'{"max_audio_frames": 250}\''
-    )
-    serve.add_argument("--engine-threads", type=int, help="torch CPU threads in the engine process")
-    serve.add_argument(
-        "--attn-implementation", choices=["sdpa", "eager", "flash_attention_2"], help="attention kernels (default: transformers' choice, sdpa)"
-    )
-    serve.add_argument(
-        "--dev-replies", type=Path, metavar="FILE",
-        help="a JSON list of answer texts the dev model says, one per response of each session, then its own",
-    )
-    serve.add_argument(
-        "--engine-url", action="append", metavar="URL",
-        help="run turns on this vLLM-Omni server (its API base, e.g. http://gpu-1:8091/v1) instead of the "
-        "in-process engine; repeatable: each turn goes to the least loaded one",
-    )
-    serve.add_argument("--engine-api-key", metavar="KEY", help="the vLLM-Omni servers' API key (vllm serve --api-key)")
-    serve.add_argument("--cache-dir", type=Path, help="where the dev model is built (default ~/.cache/omni-rtc)")
-    serve.add_argument("--turn-model", type=Path, help="semantic_vad's end-of-turn model (default: the cache dir's)")
-    serve.add_argument(
-        "--turn-text-judge", choices=["off", "engine"],
-        help="semantic_vad also judges the words, by Qwen3-Omni's ASR and its P(end of message) (default off)",
-    )
-    serve.add_argument(
-        "--ice-server", action="append", metavar="URL", help="STUN/TURN server URL (stun:host:port, turn:host:port?transport=udp); repeatable"
-    )
-    serve.add_argument(
-        "--ice-loopback",
-        action="store_const",
-        const=True,
-        help="gather ICE candidates on 127.0.0.1 only (tests, clients on this machine)",
-    )
-    serve.add_argument("--cors-origin", action="append", metavar="ORIGIN", help="allow browser calls from ORIGIN; repeatable")
-    serve.add_argument("--max-sessions", type=int, help="concurrent calls before 429 (default 16)")
-    serve.add_argument(
-        "--media-workers", type=int, metavar="N",
-        help="processes that carry the calls, behind the one port (default: the usable cores, here "
-        f"{usable_cores()}; 1: every call in the server process)",
-    )
-    serve.add_argument("--disconnect-timeout", type=float, metavar="SECONDS", help="end a call whose peer sent no media this long (default 10)")
-    serve.add_argument(
-        "--max-image-bytes", type=int, metavar="BYTES", help="the largest input_image a client may send (default 10 MiB)"
-    )
-    serve.add_argument(
-        "--max-video-pixels", type=int, metavar="PIXELS",
-        help="the largest camera frame decoded, in pixels (default 1920x1080 = 2073600); past it frames are dropped undecoded",
-    )
-    serve.add_argument(
-        "--jitter-buffer", action=argparse.BooleanOptionalAction, default=None,
-        help="inbound audio through omni-rtc's jitter buffer: playout deadline, FEC and PLC (default on); "
-        "--no-jitter-buffer: aiortc's own receive path",
-    )
-    serve.add_argument(
-        "--interrupt-response", action=argparse.BooleanOptionalAction, default=None,
-        help="sessions barge in by default: the user's speech cancels the answer, as OpenAI's default (on); "
-        "--no-interrupt-response: half-duplex unless a client asks for interrupt_response",
-    )
-    serve.add_argument(
-        "--speculative-responses", action=argparse.BooleanOptionalAction, default=None,
-        help="start each answer at the first sign of silence on spare engine capacity, held until the turn "
-        "is committed (default on; a session may turn it off); --no-speculative-responses: at the commit",
-    )
-    serve.add_argument(
-        "--partial-transcripts", action=argparse.BooleanOptionalAction, default=None,
-        help="with input transcription on, transcribe the words while the user speaks too, about every second, "
-        "on spare engine capacity (default on; a session may turn it off); --no-partial-transcripts: "
-        "only after the commit",
-    )
-    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or an ek_ client secret) to place calls")
-    serve.add_argument(
-        "--allow-unauthenticated-public",
-        action="store_const",
-        const=True,
-        help="allow a non-loopback --host without an API key",
-    )
-    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    _add_edge_flags(serve)
-    serve.add_argument(
-        "--history-max-tokens", type=int, metavar="N",
-        help="a conversation's prompt tokens after the system prompt, as estimated; past it the oldest items go (default 16000)",
-    )
-    serve.add_argument(
-        "--instructions-max-tokens", type=int, metavar="N",
-        help="a session's instructions and tools together, in tokens; past it session.update is refused (default 16000)",
-    )
-    serve.add_argument(
-        "--max-prompt-tokens", type=int, metavar="N",
-        help="the longest prompt the engine takes; a longer turn fails alone, prompt_too_long (default 32768)",
-    )
-    serve.add_argument("--connect-timeout", type=float, metavar="SECONDS", help="end a call whose peer never connects (default 10)")
-    serve.add_argument(
-        "--max-connecting-per-client", type=int, metavar="N", help="calls one client address may have still connecting (default 8)"
-    )
+    groups = {concern: serve.add_argument_group(concern.value) for concern in Concern}
+    for flag in serve_flags():
+        groups[flag.concern].add_argument(flag.option, **flag.keywords)
 
     dev_model = commands.add_parser("dev-model", help="build the tiny random-weight Qwen3-Omni checkpoint")
     dev_model.add_argument("--out", type=Path, help="output directory (default: the cache the server uses)")
@@ -223,32 +79,125 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_edge_flags(serve: argparse.ArgumentParser) -> None:
-    """TLS, proxies, hosts and TURN credentials: how the server meets the internet (docs/DEPLOY.md)."""
-    serve.add_argument("--ssl-certfile", type=Path, metavar="PEM", help="serve HTTPS/WSS with this certificate (chain)")
-    serve.add_argument("--ssl-keyfile", type=Path, metavar="PEM", help="the certificate's private key")
-    serve.add_argument(
-        "--tls", choices=["self-signed"],
-        help="self-signed: serve HTTPS with a certificate for this host's names and addresses, made once in the cache dir",
-    )
-    serve.add_argument(
-        "--trusted-proxy", action="append", metavar="ADDR/CIDR",
-        help="a reverse proxy whose X-Forwarded-For/-Proto are believed (needs an API key); repeatable",
-    )
-    serve.add_argument(
-        "--allowed-host", action="append", metavar="NAME",
-        help="a Host name to answer besides localhost and the bind address (*.example.org, or * for any); repeatable",
-    )
-    serve.add_argument(
-        "--metrics-public", action="store_const", const=True,
-        help="/metrics and /healthz's details without the API key",
-    )
-    serve.add_argument("--ice-username", help="username for the turn: URLs of --ice-server")
-    serve.add_argument("--ice-credential", help="credential for the turn: URLs of --ice-server")
-    serve.add_argument(
-        "--turn-secret", help="coturn's static-auth-secret: mint time-limited TURN credentials per call instead"
-    )
-    serve.add_argument("--turn-ttl", type=int, metavar="SECONDS", help="how long minted TURN credentials last (default 300)")
+@dataclass(frozen=True)
+class ServeFlag:
+    """One Settings field as a ``serve`` flag: what ``add_argument`` is given for it."""
+
+    setting: str  # the Settings field's name
+    concern: Concern
+    option: str  # e.g. --engine-url
+    keywords: dict[str, Any]  # add_argument's: dest, help, and type, choices or action; metavar
+
+
+def serve_flags() -> list[ServeFlag]:
+    """A flag for every Settings field, in the fields' order; how each follows is Flag's docstring."""
+    return [_serve_flag(name, field) for name, field in Settings.model_fields.items()]
+
+
+def _serve_flag(name: str, field: FieldInfo) -> ServeFlag:
+    flag = setting_flag(name)
+    if not field.description:
+        raise TypeError(f"Settings.{name} has no description: it is the flag's help")
+    option = "--" + (flag.name or name.removesuffix("_s").replace("_", "-"))
+    value_type = _without_none(field.annotation)
+    repeatable = "repeatable; " if get_origin(value_type) is list else ""
+    help_text = f"{field.description} ({repeatable}default: {default_in_words(name)})"
+    # No argparse default: a flag left out is None and not passed on, so the environment or the
+    # field's default applies (_settings). argparse formats help with %.
+    keywords: dict[str, Any] = {"dest": name, "help": help_text.replace("%", "%%")}
+    if value_type is bool:
+        keywords["action"] = argparse.BooleanOptionalAction
+        return ServeFlag(name, flag.concern, option, keywords)
+    named = "SECONDS" if name.endswith("_s") else option.removeprefix("--").replace("-", "_").upper()
+    metavar: str | None = flag.metavar or named
+    if get_origin(value_type) is Literal:
+        keywords["choices"] = list(get_args(value_type))
+        metavar = flag.metavar  # None: argparse shows the choices
+    elif get_origin(value_type) is list:
+        [item_type] = get_args(value_type)
+        keywords.update(action="append", type=item_type)
+    elif get_origin(value_type) is dict:
+        keywords["type"] = _json_value
+    elif value_type is SecretStr:
+        keywords["type"] = str
+    elif value_type in (str, int, float, Path):
+        keywords["type"] = value_type
+    else:
+        raise TypeError(f"Settings.{name}: no flag for a {value_type} (app/web/cli.py _serve_flag)")
+    if metavar is not None:
+        keywords["metavar"] = metavar
+    return ServeFlag(name, flag.concern, option, keywords)
+
+
+def _without_none(annotation: Any) -> Any:
+    """``X`` of ``X | None``; any other annotation as it is."""
+    if get_origin(annotation) in (Union, UnionType):
+        [value_type] = [arg for arg in get_args(annotation) if arg is not type(None)]
+        return value_type
+    return annotation
+
+
+def _json_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+
+
+def default_in_words(name: str) -> str:
+    """A setting's default as --help and README say it: its Flag's words, else the value."""
+    flag = setting_flag(name)
+    if flag.default is not None:
+        return flag.default
+    value = Settings.model_fields[name].get_default(call_default_factory=True)
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None or value == []:
+        return "none"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return json.dumps(value) if isinstance(value, dict) else str(value)
+
+
+def configuration_tables() -> str:
+    """README's configuration tables: a table of the settings of each concern, generated from the fields."""
+    flags = serve_flags()
+    sections = []
+    for concern in Concern:
+        rows = [
+            f"| `{flag.setting.upper()}` | {_flag_in_words(flag)} | {_cell(default_in_words(flag.setting))} "
+            f"| {_cell(Settings.model_fields[flag.setting].description or '')} |"
+            for flag in flags
+            if flag.concern is concern
+        ]
+        header = ["| env `OMNI_RTC_…` | flag | default | meaning |", "|---|---|---|---|"]
+        sections.append("\n".join([f"### {concern.value}", "", *header, *rows]))
+    return "\n\n".join(sections) + "\n"
+
+
+_README_SETTINGS_START = "<!-- settings: generated from app/config.py by scripts/settings_table.py -->\n"
+_README_SETTINGS_END = "<!-- /settings -->"
+
+
+def readme_with_configuration_tables(readme: str) -> str:
+    """``readme`` with its text between the settings markers replaced by ``configuration_tables()``."""
+    before, start, rest = readme.partition(_README_SETTINGS_START)
+    _, end, after = rest.partition(_README_SETTINGS_END)
+    if not start or not end:
+        raise ValueError(f"README has no {_README_SETTINGS_START.strip()} ... {_README_SETTINGS_END} section")
+    return before + start + "\n" + configuration_tables() + "\n" + end + after
+
+
+def _flag_in_words(flag: ServeFlag) -> str:
+    if flag.keywords.get("action") is argparse.BooleanOptionalAction:
+        return f"`{flag.option}` / `--no-{flag.option.removeprefix('--')}`"
+    value = flag.keywords.get("metavar") or "{" + ",".join(flag.keywords["choices"]) + "}"
+    repeatable = " (repeatable)" if flag.keywords.get("action") == "append" else ""
+    return f"`{flag.option} {value}`{repeatable}"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    given = {field: getattr(args, flag) for flag, field in SERVE_FLAGS.items() if getattr(args, flag, None) is not None}
+    given = {name: value for name in Settings.model_fields if (value := getattr(args, name, None)) is not None}
     return Settings(**given)
 
 

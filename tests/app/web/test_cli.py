@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,16 +12,18 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 import soundfile
+from pydantic import SecretStr
 
 from app.config import Settings
 from app.realtime.semantic_vad import EngineTextJudge
 from app.web.calls import text_judge
-from app.web.cli import _settings, build_parser, main
+from app.web.cli import _settings, build_parser, default_in_words, main, readme_with_configuration_tables, serve_flags
 from app.web.server import _base_session_config, create_app
 from tests.e2e.conftest import serving_in_process
 from tests.fakes import ScriptedEngine
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+README = Path(__file__).resolve().parents[3] / "README.md"
 
 
 def serve_settings(monkeypatch: pytest.MonkeyPatch, argv: list[str], **env: str) -> Settings:
@@ -270,3 +273,108 @@ def test_speculative_responses_are_on_unless_the_flag_or_the_environment_turns_t
     off = serve_settings(monkeypatch, [], OMNI_RTC_SPECULATIVE_RESPONSES="false")
     assert off.speculative_responses is False
     assert serve_settings(monkeypatch, ["--speculative-responses"], OMNI_RTC_SPECULATIVE_RESPONSES="false").speculative_responses
+
+
+# -- serve's flags follow from the Settings fields -----------------------------------------------
+
+
+def serve_help(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> str:
+    monkeypatch.setenv("COLUMNS", "10000")  # no wrapping: each help reads as written
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    return capsys.readouterr().out
+
+
+def test_every_setting_is_one_serve_flag():
+    flags = serve_flags()
+    assert [flag.setting for flag in flags] == list(Settings.model_fields)
+    assert len({flag.option for flag in flags}) == len(flags)
+    given = vars(build_parser().parse_args(["serve"]))
+    assert set(given) == {"command", *Settings.model_fields}
+    assert [name for name, value in given.items() if value is not None] == ["command"]  # none passed on unless given
+
+
+def test_serve_keeps_its_flag_names():
+    options = {flag.setting: flag.option for flag in serve_flags()}
+    assert options["engine_urls"] == "--engine-url"
+    assert options["ice_servers"] == "--ice-server"
+    assert options["cors_origins"] == "--cors-origin"
+    assert options["trusted_proxies"] == "--trusted-proxy"
+    assert options["allowed_hosts"] == "--allowed-host"
+    assert options["default_interrupt_response"] == "--interrupt-response"
+    assert (options["turn_username"], options["turn_credential"]) == ("--ice-username", "--ice-credential")
+    assert (options["disconnect_timeout_s"], options["turn_ttl_s"]) == ("--disconnect-timeout", "--turn-ttl")
+    assert options["max_batch"] == "--max-batch"
+
+
+def test_each_serve_flags_help_is_its_settings_description_and_default(monkeypatch, capsys):
+    text = serve_help(monkeypatch, capsys)
+    for flag in serve_flags():
+        description = Settings.model_fields[flag.setting].description
+        after_option = re.escape(flag.option) + r"[ ,][^\n]*\s+"
+        default = re.escape(f"default: {default_in_words(flag.setting)})")
+        help_text = re.escape(f"{description} (") + r"(repeatable; )?" + default
+        assert re.search(after_option + help_text, text), flag.option
+
+
+def test_serve_help_groups_the_flags_by_concern(monkeypatch, capsys):
+    text = serve_help(monkeypatch, capsys)
+    assert text.index("\nWebRTC:\n") < text.index("  --ice-server URL") < text.index("\nLimits:\n")
+    edge = text.index("\nEdge: auth, TLS, proxies, hosts:\n")
+    assert text.index("\nLimits:\n") < text.index("  --max-session SECONDS") < edge
+
+
+def test_every_on_off_setting_has_both_flags(monkeypatch):
+    assert serve_settings(monkeypatch, ["--ice-loopback"]).ice_loopback is True
+    assert serve_settings(monkeypatch, ["--no-ice-loopback"], OMNI_RTC_ICE_LOOPBACK="true").ice_loopback is False
+    assert serve_settings(monkeypatch, ["--no-jitter-buffer"]).jitter_buffer is False
+
+
+def test_serve_literal_flags_offer_the_fields_choices(monkeypatch, capsys):
+    assert serve_settings(monkeypatch, ["--log-level", "debug"]).log_level == "debug"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--log-level", "verbose"])
+    assert "argument --log-level: invalid choice: 'verbose'" in capsys.readouterr().err
+
+
+def test_serve_json_flags_read_json(monkeypatch, capsys):
+    settings = serve_settings(monkeypatch, ["--generation", '{"max_audio_frames": 250}'])
+    assert settings.generation == {"max_audio_frames": 250}
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--generation", "max_audio_frames=250"])
+    assert "argument --generation: not JSON" in capsys.readouterr().err
+
+
+def test_serve_list_flags_collect_and_replace_the_environments_list(monkeypatch):
+    settings = serve_settings(
+        monkeypatch, ["--allowed-host", "a.example", "--allowed-host", "*.b.example"], OMNI_RTC_ALLOWED_HOSTS="c.example"
+    )
+    assert settings.allowed_hosts == ["a.example", "*.b.example"]
+
+
+def test_serve_secret_flags_become_secret_strings(monkeypatch):
+    settings = serve_settings(monkeypatch, ["--api-key", "k-123"])
+    assert isinstance(settings.api_key, SecretStr) and settings.api_key.get_secret_value() == "k-123"
+
+
+def test_settings_that_were_environment_only_have_flags_over_the_environment(monkeypatch):
+    settings = serve_settings(
+        monkeypatch,
+        ["--max-session", "90", "--turn-stall-timeout", "0.5", "--max-sdp-bytes", "2048", "--max-events-per-second", "5"],
+        OMNI_RTC_MAX_SESSION_S="30",
+        OMNI_RTC_TURN_STALL_TIMEOUT_S="20",
+    )
+    assert (settings.max_session_s, settings.turn_stall_timeout_s) == (90.0, 0.5)
+    assert (settings.max_sdp_bytes, settings.max_events_per_second) == (2048, 5.0)
+
+
+def test_serve_refuses_a_bad_value_naming_the_key(capsys):
+    assert main(["serve", "--max-sdp-bytes", "100"]) == 2  # at least 1 KiB
+    assert "max_sdp_bytes" in capsys.readouterr().err
+
+
+def test_readme_configuration_tables_are_the_settings():
+    readme = README.read_text(encoding="utf-8")
+    assert readme_with_configuration_tables(readme) == readme, (
+        "README.md's configuration tables are stale: run PYTHONPATH=. .venv/bin/python scripts/settings_table.py"
+    )
