@@ -127,6 +127,10 @@ class HeldTurn:
                 while index < len(self._events):
                     yield self._events[index]
                     index += 1
+                    # A released backlog is a whole answer at once (25 codec frames, its deltas):
+                    # without a suspension between its events the outbound track's 20 ms slot for
+                    # the first audio frame waits until all of it has been handled.
+                    await asyncio.sleep(0)
                 if self.ended:
                     break
                 self._changed.clear()

@@ -57,9 +57,12 @@ async def test_barge_in_truncates_the_answer_to_the_audio_the_client_received(en
     engine, url = engine_and_url
     async with RealtimeClient(url, ice_loopback=True, session=BARGE_IN) as client:
         start = len(client.events)
+        # Marked before the answer: its first RTP frames may arrive before the data channel's
+        # output_audio_buffer.started does (a mark taken then missed 28 ms of it once). Until the
+        # answer, the server sends silence, which first_answer_ms skips.
+        mark = client.frames_received
         await client.say(read_utterance(FIXTURES / "hello.wav"))
         started = await client.wait_for("output_audio_buffer.started", start=start)
-        mark = client.frames_received
         while first_answer_ms(client.audio_since(mark)) < 500:  # ~0.5 s of the answer has arrived
             await asyncio.sleep(0.02)
         await client.say(read_utterance(FIXTURES / "weather.wav"))  # the user talks over it
