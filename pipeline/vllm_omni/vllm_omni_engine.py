@@ -54,6 +54,7 @@ from pipeline.contract import (
     NO_SPARE_CAPACITY,
     PREEMPTED,
     AudioChunk,
+    EngineCapabilities,
     EngineError,
     FinishReason,
     TextDelta,
@@ -137,6 +138,12 @@ class VllmOmniEngine:
     with every turn. A turn whose prompt may be longer than ``max_prompt_tokens``
     (``chat_completions.check_prompt_length``) fails ``prompt_too_long`` before it is sent.
     """
+
+    # No function calls: they are not carried to the server (``chat_completions``, docs/VLLM_OMNI.md).
+    # No end-of-turn scores: a chat completion returns text, not the next token's probability.
+    # Images go as image_url parts; preemptible turns follow the module docstring's rule.
+    capabilities = EngineCapabilities(function_calls=False, end_of_turn_scores=False, images=True,
+                                      preemptible_turns=True)
 
     def __init__(
         self,

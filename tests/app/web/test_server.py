@@ -23,12 +23,14 @@ from app.web.server import create_app
 from app.webrtc.ice import loopback_candidates, rtc_configuration
 from pipeline.contract import AudioChunk, TextDelta, TurnDone, TurnEvent, TurnRequest, Usage
 from pipeline.local.devices import usable_cores
+from tests.fakes import FULL_CAPABILITIES
 
 
 class FakeEngine:
     """Answers every turn with one word and 0.1 s of quiet tone."""
 
     name = "fake-engine"
+    capabilities = FULL_CAPABILITIES
     alive = True
     restarts = 0
     queue_depth = 0

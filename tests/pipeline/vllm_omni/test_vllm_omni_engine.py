@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from app.web.engines import StallTimeoutEngine
-from pipeline.contract import AudioChunk, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest
+from pipeline.contract import AudioChunk, EngineCapabilities, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
 from pipeline.tool_format import Tool, ToolChoice
 from pipeline.vllm_omni import vllm_omni_engine
@@ -118,6 +118,12 @@ async def test_a_transcription_is_text_only(replay: ReplayServer) -> None:
     assert not [event for _, event in events if isinstance(event, AudioChunk)]
     done = events[-1][1]
     assert isinstance(done, TurnDone) and done.text == TRANSCRIPT and done.finish_reason == "stop"
+
+
+def test_a_pool_of_servers_declares_no_function_calls_and_no_end_of_turn_scores() -> None:
+    pool = VllmOmniEnginePool(["http://gpu-1:8091/v1", "http://gpu-2:8091/v1"])
+    assert pool.capabilities == EngineCapabilities(function_calls=False, end_of_turn_scores=False, images=True,
+                                                   preemptible_turns=True)
 
 
 async def test_an_end_of_turn_score_is_refused_without_asking_the_server(replay: ReplayServer) -> None:
