@@ -240,11 +240,6 @@ class Settings(BaseSettings):
             )
         if self.engine_api_key is not None and not self.engine_urls:
             raise ValueError("engine_api_key is set without engine_urls: it is sent to vLLM-Omni servers only")
-        if self.engine_urls and self.turn_text_judge == "engine":
-            raise ValueError(
-                "turn_text_judge 'engine' set with engine_urls: the words' end-of-turn score (the Thinker's "
-                "P(<|im_end|>) after the transcript) is computed by the in-process engine only"
-            )
         return self
 
     @model_validator(mode="after")

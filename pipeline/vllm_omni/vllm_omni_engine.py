@@ -283,8 +283,6 @@ class VllmOmniEngine:
     async def _run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
         if self._closed:
             raise EngineError("the engine was closed")
-        if request.task == "end_of_turn":  # chat completions return text, not a next-token probability
-            raise EngineError("A vLLM-Omni server does not score the end of a turn.", code="unsupported_task")
         preemptible = None
         if request.preemptible_id is not None:
             if self.spare == 0:

@@ -126,14 +126,6 @@ def test_a_pool_of_servers_declares_no_function_calls_and_no_end_of_turn_scores(
                                                    preemptible_turns=True)
 
 
-async def test_an_end_of_turn_score_is_refused_without_asking_the_server(replay: ReplayServer) -> None:
-    asked = len(replay.requests)
-    async with started(replay.url) as engine:
-        with pytest.raises(EngineError) as refused:
-            await run(engine, TurnRequest.end_of_turn("Please put the"))
-    assert refused.value.code == "unsupported_task" and len(replay.requests) == asked
-
-
 async def test_max_output_tokens_ends_the_answer_with_length(replay: ReplayServer) -> None:
     request = TurnRequest(Conversation(items=(UserText("Hi"),)), max_output_tokens=4)
     async with started(replay.url) as engine:
