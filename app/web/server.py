@@ -24,6 +24,7 @@ from starlette.middleware.cors import CORSMiddleware
 from app.config import Settings, load_dev_replies
 from app.realtime.prompt_budget import check_session, session_param
 from app.realtime.protocol import ProtocolError
+from app.realtime.session_capabilities import check_tool_choice, fitted
 from app.realtime.session_config import SessionConfig, TurnDetection
 from app.web.auth import Authenticator, install_auth
 from app.web.calls import check_text_judge, ice_servers, load_end_of_turn_model
@@ -103,13 +104,18 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     base_config = _base_session_config(settings)
 
     async def resolve_session(partial: dict[str, Any] | None) -> dict[str, Any]:
-        """The effective session a client secret's call will start with (``ValueError`` when wrong)."""
+        """The effective session a client secret's call will start with (``ValueError`` when wrong,
+        or when it asks what the engine cannot do)."""
+        runtime = getattr(app.state, "runtime", None)
         try:
             config = SessionConfig.from_session(partial or {}, base=base_config)
             await check_session(config, since=base_config, param=session_param(partial or {}))
+            if runtime is not None:
+                capabilities = runtime.for_sessions.capabilities
+                check_tool_choice(config.tool_choice, capabilities, "session.tool_choice")
+                config = fitted(config, capabilities)
         except ProtocolError as exc:
             raise ValueError(exc.message) from None
-        runtime = getattr(app.state, "runtime", None)
         model = runtime.for_sessions.name if runtime is not None else "unknown"
         return config.to_session_object(session_id="", model=model, expires_at=0).model_dump(mode="json")
 

@@ -75,7 +75,6 @@ from pipeline.vllm_omni.chat_completions import (
     ServerError,
     StreamPiece,
     TextPiece,
-    ToolsUnsupported,
     UsagePiece,
     check_prompt_length,
     encode_chat_request,
@@ -296,10 +295,6 @@ class VllmOmniEngine:
         try:
             try:
                 body = await asyncio.to_thread(self._request_body, request)
-            except ToolsUnsupported:
-                raise EngineError(
-                    "Function calling is not available with vLLM-Omni engines (--engine-url).", code="tools_unsupported"
-                ) from None
             except PromptTooLong as exc:
                 # The turn's, not the server's: the server's health is not touched.
                 logger.warning("engine server %s: a turn refused before it was sent: %s", redacted(self.url), exc)

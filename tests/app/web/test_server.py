@@ -321,6 +321,22 @@ async def test_an_engine_that_scores_the_end_of_a_turn_serves_with_turn_text_jud
         assert app.state.runtime is not None
 
 
+async def test_a_client_secret_forcing_a_call_the_engine_cannot_make_is_refused(settings):
+    settings = settings.model_copy(update={"api_key": SecretStr("sk-test"), "media_workers": 1})
+    engine = ScriptedEngine(capabilities=dataclasses.replace(FULL_CAPABILITIES, function_calls=False))
+    app = create_app(settings, engine=engine)
+    tool = {"type": "function", "name": "get_time", "parameters": {"type": "object"}}
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as http:
+            refused = await http.post(
+                "/v1/realtime/client_secrets", headers={"Authorization": "Bearer sk-test"},
+                json={"session": {"type": "realtime", "tools": [tool], "tool_choice": "required"}},
+            )
+    assert refused.status_code == 400
+    assert "does not call functions" in refused.json()["error"]["message"]
+
+
 class TwoEnginePool(FakeEngine):
     """An engine pool whose second engine process is being restarted."""
 

@@ -15,7 +15,6 @@ import pytest
 from app.web.engines import StallTimeoutEngine
 from pipeline.contract import AudioChunk, EngineCapabilities, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
-from pipeline.tool_format import Tool, ToolChoice
 from pipeline.vllm_omni import vllm_omni_engine
 from pipeline.vllm_omni.chat_completions import MAX_EVENT_LINE_BYTES
 from pipeline.vllm_omni.vllm_omni_engine import VllmOmniEngine, VllmOmniEnginePool, redacted
@@ -254,16 +253,6 @@ async def test_a_failing_server_fails_the_turn_and_serves_the_next(
         assert "HTTP 500" in str(failed.value) if failure == "http_500" else "Internal" not in str(failed.value)
         again = await run(engine, written())
         assert engine.describe()[0]["failures"] == 1
-    assert isinstance(again[-1][1], TurnDone)
-
-
-async def test_a_turn_that_must_call_a_function_fails_as_unsupported_and_the_next_runs(replay: ReplayServer) -> None:
-    must_call = Conversation((UserText("Time?"),), tools=(Tool("get_time"),), tool_choice=ToolChoice("required"))
-    async with started(replay.url) as engine:
-        with pytest.raises(EngineError) as refused:
-            await run(engine, TurnRequest(must_call))
-        again = await run(engine, written())
-    assert refused.value.code == "tools_unsupported"
     assert isinstance(again[-1][1], TurnDone)
 
 
