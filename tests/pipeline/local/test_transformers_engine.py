@@ -55,7 +55,7 @@ async def collect(engine, request):
     return [event async for event in engine.run_turn(request)]
 
 
-def test_a_pool_of_engine_processes_declares_everything_the_model_does():
+async def test_a_pool_of_engine_processes_declares_everything_the_model_does():
     pool = TransformersEnginePool("unused-model", devices=["cpu", "cpu"])
     assert pool.capabilities == EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=True,
                                                    preemptible_turns=True)
