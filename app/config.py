@@ -172,8 +172,8 @@ class Settings(BaseSettings):
         "off",
         description="engine: semantic_vad also judges the words said: Qwen3-Omni transcribes the utterance at each "
         "candidate silence and scores whether its text is a complete turn (two short engine turns a check; "
-        'docs/SESSION.md "semantic_vad"); for real weights (the dev model\'s words are noise), on the in-process '
-        "engine only",
+        'docs/SESSION.md "semantic_vad"); for real weights (the dev model\'s words are noise); needs an engine that '
+        "scores the end of a turn, the in-process one (with engine_urls the server refuses to start)",
     )
     speculative_responses: Annotated[bool, Flag(Concern.SESSIONS)] = Field(
         True,
@@ -427,11 +427,6 @@ class Settings(BaseSettings):
             )
         if self.engine_api_key is not None and not self.engine_urls:
             raise ValueError("engine_api_key is set without engine_urls: it is sent to vLLM-Omni servers only")
-        if self.engine_urls and self.turn_text_judge == "engine":
-            raise ValueError(
-                "turn_text_judge 'engine' set with engine_urls: the words' end-of-turn score (the Thinker's "
-                "P(<|im_end|>) after the transcript) is computed by the in-process engine only"
-            )
         return self
 
     @model_validator(mode="after")

@@ -18,12 +18,17 @@ engine keeps (``Engine``):
 What counts as capacity is each engine's (``pipeline.local.transformers_engine.TransformersEngine``: fewer turns
 than ``max_batch``; ``pipeline.vllm_omni.vllm_omni_engine.VllmOmniEngine``: a documented rule, since a vLLM-Omni server
 does not say how full it is).
+
+What an engine can do is on the engine (``Engine.capabilities``, :class:`EngineCapabilities`), for
+whoever decides before a turn exists: the session refuses or turns off what its engine lacks, and
+the server builds nothing that needs it. A turn that asks for what its engine lacks is its
+caller's mistake (no session sends one), not a failure the engine owes a code for.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Iterable
+from dataclasses import dataclass, field, fields
 from typing import Literal, Protocol
 
 import numpy as np
@@ -196,6 +201,29 @@ FunctionCallEvent = FunctionCallStarted | FunctionCallDelta | FunctionCallDone
 TurnEvent = TextDelta | AudioChunk | FunctionCallEvent | TurnDone
 
 
+@dataclass(frozen=True, kw_only=True)
+class EngineCapabilities:
+    """What an engine's turns can hold or do beyond answering and transcribing, which every engine
+    does. A pool of engines can do what every one of its members can (``shared_by``)."""
+
+    # Answers call the conversation's tools (``FunctionCall*`` events) and prompts hold calls and
+    # their outputs: a tool_choice that forces a call, and a call in the history, need it.
+    function_calls: bool
+    # Runs task "end_of_turn" (``TurnDone.end_of_turn_probability``): semantic_vad's text judge needs it.
+    end_of_turn_scores: bool
+    # Sees ``UserImage`` items (input_image, camera frames).
+    images: bool
+    # Takes preemptible turns (``TurnRequest.preemptible_id``, the module docstring): speculative
+    # answers and partial transcripts are made of them.
+    preemptible_turns: bool
+
+    @classmethod
+    def shared_by(cls, capabilities: Iterable[EngineCapabilities]) -> EngineCapabilities:
+        """What every one of ``capabilities`` can do (a turn may go to any member of a pool)."""
+        every = list(capabilities)
+        return cls(**{can.name: all(getattr(each, can.name) for each in every) for can in fields(cls)})
+
+
 # EngineError codes of preemptible turns (the module docstring): refused for want of a free slot,
 # and cancelled for an ordinary turn that needed its slot.
 NO_SPARE_CAPACITY = "no_spare_capacity"
@@ -216,9 +244,11 @@ class Engine(Protocol):
     Closing the iterator early (``aclose()``, or cancelling the task that iterates it)
     cancels the turn: compute stops within one decoding step and the engine is free
     for the next queued turn. Preemptible turns and ``promote``: the module docstring.
+    ``capabilities``: what its turns can hold or do, fixed for the engine's life.
     """
 
     name: str
+    capabilities: EngineCapabilities
 
     async def start(self) -> None: ...
 

@@ -6,7 +6,8 @@ loads no torch.
 
 An ordinary turn goes to the member with the fewest ordinary turns (``load``: a preemptible
 turn gives its slot up to it, ``pipeline.contract``); a preemptible one to the member with the most
-``spare`` capacity, which refuses it when it has none.
+``spare`` capacity, which refuses it when it has none. Since any member may get a turn, the pool
+can do what every member can (``capabilities``).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import contextlib
 from collections.abc import AsyncGenerator
 from typing import Any, Generic, Protocol, TypeVar
 
-from pipeline.contract import TurnEvent, TurnRequest
+from pipeline.contract import EngineCapabilities, TurnEvent, TurnRequest
 
 
 class PooledEngine(Protocol):
     name: str
+    capabilities: EngineCapabilities
 
     @property
     def alive(self) -> bool: ...
@@ -52,6 +54,7 @@ class LeastLoadedPool(Generic[EngineT]):
             raise ValueError("an engine pool needs at least one engine")
         self.engines = engines
         self.name = engines[0].name
+        self.capabilities = EngineCapabilities.shared_by(engine.capabilities for engine in engines)
 
     @property
     def alive(self) -> bool:

@@ -37,6 +37,7 @@ from pipeline.contract import (
     PREEMPTED,
     AudioChunk,
     Engine,
+    EngineCapabilities,
     EngineError,
     TextDelta,
     TurnDone,
@@ -50,6 +51,8 @@ from pipeline.conversation import UserAudio, UserImage
 # Server VAD without barge-in: the user's speech over an answer is heard but not acted on. Tests
 # of half-duplex say so, since a session's default is OpenAI's interrupt_response: true.
 HALF_DUPLEX = SessionConfig(turn_detection=TurnDetection(interrupt_response=False))
+# What the in-process engine can do: the stand-ins' default (a test turns one off to see it refused).
+FULL_CAPABILITIES = EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=True, preemptible_turns=True)
 
 CODEC_FRAME_SAMPLES = 1920  # one 80 ms Code2Wav frame at 24 kHz
 INPUT_CHUNK_SAMPLES = 320  # 20 ms at 16 kHz: what the inbound WebRTC track delivers
@@ -64,6 +67,7 @@ class ScriptedEngine:
     audio (a Thinker far ahead of its audio), then the audio in chunks of
     ``frames_per_chunk`` frames, ``chunk_interval_s`` apart (a decoder that keeps just up
     with playback). ``waveform="tone"`` makes every frame clearly audible after Opus.
+    ``capabilities``: what it declares it can do (it answers whatever it is asked).
     """
 
     name = "scripted-engine"
@@ -77,8 +81,10 @@ class ScriptedEngine:
         frames_per_chunk: int = 1,
         chunk_interval_s: float = 0.0,
         waveform: Literal["ramp", "tone"] = "ramp",
+        capabilities: EngineCapabilities = FULL_CAPABILITIES,
     ) -> None:
         self.reply = reply
+        self.capabilities = capabilities
         self.transcript = transcript  # what every transcription turn "hears" (text only), or of each clip
         self.text_first = text_first
         self.frames_per_chunk = frames_per_chunk

@@ -28,7 +28,6 @@ FAILURE_MESSAGES = {
     "engine_error": "The model failed on this turn.",
     "engine_stream_error": "The model server's stream broke off during the turn.",
     "engine_http_error": "The model server refused the turn.",
-    "tools_unsupported": "Function calling is not available with this server's engine.",
     "turn_too_large": "The conversation is too large to send to the model.",
     "context_length_exceeded": "The conversation is past its token budget and truncation is disabled: "
     "delete items, or set truncation to 'auto' or a retention_ratio.",

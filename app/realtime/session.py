@@ -15,7 +15,8 @@ but not acted on; ``null`` is manual mode (``input_audio_buffer.commit`` + ``res
 Server VAD's events are turned into the protocol's by ``app.realtime.turn_taking``; answers start
 at a candidate end of turn and are held until the commit (``app.realtime.speculation``); with
 input transcription on, the words are transcribed while the user speaks too
-(``app.realtime.partial_transcripts``).
+(``app.realtime.partial_transcripts``). What its engine cannot do (``Engine.capabilities``) is
+refused where a client asks for it, or off in its session (``app.realtime.session_capabilities``).
 docs/SESSION.md has the whole picture.
 """
 
@@ -71,6 +72,7 @@ from app.realtime.response import Response
 from app.realtime.response_events import apply_response_params, turn_request
 from app.realtime.response_run import ResponsePort, ResponseRun
 from app.realtime.semantic_vad import SemanticVad, TextJudge
+from app.realtime.session_capabilities import check_item, check_pushed_image, check_tool_choice, first_config, fitted
 from app.realtime.session_config import SessionConfig, TurnDetection
 from app.realtime.speculation import OutcomeObserver, Speculation, SpeculativeTurn, Speculator
 from app.realtime.transcription import Transcriptions
@@ -118,13 +120,16 @@ class RealtimeSession:
         ``on_partial_transcript``: each partial transcript's outcome (metrics, ``app.realtime.partial_transcripts``).
         ``clock``: what the event gate and the appends' bound count time by (tests run it faster)."""
         self._engine = engine
+        self._capabilities = engine.capabilities
         self._session_fields = session_fields
         self._send = send
         self.session_id = session_id or new_id("sess")
         self._semantic = SemanticVad(end_of_turn, self._on_end_of_turn_answer, name=self.session_id,
                                      text_judge=text_judge,
                                      on_words=self._on_words_answer if text_judge is not None else None)
-        self._config, self._start_error = self._semantic.runnable(config or SessionConfig())
+        first, unfit = first_config(config or SessionConfig(), self._capabilities)
+        self._config, unavailable = self._semantic.runnable(first)
+        self._start_errors = [error for error in (unfit, unavailable) if error is not None]
         self._gate = EventGate(
             max_bytes=self._config.max_event_bytes,
             per_second=self._config.max_events_per_second,
@@ -181,8 +186,8 @@ class RealtimeSession:
     async def start(self) -> None:
         """Announce the session: ``session.created`` with the full effective session."""
         self._emit(SessionCreatedEvent(session=self._session_object()))
-        if self._start_error is not None:
-            self._emit(self._start_error.to_event())
+        for error in self._start_errors:
+            self._emit(error.to_event())
 
     async def handle_message(self, raw: str | bytes) -> None:
         """Handle one client event (JSON text); every mistake is answered with an ``error``."""
@@ -325,10 +330,11 @@ class RealtimeSession:
         old = self._config
         fields = event.session if self._session_fields is None else self._session_fields(event.session)
         updated = old.updated(fields)
+        check_tool_choice(updated.tool_choice, self._capabilities, "session.tool_choice")
         await check_session(updated, since=old, param=session_param(event.session))
         if self._closed:
             return
-        new, unavailable = self._semantic.runnable(updated)
+        new, unavailable = self._semantic.runnable(fitted(updated, self._capabilities))
         if unavailable is not None:
             self._emit(unavailable.for_event(event.event_id).to_event())
         self._config = new
@@ -348,6 +354,7 @@ class RealtimeSession:
 
     async def _append_image(self, event: InputImageBufferAppendEvent) -> None:
         """A frame the client pushed joins the next committed utterance, as a camera frame does."""
+        check_pushed_image(self._capabilities)
         video = self._config.video
         now = time.monotonic()
         if not self._frames.wants_pushed(video, now):
@@ -385,6 +392,7 @@ class RealtimeSession:
         images: dict[int, UserImage] = {}
         audio: dict[int, UserAudio] = {}
         item = event.item
+        check_item(item, self._capabilities)
         # Images and audio are decoded in worker threads; the history checks the rest.
         if isinstance(item, ClientMessageItem) and item.role == "user":
             images = await read_item_images(item.content, max_bytes=self._config.max_image_bytes,
@@ -423,6 +431,7 @@ class RealtimeSession:
         params = event.response
         if params is not None:
             apply_response_params(response, params, max_chars=self._config.max_text_chars)
+            check_tool_choice(response.tool_choice, self._capabilities, "response.tool_choice")
             if params.instructions is not None or params.tools is not None:
                 await check_system_budget(
                     response.instructions, response.tools, budget=self._config.max_instructions_tokens,

@@ -14,7 +14,7 @@ from app.web.metrics import Metrics
 from app.webrtc.call import Call, SessionFactory, new_call_id
 from app.webrtc.ice import IceServer, rest_api_credentials, rtc_configuration
 from media.end_of_turn_model import SmartTurnModel, default_turn_model_path
-from pipeline.contract import Engine
+from pipeline.contract import Engine, EngineCapabilities
 
 logger = logging.getLogger(__name__)
 
@@ -72,9 +72,23 @@ def new_call(
     )
 
 
+def check_text_judge(settings: Settings, capabilities: EngineCapabilities) -> None:
+    """At start, before the engine loads: ``turn_text_judge`` 'engine' needs an engine that scores
+    the end of a turn (``ValueError`` naming the setting)."""
+    if settings.turn_text_judge == "engine" and not capabilities.end_of_turn_scores:
+        raise ValueError(
+            "turn_text_judge 'engine': this server's engine does not score the end of a turn (the Thinker's "
+            "P(<|im_end|>) after the transcript; vLLM-Omni servers, engine_urls, return text only); "
+            "set turn_text_judge to 'off'"
+        )
+
+
 def text_judge(settings: Settings, engine: Engine) -> TextJudge | None:
-    """semantic_vad's judge of the words (``turn_text_judge``): Qwen3-Omni on the sessions' engine."""
-    return EngineTextJudge(engine) if settings.turn_text_judge == "engine" else None
+    """semantic_vad's judge of the words (``turn_text_judge``): Qwen3-Omni on the sessions' engine,
+    when that engine scores the end of a turn (``check_text_judge`` refused the setting otherwise)."""
+    if settings.turn_text_judge == "engine" and engine.capabilities.end_of_turn_scores:
+        return EngineTextJudge(engine)
+    return None
 
 
 def load_end_of_turn_model(settings: Settings) -> SmartTurnModel | None:

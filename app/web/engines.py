@@ -2,9 +2,10 @@
 
 Every wrapper keeps one forwarding contract (:class:`EngineWrapper`): it changes only
 ``run_turn`` (and ``promote``, where it must know which preemptible turns were made ordinary);
-``name`` and every other attribute (``alive``, ``restarts``, ``queue_depth``...)
-read through to the wrapped engine, and ``start``/``close`` belong to whoever owns the wrapped
-engine, so a wrapper never starts or closes it. The server stacks them as
+``name``, ``capabilities`` (no wrapper adds to or takes from what the engine can do) and every
+other attribute (``alive``, ``restarts``, ``queue_depth``...) read through to the wrapped engine,
+and ``start``/``close`` belong to whoever owns the wrapped engine, so a wrapper never starts or
+closes it. The server stacks them as
 ``MeteredEngine(StallTimeoutEngine(engine))``; with ``--dev-replies`` each session gets
 ``DevReplies`` around that.
 """
@@ -33,6 +34,7 @@ class EngineWrapper:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self.name = engine.name
+        self.capabilities = engine.capabilities
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)

@@ -39,7 +39,7 @@ from app.web.resources import process_resources
 from app.webrtc.call import Call, CallRegistry, OfferError
 from media.end_of_turn_model import EndOfTurnModel
 from media.vad import SileroVad
-from pipeline.contract import EngineError, TurnEvent, TurnRequest
+from pipeline.contract import EngineCapabilities, EngineError, TurnEvent, TurnRequest
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +57,12 @@ class EngineProxy:
     Closing a turn's iterator before it ended cancels the turn in the front (``cancel_turn``).
     An ``EngineError`` in the front is raised here with its code (``preempted`` and
     ``no_spare_capacity`` included). ``promote`` asks the front's engine and waits for its answer.
+    ``name`` and ``capabilities`` are the front's engine's, given when the worker was spawned.
     """
 
-    def __init__(self, name: str, send: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, name: str, capabilities: EngineCapabilities, send: Callable[[dict[str, Any]], None]) -> None:
         self.name = name
+        self.capabilities = capabilities
         self._send = send
         self._turns: dict[int, asyncio.Queue[dict[str, Any]]] = {}
         self._ids = itertools.count(1)
@@ -125,10 +127,11 @@ class EngineProxy:
 class MediaWorker:
     """One worker's loop: the connection to the front, its calls, its status reports."""
 
-    def __init__(self, index: int, settings: Settings, engine_name: str) -> None:
+    def __init__(self, index: int, settings: Settings, engine_name: str, capabilities: EngineCapabilities) -> None:
         self.index = index
         self._settings = settings
         self._engine_name = engine_name
+        self._capabilities = capabilities
         self._writer: asyncio.StreamWriter | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._dev_replies: tuple[str, ...] = ()
@@ -141,7 +144,7 @@ class MediaWorker:
         end_of_turn = await asyncio.to_thread(load_end_of_turn_model, self._settings)
         self._dev_replies = await asyncio.to_thread(load_dev_replies, self._settings.dev_replies)
         metrics = Metrics(worker=str(self.index))
-        engine = EngineProxy(self._engine_name, self._send)
+        engine = EngineProxy(self._engine_name, self._capabilities, self._send)
         # The front counts every worker's sessions and their ends (omni_rtc_sessions_open,
         # omni_rtc_calls): this registry only tells it when a call ends.
         calls = CallRegistry(_UNLIMITED, on_closed=self._closed)
@@ -256,7 +259,9 @@ class MediaWorker:
             await asyncio.sleep(STATUS_INTERVAL_S)
 
 
-def run_media_worker(index: int, socket_path: str, settings: Settings, engine_name: str) -> None:
+def run_media_worker(
+    index: int, socket_path: str, settings: Settings, engine_name: str, capabilities: EngineCapabilities
+) -> None:
     """The worker process's entry point (``multiprocessing`` spawns it)."""
     # Ctrl-C (SIGINT) and a service manager's stop (SIGTERM to the whole control group: systemd's
     # default KillMode) reach the workers too. Dying of them, a worker dropped its calls unclosed and
@@ -267,4 +272,4 @@ def run_media_worker(index: int, socket_path: str, settings: Settings, engine_na
     logging.basicConfig(
         level=settings.log_level.upper(), format=f"%(asctime)s %(levelname)s worker-{index} %(name)s: %(message)s"
     )
-    asyncio.run(MediaWorker(index, settings, engine_name).serve(socket_path))
+    asyncio.run(MediaWorker(index, settings, engine_name, capabilities).serve(socket_path))

@@ -24,9 +24,10 @@ from starlette.middleware.cors import CORSMiddleware
 from app.config import Settings, load_dev_replies
 from app.realtime.prompt_budget import check_session, session_param
 from app.realtime.protocol import ProtocolError
+from app.realtime.session_capabilities import check_tool_choice, fitted
 from app.realtime.session_config import SessionConfig, TurnDetection
 from app.web.auth import Authenticator, install_auth
-from app.web.calls import ice_servers, load_end_of_turn_model
+from app.web.calls import check_text_judge, ice_servers, load_end_of_turn_model
 from app.web.debug import debug_router
 from app.web.edge import EdgeMiddleware
 from app.web.engines import MeteredEngine, StallTimeoutEngine
@@ -67,6 +68,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 serving, model = await _start_engine(settings)
                 stack.push_async_callback(serving.close)
             else:
+                check_text_judge(settings, engine.capabilities)
                 serving, model = engine, getattr(engine, "name", type(engine).__name__)
             vad = await asyncio.to_thread(SileroVad.load)
             end_of_turn = await asyncio.to_thread(load_end_of_turn_model, settings)
@@ -102,13 +104,18 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     base_config = _base_session_config(settings)
 
     async def resolve_session(partial: dict[str, Any] | None) -> dict[str, Any]:
-        """The effective session a client secret's call will start with (``ValueError`` when wrong)."""
+        """The effective session a client secret's call will start with (``ValueError`` when wrong,
+        or when it asks what the engine cannot do)."""
+        runtime = getattr(app.state, "runtime", None)
         try:
             config = SessionConfig.from_session(partial or {}, base=base_config)
             await check_session(config, since=base_config, param=session_param(partial or {}))
+            if runtime is not None:
+                capabilities = runtime.for_sessions.capabilities
+                check_tool_choice(config.tool_choice, capabilities, "session.tool_choice")
+                config = fitted(config, capabilities)
         except ProtocolError as exc:
             raise ValueError(exc.message) from None
-        runtime = getattr(app.state, "runtime", None)
         model = runtime.for_sessions.name if runtime is not None else "unknown"
         return config.to_session_object(session_id="", model=model, expires_at=0).model_dump(mode="json")
 
@@ -221,6 +228,16 @@ def _base_session_config(settings: Settings) -> SessionConfig:
 
 
 async def _start_engine(settings: Settings) -> tuple[Engine, str]:
+    """The settings' engine, started, and the model it serves."""
+    engine, model = await _new_engine(settings)
+    check_text_judge(settings, engine.capabilities)  # before a model loads for a server that could not run
+    await engine.start()
+    return engine, model or engine.name
+
+
+async def _new_engine(settings: Settings) -> tuple[Engine, str | None]:
+    """The settings' engine, not started, and the model it serves (None: the engine's name once
+    started, a vLLM-Omni server's served model)."""
     if settings.engine_urls:
         from pipeline.vllm_omni.vllm_omni_engine import VllmOmniEnginePool
 
@@ -231,8 +248,7 @@ async def _start_engine(settings: Settings) -> tuple[Engine, str]:
             seed=settings.seed,
             max_prompt_tokens=settings.max_prompt_tokens,
         )
-        await remote.start()
-        return remote, remote.name
+        return remote, None
     # Imported here: the engine pulls in torch and transformers, which the CLI's other
     # commands and the client never need.
     from pipeline.local.devmodel import ensure_dev_model
@@ -255,5 +271,4 @@ async def _start_engine(settings: Settings) -> tuple[Engine, str]:
         attn_implementation=settings.attn_implementation,
         max_prompt_tokens=settings.max_prompt_tokens,
     )
-    await engine.start()
     return engine, model

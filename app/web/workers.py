@@ -274,7 +274,7 @@ class MediaWorkerPool:
     def _spawn(self, worker: WorkerHandle) -> None:
         worker.process = self._context.Process(
             target=run_media_worker,
-            args=(worker.index, self.socket_path, self._settings, self._engine.name),
+            args=(worker.index, self.socket_path, self._settings, self._engine.name, self._engine.capabilities),
             name=f"omni-rtc media worker {worker.index}",
             # Stopped by the front at its exit; a front killed outright closes the IPC socket,
             # and a worker whose connection ends closes its calls and exits.

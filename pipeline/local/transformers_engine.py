@@ -47,6 +47,7 @@ from pipeline.contract import (
     NO_SPARE_CAPACITY,
     PREEMPTED,
     AudioChunk,
+    EngineCapabilities,
     EngineError,
     TextDelta,
     TurnDone,
@@ -213,6 +214,12 @@ class TransformersEngine:
     and serves text-only turns. A turn whose prompt renders to more than ``max_prompt_tokens``
     fails alone (``EngineError`` code ``prompt_too_long``) before it joins the batch.
     """
+
+    # The whole model is here: the Thinker's tool calls are read from its tokens
+    # (``pipeline.local.tool_calls``), "end_of_turn" is one forward pass of it
+    # (``engine_process``), images go through its vision encoder (``pipeline.local.prompt``), and
+    # preemptible turns are the batch's own rules (the module docstring).
+    capabilities = EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=True, preemptible_turns=True)
 
     def __init__(
         self,

@@ -23,10 +23,12 @@ The request (:func:`chat_request`):
   deploy defaults with the sampling fields a request sets explicitly, ``max_tokens`` among them
   (``max_completion_tokens`` is not); the Talker and Code2Wav keep their deploy defaults.
 - ``stream: true`` with ``stream_options.include_usage``: the usage chunk comes last.
-- Function calling is not carried (*decided*, docs/VLLM_OMNI.md): tools offered with
-  ``tool_choice`` ``auto`` are left out (the model answers without calling, as before tools
-  were read at all); a turn that must call (``required``, a named function) or holds function
-  calls or outputs is refused (:class:`ToolsUnsupported`).
+- Function calling is not carried (*decided*, docs/VLLM_OMNI.md; the engine declares no
+  ``function_calls``): tools offered with ``tool_choice`` ``auto`` are left out (the model answers
+  without calling, as before tools were read at all). A turn that must call (``required``, a
+  named function) or holds function calls or outputs is one no session sends (it refuses them up
+  front, ``app.realtime.session_capabilities``); given one, this raises :class:`ToolsUnsupported`
+  rather than send it as a turn that may answer without calling.
 
 The stream (:func:`read_chunk`): server-sent events, each ``data:`` one JSON chunk, then
 ``data: [DONE]``. A chunk's top-level ``modality`` says what ``choices[0].delta.content`` holds:
@@ -107,7 +109,8 @@ def encode_chat_request(request: TurnRequest, *, model: str | None = None, seed:
 
 
 class ToolsUnsupported(ValueError):
-    """A turn with function calling, which this client does not carry to vLLM-Omni."""
+    """A turn with function calling, which this client does not carry to vLLM-Omni (a caller's
+    mistake: ``VllmOmniEngine.capabilities`` says so)."""
 
 
 def _messages(request: TurnRequest) -> list[dict[str, Any]]:

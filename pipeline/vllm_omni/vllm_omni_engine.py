@@ -54,6 +54,7 @@ from pipeline.contract import (
     NO_SPARE_CAPACITY,
     PREEMPTED,
     AudioChunk,
+    EngineCapabilities,
     EngineError,
     FinishReason,
     TextDelta,
@@ -74,7 +75,6 @@ from pipeline.vllm_omni.chat_completions import (
     ServerError,
     StreamPiece,
     TextPiece,
-    ToolsUnsupported,
     UsagePiece,
     check_prompt_length,
     encode_chat_request,
@@ -137,6 +137,12 @@ class VllmOmniEngine:
     with every turn. A turn whose prompt may be longer than ``max_prompt_tokens``
     (``chat_completions.check_prompt_length``) fails ``prompt_too_long`` before it is sent.
     """
+
+    # No function calls: they are not carried to the server (``chat_completions``, docs/VLLM_OMNI.md).
+    # No end-of-turn scores: a chat completion returns text, not the next token's probability.
+    # Images go as image_url parts; preemptible turns follow the module docstring's rule.
+    capabilities = EngineCapabilities(function_calls=False, end_of_turn_scores=False, images=True,
+                                      preemptible_turns=True)
 
     def __init__(
         self,
@@ -276,8 +282,6 @@ class VllmOmniEngine:
     async def _run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
         if self._closed:
             raise EngineError("the engine was closed")
-        if request.task == "end_of_turn":  # chat completions return text, not a next-token probability
-            raise EngineError("A vLLM-Omni server does not score the end of a turn.", code="unsupported_task")
         preemptible = None
         if request.preemptible_id is not None:
             if self.spare == 0:
@@ -291,10 +295,6 @@ class VllmOmniEngine:
         try:
             try:
                 body = await asyncio.to_thread(self._request_body, request)
-            except ToolsUnsupported:
-                raise EngineError(
-                    "Function calling is not available with vLLM-Omni engines (--engine-url).", code="tools_unsupported"
-                ) from None
             except PromptTooLong as exc:
                 # The turn's, not the server's: the server's health is not touched.
                 logger.warning("engine server %s: a turn refused before it was sent: %s", redacted(self.url), exc)

@@ -73,6 +73,12 @@ class InstantReplyEngine:
 
     name = "instant-reply"
 
+    @property
+    def capabilities(self) -> Any:
+        from pipeline.contract import EngineCapabilities
+
+        return EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=True, preemptible_turns=True)
+
     async def start(self) -> None:
         return None
 

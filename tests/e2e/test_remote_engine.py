@@ -268,6 +268,33 @@ async def test_webrtc_an_engine_server_failure_fails_the_turn_and_the_call_goes_
     assert served["status"] == "completed"
 
 
+TOOL = {"type": "function", "name": "get_time", "description": "The time.", "parameters": {"type": "object"}}
+
+
+async def test_websocket_a_tool_choice_that_forces_a_call_is_refused_up_front(server_url: str, replay: ReplayServer) -> None:
+    text_only = {**SESSION, "output_modalities": ["text"]}
+    async with RealtimeSocketClient(server_url, session=text_only, timeout_s=DEADLINE_S) as client:
+        start = len(client.events)
+        await client.send({"type": "session.update", "session": {"tools": [TOOL], "tool_choice": "required"}})
+        error = (await client.wait_for("error", start=start))["error"]
+        served = await text_turn(client, "Hello?")
+    assert error["code"] == "tools_unsupported" and error["param"] == "session.tool_choice"
+    assert served["status"] == "completed"
+
+
+async def test_webrtc_a_media_workers_session_knows_what_the_engine_cannot_do(server_url: str, replay: ReplayServer) -> None:
+    """The engine's capabilities cross to the media worker holding the call."""
+    text_only = {**SESSION, "output_modalities": ["text"]}
+    async with RealtimeClient(server_url, ice_loopback=True, session=text_only, timeout_s=DEADLINE_S) as client:
+        start = len(client.events)
+        await client.send({"type": "conversation.item.create", "item": {
+            "type": "function_call", "call_id": "call_1", "name": "get_time", "arguments": "{}"}})
+        error = (await client.wait_for("error", start=start))["error"]
+        served = await text_turn(client, "Hello?")
+    assert error["code"] == "tools_unsupported" and error["param"] == "item.type"
+    assert served["status"] == "completed"
+
+
 async def test_an_unreachable_engine_server_fails_turns_and_shows_in_healthz(server_url: str, replay: ReplayServer) -> None:
     async with RealtimeSocketClient(server_url, session={**SESSION, "output_modalities": ["text"]},
                                     timeout_s=DEADLINE_S) as client:

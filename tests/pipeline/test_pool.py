@@ -5,14 +5,17 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from pipeline.contract import TurnDone, TurnEvent, TurnRequest, Usage
+from pipeline.contract import EngineCapabilities, TurnDone, TurnEvent, TurnRequest, Usage
 from pipeline.conversation import Conversation, UserText
 from pipeline.pool import LeastLoadedPool
+from tests.fakes import FULL_CAPABILITIES
 
 
 class Member:
-    def __init__(self, name: str, *, load: int, spare: int, alive: bool = True, holding: tuple[str, ...] = ()) -> None:
+    def __init__(self, name: str, *, load: int, spare: int, alive: bool = True, holding: tuple[str, ...] = (),
+                 capabilities: EngineCapabilities = FULL_CAPABILITIES) -> None:
         self.name = name
+        self.capabilities = capabilities
         self.load = load
         self.spare = spare
         self.alive = alive
@@ -59,3 +62,17 @@ async def test_promote_is_answered_by_the_member_running_the_turn():
     pool = LeastLoadedPool([Member("a", load=0, spare=1), Member("b", load=0, spare=1, holding=("spec_2",))])
     assert await pool.promote("spec_2")
     assert not await pool.promote("spec_3")
+
+
+def test_a_pool_can_do_what_every_member_can():
+    no_calls = EngineCapabilities(function_calls=False, end_of_turn_scores=True, images=True, preemptible_turns=True)
+    no_images = EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=False, preemptible_turns=True)
+    pool = LeastLoadedPool([Member("a", load=0, spare=1, capabilities=no_calls),
+                            Member("b", load=0, spare=1, capabilities=no_images)])
+    assert pool.capabilities == EngineCapabilities(function_calls=False, end_of_turn_scores=True, images=False,
+                                                   preemptible_turns=True)
+
+
+def test_a_pool_of_members_that_can_do_everything_can_too():
+    pool = LeastLoadedPool([Member("a", load=0, spare=1), Member("b", load=0, spare=1)])
+    assert pool.capabilities == FULL_CAPABILITIES

@@ -103,6 +103,7 @@ class CommitsDuringThePartial:
     def __init__(self, engine: TransformersEngine) -> None:
         self._engine = engine
         self.name = engine.name
+        self.capabilities = engine.capabilities
         self.committed: asyncio.Task[list[TurnEvent]] | None = None
         self.queued_behind: int | None = None  # the engine's queue just after that submission
 

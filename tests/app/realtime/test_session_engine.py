@@ -33,6 +33,7 @@ class RecordingEngine:
     def __init__(self, engine: TransformersEngine) -> None:
         self._engine = engine
         self.name = engine.name
+        self.capabilities = engine.capabilities
         self.requests = []
         self.promoted = set()
 

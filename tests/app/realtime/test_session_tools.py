@@ -26,7 +26,7 @@ from pipeline.contract import (
 )
 from pipeline.conversation import HistoryLimits, UserText
 from pipeline.tool_format import FunctionCall, FunctionOutput, Tool, ToolChoice
-from tests.fakes import CODEC_FRAME_SAMPLES, EnergyVad, SessionHarness
+from tests.fakes import CODEC_FRAME_SAMPLES, FULL_CAPABILITIES, EnergyVad, SessionHarness
 
 GET_TIME = {
     "type": "function",
@@ -51,6 +51,7 @@ class CallingEngine:
     deltas); waits on ``hold`` (when set) inside each call, and on ``hold_after`` after them."""
 
     name = "calling-engine"
+    capabilities = FULL_CAPABILITIES
 
     def __init__(self, *answers: Answer) -> None:
         self.answers = list(answers)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import sys
@@ -20,7 +21,7 @@ from app.web.calls import text_judge
 from app.web.cli import _settings, build_parser, default_in_words, main, readme_with_configuration_tables, serve_flags
 from app.web.server import _base_session_config, create_app
 from tests.e2e.conftest import serving_in_process
-from tests.fakes import ScriptedEngine
+from tests.fakes import FULL_CAPABILITIES, ScriptedEngine
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 README = Path(__file__).resolve().parents[3] / "README.md"
@@ -215,8 +216,11 @@ def test_serve_turn_text_judge_is_off_unless_asked_and_then_runs_on_the_engine(m
     assert serve_settings(monkeypatch, [], OMNI_RTC_TURN_TEXT_JUDGE="engine").turn_text_judge == "engine"
     with pytest.raises(ValueError, match="turn_text_judge"):
         serve_settings(monkeypatch, [], OMNI_RTC_TURN_TEXT_JUDGE="lexical")
-    with pytest.raises(ValueError, match="turn_text_judge 'engine' set with engine_urls"):
-        serve_settings(monkeypatch, ["--turn-text-judge", "engine", "--engine-url", "http://127.0.0.1:8091/v1"])
+
+
+def test_the_text_judge_is_built_only_on_an_engine_that_scores_the_end_of_a_turn(monkeypatch):
+    engine = ScriptedEngine(capabilities=dataclasses.replace(FULL_CAPABILITIES, end_of_turn_scores=False))
+    assert text_judge(serve_settings(monkeypatch, ["--turn-text-judge", "engine"]), engine) is None
 
 
 def test_dev_model_writes_the_hub_layout(tmp_path, capsys):

@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from app.web.engines import DevReplies, MeteredEngine, for_session
+from app.web.engines import DevReplies, MeteredEngine, StallTimeoutEngine, for_session
 from app.web.metrics import Metrics
 from pipeline.contract import EngineError, TextDelta, TurnRequest
 from pipeline.conversation import Conversation, UserAudio, UserText
-from tests.fakes import ScriptedEngine
+from tests.fakes import FULL_CAPABILITIES, ScriptedEngine
 from tests.speech import tone
 
 
@@ -41,6 +41,13 @@ async def test_transcriptions_are_not_scripted():
     await answer(engine, TurnRequest.transcription(UserAudio(tone(500))))
     assert shared.requests[-1].forced_reply is None
     assert await answer(engine, TurnRequest(Conversation((UserText("Hi"),)))) == "scripted"
+
+
+def test_every_wrapper_says_what_the_wrapped_engine_can_do():
+    no_calls = dataclasses.replace(FULL_CAPABILITIES, function_calls=False)
+    wrapped = DevReplies(MeteredEngine(StallTimeoutEngine(ScriptedEngine(capabilities=no_calls), stall_timeout_s=1.0),
+                                       Metrics()), ("one",))
+    assert wrapped.capabilities == no_calls
 
 
 def test_without_replies_a_session_gets_the_shared_engine():

@@ -14,6 +14,7 @@ from app.web.media_worker import EngineProxy
 from app.web.metrics import Metrics
 from pipeline.contract import AudioChunk, EngineError, TextDelta, TurnRequest
 from pipeline.conversation import Conversation, UserText
+from tests.fakes import FULL_CAPABILITIES
 
 
 class Front:
@@ -21,7 +22,7 @@ class Front:
 
     def __init__(self) -> None:
         self.sent: list[dict[str, Any]] = []
-        self.proxy = EngineProxy("front-engine", self.sent.append)
+        self.proxy = EngineProxy("front-engine", FULL_CAPABILITIES, self.sent.append)
 
     async def turn_started(self) -> int:
         while not self.sent:
@@ -115,7 +116,7 @@ def test_the_sender_refuses_a_message_over_the_limit_and_writes_nothing() -> Non
 
 async def test_a_turn_too_large_to_send_fails_that_turn_with_an_error_code() -> None:
     writer = LocalWriter()
-    proxy = EngineProxy("front-engine", lambda message: post(writer, message))
+    proxy = EngineProxy("front-engine", FULL_CAPABILITIES, lambda message: post(writer, message))
     huge = Conversation(items=(UserText("x" * (MAX_MESSAGE_BYTES + 1)),))
     with pytest.raises(EngineError) as raised:
         async for _ in proxy.run_turn(TurnRequest(conversation=huge)):

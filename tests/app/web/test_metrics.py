@@ -11,6 +11,7 @@ from app.web.engines import MeteredEngine
 from app.web.metrics import Metrics
 from pipeline.contract import AudioChunk, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest, TurnTimings, Usage
 from pipeline.conversation import Conversation
+from tests.fakes import FULL_CAPABILITIES
 
 
 class Clock:
@@ -105,6 +106,7 @@ def test_error_events_are_counted_by_type_and_code():
 
 class TimedEngine:
     name = "timed"
+    capabilities = FULL_CAPABILITIES
 
     def __init__(self, fail: bool = False) -> None:
         self.fail = fail

@@ -7,6 +7,7 @@ come from real aiortc peers gathering on 127.0.0.1 only.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -23,12 +24,14 @@ from app.web.server import create_app
 from app.webrtc.ice import loopback_candidates, rtc_configuration
 from pipeline.contract import AudioChunk, TextDelta, TurnDone, TurnEvent, TurnRequest, Usage
 from pipeline.local.devices import usable_cores
+from tests.fakes import FULL_CAPABILITIES, ScriptedEngine
 
 
 class FakeEngine:
     """Answers every turn with one word and 0.1 s of quiet tone."""
 
     name = "fake-engine"
+    capabilities = FULL_CAPABILITIES
     alive = True
     restarts = 0
     queue_depth = 0
@@ -292,6 +295,46 @@ async def test_a_client_secret_places_one_call_with_its_session(settings):
         again = await http.post("/v1/realtime/calls", content=pc.localDescription.sdp, headers=headers)
     assert first.status_code == 201
     assert again.status_code == 401
+
+
+async def test_turn_text_judge_engine_is_refused_at_start_when_the_engine_scores_no_end_of_turn(settings):
+    engine = ScriptedEngine(capabilities=dataclasses.replace(FULL_CAPABILITIES, end_of_turn_scores=False))
+    app = create_app(settings.model_copy(update={"turn_text_judge": "engine"}), engine=engine)
+    with pytest.raises(ValueError, match="turn_text_judge 'engine': this server's engine does not score"):
+        async with app.router.lifespan_context(app):
+            pass
+
+
+async def test_turn_text_judge_engine_with_engine_urls_is_refused_at_start(tmp_path):
+    # Refused before the engine starts: the port below has no server, and nothing waits for one.
+    settings = Settings(cache_dir=tmp_path, engine_urls=["http://127.0.0.1:9/v1"], turn_text_judge="engine")
+    app = create_app(settings)
+    with pytest.raises(ValueError, match="set turn_text_judge to 'off'"):
+        async with app.router.lifespan_context(app):
+            pass
+
+
+async def test_an_engine_that_scores_the_end_of_a_turn_serves_with_turn_text_judge_engine(settings):
+    app = create_app(settings.model_copy(update={"turn_text_judge": "engine", "media_workers": 1}),
+                     engine=ScriptedEngine())
+    async with app.router.lifespan_context(app):
+        assert app.state.runtime is not None
+
+
+async def test_a_client_secret_forcing_a_call_the_engine_cannot_make_is_refused(settings):
+    settings = settings.model_copy(update={"api_key": SecretStr("sk-test"), "media_workers": 1})
+    engine = ScriptedEngine(capabilities=dataclasses.replace(FULL_CAPABILITIES, function_calls=False))
+    app = create_app(settings, engine=engine)
+    tool = {"type": "function", "name": "get_time", "parameters": {"type": "object"}}
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as http:
+            refused = await http.post(
+                "/v1/realtime/client_secrets", headers={"Authorization": "Bearer sk-test"},
+                json={"session": {"type": "realtime", "tools": [tool], "tool_choice": "required"}},
+            )
+    assert refused.status_code == 400
+    assert "does not call functions" in refused.json()["error"]["message"]
 
 
 class TwoEnginePool(FakeEngine):

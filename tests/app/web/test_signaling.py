@@ -20,7 +20,7 @@ from app.webrtc.ice import loopback_candidates, rtc_configuration
 from pipeline.contract import EngineError, TextDelta, TurnDone, TurnRequest, Usage
 from pipeline.conversation import Conversation, UserText
 from tests.clock import FakeClock
-from tests.fakes import ScriptedEngine, SessionHarness
+from tests.fakes import FULL_CAPABILITIES, ScriptedEngine, SessionHarness
 from tests.hostile import punctuation_tools
 
 OFFER = (
@@ -196,6 +196,7 @@ class ScriptedTurnEngine:
     """Yields ``events``; then stalls forever if ``stall``; records whether it was cancelled."""
 
     name = "scripted"
+    capabilities = FULL_CAPABILITIES
 
     def __init__(self, events: list, *, stall: bool = False, error: Exception | None = None) -> None:
         self.events = events

@@ -13,7 +13,7 @@ import soundfile
 
 from app.realtime.semantic_vad import EngineTextJudge
 from media.rates import VOICE_RATE
-from pipeline.contract import AudioChunk, EngineError, TextDelta, TurnDone, TurnRequest
+from pipeline.contract import AudioChunk, EngineCapabilities, EngineError, TextDelta, TurnDone, TurnRequest
 from pipeline.conversation import Conversation, UserAudio, UserText
 from pipeline.local.devices import ENGINE_NICENESS
 from pipeline.local.transformers_engine import TransformersEngine, TransformersEnginePool
@@ -53,6 +53,12 @@ def long_request() -> TurnRequest:
 
 async def collect(engine, request):
     return [event async for event in engine.run_turn(request)]
+
+
+async def test_a_pool_of_engine_processes_declares_everything_the_model_does():
+    pool = TransformersEnginePool("unused-model", devices=["cpu", "cpu"])
+    assert pool.capabilities == EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=True,
+                                                   preemptible_turns=True)
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 from app.web.engines import StallTimeoutEngine
-from pipeline.contract import AudioChunk, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest
+from pipeline.contract import AudioChunk, EngineCapabilities, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
-from pipeline.tool_format import Tool, ToolChoice
 from pipeline.vllm_omni import vllm_omni_engine
 from pipeline.vllm_omni.chat_completions import MAX_EVENT_LINE_BYTES
 from pipeline.vllm_omni.vllm_omni_engine import VllmOmniEngine, VllmOmniEnginePool, redacted
@@ -120,12 +119,10 @@ async def test_a_transcription_is_text_only(replay: ReplayServer) -> None:
     assert isinstance(done, TurnDone) and done.text == TRANSCRIPT and done.finish_reason == "stop"
 
 
-async def test_an_end_of_turn_score_is_refused_without_asking_the_server(replay: ReplayServer) -> None:
-    asked = len(replay.requests)
-    async with started(replay.url) as engine:
-        with pytest.raises(EngineError) as refused:
-            await run(engine, TurnRequest.end_of_turn("Please put the"))
-    assert refused.value.code == "unsupported_task" and len(replay.requests) == asked
+def test_a_pool_of_servers_declares_no_function_calls_and_no_end_of_turn_scores() -> None:
+    pool = VllmOmniEnginePool(["http://gpu-1:8091/v1", "http://gpu-2:8091/v1"])
+    assert pool.capabilities == EngineCapabilities(function_calls=False, end_of_turn_scores=False, images=True,
+                                                   preemptible_turns=True)
 
 
 async def test_max_output_tokens_ends_the_answer_with_length(replay: ReplayServer) -> None:
@@ -256,16 +253,6 @@ async def test_a_failing_server_fails_the_turn_and_serves_the_next(
         assert "HTTP 500" in str(failed.value) if failure == "http_500" else "Internal" not in str(failed.value)
         again = await run(engine, written())
         assert engine.describe()[0]["failures"] == 1
-    assert isinstance(again[-1][1], TurnDone)
-
-
-async def test_a_turn_that_must_call_a_function_fails_as_unsupported_and_the_next_runs(replay: ReplayServer) -> None:
-    must_call = Conversation((UserText("Time?"),), tools=(Tool("get_time"),), tool_choice=ToolChoice("required"))
-    async with started(replay.url) as engine:
-        with pytest.raises(EngineError) as refused:
-            await run(engine, TurnRequest(must_call))
-        again = await run(engine, written())
-    assert refused.value.code == "tools_unsupported"
     assert isinstance(again[-1][1], TurnDone)
 
 
