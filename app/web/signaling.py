@@ -25,13 +25,13 @@ from app.realtime.prompt_budget import check_session, session_param
 from app.realtime.protocol import ProtocolError
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
+from app.serving.call_factory import new_call, text_judge
+from app.serving.media_workers import MediaWorkerPool, WorkerUnavailable
+from app.serving.runtime import runtime_of
 from app.web.auth import Authenticator, CallGrant
-from app.web.calls import new_call, text_judge
 from app.web.edge import OriginPolicy
 from app.web.errors import ApiError, logged_error, rate_limited
 from app.web.metrics import Metrics
-from app.web.runtime import runtime_of
-from app.web.workers import MediaWorkerPool, WorkerUnavailable
 from app.webrtc.call import CapacityError, ConnectingLimitError, OfferError, new_call_id
 
 logger = logging.getLogger(__name__)

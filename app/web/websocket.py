@@ -55,12 +55,12 @@ from app.realtime.ledger import AudioOutput
 from app.realtime.protocol import ProtocolError, SessionFinishedEvent, event_type
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
+from app.serving.call_factory import text_judge
+from app.serving.runtime import Runtime
 from app.web.auth import Authenticator, CallGrant, bearer_token, missing_credentials
-from app.web.calls import text_judge
 from app.web.edge import OriginPolicy
 from app.web.errors import ApiError
 from app.web.metrics import CallMetrics, Metrics
-from app.web.runtime import Runtime
 from app.web.signaling import capacity_error, read_session_config
 from app.webrtc.call import CapacityError, Session
 

@@ -12,7 +12,7 @@ from aiortc import RTCPeerConnection
 from app.config import Settings
 from app.realtime.gate import EventGate
 from app.realtime.session_config import SessionConfig
-from app.web.engines import StallTimeoutEngine
+from app.serving.engines import StallTimeoutEngine
 from app.web.errors import ApiError
 from app.web.server import create_app
 from app.web.signaling import capacity_error, check_offer_sdp

@@ -1,6 +1,6 @@
 """How this server builds a call from its settings (ICE servers, timeouts, metrics, the end-of-turn
 model), in whichever process carries it: the server process, or a media worker
-(``app.web.media_worker``)."""
+(``app.serving.media_worker``)."""
 
 from __future__ import annotations
 

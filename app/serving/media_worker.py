@@ -1,6 +1,6 @@
 """A media worker process: the calls placed on it, whole (peer, data channel, session, VAD, track).
 
-The front process (``app.web.workers``) spawns it and hands it offers over IPC (``app.web.ipc``);
+The front process (``app.serving.media_workers``) spawns it and hands it offers over IPC (``app.serving.ipc``);
 the worker answers with the SDP and from then on the call lives here: aiortc's peer and its
 UDP sockets, the session, the VAD and the paced outbound track all run on this process's own
 event loop and GIL, so a busy worker never delays another's audio. The engine stays in the
@@ -31,9 +31,9 @@ from app.config import Settings, load_dev_replies
 from app.realtime.ledger import AudioOutput
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
-from app.web.calls import load_end_of_turn_model, new_call, text_judge
-from app.web.engines import for_session
-from app.web.ipc import MessageTooLarge, post, receive
+from app.serving.call_factory import load_end_of_turn_model, new_call, text_judge
+from app.serving.engines import for_session
+from app.serving.ipc import MessageTooLarge, post, receive
 from app.web.metrics import Metrics
 from app.web.resources import process_resources
 from app.webrtc.call import Call, CallRegistry, OfferError

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from app.web.engines import for_session
+from app.serving.engines import for_session
+from app.serving.media_workers import MediaWorkerPool
 from app.web.errors import ApiError
-from app.web.workers import MediaWorkerPool
 from app.webrtc.call import CallRegistry
 from media.end_of_turn_model import EndOfTurnModel
 from media.vad import SileroVad
