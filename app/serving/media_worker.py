@@ -27,6 +27,7 @@ import signal
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
+from app.calls.registry import CallRegistry
 from app.config import Settings, load_dev_replies
 from app.realtime.ledger import AudioOutput
 from app.realtime.session import RealtimeSession
@@ -36,7 +37,7 @@ from app.serving.engines import for_session
 from app.serving.ipc import MessageTooLarge, post, receive
 from app.web.metrics import Metrics
 from app.web.resources import process_resources
-from app.webrtc.call import Call, CallRegistry, OfferError
+from app.webrtc.call import Call, OfferError
 from media.end_of_turn_model import EndOfTurnModel
 from media.vad import SileroVad
 from pipeline.contract import EngineCapabilities, EngineError, TurnEvent, TurnRequest

@@ -27,12 +27,13 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
+from app.calls.registry import CallRegistry
 from app.config import Settings
 from app.realtime.session_config import SessionConfig
 from app.serving.ipc import MessageTooLarge, post, receive
 from app.serving.media_worker import run_media_worker
 from app.web.metrics import FamilySamples
-from app.webrtc.call import CallRegistry, OfferError
+from app.webrtc.call import OfferError
 from pipeline.contract import Engine, EngineError
 
 logger = logging.getLogger(__name__)

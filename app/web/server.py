@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.cors import CORSMiddleware
 
+from app.calls.registry import CallRegistry
 from app.config import Settings, load_dev_replies
 from app.realtime.prompt_budget import check_session, session_param
 from app.realtime.protocol import ProtocolError
@@ -39,7 +40,6 @@ from app.web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from app.web.metrics import Metrics
 from app.web.signaling import signaling_router
 from app.web.websocket import websocket_router
-from app.webrtc.call import CallRegistry
 from media.vad import SileroVad
 from pipeline.contract import Engine
 from pipeline.conversation import HistoryLimits

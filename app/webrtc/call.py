@@ -18,7 +18,7 @@ A call ends when the peer closes, ICE/DTLS fails, the peer never connects
 aiortc has no "disconnected" state and notices a vanished peer only when ICE consent expires,
 ~30 s). Ending releases everything the call owns: the message reader, the session (its
 running response and engine work), the inbound reader, the outbound track and the peer
-connection. :class:`CallRegistry` holds the open calls; the server closes them all on shutdown.
+connection. ``app.calls.registry.CallRegistry`` holds the open calls; the server closes them all on shutdown.
 """
 
 from __future__ import annotations
@@ -29,19 +29,19 @@ import json
 import logging
 import secrets
 from collections import deque
-from collections.abc import Callable, Iterable
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.exceptions import InternalError, InvalidAccessError, InvalidStateError, OperationError
 
+from app.calls.lifecycle import Session
 from app.realtime.protocol import EVENTS_CHANNEL, ProtocolError
 from app.webrtc.ice import loopback_candidates, missing_relay, selected_candidate_pair
 from app.webrtc.network import CallNetwork, NetworkObserver
 from app.webrtc.sctp_guard import Refusal, guard_data_channel
 from app.webrtc.sdp import with_opus_inband_fec
-from media.frames import FramePlan, SampledFrame
 from media.inbound import InboundAudio
 from media.opus import OpusTrack
 from media.outbound import OutboundAudioTrack
@@ -62,22 +62,9 @@ MAX_QUEUED_MESSAGES = 256
 DROPPED_EVENTS_LOG_INTERVAL_S = 1.0
 # Events sent on the data channel that SCTP has not yet taken (the peer stopped acknowledging:
 # a frozen tab, a stuck client): past this the call ends ("client_not_reading"). The same bound
-# as a WebSocket's (app.web.websocket.MAX_PENDING_BYTES); a burst of 100 maximal text items
+# as a WebSocket's (app.websocket.call.MAX_PENDING_BYTES); a burst of 100 maximal text items
 # echoes 3-10 MB, which a reading client drains in seconds.
 MAX_BUFFERED_EVENT_BYTES = 16 * 1024 * 1024
-
-
-class Session(Protocol):
-    """What a call needs of ``app.realtime.session.RealtimeSession``."""
-
-    async def start(self) -> None: ...
-    async def handle_message(self, raw: str | bytes) -> None: ...
-    def push_audio(self, pcm: np.ndarray) -> None: ...
-    def add_video_frame(self, frame: SampledFrame) -> None: ...
-    def video_plan(self) -> FramePlan | None: ...
-    async def close(self) -> None: ...
-    def on_playback_started(self) -> None: ...
-    def on_playback_stopped(self) -> None: ...
 
 
 class CallObserver(NetworkObserver, Protocol):
@@ -107,7 +94,7 @@ def new_call_id() -> str:
 class Call:
     """One peer connection and the session it carries."""
 
-    transport = "webrtc"  # the metrics' label; app.web.websocket.SocketCall is the other
+    transport = "webrtc"  # the metrics' label; app.websocket.call.SocketCall is the other
 
     def __init__(
         self,
@@ -463,105 +450,3 @@ class Call:
                 # The session answers bad input with an error event; an exception here is a bug.
                 # Log it and keep reading: one bad event must not end the call.
                 logger.exception("call %s: session failed on a client event", self.id)
-
-
-class CapacityError(Exception):
-    """Every session slot is taken."""
-
-
-class ConnectingLimitError(Exception):
-    """The client already has its most calls still connecting."""
-
-
-class OpenSession(Protocol):
-    """What the registry needs of an open session, over any transport (a :class:`Call`, a WebSocket)."""
-
-    @property
-    def id(self) -> str: ...
-    @property
-    def transport(self) -> str: ...
-    async def close(self, reason: str = ...) -> None: ...
-
-
-SessionT = TypeVar("SessionT", bound=OpenSession)
-
-
-class CallRegistry:
-    """The open sessions of one server, WebRTC calls and WebSockets together, at most ``max_calls``."""
-
-    def __init__(
-        self,
-        max_calls: int,
-        *,
-        max_connecting_per_client: int | None = None,
-        on_count: Callable[[dict[str, int]], None] | None = None,
-        on_closed: Callable[[Any, str], None] | None = None,
-    ) -> None:
-        self._max_calls = max_calls
-        self._max_connecting = max_connecting_per_client
-        self._calls: dict[str, OpenSession] = {}
-        self._connecting: dict[str, str] = {}  # call id -> client address, until the peer connects
-        self._on_count = on_count
-        self._on_closed = on_closed
-
-    def __len__(self) -> int:
-        return len(self._calls)
-
-    def get(self, call_id: str) -> Call | None:
-        call = self._calls.get(call_id)
-        return call if isinstance(call, Call) else None
-
-    def admit(self, create: Callable[[Callable[[Any, str], None]], SessionT], *, client: str | None = None) -> SessionT:
-        """Registers ``create(on_closed)``, or raises :class:`CapacityError` when full (or
-        :class:`ConnectingLimitError` when ``client`` has its most calls still connecting).
-
-        Synchronous, so admission and registration cannot interleave with another offer.
-        The session must invoke ``on_closed`` once it is released; the registry forgets it then.
-        A call admitted for a ``client`` counts as connecting until :meth:`connected`.
-        """
-        if len(self._calls) >= self._max_calls:
-            raise CapacityError(f"all {self._max_calls} sessions are in use")
-        if client is not None and self._max_connecting is not None:
-            connecting = sum(1 for address in self._connecting.values() if address == client)
-            if connecting >= self._max_connecting:
-                raise ConnectingLimitError(f"{client} has {connecting} calls still connecting")
-        call = create(self._forget)
-        self._calls[call.id] = call
-        if client is not None:
-            self._connecting[call.id] = client
-        self._count_changed()
-        return call
-
-    def connected(self, call_id: str) -> None:
-        """The call's peer connected: it no longer counts against its client's connecting calls."""
-        self._connecting.pop(call_id, None)
-
-    def counts(self) -> dict[str, int]:
-        """Open sessions by transport."""
-        counts: dict[str, int] = {}
-        for call in self._calls.values():
-            counts[call.transport] = counts.get(call.transport, 0) + 1
-        return counts
-
-    async def close_all(self, reason: str = "server_shutdown") -> None:
-        await _gather_all(call.close(reason) for call in list(self._calls.values()))
-
-    def _forget(self, call: OpenSession, reason: str) -> None:
-        self._connecting.pop(call.id, None)
-        if self._calls.pop(call.id, None) is None:
-            return
-        self._count_changed()
-        if self._on_closed is not None:
-            self._on_closed(call, reason)
-
-    def _count_changed(self) -> None:
-        if self._on_count is not None:
-            self._on_count(self.counts())
-
-
-async def _gather_all(closes: Iterable[Any]) -> None:
-    results = await asyncio.gather(*closes, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            logger.error("closing a call failed", exc_info=result)
-

@@ -13,9 +13,10 @@ from app.config import Settings
 from app.realtime.gate import EventGate
 from app.realtime.session_config import SessionConfig
 from app.serving.engines import StallTimeoutEngine
+from app.web.call_refusals import capacity_error
 from app.web.errors import ApiError
 from app.web.server import create_app
-from app.web.signaling import capacity_error, check_offer_sdp
+from app.web.signaling import check_offer_sdp
 from app.webrtc.ice import loopback_candidates, rtc_configuration
 from pipeline.contract import EngineError, TextDelta, TurnDone, TurnRequest, Usage
 from pipeline.conversation import Conversation, UserText
