@@ -27,7 +27,7 @@ import signal
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from app.calls.registry import CallRegistry
+from app.calls.registry import CallRegistry, OpenSession
 from app.config import Settings, load_dev_replies
 from app.realtime.ledger import AudioOutput
 from app.realtime.session import RealtimeSession
@@ -195,7 +195,7 @@ class MediaWorker:
     def _connected(self, call: Call) -> None:
         self._send({"op": "call_connected", "call_id": call.id})
 
-    def _closed(self, call: Call, reason: str) -> None:
+    def _closed(self, call: OpenSession, reason: str) -> None:
         self._send({"op": "call_closed", "call_id": call.id, "reason": reason})
 
     async def _answer(

@@ -21,13 +21,12 @@ import logging
 import multiprocessing
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from app.calls.registry import CallRegistry
+from app.calls.registry import CallRegistry, OnClosed
 from app.config import Settings
 from app.realtime.session_config import SessionConfig
 from app.serving.ipc import MessageTooLarge, post, receive
@@ -107,10 +106,10 @@ class RemoteCall:
 
     transport = "webrtc"
 
-    def __init__(self, call_id: str, pool: MediaWorkerPool, on_closed: Callable[[Any, str], None]) -> None:
+    def __init__(self, call_id: str, pool: MediaWorkerPool, on_closed: OnClosed) -> None:
         self.id = call_id
         self._pool = pool
-        self._on_closed: Callable[[Any, str], None] | None = on_closed
+        self._on_closed: OnClosed | None = on_closed
 
     async def close(self, reason: str = "closed") -> None:
         """Ends the call in its worker (which then reports it closed). Safe twice."""

@@ -18,7 +18,7 @@ from fastapi.responses import Response
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from app.calls.registry import CapacityError, ConnectingLimitError
+from app.calls.registry import CapacityError, ConnectingLimitError, OnClosed
 from app.config import Settings
 from app.realtime.ledger import AudioOutput
 from app.realtime.session import RealtimeSession
@@ -73,7 +73,7 @@ def signaling_router(
                 text_judge=text_judge(settings, runtime.for_sessions),
             )
 
-        def make_call(on_closed: Callable[[Any, str], None]) -> Any:
+        def make_call(on_closed: OnClosed) -> Call:
             return new_call(settings, make_session, metrics, on_closed, on_connected=lambda c: runtime.calls.connected(c.id))
 
         try:

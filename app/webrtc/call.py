@@ -36,7 +36,8 @@ import numpy as np
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.exceptions import InternalError, InvalidAccessError, InvalidStateError, OperationError
 
-from app.calls.lifecycle import Session
+from app.calls.lifecycle import CallLifecycle, EventObserver, Session
+from app.calls.registry import OnClosed
 from app.realtime.protocol import EVENTS_CHANNEL, ProtocolError
 from app.webrtc.ice import loopback_candidates, missing_relay, selected_candidate_pair
 from app.webrtc.network import CallNetwork, NetworkObserver
@@ -67,17 +68,12 @@ DROPPED_EVENTS_LOG_INTERVAL_S = 1.0
 MAX_BUFFERED_EVENT_BYTES = 16 * 1024 * 1024
 
 
-class CallObserver(NetworkObserver, Protocol):
-    """What watches a call from outside (the server's metrics: ``app.web.metrics.CallMetrics``).
-
-    A protocol of this layer, so that the call imports nothing of the HTTP service above it. Its
-    network figures come through ``app.webrtc.network.NetworkObserver``."""
+class CallObserver(EventObserver, NetworkObserver, Protocol):
+    """What watches a WebRTC call from outside: its events (``app.calls.lifecycle.EventObserver``),
+    its input audio, and its network figures (``app.webrtc.network.NetworkObserver``)."""
 
     def on_input_audio(self, samples: int) -> None:
         """``samples`` more 16 kHz samples were handed to the session."""
-
-    def on_server_event(self, event: dict[str, Any]) -> None:
-        """The session sent ``event`` to the peer."""
 
 
 SessionFactory = Callable[[OutboundAudioTrack, Callable[[dict[str, Any]], None]], Session]
@@ -91,8 +87,8 @@ def new_call_id() -> str:
     return "rtc_" + secrets.token_hex(12)
 
 
-class Call:
-    """One peer connection and the session it carries."""
+class Call(CallLifecycle):
+    """One peer connection and the session it carries; it ends as every call does (``app.calls.lifecycle``)."""
 
     transport = "webrtc"  # the metrics' label; app.websocket.call.SocketCall is the other
 
@@ -107,7 +103,7 @@ class Call:
         max_duration_s: float | None = None,
         observer: CallObserver | None = None,
         on_connected: Callable[[Call], None] | None = None,
-        on_closed: Callable[[Call, str], None] | None = None,
+        on_closed: OnClosed | None = None,
         call_id: str | None = None,
         pacing_stats: PacingStats | None = None,
         jitter_buffer: bool = True,
@@ -115,7 +111,7 @@ class Call:
     ) -> None:
         """``jitter_buffer``: inbound audio through ``media.playout`` (False: aiortc's own path).
         ``max_video_pixels``: the largest camera frame decoded (``media.video_gate``)."""
-        self.id = call_id or new_call_id()
+        super().__init__(call_id or new_call_id(), max_duration_s=max_duration_s, on_closed=on_closed)
         self._jitter_buffer = jitter_buffer
         self._max_video_pixels = max_video_pixels
         self._network: CallNetwork | None = None
@@ -125,10 +121,8 @@ class Call:
         self._ice_loopback = ice_loopback
         self._connect_timeout_s = connect_timeout_s
         self._disconnect_timeout_s = disconnect_timeout_s
-        self._max_duration_s = max_duration_s
         self._observer = observer
         self._on_connected = on_connected
-        self._on_closed = on_closed
 
         self._loop = asyncio.get_running_loop()
         self._pc: RTCPeerConnection | None = None
@@ -142,12 +136,8 @@ class Call:
         self._dropped_logged_at: float | None = None
         self._connected = False
         self._last_media_at: float | None = None  # loop time of the last inbound frame
-        self._wakeup = asyncio.Event()  # state changed: connected, inbound media seen, or end
-        self._end_reason: str | None = None
         self._resources = contextlib.AsyncExitStack()
-        self._supervisor: asyncio.Task[None] | None = None
-        self._released = False
-        self.closed = asyncio.Event()
+        self._reader: asyncio.Task[None] | None = None
 
     async def answer(self, offer_sdp: str) -> str:
         """Accepts the offer and returns the SDP answer, its ICE candidates complete.
@@ -212,52 +202,18 @@ class Call:
 
         await session.start()
         self._network.start()
-        self._supervisor = asyncio.create_task(self._supervise(), name=f"call {self.id}")
+        self._carry()
         # aiortc writes no Opus fmtp: say that this side decodes in-band FEC (app/webrtc/sdp.py).
         return with_opus_inband_fec(pc.localDescription.sdp)
 
-    def end(self, reason: str) -> None:
-        """Asks the call to end; the supervisor releases it. Safe from any callback, any number of times."""
-        if self._end_reason is None:
-            self._end_reason = reason
-        self._wakeup.set()
+    # -- its life, its last word, its release (app.calls.lifecycle) -----------------------
 
-    async def close(self, reason: str = "closed") -> None:
-        """Ends the call and waits until everything it owns is released. Safe twice."""
-        self.end(reason)
-        if self._supervisor is not None:
-            # Shielded: a caller that gives up waiting must not cut the release short.
-            await asyncio.shield(self._supervisor)
-        else:
-            await self._release()
+    async def _run(self) -> str:
+        self._reader = asyncio.create_task(self._read_messages(), name=f"call {self.id} events")
+        return await self._watch()
 
-    # -- supervision ---------------------------------------------------------------
-
-    async def _supervise(self) -> None:
-        reader = asyncio.create_task(self._read_messages(), name=f"call {self.id} events")
-        try:
-            try:
-                async with asyncio.timeout(self._max_duration_s):
-                    reason = await self._watch()
-            except TimeoutError:
-                reason = "max_duration"
-                await self._tell_expired()
-            self.end(reason)
-        finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
-            await self._release()
-
-    async def _tell_expired(self) -> None:
-        """Says why the call ends (OpenAI's ``session_expired`` error) and lets it reach the peer."""
-        assert self._max_duration_s is not None
-        self._send(
-            ProtocolError(
-                "session_expired",
-                f"Your session hit the maximum duration of {self._max_duration_s / 60:g} minutes.",
-            ).to_event().to_json()
-        )
+    async def _say_last(self, event: dict[str, Any]) -> None:
+        self._send(event)
         channel = self._channel
         if channel is None or channel.readyState != "open":
             return
@@ -291,31 +247,16 @@ class Call:
             await self._wait_wakeup(self._disconnect_timeout_s - silent_for)
         return self._end_reason
 
-    async def _wait_wakeup(self, timeout: float | None) -> bool:
-        self._wakeup.clear()
-        try:
-            async with asyncio.timeout(timeout):
-                await self._wakeup.wait()
-        except TimeoutError:
-            return False
-        return True
-
-    async def _release(self) -> None:
-        if self._released:
-            return
-        self._released = True
-        reason = self._end_reason or "closed"
-        try:
-            if self._inbound is not None:
-                self._resources.push_async_callback(self._inbound.close)
-            if self._video is not None:
-                self._resources.push_async_callback(self._video.close)
-            await self._resources.aclose()
-        finally:
-            logger.info("call %s ended: %s", self.id, reason)
-            self.closed.set()
-            if self._on_closed is not None:
-                self._on_closed(self, reason)
+    async def _release_transport(self, reason: str) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        if self._inbound is not None:
+            self._resources.push_async_callback(self._inbound.close)
+        if self._video is not None:
+            self._resources.push_async_callback(self._video.close)
+        await self._resources.aclose()
 
     # -- aiortc callbacks (synchronous, on the event loop) ------------------------------
 

@@ -25,12 +25,12 @@ from typing import Any
 from fastapi import WebSocket
 from starlette.websockets import WebSocketDisconnect
 
-from app.calls.lifecycle import Session
+from app.calls.lifecycle import CallLifecycle, EventObserver, Session
+from app.calls.registry import OnClosed
 from app.realtime.dashscope import DashScopeDialect
 from app.realtime.event_audio import EventAudioOutput
 from app.realtime.ledger import AudioOutput
 from app.realtime.protocol import ProtocolError, SessionFinishedEvent, event_type
-from app.web.metrics import CallMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +49,8 @@ def new_socket_id() -> str:
     return "ws_" + secrets.token_hex(12)
 
 
-class SocketCall:
-    """One WebSocket and the session it carries; registered beside the WebRTC calls."""
+class SocketCall(CallLifecycle):
+    """One WebSocket and the session it carries; it ends as every call does (``app.calls.lifecycle``)."""
 
     transport = "websocket"
 
@@ -60,60 +60,52 @@ class SocketCall:
         *,
         make_session: SocketSessionFactory,
         max_duration_s: float | None = None,
-        observer: CallMetrics | None = None,
-        on_closed: Callable[[SocketCall, str], None] | None = None,
+        observer: EventObserver | None = None,
+        on_closed: OnClosed | None = None,
         dialect: DashScopeDialect | None = None,
     ) -> None:
         """``dialect``: the events leave as DashScope names them (the session reads its fields)."""
-        self.id = new_socket_id()
+        super().__init__(new_socket_id(), max_duration_s=max_duration_s, on_closed=on_closed)
         self._dialect = dialect
         self._websocket = websocket
-        self._max_duration_s = max_duration_s
         self._observer = observer
-        self._on_closed = on_closed
         self._outgoing: asyncio.Queue[str | None] = asyncio.Queue()
         self._pending_bytes = 0
         self._output = EventAudioOutput(self._enqueue)
         self._session = make_session(self._output, self._send_event)
-        self._end_reason: str | None = None
-        self._ended = asyncio.Event()
-        self._serving = False
-        self._released = False
-        self.closed = asyncio.Event()
+        self._subprotocol: str | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._writer: asyncio.Task[None] | None = None
 
     async def serve(self, subprotocol: str | None) -> None:
         """Accepts the socket and carries the session until the connection ends; then releases all."""
-        self._serving = True
-        reader: asyncio.Task[None] | None = None
-        writer: asyncio.Task[None] | None = None
-        try:
-            if self._end_reason is None:  # closed (server shutdown) before it was served
-                await self._websocket.accept(subprotocol=subprotocol)
-                writer = asyncio.create_task(self._write(), name=f"{self.id} writer")
-                await self._session.start()
-                reader = asyncio.create_task(self._read(), name=f"{self.id} reader")
-                try:
-                    async with asyncio.timeout(self._max_duration_s):
-                        await self._ended.wait()
-                except TimeoutError:
-                    self._tell_expired()
-                    self.end("max_duration")
-        finally:
-            await self._release(reader, writer)
+        self._subprotocol = subprotocol
+        await self._carry()
 
-    def end(self, reason: str) -> None:
-        """Asks the connection to end; ``serve`` releases it. Safe from anywhere, any number of times."""
-        if self._end_reason is None:
-            self._end_reason = reason
-        self._ended.set()
+    # -- its life, its last word, its release (app.calls.lifecycle) -----------------------
 
-    async def close(self, reason: str = "closed") -> None:
-        """Ends the connection and waits until everything it owns is released. Safe twice."""
-        self.end(reason)
-        if self._serving:
-            await asyncio.shield(self.closed.wait())  # a caller that gives up must not cut the release short
-        else:
-            await self._release(None, None)
+    async def _run(self) -> str:
+        if self._end_reason is None:  # closed (server shutdown) before it was served
+            await self._websocket.accept(subprotocol=self._subprotocol)
+            self._writer = asyncio.create_task(self._write(), name=f"{self.id} writer")
+            await self._session.start()
+            self._reader = asyncio.create_task(self._read(), name=f"{self.id} reader")
+        return await self._until_ended()
+
+    async def _say_last(self, event: dict[str, Any]) -> None:
+        self._send_event(event)  # the release lets it leave (_flush)
+
+    async def _release_transport(self, reason: str) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        await self._session.close()  # cancels the running response and its engine turn
+        if self._writer is not None:
+            await self._flush(self._writer, reason)
+        if reason not in ("client_closed", "client_gone"):
+            with contextlib.suppress(RuntimeError, OSError):  # already closed by the client or the server
+                await self._websocket.close(code=CLOSE_CODES.get(reason, 1000), reason=reason)
 
     # -- the two directions -------------------------------------------------------------
 
@@ -180,38 +172,6 @@ class SocketCall:
             return
         self._pending_bytes += len(text)
         self._outgoing.put_nowait(text)
-
-    def _tell_expired(self) -> None:
-        assert self._max_duration_s is not None
-        self._send_event(
-            ProtocolError(
-                "session_expired", f"Your session hit the maximum duration of {self._max_duration_s / 60:g} minutes."
-            ).to_event().to_json()
-        )
-
-    # -- release --------------------------------------------------------------------------
-
-    async def _release(self, reader: asyncio.Task[None] | None, writer: asyncio.Task[None] | None) -> None:
-        if self._released:
-            return
-        self._released = True
-        reason = self._end_reason or "closed"
-        try:
-            if reader is not None:
-                reader.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await reader
-            await self._session.close()  # cancels the running response and its engine turn
-            if writer is not None:
-                await self._flush(writer, reason)
-            if reason not in ("client_closed", "client_gone"):
-                with contextlib.suppress(RuntimeError, OSError):  # already closed by the client or the server
-                    await self._websocket.close(code=CLOSE_CODES.get(reason, 1000), reason=reason)
-        finally:
-            logger.info("%s ended: %s", self.id, reason)
-            self.closed.set()
-            if self._on_closed is not None:
-                self._on_closed(self, reason)
 
     async def _flush(self, writer: asyncio.Task[None], reason: str) -> None:
         """Lets queued events leave (bounded by ``FLUSH_TIMEOUT_S``), then stops the writer."""
