@@ -26,7 +26,7 @@ from app.realtime.session_config import SessionConfig
 from app.serving.call_factory import new_call, text_judge
 from app.serving.media_workers import MediaWorkerPool, WorkerUnavailable
 from app.web.auth import Authenticator, CallGrant
-from app.web.call_refusals import capacity_error, connecting_limit_error, offer_refused
+from app.web.call_refusals import call_refused
 from app.web.edge import OriginPolicy
 from app.web.errors import ApiError, logged_error
 from app.web.metrics import Metrics
@@ -78,18 +78,13 @@ def signaling_router(
 
         try:
             call = runtime.calls.admit(make_call, client=client)
-        except CapacityError:
-            metrics.errors.labels(type="rate_limit_error", code="too_many_sessions").inc()
-            raise capacity_error(settings.max_sessions) from None
-        except ConnectingLimitError:
-            metrics.errors.labels(type="rate_limit_error", code="too_many_connecting_calls").inc()
-            raise connecting_limit_error(settings) from None
+        except (CapacityError, ConnectingLimitError) as exc:
+            raise call_refused(exc, settings, metrics) from None
         try:
             answer = await call.answer(offer)
         except OfferError as exc:
             await call.close("bad_offer")
-            metrics.errors.labels(type="invalid_request_error", code="invalid_sdp").inc()
-            raise offer_refused(exc, call.id) from None
+            raise call_refused(exc, settings, metrics, call_id=call.id) from None
         except BaseException:
             await call.close("signaling_failed")
             raise
@@ -132,15 +127,8 @@ async def _place_on_worker(
     call_id = new_call_id()
     try:
         answer = await workers.place_call(call_id, offer, config, client=client)
-    except CapacityError:
-        metrics.errors.labels(type="rate_limit_error", code="too_many_sessions").inc()
-        raise capacity_error(settings.max_sessions) from None
-    except ConnectingLimitError:
-        metrics.errors.labels(type="rate_limit_error", code="too_many_connecting_calls").inc()
-        raise connecting_limit_error(settings) from None
-    except OfferError as exc:
-        metrics.errors.labels(type="invalid_request_error", code="invalid_sdp").inc()
-        raise offer_refused(exc, call_id) from None
+    except (CapacityError, ConnectingLimitError, OfferError) as exc:
+        raise call_refused(exc, settings, metrics, call_id=call_id) from None
     except WorkerUnavailable as exc:
         metrics.errors.labels(type="server_error", code="media_worker_unavailable").inc()
         raise logged_error(503, "No media worker could take the call; try again shortly.",

@@ -50,7 +50,7 @@ from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
 from app.serving.call_factory import text_judge
 from app.web.auth import Authenticator, CallGrant, bearer_token, missing_credentials
-from app.web.call_refusals import capacity_error
+from app.web.call_refusals import call_refused
 from app.web.edge import OriginPolicy
 from app.web.errors import ApiError
 from app.web.metrics import Metrics
@@ -134,9 +134,8 @@ def websocket_router(
                         dialect=dialect,
                     )
                 )
-            except CapacityError:
-                metrics.errors.labels(type="rate_limit_error", code="too_many_sessions").inc()
-                raise capacity_error(settings.max_sessions) from None
+            except CapacityError as exc:
+                raise call_refused(exc, settings, metrics) from None
         except ApiError as error:
             await _deny(websocket, error)
             return
