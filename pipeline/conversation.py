@@ -225,7 +225,7 @@ class HistoryLimits:
     # conversation reaches the token budget long before this.
     max_items: int = 512
     # PCM (float32, 64 KB per second of speech) and text held: below the 16 MiB an IPC message
-    # between processes may carry (app.web.ipc), so the turn request that carries the history
+    # between processes may carry (app.serving.ipc), so the turn request that carries the history
     # always fits; 12 MiB is ~196 s of audio, more than the 120 s the prompt keeps as audio.
     max_bytes: int = 12 * 1024 * 1024
 

@@ -110,7 +110,7 @@ class HeldTurn:
         """The turn it stands for was committed: ordinary in the engine from now on; False when
         the engine took it back (``preempted``) or never ran it (``no_spare_capacity``). A turn
         that failed otherwise is usable: its events end with its error. The engine is told even
-        when the turn has ended (a wrapper may count it: ``app.web.engines.DevReplies``)."""
+        when the turn has ended (a wrapper may count it: ``app.serving.engines.DevReplies``)."""
         if not await self._engine.promote(self.preemptible_id):
             # No longer preemptible in the engine: its end (done, or preempted) is on its way.
             while not self.ended:

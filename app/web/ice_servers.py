@@ -18,8 +18,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from app.config import Settings
+from app.serving.call_factory import ice_servers
 from app.web.auth import Authenticator
-from app.web.calls import ice_servers
 
 ICE_SERVERS_PATH = "/v1/realtime/ice_servers"
 

@@ -6,7 +6,7 @@ The numbers come from what the glue already sees:
   and playback events whose wall-clock spacing is the user-facing latency), read by a
   per-call :class:`CallMetrics`;
 - the engine's own ``TurnDone.timings`` (queue wait, time to first Thinker token), read by
-  :class:`app.web.engines.MeteredEngine`, which wraps the shared engine the sessions are given;
+  :class:`app.serving.engines.MeteredEngine`, which wraps the shared engine the sessions are given;
 - three session callbacks: ``on_ignored_speech`` (an utterance half-duplex did not act on),
   counted in ``ignored_speech``; ``on_speculation`` (each speculative answer's outcome and
   the engine time thrown away, ``app.realtime.speculation``), counted by :meth:`Metrics.speculation`;

@@ -1,7 +1,7 @@
 """What one server process holds right now (RSS, threads, fds, asyncio tasks, child processes).
 
 ``GET /debug/resources`` (``app.web.debug``) reports it for the front process, and each media
-worker (``app.web.media_worker``) measures itself with the same function when the front asks.
+worker (``app.serving.media_worker``) measures itself with the same function when the front asks.
 """
 
 from __future__ import annotations

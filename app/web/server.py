@@ -21,25 +21,25 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.cors import CORSMiddleware
 
+from app.calls.registry import CallRegistry
 from app.config import Settings, load_dev_replies
 from app.realtime.prompt_budget import check_session, session_param
 from app.realtime.protocol import ProtocolError
 from app.realtime.session_capabilities import check_tool_choice, fitted
 from app.realtime.session_config import SessionConfig, TurnDetection
+from app.serving.call_factory import check_text_judge, ice_servers, load_end_of_turn_model
+from app.serving.engines import MeteredEngine, StallTimeoutEngine
+from app.serving.media_workers import MediaWorkerPool
+from app.serving.runtime import Runtime
 from app.web.auth import Authenticator, install_auth
-from app.web.calls import check_text_judge, ice_servers, load_end_of_turn_model
 from app.web.debug import debug_router
 from app.web.edge import EdgeMiddleware
-from app.web.engines import MeteredEngine, StallTimeoutEngine
 from app.web.errors import ApiError
 from app.web.ice_servers import ice_servers_router
 from app.web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from app.web.metrics import Metrics
-from app.web.runtime import Runtime
 from app.web.signaling import signaling_router
 from app.web.websocket import websocket_router
-from app.web.workers import MediaWorkerPool
-from app.webrtc.call import CallRegistry
 from media.vad import SileroVad
 from pipeline.contract import Engine
 from pipeline.conversation import HistoryLimits
@@ -159,7 +159,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         if engines:
             engine["engines"] = engines
         # "overloaded": the worker falls behind pacing its calls' audio (media/pacing.py); "ready":
-        # it answers its heartbeat and takes new calls (app/web/workers.py).
+        # it answers its heartbeat and takes new calls (app/serving/media_workers.py).
         workers = runtime.workers.status() if runtime.workers is not None else [_this_worker(runtime)]
         placing = any(worker["ready"] for worker in workers)
         # Some engine of a pool restarting, or some worker not answering: degraded, but still

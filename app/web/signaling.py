@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
@@ -19,20 +18,20 @@ from fastapi.responses import Response
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
+from app.calls.registry import CapacityError, ConnectingLimitError, OnClosed
 from app.config import Settings
 from app.realtime.ledger import AudioOutput
-from app.realtime.prompt_budget import check_session, session_param
-from app.realtime.protocol import ProtocolError
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
+from app.serving.call_factory import new_call, text_judge
+from app.serving.media_workers import MediaWorkerPool, WorkerUnavailable
 from app.web.auth import Authenticator, CallGrant
-from app.web.calls import new_call, text_judge
+from app.web.call_refusals import call_refused
 from app.web.edge import OriginPolicy
-from app.web.errors import ApiError, logged_error, rate_limited
+from app.web.errors import ApiError, logged_error
 from app.web.metrics import Metrics
-from app.web.runtime import runtime_of
-from app.web.workers import MediaWorkerPool, WorkerUnavailable
-from app.webrtc.call import CapacityError, ConnectingLimitError, OfferError, new_call_id
+from app.web.session_start import read_session_config, runtime_of
+from app.webrtc.call import Call, OfferError, new_call_id
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +45,6 @@ MULTIPART_FRAMING_BYTES = 4_096
 # server checks every one (a STUN request each, retried): an offer naming 500 addresses made it
 # send 3,000 packets to them.
 MAX_OFFER_CANDIDATES = 32
-# How long a client turned away for capacity should wait: about one short voice turn.
-CAPACITY_RETRY_AFTER_S = 30
 
 
 def signaling_router(
@@ -76,23 +73,18 @@ def signaling_router(
                 text_judge=text_judge(settings, runtime.for_sessions),
             )
 
-        def make_call(on_closed: Callable[[Any, str], None]) -> Any:
+        def make_call(on_closed: OnClosed) -> Call:
             return new_call(settings, make_session, metrics, on_closed, on_connected=lambda c: runtime.calls.connected(c.id))
 
         try:
             call = runtime.calls.admit(make_call, client=client)
-        except CapacityError:
-            metrics.errors.labels(type="rate_limit_error", code="too_many_sessions").inc()
-            raise capacity_error(settings.max_sessions) from None
-        except ConnectingLimitError:
-            metrics.errors.labels(type="rate_limit_error", code="too_many_connecting_calls").inc()
-            raise connecting_limit_error(settings) from None
+        except (CapacityError, ConnectingLimitError) as exc:
+            raise call_refused(exc, settings, metrics) from None
         try:
             answer = await call.answer(offer)
         except OfferError as exc:
             await call.close("bad_offer")
-            metrics.errors.labels(type="invalid_request_error", code="invalid_sdp").inc()
-            raise offer_refused(exc, call.id) from None
+            raise call_refused(exc, settings, metrics, call_id=call.id) from None
         except BaseException:
             await call.close("signaling_failed")
             raise
@@ -116,8 +108,9 @@ def signaling_router(
                 found = False  # the worker died: the call is gone with it
         else:
             call = runtime.calls.get(call_id)
-            found = call is not None
-            if call is not None:
+            # OpenAI's hang-up ends a WebRTC call; a WebSocket session ends with its socket.
+            found = call is not None and call.transport == Call.transport
+            if call is not None and found:
                 await call.close("hangup")
         if not found:
             raise ApiError(404, f"No open call {call_id!r}.", code="call_not_found", param="call_id")
@@ -134,15 +127,8 @@ async def _place_on_worker(
     call_id = new_call_id()
     try:
         answer = await workers.place_call(call_id, offer, config, client=client)
-    except CapacityError:
-        metrics.errors.labels(type="rate_limit_error", code="too_many_sessions").inc()
-        raise capacity_error(settings.max_sessions) from None
-    except ConnectingLimitError:
-        metrics.errors.labels(type="rate_limit_error", code="too_many_connecting_calls").inc()
-        raise connecting_limit_error(settings) from None
-    except OfferError as exc:
-        metrics.errors.labels(type="invalid_request_error", code="invalid_sdp").inc()
-        raise offer_refused(exc, call_id) from None
+    except (CapacityError, ConnectingLimitError, OfferError) as exc:
+        raise call_refused(exc, settings, metrics, call_id=call_id) from None
     except WorkerUnavailable as exc:
         metrics.errors.labels(type="server_error", code="media_worker_unavailable").inc()
         raise logged_error(503, "No media worker could take the call; try again shortly.",
@@ -150,29 +136,6 @@ async def _place_on_worker(
     logger.info("call %s: answered by media worker %s", call_id, workers.worker_of(call_id))
     return Response(
         answer, status_code=201, media_type=SDP_CONTENT_TYPE, headers={"Location": f"/v1/realtime/calls/{call_id}"}
-    )
-
-
-def offer_refused(exc: OfferError, call_id: str) -> ApiError:
-    """400 with the refusal's own fixed words; aiortc's, if any, go to the log under the request id."""
-    return logged_error(400, str(exc), code="invalid_sdp", type="invalid_request_error",
-                        cause=f"call {call_id}: {exc} ({exc.__cause__ or 'no further cause'})")
-
-
-def connecting_limit_error(settings: Settings) -> ApiError:
-    return rate_limited(
-        f"This client already has {settings.max_connecting_per_client} calls still connecting; "
-        "connect or end one first.",
-        code="too_many_connecting_calls",
-        retry_after_s=math.ceil(settings.connect_timeout_s),
-    )
-
-
-def capacity_error(max_sessions: int) -> ApiError:
-    return rate_limited(
-        f"The server is serving its maximum of {max_sessions} sessions; try again shortly.",
-        code="too_many_sessions",
-        retry_after_s=CAPACITY_RETRY_AFTER_S,
     )
 
 
@@ -346,14 +309,3 @@ def check_offer_sdp(body: bytes, *, max_bytes: int) -> str:
                 code="invalid_sdp",
             )
     return text
-
-
-async def read_session_config(partial: dict[str, Any], base: SessionConfig) -> SessionConfig:
-    """The session a call or WebSocket starts with; ``ApiError`` 400 for a bad or over-budget one."""
-    try:
-        config = SessionConfig.from_session(partial, base=base)
-        await check_session(config, since=base, param=session_param(partial))
-        return config
-    except ProtocolError as exc:
-        param = f"session.{exc.param}" if exc.param and not exc.param.startswith("session") else exc.param or "session"
-        raise ApiError(400, f"Invalid session: {exc.message}", code=exc.code, param=param) from None

@@ -18,7 +18,7 @@ A call ends when the peer closes, ICE/DTLS fails, the peer never connects
 aiortc has no "disconnected" state and notices a vanished peer only when ICE consent expires,
 ~30 s). Ending releases everything the call owns: the message reader, the session (its
 running response and engine work), the inbound reader, the outbound track and the peer
-connection. :class:`CallRegistry` holds the open calls; the server closes them all on shutdown.
+connection. ``app.calls.registry.CallRegistry`` holds the open calls; the server closes them all on shutdown.
 """
 
 from __future__ import annotations
@@ -29,19 +29,20 @@ import json
 import logging
 import secrets
 from collections import deque
-from collections.abc import Callable, Iterable
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.exceptions import InternalError, InvalidAccessError, InvalidStateError, OperationError
 
+from app.calls.lifecycle import CallLifecycle, EventObserver, Session
+from app.calls.registry import OnClosed
 from app.realtime.protocol import EVENTS_CHANNEL, ProtocolError
 from app.webrtc.ice import loopback_candidates, missing_relay, selected_candidate_pair
 from app.webrtc.network import CallNetwork, NetworkObserver
 from app.webrtc.sctp_guard import Refusal, guard_data_channel
 from app.webrtc.sdp import with_opus_inband_fec
-from media.frames import FramePlan, SampledFrame
 from media.inbound import InboundAudio
 from media.opus import OpusTrack
 from media.outbound import OutboundAudioTrack
@@ -62,35 +63,17 @@ MAX_QUEUED_MESSAGES = 256
 DROPPED_EVENTS_LOG_INTERVAL_S = 1.0
 # Events sent on the data channel that SCTP has not yet taken (the peer stopped acknowledging:
 # a frozen tab, a stuck client): past this the call ends ("client_not_reading"). The same bound
-# as a WebSocket's (app.web.websocket.MAX_PENDING_BYTES); a burst of 100 maximal text items
+# as a WebSocket's (app.websocket.call.MAX_PENDING_BYTES); a burst of 100 maximal text items
 # echoes 3-10 MB, which a reading client drains in seconds.
 MAX_BUFFERED_EVENT_BYTES = 16 * 1024 * 1024
 
 
-class Session(Protocol):
-    """What a call needs of ``app.realtime.session.RealtimeSession``."""
-
-    async def start(self) -> None: ...
-    async def handle_message(self, raw: str | bytes) -> None: ...
-    def push_audio(self, pcm: np.ndarray) -> None: ...
-    def add_video_frame(self, frame: SampledFrame) -> None: ...
-    def video_plan(self) -> FramePlan | None: ...
-    async def close(self) -> None: ...
-    def on_playback_started(self) -> None: ...
-    def on_playback_stopped(self) -> None: ...
-
-
-class CallObserver(NetworkObserver, Protocol):
-    """What watches a call from outside (the server's metrics: ``app.web.metrics.CallMetrics``).
-
-    A protocol of this layer, so that the call imports nothing of the HTTP service above it. Its
-    network figures come through ``app.webrtc.network.NetworkObserver``."""
+class CallObserver(EventObserver, NetworkObserver, Protocol):
+    """What watches a WebRTC call from outside: its events (``app.calls.lifecycle.EventObserver``),
+    its input audio, and its network figures (``app.webrtc.network.NetworkObserver``)."""
 
     def on_input_audio(self, samples: int) -> None:
         """``samples`` more 16 kHz samples were handed to the session."""
-
-    def on_server_event(self, event: dict[str, Any]) -> None:
-        """The session sent ``event`` to the peer."""
 
 
 SessionFactory = Callable[[OutboundAudioTrack, Callable[[dict[str, Any]], None]], Session]
@@ -104,10 +87,10 @@ def new_call_id() -> str:
     return "rtc_" + secrets.token_hex(12)
 
 
-class Call:
-    """One peer connection and the session it carries."""
+class Call(CallLifecycle):
+    """One peer connection and the session it carries; it ends as every call does (``app.calls.lifecycle``)."""
 
-    transport = "webrtc"  # the metrics' label; app.web.websocket.SocketCall is the other
+    transport = "webrtc"  # the metrics' label; app.websocket.call.SocketCall is the other
 
     def __init__(
         self,
@@ -120,7 +103,7 @@ class Call:
         max_duration_s: float | None = None,
         observer: CallObserver | None = None,
         on_connected: Callable[[Call], None] | None = None,
-        on_closed: Callable[[Call, str], None] | None = None,
+        on_closed: OnClosed | None = None,
         call_id: str | None = None,
         pacing_stats: PacingStats | None = None,
         jitter_buffer: bool = True,
@@ -128,7 +111,7 @@ class Call:
     ) -> None:
         """``jitter_buffer``: inbound audio through ``media.playout`` (False: aiortc's own path).
         ``max_video_pixels``: the largest camera frame decoded (``media.video_gate``)."""
-        self.id = call_id or new_call_id()
+        super().__init__(call_id or new_call_id(), max_duration_s=max_duration_s, on_closed=on_closed)
         self._jitter_buffer = jitter_buffer
         self._max_video_pixels = max_video_pixels
         self._network: CallNetwork | None = None
@@ -138,10 +121,8 @@ class Call:
         self._ice_loopback = ice_loopback
         self._connect_timeout_s = connect_timeout_s
         self._disconnect_timeout_s = disconnect_timeout_s
-        self._max_duration_s = max_duration_s
         self._observer = observer
         self._on_connected = on_connected
-        self._on_closed = on_closed
 
         self._loop = asyncio.get_running_loop()
         self._pc: RTCPeerConnection | None = None
@@ -155,12 +136,8 @@ class Call:
         self._dropped_logged_at: float | None = None
         self._connected = False
         self._last_media_at: float | None = None  # loop time of the last inbound frame
-        self._wakeup = asyncio.Event()  # state changed: connected, inbound media seen, or end
-        self._end_reason: str | None = None
         self._resources = contextlib.AsyncExitStack()
-        self._supervisor: asyncio.Task[None] | None = None
-        self._released = False
-        self.closed = asyncio.Event()
+        self._reader: asyncio.Task[None] | None = None
 
     async def answer(self, offer_sdp: str) -> str:
         """Accepts the offer and returns the SDP answer, its ICE candidates complete.
@@ -225,52 +202,18 @@ class Call:
 
         await session.start()
         self._network.start()
-        self._supervisor = asyncio.create_task(self._supervise(), name=f"call {self.id}")
+        self._carry()
         # aiortc writes no Opus fmtp: say that this side decodes in-band FEC (app/webrtc/sdp.py).
         return with_opus_inband_fec(pc.localDescription.sdp)
 
-    def end(self, reason: str) -> None:
-        """Asks the call to end; the supervisor releases it. Safe from any callback, any number of times."""
-        if self._end_reason is None:
-            self._end_reason = reason
-        self._wakeup.set()
+    # -- its life, its last word, its release (app.calls.lifecycle) -----------------------
 
-    async def close(self, reason: str = "closed") -> None:
-        """Ends the call and waits until everything it owns is released. Safe twice."""
-        self.end(reason)
-        if self._supervisor is not None:
-            # Shielded: a caller that gives up waiting must not cut the release short.
-            await asyncio.shield(self._supervisor)
-        else:
-            await self._release()
+    async def _run(self) -> str:
+        self._reader = asyncio.create_task(self._read_messages(), name=f"call {self.id} events")
+        return await self._watch()
 
-    # -- supervision ---------------------------------------------------------------
-
-    async def _supervise(self) -> None:
-        reader = asyncio.create_task(self._read_messages(), name=f"call {self.id} events")
-        try:
-            try:
-                async with asyncio.timeout(self._max_duration_s):
-                    reason = await self._watch()
-            except TimeoutError:
-                reason = "max_duration"
-                await self._tell_expired()
-            self.end(reason)
-        finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
-            await self._release()
-
-    async def _tell_expired(self) -> None:
-        """Says why the call ends (OpenAI's ``session_expired`` error) and lets it reach the peer."""
-        assert self._max_duration_s is not None
-        self._send(
-            ProtocolError(
-                "session_expired",
-                f"Your session hit the maximum duration of {self._max_duration_s / 60:g} minutes.",
-            ).to_event().to_json()
-        )
+    async def _say_last(self, event: dict[str, Any]) -> None:
+        self._send(event)
         channel = self._channel
         if channel is None or channel.readyState != "open":
             return
@@ -304,31 +247,16 @@ class Call:
             await self._wait_wakeup(self._disconnect_timeout_s - silent_for)
         return self._end_reason
 
-    async def _wait_wakeup(self, timeout: float | None) -> bool:
-        self._wakeup.clear()
-        try:
-            async with asyncio.timeout(timeout):
-                await self._wakeup.wait()
-        except TimeoutError:
-            return False
-        return True
-
-    async def _release(self) -> None:
-        if self._released:
-            return
-        self._released = True
-        reason = self._end_reason or "closed"
-        try:
-            if self._inbound is not None:
-                self._resources.push_async_callback(self._inbound.close)
-            if self._video is not None:
-                self._resources.push_async_callback(self._video.close)
-            await self._resources.aclose()
-        finally:
-            logger.info("call %s ended: %s", self.id, reason)
-            self.closed.set()
-            if self._on_closed is not None:
-                self._on_closed(self, reason)
+    async def _release_transport(self, reason: str) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        if self._inbound is not None:
+            self._resources.push_async_callback(self._inbound.close)
+        if self._video is not None:
+            self._resources.push_async_callback(self._video.close)
+        await self._resources.aclose()
 
     # -- aiortc callbacks (synchronous, on the event loop) ------------------------------
 
@@ -463,105 +391,3 @@ class Call:
                 # The session answers bad input with an error event; an exception here is a bug.
                 # Log it and keep reading: one bad event must not end the call.
                 logger.exception("call %s: session failed on a client event", self.id)
-
-
-class CapacityError(Exception):
-    """Every session slot is taken."""
-
-
-class ConnectingLimitError(Exception):
-    """The client already has its most calls still connecting."""
-
-
-class OpenSession(Protocol):
-    """What the registry needs of an open session, over any transport (a :class:`Call`, a WebSocket)."""
-
-    @property
-    def id(self) -> str: ...
-    @property
-    def transport(self) -> str: ...
-    async def close(self, reason: str = ...) -> None: ...
-
-
-SessionT = TypeVar("SessionT", bound=OpenSession)
-
-
-class CallRegistry:
-    """The open sessions of one server, WebRTC calls and WebSockets together, at most ``max_calls``."""
-
-    def __init__(
-        self,
-        max_calls: int,
-        *,
-        max_connecting_per_client: int | None = None,
-        on_count: Callable[[dict[str, int]], None] | None = None,
-        on_closed: Callable[[Any, str], None] | None = None,
-    ) -> None:
-        self._max_calls = max_calls
-        self._max_connecting = max_connecting_per_client
-        self._calls: dict[str, OpenSession] = {}
-        self._connecting: dict[str, str] = {}  # call id -> client address, until the peer connects
-        self._on_count = on_count
-        self._on_closed = on_closed
-
-    def __len__(self) -> int:
-        return len(self._calls)
-
-    def get(self, call_id: str) -> Call | None:
-        call = self._calls.get(call_id)
-        return call if isinstance(call, Call) else None
-
-    def admit(self, create: Callable[[Callable[[Any, str], None]], SessionT], *, client: str | None = None) -> SessionT:
-        """Registers ``create(on_closed)``, or raises :class:`CapacityError` when full (or
-        :class:`ConnectingLimitError` when ``client`` has its most calls still connecting).
-
-        Synchronous, so admission and registration cannot interleave with another offer.
-        The session must invoke ``on_closed`` once it is released; the registry forgets it then.
-        A call admitted for a ``client`` counts as connecting until :meth:`connected`.
-        """
-        if len(self._calls) >= self._max_calls:
-            raise CapacityError(f"all {self._max_calls} sessions are in use")
-        if client is not None and self._max_connecting is not None:
-            connecting = sum(1 for address in self._connecting.values() if address == client)
-            if connecting >= self._max_connecting:
-                raise ConnectingLimitError(f"{client} has {connecting} calls still connecting")
-        call = create(self._forget)
-        self._calls[call.id] = call
-        if client is not None:
-            self._connecting[call.id] = client
-        self._count_changed()
-        return call
-
-    def connected(self, call_id: str) -> None:
-        """The call's peer connected: it no longer counts against its client's connecting calls."""
-        self._connecting.pop(call_id, None)
-
-    def counts(self) -> dict[str, int]:
-        """Open sessions by transport."""
-        counts: dict[str, int] = {}
-        for call in self._calls.values():
-            counts[call.transport] = counts.get(call.transport, 0) + 1
-        return counts
-
-    async def close_all(self, reason: str = "server_shutdown") -> None:
-        await _gather_all(call.close(reason) for call in list(self._calls.values()))
-
-    def _forget(self, call: OpenSession, reason: str) -> None:
-        self._connecting.pop(call.id, None)
-        if self._calls.pop(call.id, None) is None:
-            return
-        self._count_changed()
-        if self._on_closed is not None:
-            self._on_closed(call, reason)
-
-    def _count_changed(self) -> None:
-        if self._on_count is not None:
-            self._on_count(self.counts())
-
-
-async def _gather_all(closes: Iterable[Any]) -> None:
-    results = await asyncio.gather(*closes, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            logger.error("closing a call failed", exc_info=result)
-

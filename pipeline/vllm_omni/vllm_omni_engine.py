@@ -8,7 +8,7 @@ to the least loaded reachable one (fewest turns streaming; ties to the first), l
 :mod:`pipeline.vllm_omni.chat_completions`'.
 
 Where it runs: in the process that owns the engine (the front, which also serves its media
-workers' turns, app/web/workers.py), on that process's event loop, with httpx's ``AsyncClient``.
+workers' turns, app/serving/media_workers.py), on that process's event loop, with httpx's ``AsyncClient``.
 A turn here is network I/O plus a little decoding per chunk (base64 and a WAV header: well under
 a millisecond for vLLM-Omni's 2 s audio chunks), so it needs no engine process and no thread;
 only the request body, which carries every clip of the history as WAV (megabytes for long
@@ -21,7 +21,7 @@ Failures fail the turn, never the engine: a server that cannot be reached, answe
 error, reports an error in its stream, sends a chunk that is not serving_chat's, or ends its
 stream early raises :class:`~pipeline.contract.EngineError` with a code and a fixed message (the
 details go to the log). A stream that stalls is failed by the server's stall timeout
-(app/web/engines.py), which closes it. Each server's reachability (its ``GET /v1/models``,
+(app/serving/engines.py), which closes it. Each server's reachability (its ``GET /v1/models``,
 asked every ``PROBE_INTERVAL_S`` and told by every turn) is in :meth:`VllmOmniEngine.describe`.
 
 Preemptible turns (``pipeline.contract``; speculative answers): a vLLM-Omni server does not say how

@@ -242,7 +242,7 @@ async def test_a_client_that_stops_reading_its_events_is_ended_with_the_reason_l
     # the release runs on a loaded machine (with 20,000 the rest was written, sent nowhere, in the
     # ~0.3 s a loaded CI run took to release the call, and nothing was left to cancel).
     monkeypatch.setattr("app.webrtc.call.MAX_BUFFERED_EVENT_BYTES", 1024 * 1024)
-    caplog.set_level(logging.INFO, logger="app.webrtc.call")
+    caplog.set_level(logging.INFO, logger="app.calls.lifecycle")  # "call … ended: client_not_reading"
     engine = ScriptedEngine(" ".join(["word"] * 200_000))
     async with serving(engine, media_workers=1, disconnect_timeout_s=DEADLINE_S) as url:
         caller = subprocess.Popen([sys.executable, "-c", STOPS_READING, url], stdout=subprocess.PIPE, text=True)

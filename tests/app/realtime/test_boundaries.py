@@ -28,3 +28,19 @@ def test_a_call_imports_nothing_of_the_http_service_above_it():
     code = "import sys, app.webrtc.call\nprint(sorted(m for m in sys.modules if m.startswith('app.web.')))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_a_websocket_call_imports_nothing_of_the_http_service_above_it():
+    code = "import sys, app.websocket.call\nprint(sorted(m for m in sys.modules if m.startswith('app.web.')))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_the_registry_and_the_call_lifecycle_load_no_transport():
+    """What a call is to the registry holds calls of either transport, and imports neither."""
+    code = (
+        "import sys, app.calls.registry, app.calls.lifecycle\n"
+        f"print(sorted(m for m in {FORBIDDEN!r} if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

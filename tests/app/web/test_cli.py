@@ -17,7 +17,7 @@ from pydantic import SecretStr
 
 from app.config import Settings
 from app.realtime.semantic_vad import EngineTextJudge
-from app.web.calls import text_judge
+from app.serving.call_factory import text_judge
 from app.web.cli import _settings, build_parser, default_in_words, main, readme_with_configuration_tables, serve_flags
 from app.web.server import _base_session_config, create_app
 from tests.e2e.conftest import serving_in_process

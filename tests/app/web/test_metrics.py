@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from app.web.engines import MeteredEngine
+from app.serving.engines import MeteredEngine
 from app.web.metrics import Metrics
 from pipeline.contract import AudioChunk, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest, TurnTimings, Usage
 from pipeline.conversation import Conversation

@@ -12,10 +12,10 @@ from aiortc import RTCPeerConnection
 from app.config import Settings
 from app.realtime.gate import EventGate
 from app.realtime.session_config import SessionConfig
-from app.web.engines import StallTimeoutEngine
+from app.serving.engines import StallTimeoutEngine
 from app.web.errors import ApiError
 from app.web.server import create_app
-from app.web.signaling import capacity_error, check_offer_sdp
+from app.web.signaling import check_offer_sdp
 from app.webrtc.ice import loopback_candidates, rtc_configuration
 from pipeline.contract import EngineError, TextDelta, TurnDone, TurnRequest, Usage
 from pipeline.conversation import Conversation, UserText
@@ -119,14 +119,6 @@ def test_offer_without_ice_dtls_or_direction_is_400(line):
         check_offer_sdp(OFFER.replace(line, "").encode(), max_bytes=65_536)
     assert raised.value.status_code == 400
     assert "m=audio section #1" in raised.value.message
-
-
-def test_capacity_error_is_429_with_retry_after():
-    error = capacity_error(4)
-    assert error.status_code == 429
-    assert int(error.headers["Retry-After"]) > 0
-    assert error.to_response().status_code == 429
-    assert "4 sessions" in error.message
 
 
 def test_gate_admits_small_events():

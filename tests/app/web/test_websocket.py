@@ -9,6 +9,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 import zlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -269,6 +270,23 @@ async def test_shutdown_closes_open_websocket_sessions(tmp_path):
             while True:
                 await ws.recv()
     assert engine.cancelled_turns == 1
+
+
+async def test_hang_up_answers_404_for_a_websocket_sessions_id_and_the_session_goes_on(tmp_path, caplog):
+    """The registry holds sessions of both transports; hang-up ends only WebRTC calls. One media
+    worker: the calls are this process's, so hang-up asks the registry (with more, it asks the workers)."""
+    caplog.set_level(logging.INFO, logger="app.web.websocket")
+    async with serving(Settings(cache_dir=tmp_path, media_workers=1)) as url:
+        async with websockets.connect(ws_url(url)) as ws:
+            await ws.recv()
+            [socket_id] = [record.args[0] for record in caplog.records if record.getMessage().endswith("sessions open)")]
+            async with httpx.AsyncClient(base_url=url) as http:
+                hang_up = await http.delete(f"/v1/realtime/calls/{socket_id}")
+                events = await text_turn(ws)
+                sessions = (await http.get("/healthz")).json()["sessions"]
+    assert str(socket_id).startswith("ws_")
+    assert (hang_up.status_code, hang_up.json()["error"]["code"]) == (404, "call_not_found")
+    assert events[-1]["type"] == "response.done" and sessions == 1
 
 
 def masked_frame(first_byte: int, payload: bytes) -> bytes:

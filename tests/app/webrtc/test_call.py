@@ -14,7 +14,7 @@ import pytest
 from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 
 from app.client.webrtc import MicrophoneTrack
-from app.webrtc.call import MAX_QUEUED_MESSAGES, Call, CallRegistry, ConnectingLimitError, OfferError
+from app.webrtc.call import MAX_QUEUED_MESSAGES, Call, OfferError
 from app.webrtc.ice import loopback_candidates, rtc_configuration
 from app.webrtc.sctp_guard import MAX_UNDELIVERED_BYTES
 from media.frames import FramePlan, SampledFrame
@@ -321,40 +321,6 @@ async def test_a_call_says_once_that_its_peer_connected():
         await connect(call, pc)
         await until(lambda: bool(connected))
     assert connected == [call]
-
-
-class Placed:
-    transport = "webrtc"
-
-    def __init__(self, call_id: str) -> None:
-        self.id = call_id
-
-    async def close(self, reason: str = "closed") -> None:
-        pass
-
-
-def test_calls_still_connecting_count_per_client_until_they_connect_or_end():
-    registry = CallRegistry(16, max_connecting_per_client=2)
-    ended: dict[str, Callable[[Any, str], None]] = {}
-
-    def place(call_id: str, client: str) -> Placed:
-        def create(on_closed: Callable[[Any, str], None]) -> Placed:
-            ended[call_id] = on_closed
-            return Placed(call_id)
-
-        return registry.admit(create, client=client)
-
-    first, second = place("a1", "10.0.0.1"), place("a2", "10.0.0.1")
-    with pytest.raises(ConnectingLimitError):
-        place("a3", "10.0.0.1")
-    place("b1", "10.0.0.2")  # another client has its own count
-    registry.connected("a1")
-    place("a3", "10.0.0.1")  # a connected call no longer counts
-    with pytest.raises(ConnectingLimitError):
-        place("a4", "10.0.0.1")
-    ended["a2"](second, "connect_timeout")
-    place("a4", "10.0.0.1")  # nor does an ended one
-    assert len(registry) == 4 and first.id == "a1"
 
 
 async def test_close_is_safe_twice():

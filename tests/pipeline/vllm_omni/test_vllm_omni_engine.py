@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from app.web.engines import StallTimeoutEngine
+from app.serving.engines import StallTimeoutEngine
 from pipeline.contract import AudioChunk, EngineCapabilities, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
 from pipeline.vllm_omni import vllm_omni_engine

@@ -1,6 +1,6 @@
 """How this server builds a call from its settings (ICE servers, timeouts, metrics, the end-of-turn
 model), in whichever process carries it: the server process, or a media worker
-(``app.web.media_worker``)."""
+(``app.serving.media_worker``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from app.calls.registry import OnClosed
 from app.config import Settings
 from app.realtime.semantic_vad import EngineTextJudge, TextJudge
 from app.web.metrics import Metrics
@@ -47,7 +48,7 @@ def new_call(
     settings: Settings,
     make_session: SessionFactory,
     metrics: Metrics,
-    on_closed: Callable[[Call, str], None],
+    on_closed: OnClosed,
     *,
     on_connected: Callable[[Call], None] | None = None,
     call_id: str | None = None,

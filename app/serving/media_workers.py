@@ -2,7 +2,7 @@
 
 ``omni-rtc serve --media-workers N`` (N > 1; by default one per usable core) keeps HTTP, the
 page, auth, client secrets, signaling, the session count and the engine in this (front)
-process, and runs every call in one of N worker processes (``app.web.media_worker``). A new call goes to the live worker with
+process, and runs every call in one of N worker processes (``app.serving.media_worker``). A new call goes to the live worker with
 the fewest calls; its offer travels over IPC and the worker's SDP answer comes back, so the
 peer's media then flows to that worker's own UDP sockets. A worker reports every 0.5 s (its
 heartbeat); one silent for ``HEARTBEAT_TIMEOUT_S`` (stopped, or its loop stuck) gets no new
@@ -21,18 +21,18 @@ import logging
 import multiprocessing
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
+from app.calls.registry import CallRegistry, OnClosed
 from app.config import Settings
 from app.realtime.session_config import SessionConfig
-from app.web.ipc import MessageTooLarge, post, receive
-from app.web.media_worker import run_media_worker
+from app.serving.ipc import MessageTooLarge, post, receive
+from app.serving.media_worker import run_media_worker
 from app.web.metrics import FamilySamples
-from app.webrtc.call import CallRegistry, OfferError
+from app.webrtc.call import OfferError
 from pipeline.contract import Engine, EngineError
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ WORKER_STOP_TIMEOUT_S = 10.0
 # How often the front checks that every worker process still runs (a dead one is spawned again)
 # and still answers.
 SUPERVISE_INTERVAL_S = 0.5
-# A worker reports every 0.5 s (app.web.media_worker.STATUS_INTERVAL_S); four reports missed is
+# A worker reports every 0.5 s (app.serving.media_worker.STATUS_INTERVAL_S); four reports missed is
 # not a busy loop (a VAD window costs well under a millisecond, a stalled frame tens of ms) but
 # a stopped or stuck process: it gets no new calls, and offers waiting on it go elsewhere.
 HEARTBEAT_TIMEOUT_S = 2.0
@@ -106,10 +106,10 @@ class RemoteCall:
 
     transport = "webrtc"
 
-    def __init__(self, call_id: str, pool: MediaWorkerPool, on_closed: Callable[[Any, str], None]) -> None:
+    def __init__(self, call_id: str, pool: MediaWorkerPool, on_closed: OnClosed) -> None:
         self.id = call_id
         self._pool = pool
-        self._on_closed: Callable[[Any, str], None] | None = on_closed
+        self._on_closed: OnClosed | None = on_closed
 
     async def close(self, reason: str = "closed") -> None:
         """Ends the call in its worker (which then reports it closed). Safe twice."""
@@ -134,7 +134,7 @@ class MediaWorkerPool:
         # imported the worker's modules once (~0.4 s of imports saved per worker start and
         # restart); never a fork of this process, which has threads and a running loop.
         self._context = multiprocessing.get_context("forkserver")
-        self._context.set_forkserver_preload(["app.web.media_worker"])
+        self._context.set_forkserver_preload(["app.serving.media_worker"])
         self._workers = [WorkerHandle(index, process=self._context.Process()) for index in range(count)]
         self._call_worker: dict[str, WorkerHandle] = {}
         self._remote: dict[str, RemoteCall] = {}  # offered or answered, until released
@@ -316,7 +316,7 @@ class MediaWorkerPool:
                     worker.silent = False
                     logger.warning("media worker %d (pid %s) answers again; it takes calls", worker.index, worker.pid)
                 self._handle(worker, message)
-        except ValueError as exc:  # senders check sizes (app.web.ipc): this worker is broken
+        except ValueError as exc:  # senders check sizes (app.serving.ipc): this worker is broken
             logger.error("media worker %d broke the IPC protocol (%s); dropping its connection", worker.index, exc)
         finally:
             await self._lost(worker, writer)

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from app.web.engines import DevReplies, MeteredEngine, StallTimeoutEngine, for_session
+from app.serving.engines import DevReplies, MeteredEngine, StallTimeoutEngine, for_session
 from app.web.metrics import Metrics
 from pipeline.contract import EngineError, TextDelta, TurnRequest
 from pipeline.conversation import Conversation, UserAudio, UserText

@@ -1,6 +1,6 @@
 """A media worker process: the calls placed on it, whole (peer, data channel, session, VAD, track).
 
-The front process (``app.web.workers``) spawns it and hands it offers over IPC (``app.web.ipc``);
+The front process (``app.serving.media_workers``) spawns it and hands it offers over IPC (``app.serving.ipc``);
 the worker answers with the SDP and from then on the call lives here: aiortc's peer and its
 UDP sockets, the session, the VAD and the paced outbound track all run on this process's own
 event loop and GIL, so a busy worker never delays another's audio. The engine stays in the
@@ -27,16 +27,17 @@ import signal
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
+from app.calls.registry import CallRegistry, OpenSession
 from app.config import Settings, load_dev_replies
 from app.realtime.ledger import AudioOutput
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
-from app.web.calls import load_end_of_turn_model, new_call, text_judge
-from app.web.engines import for_session
-from app.web.ipc import MessageTooLarge, post, receive
+from app.serving.call_factory import load_end_of_turn_model, new_call, text_judge
+from app.serving.engines import for_session
+from app.serving.ipc import MessageTooLarge, post, receive
 from app.web.metrics import Metrics
 from app.web.resources import process_resources
-from app.webrtc.call import Call, CallRegistry, OfferError
+from app.webrtc.call import Call, OfferError
 from media.end_of_turn_model import EndOfTurnModel
 from media.vad import SileroVad
 from pipeline.contract import EngineCapabilities, EngineError, TurnEvent, TurnRequest
@@ -194,7 +195,7 @@ class MediaWorker:
     def _connected(self, call: Call) -> None:
         self._send({"op": "call_connected", "call_id": call.id})
 
-    def _closed(self, call: Call, reason: str) -> None:
+    def _closed(self, call: OpenSession, reason: str) -> None:
         self._send({"op": "call_closed", "call_id": call.id, "reason": reason})
 
     async def _answer(

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fastapi import Request
-
-from app.web.engines import for_session
-from app.web.errors import ApiError
-from app.web.workers import MediaWorkerPool
-from app.webrtc.call import CallRegistry
+from app.calls.registry import CallRegistry
+from app.serving.engines import for_session
+from app.serving.media_workers import MediaWorkerPool
 from media.end_of_turn_model import EndOfTurnModel
 from media.vad import SileroVad
 from pipeline.contract import Engine
@@ -32,11 +29,3 @@ class Runtime:
     def session_engine(self) -> Engine:
         """The engine one new session gets."""
         return for_session(self.for_sessions, self.dev_replies)
-
-
-def runtime_of(request: Request) -> Runtime:
-    """The serving runtime, or 503 while the server starts or stops."""
-    runtime: Runtime | None = getattr(request.app.state, "runtime", None)
-    if runtime is None:
-        raise ApiError(503, "The server is starting or stopping.", type="server_error", code="unavailable")
-    return runtime

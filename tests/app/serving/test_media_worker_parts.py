@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.web.ipc import MAX_MESSAGE_BYTES, MessageTooLarge, post
-from app.web.media_worker import EngineProxy
+from app.serving.ipc import MAX_MESSAGE_BYTES, MessageTooLarge, post
+from app.serving.media_worker import EngineProxy
 from app.web.metrics import Metrics
 from pipeline.contract import AudioChunk, EngineError, TextDelta, TurnRequest
 from pipeline.conversation import Conversation, UserText

@@ -1,0 +1,121 @@
+"""The open sessions of one server, whatever carries them: WebRTC calls (in this process or a
+media worker's) and WebSockets, counted together against ``--max-sessions``.
+
+The registry knows a session only as :class:`OpenSession` (an id, its transport's name, ``close``),
+so it imports nothing of aiortc or the web framework; each transport's call (``app.webrtc.call.Call``,
+``app.websocket.call.SocketCall``, ``app.serving.media_workers.RemoteCall``) is one. Admission
+raises :class:`CapacityError` or :class:`ConnectingLimitError`; the routes answer them
+(``app.web.call_refusals``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, TypeVar
+
+logger = logging.getLogger(__name__)
+
+
+class CapacityError(Exception):
+    """Every session slot is taken."""
+
+
+class ConnectingLimitError(Exception):
+    """The client already has its most calls still connecting."""
+
+
+class OpenSession(Protocol):
+    """What the registry needs of an open session, over any transport."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def transport(self) -> str: ...
+    async def close(self, reason: str = ...) -> None: ...
+
+
+SessionT = TypeVar("SessionT", bound=OpenSession)
+# What a session calls once it is released: the registry forgets it then.
+OnClosed = Callable[[OpenSession, str], None]
+
+
+class CallRegistry:
+    """The open sessions of one server, WebRTC calls and WebSockets together, at most ``max_calls``."""
+
+    def __init__(
+        self,
+        max_calls: int,
+        *,
+        max_connecting_per_client: int | None = None,
+        on_count: Callable[[dict[str, int]], None] | None = None,
+        on_closed: OnClosed | None = None,
+    ) -> None:
+        self._max_calls = max_calls
+        self._max_connecting = max_connecting_per_client
+        self._calls: dict[str, OpenSession] = {}
+        self._connecting: dict[str, str] = {}  # call id -> client address, until the peer connects
+        self._on_count = on_count
+        self._on_closed = on_closed
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def get(self, call_id: str) -> OpenSession | None:
+        """The open session ``call_id``, of any transport."""
+        return self._calls.get(call_id)
+
+    def admit(self, create: Callable[[OnClosed], SessionT], *, client: str | None = None) -> SessionT:
+        """Registers ``create(on_closed)``, or raises :class:`CapacityError` when full (or
+        :class:`ConnectingLimitError` when ``client`` has its most calls still connecting).
+
+        Synchronous, so admission and registration cannot interleave with another offer.
+        The session must invoke ``on_closed`` once it is released; the registry forgets it then.
+        A call admitted for a ``client`` counts as connecting until :meth:`connected`.
+        """
+        if len(self._calls) >= self._max_calls:
+            raise CapacityError(f"all {self._max_calls} sessions are in use")
+        if client is not None and self._max_connecting is not None:
+            connecting = sum(1 for address in self._connecting.values() if address == client)
+            if connecting >= self._max_connecting:
+                raise ConnectingLimitError(f"{client} has {connecting} calls still connecting")
+        call = create(self._forget)
+        self._calls[call.id] = call
+        if client is not None:
+            self._connecting[call.id] = client
+        self._count_changed()
+        return call
+
+    def connected(self, call_id: str) -> None:
+        """The call's peer connected: it no longer counts against its client's connecting calls."""
+        self._connecting.pop(call_id, None)
+
+    def counts(self) -> dict[str, int]:
+        """Open sessions by transport."""
+        counts: dict[str, int] = {}
+        for call in self._calls.values():
+            counts[call.transport] = counts.get(call.transport, 0) + 1
+        return counts
+
+    async def close_all(self, reason: str = "server_shutdown") -> None:
+        await _gather_all(call.close(reason) for call in list(self._calls.values()))
+
+    def _forget(self, call: OpenSession, reason: str) -> None:
+        self._connecting.pop(call.id, None)
+        if self._calls.pop(call.id, None) is None:
+            return
+        self._count_changed()
+        if self._on_closed is not None:
+            self._on_closed(call, reason)
+
+    def _count_changed(self) -> None:
+        if self._on_count is not None:
+            self._on_count(self.counts())
+
+
+async def _gather_all(closes: Iterable[Any]) -> None:
+    results = await asyncio.gather(*closes, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            logger.error("closing a call failed", exc_info=result)
