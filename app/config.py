@@ -2,7 +2,7 @@
 
 A setting is written once, as a ``Settings`` field: its ``description`` is its help, and its
 ``Flag`` names its concern (the group it is shown in) and what the field's name and type cannot
-say. ``omni-rtc serve``'s flags (app/web/cli.py) and README's configuration tables follow from the
+say. ``omni-rtc serve``'s flags (app/cli.py) and README's configuration tables follow from the
 fields, and so does the environment variable (``OMNI_RTC_`` + the field name).
 """
 
@@ -102,7 +102,7 @@ class Settings(BaseSettings):
         default_factory=usable_cores,
         ge=1,
         description="processes that carry the WebRTC calls behind the one port, one core's worth of calls each "
-        '(app/web/workers.py); 1 keeps every call in the server process (docs/ARCHITECTURE.md "Processes")',
+        '(app/serving/media_workers.py); 1 keeps every call in the server process (docs/ARCHITECTURE.md "Processes")',
     )
 
     # -- the model, on either engine

@@ -1,7 +1,7 @@
 """Regenerate README.md's configuration tables from the Settings fields (app/config.py).
 
 ``PYTHONPATH=. .venv/bin/python scripts/settings_table.py`` rewrites the part of README.md between
-its settings markers (``app.web.cli.readme_with_configuration_tables``); tests/app/web/test_cli.py
+its settings markers (``app.cli.readme_with_configuration_tables``); tests/app/test_cli.py
 fails while README says anything else, so a setting added or changed is documented by running this.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.web.cli import readme_with_configuration_tables
+from app.cli import readme_with_configuration_tables
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

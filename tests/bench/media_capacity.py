@@ -360,7 +360,7 @@ def main() -> None:
 
     import soxr
 
-    from app.web.cli import read_utterance
+    from app.cli import read_utterance
 
     server_cores, client_cores = parse_cores(args.server_cores), parse_cores(args.client_cores)
     os.sched_setaffinity(0, client_cores)

@@ -54,8 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import machine, write_report  # noqa: E402
 from soak import FIXTURES, REPO, TURN_TIMEOUT_S, dev_model_server  # noqa: E402
 
+from app.cli import read_utterance  # noqa: E402  (after the path set-up above)
 from app.client.webrtc import AUDIBLE_PEAK, ClientError, RealtimeClient, ReceivedFrame  # noqa: E402
-from app.web.cli import read_utterance  # noqa: E402  (after the path set-up above)
 from tests.netem import ImpairedRelay, Impairment  # noqa: E402
 
 DEFAULT_OUT = REPO / "tests" / "bench" / "results" / "network.json"

@@ -94,7 +94,7 @@ def main() -> None:
 
     with ReplayServer(pace=Pace(real_time_factor=1.0)) as replay:
         port = free_port()
-        command = [sys.executable, "-m", "app.web.cli", "serve", "--port", str(port), "--engine-url", replay.url,
+        command = [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--engine-url", replay.url,
                    "--ice-loopback", "--log-level", "warning"]
         if args.media_workers is not None:
             command += ["--media-workers", str(args.media_workers)]

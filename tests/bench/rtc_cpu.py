@@ -89,7 +89,7 @@ def main() -> None:
 
     url = f"http://127.0.0.1:{args.port}"
     command = [
-        sys.executable, "-m", "app.web.cli", "serve", "--port", str(args.port), "--device", "cpu",
+        sys.executable, "-m", "app.cli", "serve", "--port", str(args.port), "--device", "cpu",
         "--ice-loopback", "--engine-threads", "1", "--seed", "0", "--log-level", "warning",
         # Every call in the server process, as the split above assumes (its children are the
         # engine); tests/bench/media_capacity.py measures the media workers' whole tree.
@@ -109,7 +109,7 @@ def main() -> None:
         window = Window(process)
         call = subprocess.run(
             [
-                sys.executable, "-m", "app.web.cli", "call", url, "--ice-loopback", "--json",
+                sys.executable, "-m", "app.cli", "call", url, "--ice-loopback", "--json",
                 "--sessions", str(args.sessions), "--out", str(REPO / "test-output" / "rtc_cpu"),
                 "--wav", str(FIXTURES / "hello.wav"), "--wav", str(FIXTURES / "weather.wav"),
             ],

@@ -36,7 +36,7 @@ from soak import FIXTURES, REPO, dev_model_server  # noqa: E402
 
 def call(url: str, sessions: int, wavs: list[Path], session: str | None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as out:
-        command = [sys.executable, "-m", "app.web.cli", "call", url, "--ice-loopback", "--json",
+        command = [sys.executable, "-m", "app.cli", "call", url, "--ice-loopback", "--json",
                    "--sessions", str(sessions), "--out", out]
         for wav in wavs:
             command += ["--wav", str(wav)]

@@ -199,7 +199,7 @@ def dev_model_server(*serve_args: str, generation: str | None = CAPPED_ANSWERS) 
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    command = [sys.executable, "-m", "app.web.cli", "serve", "--port", str(port), "--device", "cpu", "--seed", "0",
+    command = [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--device", "cpu", "--seed", "0",
                "--ice-loopback", "--log-level", "warning", *serve_args]
     if generation is not None:
         command += ["--generation", generation]

@@ -134,7 +134,7 @@ def server_env() -> dict[str, str]:
 def server_command(dev_model_dir: Path, port: int, *extra_args: str) -> list[str]:
     """``omni-rtc serve`` on ``port`` of 127.0.0.1 with the dev model (run it with :func:`server_env`)."""
     return [
-        sys.executable, "-m", "app.web.cli", "serve",
+        sys.executable, "-m", "app.cli", "serve",
         "--host", "127.0.0.1", "--port", str(port),
         "--model", str(dev_model_dir), "--device", "cpu", "--seed", "0",
         "--ice-loopback", "--log-level", "info", *extra_args,

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from app.cli import read_utterance
 from app.client.turn import TurnResult
 from app.client.webrtc import RealtimeClient
-from app.web.cli import read_utterance
 from media.jitter_buffer import ReceiveStats
 from tests.netem import DirectionCounts, ImpairedRelay, Impairment
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
+from app.cli import read_utterance
 from app.client.webrtc import RealtimeClient
 from app.config import Settings
 from app.realtime.heard import tokens_heard
-from app.web.cli import read_utterance
 from app.web.server import create_app
 from media.rates import VOICE_RATE, WIRE_RATE
 from pipeline.conversation import AssistantText

@@ -38,9 +38,9 @@ from playwright.async_api import Request, async_playwright
 from websockets.asyncio.client import connect as websocket_connect
 from websockets.exceptions import InvalidStatus
 
+from app.cli import read_utterance
 from app.client.webrtc import RealtimeClient
 from app.client.websocket import RealtimeSocketClient
-from app.web.cli import read_utterance
 from app.web.tls import ensure_self_signed
 from tests.e2e.browser_chromium import Silence, launch_chromium, write_fake_microphone
 from tests.e2e.conftest import DISCONNECT_TIMEOUT_S, GENERATION, free_port
@@ -106,7 +106,7 @@ def deployed_launch(model_dir: Path, directory: Path) -> tuple[str, Launch]:
     }
     url = f"http://127.0.0.1:{port}"
     return url, Launch(
-        [sys.executable, "-m", "app.web.cli", *command[1:]], env=env, ready=healthy(url),
+        [sys.executable, "-m", "app.cli", *command[1:]], env=env, ready=healthy(url),
         log_path=directory / "deployed.log", deadline_s=STARTUP_DEADLINE_S, stop_signal=signal.SIGINT,
     )
 
@@ -116,7 +116,7 @@ def lan_demo_launch(model_dir: Path, directory: Path) -> tuple[str, Path, Launch
     port = free_port()
     cache_dir = directory / "cache"
     command = [
-        sys.executable, "-m", "app.web.cli", "serve", "--tls", "self-signed", "--cache-dir", str(cache_dir),
+        sys.executable, "-m", "app.cli", "serve", "--tls", "self-signed", "--cache-dir", str(cache_dir),
         "--port", str(port), "--model", str(model_dir), "--device", "cpu", "--media-workers", "1",
     ]
     env = {**{name: value for name, value in os.environ.items() if not name.startswith("OMNI_RTC_")}, **TEST_SETTINGS}

@@ -84,7 +84,7 @@ async def test_peer_frozen_mid_response_is_released_and_its_engine_turn_cancelle
     engine.hold = asyncio.Event()  # the answer is still being generated when the peer freezes
     async with serving(engine, disconnect_timeout_s=1.0) as url:
         caller = subprocess.Popen(
-            [sys.executable, "-m", "app.web.cli", "call", url, "--ice-loopback",
+            [sys.executable, "-m", "app.cli", "call", url, "--ice-loopback",
              "--wav", str(FIXTURES / "hello.wav"), "--out", str(tmp_path)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
+from app.cli import read_utterance
 from app.client.webrtc import AUDIBLE_PEAK, RealtimeClient
 from app.config import Settings
-from app.web.cli import read_utterance
 from app.web.server import create_app
 from media.rates import WIRE_RATE
 from pipeline.conversation import UserAudio

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from app.cli import read_utterance
 from app.client.websocket import RealtimeSocketClient
-from app.web.cli import read_utterance
 
 pytestmark = pytest.mark.e2e
 

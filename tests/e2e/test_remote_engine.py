@@ -28,9 +28,9 @@ import numpy as np
 import pytest
 import soundfile
 
+from app.cli import read_utterance
 from app.client.webrtc import AUDIBLE_PEAK, RealtimeClient
 from app.client.websocket import RealtimeSocketClient
-from app.web.cli import read_utterance
 from tests.e2e.conftest import SHUTDOWN_DEADLINE_S, free_port, get_json
 from tests.vllm_omni_replay import (
     ANSWER_TEXT,
@@ -68,7 +68,7 @@ def server_url(replay: ReplayServer, tmp_path_factory: pytest.TempPathFactory) -
     log_path = tmp_path_factory.mktemp("remote-server") / "server.log"
     env = {**os.environ, "OMNI_RTC_TURN_STALL_TIMEOUT_S": str(STALL_TIMEOUT_S), "OMNI_RTC_DISCONNECT_TIMEOUT_S": "3"}
     command = [
-        sys.executable, "-m", "app.web.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+        sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
         "--engine-url", replay.url, "--ice-loopback", "--log-level", "info",
     ]
     with open(log_path, "wb") as log:

@@ -124,7 +124,7 @@ class Deployment:
 
     def call(self, kind: str, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
         """``omni-rtc call`` from the client namespace, through the forwarder on the relay."""
-        argv = [sys.executable, "-m", "app.web.cli", "call", self.url(kind), "--wav", str(HELLO), "--out", str(out),
+        argv = [sys.executable, "-m", "app.cli", "call", self.url(kind), "--wav", str(HELLO), "--out", str(out),
                 "--json", "--api-key", API_KEY, *extra]
         return subprocess.run(self.box.command("client", argv), capture_output=True, text=True,
                               timeout=CALL_TIMEOUT_S, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
@@ -148,7 +148,7 @@ def _server_command(kind: str, model_dir: Path) -> list[str]:
     # the call); the static one carries its calls itself, which starts sooner.
     workers = [] if kind == "secret" else ["--media-workers", "1"]
     return [
-        sys.executable, "-m", "app.web.cli", "serve", "--host", SERVER_ADDRESS, "--port", str(KINDS[kind]["http_port"]),
+        sys.executable, "-m", "app.cli", "serve", "--host", SERVER_ADDRESS, "--port", str(KINDS[kind]["http_port"]),
         "--api-key", API_KEY, "--allowed-host", RELAY_ADDRESS, "--ice-server", turn_url, *credentials,
         "--model", str(model_dir), "--device", "cpu", "--seed", "0", "--log-level", "info", *workers,
     ]

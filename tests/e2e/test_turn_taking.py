@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from app.cli import read_utterance
 from app.client.webrtc import RealtimeClient
 from app.config import Settings
-from app.web.cli import read_utterance
 from app.web.server import create_app
 from tests.e2e.conftest import serving_in_process
 from tests.fakes import ScriptedEngine

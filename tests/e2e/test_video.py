@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from app.cli import read_utterance
 from app.client.turn import TurnResult
 from app.client.webrtc import RealtimeClient
-from app.web.cli import read_utterance
 from pipeline.images import image_tokens
 from tests.pictures import write_y4m
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from app.cli import read_utterance
 from app.client.turn import TurnResult
 from app.client.webrtc import RealtimeClient
 from app.config import Settings
-from app.web.cli import read_utterance
 from app.web.server import create_app
 from tests.e2e.conftest import open_sessions, serving_in_process, wait_for_sessions
 from tests.fakes import ScriptedEngine
@@ -121,7 +121,7 @@ async def test_peer_that_vanishes_without_closing_is_released(server_url: str, t
     assert await asyncio.to_thread(wait_for_sessions, server_url, 0) == 0
     client = subprocess.Popen(
         [
-            sys.executable, "-m", "app.web.cli", "call", server_url, "--ice-loopback",
+            sys.executable, "-m", "app.cli", "call", server_url, "--ice-loopback",
             "--wav", str(FIXTURES / "long_story.wav"), "--out", str(tmp_path),
         ],
         stdout=subprocess.PIPE,

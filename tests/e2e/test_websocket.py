@@ -19,8 +19,8 @@ from openai import AsyncOpenAI
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
+from app.cli import read_utterance
 from app.client.websocket import RealtimeSocketClient
-from app.web.cli import read_utterance
 from pipeline.images import image_tokens
 from tests.e2e.conftest import wait_for_sessions
 from tests.pictures import data_url, encoded
@@ -170,7 +170,7 @@ async def test_openai_python_sdk_shows_an_image_and_bad_images_get_errors(server
 
 def test_omni_rtc_call_speaks_over_the_websocket(server_url: str, tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "app.web.cli", "call", server_url, "--transport", "websocket", "--playback-ack",
+        [sys.executable, "-m", "app.cli", "call", server_url, "--transport", "websocket", "--playback-ack",
          "--wav", str(FIXTURES / "hello.wav"), "--out", str(tmp_path), "--json",
          "--session", json.dumps({"instructions": "Answer briefly."})],
         capture_output=True, text=True, timeout=TURN_TIMEOUT_S * 2,

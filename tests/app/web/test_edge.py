@@ -18,8 +18,8 @@ import pytest
 from fastapi import Request
 from pydantic import ValidationError
 
+from app.cli import main
 from app.config import Settings
-from app.web.cli import main
 from app.web.edge import HostAllowList, OriginPolicy, default_allowed_hosts, host_of, machine_names_and_addresses
 from app.web.server import create_app
 from tests.app.web.test_server import offering_peer

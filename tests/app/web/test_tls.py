@@ -12,8 +12,8 @@ import httpx
 import pytest
 from cryptography import x509
 
+from app.cli import main
 from app.config import Settings
-from app.web.cli import main
 from app.web.server import create_app
 from app.web.tls import RENEW_BEFORE_DAYS, covered_names, ensure_self_signed, serving_tls
 from tests.e2e.conftest import serving_in_process

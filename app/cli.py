@@ -123,7 +123,7 @@ def _serve_flag(name: str, field: FieldInfo) -> ServeFlag:
     elif value_type in (str, int, float, Path):
         keywords["type"] = value_type
     else:
-        raise TypeError(f"Settings.{name}: no flag for a {value_type} (app/web/cli.py _serve_flag)")
+        raise TypeError(f"Settings.{name}: no flag for a {value_type} (app/cli.py _serve_flag)")
     if metavar is not None:
         keywords["metavar"] = metavar
     return ServeFlag(name, flag.concern, option, keywords)

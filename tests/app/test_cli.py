@@ -15,16 +15,16 @@ import pytest_asyncio
 import soundfile
 from pydantic import SecretStr
 
+from app.cli import _settings, build_parser, default_in_words, main, readme_with_configuration_tables, serve_flags
 from app.config import Settings
 from app.realtime.semantic_vad import EngineTextJudge
 from app.serving.call_factory import text_judge
-from app.web.cli import _settings, build_parser, default_in_words, main, readme_with_configuration_tables, serve_flags
 from app.web.server import _base_session_config, create_app
 from tests.e2e.conftest import serving_in_process
 from tests.fakes import FULL_CAPABILITIES, ScriptedEngine
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
-README = Path(__file__).resolve().parents[3] / "README.md"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def serve_settings(monkeypatch: pytest.MonkeyPatch, argv: list[str], **env: str) -> Settings:
@@ -129,7 +129,7 @@ async def scripted_server_url(tmp_path: Path) -> AsyncIterator[str]:
 
 async def run_cli(*argv: str) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "app.web.cli", *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        sys.executable, "-m", "app.cli", *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
     stdout, stderr = await process.communicate()
     return process.returncode, stdout.decode(), stderr.decode()
