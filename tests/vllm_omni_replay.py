@@ -2,8 +2,9 @@
 
 ``POST /v1/chat/completions`` answers every streaming request with a recorded answer, in exactly
 the chunks vllm-omni 0.30.0's serving_chat sends, at the pace of a GPU deployment; it records each
-request it receives (body, arrival, chunks sent, when the stream ended or its client went away) and
-can be told to fail the next requests in each way a server fails. ``GET /v1/models`` and
+request it receives (body, arrival, chunks sent, when the stream ended or its client went away),
+can be told to fail the next requests in each way a server fails, and to hold each answer's stream
+open after its first audio chunk (``hold_after_first_audio``). ``GET /v1/models`` and
 ``GET /health`` answer as vLLM-Omni's do. It runs in a thread of its own (uvicorn), so its clock is
 the test's ``time.monotonic()`` and its pace does not depend on the test's event loop.
 
@@ -153,6 +154,9 @@ class ReplayServer:
         self.transcript = TRANSCRIPT
         # Bytes of padding in the /v1/models answer: a hostile server's endless list (0: none).
         self.models_padding = 0
+        # Set to an unset Event: every spoken answer's stream waits after its first audio chunk
+        # until the event is set, so a test knows the stream is open while it watches the client.
+        self.hold_after_first_audio: threading.Event | None = None
         self.requests: list[ReceivedRequest] = []
         self._failures: collections.deque[Failure] = collections.deque()
         self._validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
@@ -378,6 +382,10 @@ class ReplayServer:
                 if '"modality":"audio"' in data:
                     received.audio_chunks_sent += 1
                     received.first_audio_at = received.first_audio_at or time.monotonic()
+                    hold = self.hold_after_first_audio
+                    if hold is not None and received.audio_chunks_sent == 1:
+                        while not hold.is_set():  # polled: a client that goes cancels the wait
+                            await asyncio.sleep(0.01)
             received.done_at = time.monotonic()
         finally:
             if received.done_at is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from openai.types.realtime import RealtimeServerEvent
 from playwright.async_api import Browser, Page, Route, async_playwright
 from pydantic import TypeAdapter
 
+from pipeline.local.tokenizer import load_tokenizer
 from tests.e2e.browser_chromium import Silence, launch_chromium, write_fake_microphone
 from tests.e2e.conftest import running_server, wait_for_sessions
 
@@ -68,8 +70,21 @@ def responses_done(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [event["response"] for event in events if event["type"] == "response.done"]
 
 
-async def test_openai_python_runs_the_tool_round_trip_over_the_websocket(tools_server: str) -> None:
-    client = AsyncOpenAI(api_key="sk-unused", base_url=f"{tools_server}/v1")
+@dataclass(frozen=True)
+class RoundTrip:
+    """One tool round trip over openai-python's WebSocket: every message the server sent, the
+    events of the first response (the call) and of the second (the answer), and the output given."""
+
+    raw: list[str]
+    first: list[dict[str, Any]]
+    second: list[dict[str, Any]]
+    output: str
+
+
+async def tool_round_trip(server: str, **extra: str) -> RoundTrip:
+    """The question, the model's call, the call's ``function_call_output`` (the timezone asked, a
+    time, and ``extra`` fields), and the answer, in a session of its own."""
+    client = AsyncOpenAI(api_key="sk-unused", base_url=f"{server}/v1")
     tool = {
         "type": "function", "name": "get_local_time", "description": "The local time in a timezone.",
         "parameters": {"type": "object", "properties": {"timezone": {"type": "string"}}, "required": ["timezone"]},
@@ -93,25 +108,48 @@ async def test_openai_python_runs_the_tool_round_trip_over_the_websocket(tools_s
         first = await until_done(connection)
         call = first[-1]["response"]["output"][0]
         assert (call["type"], call["name"], call["status"]) == ("function_call", "get_local_time", "completed")
-        result = {"timezone": json.loads(call["arguments"])["timezone"], "local_time": "12:00"}
+        output = json.dumps({"timezone": json.loads(call["arguments"])["timezone"], "local_time": "12:00", **extra})
         await connection.conversation.item.create(
-            item={"type": "function_call_output", "call_id": call["call_id"], "output": json.dumps(result)}
+            item={"type": "function_call_output", "call_id": call["call_id"], "output": output}
         )
         await connection.response.create()
         second = await until_done(connection)
+    return RoundTrip(raw, first, second, output)
 
-    for message in raw:
+
+async def test_openai_python_runs_the_tool_round_trip_over_the_websocket(tools_server: str) -> None:
+    trip = await tool_round_trip(tools_server)
+    for message in trip.raw:
         SDK_SERVER_EVENT.validate_json(message)  # every event is one openai-python knows, with its fields
+    call = trip.first[-1]["response"]["output"][0]
     assert json.loads(call["arguments"]) == CALL_ARGUMENTS
-    deltas = [e["delta"] for e in first if e["type"] == "response.function_call_arguments.delta"]
+    deltas = [e["delta"] for e in trip.first if e["type"] == "response.function_call_arguments.delta"]
     assert "".join(deltas) == call["arguments"]
-    assert "response.output_audio.delta" not in types_of(first)  # the markup is never spoken
-    answer = second[-1]["response"]
+    assert "response.output_audio.delta" not in types_of(trip.first)  # the markup is never spoken
+    answer = trip.second[-1]["response"]
     assert answer["status"] == "completed"
     assert answer["output"][0]["content"][0]["transcript"] == ANSWER
-    assert [e for e in second if e["type"] == "response.output_audio.delta"]
-    # The answer's prompt held the call and its output: more input than the first response's.
-    assert answer["usage"]["input_tokens"] > first[-1]["response"]["usage"]["input_tokens"]
+    assert [e for e in trip.second if e["type"] == "response.output_audio.delta"]
+    assert wait_for_sessions(tools_server, 0) == 0
+
+
+async def test_the_answers_prompt_holds_the_function_output(tools_server: str, dev_model_dir: Path) -> None:
+    """Two round trips alike but for the output: one with a note of over ten tokens more. The
+    replies are scripted and the call is the same in both, so only the output reaching the prompt
+    can make the answer's prompt longer, and by exactly the note's tokens."""
+    plain = await tool_round_trip(tools_server)
+    noted = await tool_round_trip(tools_server, note="Paris keeps Central European Summer Time until late October.")
+    # The prompt writes the output between newlines in its <tool_response> block (Qwen's template).
+    tokenizer = load_tokenizer(dev_model_dir)
+    note_tokens = (len(tokenizer.encode(f"\n{noted.output}\n", add_special_tokens=False))
+                   - len(tokenizer.encode(f"\n{plain.output}\n", add_special_tokens=False)))
+
+    def input_tokens(events: list[dict[str, Any]]) -> int:
+        return int(events[-1]["response"]["usage"]["input_tokens"])
+
+    assert input_tokens(noted.first) == input_tokens(plain.first)  # the same prompt up to the call
+    assert note_tokens > 10
+    assert input_tokens(noted.second) - input_tokens(plain.second) == note_tokens
     assert wait_for_sessions(tools_server, 0) == 0
 
 

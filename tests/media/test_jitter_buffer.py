@@ -173,6 +173,38 @@ def test_concealment_pauses_when_the_peer_stops_and_fills_the_gap_when_it_resume
     assert timeline[30].origin == "packet"
 
 
+def test_after_a_gap_over_a_second_the_timeline_jumps_to_the_new_packet() -> None:
+    """A peer silent for 1.9 s, past MAX_FILL_S: 200 ms concealed while it was gone, then its next
+    packet plays at once at its own time, with no 1.7 s of made-up audio before it."""
+    packets = speech_packets(0)
+    buffer = AudioJitterBuffer()
+    push(buffer, packets, [0, 1, 2])
+    frames = buffer.pop(T0 + 3 * FRAME_S)
+    for tick in range(4, 100):  # the playout asks every frame period while the peer is silent
+        frames += buffer.pop(T0 + tick * FRAME_S)
+    resumed = 100  # 97 frames after the last one; the timeline stands at frame 13
+    buffer.push(resumed, resumed * FRAME, packets[3], T0 + resumed * FRAME_S)
+    after = buffer.pop(T0 + resumed * FRAME_S)
+    assert [(frame.timestamp // FRAME, frame.origin) for frame in after] == [(resumed, "packet")]
+    assert [frame.origin for frame in frames] == ["packet"] * 3 + ["plc"] * round(MAX_IDLE_CONCEAL_S / FRAME_S)
+
+
+def test_a_sequence_jump_over_3000_restarts_the_stream_where_the_timeline_stands() -> None:
+    """A sender that starts again (new sequence numbers and timestamps: RFC 3550 lets a stream start
+    anywhere): its packets follow the old ones on the timeline at once, and none counts as lost."""
+    packets = speech_packets(0)
+    buffer = AudioJitterBuffer()
+    push(buffer, packets, [0, 1, 2, 3, 4])
+    frames = buffer.pop(T0 + 4 * FRAME_S)
+    new_sequence, new_timestamp = 10_000, 123_456_789
+    for index in range(5):
+        arrival = T0 + (5 + index) * FRAME_S
+        buffer.push(new_sequence + index, new_timestamp + index * FRAME, packets[5 + index], arrival)
+        frames += buffer.pop(arrival)
+    assert [(frame.timestamp // FRAME, frame.origin) for frame in frames] == [(index, "packet") for index in range(10)]
+    assert buffer.stats.packets_lost == 0
+
+
 def test_depth_follows_the_jitter_within_its_bounds() -> None:
     packets = speech_packets(0)
     steady = AudioJitterBuffer()

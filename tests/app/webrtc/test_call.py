@@ -12,11 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc.rtcsctptransport import USERDATA_MAX_LENGTH
 
 from app.client.webrtc import MicrophoneTrack
+from app.webrtc import call as call_module
 from app.webrtc.call import MAX_QUEUED_MESSAGES, Call, OfferError
 from app.webrtc.ice import loopback_candidates, rtc_configuration
-from app.webrtc.sctp_guard import MAX_UNDELIVERED_BYTES
+from app.webrtc.sctp_guard import MAX_UNDELIVERED_BYTES, Refusal, SctpGuard, guard_data_channel
 from media.frames import FramePlan, SampledFrame
 from tests import hostile_sctp, hostile_video
 
@@ -184,9 +186,19 @@ async def test_events_dropped_in_a_flood_are_logged_once_a_second_not_once_an_ev
     assert 1 <= len(warnings) <= 10
 
 
-async def test_a_peer_that_ignores_the_receive_window_ends_its_call_before_its_message_fills_memory():
+async def test_a_peer_that_ignores_the_receive_window_ends_its_call_before_its_message_fills_memory(
+    monkeypatch: pytest.MonkeyPatch,
+):
     """One 8 MiB message that the peer sends past the answer's max-message-size (256 KiB) and the
-    1 MiB window the server advertised: aiortc would reassemble all of it."""
+    1 MiB window the server advertised: aiortc would reassemble all of it. The call's own SCTP
+    transport is kept to measure what it holds (the data in its reassembly queue) once refused."""
+    transports: list[Any] = []
+
+    def guard_and_keep(transport: Any, on_refused: Callable[[Refusal], None], **limits: Any) -> SctpGuard:
+        transports.append(transport)
+        return guard_data_channel(transport, on_refused, **limits)
+
+    monkeypatch.setattr(call_module, "guard_data_channel", guard_and_keep)
     async with call_under_test() as (call, sessions, reasons), peer() as (pc, channel, _):
         await connect(call, pc)
         await until(lambda: channel.readyState == "open")
@@ -194,6 +206,10 @@ async def test_a_peer_that_ignores_the_receive_window_ends_its_call_before_its_m
         pc.sctp._remote_max_message_size = 0  # this peer reads no a=max-message-size
         channel.send(b"x" * (4 * MAX_UNDELIVERED_BYTES))
         await until(lambda: reasons == ["data_channel_overrun"])
+        (server_transport,) = transports
+        held = sum(len(chunk.user_data) for stream in server_transport._inbound_streams.values()
+                   for chunk in stream.reassembly)
+    assert MAX_UNDELIVERED_BYTES < held <= MAX_UNDELIVERED_BYTES + USERDATA_MAX_LENGTH  # a quarter of the message
     assert sessions[0].messages == []
 
 

@@ -19,6 +19,7 @@ from aiortc.rtcsctptransport import (
     SCTP_DATA_FIRST_FRAG,
     SCTP_DATA_LAST_FRAG,
     SCTP_DATA_UNORDERED,
+    USERDATA_MAX_LENGTH,
     WEBRTC_BINARY,
     Chunk,
     DataChunk,
@@ -34,6 +35,7 @@ from app.webrtc.sctp_guard import (
     MAX_SACK_GAP_BLOCKS,
     MAX_STREAMS,
     MAX_TSN_AHEAD,
+    MAX_UNDELIVERED_BYTES,
     Refusal,
     SctpGuard,
     UnsupportedAiortc,
@@ -96,6 +98,14 @@ class Association:
 
     def held_chunks(self) -> int:
         return sum(len(stream.reassembly) for stream in self.transport._inbound_streams.values())
+
+    def held_bytes(self) -> int:
+        """The user data in aiortc's reassembly queues: what the peer makes this side hold."""
+        return held_bytes(self.transport)
+
+
+def held_bytes(transport: Any) -> int:
+    return sum(len(chunk.user_data) for stream in transport._inbound_streams.values() for chunk in stream.reassembly)
 
 
 def association(*, guarded: bool = True, first_tsn: int = FIRST_TSN, **limits: Any) -> Association:
@@ -251,6 +261,25 @@ async def test_nothing_is_kept_once_the_call_is_ending():
     await end.feed(hostile_sctp.zero_length(FIRST_TSN, 1))
     await end.feed([hostile_sctp.data_chunk(FIRST_TSN, flags=SCTP_DATA_FIRST_FRAG)])
     assert end.held_chunks() == 0 and len(end.refusals) == 1
+
+
+async def test_a_message_past_the_byte_bound_is_held_only_up_to_it_then_ends_the_call():
+    """A peer that ignores the window sends one message that never ends, in full-size fragments:
+    the bytes held in aiortc's reassembly queue, measured after every packet, pass the bound by
+    one fragment at most, the guard counts the same, and nothing more is kept once it refused."""
+    end = association()
+    assert end.guard is not None
+    fragment = b"x" * USERDATA_MAX_LENGTH
+    held: list[int] = []
+    for n in range(MAX_UNDELIVERED_BYTES // len(fragment) + 100):  # 100 fragments past the bound
+        await end.feed([hostile_sctp.data_chunk(FIRST_TSN + n, fragment, flags=SCTP_DATA_FIRST_FRAG if n == 0 else 0)])
+        held.append(end.held_bytes())
+        assert end.guard.held()[0] == held[-1]
+    assert MAX_UNDELIVERED_BYTES < max(held) <= MAX_UNDELIVERED_BYTES + len(fragment)
+    assert end.refusals == [Refusal(
+        "data_channel_overrun", f"{max(held)} bytes held undelivered (at most {MAX_UNDELIVERED_BYTES})"
+    )]
+    assert held[-1] == max(held)  # the fragments after the refusal were not kept
 
 
 async def test_a_message_in_one_byte_fragments_ends_the_call_past_the_held_chunk_bound():
