@@ -14,7 +14,7 @@ FW_VENV := .venv-frameworks
 FW_REQUIREMENTS := tests/e2e/frameworks/requirements.txt
 FW_STAMP := $(FW_VENV)/.installed
 
-.PHONY: serve test bench system-deps dev-model fixtures turn-model frameworks-venv
+.PHONY: serve test test-unit bench system-deps dev-model fixtures turn-model frameworks-venv
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -35,6 +35,13 @@ test: $(STAMP) system-deps turn-model $(SDK_STAMP) $(FW_STAMP)
 	$(VENV)/bin/ruff check app media pipeline tests scripts
 	$(VENV)/bin/mypy
 	scripts/run-offline.sh $(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The tiers below the end-to-end tests (tests/e2e: real servers, peers and browsers), for a quick
+# round while editing; `make test` still runs everything.
+test-unit: $(STAMP) system-deps turn-model
+	$(VENV)/bin/ruff check app media pipeline tests scripts
+	$(VENV)/bin/mypy
+	scripts/run-offline.sh $(VENV)/bin/pytest --ignore=tests/e2e $(PYTEST_ARGS)
 
 # Only the SDK's self-contained browser build is used: no install scripts need to run.
 $(SDK_STAMP): $(SDK_DIR)/package.json $(SDK_DIR)/package-lock.json | system-deps
