@@ -5,19 +5,15 @@ camera frames (``add_video_frame``, sampled as ``video_plan`` says; or pushed by
 ``input_image_buffer.append``; ``app.realtime.camera_frames``).
 Out: server events as JSON-ready dicts (``send``) and 24 kHz float32 PCM (``AudioOutput.write``).
 
-The session hears utterances end (server VAD, or semantic VAD: ``end_of_turn``) or takes client commits, runs one engine turn per
-response, streams the answer, and keeps the conversation *as the user heard it* (``history``,
-``ledger``). Turn detection: ``interrupt_response: true`` (default, OpenAI's) is barge-in — speech
-start cancels the response, clears the output and truncates the item; ``false`` is half-duplex —
-from a response's start until its audio has played out, plus ``ECHO_TAIL_MS``, speech is heard
-but not acted on; ``null`` is manual mode (``input_audio_buffer.commit`` + ``response.create``).
-``session.finish`` ends the session: ``session.finished`` is its last event.
-Server VAD's events are turned into the protocol's by ``app.realtime.turn_taking``; answers start
-at a candidate end of turn and are held until the commit (``app.realtime.speculation``); with
-input transcription on, the words are transcribed while the user speaks too
-(``app.realtime.partial_transcripts``). What its engine cannot do (``Engine.capabilities``) is
-refused where a client asks for it, or off in its session (``app.realtime.session_capabilities``).
-docs/SESSION.md has the whole picture.
+It hears utterances end (server VAD, or semantic VAD: ``end_of_turn``) or takes client commits,
+runs one engine turn per response, streams the answer, and keeps the conversation *as the user
+heard it* (``history``, ``ledger``). ``interrupt_response: true`` (default, OpenAI's) is barge-in;
+``false`` is half-duplex (speech heard, not acted on, until the answer has played out plus
+``ECHO_TAIL_MS``); ``null`` is manual mode. ``session.finish`` ends it with ``session.finished``.
+VAD events become the protocol's in ``app.realtime.turn_taking``; answers start at a candidate end
+of turn, held until the commit (``app.realtime.speculation``); partial transcripts:
+``app.realtime.partial_transcripts``; what its engine cannot do is refused or off
+(``app.realtime.session_capabilities``). docs/SESSION.md has the whole picture.
 """
 
 from __future__ import annotations
