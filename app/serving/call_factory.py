@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from app.calls.registry import OnClosed
 from app.config import Settings
+from app.realtime.ledger import AudioOutput
 from app.realtime.semantic_vad import EngineTextJudge, TextJudge
+from app.realtime.session import RealtimeSession
+from app.realtime.session_config import SessionConfig
 from app.web.metrics import Metrics
 from app.webrtc.call import Call, SessionFactory, new_call_id
 from app.webrtc.ice import IceServer, rest_api_credentials, rtc_configuration
-from media.end_of_turn_model import SmartTurnModel, default_turn_model_path
+from media.end_of_turn_model import EndOfTurnModel, SmartTurnModel, default_turn_model_path
+from media.vad import SpeechModel
 from pipeline.contract import Engine, EngineCapabilities
 
 logger = logging.getLogger(__name__)
@@ -42,6 +47,35 @@ def ice_servers(settings: Settings, *, user: str, now: float | None = None) -> t
         for url in settings.ice_servers
     ]
     return servers, expires_at
+
+
+def session_factory(
+    settings: Settings,
+    metrics: Metrics,
+    config: SessionConfig,
+    *,
+    session_engine: Callable[[], Engine],
+    shared_engine: Engine,
+    vad: SpeechModel,
+    end_of_turn: EndOfTurnModel | None,
+    session_fields: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
+) -> Callable[[AudioOutput, Callable[[dict[str, Any]], None]], RealtimeSession]:
+    """How a call of either transport, in either process, makes its session: ``session_engine``
+    gives each session its engine (wrapped per session: ``app.serving.engines.for_session``),
+    ``shared_engine`` is the engine the text judge asks (``text_judge``); the server's metrics
+    observe it."""
+
+    def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
+        return RealtimeSession(
+            engine=session_engine(), vad=vad, output=output, send=send, config=config,
+            on_ignored_speech=metrics.ignored_speech.inc, on_speculation=metrics.speculation,
+            on_partial_transcript=metrics.partial_transcript,
+            end_of_turn=end_of_turn,
+            text_judge=text_judge(settings, shared_engine),
+            session_fields=session_fields,
+        )
+
+    return make_session
 
 
 def new_call(

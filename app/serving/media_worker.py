@@ -29,10 +29,8 @@ from typing import Any
 
 from app.calls.registry import CallRegistry, OpenSession
 from app.config import Settings, load_dev_replies
-from app.realtime.ledger import AudioOutput
-from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
-from app.serving.call_factory import load_end_of_turn_model, new_call, text_judge
+from app.serving.call_factory import load_end_of_turn_model, new_call, session_factory
 from app.serving.engines import for_session
 from app.serving.ipc import MessageTooLarge, post, receive
 from app.web.metrics import Metrics
@@ -209,14 +207,10 @@ class MediaWorker:
     ) -> None:
         config: SessionConfig = message["config"]
 
-        def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
-            return RealtimeSession(
-                engine=for_session(engine, self._dev_replies), vad=vad, output=output, send=send, config=config,
-                on_ignored_speech=metrics.ignored_speech.inc, on_speculation=metrics.speculation,
-                on_partial_transcript=metrics.partial_transcript,
-                end_of_turn=end_of_turn,
-                text_judge=text_judge(self._settings, engine),
-            )
+        make_session = session_factory(
+            self._settings, metrics, config, session_engine=lambda: for_session(engine, self._dev_replies),
+            shared_engine=engine, vad=vad, end_of_turn=end_of_turn,
+        )
 
         call = calls.admit(
             lambda on_closed: new_call(

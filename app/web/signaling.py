@@ -20,10 +20,8 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 
 from app.calls.registry import CapacityError, ConnectingLimitError, OnClosed
 from app.config import Settings
-from app.realtime.ledger import AudioOutput
-from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
-from app.serving.call_factory import new_call, text_judge
+from app.serving.call_factory import new_call, session_factory
 from app.serving.media_workers import MediaWorkerPool, WorkerUnavailable
 from app.web.auth import Authenticator, CallGrant
 from app.web.call_refusals import call_refused
@@ -64,14 +62,10 @@ def signaling_router(
         if runtime.workers is not None:
             return await _place_on_worker(runtime.workers, offer, config, settings, metrics, client)
 
-        def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
-            return RealtimeSession(
-                engine=runtime.session_engine(), vad=runtime.vad, output=output, send=send, config=config,
-                on_ignored_speech=metrics.ignored_speech.inc, on_speculation=metrics.speculation,
-                on_partial_transcript=metrics.partial_transcript,
-                end_of_turn=runtime.end_of_turn,
-                text_judge=text_judge(settings, runtime.for_sessions),
-            )
+        make_session = session_factory(
+            settings, metrics, config, session_engine=runtime.session_engine, shared_engine=runtime.for_sessions,
+            vad=runtime.vad, end_of_turn=runtime.end_of_turn,
+        )
 
         def make_call(on_closed: OnClosed) -> Call:
             return new_call(settings, make_session, metrics, on_closed, on_connected=lambda c: runtime.calls.connected(c.id))

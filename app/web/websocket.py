@@ -37,7 +37,6 @@ The connection itself, once admitted, is ``app.websocket.call.SocketCall``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, WebSocket
@@ -45,10 +44,8 @@ from fastapi import APIRouter, WebSocket
 from app.calls.registry import CapacityError
 from app.config import Settings
 from app.realtime.dashscope import DashScopeDialect
-from app.realtime.ledger import AudioOutput
-from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
-from app.serving.call_factory import text_judge
+from app.serving.call_factory import session_factory
 from app.web.auth import Authenticator, CallGrant, bearer_token, missing_credentials
 from app.web.call_refusals import call_refused
 from app.web.edge import OriginPolicy
@@ -116,15 +113,11 @@ def websocket_router(
             base = base_config if dialect is None else dialect.initial_config(base_config)
             config = await read_session_config(grant.session or {}, base)
 
-            def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
-                return RealtimeSession(
-                    engine=runtime.session_engine(), vad=runtime.vad, output=output, send=send, config=config,
-                    on_ignored_speech=metrics.ignored_speech.inc, on_speculation=metrics.speculation,
-                    on_partial_transcript=metrics.partial_transcript,
-                    end_of_turn=runtime.end_of_turn,
-                    text_judge=text_judge(settings, runtime.for_sessions),
-                    session_fields=None if dialect is None else dialect.session_fields,
-                )
+            make_session = session_factory(
+                settings, metrics, config, session_engine=runtime.session_engine, shared_engine=runtime.for_sessions,
+                vad=runtime.vad, end_of_turn=runtime.end_of_turn,
+                session_fields=None if dialect is None else dialect.session_fields,
+            )
 
             try:
                 call = runtime.calls.admit(
