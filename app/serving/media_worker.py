@@ -48,6 +48,9 @@ STATUS_INTERVAL_S = 0.5
 # The front enforces --max-sessions across workers; a worker admits whatever it is given.
 _UNLIMITED = 1_000_000
 TURN_TOO_LARGE_MESSAGE = "The conversation is too large to send to the engine."
+# Ctrl-C in a terminal, and a service manager's stop (systemd's default KillMode=control-group,
+# GNU timeout): both reach every process of the group, not only the front.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class EngineProxy:
@@ -262,8 +265,11 @@ def run_media_worker(
     # default KillMode) reach the workers too. Dying of them, a worker dropped its calls unclosed and
     # the front, not yet told to stop, logged it as a crash and began a restart. The front stops its
     # workers after closing their calls; a worker whose front is gone sees its connection end.
-    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+    for stop_signal in STOP_SIGNALS:
         signal.signal(stop_signal, signal.SIG_IGN)
+    # Forked from a forkserver started with them held (media_workers.stop_signals_held): ignored
+    # now, so they are let through again for whatever this process starts.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     logging.basicConfig(
         level=settings.log_level.upper(), format=f"%(asctime)s %(levelname)s worker-{index} %(name)s: %(message)s"
     )

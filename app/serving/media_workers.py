@@ -19,8 +19,10 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import signal
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -30,7 +32,7 @@ from app.calls.registry import CallRegistry, OnClosed
 from app.config import Settings
 from app.realtime.session_config import SessionConfig
 from app.serving.ipc import MessageTooLarge, post, receive
-from app.serving.media_worker import run_media_worker
+from app.serving.media_worker import STOP_SIGNALS, run_media_worker
 from app.web.metrics import FamilySamples
 from app.webrtc.call import OfferError
 from pipeline.contract import Engine, EngineError
@@ -280,7 +282,8 @@ class MediaWorkerPool:
             # and a worker whose connection ends closes its calls and exits.
             daemon=True,
         )
-        worker.process.start()
+        with stop_signals_held():
+            worker.process.start()
         worker.pid = worker.process.pid
         worker.spawned_at = time.monotonic()
 
@@ -294,6 +297,9 @@ class MediaWorkerPool:
             logger.warning("media worker %d (pid %s) did not stop; killing it", worker.index, process.pid)
             process.kill()
             process.join()
+        elif process.exitcode != 0:
+            # 255 is also what multiprocessing reports when the forkserver died before the worker.
+            logger.warning("media worker %d (pid %s) exited with code %s", worker.index, process.pid, process.exitcode)
 
     def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.create_task(self._serve_worker(reader, writer), name="media worker connection")
@@ -469,3 +475,20 @@ class MediaWorkerPool:
                 worker.restarts += 1
                 self._spawn(worker)
                 logger.info("media worker %d started again as pid %s", worker.index, worker.pid)
+
+
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """Holds the group's stop signals in this thread while it starts a worker, and so the
+    forkserver that the first start launches (it keeps the mask it was started with).
+
+    The forkserver ignores SIGINT but not SIGTERM: killed by the group's SIGTERM, it took with
+    it the exit status of every worker still shutting down, so the front read them as gone
+    (multiprocessing's exit code 255) and stopped the engine while they were still closing their
+    calls. Held, the signal stays pending in the forkserver until it exits with the front; one
+    that reaches the front meanwhile is delivered when the mask is lifted, or to another thread."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
