@@ -41,7 +41,7 @@ class Session(Protocol):
 
 
 class EventObserver(Protocol):
-    """What watches a call's events from outside (the server's metrics: ``app.web.metrics.CallMetrics``).
+    """What watches a call's events from outside (the server's metrics: ``app.metrics.CallMetrics``).
 
     A protocol of this layer, so that a call imports nothing of the HTTP service above it."""
 

@@ -11,11 +11,11 @@ from typing import Any
 
 from app.calls.registry import OnClosed
 from app.config import Settings
+from app.metrics import Metrics
 from app.realtime.ledger import AudioOutput
 from app.realtime.semantic_vad import EngineTextJudge, TextJudge
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
-from app.web.metrics import Metrics
 from app.webrtc.call import Call, SessionFactory, new_call_id
 from app.webrtc.ice import IceServer, rest_api_credentials, rtc_configuration
 from media.end_of_turn_model import EndOfTurnModel, SmartTurnModel, default_turn_model_path

@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from app.web.metrics import Metrics
+from app.metrics import Metrics
 from pipeline.contract import NO_SPARE_CAPACITY, PREEMPTED, Engine, EngineError, TurnDone, TurnEvent, TurnRequest
 
 # Preemptible turns end this way by design (pipeline.contract): counted as speculation outcomes

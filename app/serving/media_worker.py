@@ -29,12 +29,12 @@ from typing import Any
 
 from app.calls.registry import CallRegistry, OpenSession
 from app.config import Settings, load_dev_replies
+from app.metrics import Metrics
 from app.realtime.session_config import SessionConfig
+from app.resources import process_resources
 from app.serving.call_factory import load_end_of_turn_model, new_call, session_factory
 from app.serving.engines import for_session
 from app.serving.ipc import MessageTooLarge, post, receive
-from app.web.metrics import Metrics
-from app.web.resources import process_resources
 from app.webrtc.call import Call, OfferError
 from media.end_of_turn_model import EndOfTurnModel
 from media.vad import SileroVad

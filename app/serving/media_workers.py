@@ -30,10 +30,10 @@ from typing import Any
 
 from app.calls.registry import CallRegistry, OnClosed
 from app.config import Settings
+from app.metrics import FamilySamples
 from app.realtime.session_config import SessionConfig
 from app.serving.ipc import MessageTooLarge, post, receive
 from app.serving.media_worker import STOP_SIGNALS, run_media_worker
-from app.web.metrics import FamilySamples
 from app.webrtc.call import OfferError
 from pipeline.contract import Engine, EngineError
 

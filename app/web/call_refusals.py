@@ -11,8 +11,8 @@ from typing import TypeAlias
 
 from app.calls.registry import CapacityError, ConnectingLimitError
 from app.config import Settings
+from app.metrics import Metrics
 from app.web.errors import ApiError, logged_error, rate_limited
-from app.web.metrics import Metrics
 from app.webrtc.call import OfferError
 
 # How long a client turned away for capacity should wait: about one short voice turn.

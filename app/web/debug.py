@@ -1,7 +1,7 @@
 """``GET /debug/resources``: what the server's processes hold, for soak tests and leak hunts.
 
 The front (or only) process's figures at the top level; with media workers, ``workers`` lists
-each worker's own figures (``app.web.resources``), fetched over the workers' IPC, since a
+each worker's own figures (``app.resources``), fetched over the workers' IPC, since a
 call's peer, session and tasks live in its worker.
 
 Answers a local client (``app.web.edge.is_local_client``: loopback, not a trusted proxy, no
@@ -17,10 +17,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from app.config import Settings
+from app.resources import process_resources
 from app.web.auth import Authenticator
 from app.web.edge import TrustedProxies, is_local_client
 from app.web.errors import ApiError
-from app.web.resources import process_resources
 
 
 def debug_router(settings: Settings, authenticator: Authenticator) -> APIRouter:

@@ -23,6 +23,8 @@ from starlette.middleware.cors import CORSMiddleware
 
 from app.calls.registry import CallRegistry
 from app.config import Settings, load_dev_replies
+from app.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from app.metrics import Metrics
 from app.realtime.prompt_budget import check_session, session_param
 from app.realtime.protocol import ProtocolError
 from app.realtime.session_capabilities import check_tool_choice, fitted
@@ -36,8 +38,6 @@ from app.web.debug import debug_router
 from app.web.edge import EdgeMiddleware
 from app.web.errors import ApiError
 from app.web.ice_servers import ice_servers_router
-from app.web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from app.web.metrics import Metrics
 from app.web.signaling import signaling_router
 from app.web.websocket import websocket_router
 from media.vad import SileroVad

@@ -20,6 +20,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 
 from app.calls.registry import CapacityError, ConnectingLimitError, OnClosed
 from app.config import Settings
+from app.metrics import Metrics
 from app.realtime.session_config import SessionConfig
 from app.serving.call_factory import new_call, session_factory
 from app.serving.media_workers import MediaWorkerPool, WorkerUnavailable
@@ -27,7 +28,6 @@ from app.web.auth import Authenticator, CallGrant
 from app.web.call_refusals import call_refused
 from app.web.edge import OriginPolicy
 from app.web.errors import ApiError, logged_error
-from app.web.metrics import Metrics
 from app.web.session_start import read_session_config, runtime_of
 from app.webrtc.call import Call, OfferError, new_call_id
 

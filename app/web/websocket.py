@@ -43,6 +43,7 @@ from fastapi import APIRouter, WebSocket
 
 from app.calls.registry import CapacityError
 from app.config import Settings
+from app.metrics import Metrics
 from app.realtime.dashscope import DashScopeDialect
 from app.realtime.session_config import SessionConfig
 from app.serving.call_factory import session_factory
@@ -50,7 +51,6 @@ from app.web.auth import Authenticator, CallGrant, bearer_token, missing_credent
 from app.web.call_refusals import call_refused
 from app.web.edge import OriginPolicy
 from app.web.errors import ApiError
-from app.web.metrics import Metrics
 from app.web.session_start import read_session_config, runtime_of
 from app.websocket.call import SocketCall
 

@@ -83,7 +83,7 @@ class NetworkFigures:
 
 
 class NetworkObserver(Protocol):
-    """Who wants a call's network figures (``app.web.metrics.CallObserver``)."""
+    """Who wants a call's network figures (``app.metrics.CallObserver``)."""
 
     def on_network_sample(self, figures: NetworkFigures) -> None: ...
     def on_network_closed(self, figures: NetworkFigures) -> None: ...

@@ -124,7 +124,7 @@ COLUMNS = ("client_ms", "silence_wait_ms", "engine_first_audio_ms", "other_ms", 
 # After a paused sentence: past the longest silence wait a session may hold before committing
 # (semantic VAD's 1.2 s when unsure) and the VAD's lag, so that its last commit has happened.
 SETTLE_S = 2.0
-# The speculation figures read from a server's /metrics (app/web/metrics.py).
+# The speculation figures read from a server's /metrics (app/metrics.py).
 SPECULATIONS = "omni_rtc_speculative_responses_total"
 DISCARDED = "omni_rtc_speculative_discarded_engine_seconds_total"
 ENGINE_TURNS = "omni_rtc_engine_turn_seconds_sum"

@@ -44,3 +44,11 @@ def test_the_registry_and_the_call_lifecycle_load_no_transport():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_the_process_topology_imports_nothing_of_the_http_service_above_it():
+    """app/web wires app/serving in; the metrics both read live beside them (app/metrics.py)."""
+    modules = ", ".join(f"app.serving.{name}" for name in ("media_workers", "media_worker", "call_factory", "engines", "ipc", "runtime"))
+    code = f"import sys, {modules}\nprint(sorted(m for m in sys.modules if m.startswith('app.web.')))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

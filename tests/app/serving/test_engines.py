@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
+from app.metrics import Metrics
 from app.serving.engines import DevReplies, MeteredEngine, StallTimeoutEngine, for_session
-from app.web.metrics import Metrics
 from pipeline.contract import EngineError, TextDelta, TurnRequest
 from pipeline.conversation import Conversation, UserAudio, UserText
 from tests.fakes import FULL_CAPABILITIES, ScriptedEngine

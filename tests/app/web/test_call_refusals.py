@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from app.calls.registry import CapacityError, ConnectingLimitError
 from app.config import Settings
+from app.metrics import Metrics
 from app.web.call_refusals import call_refused, capacity_error
-from app.web.metrics import Metrics
 from app.webrtc.call import OfferError
 
 

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
+from app.metrics import Metrics
 from app.serving.engines import MeteredEngine
-from app.web.metrics import Metrics
 from pipeline.contract import AudioChunk, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest, TurnTimings, Usage
 from pipeline.conversation import Conversation
 from tests.fakes import FULL_CAPABILITIES
@@ -210,3 +210,18 @@ def test_network_samples_move_the_packet_counters_and_the_end_observes_the_call(
     assert sample(metrics, "omni_rtc_call_packet_loss_ratio_sum", direction="outbound") == pytest.approx(0.1)
     assert sample(metrics, "omni_rtc_call_jitter_seconds_sum") == pytest.approx(0.012)
     assert sample(metrics, "omni_rtc_call_rtt_seconds_count") == 1
+
+
+def test_metrics_of_workers_add_up_and_keep_their_worker_labels() -> None:
+    front, first, second = Metrics(), Metrics(worker="0"), Metrics(worker="1")
+    front.pacing_snapshots = dict  # the front paces nothing
+    front.calls.labels(transport="webrtc", reason="hangup").inc()
+    first.calls.labels(transport="webrtc", reason="hangup").inc(2)
+    second.calls.labels(transport="webrtc", reason="peer_gone").inc()
+    first.pacing.record(0.5, skipped=24)
+    text = front.render([first.samples(), second.samples()]).decode()
+    assert 'omni_rtc_calls_total{reason="hangup",transport="webrtc"} 3.0' in text
+    assert 'omni_rtc_calls_total{reason="peer_gone",transport="webrtc"} 1.0' in text
+    assert 'omni_rtc_outbound_frames_skipped_total{worker="0"} 24.0' in text
+    assert 'omni_rtc_outbound_frames_skipped_total{worker="1"} 0.0' in text
+    assert "_created" not in text
