@@ -12,6 +12,7 @@ Used by the session tests and by any test that needs a whole server without a ch
   listener calls of ``media.outbound.OutboundAudioTrack``.
 - ``SessionHarness``: a ``RealtimeSession`` wired to those, recording every server event.
 - ``SocketSessionHarness``: the same as the WebSocket carries it (``EventAudioOutput``).
+- ``RecordingWriter``: a ``StreamWriter`` stand-in for the workers' IPC that keeps what is written.
 """
 
 from __future__ import annotations
@@ -425,3 +426,16 @@ class SocketSessionHarness(SessionHarness):
             for event in self.of_type("response.output_audio.delta")
             if event["response_id"] == response_id
         )
+
+
+class RecordingWriter:
+    """A ``StreamWriter`` stand-in that keeps what is written."""
+
+    def __init__(self) -> None:
+        self.written = bytearray()
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: bytes) -> None:
+        self.written += data

@@ -1,0 +1,86 @@
+"""The media worker's EngineProxy: the engine of a worker's sessions, served by the front over IPC."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.serving.ipc import MAX_MESSAGE_BYTES, post
+from app.serving.media_worker import EngineProxy
+from pipeline.contract import AudioChunk, EngineError, TextDelta, TurnRequest
+from pipeline.conversation import Conversation, UserText
+from tests.fakes import FULL_CAPABILITIES, RecordingWriter
+
+
+class Front:
+    """Plays the front process for one EngineProxy: records what it is sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.proxy = EngineProxy("front-engine", FULL_CAPABILITIES, self.sent.append)
+
+    async def turn_started(self) -> int:
+        while not self.sent:
+            await asyncio.sleep(0)
+        return int(self.sent[0]["turn"])
+
+
+async def test_a_turn_streams_its_events_and_ends() -> None:
+    front = Front()
+    request = TurnRequest(conversation=Conversation(items=[]))
+    chunk = AudioChunk(np.zeros(1920, dtype=np.float32))
+
+    async def play_front() -> None:
+        turn = await front.turn_started()
+        assert front.sent[0]["request"] is request
+        front.proxy.deliver({"op": "turn_event", "turn": turn, "event": TextDelta("Hi")})
+        front.proxy.deliver({"op": "turn_event", "turn": turn, "event": chunk})
+        front.proxy.deliver({"op": "turn_end", "turn": turn, "error": None})
+
+    player = asyncio.create_task(play_front())
+    events = [event async for event in front.proxy.run_turn(request)]
+    await player
+    assert events == [TextDelta("Hi"), chunk]
+    assert [message["op"] for message in front.sent] == ["turn"]  # ended: nothing to cancel
+
+
+async def test_an_engine_error_in_front_is_raised_with_its_code() -> None:
+    front = Front()
+
+    async def play_front() -> None:
+        turn = await front.turn_started()
+        front.proxy.deliver({"op": "turn_end", "turn": turn, "error": ("engine_timeout", "nothing for 60 s")})
+
+    player = asyncio.create_task(play_front())
+    with pytest.raises(EngineError, match="nothing for 60 s") as raised:
+        async for _ in front.proxy.run_turn(TurnRequest(conversation=Conversation(items=[]))):
+            pass
+    await player
+    assert raised.value.code == "engine_timeout"
+
+
+async def test_closing_a_turn_early_cancels_it_in_front_and_drops_its_late_events() -> None:
+    front = Front()
+    turn_events = front.proxy.run_turn(TurnRequest(conversation=Conversation(items=[])))
+    async with contextlib.aclosing(turn_events):
+        pending = asyncio.ensure_future(anext(turn_events))
+        turn = await front.turn_started()
+        front.proxy.deliver({"op": "turn_event", "turn": turn, "event": TextDelta("Hi")})
+        assert await pending == TextDelta("Hi")
+    assert front.sent[-1] == {"op": "cancel_turn", "turn": turn}
+    front.proxy.deliver({"op": "turn_event", "turn": turn, "event": TextDelta("late")})  # ignored
+
+
+async def test_a_turn_too_large_to_send_fails_that_turn_with_an_error_code() -> None:
+    writer = RecordingWriter()
+    proxy = EngineProxy("front-engine", FULL_CAPABILITIES, lambda message: post(writer, message))
+    huge = Conversation(items=(UserText("x" * (MAX_MESSAGE_BYTES + 1)),))
+    with pytest.raises(EngineError) as raised:
+        async for _ in proxy.run_turn(TurnRequest(conversation=huge)):
+            pass
+    assert raised.value.code == "turn_too_large"
+    assert writer.written == b""  # not even a cancel_turn: the front never heard of it
