@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -42,6 +43,13 @@ def cache_root() -> Path:
 
 @pytest.fixture(scope="session")
 def dev_model_dir() -> Path:
-    """The tiny Qwen3-Omni dev checkpoint, built once (about 15 s) and reused across runs."""
+    """The tiny Qwen3-Omni dev checkpoint, built once (about 15 s) and reused across runs.
+
+    The test processes of one run (``make test`` starts three) wait for whichever builds it
+    first instead of each building their own: on a fresh clone that was three builds at once
+    on two cores."""
     cache = cache_root() / "test-dev-model" / _dev_model_fingerprint()
-    return ensure_dev_model(cache, progress=logger.info)
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        return ensure_dev_model(cache, progress=logger.info)
