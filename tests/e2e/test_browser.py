@@ -365,6 +365,16 @@ async def connect(page: Page) -> None:
     await page.wait_for_function("window.omniRtc.state === 'listening'", timeout=TURN_DEADLINE_MS)
 
 
+async def connect_for_form_changes(page: Page) -> None:
+    """Connects, then waits for the answer to the update the page sends on connect: it refills
+    the form with the effective session, so a control changed before it may be undone (seen
+    once under the parallel suite's load: semantic VAD chosen, server VAD sent)."""
+    await connect(page)
+    await page.wait_for_function(
+        "window.omniRtc.events.some((e) => e.type === 'session.updated')", timeout=TURN_DEADLINE_MS
+    )
+
+
 async def reconnected(page: Page, url: str) -> tuple[str, list[str], str, int]:
     """Wait for the page's second call to listen; its URL, the states it went through, the first
     error it showed and the server's open sessions then. Hangs up."""
@@ -429,10 +439,7 @@ async def test_page_shows_the_framework_snippets_with_this_servers_address(serve
 async def test_session_controls_become_a_session_update(server_url: str, tmp_path: Path) -> None:
     async with page_with_a_silent_microphone(server_url, tmp_path) as page:
         await page.select_option("#voice", "chelsie")  # before connecting: sent on connect
-        await connect(page)
-        # The answer to the update sent on connect refills the form (the effective session): change
-        # the controls after it, or it may undo the change.
-        await page.wait_for_function("window.omniRtc.events.some((e) => e.type === 'session.updated')")
+        await connect_for_form_changes(page)
         await page.uncheck("#barge-in")
         await page.fill("#silence-ms", "800")
         await page.fill("#instructions", "Answer in one word.")
@@ -456,7 +463,7 @@ async def test_session_controls_become_a_session_update(server_url: str, tmp_pat
 
 async def test_end_of_turn_choice_switches_to_semantic_vad_and_back(server_url: str, tmp_path: Path) -> None:
     async with page_with_a_silent_microphone(server_url, tmp_path) as page:
-        await connect(page)
+        await connect_for_form_changes(page)
         assert await page.locator("#eagerness").is_hidden()
         await page.select_option("#turn-detection", "semantic_vad")
         silence_hidden = await page.locator("#silence-ms").is_hidden()
