@@ -45,8 +45,8 @@ def cache_root() -> Path:
 def dev_model_dir() -> Path:
     """The tiny Qwen3-Omni dev checkpoint, built once (about 15 s) and reused across runs.
 
-    The test processes of one run (``make test`` starts three) wait for whichever builds it
-    first instead of each building their own: on a fresh clone that was three builds at once
+    The test processes of one run (``make test`` starts two) wait for whichever builds it
+    first instead of each building their own: on a fresh clone that was a build in each at once
     on two cores."""
     cache = cache_root() / "test-dev-model" / _dev_model_fingerprint()
     cache.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@
 It runs as a subprocess (its own event loop, engine process and logs, as deployed), gathers
 ICE candidates on 127.0.0.1 only (``--ice-loopback``), and ends calls whose peer has sent no
 media for ``DISCONNECT_TIMEOUT_S``. One server serves every e2e test of a test process (``make test``
-runs three, each taking whole files: pytest-xdist's ``--dist loadfile``).
+runs two, each taking whole files: pytest-xdist's ``--dist loadfile``).
 """
 
 from __future__ import annotations
