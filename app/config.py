@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from pipeline.local.devices import usable_cores
@@ -75,6 +75,34 @@ def load_dev_replies(path: Path | None) -> tuple[str, ...]:
     if not isinstance(replies, list) or not all(isinstance(reply, str) for reply in replies):
         raise ValueError(f"dev_replies: {path} must hold a JSON list of answer texts")
     return tuple(replies)
+
+
+class LocalEngine(BaseModel):
+    """The in-process transformers engine (``pipeline/local``): its settings, read off ``Settings``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["local"] = "local"
+    devices: tuple[str, ...]  # one engine process per entry
+    max_batch: int
+    dtype: Literal["auto", "float32", "bfloat16", "float16"]
+    generation: dict[str, Any]
+    threads: int | None
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] | None
+    dev_replies: Path | None
+
+
+class VllmOmniServers(BaseModel):
+    """vLLM-Omni servers instead of the in-process engine (``pipeline/vllm_omni``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["vllm_omni"] = "vllm_omni"
+    urls: tuple[str, ...]
+    api_key: SecretStr | None
+
+
+EngineSettings = Annotated[LocalEngine | VllmOmniServers, Field(discriminator="kind")]
 
 
 class Settings(BaseSettings):
@@ -395,10 +423,22 @@ class Settings(BaseSettings):
         return [url.rstrip("/") for url in urls]
 
     @property
-    def engine_devices(self) -> list[str]:
-        """One device per engine process."""
+    def engine(self) -> EngineSettings:
+        """The engine the turns run on, as one of its two kinds: what the code that builds or serves
+        an engine reads, so that it cannot read a setting of the other kind (the flat fields stay the
+        flags' and the environment's surface; ``_no_local_engine_options_with_engine_urls`` refuses a mix)."""
+        if self.engine_urls:
+            return VllmOmniServers(urls=tuple(self.engine_urls), api_key=self.engine_api_key)
         devices = [device.strip() for device in self.device.split(",") if device.strip()]
-        return devices * self.engines if len(devices) == 1 else devices
+        return LocalEngine(
+            devices=tuple(devices * self.engines if len(devices) == 1 else devices),
+            max_batch=self.max_batch,
+            dtype=self.dtype,
+            generation=self.generation,
+            threads=self.engine_threads,
+            attn_implementation=self.attn_implementation,
+            dev_replies=self.dev_replies,
+        )
 
     @model_validator(mode="after")
     def _one_engine_per_listed_device(self) -> Settings:
@@ -511,6 +551,13 @@ class Settings(BaseSettings):
             )
         return self
 
+
+
+def dev_replies_file(settings: Settings) -> Path | None:
+    """The ``--dev-replies`` file: scripted answers are the in-process engine's (forced through its
+    tokenizer and Talker), so none with vLLM-Omni servers."""
+    engine = settings.engine
+    return engine.dev_replies if isinstance(engine, LocalEngine) else None
 
 
 def setting_flag(name: str) -> Flag:

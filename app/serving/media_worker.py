@@ -28,7 +28,7 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from app.calls.registry import CallRegistry, OpenSession
-from app.config import Settings, load_dev_replies
+from app.config import Settings, dev_replies_file, load_dev_replies
 from app.metrics import Metrics
 from app.realtime.session_config import SessionConfig
 from app.resources import process_resources
@@ -144,7 +144,7 @@ class MediaWorker:
         self._send({"op": "hello", "worker": self.index, "pid": os.getpid()})
         vad = await asyncio.to_thread(SileroVad.load)
         end_of_turn = await asyncio.to_thread(load_end_of_turn_model, self._settings)
-        self._dev_replies = await asyncio.to_thread(load_dev_replies, self._settings.dev_replies)
+        self._dev_replies = await asyncio.to_thread(load_dev_replies, dev_replies_file(self._settings))
         metrics = Metrics(worker=str(self.index))
         engine = EngineProxy(self._engine_name, self._capabilities, self._send)
         # The front counts every worker's sessions and their ends (omni_rtc_sessions_open,

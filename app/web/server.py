@@ -22,7 +22,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.middleware.cors import CORSMiddleware
 
 from app.calls.registry import CallRegistry
-from app.config import Settings, load_dev_replies
+from app.config import Settings, VllmOmniServers, dev_replies_file, load_dev_replies
 from app.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from app.metrics import Metrics
 from app.realtime.prompt_budget import check_session, session_param
@@ -72,7 +72,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 serving, model = engine, getattr(engine, "name", type(engine).__name__)
             vad = await asyncio.to_thread(SileroVad.load)
             end_of_turn = await asyncio.to_thread(load_end_of_turn_model, settings)
-            dev_replies = await asyncio.to_thread(load_dev_replies, settings.dev_replies)
+            dev_replies = await asyncio.to_thread(load_dev_replies, dev_replies_file(settings))
             calls = CallRegistry(
                 settings.max_sessions,
                 max_connecting_per_client=settings.max_connecting_per_client,
@@ -238,12 +238,13 @@ async def _start_engine(settings: Settings) -> tuple[Engine, str]:
 async def _new_engine(settings: Settings) -> tuple[Engine, str | None]:
     """The settings' engine, not started, and the model it serves (None: the engine's name once
     started, a vLLM-Omni server's served model)."""
-    if settings.engine_urls:
+    engine = settings.engine
+    if isinstance(engine, VllmOmniServers):
         from pipeline.vllm_omni.vllm_omni_engine import VllmOmniEnginePool
 
         remote = VllmOmniEnginePool(
-            settings.engine_urls,
-            api_key=settings.engine_api_key.get_secret_value() if settings.engine_api_key else None,
+            list(engine.urls),
+            api_key=engine.api_key.get_secret_value() if engine.api_key else None,
             model=settings.model,
             seed=settings.seed,
             max_prompt_tokens=settings.max_prompt_tokens,
@@ -260,15 +261,15 @@ async def _new_engine(settings: Settings) -> tuple[Engine, str | None]:
         logger.info("no model given: using the dev model at %s", model_dir)
     else:
         model = settings.model
-    engine = TransformersEnginePool(
+    local = TransformersEnginePool(
         model,
-        devices=settings.engine_devices,
-        max_batch=settings.max_batch,
-        dtype=settings.dtype,
+        devices=list(engine.devices),
+        max_batch=engine.max_batch,
+        dtype=engine.dtype,
         seed=settings.seed,
-        generation=settings.generation,
-        threads=settings.engine_threads,
-        attn_implementation=settings.attn_implementation,
+        generation=engine.generation,
+        threads=engine.threads,
+        attn_implementation=engine.attn_implementation,
         max_prompt_tokens=settings.max_prompt_tokens,
     )
-    return engine, model
+    return local, model

@@ -231,11 +231,11 @@ def test_dev_model_writes_the_hub_layout(tmp_path, capsys):
 
 
 def test_serve_engine_pool_from_a_device_list_or_an_engine_count(monkeypatch):
-    assert serve_settings(monkeypatch, []).engine_devices == ["auto"]
-    assert serve_settings(monkeypatch, ["--device", "cuda:0,cuda:1"]).engine_devices == ["cuda:0", "cuda:1"]
-    assert serve_settings(monkeypatch, ["--device", "cpu", "--engines", "3"]).engine_devices == ["cpu"] * 3
+    assert serve_settings(monkeypatch, []).engine.devices == ("auto",)
+    assert serve_settings(monkeypatch, ["--device", "cuda:0,cuda:1"]).engine.devices == ("cuda:0", "cuda:1")
+    assert serve_settings(monkeypatch, ["--device", "cpu", "--engines", "3"]).engine.devices == ("cpu",) * 3
     assert serve_settings(monkeypatch, ["--max-batch", "4"]).max_batch == 4
-    assert serve_settings(monkeypatch, [], OMNI_RTC_MAX_BATCH="2", OMNI_RTC_ENGINES="2").engine_devices == ["auto"] * 2
+    assert serve_settings(monkeypatch, [], OMNI_RTC_MAX_BATCH="2", OMNI_RTC_ENGINES="2").engine.devices == ("auto",) * 2
     with pytest.raises(ValueError, match="engines=2 with device='cuda:0,cuda:1'"):
         serve_settings(monkeypatch, ["--device", "cuda:0,cuda:1", "--engines", "2"])
     with pytest.raises(ValueError, match="max_batch"):

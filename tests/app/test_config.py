@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.config import Settings
+from app.config import LocalEngine, Settings, VllmOmniServers, dev_replies_file
 
 ENGINE_URLS = ["http://gpu-1:8091/v1"]
 
@@ -27,3 +27,37 @@ def test_an_in_process_engine_setting_is_refused_with_engine_urls():
 def test_the_model_and_seed_go_to_either_engine():
     settings = Settings(engine_urls=ENGINE_URLS, model="Qwen/Qwen3-Omni-30B-A3B-Instruct", seed=7)
     assert (settings.model, settings.seed) == ("Qwen/Qwen3-Omni-30B-A3B-Instruct", 7)
+
+
+def test_without_engine_urls_the_engine_is_the_in_process_one_with_its_settings(tmp_path):
+    replies = tmp_path / "replies.json"
+    replies.write_text('["Hi."]')
+    engine = Settings(device="cpu", engines=2, max_batch=4, engine_threads=1, dev_replies=replies).engine
+    assert engine == LocalEngine(devices=("cpu", "cpu"), max_batch=4, dtype="auto", generation={}, threads=1,
+                                 attn_implementation=None, dev_replies=replies)
+
+
+def test_with_engine_urls_the_engine_is_the_vllm_omni_servers_and_nothing_of_the_local_one():
+    engine = Settings(engine_urls=ENGINE_URLS, engine_api_key="k").engine
+    assert isinstance(engine, VllmOmniServers)
+    assert engine.urls == tuple(ENGINE_URLS)
+    assert engine.api_key is not None and engine.api_key.get_secret_value() == "k"
+    assert not hasattr(engine, "devices")
+
+
+def test_scripted_replies_belong_to_the_in_process_engine(tmp_path):
+    replies = tmp_path / "replies.json"
+    replies.write_text('["Hi."]')
+    assert dev_replies_file(Settings(dev_replies=replies)) == replies
+    assert dev_replies_file(Settings(engine_urls=ENGINE_URLS)) is None
+
+
+def test_the_engine_is_one_of_two_kinds_told_apart_by_its_kind():
+    from pydantic import TypeAdapter
+
+    from app.config import EngineSettings
+
+    read = TypeAdapter(EngineSettings).validate_python({"kind": "vllm_omni", "urls": ["http://a:1/v1"], "api_key": None})
+    assert isinstance(read, VllmOmniServers)
+    with pytest.raises(ValueError, match="kind"):
+        TypeAdapter(EngineSettings).validate_python({"kind": "both", "urls": [], "devices": ["cpu"]})
