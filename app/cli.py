@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from types import UnionType
@@ -26,12 +27,25 @@ from pydantic.fields import FieldInfo
 from app.config import Concern, Settings, setting_flag
 
 
+class _WholeWordsHelp(argparse.HelpFormatter):
+    """Help wrapped at spaces only: argparse's default also breaks at hyphens, which split flag
+    names, paths and words such as "comma-separated" across lines of ``serve --help``."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omni-rtc", description="Talk to Qwen3-Omni over WebRTC or a WebSocket.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser(
         "serve",
+        formatter_class=_WholeWordsHelp,
         help="run the server (flags override OMNI_RTC_* variables)",
         description="Every flag is a setting of app/config.py and an OMNI_RTC_* environment variable (the "
         "setting's name in capitals); a flag given overrides the environment, which overrides the default.",

@@ -321,6 +321,15 @@ def test_each_serve_flags_help_is_its_settings_description_and_default(monkeypat
         assert re.search(after_option + help_text, text), flag.option
 
 
+def test_serve_help_wraps_at_spaces_never_inside_a_hyphenated_word(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = capsys.readouterr().out
+    assert "comma-separated" in text  # --device's help, kept whole on its line
+    assert re.search(r"[a-z]-\n\s+[a-z]", text) is None
+
+
 def test_serve_help_groups_the_flags_by_concern(monkeypatch, capsys):
     text = serve_help(monkeypatch, capsys)
     assert text.index("\nWebRTC:\n") < text.index("  --ice-server URL") < text.index("\nLimits:\n")
