@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -246,15 +245,6 @@ def test_new_params_apply_to_the_next_window() -> None:
     buffer.params = TurnDetectionParams(prefix_padding_ms=0, silence_duration_ms=2000)
     events = feed(buffer, [QUIET] * 30)
     assert commits(events) == []
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [{"threshold": 1.0}, {"threshold": 0.0}, {"silence_duration_ms": -1}, {"min_speech_ms": 500, "max_utterance_ms": 500}],
-)
-def test_invalid_params_are_rejected(kwargs: dict) -> None:
-    with pytest.raises(ValueError):
-        TurnDetectionParams(**kwargs)
 
 
 @settings(max_examples=150, deadline=None)

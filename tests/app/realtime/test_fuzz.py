@@ -29,8 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.config import Settings
-from app.realtime.protocol import CLIENT_EVENT_TYPES, ProtocolError, SessionFinishedEvent
-from app.realtime.session_config import SessionConfig
+from app.realtime.protocol import CLIENT_EVENT_TYPES, SessionFinishedEvent
 from app.web.server import create_app
 from tests.e2e.conftest import free_port
 from tests.fakes import ScriptedEngine, SessionHarness, SocketSessionHarness
@@ -40,7 +39,6 @@ BAD_EVENT_EXAMPLES = 150  # single malformed events, each must get an error
 SOCKET_SESSION_EXAMPLES = 100  # event sequences through one WebSocket-carried session each
 SOCKET_FRAME_EXAMPLES = 40  # frame sequences through a real socket (a connection and a turn each)
 SDP_EXAMPLES = 120  # offers posted to the signaling endpoint (1-3 per example)
-SESSION_CONFIG_EXAMPLES = 300  # session objects read as an offer's or client secret's session
 CLIENT_SECRET_EXAMPLES = 100  # bodies posted to /v1/realtime/client_secrets
 FUZZ_SETTINGS = settings(
     deadline=None,
@@ -290,17 +288,6 @@ def session_objects(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         session["turn_detection"] = turn_detection
     return session
-
-
-@settings(FUZZ_SETTINGS, max_examples=SESSION_CONFIG_EXAMPLES)
-@given(session=session_objects())
-def test_session_config_reader_raises_only_protocol_errors(session):
-    try:
-        config = SessionConfig.from_session(session)
-    except ProtocolError as exc:
-        assert exc.message and exc.code
-    else:
-        config.to_session_object(session_id="sess_1", model="m", expires_at=0).model_dump(mode="json")
 
 
 # -- signaling ----------------------------------------------------------------------------

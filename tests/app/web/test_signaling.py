@@ -10,7 +10,6 @@ import pytest
 from aiortc import RTCPeerConnection
 
 from app.config import Settings
-from app.realtime.gate import EventGate
 from app.realtime.session_config import SessionConfig
 from app.serving.engines import StallTimeoutEngine
 from app.web.errors import ApiError
@@ -19,7 +18,6 @@ from app.web.signaling import check_offer_sdp
 from app.webrtc.ice import loopback_candidates, rtc_configuration
 from pipeline.contract import EngineError, TextDelta, TurnDone, TurnRequest, Usage
 from pipeline.conversation import Conversation, UserText
-from tests.clock import FakeClock
 from tests.fakes import FULL_CAPABILITIES, ScriptedEngine, SessionHarness
 from tests.hostile import punctuation_tools
 
@@ -119,69 +117,6 @@ def test_offer_without_ice_dtls_or_direction_is_400(line):
         check_offer_sdp(OFFER.replace(line, "").encode(), max_bytes=65_536)
     assert raised.value.status_code == 400
     assert "m=audio section #1" in raised.value.message
-
-
-def test_gate_admits_small_events():
-    gate = EventGate(max_bytes=100, per_second=10, burst=5, clock=FakeClock())
-    assert gate.admit('{"type": "response.create"}') is None
-
-
-def test_gate_rejects_oversized_event_by_bytes_not_characters():
-    gate = EventGate(max_bytes=10, per_second=10, burst=5, clock=FakeClock())
-    rejection = gate.admit("é" * 6)  # 6 characters, 12 bytes
-    assert rejection is not None
-    assert rejection.code == "event_too_large"
-
-
-def test_gate_rejects_past_the_burst_then_recovers_with_time():
-    clock = FakeClock()
-    gate = EventGate(max_bytes=100, per_second=10, burst=3, clock=clock)
-    assert [gate.admit("{}") for _ in range(3)] == [None, None, None]
-    rejection = gate.admit("{}")
-    assert rejection is not None
-    assert rejection.code == "rate_limit_exceeded"
-    clock.now += 0.15  # one and a half tokens at 10 per second
-    assert gate.admit("{}") is None
-    assert gate.admit("{}") is not None
-
-
-def test_gate_charges_every_event_by_its_size_the_refused_too():
-    gate = EventGate(max_bytes=10, per_second=10, burst=5, max_image_event_bytes=30, clock=FakeClock())
-    refused = gate.admit("x" * 1_000)  # past the largest event: pays as the largest (3), unread
-    assert refused is not None and refused.code == "event_too_large"
-    assert gate.admit("{}") is None and gate.admit("{}") is None  # the 2 tokens left
-    refused = gate.admit("{}")
-    assert refused is not None and refused.code == "rate_limit_exceeded"
-
-
-def test_gate_does_not_count_audio_appends_wherever_their_type_stands():
-    gate = EventGate(max_bytes=1_000, per_second=10, burst=2, clock=FakeClock())
-    appends = ['{"type": "input_audio_buffer.append", "audio": "AAAA"}',
-               '{"audio": "AAAA", "type": "input_audio_buffer.append"}']  # openai-python's field order
-    for _ in range(10):
-        for append in appends:
-            assert gate.admit(append) is None
-            assert gate.admit_parsed(append, append=True) is None
-    assert gate.admit("{}") is None  # the burst is still whole
-
-
-def test_gate_charges_an_event_that_only_looked_like_an_append_once_parsed():
-    gate = EventGate(max_bytes=1_000, per_second=10, burst=2, clock=FakeClock())
-    lookalike = '{"type": "conversation.item.create", "item": {"text": "input_audio_buffer.append"}}'
-    answers = []
-    for _ in range(3):
-        assert gate.admit(lookalike) is None
-        answers.append(gate.admit_parsed(lookalike, append=False))
-    assert answers[:2] == [None, None]
-    assert answers[2] is not None and answers[2].code == "rate_limit_exceeded"
-
-
-def test_gate_charges_an_append_larger_than_any_append_before_parsing():
-    gate = EventGate(max_bytes=100, per_second=10, burst=5, max_image_event_bytes=1_000, clock=FakeClock())
-    large = '{"type": "input_audio_buffer.append", "audio": "' + "A" * 400 + '"}'  # 5 events' worth
-    assert gate.admit(large) is None  # charged all 5 tokens; refused once parsed (no image)
-    refused = gate.admit("{}")
-    assert refused is not None and refused.code == "rate_limit_exceeded"
 
 
 class ScriptedTurnEngine:

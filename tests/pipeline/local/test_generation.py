@@ -9,8 +9,6 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from transformers import Qwen3OmniMoeForConditionalGeneration
 from transformers.modeling_flash_attention_utils import _pad_input, _unpad_input, _upad_input
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -23,8 +21,6 @@ from pipeline.local.generation import stream_turn
 from pipeline.local.params import GenerationParams
 from pipeline.local.prompt import PromptRenderer
 from pipeline.local.stages import ThinkerTurn
-from pipeline.local.streaming import TextStream
-from pipeline.local.tokenizer import load_tokenizer
 from tests.pictures import encoded
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
@@ -45,11 +41,6 @@ def load_model(model_dir: Path) -> Qwen3OmniMoeForConditionalGeneration:
 @pytest.fixture(scope="module")
 def model(dev_model_dir):
     return load_model(dev_model_dir)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(dev_model_dir):
-    return load_tokenizer(dev_model_dir)
 
 
 @pytest.fixture(scope="module")
@@ -390,15 +381,6 @@ def test_cancel_while_speaking_ends_the_turn_at_once(model, tokenizer, inputs):
 def test_bad_generation_params_are_refused(bad):
     with pytest.raises(ValueError):
         GenerationParams(**bad)
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.text(alphabet=st.sampled_from(list("aé ü你好世界🙂👍🏽\nß€")), max_size=40))
-def test_text_stream_emits_only_whole_characters(tokenizer, text):
-    stream = TextStream(tokenizer)
-    deltas = [stream.push(token) for token in tokenizer.encode(text)] + [stream.flush()]
-    assert all("\ufffd" not in delta for delta in deltas)
-    assert "".join(deltas) == text == stream.text
 
 
 class FrameClock:
