@@ -429,7 +429,7 @@ class Settings(BaseSettings):
         flags' and the environment's surface; ``_no_local_engine_options_with_engine_urls`` refuses a mix)."""
         if self.engine_urls:
             return VllmOmniServers(urls=tuple(self.engine_urls), api_key=self.engine_api_key)
-        devices = [device.strip() for device in self.device.split(",") if device.strip()]
+        devices = self._listed_devices()
         return LocalEngine(
             devices=tuple(devices * self.engines if len(devices) == 1 else devices),
             max_batch=self.max_batch,
@@ -440,9 +440,12 @@ class Settings(BaseSettings):
             dev_replies=self.dev_replies,
         )
 
+    def _listed_devices(self) -> list[str]:
+        return [device.strip() for device in self.device.split(",") if device.strip()]
+
     @model_validator(mode="after")
     def _one_engine_per_listed_device(self) -> Settings:
-        devices = [device.strip() for device in self.device.split(",") if device.strip()]
+        devices = self._listed_devices()
         if not devices:
             raise ValueError(f"device {self.device!r} names no device")
         if len(devices) > 1 and self.engines != 1:

@@ -8,7 +8,6 @@ import pytest
 
 from pipeline.conversation import AssistantText, Conversation, UserText
 from pipeline.local.prompt import PromptRenderer
-from pipeline.local.tokenizer import load_tokenizer
 from pipeline.token_count import qwen_encoding
 from pipeline.tool_format import FunctionCall, FunctionOutput, Tool, ToolChoice
 
@@ -33,11 +32,6 @@ SYSTEM_WITH_TOOLS = (
     "<tool_call></tool_call> XML tags:\n<tool_call>\n"
     '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
 )
-
-
-@pytest.fixture(scope="module")
-def tokenizer(dev_model_dir):
-    return load_tokenizer(dev_model_dir)
 
 
 @pytest.fixture(scope="module")

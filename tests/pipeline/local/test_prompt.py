@@ -24,7 +24,6 @@ from pipeline.conversation import (
 )
 from pipeline.local.processed_cache import AUDIO_CACHE_BYTES, IMAGE_CACHE_BYTES, ProcessedCache
 from pipeline.local.prompt import PromptRenderer, ThinkerInputs
-from pipeline.local.tokenizer import load_tokenizer
 from pipeline.token_bounds import audio_tokens
 from pipeline.tool_format import FunctionCall, FunctionOutput
 from tests.pictures import encoded
@@ -54,11 +53,6 @@ def _image(width: int = 512, height: int = 384, seed: int = 0, max_pixels: int =
 @pytest.fixture(scope="module")
 def renderer(dev_model_dir) -> PromptRenderer:
     return PromptRenderer.from_pretrained(dev_model_dir)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(dev_model_dir):
-    return load_tokenizer(dev_model_dir)
 
 
 @pytest.fixture(scope="module")

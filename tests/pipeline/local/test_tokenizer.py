@@ -1,6 +1,5 @@
-import pytest
 
-from pipeline.local.tokenizer import CHAT_TEMPLATE, REGULAR_VOCAB_SIZE, SPECIAL_TOKENS, load_tokenizer
+from pipeline.local.tokenizer import CHAT_TEMPLATE, REGULAR_VOCAB_SIZE, SPECIAL_TOKENS
 from pipeline.token_count import qwen_encoding, text_tokens
 
 MIXED_TEXT = (
@@ -10,11 +9,6 @@ MIXED_TEXT = (
     "def f(x):\n    return x ** 2  # comment\n"
     "I'M SHOUTING; they've gone... 'quoted' \"double\" {braces} [brackets] <tags>"
 )
-
-
-@pytest.fixture(scope="module")
-def tokenizer(dev_model_dir):
-    return load_tokenizer(dev_model_dir)
 
 
 def test_hello_world_has_the_real_qwen_ids(tokenizer):

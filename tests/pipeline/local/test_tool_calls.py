@@ -12,18 +12,12 @@ from pipeline.local.checkpoint import forced_tokens
 from pipeline.local.decode_batch import DecodeBatch
 from pipeline.local.generation import GenerationParams, stream_turn
 from pipeline.local.prompt import PromptRenderer
-from pipeline.local.tokenizer import load_tokenizer
 from pipeline.local.tool_calls import ToolCallStream
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 CALL = '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "Europe/Paris", "format": {"hours": 24}}}\n</tool_call>'
 SPOKEN = "Let me look at the clock."
-
-
-@pytest.fixture(scope="module")
-def tokenizer(dev_model_dir):
-    return load_tokenizer(dev_model_dir)
 
 
 def calls_in(tokenizer, answer: str, prefix: str = "") -> list:
