@@ -28,6 +28,12 @@ from pipeline.conversation import ConversationItem, UserAudio, UserImage, UserTe
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit (or take as an item) less than 100 ms of audio
 
 
+def base64_decoded_size(data: str) -> int:
+    """The bytes ``data`` decodes to, read off its length: 3 for each 4 characters, less one for
+    each ``=`` of padding (1 s of G.711 is 8,000 bytes, 10,668 characters with one ``=``)."""
+    return len(data) * 3 // 4 - data[-2:].count("=")
+
+
 def decode_pcm16(data: str, param: str) -> np.ndarray:
     """Base64 PCM16 little-endian mono → float32 in [-1, 1); ``ProtocolError`` naming ``param``."""
     try:
@@ -69,7 +75,7 @@ def read_item_audio(
         param = f"item.content[{index}].audio"
         if part.audio is None:
             raise ProtocolError("missing_required_parameter", f"{param} is required.", param=param)
-        seconds += len(part.audio) * 3 // 4 / sample_bytes / rate
+        seconds += base64_decoded_size(part.audio) / sample_bytes / rate
         if seconds > max_seconds:
             raise ProtocolError(
                 "invalid_value", f"{param}: the message's audio passes {max_seconds:g} s (one turn's most).", param=param
