@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
+
 from app.realtime.entries import AssistantEntry, FunctionCallEntry, UserEntry
 from app.realtime.function_calls import call_events, close_calls
 from app.realtime.history import History
-from app.realtime.protocol import InputTextContent, ServerEvent, server_event_adapter
+from app.realtime.protocol import InputTextContent, ResponseStatus, ServerEvent, server_event_adapter
 from app.realtime.response import Response
 from app.realtime.session_config import SessionConfig
 from pipeline.contract import FunctionCallDelta, FunctionCallDone, FunctionCallStarted
@@ -151,12 +153,19 @@ def test_a_done_call_emits_nothing_and_takes_the_arguments_as_written():
     assert made.written == {call.id: done}
 
 
-def test_a_closed_call_of_a_completed_response_is_completed():
+@pytest.mark.parametrize(("response_status", "call_status"), [
+    ("completed", "completed"),
+    ("incomplete", "completed"),  # cut at its token limit after the call was written whole
+    ("failed", "incomplete"),
+])
+def test_a_closed_call_is_completed_only_when_its_response_completed_or_was_cut_at_its_limit(
+    response_status: ResponseStatus, call_status: str
+):
     made = response()
     history = history_with(made)
     call = written_call(made, history)
-    close_calls(made, "completed", history)
-    assert call.status == "completed"
+    close_calls(made, response_status, history)
+    assert call.status == call_status
     assert made.call_problems == []
 
 
@@ -176,14 +185,6 @@ def test_a_completed_call_gets_arguments_done_then_its_item_done_events():
     assert output_done["output_index"] == 1 and output_done["response_id"] == made.id
     assert output_done["item"]["status"] == item_done["item"]["status"] == "completed"
     assert item_done["previous_item_id"] == "item_answer"
-
-
-def test_a_closed_call_of_a_response_cut_at_its_token_limit_is_completed():
-    made = response()
-    history = history_with(made)
-    call = written_call(made, history)
-    close_calls(made, "incomplete", history)
-    assert call.status == "completed"
 
 
 def test_a_call_the_model_did_not_close_is_incomplete_without_arguments_done():
@@ -216,14 +217,6 @@ def test_every_call_of_a_cancelled_response_is_incomplete():
     assert [call.status for call in made.calls] == ["incomplete", "incomplete"]
     assert "response.function_call_arguments.done" not in types(events)
     assert types(events).count("response.output_item.done") == 2
-
-
-def test_a_closed_call_of_a_failed_response_is_incomplete():
-    made = response()
-    history = history_with(made)
-    call = written_call(made, history)
-    close_calls(made, "failed", history)
-    assert call.status == "incomplete"
 
 
 def test_calls_are_closed_in_output_order_each_after_its_predecessor():
