@@ -26,25 +26,6 @@ settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
-# The files that take longest, longest first: `make test`'s processes take whole files in collection
-# order (pytest-xdist --dist loadfile, --no-loadscope-reorder), and a long file handed out last
-# finishes alone while the other processes idle. Seconds each, summed from `--durations=0` at 3
-# processes on the 2-core box (2026-12-03); xdist's own order (most tests first) had put the
-# 184 s file among the last. A file missing from the list only starts later; every other file
-# keeps its place.
-LONGEST_FILES = (
-    "tests/pipeline/local/test_transformers_engine.py",  # 184 s: engine processes, spawned and killed
-    "tests/e2e/frameworks/test_frameworks.py",  # 84 s: three frameworks' sessions in real time
-    "tests/e2e/test_browser.py",  # 79 s
-    "tests/e2e/test_long_turns.py",  # 74 s: a minute of speech
-    "tests/e2e/test_turn.py",  # 68 s
-    "tests/e2e/test_media_workers.py",  # 57 s
-    "tests/pipeline/local/test_generation.py",  # 50 s
-    "tests/e2e/test_deploy.py",  # 50 s
-    "tests/app/test_cli.py",  # 49 s
-    "tests/e2e/test_video.py",  # 44 s
-)
-
 
 def _dev_model_fingerprint() -> str:
     """Changes whenever what the dev model is built from changes, so a stale build is never reused."""
@@ -72,10 +53,3 @@ def dev_model_dir() -> Path:
     with open(cache / "build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         return ensure_dev_model(cache, progress=logger.info)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The files of :data:`LONGEST_FILES` first, in its order; the rest as collected."""
-    rank = {name: index for index, name in enumerate(LONGEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.relative_to(REPO_ROOT).as_posix(), len(rank)))
-
