@@ -6,10 +6,9 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # pytest-xdist processes, each taking a whole test file at a time (--dist loadfile: a module's
-# server is started once). On this 2-core box the whole suite took 1,088 s in one process, 637 s
-# in 2, 550-624 s in 3 (where a browser test once lost a race to the load) and 610 s in 4 (a
-# barge-in missed its timing): 2 keeps most of the gain at the load the timing tests were written
-# for. 0: one process.
+# server is started once); `make test` runs that many for tests/e2e and as many for the tiers
+# below it, beside them at a lower priority (scripts/test-tiers.sh says why and what it gains).
+# More processes starved the real-time tests on this 2-core box. 0: no xdist.
 TEST_PROCESSES ?= 2
 # The OpenAI Agents JS SDK for tests/e2e/test_tools.py, pinned by its package-lock.json.
 SDK_DIR := tests/e2e/sdk
@@ -40,7 +39,11 @@ serve: $(STAMP)
 test: $(STAMP) system-deps turn-model $(SDK_STAMP) $(FW_STAMP)
 	$(VENV)/bin/ruff check app media pipeline tests scripts
 	$(VENV)/bin/mypy
+ifeq ($(strip $(PYTEST_ARGS)),)
+	scripts/test-tiers.sh $(TEST_PROCESSES)
+else
 	scripts/run-offline.sh $(VENV)/bin/pytest -n $(TEST_PROCESSES) --dist loadfile $(PYTEST_ARGS)
+endif
 
 # The tiers below the end-to-end tests (tests/e2e: real servers, peers and browsers), for a quick
 # round while editing; `make test` still runs everything.
