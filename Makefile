@@ -6,8 +6,8 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # pytest-xdist processes, each taking a whole test file at a time (--dist loadfile: a module's
-# server is started once); `make test` runs that many for tests/e2e and as many for the tiers
-# below it, beside them at a lower priority (scripts/test-tiers.sh says why and what it gains).
+# server is started once); `make test` runs that many for the real-time tests and as many for
+# tests/pipeline/local, beside them at a lower priority (scripts/test-tiers.sh says why).
 # More processes starved the real-time tests on this 2-core box. 0: no xdist.
 TEST_PROCESSES ?= 2
 # The OpenAI Agents JS SDK for tests/e2e/test_tools.py, pinned by its package-lock.json.
