@@ -116,7 +116,10 @@ class MicrophoneTrack(MediaStreamTrack):
         return (self._pacer.pts + queued) * 1000 / WIRE_RATE
 
     def play(self, pcm48k: np.ndarray) -> asyncio.Future[float]:
-        """Queues float32 audio; the future resolves to the wall time its last sample was sent."""
+        """Queues float32 audio; the future resolves to the wall time its last sample was sent,
+        or fails with :class:`ClientError` if the track stops first."""
+        if self.readyState != "live":
+            raise ClientError("the microphone track has ended: nothing more can be said on this call")
         samples = (np.clip(pcm48k, -1.0, 1.0) * 32767).astype(np.int16)
         if len(samples):
             self._pending.append(samples)
@@ -124,6 +127,13 @@ class MicrophoneTrack(MediaStreamTrack):
         if not self._pending:
             self._drained.set_result(time.monotonic())
         return self._drained
+
+    def stop(self) -> None:
+        """Ends the track. aiortc's RTP sender also stops it, quietly, when its transport fails
+        (``ConnectionError``): a caller waiting on :meth:`play` learns it then, not at its timeout."""
+        super().stop()
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_exception(ClientError("the microphone track ended before this audio was all sent"))
 
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
