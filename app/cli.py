@@ -237,14 +237,14 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import uvicorn
 
-    from app.web.server import create_app
-    from app.web.tls import serving_tls
-    from app.web.websocket import websocket_server_options
+    from app.http.server import create_app
+    from app.http.socket_route import websocket_server_options
+    from app.http.tls import serving_tls
 
     tls = serving_tls(settings)
     uvicorn.run(
         create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-        # Forwarded headers are read by the app from --trusted-proxy peers only (app/web/edge.py);
+        # Forwarded headers are read by the app from --trusted-proxy peers only (app/http/edge.py);
         # uvicorn's own reading would believe any client on 127.0.0.1, a same-host proxy included.
         proxy_headers=False,
         ssl_certfile=tls.certfile if tls else None, ssl_keyfile=tls.keyfile if tls else None,

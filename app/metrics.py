@@ -11,8 +11,8 @@ The numbers come from what the glue already sees:
   counted in ``ignored_speech``; ``on_speculation`` (each speculative answer's outcome and
   the engine time thrown away, ``app.realtime.speculation``), counted by :meth:`Metrics.speculation`;
   ``on_partial_transcript`` (each partial transcript's outcome and engine time,
-  ``app.realtime.partial_transcripts``), counted by :meth:`Metrics.partial_transcript`;
-- each WebRTC call's network samples (``app.webrtc.network.CallNetwork``, every second and once
+  ``app.realtime.transcription``), counted by :meth:`Metrics.partial_transcript`;
+- each WebRTC call's network samples (``app.transports.webrtc.network.CallNetwork``, every second and once
   at the end): packet and frame counters as they move, and per-call summaries (loss, jitter,
   RTT) when the call ends.
 """
@@ -37,7 +37,7 @@ from app.realtime.protocol import (
     SessionUpdatedEvent,
     event_type,
 )
-from app.webrtc.network import NetworkFigures
+from app.transports.webrtc.network import NetworkFigures
 from media.pacing import LATENESS_BUCKETS_S, PacingStats
 from media.rates import SPEECH_RATE
 
@@ -230,7 +230,7 @@ class Metrics:
             self.speculative_discarded_engine.inc(engine_seconds)
 
     def partial_transcript(self, outcome: str, engine_seconds: float) -> None:
-        """A session's partial transcript report (``app.realtime.partial_transcripts.PartialObserver``)."""
+        """A session's partial transcript report (``app.realtime.transcription.PartialObserver``)."""
         self.partial_transcripts.labels(outcome=outcome).inc()
         if engine_seconds > 0:
             self.partial_transcript_engine.inc(engine_seconds)
@@ -331,7 +331,7 @@ class CallMetrics:
         self._last_network = NetworkFigures()
 
     def on_network_sample(self, current: NetworkFigures) -> None:
-        """A call's network figures moved (``app.webrtc.network.NetworkObserver``): count the differences."""
+        """A call's network figures moved (``app.transports.webrtc.network.NetworkObserver``): count the differences."""
         previous = self._last_network
         packets, frames = self._metrics.inbound_packets, self._metrics.inbound_frames_repaired
         packets.labels(outcome="received").inc(max(current.inbound_packets_received - previous.inbound_packets_received, 0))

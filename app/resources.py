@@ -1,6 +1,6 @@
 """What one server process holds right now (RSS, threads, fds, asyncio tasks, child processes).
 
-``GET /debug/resources`` (``app.web.debug``) reports it for the front process, and each media
+``GET /debug/resources`` (``app.http.debug``) reports it for the front process, and each media
 worker (``app.serving.media_worker``) measures itself with the same function when the front asks.
 """
 

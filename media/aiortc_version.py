@@ -1,6 +1,6 @@
 """The aiortc versions whose private parts omni-rtc's data-channel guard and video gate were read in.
 
-``app.webrtc.sctp_guard``, ``media.video_gate`` and ``media.receiver_tap`` stand in for private
+``app.transports.webrtc.sctp_guard``, ``media.video_gate`` and ``media.receiver_tap`` stand in for private
 parts of aiortc. Another version is refused with a message that names the part (and the way out,
 where there is one), rather than poked blindly; pyproject.toml pins the same range.
 """

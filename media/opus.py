@@ -16,7 +16,7 @@ themselves, so a peer that negotiated ``opus/48000/2`` decodes mono packets as i
 
 The encoder is libopus itself (``media.libopus``), not PyAV's: FFmpeg's encoder fixes its expected
 packet loss when it is opened, and in-band FEC is worth its bits only in proportion to the loss the
-peer reports. ``set_expected_loss`` (the call's RTCP receiver reports, ``app/webrtc/network.py``)
+peer reports. ``set_expected_loss`` (the call's RTCP receiver reports, ``app/transports/webrtc/network.py``)
 retunes it between two packets; at 0 % libopus sends no FEC at all. Pacing is unchanged: one
 packet per source frame, stamped with the frame's pts.
 """

@@ -53,6 +53,7 @@ class OutboundAudioTrack(MediaStreamTrack):
     # Sends in real time by itself and reports the first frame of audio after silence
     # (on_playback_started) as it hands it on: a session may wait for that to time its answers.
     paced = True
+    playback_reports = None  # the track itself counts what it played: no client reports
 
     def __init__(
         self,

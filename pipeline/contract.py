@@ -114,7 +114,7 @@ class AudioChunk:
     only final samples, so its PCM is not exactly ``frames * 1920`` long: the first chunk lacks
     a fixed tail that needs the next frame, and the chunk after it starts with that tail.
     Which answer tokens a listener heard is the session's to work out from the samples it
-    played (``app.realtime.heard``): the Talker is fed one token per frame but speaks ~3-4 a
+    played (``app.realtime.history``): the Talker is fed one token per frame but speaks ~3-4 a
     second, so frames do not tell tokens.
     """
 

@@ -28,10 +28,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from app.realtime.event_audio import EventAudioOutput
 from app.realtime.protocol import server_event_adapter
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig, TurnDetection
+from app.transports.websocket.event_audio import EventAudioOutput
 from media.rates import SPEECH_RATE, VOICE_RATE
 from pipeline.contract import (
     NO_SPARE_CAPACITY,
@@ -267,6 +267,9 @@ class EnergyVad:
 
 class VirtualAudioOutput:
     """An ``AudioOutput`` that plays queued audio only when ``play()`` says so."""
+
+    paced = False
+    playback_reports = None
 
     def __init__(self) -> None:
         self._queue: deque[np.ndarray] = deque()

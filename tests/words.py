@@ -1,6 +1,6 @@
 """A stand-in text judge for semantic VAD: it reads a given transcript and judges it by rule.
 
-The real judge (``app.realtime.semantic_vad.EngineTextJudge``) has Qwen3-Omni transcribe the
+The real judge (``app.realtime.turn_taking.EngineTextJudge``) has Qwen3-Omni transcribe the
 utterance and score P(``<|im_end|>``) after the text; on the dev model both are noise. This one
 is given the transcript (the test's or the bench's knowledge of what was said so far) and answers like a sensible language model would on clear cases, by a fixed English rule
 written before any fixture was scored, not fitted to them:
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.realtime.semantic_vad import WordsVerdict
+from app.realtime.turn_taking import WordsVerdict
 
 INCOMPLETE, UNSURE, COMPLETE = 0.02, 0.5, 0.9
 DANGLING_WORDS = frozenset(
@@ -49,7 +49,7 @@ def complete_probability(transcript: str) -> float:
 
 
 class TranscriptJudge:
-    """``app.realtime.semantic_vad.TextJudge`` that hears ``transcript`` (a test sets what was said
+    """``app.realtime.turn_taking.TextJudge`` that hears ``transcript`` (a test sets what was said
     so far) and judges it by ``complete_probability``; ``judged`` records each transcript judged."""
 
     def __init__(self, transcript: str) -> None:

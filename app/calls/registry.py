@@ -2,10 +2,10 @@
 media worker's) and WebSockets, counted together against ``--max-sessions``.
 
 The registry knows a session only as :class:`OpenSession` (an id, its transport's name, ``close``),
-so it imports nothing of aiortc or the web framework; each transport's call (``app.webrtc.call.Call``,
-``app.websocket.call.SocketCall``, ``app.serving.media_workers.RemoteCall``) is one. Admission
+so it imports nothing of aiortc or the web framework; each transport's call (``app.transports.webrtc.peer_call.Call``,
+``app.transports.websocket.socket_call.SocketCall``, ``app.serving.media_workers.RemoteCall``) is one. Admission
 raises :class:`CapacityError` or :class:`ConnectingLimitError`; the routes answer them
-(``app.web.call_refusals``).
+(``app.http.call_refusals``).
 """
 
 from __future__ import annotations

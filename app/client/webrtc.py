@@ -53,7 +53,7 @@ from app.realtime.protocol import (
     SessionCreatedEvent,
     event_type,
 )
-from app.webrtc.ice import (
+from app.transports.webrtc.ice import (
     CandidatePair,
     IceServer,
     loopback_candidates,
@@ -61,8 +61,8 @@ from app.webrtc.ice import (
     rtc_configuration,
     selected_candidate_pair,
 )
-from app.webrtc.network import CallNetwork
-from app.webrtc.sdp import with_opus_inband_fec
+from app.transports.webrtc.network import CallNetwork
+from app.transports.webrtc.sdp import with_opus_inband_fec
 from media.jitter_buffer import ReceiveStats
 from media.opus import OpusTrack
 from media.pacing import FRAME_SAMPLES, FramePacer

@@ -14,7 +14,7 @@ image and 14 MB of ``input_audio`` (22 minutes of audio, decoded and resampled o
 issue 34) is refused, and so is a large event with no image.
 
 Audio appends are not counted: they are bounded by the audio they carry
-(``app.realtime.input_buffer.AppendDecoder``: at most twice real time past a 20 s head start,
+(``app.realtime.input.AppendDecoder``: at most twice real time past a 20 s head start,
 each append costing at least 10 ms). A client that streams its microphone in 10 ms events,
 LiveKit's and WebRTC's frame, sends 100 a second: at 50 events a second (bursts of 100) it lost
 151 of 500 chunks in 5 s, and half of everything it said after that (issue 35). Before parsing,

@@ -5,7 +5,7 @@ turns: preemptible engine turns (``pipeline.contract``) whose events are kept, i
 come. Whoever holds one either closes it (cancelled in the engine, forgotten) or, once the turn
 it stands for is committed, promotes it (an ordinary engine turn from then on) and takes its
 ``events()``: those held so far at once, then the rest as they come. A partial transcript
-(``app.realtime.partial_transcripts``) is never promoted: it is read once it ended by itself
+(``app.realtime.transcription``) is never promoted: it is read once it ended by itself
 (``on_end``, then ``done``), or closed unseen. The held turn owns the task
 that reads the engine's stream: ``close()`` cancels and awaits it, and is safe to call twice.
 What it holds is bounded by one answer (``max_output_tokens``, the engine's audio bound).

@@ -1,24 +1,27 @@
-"""The conversation as the session keeps it: items, their order, pruning, and history as heard.
+"""The conversation as the session keeps it, and as the user heard it.
 
-The items themselves are ``app.realtime.entries``: a user item holds what the user gave (audio
-clips, text, images) as pipeline items; an assistant item holds everything generated and, once
-its playback has settled, what was *heard* of it. The
-prompt of the next turn is rendered from what was heard (``History.conversation``), and the
-history is kept to whole turns within the session's limits (``History.prune``).
-
-A client's ``conversation.item.create`` content is read into items by ``app.realtime.input_readers``.
+Items (:class:`UserEntry`, :class:`AssistantEntry`, :class:`FunctionCallEntry`,
+:class:`FunctionOutputEntry`) each know their protocol item, their prompt part and their size.
+:class:`History` orders them, reads a client's ``conversation.item.create`` into one, prunes to
+whole turns within the session's limits, and renders the next prompt from what was *heard*:
+an answer enters the history once its playback settles (``settle_all``), truncated to the
+tokens heard (:func:`tokens_heard`: the text's share of the audio played when the answer is
+whole, else ``SPEAKING_TOKENS_PER_SECOND`` of speech). A client's ``playback.ack`` says what
+was heard where the transport has acks (:func:`acknowledge_playback`).
+docs/SESSION.md "History as heard" has the rules; docs/MODEL.md "Heard text" their error.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from app.realtime.entries import AssistantEntry, Entry, FunctionCallEntry, FunctionOutputEntry, UserEntry
-from app.realtime.input_readers import checked_text, read_assistant_item, read_user_content
-from app.realtime.ledger import Playback, PlaybackLedger
+from app.realtime.playback import Playback, PlaybackLedger, PlaybackReports
 from app.realtime.protocol import (
+    ClientContentPart,
     ClientFunctionCallItem,
     ClientFunctionCallOutputItem,
     ClientMessageItem,
@@ -29,18 +32,29 @@ from app.realtime.protocol import (
     ConversationItemRetrievedEvent,
     ConversationItemTruncatedEvent,
     ConversationItemTruncateEvent,
+    FunctionCallItem,
+    FunctionCallOutputItem,
     InputAudioBufferCommittedEvent,
     InputAudioContent,
     InputImageContent,
+    InputTextContent,
     ItemContent,
+    ItemStatus,
+    MessageItem,
+    OutputAudioContent,
+    OutputTextContent,
+    PlaybackAckEvent,
+    PlaybackAcknowledgedEvent,
+    PlaybackAcknowledgement,
     ProtocolError,
     ServerEvent,
     new_id,
 )
-from app.realtime.session_config import Truncation
+from app.realtime.session_config import Modality, Truncation
 from app.realtime.tools import check_function_name
 from media.rates import VOICE_RATE
 from pipeline.conversation import (
+    IMAGE_NOTE,
     AssistantText,
     Conversation,
     ConversationItem,
@@ -48,9 +62,252 @@ from pipeline.conversation import (
     ItemRole,
     UserAudio,
     UserImage,
+    UserText,
     group_turns,
 )
-from pipeline.tool_format import FunctionOutput
+from pipeline.token_bounds import ASSISTANT_MESSAGE_TOKENS, text_tokens_bound
+from pipeline.tool_format import FunctionCall, FunctionOutput
+
+# ---- heard ----
+
+# A trained Talker's pace: English speech at ~150 words a minute is ~2.5 words, ~3.3 Qwen
+# tokens a second; Chinese at ~4-5 characters a second is ~3-4 tokens. Used only while an
+# answer's total audio is unknown.
+SPEAKING_TOKENS_PER_SECOND = 3.5
+
+
+def tokens_heard(played_samples: int, *, audio_samples: int, tokens: int, complete: bool) -> int:
+    """Answer tokens heard when the first ``played_samples`` of its audio were played.
+
+    ``audio_samples``: the answer's audio written so far; ``tokens``: its text tokens released
+    so far; ``complete``: that audio and text are the whole answer.
+    """
+    if played_samples <= 0 or tokens <= 0:
+        return 0
+    if complete:
+        if played_samples >= audio_samples:
+            return tokens
+        return tokens * played_samples // audio_samples
+    return min(tokens, int(played_samples * SPEAKING_TOKENS_PER_SECOND) // VOICE_RATE)
+
+
+# ---- entries ----
+
+@dataclass
+class UserEntry:
+    id: str
+    parts: tuple[ConversationItem, ...]  # UserAudio / UserText / UserImage, in content order
+    content: list[ItemContent]
+
+    def item(self) -> MessageItem:
+        return MessageItem(id=self.id, status="completed", role="user", content=self.content)
+
+    def audio_clips(self) -> list[UserAudio]:
+        return [part for part in self.parts if isinstance(part, UserAudio)]
+
+    def images(self) -> list[UserImage]:
+        return [part for part in self.parts if isinstance(part, UserImage)]
+
+    def drop_images(self) -> None:
+        """Its images leave the prompt (and memory), each for ``IMAGE_NOTE``; the item as the client
+        sees it keeps its ``input_image`` parts, and content indices stay those of the parts."""
+        self.parts = tuple(UserText(IMAGE_NOTE) if isinstance(part, UserImage) else part for part in self.parts)
+
+    def prompt_tokens(self) -> int:
+        """At most this many prompt tokens (each part says its own: ``pipeline.conversation``)."""
+        return sum(part.prompt_tokens() for part in self.parts)
+
+    def held_bytes(self) -> int:
+        return sum(part.held_bytes() for part in self.parts)
+
+    def transcribed(self, content_index: int, transcript: str) -> None:
+        """The audio part at ``content_index`` has a transcript: the prompt may use it, the item shows it."""
+        self.parts = tuple(
+            dataclasses.replace(part, transcript=transcript)
+            if index == content_index and isinstance(part, UserAudio)
+            else part
+            for index, part in enumerate(self.parts)
+        )
+        self.content[content_index] = InputAudioContent(transcript=transcript)
+
+
+@dataclass
+class AssistantEntry:
+    id: str
+    modality: Modality
+    status: str = "in_progress"
+    text: str = ""  # everything generated
+    token_ends: list[int] = field(default_factory=list)  # end offset in ``text`` of each answer token so far
+    heard: str | None = None  # set once playback settled; None: not settled yet (see history_text)
+    audio_samples: int = 0  # its audio written so far (24 kHz)
+    ended_early: bool = False  # the response was cancelled or failed: its text ran ahead of its audio
+
+    def add_delta(self, delta: str, *, tokens: int = 1) -> None:
+        """``delta`` completes ``tokens`` answer tokens. Of a delta held back until a character's
+        UTF-8 pieces were whole, only its last token ends the text: the earlier ones end where
+        the previous delta did, so a character is heard once all of its tokens are."""
+        start = len(self.text)
+        self.text += delta
+        self.token_ends.extend([start] * (tokens - 1))
+        self.token_ends.append(len(self.text))
+
+    def add_audio(self, samples: int) -> None:
+        self.audio_samples += samples
+
+    def history_text(self) -> str:
+        """The text the next turn sees: what was heard, or what will have been once the audio
+        still queued plays out (all of it for an answer that ended by itself)."""
+        if self.heard is not None:
+            return self.heard
+        if self.ended_early and self.modality == "audio":
+            return self.heard_text(self.audio_samples, finished=False)
+        return self.text
+
+    def heard_text(self, heard_samples: int, *, finished: bool) -> str:
+        """The text heard when the first ``heard_samples`` of its audio were played.
+
+        ``finished``: the answer ended by itself (not cancelled, failed, or cut before all its
+        audio was written): its audio and text are whole, and once all of it has played, all its
+        text was heard. Otherwise the tokens heard are those ``app.realtime.history.tokens_heard``
+        gives for the samples played, mapped to text by ``token_ends``.
+        """
+        if finished and heard_samples >= self.audio_samples:
+            return self.text
+        tokens = tokens_heard(
+            heard_samples, audio_samples=self.audio_samples, tokens=len(self.token_ends), complete=finished
+        )
+        if tokens >= len(self.token_ends):
+            return self.text
+        return self.text[: self.token_ends[tokens - 1]] if tokens else ""
+
+    def prompt_tokens(self) -> int:
+        """At most this many prompt tokens: its text as the next prompt would carry it."""
+        text = self.text if self.status == "in_progress" else self.history_text()
+        return ASSISTANT_MESSAGE_TOKENS + text_tokens_bound(text)
+
+    def held_bytes(self) -> int:
+        return text_tokens_bound(self.text)
+
+    def content(self) -> list[ItemContent]:
+        if self.status == "in_progress":
+            return []
+        if self.modality == "audio":  # once cut short, only what was heard
+            return [OutputAudioContent(transcript=self.history_text())]
+        return [OutputTextContent(text=self.text)]
+
+    def item(self) -> MessageItem:
+        return MessageItem(id=self.id, status=self.status, role="assistant", content=self.content())
+
+
+@dataclass
+class FunctionCallEntry:
+    """A call the model made (streamed while in progress), or one a client created."""
+
+    id: str
+    call_id: str
+    name: str
+    arguments: str = ""
+    status: ItemStatus = "in_progress"
+
+    def item(self) -> FunctionCallItem:
+        return FunctionCallItem(
+            id=self.id, status=self.status, call_id=self.call_id, name=self.name, arguments=self.arguments
+        )
+
+    def call(self) -> FunctionCall:
+        return FunctionCall(self.call_id, self.name, self.arguments)
+
+    def prompt_tokens(self) -> int:
+        return self.call().prompt_tokens()
+
+    def held_bytes(self) -> int:
+        return self.call().held_bytes()
+
+
+@dataclass
+class FunctionOutputEntry:
+    id: str
+    call_id: str
+    output: str
+
+    def item(self) -> FunctionCallOutputItem:
+        return FunctionCallOutputItem(id=self.id, call_id=self.call_id, output=self.output)
+
+    def prompt_tokens(self) -> int:
+        return FunctionOutput(self.call_id, self.output).prompt_tokens()
+
+    def held_bytes(self) -> int:
+        return text_tokens_bound(self.output)
+
+
+Entry = UserEntry | AssistantEntry | FunctionCallEntry | FunctionOutputEntry
+
+
+# ---- item_readers ----
+
+def checked_text(text: str | None, param: str, *, max_chars: int) -> str:
+    if text is None:
+        raise ProtocolError("missing_required_parameter", f"{param} is required.", param=param)
+    if len(text) > max_chars:
+        raise ProtocolError("invalid_value", f"{param} is longer than {max_chars} characters.", param=param)
+    return text
+
+
+def read_user_content(
+    content: list[ClientContentPart],
+    *,
+    max_chars: int,
+    images: Mapping[int, UserImage],
+    audio: Mapping[int, UserAudio],
+) -> tuple[tuple[ConversationItem, ...], list[ItemContent]]:
+    """A user message's parts (for the prompt) and its content (as echoed to the client);
+    ``images`` and ``audio``: its ``input_image`` and ``input_audio`` parts by index, already
+    read (``app.realtime.input``, :func:`read_item_audio`)."""
+    parts: list[ConversationItem] = []
+    echoed: list[ItemContent] = []
+    for index, part in enumerate(content):
+        param = f"item.content[{index}]"
+        if part.type == "input_text":
+            text = checked_text(part.text, f"{param}.text", max_chars=max_chars)
+            parts.append(UserText(text))
+            echoed.append(InputTextContent(text=text))
+        elif part.type == "input_audio" and index in audio:
+            parts.append(audio[index])
+            echoed.append(InputAudioContent(transcript=part.transcript))
+        elif part.type == "input_image" and index in images:
+            parts.append(images[index])
+            echoed.append(InputImageContent(detail=part.detail or "auto"))
+        else:
+            raise ProtocolError(
+                "invalid_value", f"A user message takes input_text, input_audio or input_image, not {part.type}.",
+                param=f"{param}.type",
+            )
+    return tuple(parts), echoed
+
+
+def read_assistant_item(item_id: str, content: list[ClientContentPart], *, max_chars: int) -> AssistantEntry:
+    """A client-created assistant message: heard in full (the client says it was said)."""
+    if len(content) != 1:
+        raise ProtocolError("invalid_value", "An assistant message takes exactly one content part.",
+                            param="item.content")
+    part = content[0]
+    if part.type in ("output_text", "text"):
+        modality: Modality = "text"
+        text = part.text
+    else:
+        if part.type not in ("output_audio", "audio"):
+            raise ProtocolError("invalid_value", f"An assistant message takes output_text or output_audio, "
+                                f"not {part.type}.", param="item.content[0].type")
+        modality = "audio"
+        text = part.transcript
+    param = "item.content[0].text" if modality == "text" else "item.content[0].transcript"
+    text = checked_text(text, param, max_chars=max_chars)
+    entry = AssistantEntry(item_id, modality, status="completed", heard=text)
+    entry.add_delta(text)
+    return entry
+
+
+# ---- history ----
 
 AUTO_TRUNCATION = Truncation()  # OpenAI's default: past the token budget the oldest items go
 # User items not yet answered (created without a response) kept before the oldest is dropped.
@@ -135,7 +392,7 @@ class History:
     ) -> list[ServerEvent]:
         """Adds a client's item where it asked; the ``conversation.item.added``/``done`` pair.
         ``images`` and ``audio``: its ``input_image`` and ``input_audio`` parts by index, already
-        read off the loop (``app.realtime.input_images``, :func:`read_item_audio`)."""
+        read off the loop (``app.realtime.input``, :func:`read_item_audio`)."""
         item = event.item
         if item.id is not None and self.find(item.id) is not None:
             raise ProtocolError("invalid_value", f"An item with id {item.id!r} already exists.", param="item.id")
@@ -399,3 +656,52 @@ def evictable(entries: list[Entry]) -> Iterator[Entry]:
     for entry in entries[:-1]:
         if not (isinstance(entry, AssistantEntry | FunctionCallEntry) and entry.status == "in_progress"):
             yield entry
+
+
+def acknowledge_playback(
+    event: PlaybackAckEvent, reports: PlaybackReports | None, history: History, ledger: PlaybackLedger,
+    session_id: str,
+) -> PlaybackAcknowledgedEvent:
+    """Applies a ``playback.ack``: advances the output's played clock and the item's history as
+    heard; ``reports`` is the output's (None: its transport takes no acks)."""
+    if reports is None:
+        raise ProtocolError(
+            "playback_ack_unsupported",
+            "playback.ack is for WebSocket sessions; over WebRTC the server's audio track knows what was played.",
+        )
+    segment = reports.find(item_id=event.item_id, response_id=event.response_id)
+    if segment is None:
+        named = event.item_id or event.response_id
+        raise ProtocolError(
+            "playback_item_not_found",
+            f"No answer audio {'for ' + repr(named) if named else 'has been sent'} to acknowledge.",
+            param="item_id" if event.item_id else "response_id" if event.response_id else None,
+        )
+    played = _samples(event.played_ms, segment.written)
+    committed = min(_samples(event.played_ms if event.committed_ms is None else event.committed_ms, segment.written),
+                    played)
+    playback = ledger.get(segment.item_id)
+    if playback is not None and committed < played:  # the client counts less as heard than it played
+        playback.limit = committed if playback.limit is None else min(playback.limit, committed)
+    reports.acknowledge(segment, played)
+    entry = history.find(segment.item_id)
+    settled = ledger.get(segment.item_id) is None and isinstance(entry, AssistantEntry)
+    if settled and isinstance(entry, AssistantEntry) and entry.audio_samples:
+        # In the history already (settled by this ack, or before it, when audio counted as played
+        # once written): the ack says what was heard.
+        entry.heard = entry.heard_text(min(committed, entry.audio_samples), finished=not entry.ended_early)
+    return PlaybackAcknowledgedEvent(
+        event=PlaybackAcknowledgement(
+            session_id=session_id, item_id=segment.item_id, response_id=segment.response_id,
+            played_ms=played * 1000 // VOICE_RATE, committed_ms=committed * 1000 // VOICE_RATE,
+            audio_ms=segment.written * 1000 // VOICE_RATE, history_committed=settled,
+        )
+    )
+
+
+def _samples(ms: float, written: int) -> int:
+    """Milliseconds of a segment as samples; the segment's length in whole ms (rounded down, as a
+    client counting ms reports it) is all of it."""
+    if ms >= written * 1000 // VOICE_RATE:
+        return written
+    return int(ms * VOICE_RATE / 1000)

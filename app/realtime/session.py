@@ -2,7 +2,7 @@
 
 In: 16 kHz float32 PCM (``push_audio``), client events as JSON text (``handle_message``) and
 camera frames (``add_video_frame``, sampled as ``video_plan`` says; or pushed by the client as
-``input_image_buffer.append``; ``app.realtime.camera_frames``).
+``input_image_buffer.append``; ``app.realtime.input``).
 Out: server events as JSON-ready dicts (``send``) and 24 kHz float32 PCM (``AudioOutput.write``).
 
 It hears utterances end (server VAD, or semantic VAD: ``end_of_turn``) or takes client commits,
@@ -12,8 +12,8 @@ heard it* (``history``, ``ledger``). ``interrupt_response: true`` (default, Open
 ``ECHO_TAIL_MS``); ``null`` is manual mode. ``session.finish`` ends it with ``session.finished``.
 VAD events become the protocol's in ``app.realtime.turn_taking``; answers start at a candidate end
 of turn, held until the commit (``app.realtime.speculation``); partial transcripts:
-``app.realtime.partial_transcripts``; what its engine cannot do is refused or off
-(``app.realtime.session_capabilities``). docs/SESSION.md has the whole picture.
+``app.realtime.transcription``; what its engine cannot do is refused or off
+(``app.realtime.session_config``). docs/SESSION.md has the whole picture.
 """
 
 from __future__ import annotations
@@ -26,18 +26,19 @@ from typing import Any
 
 import numpy as np
 
-from app.realtime.answer_audio import AnswerAudio
-from app.realtime.camera_frames import TurnFrames
-from app.realtime.event_audio import acknowledge_playback, played_out
 from app.realtime.failures import failure_event
 from app.realtime.gate import EventGate
-from app.realtime.history import History
-from app.realtime.input_buffer import AppendDecoder, ManualBuffer
-from app.realtime.input_images import DecodeBudget, read_frame, read_item_images
-from app.realtime.input_readers import read_item_audio
-from app.realtime.ledger import AudioOutput
-from app.realtime.partial_transcripts import PartialObserver, PartialTranscripts
-from app.realtime.prompt_budget import check_session, check_system_budget, session_param
+from app.realtime.history import History, acknowledge_playback
+from app.realtime.input import (
+    AppendDecoder,
+    DecodeBudget,
+    ManualBuffer,
+    TurnFrames,
+    read_frame,
+    read_item_audio,
+    read_item_images,
+)
+from app.realtime.playback import AnswerAudio, AudioIdle, AudioOutput, PlaybackEvent, Settled
 from app.realtime.protocol import (
     ClientEvent,
     ClientMessageItem,
@@ -55,6 +56,7 @@ from app.realtime.protocol import (
     ProtocolError,
     ResponseCancelEvent,
     ResponseCreateEvent,
+    ServerEvent,
     SessionCreatedEvent,
     SessionFinishedEvent,
     SessionFinishEvent,
@@ -64,15 +66,36 @@ from app.realtime.protocol import (
     new_id,
     parse_client_event,
 )
-from app.realtime.response import Response
-from app.realtime.response_events import apply_response_params, turn_request
-from app.realtime.response_run import ResponsePort, ResponseRun
-from app.realtime.semantic_vad import SemanticVad, TextJudge
-from app.realtime.session_capabilities import check_item, check_pushed_image, check_tool_choice, first_config, fitted
-from app.realtime.session_config import SessionConfig, TurnDetection
+from app.realtime.response import Response, ResponseContext, ResponseRun, apply_response_params, turn_request
+from app.realtime.session_config import (
+    SessionConfig,
+    TurnDetection,
+    check_item,
+    check_pushed_image,
+    check_session,
+    check_system_budget,
+    check_tool_choice,
+    first_config,
+    fitted,
+    session_param,
+)
 from app.realtime.speculation import OutcomeObserver, Speculation, SpeculativeTurn, Speculator
-from app.realtime.transcription import Transcriptions
-from app.realtime.turn_taking import TurnActions, TurnTaking, detector_params
+from app.realtime.transcription import PartialObserver, PartialTranscripts, Transcriptions
+from app.realtime.turn_taking import (
+    CandidateEnd,
+    CandidateVoid,
+    CommitAudio,
+    Interrupt,
+    Respond,
+    SemanticVad,
+    SpeechIgnored,
+    TextJudge,
+    TurnCommand,
+    TurnTaking,
+    UserSpeaking,
+    detector_params,
+)
+from media.detector_events import EndOfTurnCheck
 from media.end_of_turn_model import EndOfTurnModel
 from media.frames import FramePlan, SampledFrame
 from media.vad import SpeechModel
@@ -109,11 +132,11 @@ class RealtimeSession:
     ) -> None:
         """``on_ignored_speech`` is called for each utterance half-duplex does not act on (metrics).
         ``end_of_turn``: the model semantic_vad needs; without it, semantic_vad is refused (server VAD stays).
-        ``text_judge``: semantic_vad also judges the words said (``app.realtime.semantic_vad``).
+        ``text_judge``: semantic_vad also judges the words said (``app.realtime.turn_taking``).
         ``session_fields``: a dialect's reading of ``session.update`` fields, before the session's
-        own (``app.realtime.dashscope``); it raises ``ProtocolError`` for what it refuses.
+        own (``app.transports.websocket.dashscope``); it raises ``ProtocolError`` for what it refuses.
         ``on_speculation``: each speculation's outcome (metrics, ``app.realtime.speculation``).
-        ``on_partial_transcript``: each partial transcript's outcome (metrics, ``app.realtime.partial_transcripts``).
+        ``on_partial_transcript``: each partial transcript's outcome (metrics, ``app.realtime.transcription``).
         ``clock``: what the event gate and the appends' bound count time by (tests run it faster)."""
         self._engine = engine
         self._capabilities = engine.capabilities
@@ -141,13 +164,10 @@ class RealtimeSession:
             vad,
             detector_params(self._config.turn_detection or TurnDetection(), self._config.history,
                             judge_words=self._semantic.judges_words),
-            TurnActions(self._emit, self._commit_user_audio, self._busy, self._interrupt, self._respond_to_speech,
-                        self._semantic.submit, speaking=self._user_speaking, candidate=self._speculator.candidate,
-                        resumed=self._speculator.resumed),
             session_id=self.session_id,
-            on_ignored_speech=on_ignored_speech,
             judge_words=self._semantic.judges_words,
         )
+        self._on_ignored_speech = on_ignored_speech
         self._manual = ManualBuffer()
         self._appends = AppendDecoder(clock=clock)
         self._history = History()
@@ -155,20 +175,16 @@ class RealtimeSession:
         self._image_budget = DecodeBudget()
         self._response: ResponseRun | None = None  # generating, or queued behind a cancelling one
         self._runs: set[ResponseRun] = set()  # every run whose task is not over (a cancelled one finishing)
-        self._audio = AnswerAudio(output, self._history, self._emit, on_idle=self._audio_idle, on_settled=self._prune)
-        self._port = ResponsePort(
-            session_id=self.session_id, engine=engine, history=self._history, audio=self._audio,
-            config=lambda: self._config, emit=self._emit, prune=self._prune,
-            release_speculation=self._speculator.release, finished=self._response_finished, over=self._runs.discard,
-        )
+        self._audio = AnswerAudio(output)
+        self._response_context = ResponseContext(self.session_id, engine, self._history, self._audio)
         # The response the user's speech cancelled (barge-in), until another response starts:
         # a client's response.cancel for it is answered by its response.done.
         self._cut_by_speech: str | None = None
         self._closed = False
         self._finished = False  # session.finished sent: nothing more is taken or sent
         self._close_lock = asyncio.Lock()
-        self._transcriptions = Transcriptions(engine, self._emit, self._history.holds, self.session_id)
-        self._partials = PartialTranscripts(engine, self._emit, self._audio_content_index, session_id=self.session_id,
+        self._transcriptions = Transcriptions(engine, self.emit, self._history.holds, self.session_id)
+        self._partials = PartialTranscripts(engine, self.emit, self._audio_content_index, session_id=self.session_id,
                                             on_outcome=on_partial_transcript)
         self._committed_speculation: Speculation | None = None  # taken at a commit, for its response
         output.set_listener(self)
@@ -181,9 +197,9 @@ class RealtimeSession:
 
     async def start(self) -> None:
         """Announce the session: ``session.created`` with the full effective session."""
-        self._emit(SessionCreatedEvent(session=self._session_object()))
+        self.emit(SessionCreatedEvent(session=self._session_object()))
         for error in self._start_errors:
-            self._emit(error.to_event())
+            self.emit(error.to_event())
 
     async def handle_message(self, raw: str | bytes) -> None:
         """Handle one client event (JSON text); every mistake is answered with an ``error``."""
@@ -191,7 +207,7 @@ class RealtimeSession:
             return
         rejection = self._gate.admit(raw)  # before parsing: a flood or a huge event costs nothing (appends: _parse)
         if rejection is not None:
-            self._emit(ProtocolError(rejection.code, rejection.message).to_event())
+            self.emit(ProtocolError(rejection.code, rejection.message).to_event())
             return
         event_id: str | None = None
         try:
@@ -208,10 +224,10 @@ class RealtimeSession:
             await self._dispatch(event)
             self._speculator.check()  # the turn a commit would start may have changed
         except ProtocolError as exc:
-            self._emit(exc.to_event() if exc.event_id else exc.for_event(event_id).to_event())
+            self.emit(exc.to_event() if exc.event_id else exc.for_event(event_id).to_event())
         except Exception as exc:  # a bug of ours: the client hears of it, the session goes on
             where = f"session {self.session_id}: handling a client event"
-            self._emit(failure_event("server_error", exc, where=where, client_event_id=event_id))
+            self.emit(failure_event("server_error", exc, where=where, client_event_id=event_id))
 
     def _parse(self, raw: str | bytes) -> ClientEvent:
         """The event; one the gate let through as a possible audio append pays the event rate
@@ -240,7 +256,7 @@ class RealtimeSession:
             self._turns.skip(pcm.size)
             self._manual.append(pcm)
             return
-        self._turns.push(pcm, turn_detection)
+        self._on_turn(self._turns.push(pcm, turn_detection, busy=self._busy()))
         self._partials.heard(self._turns.speech_so_far(), self._config.transcription)
 
     def add_video_frame(self, frame: SampledFrame) -> None:
@@ -282,12 +298,15 @@ class RealtimeSession:
     # -- AudioOutput listener --------------------------------------------------------------
 
     def on_playback_started(self) -> None:
-        if not self._closed and (started := self._audio.started()) is not None and self._response is not None:
-            self._response.response.first_frame_out(started)
+        if self._closed or (started := self._audio.started()) is None:
+            return
+        self.emit(started)
+        if self._response is not None:
+            self._response.response.first_frame_out(started.response_id)
 
     def on_playback_stopped(self) -> None:
         if not self._closed:
-            self._audio.stopped()
+            self._on_playback(self._audio.stopped())
 
     # -- client events ---------------------------------------------------------------------
 
@@ -305,7 +324,7 @@ class RealtimeSession:
         elif isinstance(event, ConversationItemDeleteEvent):
             self._delete_item(event)
         elif isinstance(event, ConversationItemRetrieveEvent):
-            self._emit(self._history.retrieve_item(event.item_id))
+            self.emit(self._history.retrieve_item(event.item_id))
         elif isinstance(event, ConversationItemTruncateEvent):
             await self._truncate_item(event)
         elif isinstance(event, ResponseCreateEvent):
@@ -315,7 +334,7 @@ class RealtimeSession:
         elif isinstance(event, OutputAudioBufferClearEvent):
             await self._clear_output_by_client()
         elif isinstance(event, PlaybackAckEvent):  # WebSocket: the client says what it played
-            self._emit(acknowledge_playback(event, self._audio.output, self._history, self._audio.ledger,
+            self.emit(acknowledge_playback(event, self._audio.output.playback_reports, self._history, self._audio.ledger,
                                             self.session_id))
         elif isinstance(event, InputImageBufferAppendEvent):
             await self._append_image(event)
@@ -332,17 +351,17 @@ class RealtimeSession:
             return
         new, unavailable = self._semantic.runnable(fitted(updated, self._capabilities))
         if unavailable is not None:
-            self._emit(unavailable.for_event(event.event_id).to_event())
+            self.emit(unavailable.for_event(event.event_id).to_event())
         self._config = new
         if new.truncation != old.truncation:
-            self._prune()  # a budget that drops items now applies to what "disabled" kept
+            self.prune_history()  # a budget that drops items now applies to what "disabled" kept
         if new.turn_detection != old.turn_detection:
-            self._turns.configure(new.turn_detection, new.history)
+            self._on_turn(self._turns.configure(new.turn_detection, new.history))
             if old.turn_detection is None:  # manual audio is not the VAD's business
                 self._manual.clear()
         if new.transcription != old.transcription:  # partials turned off stop now, not at the next audio
             self._partials.heard(self._turns.speech_so_far(), new.transcription)
-        self._emit(SessionUpdatedEvent(session=self._session_object()))
+        self.emit(SessionUpdatedEvent(session=self._session_object()))
 
     def _append_audio(self, event: InputAudioBufferAppendEvent) -> None:
         self.push_audio(self._appends.decode(event.audio, input_audio_format=self._config.input_audio_format,
@@ -368,7 +387,7 @@ class RealtimeSession:
             await asyncio.wait({run.cancel("client_cancelled") if not run.cancelling else run.task})
         self._speculator.utterance_over()  # nothing more is answered: a held answer is thrown away
         self._partials.stop()
-        self._emit(SessionFinishedEvent())
+        self.emit(SessionFinishedEvent())
         self._finished = True
 
     def _commit_manual(self) -> None:
@@ -381,8 +400,8 @@ class RealtimeSession:
 
     def _clear_input(self) -> None:
         self._manual.clear()
-        self._turns.clear()
-        self._emit(InputAudioBufferClearedEvent())
+        self._on_turn(self._turns.clear())
+        self.emit(InputAudioBufferClearedEvent())
 
     async def _create_item(self, event: ConversationItemCreateEvent) -> None:
         images: dict[int, UserImage] = {}
@@ -403,12 +422,12 @@ class RealtimeSession:
         for server_event in self._history.create_item(
             event, max_chars=self._config.max_text_chars, images=images, audio=audio
         ):
-            self._emit(server_event)
-        self._prune()
+            self.emit(server_event)
+        self.prune_history()
 
     def _delete_item(self, event: ConversationItemDeleteEvent) -> None:
         in_progress = self._response.response.output if self._response is not None else []
-        self._emit(self._history.delete_item(event.item_id, in_progress=in_progress))
+        self.emit(self._history.delete_item(event.item_id, in_progress=in_progress))
 
     async def _truncate_item(self, event: ConversationItemTruncateEvent) -> None:
         run = self._response
@@ -418,8 +437,9 @@ class RealtimeSession:
             await asyncio.wait({run.task})
             if self._closed:
                 return
-        self._emit(self._history.truncate_item(event, self._audio.ledger))
-        played_out(self._audio.output, event.item_id)
+        self.emit(self._history.truncate_item(event, self._audio.ledger))
+        if (reports := self._audio.output.playback_reports) is not None:
+            reports.played_out(event.item_id)
 
     async def _create_response(self, event: ResponseCreateEvent) -> None:
         self._refuse_second_response()
@@ -473,17 +493,42 @@ class RealtimeSession:
         run = self._response
         if run is not None and not run.cancelling:
             await asyncio.wait({run.cancel("client_cancelled")})
-        self._audio.clear(always_announce=True)
+        self._on_playback(self._audio.clear(always_announce=True))
 
     # -- server VAD (app.realtime.turn_taking) ---------------------------------------------
 
     def _on_end_of_turn_answer(self, check_id: int, probability: float) -> None:
         if not self._closed and self._config.turn_detection is not None:
-            self._turns.decide(check_id, probability, self._config.turn_detection)
+            self._on_turn(self._turns.decide(check_id, probability, self._config.turn_detection, busy=self._busy()))
 
     def _on_words_answer(self, check_id: int, probability: float | None) -> None:
         if not self._closed and self._config.turn_detection is not None:
-            self._turns.decide_words(check_id, probability, self._config.turn_detection)
+            self._on_turn(self._turns.decide_words(check_id, probability, self._config.turn_detection,
+                                                   busy=self._busy()))
+
+    def _on_turn(self, commands: list[TurnCommand]) -> None:
+        """Carries out what turn taking asks, in order."""
+        for command in commands:
+            match command:
+                case CommitAudio(item_id=item_id, pcm=pcm):
+                    self._commit_user_audio(item_id, pcm)
+                case Respond(item_id=item_id, committed_at=committed_at, silence_wait_ms=silence_wait_ms):
+                    self._respond_to_speech(item_id, committed_at, silence_wait_ms)
+                case Interrupt():
+                    self._interrupt()
+                case UserSpeaking(speaking=speaking):
+                    self._user_speaking(speaking)
+                case EndOfTurnCheck():
+                    self._semantic.submit(command)
+                case CandidateEnd(pcm=pcm):
+                    self._speculator.candidate(pcm)
+                case CandidateVoid():
+                    self._speculator.resumed()
+                case SpeechIgnored():
+                    if self._on_ignored_speech is not None:
+                        self._on_ignored_speech()
+                case _:
+                    self.emit(command)
 
     def _respond_to_speech(self, item_id: str, committed_at: float, silence_wait_ms: float) -> None:
         """Server VAD (or the idle timeout) committed the turn ending with ``item_id``: answer it."""
@@ -533,10 +578,10 @@ class RealtimeSession:
         partial = self._partials.committed(item_id)
         images = self._frames.take(self._config.video.frames_per_turn)
         for event in self._history.commit_audio(item_id, pcm if speculation is None else speculation.pcm, images):
-            self._emit(event)
+            self.emit(event)
         held = speculation.take_transcription if speculation is not None else None
         self._transcriptions.transcribe(self._history.require(item_id), self._config.transcription, held, partial)
-        self._prune()
+        self.prune_history()
 
     def _audio_content_index(self) -> int:
         """The index a commit now would give the user item's audio part: after its camera frames."""
@@ -546,10 +591,17 @@ class RealtimeSession:
         """The assistant is answering or its audio has not finished playing."""
         return self._response is not None or len(self._audio) > 0
 
-    # -- responses (app.realtime.response_run) ---------------------------------------------
+    # -- responses (app.realtime.response) ---------------------------------------------
+
+    def response_over(self, run: ResponseRun) -> None:
+        """``run``'s task is over."""
+        self._runs.discard(run)
+
+    def release_speculation(self, speculation: Speculation) -> None:
+        self._speculator.release(speculation)
 
     def _start_response(self, response: Response) -> None:
-        run = ResponseRun(response, self._port)
+        run = ResponseRun(response, self._response_context, self)
         previous, self._response = self._response, run
         self._audio.last_response_id = response.id
         self._cut_by_speech = None  # a cancel from now on is for this one
@@ -558,14 +610,14 @@ class RealtimeSession:
         self._runs.add(run)
         run.start(previous)
 
-    def _response_finished(self, run: ResponseRun) -> None:
+    def response_done(self, run: ResponseRun) -> None:
         """``run`` sent its ``response.done``."""
         if self._response is run:
             self._response = None
-        self._audio.settle()
+        self._on_playback(self._audio.settle())
         self._speculator.check()  # a candidate silence the answer overlapped may speculate now
 
-    # -- playback (app.realtime.answer_audio) ----------------------------------------------
+    # -- playback (app.realtime.playback) ----------------------------------------------
 
     def _audio_idle(self) -> None:
         """The answers' audio is over: played out, or cleared."""
@@ -578,13 +630,29 @@ class RealtimeSession:
         if run is not None and not run.cancelling:
             run.cancel("turn_detected")
             self._cut_by_speech = run.id
-        self._audio.clear(always_announce=False)
+        self._on_playback(self._audio.clear(always_announce=False))
+
+    def _on_playback(self, events: list[PlaybackEvent]) -> None:
+        """What the answers' playback did: announced, settled into the history as heard, over."""
+        settled = False
+        for event in events:
+            match event:
+                case Settled(playbacks=playbacks, played=played):
+                    for server_event in self._history.settle_all(playbacks, played):  # a cancelled answer's text ran ahead
+                        self.emit(server_event)
+                    settled = True
+                case AudioIdle():
+                    self._audio_idle()
+                case _:
+                    self.emit(event)
+        if settled:
+            self.prune_history()
 
     # -- history ---------------------------------------------------------------------------
 
-    def _prune(self) -> None:
+    def prune_history(self) -> None:
         for event in self._history.prune(self._config.history, self._config.truncation):
-            self._emit(event)
+            self.emit(event)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -593,7 +661,7 @@ class RealtimeSession:
             session_id=self.session_id, model=self._engine.name, expires_at=self._expires_at
         )
 
-    def _emit(self, event: Any) -> None:
+    def emit(self, event: ServerEvent) -> None:
         if not self._closed and not self._finished:
             self._send(event.to_json())
 

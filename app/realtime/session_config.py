@@ -1,25 +1,29 @@
 """The effective session: what ``session.update`` may change, read tolerantly, applied atomically.
 
-OpenAI clients send ``session.update`` right after the data channel opens, with fields this
-server does not implement. The reader accepts GA nesting (``audio.input.turn_detection``…) and
-the older flat beta keys (``voice``, ``turn_detection``, ``modalities``…), reads function
-``tools`` and ``tool_choice`` (``app.realtime.tools``), ignores what does not apply (``model``,
-``tracing``, noise reduction, output speed), maps
-what has a sensible meaning (``semantic_vad`` → server VAD whose silence wait follows
-``eagerness``; OpenAI voice names → the current Qwen voice) and rejects only values that are
-really wrong. One bad value rejects the whole update: nothing changes.
+:class:`SessionConfig` reads GA nesting and the older flat beta keys, ignores what does not
+apply, maps what has a sensible meaning (``semantic_vad`` eagerness, OpenAI voice names) and
+rejects only values that are wrong; one bad value rejects the whole update. The session is
+then fitted to what its engine can do (:func:`first_config`, :func:`fitted`, the ``check_*``
+functions: refused, or turned off) and its system message held to its token budget
+(:func:`check_session`, :func:`check_system_budget`: ``--instructions-max-tokens``, 16,000 by
+default, counted in a worker thread past what the bytes alone allow). docs/SESSION.md
+"Tolerant reader" and "What the engine can do".
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from app.realtime.protocol import (
     AudioFormat,
+    ClientItem,
+    ClientMessageItem,
+    ProtocolError,
     RetentionRatioTruncation,
     SemanticVadObject,
     ServerVadObject,
@@ -33,10 +37,14 @@ from app.realtime.protocol import (
     invalid_value,
 )
 from app.realtime.tools import check_choice, choice_object, read_tool_choice, read_tools, tool_objects
-from pipeline.contract import VOICES, TranscriptionHint, Voice
+from pipeline.contract import VOICES, EngineCapabilities, TranscriptionHint, Voice
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, HistoryLimits
 from pipeline.images import MIN_PIXELS
+from pipeline.token_bounds import text_tokens_bound
+from pipeline.token_count import MESSAGE_MARKERS, system_message_text, system_tokens_at_most
 from pipeline.tool_format import Tool, ToolChoice
+
+# ---- session_config ----
 
 Modality = Literal["audio", "text"]
 AudioFormatType = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
@@ -101,7 +109,7 @@ class InputTranscription:
 
     ``model`` is any name the client gave, only reported back; ``language`` (ISO-639-1) and
     ``prompt`` are hints for the ASR prompt (``pipeline.local.prompt``). ``partials``, an extension:
-    the words are also transcribed while the user speaks (``app.realtime.partial_transcripts``);
+    the words are also transcribed while the user speaks (``app.realtime.transcription``);
     left out, the server's ``--partial-transcripts`` (``SessionConfig.partial_transcripts``).
     """
 
@@ -191,7 +199,7 @@ class SessionConfig:
     default_interrupt_response: bool = True
     history: HistoryLimits = field(default_factory=HistoryLimits)
     max_text_chars: int = 16_000  # one input_text or the instructions; Settings.max_text_chars
-    # The system message's tokens: instructions and tools (app.realtime.prompt_budget);
+    # The system message's tokens: instructions and tools (app.realtime.session_config);
     # Settings.instructions_max_tokens.
     max_instructions_tokens: int = 16_000
     # Client events past these are answered with an error and dropped (app.realtime.gate.EventGate);
@@ -551,3 +559,99 @@ def _turn_detection(
                 raise invalid_value(f"{param}.{key}", "must be a boolean")
             changes[key] = value[key]
     return dataclasses.replace(defaults, **changes)
+
+
+# ---- session_capabilities ----
+
+TOOLS_UNSUPPORTED = "tools_unsupported"
+IMAGES_UNSUPPORTED = "images_unsupported"
+_NO_CALLS = "This server's engine does not call functions"
+_NO_IMAGES = "This server's engine does not see images."
+
+
+def fitted(config: SessionConfig, capabilities: EngineCapabilities) -> SessionConfig:
+    """``config`` as it runs on an engine with ``capabilities``: what needs a missing capability off."""
+    if not capabilities.preemptible_turns:
+        detection, transcription = config.turn_detection, config.transcription
+        config = dataclasses.replace(
+            config,
+            turn_detection=None if detection is None else dataclasses.replace(detection, speculative_response=False),
+            transcription=None if transcription is None else dataclasses.replace(transcription, partials=False),
+            speculative_responses=False,
+            partial_transcripts=False,
+        )
+    if not capabilities.images and config.video.frames_per_turn:
+        config = dataclasses.replace(config, video=dataclasses.replace(config.video, frames_per_turn=0))
+    return config
+
+
+def first_config(config: SessionConfig, capabilities: EngineCapabilities) -> tuple[SessionConfig, ProtocolError | None]:
+    """The session a call starts with, fitted; a forced ``tool_choice`` the engine cannot keep
+    becomes ``auto``, with the error to send after ``session.created``."""
+    config = fitted(config, capabilities)
+    try:
+        check_tool_choice(config.tool_choice, capabilities, "session.tool_choice")
+    except ProtocolError as exc:
+        error = ProtocolError(exc.code, f"{exc.message} tool_choice stays 'auto'.", param=exc.param)
+        return dataclasses.replace(config, tool_choice=ToolChoice()), error
+    return config, None
+
+
+def check_tool_choice(choice: ToolChoice, capabilities: EngineCapabilities, param: str) -> None:
+    """``ProtocolError`` ``tools_unsupported`` naming ``param`` when ``choice`` forces a call the
+    engine cannot make."""
+    if not capabilities.function_calls and choice.mode in ("required", "function"):
+        raise ProtocolError(
+            TOOLS_UNSUPPORTED, f"{_NO_CALLS}: tool_choice may be 'auto' or 'none' (it answers without calling).",
+            param=param,
+        )
+
+
+def check_item(item: ClientItem, capabilities: EngineCapabilities) -> None:
+    """``ProtocolError`` for an item of ``conversation.item.create`` the engine could not read:
+    a function call or output without ``function_calls``, an image without ``images``."""
+    if not capabilities.function_calls and item.type in ("function_call", "function_call_output"):
+        raise ProtocolError(TOOLS_UNSUPPORTED, f"{_NO_CALLS}: its conversation holds no {item.type}.",
+                            param="item.type")
+    if not capabilities.images and isinstance(item, ClientMessageItem):
+        for index, part in enumerate(item.content):
+            if part.type == "input_image":
+                raise ProtocolError(IMAGES_UNSUPPORTED, _NO_IMAGES, param=f"item.content[{index}]")
+
+
+def check_pushed_image(capabilities: EngineCapabilities) -> None:
+    """``ProtocolError`` for an ``input_image_buffer.append`` on an engine without ``images``."""
+    if not capabilities.images:
+        raise ProtocolError(IMAGES_UNSUPPORTED, _NO_IMAGES, param="image")
+
+
+# ---- prompt_budget ----
+
+async def check_system_budget(instructions: str | None, tools: Sequence[Tool], *, budget: int, param: str) -> None:
+    """``ProtocolError`` ``invalid_value`` naming ``param`` when the system message of
+    ``instructions`` (None: Qwen's default prompt) and ``tools`` is over ``budget`` tokens.
+    Returns without suspending when its bytes are within the budget."""
+    system_prompt = DEFAULT_SYSTEM_PROMPT if instructions is None else instructions
+    if MESSAGE_MARKERS + text_tokens_bound(system_message_text(system_prompt, tools)) <= budget:
+        return
+    tokens = await asyncio.to_thread(system_tokens_at_most, system_prompt, tools, budget)
+    if tokens > budget:
+        raise ProtocolError(
+            "invalid_value",
+            f"The instructions and tools are {tokens:,} tokens; a session's budget for them is {budget:,} tokens.",
+            param=param,
+        )
+
+
+async def check_session(config: SessionConfig, *, since: SessionConfig | None = None, param: str = "session") -> None:
+    """``config``'s instructions and tools within its budget (not counted again when they are
+    ``since``'s, already checked). ``param``: the session object's name in the error."""
+    if since is not None and (since.instructions, since.tools) == (config.instructions, config.tools):
+        return
+    await check_system_budget(config.instructions, config.tools, budget=config.max_instructions_tokens, param=param)
+
+
+def session_param(session: Mapping[str, Any], prefix: str = "session") -> str:
+    """The field an over-budget session object is refused for: its tools when it gives them."""
+    return f"{prefix}.tools" if "tools" in session else f"{prefix}.instructions"
+

@@ -1,60 +1,253 @@
-"""Input audio transcription: Qwen3-Omni writes down what the user said, beside the answer.
+"""Input audio transcription: the user's words, final after the commit and partial while speaking.
 
-When the session sets ``audio.input.transcription``, every committed user audio item gets one
-engine turn of its own (``TurnRequest.transcription``: Qwen3-Omni's ASR prompt, text only,
-greedy) and the client gets OpenAI's events for it: ``…input_audio_transcription.delta`` as the
-words come, then ``.completed`` (the transcript and its token usage) or ``.failed`` (an error).
-The item's ``input_audio`` part carries the transcript from then on, and the history may keep
-the turn as that text once its audio no longer fits the audio budget.
-
-It must not slow the answer. A transcription is submitted to the engine only once the response
-started for the same commit has handed out its first audio (or ended): with a FIFO engine it
-then queues behind the answer's turn; with an engine that batches concurrent turns it joins the
-answer's batch after its first audio, never before. With no response running it is submitted at
-once (a commit without ``create_response``, or a client commit before its ``response.create``;
-on a FIFO engine that response then waits for this transcription).
-
-A clip of digital silence (every sample zero: the idle timeout's clip, a muted microphone's
-commit) holds no words: its transcript is "" without an engine turn, which could only cost a
-visitor's answer time and might make up words.
-
-A commit whose answer was speculative may bring its transcription already started
-(``app.realtime.speculation``: held, started after the held answer's first audio): when it
-transcribes exactly the committed clip it is promoted and its held events are released, in the
-same order and at the same point as a fresh turn's would be.
-
-Partial transcripts sent while the user spoke (``app.realtime.partial_transcripts``) come with
-the commit as what their deltas said (``PartialText``): the final transcription's deltas go on
-from there, appending what it says past those words when it starts with them, and nothing more
-when it revises them (the ``.completed`` transcript is the final text either way). Without
-partials every delta is sent as it comes, and the deltas concatenate to ``.completed``'s
-transcript. Each delta also carries the extensions ``partial`` (false here) and ``transcript``
-(the final text so far).
+:class:`Transcriptions` runs one Qwen3-Omni ASR turn per committed user item with
+``audio.input.transcription`` on (``conversation.item.input_audio_transcription.delta`` /
+``.completed`` / ``.failed``), after the answer has started, taking a speculative answer's own
+transcription when one ran. :class:`PartialTranscripts` transcribes the utterance so far about
+every second while the user speaks, as preemptible engine turns on spare capacity only, one in
+flight per session, and shows the words two hypotheses agree on (LocalAgreement-2, after
+whisper_streaming). docs/SESSION.md "Input audio transcription" and "Partial transcripts".
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import re
 from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from app.realtime.entries import Entry, UserEntry
 from app.realtime.failures import transcription_failed_event
 from app.realtime.held_turn import HeldTurn
-from app.realtime.partial_transcripts import PartialText
+from app.realtime.history import Entry, UserEntry
 from app.realtime.protocol import (
     ConversationItemInputAudioTranscriptionCompletedEvent,
     ConversationItemInputAudioTranscriptionDeltaEvent,
     TranscriptionInputTokenDetails,
     TranscriptionUsage,
+    new_id,
 )
 from app.realtime.session_config import InputTranscription
-from pipeline.contract import Engine, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest, Usage
+from app.realtime.turn_taking import SpeechSoFar
+from media.rates import SPEECH_RATE
+from pipeline.contract import (
+    NO_SPARE_CAPACITY,
+    PREEMPTED,
+    Engine,
+    EngineError,
+    TextDelta,
+    TurnDone,
+    TurnEvent,
+    TurnRequest,
+    Usage,
+)
 from pipeline.conversation import UserAudio
+
+# ---- partial_transcripts ----
+
+logger = logging.getLogger(__name__)
+
+# The cadence: "every second or so of speech" (issue 35). Qwen3-Omni's audio encoder makes 12.5
+# tokens a second, so a second adds ~13 audio tokens and, in English, 2-3 words.
+PARTIAL_INTERVAL_MS = 1_000
+# Past 4 s the step is this share of the audio so far: each partial transcribes the whole
+# utterance, so with fixed 1 s steps a 30 s segment's partials would transcribe 465 s of audio;
+# with this rule 13 partials transcribe ~140 s (~5x the audio, at most).
+STEP_SHARE = 0.25
+MAX_BACKOFF_DOUBLINGS = 3  # superseded partials in a row double the step, up to 8x
+
+# One word, as partial hypotheses are compared: its leading space and a run of non-space
+# characters, or one CJK character (Chinese and Japanese put no spaces between words); trailing space.
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
+_WORD = re.compile(rf"\s*(?:[{_CJK}]|[^\s{_CJK}]+)|\s+$")
+
+# (outcome, engine seconds): "started", then "done", "superseded", "cancelled", "refused",
+# "preempted" or "failed".
+PartialObserver = Callable[[str, float], None]
+
+
+def words(text: str) -> list[str]:
+    """``text`` cut into words as hypotheses are compared; they join back to ``text``."""
+    return _WORD.findall(text)
+
+
+def agreed_prefix(older: str, newer: str) -> str:
+    """The words two hypotheses start with alike (LocalAgreement-2's commit)."""
+    agreed: list[str] = []
+    for a, b in zip(words(older), words(newer), strict=False):
+        if a != b:
+            break
+        agreed.append(a)
+    return "".join(agreed)
+
+
+@dataclass
+class PartialText:
+    """What one item part's transcription deltas have said (``shown``: their concatenation, what
+    a client that appends them shows) and the newest partial hypothesis (``latest``)."""
+
+    content_index: int
+    shown: str = ""
+    latest: str | None = None
+
+    def partial(self, hypothesis: str) -> str | None:
+        """The ``delta`` of a new partial hypothesis: the words the previous one agreed on past
+        what was shown (often ""); None: nothing new to tell (the same text again, or a first empty one)."""
+        previous, self.latest = self.latest, hypothesis
+        if hypothesis == (previous or ""):
+            return None
+        agreed = "" if previous is None else agreed_prefix(previous, hypothesis)
+        return self._extend(agreed) or ""
+
+    def final(self, text: str) -> str | None:
+        """The ``delta`` of the final transcription's text so far: what it says past ``shown`` when
+        it starts with it; None otherwise (nothing new yet, or it revises what the partials said:
+        the ``.completed`` transcript tells the client)."""
+        return self._extend(text)
+
+    def _extend(self, text: str) -> str | None:
+        if len(text) <= len(self.shown) or not text.startswith(self.shown):
+            return None
+        delta, self.shown = text[len(self.shown):], text
+        return delta
+
+
+class PartialTranscripts:
+    """One session's partial transcripts: the item being spoken, the partial in flight, the cadence.
+
+    ``content_index``: the audio part's index a commit now would give it. ``close()`` cancels the
+    partial in flight and awaits every one it started (safe twice).
+    """
+
+    def __init__(self, engine: Engine, emit: Callable[[Any], None], content_index: Callable[[], int], *,
+                 session_id: str, on_outcome: PartialObserver | None = None) -> None:
+        self._engine = engine
+        self._emit = emit
+        self._content_index = content_index
+        self._session_id = session_id
+        self._on_outcome = on_outcome
+        self._item_id: str | None = None  # the item being spoken
+        self._text: PartialText | None = None  # what its partials have said
+        self._next_due = 0  # its audio, in samples, at which the next partial is due
+        self._superseded = 0  # partials superseded in a row
+        self._current: HeldTurn | None = None
+        self._stopping: list[HeldTurn] = []  # cancelled, maybe still stopping in the engine
+        self._closed = False
+
+    def __len__(self) -> int:
+        """Partial turns still running (stats)."""
+        return int(self._current is not None) + sum(not held.stopped for held in self._stopping)
+
+    def heard(self, speech: SpeechSoFar | None, settings: InputTranscription | None) -> None:
+        """After each piece of input: the item being spoken (None: none) and the session's transcription."""
+        if self._closed:
+            return
+        if speech is None:
+            if self._item_id is not None:
+                self.stop()  # dropped without a commit (input_audio_buffer.clear, a turn detection change)
+            return
+        if speech.item_id != self._item_id:
+            self.stop()
+            self._item_id = speech.item_id
+            self._next_due = PARTIAL_INTERVAL_MS * SPEECH_RATE // 1000
+        if settings is None or not settings.partials:
+            self._cancel("cancelled")
+            return
+        if speech.hearing and speech.samples >= self._next_due:
+            self._start(speech, settings)
+
+    def committed(self, item_id: str) -> PartialText | None:
+        """``item_id`` was committed: its partial in flight is cancelled; what its partials said
+        is handed to the final transcription."""
+        text = self._text if item_id == self._item_id else None
+        self.stop()
+        return text
+
+    def stop(self) -> None:
+        """The utterance is over (committed or dropped): nothing of it is transcribed partially any more."""
+        self._cancel("cancelled")
+        self._item_id = None
+        self._text = None
+        self._superseded = 0
+
+    async def close(self) -> None:
+        self._closed = True
+        self.stop()
+        stopping, self._stopping = self._stopping, []
+        for held in stopping:
+            await held.close()
+
+    def _start(self, speech: SpeechSoFar, settings: InputTranscription) -> None:
+        if self._current is not None:
+            self._superseded += 1
+            self._cancel("superseded")
+        pcm = speech.audio()
+        step = max(PARTIAL_INTERVAL_MS * SPEECH_RATE // 1000, int(pcm.size * STEP_SHARE))
+        # From the point it was due (the audio comes in 20 ms pieces, or more: no drift), unless
+        # it started later than that by a step or more (after a pause).
+        anchor = self._next_due if pcm.size - self._next_due < step else pcm.size
+        self._next_due = anchor + step * 2 ** min(self._superseded, MAX_BACKOFF_DOUBLINGS)
+        if not np.any(pcm):
+            return  # digital silence (a muted microphone) holds no words
+        request = dataclasses.replace(TurnRequest.transcription(UserAudio(pcm), settings.hint()),
+                                      preemptible_id=new_id("partial"))
+        self._report("started", 0.0)
+        self._current = HeldTurn(self._engine, request, name=f"partial transcript {speech.item_id}",
+                                 on_end=self._ended)
+
+    def _ended(self, held: HeldTurn) -> None:
+        """A partial ended by itself: shown if it has a transcript, else forgotten."""
+        if held is not self._current:
+            return
+        self._current = None
+        code = held.engine_code
+        if code == NO_SPARE_CAPACITY:
+            self._report("refused", 0.0)
+            return
+        if code == PREEMPTED:
+            self._report("preempted", held.engine_seconds())
+            return
+        done = held.done
+        if done is None:
+            logger.warning("session %s: a partial transcript failed (%r); the final transcription is unaffected",
+                           self._session_id, held.error)
+            self._report("failed", held.engine_seconds())
+            return
+        self._superseded = 0
+        self._report("done", held.engine_seconds())
+        self._show(done.text)
+
+    def _show(self, hypothesis: str) -> None:
+        assert self._item_id is not None
+        index = self._content_index()
+        if self._text is None or self._text.content_index != index:
+            self._text = PartialText(index)
+        delta = self._text.partial(hypothesis)
+        if delta is not None:
+            self._emit(ConversationItemInputAudioTranscriptionDeltaEvent(
+                item_id=self._item_id, content_index=index, delta=delta, partial=True, transcript=hypothesis,
+            ))
+
+    def _cancel(self, outcome: str) -> None:
+        held, self._current = self._current, None
+        if held is None:
+            return
+        self._report(outcome, held.engine_seconds())
+        held.cancel()
+        self._stopping = [other for other in self._stopping if not other.stopped]
+        self._stopping.append(held)
+
+    def _report(self, outcome: str, engine_seconds: float) -> None:
+        if self._on_outcome is not None:
+            self._on_outcome(outcome, engine_seconds)
+
+
+# ---- transcription ----
 
 # Given a transcription request, the held turn already running it (the caller's to own), or None.
 HeldTranscriptions = Callable[[TurnRequest], HeldTurn | None]
@@ -190,3 +383,4 @@ class Transcriptions:
     def _fail(self, item_id: str, content_index: int, code: str, cause: BaseException | str) -> None:
         where = f"session {self._session_id}: transcribing {item_id}"
         self._emit(transcription_failed_event(code, cause, where=where, item_id=item_id, content_index=content_index))
+

@@ -12,12 +12,12 @@ from typing import Any
 from app.calls.registry import OnClosed
 from app.config import Settings
 from app.metrics import Metrics
-from app.realtime.ledger import AudioOutput
-from app.realtime.semantic_vad import EngineTextJudge, TextJudge
+from app.realtime.playback import AudioOutput
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
-from app.webrtc.call import Call, SessionFactory, new_call_id
-from app.webrtc.ice import IceServer, rest_api_credentials, rtc_configuration
+from app.realtime.turn_taking import EngineTextJudge, TextJudge
+from app.transports.webrtc.ice import IceServer, rest_api_credentials, rtc_configuration
+from app.transports.webrtc.peer_call import Call, SessionFactory, new_call_id
 from media.end_of_turn_model import EndOfTurnModel, SmartTurnModel, default_turn_model_path
 from media.vad import SpeechModel
 from pipeline.contract import Engine, EngineCapabilities

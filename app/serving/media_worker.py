@@ -35,7 +35,7 @@ from app.resources import process_resources
 from app.serving.call_factory import load_end_of_turn_model, new_call, session_factory
 from app.serving.engines import for_session
 from app.serving.ipc import MessageTooLarge, post, receive
-from app.webrtc.call import Call, OfferError
+from app.transports.webrtc.peer_call import Call, OfferError
 from media.end_of_turn_model import EndOfTurnModel
 from media.vad import SileroVad
 from pipeline.contract import EngineCapabilities, EngineError, TurnEvent, TurnRequest

@@ -34,7 +34,7 @@ from app.metrics import FamilySamples
 from app.realtime.session_config import SessionConfig
 from app.serving.ipc import MessageTooLarge, post, receive
 from app.serving.media_worker import STOP_SIGNALS, run_media_worker
-from app.webrtc.call import OfferError
+from app.transports.webrtc.peer_call import OfferError
 from pipeline.contract import Engine, EngineError
 
 logger = logging.getLogger(__name__)

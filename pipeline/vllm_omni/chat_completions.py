@@ -27,7 +27,7 @@ The request (:func:`chat_request`):
   ``function_calls``): tools offered with ``tool_choice`` ``auto`` are left out (the model answers
   without calling, as before tools were read at all). A turn that must call (``required``, a
   named function) or holds function calls or outputs is one no session sends (it refuses them up
-  front, ``app.realtime.session_capabilities``); given one, this raises :class:`ToolsUnsupported`
+  front, ``app.realtime.session_config``); given one, this raises :class:`ToolsUnsupported`
   rather than send it as a turn that may answer without calling.
 
 The stream (:func:`read_chunk`): server-sent events, each ``data:`` one JSON chunk, then

@@ -17,9 +17,9 @@ from pydantic import SecretStr
 
 from app.cli import _settings, build_parser, default_in_words, main, readme_with_configuration_tables, serve_flags
 from app.config import Settings
-from app.realtime.semantic_vad import EngineTextJudge
+from app.http.server import _base_session_config, create_app
+from app.realtime.turn_taking import EngineTextJudge
 from app.serving.call_factory import text_judge
-from app.web.server import _base_session_config, create_app
 from tests.e2e.conftest import serving_in_process
 from tests.fakes import FULL_CAPABILITIES, ScriptedEngine
 

@@ -186,7 +186,7 @@ async def test_closing_a_metered_turn_closes_the_engine_turn():
 
 
 def test_network_samples_move_the_packet_counters_and_the_end_observes_the_call():
-    from app.webrtc.network import NetworkFigures
+    from app.transports.webrtc.network import NetworkFigures
 
     metrics = Metrics()
     observer = metrics.observer(Clock())

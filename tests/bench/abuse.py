@@ -276,14 +276,14 @@ def _serve(port: int) -> None:
     import uvicorn
 
     from app.config import Settings
-    from app.web.server import create_app
+    from app.http.server import create_app
     from tests.fakes import ScriptedEngine
 
     settings = Settings(media_workers=1)
     app = create_app(settings, engine=ScriptedEngine())
     options: dict[str, Any] = {"ws_max_size": 32 * 1024 * 1024, "ws_per_message_deflate": False}  # as `serve` runs it
     with contextlib.suppress(ImportError):
-        from app.web.websocket import websocket_server_options
+        from app.http.socket_route import websocket_server_options
 
         options = websocket_server_options(settings)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", proxy_headers=False, **options)
@@ -321,7 +321,7 @@ def _fit_png(side: int) -> dict[str, Any]:
 
 
 async def case_judge() -> dict[str, Any]:
-    from app.realtime.semantic_vad import WordsVerdict
+    from app.realtime.turn_taking import WordsVerdict
     from tests.fakes import ScriptedEngine, SessionHarness
     from tests.speech import silence, tone
 

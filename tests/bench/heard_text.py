@@ -9,7 +9,7 @@ utterance with, is when its last word ends in the whole sentence. At cuts of 10%
 sentence's audio, the tokens really heard (whole words spoken by then, counted in Qwen tokens)
 are compared with:
 
-- ``app.realtime.heard.tokens_heard`` on a complete answer (the text's share of the audio);
+- ``app.realtime.history.tokens_heard`` on a complete answer (the text's share of the audio);
 - the same rule on an answer cut while generating (3.5 tokens a second);
 - the rule before it: one token per 80 ms codec frame played.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from harness import machine, read_wav, write_report  # this folder: a script's is first on sys.path
 
-from app.realtime.heard import tokens_heard
+from app.realtime.history import tokens_heard
 from media.rates import VOICE_RATE
 from pipeline.local.tokenizer import build_tokenizer
 

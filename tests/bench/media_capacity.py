@@ -111,7 +111,7 @@ def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from app.config import Settings
-    from app.web.server import create_app
+    from app.http.server import create_app
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.sched_setaffinity(0, parse_cores(args.server_cores))
@@ -172,7 +172,7 @@ class LoopingClient:
         import httpx
         from aiortc import RTCPeerConnection, RTCSessionDescription
 
-        from app.webrtc.ice import loopback_candidates
+        from app.transports.webrtc.ice import loopback_candidates
         from media.inbound import release_audio_promptly
         from media.opus import OpusTrack  # the clients' own encoding costs them less (media/opus.py)
 

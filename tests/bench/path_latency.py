@@ -69,8 +69,8 @@ from e2e_latency import FINISHED, UTTERANCES, VAD_ALIGNMENTS  # noqa: E402
 from harness import machine, write_report  # noqa: E402
 
 from app.client.webrtc import AUDIBLE_PEAK, MicrophoneTrack  # noqa: E402
-from app.webrtc.ice import loopback_candidates  # noqa: E402
-from app.webrtc.sdp import with_opus_inband_fec  # noqa: E402
+from app.transports.webrtc.ice import loopback_candidates  # noqa: E402
+from app.transports.webrtc.sdp import with_opus_inband_fec  # noqa: E402
 from media.detector_events import UtteranceCommitted
 from media.detector_params import HYSTERESIS, TurnDetectionParams
 from media.inbound import InboundAudio  # noqa: E402

@@ -1,5 +1,5 @@
 """What a hostile data-channel peer costs the event loop and memory: aiortc's receive path alone
-(before, issue 34) against it behind app/webrtc/sctp_guard.py (after).
+(before, issue 34) against it behind app/transports/webrtc/sctp_guard.py (after).
 
 Run: .venv/bin/python tests/bench/sctp_abuse.py [--count 16000] [--zero-length 200000] [--skip-before]
      [--out tests/bench/results/sctp_abuse.json]
@@ -39,7 +39,7 @@ from typing import Any
 from aiortc.rtcsctptransport import DataChunk, RTCSctpTransport
 from harness import machine, write_report  # this folder: a script's is first on sys.path
 
-from app.webrtc.sctp_guard import Refusal, guard_data_channel
+from app.transports.webrtc.sctp_guard import Refusal, guard_data_channel
 from tests import hostile_sctp
 
 FIRST_TSN = 1_000

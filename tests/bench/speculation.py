@@ -49,8 +49,8 @@ from turn_taking import (
     load_fixtures,
 )
 
-from app.realtime.semantic_vad import END_OF_TURN_BY_EAGERNESS
 from app.realtime.speculation import MAX_PER_UTTERANCE
+from app.realtime.turn_taking import END_OF_TURN_BY_EAGERNESS
 from media.detector_events import EndOfTurnCheck, SilenceStarted, SpeechResumed, SpeechStarted, UtteranceCommitted
 from media.detector_params import EndOfTurnPolicy, TurnDetectionParams
 from media.end_of_turn_model import SmartTurnModel, default_turn_model_path

@@ -31,7 +31,7 @@ import psutil
 import soundfile as sf
 from harness import machine, write_report  # this folder: a script's is first on sys.path
 
-from app.realtime.semantic_vad import END_OF_TURN_BY_EAGERNESS, EngineTextJudge
+from app.realtime.turn_taking import END_OF_TURN_BY_EAGERNESS, EngineTextJudge
 from media.detector_events import EndOfTurnCheck, UtteranceCommitted
 from media.detector_params import EndOfTurnPolicy, TurnDetectionParams
 from media.end_of_turn_model import SmartTurnModel, default_turn_model_path

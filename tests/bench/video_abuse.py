@@ -4,7 +4,7 @@ stream at ~30 KB/s (issue 34: aiortc decoded every frame, 25 MB each, and queued
 Run: .venv/bin/python tests/bench/video_abuse.py [--sizes 640 4096] [--seconds 20] [--fps 10]
      [--out tests/bench/results/video_abuse.json]
 
-One process holds both ends on 127.0.0.1: a call (``app.webrtc.call.Call``) whose session stand-in
+One process holds both ends on 127.0.0.1: a call (``app.transports.webrtc.peer_call.Call``) whose session stand-in
 wants a camera frame every second at the session's default budget (100,352 pixels), and an aiortc
 peer whose camera sends one flat grey key frame and 9 inter frames coded once by libvpx
 (``tests/hostile_video.py``: ~28 KB and ~0.3 KB each), over and over at ``--fps``. The process's
@@ -28,8 +28,8 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from harness import machine, write_report  # this folder: a script's is first on sys.path
 
 from app.client.webrtc import MicrophoneTrack
-from app.webrtc.call import Call
-from app.webrtc.ice import loopback_candidates, rtc_configuration
+from app.transports.webrtc.ice import loopback_candidates, rtc_configuration
+from app.transports.webrtc.peer_call import Call
 from media.frames import FramePlan, SampledFrame
 from pipeline.images import fitted_size
 from tests import hostile_video

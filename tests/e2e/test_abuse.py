@@ -23,7 +23,7 @@ import pytest
 
 from app.client.webrtc import RealtimeClient
 from app.config import Settings
-from app.web.server import create_app
+from app.http.server import create_app
 from tests import hostile_sctp, hostile_video
 from tests.e2e.conftest import serving_in_process
 from tests.fakes import ScriptedEngine

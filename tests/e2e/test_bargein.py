@@ -14,7 +14,7 @@ import pytest_asyncio
 from app.cli import read_utterance
 from app.client.webrtc import RealtimeClient
 from app.config import Settings
-from app.web.server import create_app
+from app.http.server import create_app
 from media.rates import WIRE_RATE
 from pipeline.conversation import AssistantText
 from tests.e2e.conftest import serving_in_process

@@ -32,8 +32,8 @@ import pytest
 from playwright.async_api import Page, async_playwright
 
 from app.config import Settings
-from app.web.call_refusals import capacity_error
-from app.web.server import create_app
+from app.http.call_refusals import capacity_error
+from app.http.server import create_app
 from tests.e2e.browser_chromium import Silence, launch_chromium, write_fake_microphone
 from tests.e2e.conftest import get_json, open_sessions, serving_in_process, wait_for_sessions
 from tests.fakes import ScriptedEngine

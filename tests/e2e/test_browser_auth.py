@@ -13,7 +13,7 @@ import pytest
 from playwright.async_api import Page, async_playwright
 
 from app.config import Settings
-from app.web.server import create_app
+from app.http.server import create_app
 from tests.e2e.browser_chromium import Silence, launch_chromium, write_fake_microphone
 from tests.e2e.conftest import serving_in_process
 from tests.fakes import ScriptedEngine

@@ -41,7 +41,7 @@ from websockets.exceptions import InvalidStatus
 from app.cli import read_utterance
 from app.client.webrtc import RealtimeClient
 from app.client.websocket import RealtimeSocketClient
-from app.web.tls import ensure_self_signed
+from app.http.tls import ensure_self_signed
 from tests.e2e.browser_chromium import Silence, launch_chromium, write_fake_microphone
 from tests.e2e.conftest import DISCONNECT_TIMEOUT_S, GENERATION, free_port
 from tests.e2e.deploy_doc import deploy_block, env_file, unit_value

@@ -27,7 +27,7 @@ import pytest
 
 from app.client.webrtc import RealtimeClient
 from app.config import Settings
-from app.web.server import create_app
+from app.http.server import create_app
 from media.outbound import OutboundAudioTrack
 from tests.clock import FakeClock
 from tests.e2e.conftest import get_json, serving_in_process, wait_for_sessions
@@ -241,7 +241,7 @@ async def test_a_client_that_stops_reading_its_events_is_ended_with_the_reason_l
     # 200,000 words so that it is still being generated when the call is released, however slowly
     # the release runs on a loaded machine (with 20,000 the rest was written, sent nowhere, in the
     # ~0.3 s a loaded CI run took to release the call, and nothing was left to cancel).
-    monkeypatch.setattr("app.webrtc.call.MAX_BUFFERED_EVENT_BYTES", 1024 * 1024)
+    monkeypatch.setattr("app.transports.webrtc.peer_call.MAX_BUFFERED_EVENT_BYTES", 1024 * 1024)
     caplog.set_level(logging.INFO, logger="app.calls.lifecycle")  # "call … ended: client_not_reading"
     engine = ScriptedEngine(" ".join(["word"] * 200_000))
     async with serving(engine, media_workers=1, disconnect_timeout_s=DEADLINE_S) as url:

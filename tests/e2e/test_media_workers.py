@@ -24,7 +24,7 @@ import pytest
 from app.client.base import ClientError
 from app.client.webrtc import RealtimeClient
 from app.config import Settings
-from app.web.server import create_app
+from app.http.server import create_app
 from pipeline.conversation import HistoryLimits
 from tests.e2e.conftest import free_port, serving_in_process
 from tests.fakes import ScriptedEngine
@@ -165,7 +165,7 @@ async def test_workers_end_with_a_front_killed_outright(tmp_path) -> None:
     serve = textwrap.dedent(f"""
         import uvicorn
         from app.config import Settings
-        from app.web.server import create_app
+        from app.http.server import create_app
         from tests.fakes import ScriptedEngine
         settings = Settings(ice_loopback=True, cache_dir={str(tmp_path)!r}, media_workers=2)
         uvicorn.run(create_app(settings, engine=ScriptedEngine()), host="127.0.0.1", port={port}, log_level="warning")

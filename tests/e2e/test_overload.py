@@ -14,7 +14,7 @@ import httpx
 
 from app.client.webrtc import RealtimeClient
 from app.config import Settings
-from app.web.server import create_app
+from app.http.server import create_app
 from tests.e2e.conftest import serving_in_process
 from tests.fakes import ScriptedEngine
 

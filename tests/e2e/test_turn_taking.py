@@ -16,7 +16,7 @@ import pytest_asyncio
 from app.cli import read_utterance
 from app.client.webrtc import RealtimeClient
 from app.config import Settings
-from app.web.server import create_app
+from app.http.server import create_app
 from tests.e2e.conftest import serving_in_process
 from tests.fakes import ScriptedEngine
 

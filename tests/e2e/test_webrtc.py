@@ -22,7 +22,7 @@ from app.cli import read_utterance
 from app.client.turn import TurnResult
 from app.client.webrtc import RealtimeClient
 from app.config import Settings
-from app.web.server import create_app
+from app.http.server import create_app
 from tests.e2e.conftest import open_sessions, serving_in_process, wait_for_sessions
 from tests.fakes import ScriptedEngine
 

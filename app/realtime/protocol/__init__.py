@@ -27,7 +27,7 @@ Extensions, clearly named and ignored by clients that do not know them:
   committed utterance as the call's video frames do) and ``session.finish`` (answered with
   ``session.finished``, after which the session takes nothing more): DashScope's events, taken
   from any client.
-- The DashScope dialect (``app.realtime.dashscope``) renames server events for Qwen's own
+- The DashScope dialect (``app.transports.websocket.dashscope``) renames server events for Qwen's own
   realtime clients: ``DASHSCOPE_EVENT_NAMES`` (``dashscope_names.py``).
 """
 

@@ -1,5 +1,5 @@
 """DashScope's names for server events: Qwen's hosted qwen-omni realtime API (and its SDK,
-``dashscope.audio.qwen_omni``) speaks OpenAI's beta names (``app.realtime.dashscope``)."""
+``dashscope.audio.qwen_omni``) speaks OpenAI's beta names (``app.transports.websocket.dashscope``)."""
 
 from __future__ import annotations
 

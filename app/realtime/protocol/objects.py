@@ -329,4 +329,4 @@ class ResponseLatency(ServerModel):
     other_ms: float
     speculative: bool = False
     speculation_hidden_ms: float = 0.0
-    network: NetworkLatency | None = None  # WebRTC calls: added by the call (app/webrtc/network.py)
+    network: NetworkLatency | None = None  # WebRTC calls: added by the call (app/transports/webrtc/network.py)

@@ -29,8 +29,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.config import Settings
+from app.http.server import create_app
 from app.realtime.protocol import CLIENT_EVENT_TYPES, SessionFinishedEvent
-from app.web.server import create_app
 from tests.e2e.conftest import free_port
 from tests.fakes import ScriptedEngine, SessionHarness, SocketSessionHarness
 

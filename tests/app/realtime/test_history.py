@@ -5,9 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.realtime.entries import AssistantEntry, FunctionCallEntry, FunctionOutputEntry, UserEntry
-from app.realtime.history import MAX_UNANSWERED_ITEMS, History, pruned, within_budget
-from app.realtime.ledger import Playback
+from app.realtime.history import (
+    MAX_UNANSWERED_ITEMS,
+    AssistantEntry,
+    FunctionCallEntry,
+    FunctionOutputEntry,
+    History,
+    Playback,
+    UserEntry,
+    pruned,
+    within_budget,
+)
 from app.realtime.protocol import ConversationItemCreateEvent, ProtocolError
 from media.rates import SPEECH_RATE
 from pipeline.conversation import IMAGE_NOTE, AssistantText, HistoryLimits, UserAudio, UserImage, UserText

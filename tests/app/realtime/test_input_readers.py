@@ -8,14 +8,8 @@ from typing import Literal
 import numpy as np
 import pytest
 
-from app.realtime.input_readers import (
-    checked_text,
-    decode_input_audio,
-    decode_pcm16,
-    read_assistant_item,
-    read_item_audio,
-    read_user_content,
-)
+from app.realtime.history import checked_text, read_assistant_item, read_user_content
+from app.realtime.input import decode_input_audio, decode_pcm16, read_item_audio
 from app.realtime.protocol import (
     ClientContentPart,
     InputAudioContent,

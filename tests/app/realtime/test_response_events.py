@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from app.realtime.entries import AssistantEntry
+from app.realtime.history import AssistantEntry
 from app.realtime.protocol import server_event_adapter
-from app.realtime.response import Response
-from app.realtime.response_events import announce_events, delta_event, finish_events
+from app.realtime.response import Response, announce_events, delta_event, finish_events
 from app.realtime.session_config import SessionConfig
 from pipeline.contract import TurnDone, TurnTimings, Usage
 

@@ -8,16 +8,15 @@ from typing import Any
 
 import pytest
 
-from app.realtime.answer_audio import AnswerAudio
 from app.realtime.history import History
-from app.realtime.response import Response
-from app.realtime.response_run import ResponsePort, ResponseRun
+from app.realtime.playback import AnswerAudio
+from app.realtime.response import Response, ResponseContext, ResponseRun
 from app.realtime.session_config import SessionConfig
 from pipeline.contract import EngineError, TextDelta, TurnEvent, TurnRequest
 from tests.fakes import ScriptedEngine, VirtualAudioOutput
 
 
-class RecordedPort:
+class RecordedOwner:
     """A session as the run sees it: every event it emits and every call it makes, in order."""
 
     def __init__(self, engine: ScriptedEngine, config: SessionConfig) -> None:
@@ -26,18 +25,23 @@ class RecordedPort:
         self.config = config
         self.history = History()
         self.output = VirtualAudioOutput()
-        self.audio = AnswerAudio(self.output, self.history, self.emit, on_idle=lambda: None,
-                                 on_settled=lambda: None)
-        self.port = ResponsePort(
-            session_id="sess_test", engine=engine, history=self.history, audio=self.audio,
-            config=lambda: self.config, emit=self.emit, prune=lambda: self.calls.append("prune"),
-            release_speculation=lambda speculation: self.calls.append("release"),
-            finished=lambda run: self.calls.append(f"finished {run.id}"),
-            over=lambda run: self.calls.append(f"over {run.id}"),
-        )
+        self.audio = AnswerAudio(self.output)
+        self.context = ResponseContext("sess_test", engine, self.history, self.audio)
 
     def emit(self, event: Any) -> None:
         self.events.append(event.to_json())
+
+    def prune_history(self) -> None:
+        self.calls.append("prune")
+
+    def release_speculation(self, speculation: Any) -> None:
+        self.calls.append("release")
+
+    def response_done(self, run: ResponseRun) -> None:
+        self.calls.append(f"finished {run.id}")
+
+    def response_over(self, run: ResponseRun) -> None:
+        self.calls.append(f"over {run.id}")
 
     def types(self) -> list[str]:
         return [event["type"] for event in self.events]
@@ -47,10 +51,10 @@ class RecordedPort:
         return done["response"]
 
 
-def start(engine: ScriptedEngine, config: SessionConfig) -> tuple[ResponseRun, RecordedPort]:
-    recorded = RecordedPort(engine, config)
+def start(engine: ScriptedEngine, config: SessionConfig) -> tuple[ResponseRun, RecordedOwner]:
+    recorded = RecordedOwner(engine, config)
     response = Response.for_session(config, "conv_test", started_at=0.0)
-    run = ResponseRun(response, recorded.port)
+    run = ResponseRun(response, recorded.context, recorded)
     run.start(None)
     return run, recorded
 
@@ -136,7 +140,7 @@ async def test_a_run_waits_for_the_cancelled_run_before_it_to_send_its_response_
     while "response.output_text.delta" not in recorded.types():
         await asyncio.sleep(0)
     first.cancel("client_cancelled")
-    second = ResponseRun(Response.for_session(config, "conv_test", started_at=0.0), recorded.port)
+    second = ResponseRun(Response.for_session(config, "conv_test", started_at=0.0), recorded.context, recorded)
     second.start(first)
     for _ in range(10):  # the second run would be announced by now if it did not wait
         await asyncio.sleep(0)
@@ -165,8 +169,8 @@ async def test_close_cancels_and_awaits_and_is_safe_twice():
 
 def test_a_run_never_started_has_no_task_to_await():
     config = SessionConfig()
-    run = ResponseRun(Response.for_session(config, "conv_test", started_at=0.0),
-                      RecordedPort(ScriptedEngine(), config).port)
+    owner = RecordedOwner(ScriptedEngine(), config)
+    run = ResponseRun(Response.for_session(config, "conv_test", started_at=0.0), owner.context, owner)
 
     with pytest.raises(RuntimeError, match="never started"):
         run.task  # noqa: B018

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from app.realtime import input_readers
+from app.realtime import input as input_module
 from app.realtime.failures import failure_message
 from app.realtime.session_config import SessionConfig, TurnDetection
 from app.realtime.turn_taking import ECHO_TAIL_MS
@@ -339,13 +339,13 @@ async def test_input_audio_items_are_decoded_off_the_event_loop(h, monkeypatch):
     # Issue 34: an item's audio was decoded and resampled on the loop (0.5 s for 14 MB of µ-law).
     loop_thread = threading.current_thread()
     threads = []
-    resample = input_readers.soxr.resample
+    resample = input_module.soxr.resample
 
     def recording(*args, **kwargs):
         threads.append(threading.current_thread())
         return resample(*args, **kwargs)
 
-    monkeypatch.setattr(input_readers.soxr, "resample", recording)
+    monkeypatch.setattr(input_module.soxr, "resample", recording)
     await h.send(type="conversation.item.create", item={"type": "message", "role": "user", "content": [
         {"type": "input_audio", "audio": base64.b64encode(bytes(48_000)).decode()}]})
     assert h.of_type("conversation.item.added") and threads and loop_thread not in threads

@@ -12,8 +12,7 @@ import json
 import pytest
 import pytest_asyncio
 
-from app.realtime.camera_frames import TurnFrames
-from app.realtime.input_images import DecodeBudget, read_item_images
+from app.realtime.input import DecodeBudget, TurnFrames, read_item_images
 from app.realtime.protocol import ClientContentPart, ProtocolError
 from app.realtime.session_config import DETAIL_MAX_PIXELS, SessionConfig, VideoInput
 from media.frames import SampledFrame

@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest_asyncio
 
-from app.realtime.entries import AssistantEntry, FunctionCallEntry, FunctionOutputEntry, UserEntry
-from app.realtime.history import pruned
+from app.realtime.history import AssistantEntry, FunctionCallEntry, FunctionOutputEntry, UserEntry, pruned
 from app.realtime.session_config import SessionConfig
 from pipeline.contract import (
     AudioChunk,

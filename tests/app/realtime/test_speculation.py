@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from app.config import Settings
+from app.http.server import _base_session_config
 from app.realtime.session_config import InputTranscription, SessionConfig, TurnDetection
-from app.web.server import _base_session_config
 from media.frames import SampledFrame
 from pipeline.conversation import UserAudio, UserImage, UserText
 from tests.app.realtime.test_session_tools import GET_TIME, PARIS, Answer, CallingEngine

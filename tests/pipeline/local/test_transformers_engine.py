@@ -11,7 +11,7 @@ import psutil
 import pytest
 import soundfile
 
-from app.realtime.semantic_vad import EngineTextJudge
+from app.realtime.turn_taking import EngineTextJudge
 from media.rates import VOICE_RATE
 from pipeline.contract import AudioChunk, EngineCapabilities, EngineError, TextDelta, TurnDone, TurnRequest
 from pipeline.conversation import Conversation, UserAudio, UserText

@@ -1,0 +1,32 @@
+"""What both session routes read before a session starts (``POST /v1/realtime/calls``,
+``GET /v1/realtime``): the serving runtime, and the session's config from what the client sent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import HTTPConnection
+
+from app.http.errors import ApiError
+from app.realtime.protocol import ProtocolError
+from app.realtime.session_config import SessionConfig, check_session, session_param
+from app.serving.runtime import Runtime
+
+
+def runtime_of(connection: HTTPConnection) -> Runtime:
+    """The serving runtime (a request's or a WebSocket's), or 503 while the server starts or stops."""
+    runtime: Runtime | None = getattr(connection.app.state, "runtime", None)
+    if runtime is None:
+        raise ApiError(503, "The server is starting or stopping.", type="server_error", code="unavailable")
+    return runtime
+
+
+async def read_session_config(partial: dict[str, Any], base: SessionConfig) -> SessionConfig:
+    """The session a call or WebSocket starts with; ``ApiError`` 400 for a bad or over-budget one."""
+    try:
+        config = SessionConfig.from_session(partial, base=base)
+        await check_session(config, since=base, param=session_param(partial))
+        return config
+    except ProtocolError as exc:
+        param = f"session.{exc.param}" if exc.param and not exc.param.startswith("session") else exc.param or "session"
+        raise ApiError(400, f"Invalid session: {exc.message}", code=exc.code, param=param) from None

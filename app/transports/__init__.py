@@ -1,0 +1,1 @@
+"""The transports that carry a realtime session: WebRTC calls and WebSockets."""
