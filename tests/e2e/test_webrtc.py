@@ -32,7 +32,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 UTTERANCES = ("hello.wav", "weather.wav")
 # With the server's GENERATION (conftest), answers are 12 to 24 tokens long.
 SESSION = {"type": "realtime", "max_output_tokens": 24}
-# The turn sequence of the protocol with server VAD (DESIGN.md §2), as a subsequence:
+# The events of one spoken turn under server VAD, in the order the session sends them, as a subsequence:
 # other events (deltas, output_item/content_part events) may come in between.
 VOICE_TURN_SEQUENCE = (
     "input_audio_buffer.speech_started",
