@@ -328,7 +328,7 @@ class Settings(BaseSettings):
         ge=1_000,
         description="a session's system message, its instructions and tools together, in Qwen tokens (counted "
         "exactly once their bytes pass it); past it session.update, response.create or the offer's / client "
-        "secret's session is refused with invalid_value naming the budget (app/realtime/prompt_budget.py)",
+        "secret's session is refused with invalid_value naming the budget (app/realtime/session_config.py)",
     )
     # The Thinker has 65,536 positions.
     max_prompt_tokens: Annotated[int, Flag(Concern.LIMITS, metavar="N")] = Field(
