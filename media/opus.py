@@ -1,7 +1,7 @@
 """Outbound Opus encoding in the track itself: aiortc's sender gets one packet per 20 ms frame.
 
 aiortc's sender, given raw audio frames, does three things per 20 ms frame that a voice
-server does not need (profiled at 12 calls on one core, issue 16):
+server does not need (profiled at 12 calls on one core):
 
 - computes the RFC 6465 audio level in a pure-Python loop over the 960 samples (~45 µs a frame);
 - hands every frame to a thread pool to encode and awaits the result (a future chained across

@@ -7,7 +7,7 @@ event loop, puts it on an unbounded ``queue.Queue`` read by its decoder thread, 
 every frame at whatever size the stream declares (VP8 up to 16383x16383) and puts the result on
 its track's unbounded ``asyncio.Queue`` for whoever reads the track. A camera stream at 4096x4096
 (a 25 MB frame) held 353 MB with 10 frames queued, at 30 KB/s; at 16000x16000 one frame is ~384
-MB (issue 34). And it decodes 15-30 frames a second while the session wants none.
+MB. And it decodes 15-30 frames a second while the session wants none.
 
 aiortc has no option or hook for either, so, as ``media.receiver_tap`` does for audio, this
 replaces two private attributes before the decoder thread starts (they are handed to it then):

@@ -36,9 +36,9 @@ MAX_SOURCE_PIXELS = 50_000_000
 # Pillow holds 4 bytes a pixel for RGB; RGB and grayscale are resized as decoded, any other mode
 # (RGBA, palette, 1-bit, 16-bit) is converted to RGB first, a full-size copy, as it always was
 # (the vision tower takes RGB; ``_WORKING_BYTES_PER_PIXEL``). 96 MiB
-# takes a 12 MP RGBA PNG (a 4K screenshot is 8.3 MP), 24 MP of RGB. Before issue 34 a 212 KB, 50 MP
-# RGBA PNG was decoded whole and converted: +415 MB and 2.7 s (the loaded dev box); it is now
-# refused from its header (tests/bench/abuse.py has the figures).
+# takes a 12 MP RGBA PNG (a 4K screenshot is 8.3 MP), 24 MP of RGB. A 212 KB, 50 MP RGBA PNG
+# decoded whole and converted costs +415 MB and 2.7 s, so it is refused from its header
+# (tests/bench/abuse.py has the figures).
 MAX_DECODE_BYTES = 96 * 1024 * 1024
 _WORKING_BYTES_PER_PIXEL = {"L": 1, "RGB": 4, "RGBA": 8, "LA": 8, "P": 5, "1": 5, "I;16": 6}
 _MOST_BYTES_PER_PIXEL = 8  # any other mode: 4 decoded, 4 as RGB

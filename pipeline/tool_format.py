@@ -17,7 +17,7 @@ The words and layout are the Qwen3 family chat template's tool branch, which Qwe
 added tokens of Qwen's vocabulary (151657, 151658, 151665, 151666), marked non-special: the
 tokenizer finds them in any text it encodes. Encoding the template's whole string would let a
 client forge them: a user's "</tool_response>" would close an output, a function output could
-open a call (issue 34). So this module writes *pieces*: text, and ``Markup`` for each of these
+open a call. So this module writes *pieces*: text, and ``Markup`` for each of these
 tokens the template itself writes; the renderer (``pipeline.local.prompt``) turns markup into its token
 and encodes text without ever finding one in it, as it keeps role tokens out of text. For the
 template's own words the ids are the ones its string tokenizes to (tests/pipeline/test_tool_format.py).

@@ -118,7 +118,7 @@ MAX_MANUAL_BUFFER_MS = 60_000
 # hours of audio in seconds (one append of 256 KiB, 5.5 s of PCM16, costs ~170 VAD windows
 # inline). Each append costs at least MIN_APPEND_CHARGE_MS, so tiny appends cannot make a flood
 # of events: at most 200 a second once the head start is spent, twice what 10 ms events in real
-# time need (issue 35: 10 ms events in real time lost 151 of 500 to the event count's 50 a second).
+# time need (10 ms events in real time, counted as events at 50 a second, lost 151 of 500).
 MAX_APPEND_AHEAD_MS = 20_000
 APPEND_RATE = 2.0
 MIN_APPEND_CHARGE_MS = 10.0

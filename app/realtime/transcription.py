@@ -52,7 +52,7 @@ from pipeline.conversation import UserAudio
 
 logger = logging.getLogger(__name__)
 
-# The cadence: "every second or so of speech" (issue 35). Qwen3-Omni's audio encoder makes 12.5
+# The cadence: "every second or so of speech". Qwen3-Omni's audio encoder makes 12.5
 # tokens a second, so a second adds ~13 audio tokens and, in English, 2-3 words.
 PARTIAL_INTERVAL_MS = 1_000
 # Past 4 s the step is this share of the audio so far: each partial transcribes the whole

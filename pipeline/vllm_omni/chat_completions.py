@@ -302,7 +302,7 @@ def decode_audio(content: str) -> np.ndarray:
     ``MAX_AUDIO_CHUNK_SECONDS``, its size checked from the base64 length and its header (rate,
     channels, sample format, length) before the samples are read. Any other format is refused
     unread: the link to vLLM-Omni is often plain HTTP, and 58 KB of FLAC decoded whole took 55 MB
-    in the front process, which holds every call (issue 34)."""
+    in the front process, which holds every call."""
     if len(content) > MAX_AUDIO_CONTENT_CHARS:
         raise MalformedChunk(f"an audio chunk of {len(content)} base64 characters; at most {MAX_AUDIO_CONTENT_CHARS}")
     try:

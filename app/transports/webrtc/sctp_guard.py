@@ -5,9 +5,9 @@ Why. aiortc reassembles data-channel messages in memory and keeps every DATA chu
 it advertises a 1 MiB receive window (``a_rwnd``) but drops nothing past it, and the answer's
 ``a=max-message-size`` (256 KiB) binds only a sender that reads it. Browsers (and aiortc's own
 sender) keep to both; a peer that keeps to neither could hold the worker's memory (one
-never-finished message grew by 20 MB in 40 s, issue 23) or its event loop, and with it every
+never-finished message grew by 20 MB in 40 s) or its event loop, and with it every
 call of the worker, because aiortc's receive path costs more per chunk the more it holds
-(aiortc 1.16, ``rtcsctptransport.py``; issue 34; the figures are tests/bench/sctp_abuse.py's):
+(aiortc 1.16, ``rtcsctptransport.py``; the figures are tests/bench/sctp_abuse.py's):
 
 - ``_mark_received`` sorts and filters the whole set of out-of-order TSNs on every chunk: 16,000
   one-byte chunks with every other TSN missing took 31 s of loop time (the cost grows with the
