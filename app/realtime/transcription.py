@@ -18,7 +18,6 @@ import logging
 import re
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -28,6 +27,7 @@ from app.realtime.history import Entry, UserEntry
 from app.realtime.protocol import (
     ConversationItemInputAudioTranscriptionCompletedEvent,
     ConversationItemInputAudioTranscriptionDeltaEvent,
+    EmitEvent,
     TranscriptionInputTokenDetails,
     TranscriptionUsage,
     new_id,
@@ -124,7 +124,7 @@ class PartialTranscripts:
     partial in flight and awaits every one it started (safe twice).
     """
 
-    def __init__(self, engine: Engine, emit: Callable[[Any], None], content_index: Callable[[], int], *,
+    def __init__(self, engine: Engine, emit: EmitEvent, content_index: Callable[[], int], *,
                  session_id: str, on_outcome: PartialObserver | None = None) -> None:
         self._engine = engine
         self._emit = emit
@@ -259,7 +259,7 @@ class Transcriptions:
     """The session's transcription tasks; ``close()`` cancels and awaits them (safe twice)."""
 
     def __init__(
-        self, engine: Engine, emit: Callable[[Any], None], holds_item: Callable[[Entry], bool], session_id: str
+        self, engine: Engine, emit: EmitEvent, holds_item: Callable[[Entry], bool], session_id: str
     ) -> None:
         self._engine = engine
         self._emit = emit

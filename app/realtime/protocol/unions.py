@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, get_args
 
 import pydantic_core
@@ -219,6 +220,8 @@ ServerEvent = Annotated[
     Field(discriminator="type"),
 ]
 server_event_adapter: TypeAdapter[ServerEvent] = TypeAdapter(ServerEvent)
+# How a session's parts send an event toward the client: the session's ``emit``.
+EmitEvent = Callable[[ServerEvent], None]
 
 
 def event_type(event: type[BaseModel]) -> str:
