@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -410,11 +410,24 @@ def call_events(response: Response, event: FunctionCallEvent, history: History) 
     return []
 
 
-def close_calls(response: Response, status: ResponseStatus, history: History) -> list[ServerEvent]:
+def check_arguments(response: Response) -> dict[str, str | None]:
+    """Why each call the model wrote whole is not what its function takes (None: it is), by item
+    id. The client's schema runs here, so a run calls this in a worker thread."""
+    return {
+        call.id: arguments_problem(response.tools, call.name, call.arguments)
+        for call in response.calls
+        if (written := response.written.get(call.id)) is not None and written.closed and written.well_formed
+    }
+
+
+def close_calls(
+    response: Response, status: ResponseStatus, history: History, checked: Mapping[str, str | None]
+) -> list[ServerEvent]:
     """Each call done as ``response`` ends with ``status``. A call the model wrote whole is
     completed unless the response was cancelled or failed; one it did not finish is incomplete
-    (and never reaches a prompt). Arguments that are not what the function takes are delivered as
-    written, and ``response.done`` says so (``response.call_problems``)."""
+    (and never reaches a prompt). Arguments that are not what the function takes (``checked``:
+    :func:`check_arguments`) are delivered as written, and ``response.done`` says so
+    (``response.call_problems``)."""
     events: list[ServerEvent] = []
     for call in response.calls:
         written = response.written.get(call.id)
@@ -422,7 +435,7 @@ def close_calls(response: Response, status: ResponseStatus, history: History) ->
         call.status = "completed" if made else "incomplete"
         if made and written is not None:
             problem = None if written.well_formed else 'the call is not {"name": …, "arguments": …}'
-            if problem or (problem := arguments_problem(response.tools, call.name, call.arguments)):
+            if problem or (problem := checked.get(call.id)):
                 response.call_problems.append(f"{call.call_id} ({call.name or 'no name'}): {problem}")
         events.extend(call_done_events(response, call, history.previous_id(call)))
     return events
@@ -566,9 +579,10 @@ class ResponseRun:
                         done = event
             if done is None:
                 raise EngineError("The engine ended the turn without TurnDone.", code="engine_protocol_error")
+            checked = await asyncio.to_thread(check_arguments, response) if response.calls else {}
             await response.wait_first_frame()
             status, reason = ended_as(response, done)
-            self._finish(status, reason=reason, done=done)
+            self._finish(status, reason=reason, done=done, checked=checked)
         except asyncio.CancelledError:
             self._finish("cancelled", reason=response.cancel_reason or "client_cancelled")
             raise
@@ -637,10 +651,11 @@ class ResponseRun:
         reason: str | None = None,
         done: TurnDone | None = None,
         failure: tuple[str, BaseException | str] | None = None,
+        checked: Mapping[str, str | None] | None = None,
     ) -> None:
         """Ends the response; a ``failure`` (its code, and its cause for the log) is told in an ``error`` event."""
         response, context, owner = self.response, self._context, self._owner
-        for event in close_calls(response, status, context.history):
+        for event in close_calls(response, status, context.history, checked or {}):
             owner.emit(event)
         if response.announced and not response.output:  # a plain answer has its item, even empty
             self._open_message()

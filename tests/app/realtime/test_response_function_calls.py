@@ -9,7 +9,7 @@ import pytest
 
 from app.realtime.history import AssistantEntry, FunctionCallEntry, History, UserEntry
 from app.realtime.protocol import InputTextContent, ResponseStatus, ServerEvent, server_event_adapter
-from app.realtime.response import Response, call_events, close_calls
+from app.realtime.response import Response, call_events, check_arguments, close_calls
 from app.realtime.session_config import SessionConfig
 from pipeline.contract import FunctionCallDelta, FunctionCallDone, FunctionCallStarted
 from pipeline.conversation import UserText
@@ -162,7 +162,7 @@ def test_a_closed_call_is_completed_only_when_its_response_completed_or_was_cut_
     made = response()
     history = history_with(made)
     call = written_call(made, history)
-    close_calls(made, response_status, history)
+    close_calls(made, response_status, history, check_arguments(made))
     assert call.status == call_status
     assert made.call_problems == []
 
@@ -171,7 +171,7 @@ def test_a_completed_call_gets_arguments_done_then_its_item_done_events():
     made = response()
     history = history_with(made)
     call = written_call(made, history)
-    events = close_calls(made, "completed", history)
+    events = close_calls(made, "completed", history, check_arguments(made))
     assert types(events) == [
         "response.function_call_arguments.done", "response.output_item.done", "conversation.item.done",
     ]
@@ -189,7 +189,7 @@ def test_a_call_the_model_did_not_close_is_incomplete_without_arguments_done():
     made = response()
     history = history_with(made)
     call = written_call(made, history, arguments='{"timezone": "Eur', closed=False)
-    events = close_calls(made, "completed", history)
+    events = close_calls(made, "completed", history, check_arguments(made))
     assert call.status == "incomplete"
     assert types(events) == ["response.output_item.done", "conversation.item.done"]
     assert events[0].to_json()["item"]["arguments"] == '{"timezone": "Eur'
@@ -201,7 +201,7 @@ def test_a_call_the_engine_never_finished_is_incomplete():
     history = history_with(made)
     call_events(made, FunctionCallStarted(0, "get_time"), history)
     call_events(made, FunctionCallDelta(0, '{"time'), history)
-    events = close_calls(made, "completed", history)
+    events = close_calls(made, "completed", history, check_arguments(made))
     assert made.calls[0].status == "incomplete"
     assert types(events) == ["response.output_item.done", "conversation.item.done"]
 
@@ -211,7 +211,7 @@ def test_every_call_of_a_cancelled_response_is_incomplete():
     history = history_with(made)
     written_call(made, history)
     written_call(made, history)
-    events = close_calls(made, "cancelled", history)
+    events = close_calls(made, "cancelled", history, check_arguments(made))
     assert [call.status for call in made.calls] == ["incomplete", "incomplete"]
     assert "response.function_call_arguments.done" not in types(events)
     assert types(events).count("response.output_item.done") == 2
@@ -222,7 +222,7 @@ def test_calls_are_closed_in_output_order_each_after_its_predecessor():
     history = history_with(made)
     first = written_call(made, history)
     second = written_call(made, history)
-    events = [event.to_json() for event in close_calls(made, "completed", history)]
+    events = [event.to_json() for event in close_calls(made, "completed", history, check_arguments(made))]
     item_done = [event for event in events if event["type"] == "conversation.item.done"]
     assert [event["item"]["id"] for event in item_done] == [first.id, second.id]
     assert [event["previous_item_id"] for event in item_done] == ["item_answer", first.id]
@@ -232,7 +232,7 @@ def test_a_call_that_is_not_well_formed_is_delivered_and_named_a_problem():
     made = response()
     history = history_with(made)
     call = written_call(made, history, name="", arguments="get_time Paris", well_formed=False)
-    events = close_calls(made, "completed", history)
+    events = close_calls(made, "completed", history, check_arguments(made))
     assert call.status == "completed"
     assert events[0].to_json()["arguments"] == "get_time Paris"
     assert made.call_problems == [f'{call.call_id} (no name): the call is not {{"name": …, "arguments": …}}']
@@ -242,7 +242,7 @@ def test_a_call_whose_arguments_do_not_fit_its_function_is_named_a_problem():
     made = response()
     history = history_with(made)
     call = written_call(made, history, arguments='{"city": "Paris"}')
-    close_calls(made, "completed", history)
+    close_calls(made, "completed", history, check_arguments(made))
     (problem,) = made.call_problems
     assert problem.startswith(f"{call.call_id} (get_time): the arguments do not match the parameters of 'get_time'")
 
@@ -251,7 +251,7 @@ def test_a_call_of_a_function_that_is_not_a_tool_is_named_a_problem():
     made = response()
     history = history_with(made)
     call = written_call(made, history, name="get_weather", arguments="{}")
-    close_calls(made, "completed", history)
+    close_calls(made, "completed", history, check_arguments(made))
     assert made.call_problems == [f"{call.call_id} (get_weather): the function 'get_weather' is not one of the tools"]
 
 
@@ -259,7 +259,7 @@ def test_a_call_that_was_never_made_is_no_problem():
     made = response()
     history = history_with(made)
     written_call(made, history, arguments="get_time Paris", well_formed=False)
-    close_calls(made, "cancelled", history)
+    close_calls(made, "cancelled", history, check_arguments(made))
     assert made.call_problems == []
 
 
@@ -270,6 +270,6 @@ def test_every_call_event_is_a_valid_server_event():
     events += call_events(made, FunctionCallDelta(0, PARIS), history)
     events += call_events(made, FunctionCallDone(0, "get_time", PARIS), history)
     events += call_events(made, FunctionCallStarted(1, "get_time"), history)
-    events += close_calls(made, "completed", history)
+    events += close_calls(made, "completed", history, check_arguments(made))
     for event in events:
         server_event_adapter.validate_python(event.to_json())
