@@ -34,6 +34,9 @@ from dataclasses import dataclass
 from app.realtime.protocol import APPEND_EVENT_TYPE
 
 _APPEND_MARK = APPEND_EVENT_TYPE
+# What an append may carry beside its audio: its type, an event_id and JSON's punctuation take
+# ~100 bytes (openai-python, the page, DashScope's SDK).
+APPEND_ENVELOPE_BYTES = 1_024
 _APPEND_MARK_BYTES = APPEND_EVENT_TYPE.encode()
 
 
@@ -72,13 +75,23 @@ class EventGate:
             return None  # rated by its audio once decoded, or by admit_parsed if it is no append
         return self._charge(size)  # a larger one is refused once parsed (an append has no image)
 
-    def admit_parsed(self, raw: str | bytes, *, append: bool) -> Rejection | None:
+    def admit_parsed(self, raw: str | bytes, *, audio_chars: int | None) -> Rejection | None:
         """Once parsed (or refused by the parser): an event :meth:`admit` let through as a possible
-        append that is not one pays its tokens now."""
+        append that is not one (``audio_chars`` None) pays its tokens now, and so does an append
+        that carries more than ``APPEND_ENVELOPE_BYTES`` beside its ``audio_chars`` of audio,
+        which is refused: the audio bucket bounds an append's audio, not what pads it."""
         size = _size(raw)
-        if append or size > self._max_bytes or not _may_be_append(raw):
-            return None  # an append, or an event admit() charged already
-        return self._charge(size)
+        if size > self._max_bytes or not _may_be_append(raw):
+            return None  # an event admit() charged already
+        if audio_chars is None:
+            return self._charge(size)
+        if size - audio_chars <= APPEND_ENVELOPE_BYTES:
+            return None  # an append: rated by its audio once decoded
+        return self._charge(size) or Rejection(
+            "invalid_value",
+            f"An input_audio_buffer.append carries its audio and an event_id: {size - audio_chars} bytes "
+            f"beside the audio is more than {APPEND_ENVELOPE_BYTES}; this event was dropped.",
+        )
 
     def _charge(self, size: int) -> Rejection | None:
         now = self._clock()

@@ -74,6 +74,12 @@ def decode_input_audio(
     return g711.decode(raw, format_type), g711.G711_RATE
 
 
+def audio_ms(data: str, format_type: str, pcm_rate: int = VOICE_RATE) -> float:
+    """The milliseconds of audio base64 ``data`` holds in ``format_type``, read off its length."""
+    rate, sample_bytes = (g711.G711_RATE, 1) if format_type in g711.G711_FORMATS else (pcm_rate, 2)
+    return base64_decoded_size(data) // sample_bytes * 1000 / rate
+
+
 def read_item_audio(
     content: Sequence[ClientContentPart], *, input_audio_format: str, max_seconds: float,
     input_audio_rate: int = VOICE_RATE,
@@ -169,8 +175,10 @@ class AppendDecoder:
         self._resampler: soxr.ResampleStream | None = None
 
     def decode(self, audio: str, *, input_audio_format: str, pcm_rate: int = VOICE_RATE) -> np.ndarray:
+        """The append's audio at 16 kHz. It is charged the duration its base64 claims before it is
+        decoded, so an append that fails to decode costs as much as one that does."""
+        self._admit(max(audio_ms(audio, input_audio_format, pcm_rate), MIN_APPEND_CHARGE_MS))
         pcm, rate = decode_input_audio(audio, input_audio_format, "audio", pcm_rate=pcm_rate)
-        self._admit(max(pcm.size * 1000 / rate, MIN_APPEND_CHARGE_MS))
         if self._resampler is None or self._format != (input_audio_format, rate):
             self._format = (input_audio_format, rate)  # a new format starts a new stream
             self._resampler = soxr.ResampleStream(rate, SPEECH_RATE, 1, dtype="float32")

@@ -235,13 +235,13 @@ class RealtimeSession:
         try:
             event = parse_client_event(raw)
         except ProtocolError:
-            self._check_rate(raw, append=False)
+            self._check_rate(raw, audio_chars=None)
             raise
-        self._check_rate(raw, append=isinstance(event, InputAudioBufferAppendEvent))
+        self._check_rate(raw, audio_chars=len(event.audio) if isinstance(event, InputAudioBufferAppendEvent) else None)
         return event
 
-    def _check_rate(self, raw: str | bytes, *, append: bool) -> None:
-        if (rejection := self._gate.admit_parsed(raw, append=append)) is not None:
+    def _check_rate(self, raw: str | bytes, *, audio_chars: int | None) -> None:
+        if (rejection := self._gate.admit_parsed(raw, audio_chars=audio_chars)) is not None:
             raise ProtocolError(rejection.code, rejection.message)
 
     def push_audio(self, pcm: np.ndarray) -> None:

@@ -46,7 +46,7 @@ def test_gate_does_not_count_audio_appends_wherever_their_type_stands():
     for _ in range(10):
         for append in appends:
             assert gate.admit(append) is None
-            assert gate.admit_parsed(append, append=True) is None
+            assert gate.admit_parsed(append, audio_chars=4) is None
     assert gate.admit("{}") is None  # the burst is still whole
 
 
@@ -56,7 +56,7 @@ def test_gate_charges_an_event_that_only_looked_like_an_append_once_parsed():
     answers = []
     for _ in range(3):
         assert gate.admit(lookalike) is None
-        answers.append(gate.admit_parsed(lookalike, append=False))
+        answers.append(gate.admit_parsed(lookalike, audio_chars=None))
     assert answers[:2] == [None, None]
     assert answers[2] is not None and answers[2].code == "rate_limit_exceeded"
 
@@ -67,3 +67,23 @@ def test_gate_charges_an_append_larger_than_any_append_before_parsing():
     assert gate.admit(large) is None  # charged all 5 tokens; refused once parsed (no image)
     refused = gate.admit("{}")
     assert refused is not None and refused.code == "rate_limit_exceeded"
+
+
+def test_gate_refuses_an_append_padded_beyond_its_audio_and_charges_it():
+    gate = EventGate(max_bytes=300_000, per_second=10, burst=2, clock=FakeClock())
+    padded = '{"type": "input_audio_buffer.append", "audio": "AAAA", "pad": "' + "x" * 240_000 + '"}'
+    first = gate.admit(padded)
+    refused = gate.admit_parsed(padded, audio_chars=4)
+
+    assert first is None
+    assert refused is not None and refused.code == "invalid_value" and "beside the audio" in refused.message
+    gate.admit_parsed(padded, audio_chars=4)
+    assert gate.admit("{}") is not None  # the padded appends paid the event rate: 240 KB each
+
+
+def test_gate_lets_an_append_with_its_usual_envelope_through_uncharged():
+    gate = EventGate(max_bytes=1_000, per_second=10, burst=1, clock=FakeClock())
+    append = '{"type": "input_audio_buffer.append", "audio": "AAAA", "event_id": "evt_' + "1" * 40 + '"}'
+    for _ in range(5):
+        assert gate.admit(append) is None and gate.admit_parsed(append, audio_chars=4) is None
+    assert gate.admit("{}") is None
