@@ -20,3 +20,18 @@ def test_session_config_reader_raises_only_protocol_errors(session):
         assert exc.message and exc.code
     else:
         config.to_session_object(session_id="sess_1", model="m", expires_at=0).model_dump(mode="json")
+
+
+def test_an_idle_timeout_below_openais_minimum_is_refused_naming_it():
+    for value in (0, 1, 4_999, -5):
+        try:
+            SessionConfig.from_session({"audio": {"input": {"turn_detection": {"type": "server_vad",
+                                                                                 "idle_timeout_ms": value}}}})
+        except ProtocolError as exc:
+            assert exc.code == "invalid_value" and exc.param.endswith("turn_detection.idle_timeout_ms")
+            assert "5000" in exc.message
+        else:
+            raise AssertionError(f"idle_timeout_ms {value} was taken")
+    taken = SessionConfig.from_session({"audio": {"input": {"turn_detection": {"type": "server_vad",
+                                                                                "idle_timeout_ms": 5_000}}}})
+    assert taken.turn_detection is not None and taken.turn_detection.idle_timeout_ms == 5_000
