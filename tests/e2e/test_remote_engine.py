@@ -200,12 +200,12 @@ async def test_webrtc_barge_in_closes_the_engine_servers_stream(server_url: str,
             start, mark = len(client.events), client.frames_received
             await client.say(read_utterance(FIXTURES / "hello.wav"))
             await first_audible_audio(client, mark)
-            answer = replay.requests[-1]
+            answer = latest_request(replay)
             await client.say(read_utterance(FIXTURES / "weather.wav"))  # the user talks over the answer
             done = await client.wait_for("response.done", start=start, timeout_s=DEADLINE_S)
             truncated = await client.wait_for("conversation.item.truncated", start=start, timeout_s=DEADLINE_S)
             await ended(answer)
-            next_answer = await next_request(replay, after=answer)
+            next_answer = await request_with_history(replay, after=answer, messages=4)
     finally:
         replay.pace, replay.answer_text, replay.answer = Pace(), HELLO, answer_audio("hello")
     assert done["response"]["status"] == "cancelled"
@@ -218,12 +218,23 @@ async def test_webrtc_barge_in_closes_the_engine_servers_stream(server_url: str,
     assert truncated["audio_end_ms"] > 0
 
 
-async def next_request(replay: ReplayServer, *, after: ReceivedRequest) -> ReceivedRequest:
-    """The first request the replay receives after ``after``."""
+def latest_request(replay: ReplayServer) -> ReceivedRequest:
+    """The request that arrived last: while an answer plays, the one it came from (a speculative
+    answer thrown away before it arrived earlier; the replay lists each request once its body has
+    been read, so under load in any order)."""
+    return max(replay.requests, key=lambda request: request.arrived_at)
+
+
+async def request_with_history(replay: ReplayServer, *, after: ReceivedRequest, messages: int) -> ReceivedRequest:
+    """The first request to arrive after ``after`` whose conversation holds ``messages`` messages
+    (a later turn's answer, speculative or not; not an earlier turn's request listed late)."""
     async with asyncio.timeout(DEADLINE_S):
-        while replay.requests[-1] is after:
+        while True:
+            later = [request for request in replay.requests
+                     if request.arrived_at > after.arrived_at and len(request.body["messages"]) >= messages]
+            if later:
+                return min(later, key=lambda request: request.arrived_at)
             await asyncio.sleep(0.02)
-    return replay.requests[-1]
 
 
 async def test_websocket_response_cancel_closes_the_engine_servers_stream(server_url: str, replay: ReplayServer) -> None:
@@ -235,7 +246,7 @@ async def test_websocket_response_cancel_closes_the_engine_servers_stream(server
                 "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tell me a story."}]}})
             await client.send({"type": "response.create"})
             await client.wait_for("response.output_audio.delta", start=start)
-            answer = replay.requests[-1]
+            answer = latest_request(replay)
             await client.send({"type": "response.cancel"})
             done = await client.wait_for("response.done", start=start)
             await ended(answer)
