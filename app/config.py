@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from pipeline.local.devices import usable_cores
+from pipeline.local.engine_messages import DEFAULT_MAX_BATCH
 from pipeline.token_count import ANSWER_OPENING_TOKENS, DEFAULT_MAX_PROMPT_TOKENS
 
 
@@ -151,7 +152,7 @@ class Settings(BaseSettings):
         1, ge=1, description="engine processes on a single device (several on a big CPU box)"
     )
     max_batch: Annotated[int, Flag(Concern.LOCAL_ENGINE)] = Field(
-        8, ge=1, description="turns one engine process decodes together; more wait first in, first out (queue_wait_ms)"
+        DEFAULT_MAX_BATCH, ge=1, description="turns one engine process decodes together; more wait first in, first out (queue_wait_ms)"
     )
     dtype: Annotated[Literal["auto", "float32", "bfloat16", "float16"], Flag(Concern.LOCAL_ENGINE)] = Field(
         "auto", description="the weights' dtype; auto: bfloat16 on a GPU, float32 on a CPU"

@@ -58,11 +58,15 @@ class TranscriptionHint:
     prompt: str | None = None  # free text: vocabulary, names, style
 
 
+# The sampling temperature of an answer when the client sets none (OpenAI's session default).
+DEFAULT_TEMPERATURE = 0.8
+
+
 @dataclass(frozen=True)
 class TurnRequest:
     conversation: Conversation
     voice: Voice = "ethan"
-    temperature: float = 0.8
+    temperature: float = DEFAULT_TEMPERATURE
     # None: until the Thinker stops by itself ("inf" in the protocol).
     max_output_tokens: int | None = None
     output_audio: bool = True

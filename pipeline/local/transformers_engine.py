@@ -58,6 +58,7 @@ from pipeline.contract import (
 from pipeline.local import engine_process
 from pipeline.local.emulation import EmulatedSpeed
 from pipeline.local.engine_messages import (
+    DEFAULT_MAX_BATCH,
     Cancel,
     EngineProcessSpec,
     LoadFailed,
@@ -74,10 +75,6 @@ logger = logging.getLogger(__name__)
 # A load can fail for passing reasons (a GPU briefly full); one that fails three times in a
 # row will not succeed on its own.
 _RESTART_ATTEMPTS = 3
-# Turns decoded together by default: on a GPU a step for 8 rows costs little more than one;
-# on the 2-core dev box (dev model, 1 thread) 4 turns make 2.2-2.5x the codec frames/s of one
-# and 8 about 1.8x (tests/bench/batch.py), still far above one at a time.
-DEFAULT_MAX_BATCH = 8
 # How long a stopping engine process gets to finish its current decoding step and exit
 # before it is killed; one step of the real model takes well under a second.
 _STOP_GRACE_S = 10.0
