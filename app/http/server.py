@@ -41,7 +41,7 @@ from app.realtime.session_config import (
     fitted,
     session_param,
 )
-from app.serving.call_factory import check_text_judge, ice_servers, load_end_of_turn_model
+from app.serving.call_factory import check_jitter_buffer, check_text_judge, ice_servers, load_end_of_turn_model
 from app.serving.engines import MeteredEngine, StallTimeoutEngine
 from app.serving.media_workers import MediaWorkerPool
 from app.serving.runtime import Runtime
@@ -58,7 +58,10 @@ SDP_CONTENT_TYPE = "application/sdp"
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     metrics = Metrics()
     authenticator = Authenticator(settings.api_key.get_secret_value() if settings.api_key else None)
-    ice_servers(settings, user="start")  # a bad ICE server URL fails here, at start-up, not per call
+    # A bad ICE server URL, or an aiortc the jitter buffer was not read against, fails here, at
+    # start-up, not per call.
+    ice_servers(settings, user="start")
+    check_jitter_buffer(settings)
     if settings.turn_username is not None:
         logger.warning(
             "static TURN credentials go to every client that may place a call (GET /v1/realtime/ice_servers), "
