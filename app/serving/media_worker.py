@@ -38,7 +38,7 @@ from app.serving.ipc import MessageTooLarge, post, receive
 from app.transports.webrtc.peer_call import Call, OfferError
 from media.end_of_turn_model import EndOfTurnModel
 from media.vad import SileroVad
-from pipeline.contract import EngineCapabilities, EngineError, TurnEvent, TurnRequest
+from pipeline.contract import EngineCapabilities, EngineError, EngineHealth, TurnEvent, TurnRequest
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +75,11 @@ class EngineProxy:
 
     async def close(self) -> None:
         """The engine is the front process's."""
+
+    def health(self) -> EngineHealth:
+        """Alive: the engine's own health is the front's to report (``/healthz``); a worker asks
+        nothing of it, and serves its calls while its connection to the front stands."""
+        return EngineHealth(alive=True)
 
     async def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
         turn = next(self._ids)

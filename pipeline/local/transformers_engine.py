@@ -49,6 +49,7 @@ from pipeline.contract import (
     AudioChunk,
     EngineCapabilities,
     EngineError,
+    EngineHealth,
     TextDelta,
     TurnDone,
     TurnEvent,
@@ -315,8 +316,12 @@ class TransformersEngine:
         restarting = self._restart_task is not None and not self._restart_task.done()
         return "loading" if restarting else "stopped"
 
+    def health(self) -> EngineHealth:
+        """Alive while its process is loaded and running; its process's restarts; turns waiting."""
+        return EngineHealth(alive=self.alive, restarts=self.restarts, queue_depth=self.queue_depth)
+
     def describe(self) -> dict[str, Any]:
-        """This engine's state for health reports."""
+        """This engine's state for health reports (as a pool's member)."""
         described: dict[str, Any] = {
             "device": self.device or self.requested_device,
             "alive": self.alive,
@@ -567,14 +572,6 @@ class TransformersEnginePool(LeastLoadedPool[TransformersEngine]):
         super().__init__(
             [TransformersEngine(model, device=device, cpu_share=len(devices), **engine_options) for device in devices]
         )
-
-    @property
-    def restarts(self) -> int:
-        return sum(engine.restarts for engine in self.engines)
-
-    @property
-    def queue_depth(self) -> int:
-        return sum(engine.queue_depth for engine in self.engines)
 
     async def start(self) -> None:
         """Start every engine at once; if one fails, stop the others and raise its error."""
