@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import ipaddress
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from pipeline.local.devices import usable_cores
+from pipeline.local.engine_messages import DEFAULT_MAX_BATCH
 from pipeline.token_count import ANSWER_OPENING_TOKENS, DEFAULT_MAX_PROMPT_TOKENS
 
 
@@ -108,6 +110,9 @@ EngineSettings = Annotated[LocalEngine | VllmOmniServers, Field(discriminator="k
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OMNI_RTC_", extra="forbid")
 
+    # ``engine``: built from the fields below once they are validated (``_build_engine``).
+    _engine: LocalEngine | VllmOmniServers = PrivateAttr()
+
     # -- server
     host: Annotated[str, Flag(Concern.SERVER)] = Field(
         "127.0.0.1",
@@ -151,7 +156,7 @@ class Settings(BaseSettings):
         1, ge=1, description="engine processes on a single device (several on a big CPU box)"
     )
     max_batch: Annotated[int, Flag(Concern.LOCAL_ENGINE)] = Field(
-        8, ge=1, description="turns one engine process decodes together; more wait first in, first out (queue_wait_ms)"
+        DEFAULT_MAX_BATCH, ge=1, description="turns one engine process decodes together; more wait first in, first out (queue_wait_ms)"
     )
     dtype: Annotated[Literal["auto", "float32", "bfloat16", "float16"], Flag(Concern.LOCAL_ENGINE)] = Field(
         "auto", description="the weights' dtype; auto: bfloat16 on a GPU, float32 on a CPU"
@@ -426,7 +431,18 @@ class Settings(BaseSettings):
     def engine(self) -> EngineSettings:
         """The engine the turns run on, as one of its two kinds: what the code that builds or serves
         an engine reads, so that it cannot read a setting of the other kind (the flat fields stay the
-        flags' and the environment's surface; ``_no_local_engine_options_with_engine_urls`` refuses a mix)."""
+        flags' and the environment's surface; ``_no_local_engine_options_with_engine_urls`` refuses a mix).
+        Built once, when the settings are validated (and again for a ``model_copy``)."""
+        return self._engine
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy with ``update`` applied; its ``engine`` built from the copy's own fields (pydantic
+        copies private attributes as they are, which would keep the original's engine)."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy._engine = copy._engine_of_fields()
+        return copy
+
+    def _engine_of_fields(self) -> EngineSettings:
         if self.engine_urls:
             return VllmOmniServers(urls=tuple(self.engine_urls), api_key=self.engine_api_key)
         devices = self._listed_devices()
@@ -485,18 +501,6 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _jitter_buffer_needs_a_known_aiortc(self) -> Settings:
-        if self.jitter_buffer:
-            from media.aiortc_version import UnsupportedAiortc
-            from media.receiver_tap import check_receiver_tap
-
-            try:
-                check_receiver_tap()
-            except UnsupportedAiortc as exc:
-                raise ValueError(f"jitter_buffer: {exc}") from None
-        return self
-
-    @model_validator(mode="after")
     def _refuse_open_public_bind(self) -> Settings:
         if self.api_key is not None and not self.api_key.get_secret_value():
             raise ValueError("api_key is empty: unset OMNI_RTC_API_KEY to run without auth, or give a key")
@@ -552,6 +556,12 @@ class Settings(BaseSettings):
                 f"ice_servers {turn_urls} need credentials: set turn_username and turn_credential "
                 "(--ice-username/--ice-credential) or turn_secret (--turn-secret, coturn's static-auth-secret)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _build_engine(self) -> Settings:
+        """Last, once every other check passed: ``engine`` reads fields they vouch for."""
+        self._engine = self._engine_of_fields()
         return self
 
 

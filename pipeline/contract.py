@@ -27,9 +27,9 @@ caller's mistake (no session sends one), not a failure the engine owes a code fo
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -58,11 +58,15 @@ class TranscriptionHint:
     prompt: str | None = None  # free text: vocabulary, names, style
 
 
+# The sampling temperature of an answer when the client sets none (OpenAI's session default).
+DEFAULT_TEMPERATURE = 0.8
+
+
 @dataclass(frozen=True)
 class TurnRequest:
     conversation: Conversation
     voice: Voice = "ethan"
-    temperature: float = 0.8
+    temperature: float = DEFAULT_TEMPERATURE
     # None: until the Thinker stops by itself ("inf" in the protocol).
     max_output_tokens: int | None = None
     output_audio: bool = True
@@ -238,6 +242,23 @@ class EngineError(Exception):
         self.code = code
 
 
+@dataclass(frozen=True)
+class EngineHealth:
+    """An engine's state as health reports (``/healthz``) show it, now."""
+
+    alive: bool  # it takes turns (a pool: at least one of its members does)
+    restarts: int = 0  # its processes started again after dying (a pool: its members' together)
+    queue_depth: int = 0  # ordinary turns waiting for a slot, not counting those running
+    # A pool's members in order, each as its backend describes it (an engine process: device, pid,
+    # state...; a vLLM-Omni server: url, reachability...), with "alive" among them. Empty: one engine.
+    members: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def every_member_alive(self) -> bool:
+        """No member of a pool is down (restarting, loading, unreachable); True for one engine."""
+        return all(member["alive"] for member in self.members)
+
+
 class Engine(Protocol):
     """Runs turns. ``run_turn`` yields deltas and chunks and ends with exactly one ``TurnDone``.
 
@@ -245,6 +266,7 @@ class Engine(Protocol):
     cancels the turn: compute stops within one decoding step and the engine is free
     for the next queued turn. Preemptible turns and ``promote``: the module docstring.
     ``capabilities``: what its turns can hold or do, fixed for the engine's life.
+    ``health()``: its state now, cheap to ask (no I/O).
     """
 
     name: str
@@ -255,5 +277,7 @@ class Engine(Protocol):
     def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]: ...
 
     async def promote(self, preemptible_id: str) -> bool: ...
+
+    def health(self) -> EngineHealth: ...
 
     async def close(self) -> None: ...

@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import AsyncGenerator
 from typing import Any, Generic, Protocol, TypeVar
 
-from pipeline.contract import EngineCapabilities, TurnEvent, TurnRequest
+from pipeline.contract import EngineCapabilities, EngineHealth, TurnEvent, TurnRequest
 
 
 class PooledEngine(Protocol):
@@ -33,7 +33,9 @@ class PooledEngine(Protocol):
     @property
     def spare(self) -> int: ...  # preemptible turns it would take now
 
-    def describe(self) -> dict[str, Any]: ...
+    def describe(self) -> dict[str, Any]: ...  # its state for health reports, "alive" among it
+
+    def health(self) -> EngineHealth: ...
 
     def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]: ...
 
@@ -64,6 +66,16 @@ class LeastLoadedPool(Generic[EngineT]):
     def describe(self) -> list[dict[str, Any]]:
         """Each member's state, in the order given."""
         return [engine.describe() for engine in self.engines]
+
+    def health(self) -> EngineHealth:
+        """Alive while one member is; the members' restarts and waiting turns together; each member described."""
+        members = [engine.health() for engine in self.engines]
+        return EngineHealth(
+            alive=any(member.alive for member in members),
+            restarts=sum(member.restarts for member in members),
+            queue_depth=sum(member.queue_depth for member in members),
+            members=tuple(self.describe()),
+        )
 
     def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
         return self._run_turn(request)

@@ -40,6 +40,7 @@ from pipeline.contract import (
     Engine,
     EngineCapabilities,
     EngineError,
+    EngineHealth,
     TextDelta,
     TurnDone,
     TurnEvent,
@@ -110,6 +111,9 @@ class ScriptedEngine:
 
     async def close(self) -> None:
         return None
+
+    def health(self) -> EngineHealth:
+        return EngineHealth(alive=True)
 
     def frame(self) -> np.ndarray:
         if self.waveform == "tone":  # 250 Hz at -10 dBFS: 20 whole periods per frame

@@ -41,7 +41,7 @@ from app.realtime.session_config import (
     fitted,
     session_param,
 )
-from app.serving.call_factory import check_text_judge, ice_servers, load_end_of_turn_model
+from app.serving.call_factory import check_jitter_buffer, check_text_judge, ice_servers, load_end_of_turn_model
 from app.serving.engines import MeteredEngine, StallTimeoutEngine
 from app.serving.media_workers import MediaWorkerPool
 from app.serving.runtime import Runtime
@@ -58,7 +58,10 @@ SDP_CONTENT_TYPE = "application/sdp"
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     metrics = Metrics()
     authenticator = Authenticator(settings.api_key.get_secret_value() if settings.api_key else None)
-    ice_servers(settings, user="start")  # a bad ICE server URL fails here, at start-up, not per call
+    # A bad ICE server URL, or an aiortc the jitter buffer was not read against, fails here, at
+    # start-up, not per call.
+    ice_servers(settings, user="start")
+    check_jitter_buffer(settings)
     if settings.turn_username is not None:
         logger.warning(
             "static TURN credentials go to every client that may place a call (GET /v1/realtime/ice_servers), "
@@ -74,7 +77,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 stack.push_async_callback(serving.close)
             else:
                 check_text_judge(settings, engine.capabilities)
-                serving, model = engine, getattr(engine, "name", type(engine).__name__)
+                serving, model = engine, engine.name
             vad = await asyncio.to_thread(SileroVad.load)
             end_of_turn = await asyncio.to_thread(load_end_of_turn_model, settings)
             dev_replies = await asyncio.to_thread(load_dev_replies, dev_replies_file(settings))
@@ -152,24 +155,19 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         runtime = getattr(request.app.state, "runtime", None)
         if runtime is None:
             return JSONResponse({"status": "starting", "sessions": 0}, status_code=503)
-        alive = bool(getattr(runtime.engine, "alive", True))
-        engine: dict[str, Any] = {
-            "alive": alive,
-            "restarts": int(getattr(runtime.engine, "restarts", 0)),
-            "queue_depth": int(getattr(runtime.engine, "queue_depth", 0)),
-        }
+        health = runtime.engine.health()
+        alive = health.alive
+        engine: dict[str, Any] = {"alive": alive, "restarts": health.restarts, "queue_depth": health.queue_depth}
         # An engine pool describes each engine process (device, pid, running turns...).
-        describe = getattr(runtime.engine, "describe", None)
-        engines = describe() if describe is not None else []
-        if engines:
-            engine["engines"] = engines
+        if health.members:
+            engine["engines"] = list(health.members)
         # "overloaded": the worker falls behind pacing its calls' audio (media/pacing.py); "ready":
         # it answers its heartbeat and takes new calls (app/serving/media_workers.py).
         workers = runtime.workers.status() if runtime.workers is not None else [_this_worker(runtime)]
         placing = any(worker["ready"] for worker in workers)
         # Some engine of a pool restarting, or some worker not answering: degraded, but still
         # serving (200) while one engine is alive and one worker takes calls.
-        healthy = alive and all(entry["alive"] for entry in engines) and all(worker["ready"] for worker in workers)
+        healthy = alive and health.every_member_alive and all(worker["ready"] for worker in workers)
         status_code = 200 if alive and placing else 503
         if not monitoring_details(request):  # a load balancer's check needs the status only
             return JSONResponse({"status": "ok" if healthy else "degraded"}, status_code=status_code)

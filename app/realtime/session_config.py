@@ -37,7 +37,7 @@ from app.realtime.protocol import (
     invalid_value,
 )
 from app.realtime.tools import check_choice, choice_object, read_tool_choice, read_tools, tool_objects
-from pipeline.contract import VOICES, EngineCapabilities, TranscriptionHint, Voice
+from pipeline.contract import DEFAULT_TEMPERATURE, VOICES, EngineCapabilities, TranscriptionHint, Voice
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, HistoryLimits
 from pipeline.images import MIN_PIXELS
 from pipeline.token_bounds import text_tokens_bound
@@ -186,7 +186,7 @@ class SessionConfig:
     instructions: str | None = None  # None: Qwen3-Omni's default speech system prompt
     voice: Voice = "ethan"
     output_modality: Modality = "audio"
-    temperature: float = 0.8
+    temperature: float = DEFAULT_TEMPERATURE
     max_output_tokens: int | None = None  # None: "inf"
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)  # None: manual commits
     input_audio_format: AudioFormatType = "audio/pcm"  # of base64 audio in events (WebRTC uses Opus)

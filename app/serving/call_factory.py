@@ -18,7 +18,9 @@ from app.realtime.session_config import SessionConfig
 from app.realtime.turn_taking import EngineTextJudge, TextJudge
 from app.transports.webrtc.ice import IceServer, rest_api_credentials, rtc_configuration
 from app.transports.webrtc.peer_call import Call, SessionFactory, new_call_id
+from media.aiortc_version import UnsupportedAiortc
 from media.end_of_turn_model import EndOfTurnModel, SmartTurnModel, default_turn_model_path
+from media.receiver_tap import check_receiver_tap
 from media.vad import SpeechModel
 from pipeline.contract import Engine, EngineCapabilities
 
@@ -105,6 +107,16 @@ def new_call(
         jitter_buffer=settings.jitter_buffer,
         max_video_pixels=settings.max_video_pixels,
     )
+
+
+def check_jitter_buffer(settings: Settings) -> None:
+    """At start: ``jitter_buffer`` taps aiortc's audio receiver, read in known aiortc versions only
+    (``ValueError`` naming the setting and the way out)."""
+    if settings.jitter_buffer:
+        try:
+            check_receiver_tap()
+        except UnsupportedAiortc as exc:
+            raise ValueError(f"jitter_buffer: {exc}") from None
 
 
 def check_text_judge(settings: Settings, capabilities: EngineCapabilities) -> None:

@@ -2,10 +2,9 @@
 
 Every wrapper keeps one forwarding contract (:class:`EngineWrapper`): it changes only
 ``run_turn`` (and ``promote``, where it must know which preemptible turns were made ordinary);
-``name``, ``capabilities`` (no wrapper adds to or takes from what the engine can do) and every
-other attribute (``alive``, ``restarts``, ``queue_depth``...) read through to the wrapped engine,
-and ``start``/``close`` belong to whoever owns the wrapped engine, so a wrapper never starts or
-closes it. The server stacks them as
+``name``, ``capabilities`` (no wrapper adds to or takes from what the engine can do) and
+``health()`` are the wrapped engine's, and ``start``/``close`` belong to whoever owns the wrapped
+engine, so a wrapper never starts or closes it. The server stacks them as
 ``MeteredEngine(StallTimeoutEngine(engine))``; with ``--dev-replies`` each session gets
 ``DevReplies`` around that.
 """
@@ -18,10 +17,18 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncGenerator
-from typing import Any
 
 from app.metrics import Metrics
-from pipeline.contract import NO_SPARE_CAPACITY, PREEMPTED, Engine, EngineError, TurnDone, TurnEvent, TurnRequest
+from pipeline.contract import (
+    NO_SPARE_CAPACITY,
+    PREEMPTED,
+    Engine,
+    EngineError,
+    EngineHealth,
+    TurnDone,
+    TurnEvent,
+    TurnRequest,
+)
 
 # Preemptible turns end this way by design (pipeline.contract): counted as speculation outcomes
 # (omni_rtc_speculative_responses_total), not as engine errors.
@@ -36,9 +43,6 @@ class EngineWrapper:
         self.name = engine.name
         self.capabilities = engine.capabilities
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
     async def start(self) -> None:
         """The wrapped engine is started by its owner."""
 
@@ -50,6 +54,9 @@ class EngineWrapper:
 
     async def promote(self, preemptible_id: str) -> bool:
         return await self._engine.promote(preemptible_id)
+
+    def health(self) -> EngineHealth:
+        return self._engine.health()
 
 
 class StallTimeoutEngine(EngineWrapper):

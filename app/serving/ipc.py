@@ -2,8 +2,8 @@
 
 Pickle, because both ends are this server's own processes (spawned by it, connecting to a
 socket in a directory only its user can open) and the messages carry the engine's own types
-(``TurnRequest``, ``AudioChunk`` with numpy arrays) both ways. A message is a dict with an
-``op``; writing is synchronous (the socket is local and the reader always drains it), so a
+(``TurnRequest``, ``AudioChunk`` with numpy arrays) both ways. A message is one of
+``app.serving.worker_messages``' dataclasses; writing is synchronous (the socket is local and the reader always drains it), so a
 message is never half-written by a cancelled task.
 
 The *sender* checks each message's size (:class:`MessageTooLarge`, before anything is written),
@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import pickle
 import struct
-from typing import Any
+
+from app.serving.worker_messages import Message
 
 _HEADER = struct.Struct("!I")
 # A turn event is at most one audio chunk (up to 100 codec frames: 8 s of 24 kHz float32, 768 KB;
@@ -28,13 +29,13 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 class MessageTooLarge(ValueError):
     """A message over ``MAX_MESSAGE_BYTES``, refused by its sender; nothing was written."""
 
-    def __init__(self, op: object, size: int) -> None:
-        super().__init__(f"an IPC {op!r} message of {size} bytes (limit {MAX_MESSAGE_BYTES})")
-        self.op = op
+    def __init__(self, message_type: type, size: int) -> None:
+        super().__init__(f"an IPC {message_type.__name__} message of {size} bytes (limit {MAX_MESSAGE_BYTES})")
+        self.message_type = message_type
         self.size = size
 
 
-def post(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
+def post(writer: asyncio.StreamWriter, message: Message) -> None:
     """Queues one message on ``writer``; a closed connection drops it (its reader learns of the end).
 
     Raises :class:`MessageTooLarge`, writing nothing, for a message the receiver would refuse.
@@ -43,12 +44,13 @@ def post(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
         return
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     if len(data) > MAX_MESSAGE_BYTES:
-        raise MessageTooLarge(message.get("op"), len(data))
+        raise MessageTooLarge(type(message), len(data))
     writer.write(_HEADER.pack(len(data)) + data)
 
 
-async def receive(reader: asyncio.StreamReader) -> dict[str, Any] | None:
-    """The next message, or None when the other process closed the connection (or died)."""
+async def receive(reader: asyncio.StreamReader) -> Message | None:
+    """The next message, or None when the other process closed the connection (or died).
+    Raises ``ValueError`` for what no end sends (too large, or not a message): the other end is broken."""
     try:
         header = await reader.readexactly(_HEADER.size)
         (size,) = _HEADER.unpack(header)
@@ -57,6 +59,6 @@ async def receive(reader: asyncio.StreamReader) -> dict[str, Any] | None:
         message = pickle.loads(await reader.readexactly(size))
     except (asyncio.IncompleteReadError, ConnectionError):
         return None
-    if not isinstance(message, dict):
-        raise ValueError(f"an IPC message is a dict, got {type(message).__name__}")
+    if not isinstance(message, Message):
+        raise ValueError(f"an IPC message is one of app.serving.worker_messages', got {type(message).__name__}")
     return message

@@ -8,37 +8,54 @@ front process: sessions here get an :class:`EngineProxy` that streams each turn 
 same connection. The worker reports its calls' ends, its session count, its pacing and its
 metrics; when the front goes away the worker closes its calls and exits.
 
-Messages, front → worker: ``offer`` (call id, SDP, session config), ``hangup``, ``resources``
-(for ``/debug/resources``), ``turn_event``/``turn_end`` (a turn's events), ``turn_promoted`` (the
-answer to ``promote_turn``), ``shutdown``.
-Worker → front: ``hello``, ``answer`` (reply to ``offer``/``hangup``/``resources``), ``call_connected``,
-``call_closed``, ``status`` (every ``STATUS_INTERVAL_S``: the worker's heartbeat), ``turn``/``cancel_turn``,
-``promote_turn`` (``Engine.promote`` of a speculative turn).
+The messages both ways are ``app.serving.worker_messages``'.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
 import signal
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any
 
 from app.calls.registry import CallRegistry, OpenSession
 from app.config import Settings, dev_replies_file, load_dev_replies
 from app.metrics import Metrics
-from app.realtime.session_config import SessionConfig
 from app.resources import process_resources
 from app.serving.call_factory import load_end_of_turn_model, new_call, session_factory
 from app.serving.engines import for_session
 from app.serving.ipc import MessageTooLarge, post, receive
+from app.serving.worker_messages import (
+    AskResources,
+    CallClosed,
+    CallConnected,
+    CancelTurn,
+    HangUp,
+    Hello,
+    HungUp,
+    Offer,
+    OfferAnswered,
+    OfferFailed,
+    OfferRefused,
+    PromoteTurn,
+    ResourcesReport,
+    Shutdown,
+    StartTurn,
+    Status,
+    ToFront,
+    TurnEnd,
+    TurnEventMessage,
+    TurnPromoted,
+)
 from app.transports.webrtc.peer_call import Call, OfferError
 from media.end_of_turn_model import EndOfTurnModel
 from media.vad import SileroVad
-from pipeline.contract import EngineCapabilities, EngineError, TurnEvent, TurnRequest
+from pipeline.contract import EngineCapabilities, EngineError, EngineHealth, TurnEvent, TurnRequest
 
 logger = logging.getLogger(__name__)
 
@@ -56,17 +73,17 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 class EngineProxy:
     """The front process's engine, as sessions in a worker get it: each turn streamed over IPC.
 
-    Closing a turn's iterator before it ended cancels the turn in the front (``cancel_turn``).
+    Closing a turn's iterator before it ended cancels the turn in the front (``CancelTurn``).
     An ``EngineError`` in the front is raised here with its code (``preempted`` and
     ``no_spare_capacity`` included). ``promote`` asks the front's engine and waits for its answer.
     ``name`` and ``capabilities`` are the front's engine's, given when the worker was spawned.
     """
 
-    def __init__(self, name: str, capabilities: EngineCapabilities, send: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, name: str, capabilities: EngineCapabilities, send: Callable[[ToFront], None]) -> None:
         self.name = name
         self.capabilities = capabilities
         self._send = send
-        self._turns: dict[int, asyncio.Queue[dict[str, Any]]] = {}
+        self._turns: dict[int, asyncio.Queue[TurnEventMessage | TurnEnd]] = {}
         self._ids = itertools.count(1)
         self._promotions: dict[int, asyncio.Future[bool]] = {}
 
@@ -76,36 +93,40 @@ class EngineProxy:
     async def close(self) -> None:
         """The engine is the front process's."""
 
+    def health(self) -> EngineHealth:
+        """Alive: the engine's own health is the front's to report (``/healthz``); a worker asks
+        nothing of it, and serves its calls while its connection to the front stands."""
+        return EngineHealth(alive=True)
+
     async def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
         turn = next(self._ids)
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        queue: asyncio.Queue[TurnEventMessage | TurnEnd] = asyncio.Queue()
         self._turns[turn] = queue
         ended = False
         try:
             try:
-                self._send({"op": "turn", "turn": turn, "request": request})
+                self._send(StartTurn(turn=turn, request=request))
             except MessageTooLarge as exc:
                 ended = True  # never reached the front: nothing to cancel there
                 logger.error("turn %d not sent to the engine: %s", turn, exc)
                 raise EngineError(TURN_TOO_LARGE_MESSAGE, code="turn_too_large") from None
             while True:
                 message = await queue.get()
-                if message["op"] == "turn_event":
-                    yield message["event"]
+                if isinstance(message, TurnEventMessage):
+                    yield message.event
                     continue
                 ended = True
-                if message.get("error") is not None:
-                    code, text = message["error"]
-                    raise EngineError(text, code=code)
+                if message.error is not None:
+                    raise EngineError(message.error.message, code=message.error.code)
                 return
         finally:
             del self._turns[turn]
             if not ended:
-                self._send({"op": "cancel_turn", "turn": turn})
+                self._send(CancelTurn(turn=turn))
 
-    def deliver(self, message: dict[str, Any]) -> None:
-        """A ``turn_event`` or ``turn_end`` from the front; a cancelled turn's late events are dropped."""
-        queue = self._turns.get(message["turn"])
+    def deliver(self, message: TurnEventMessage | TurnEnd) -> None:
+        """A turn's event or end from the front; a cancelled turn's late events are dropped."""
+        queue = self._turns.get(message.turn)
         if queue is not None:
             queue.put_nowait(message)
 
@@ -114,16 +135,16 @@ class EngineProxy:
         answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._promotions[promotion] = answer
         try:
-            self._send({"op": "promote_turn", "promotion": promotion, "preemptible_id": preemptible_id})
+            self._send(PromoteTurn(promotion=promotion, preemptible_id=preemptible_id))
             return await answer
         finally:
             del self._promotions[promotion]
 
-    def promoted(self, message: dict[str, Any]) -> None:
-        """The front's answer to a ``promote_turn``; one nobody waits for any more is dropped."""
-        answer = self._promotions.get(message["promotion"])
+    def promoted(self, message: TurnPromoted) -> None:
+        """The front's answer to a ``PromoteTurn``; one nobody waits for any more is dropped."""
+        answer = self._promotions.get(message.promotion)
         if answer is not None and not answer.done():
-            answer.set_result(bool(message["promoted"]))
+            answer.set_result(message.promoted)
 
 
 class MediaWorker:
@@ -141,7 +162,7 @@ class MediaWorker:
     async def serve(self, socket_path: str) -> None:
         reader, writer = await asyncio.open_unix_connection(socket_path)
         self._writer = writer
-        self._send({"op": "hello", "worker": self.index, "pid": os.getpid()})
+        self._send(Hello(worker=self.index, pid=os.getpid()))
         vad = await asyncio.to_thread(SileroVad.load)
         end_of_turn = await asyncio.to_thread(load_end_of_turn_model, self._settings)
         self._dev_replies = await asyncio.to_thread(load_dev_replies, dev_replies_file(self._settings))
@@ -153,22 +174,23 @@ class MediaWorker:
         reporter = asyncio.create_task(self._report(calls, metrics), name="worker status")
         try:
             while (message := await receive(reader)) is not None:
-                op = message["op"]
-                if op in ("turn_event", "turn_end"):
-                    engine.deliver(message)
-                elif op == "turn_promoted":
-                    engine.promoted(message)
-                elif op == "offer":
-                    answer = self._answer(message, calls, engine, vad, end_of_turn, metrics)
-                    self._start(answer, f"offer {message['call_id']}")
-                elif op == "hangup":
-                    self._start(self._hang_up(message, calls), f"hangup {message['call_id']}")
-                elif op == "resources":  # psutil reads /proc: well under a millisecond
-                    self._send({"op": "answer", "request": message["request"], "resources": process_resources()})
-                elif op == "shutdown":
-                    break
-                else:
-                    logger.error("media worker %d: unknown message %r from the front", self.index, op)
+                match message:
+                    case TurnEventMessage() | TurnEnd():
+                        engine.deliver(message)
+                    case TurnPromoted():
+                        engine.promoted(message)
+                    case Offer():
+                        answer = self._answer(message, calls, engine, vad, end_of_turn, metrics)
+                        self._start(answer, f"offer {message.call_id}")
+                    case HangUp():
+                        self._start(self._hang_up(message, calls), f"hangup {message.call_id}")
+                    case AskResources():  # psutil reads /proc: well under a millisecond
+                        self._send(ResourcesReport(request=message.request, resources=process_resources()))
+                    case Shutdown():
+                        break
+                    case _:
+                        logger.error("media worker %d: a %s from the front, which it never sends",
+                                     self.index, type(message).__name__)
         finally:
             reporter.cancel()
             for task in list(self._tasks):
@@ -179,11 +201,11 @@ class MediaWorker:
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
 
-    def _send(self, message: dict[str, Any]) -> None:
+    def _send(self, message: ToFront) -> None:
         assert self._writer is not None
         post(self._writer, message)
 
-    def _start(self, work: Any, name: str) -> None:
+    def _start(self, work: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(work, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -194,66 +216,58 @@ class MediaWorker:
             logger.error("media worker %d: %s failed", self.index, task.get_name(), exc_info=task.exception())
 
     def _connected(self, call: Call) -> None:
-        self._send({"op": "call_connected", "call_id": call.id})
+        self._send(CallConnected(call_id=call.id))
 
     def _closed(self, call: OpenSession, reason: str) -> None:
-        self._send({"op": "call_closed", "call_id": call.id, "reason": reason})
+        self._send(CallClosed(call_id=call.id, reason=reason))
 
     async def _answer(
         self,
-        message: dict[str, Any],
+        message: Offer,
         calls: CallRegistry,
         engine: EngineProxy,
         vad: SileroVad,
         end_of_turn: EndOfTurnModel | None,
         metrics: Metrics,
     ) -> None:
-        config: SessionConfig = message["config"]
-
         make_session = session_factory(
-            self._settings, metrics, config, session_engine=lambda: for_session(engine, self._dev_replies),
+            self._settings, metrics, message.config, session_engine=lambda: for_session(engine, self._dev_replies),
             shared_engine=engine, vad=vad, end_of_turn=end_of_turn,
         )
 
         call = calls.admit(
             lambda on_closed: new_call(
-                self._settings, make_session, metrics, on_closed, on_connected=self._connected, call_id=message["call_id"]
+                self._settings, make_session, metrics, on_closed, on_connected=self._connected, call_id=message.call_id
             )
         )
-        reply: dict[str, Any] = {"op": "answer", "request": message["request"], "call_id": call.id}
         try:
-            reply["sdp"] = await call.answer(message["sdp"])
+            sdp = await call.answer(message.sdp)
         except OfferError as exc:
             await call.close("bad_offer")
             logger.info("call %s: offer refused: %s (%s)", call.id, exc, exc.__cause__)
-            reply["offer_error"] = str(exc)
+            self._send(OfferRefused(request=message.request, call_id=call.id, error=str(exc)))
+            return
         except BaseException:
             await call.close("signaling_failed")
-            reply["failed"] = True
-            self._send(reply)
+            self._send(OfferFailed(request=message.request, call_id=call.id))
             raise
-        self._send(reply)
+        self._send(OfferAnswered(request=message.request, call_id=call.id, sdp=sdp))
 
-    async def _hang_up(self, message: dict[str, Any], calls: CallRegistry) -> None:
-        call = calls.get(message["call_id"])
+    async def _hang_up(self, message: HangUp, calls: CallRegistry) -> None:
+        call = calls.get(message.call_id)
         if call is not None:
             await call.close("hangup")
-        self._send({"op": "answer", "request": message["request"], "found": call is not None})
+        self._send(HungUp(request=message.request, found=call is not None))
 
     async def _report(self, calls: CallRegistry, metrics: Metrics) -> None:
         """The worker's heartbeat: the front counts a worker silent for 2 s as not answering."""
         while True:
-            status = {
-                "op": "status",
-                "sessions": len(calls),
-                "pacing": metrics.pacing.snapshot(),
-                "metrics": metrics.samples(),
-            }
+            status = Status(sessions=len(calls), pacing=metrics.pacing.snapshot(), metrics=metrics.samples())
             try:
                 self._send(status)
             except MessageTooLarge as exc:  # the metrics outgrew a message: report without them
                 logger.error("media worker %d: %s; reporting without metrics", self.index, exc)
-                self._send({**status, "metrics": []})
+                self._send(dataclasses.replace(status, metrics=[]))
             await asyncio.sleep(STATUS_INTERVAL_S)
 
 

@@ -22,7 +22,7 @@ import multiprocessing
 import signal
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -34,8 +34,34 @@ from app.metrics import FamilySamples
 from app.realtime.session_config import SessionConfig
 from app.serving.ipc import MessageTooLarge, post, receive
 from app.serving.media_worker import STOP_SIGNALS, run_media_worker
+from app.serving.worker_messages import (
+    AskResources,
+    CallClosed,
+    CallConnected,
+    CancelTurn,
+    FrontRequest,
+    HangUp,
+    Hello,
+    HungUp,
+    Message,
+    Offer,
+    OfferAnswered,
+    OfferFailed,
+    OfferRefused,
+    PromoteTurn,
+    Reply,
+    ResourcesReport,
+    Shutdown,
+    StartTurn,
+    Status,
+    ToWorker,
+    TurnEnd,
+    TurnError,
+    TurnEventMessage,
+    TurnPromoted,
+)
 from app.transports.webrtc.peer_call import OfferError
-from pipeline.contract import Engine, EngineError
+from pipeline.contract import Engine, EngineError, TurnRequest
 
 logger = logging.getLogger(__name__)
 
@@ -83,9 +109,9 @@ class WorkerHandle:
     reported_sessions: int = 0
     pacing: dict[str, Any] | None = None
     metrics: list[FamilySamples] = field(default_factory=list)
-    pending: dict[int, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
+    pending: dict[int, asyncio.Future[Reply]] = field(default_factory=dict)
     turns: dict[int, asyncio.Task[None]] = field(default_factory=dict)
-    promotions: set[asyncio.Task[None]] = field(default_factory=set)  # promote_turn being answered
+    promotions: set[asyncio.Task[None]] = field(default_factory=set)  # PromoteTurn being answered
     restarts: int = 0
     spawned_at: float = 0.0  # monotonic
 
@@ -97,7 +123,7 @@ class WorkerHandle:
     def takes_calls(self) -> bool:
         return self.ready and not self.silent
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: ToWorker) -> None:
         if self.writer is None:
             raise WorkerUnavailable(f"media worker {self.index} is not connected")
         post(self.writer, message)
@@ -176,7 +202,7 @@ class MediaWorkerPool:
                 await self._supervisor
         for worker in self._workers:
             if worker.writer is not None:
-                worker.send({"op": "shutdown"})
+                worker.send(Shutdown())
         await asyncio.gather(*(asyncio.to_thread(self._stop, worker) for worker in self._workers))
         if self._server is not None:
             self._server.close()
@@ -206,20 +232,22 @@ class MediaWorkerPool:
                 except WorkerUnavailable as exc:  # stopped, stuck or died while answering: the next one
                     logger.warning("call %s: %s; placing it on another worker", call_id, exc)
                     continue
-                if "offer_error" in reply:
-                    raise OfferError(reply["offer_error"])
-                if "sdp" in reply:
-                    return str(reply["sdp"])  # the call joined its worker when the answer arrived (_handle)
-                logger.warning("call %s: media worker %d could not answer the offer", call_id, worker.index)
+                match reply:
+                    case OfferRefused(error=error):
+                        raise OfferError(error)
+                    case OfferAnswered(sdp=answer):
+                        return answer  # the call joined its worker when the answer arrived (_handle)
+                    case _:
+                        logger.warning("call %s: media worker %d could not answer the offer", call_id, worker.index)
             raise WorkerUnavailable(f"no media worker answered (tried {len(tried)})")
         except BaseException as exc:
             self._release(call_id, "bad_offer" if isinstance(exc, OfferError) else "signaling_failed")
             raise
 
-    async def _offer(self, worker: WorkerHandle, call_id: str, sdp: str, config: SessionConfig) -> dict[str, Any]:
+    async def _offer(self, worker: WorkerHandle, call_id: str, sdp: str, config: SessionConfig) -> Reply:
         worker.reserved += 1
         try:
-            return await self._ask(worker, {"op": "offer", "call_id": call_id, "sdp": sdp, "config": config})
+            return await self._ask(worker, lambda request: Offer(request=request, call_id=call_id, sdp=sdp, config=config))
         finally:
             worker.reserved -= 1
 
@@ -228,8 +256,8 @@ class MediaWorkerPool:
         worker = self._call_worker.get(call_id)
         if worker is None:
             return False
-        reply = await self._ask(worker, {"op": "hangup", "call_id": call_id})
-        return bool(reply.get("found"))
+        reply = await self._ask(worker, lambda request: HangUp(request=request, call_id=call_id))
+        return isinstance(reply, HungUp) and reply.found
 
     def worker_of(self, call_id: str) -> int | None:
         worker = self._call_worker.get(call_id)
@@ -261,10 +289,12 @@ class MediaWorkerPool:
             if not worker.takes_calls:  # not running, or not answering
                 return entry
             try:
-                reply = await self._ask(worker, {"op": "resources"}, timeout_s=RESOURCES_TIMEOUT_S)
+                reply = await self._ask(worker, AskResources, timeout_s=RESOURCES_TIMEOUT_S)
             except WorkerUnavailable:
                 return entry
-            return {**entry, "alive": True, **reply["resources"]}
+            if not isinstance(reply, ResourcesReport):
+                raise TypeError(f"media worker {worker.index} replied to AskResources with a {type(reply).__name__}")
+            return {**entry, "alive": True, **reply.resources}
 
         return list(await asyncio.gather(*(one(worker) for worker in self._workers)))
 
@@ -308,12 +338,12 @@ class MediaWorkerPool:
 
     async def _serve_worker(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         hello = await receive(reader)
-        if hello is None or hello.get("op") != "hello" or not 0 <= hello.get("worker", -1) < len(self._workers):
+        if not isinstance(hello, Hello) or not 0 <= hello.worker < len(self._workers):
             logger.error("a process connected to the media worker socket without a valid hello: %r", hello)
             writer.close()
             return
-        worker = self._workers[hello["worker"]]
-        worker.writer, worker.pid = writer, hello["pid"]
+        worker = self._workers[hello.worker]
+        worker.writer, worker.pid = writer, hello.pid
         worker.last_heard, worker.silent = time.monotonic(), False
         try:
             while (message := await receive(reader)) is not None:
@@ -327,58 +357,66 @@ class MediaWorkerPool:
         finally:
             await self._lost(worker, writer)
 
-    def _handle(self, worker: WorkerHandle, message: dict[str, Any]) -> None:
-        op = message["op"]
-        if op == "status":
-            worker.reported_sessions = message["sessions"]
-            worker.pacing, worker.metrics = message["pacing"], message["metrics"]
-            if not worker.ready:  # the first report: the VAD is loaded, calls can come
-                worker.ready = True
-                self._ready.set()
-        elif op == "answer":
-            future = worker.pending.pop(message["request"], None)
-            if "sdp" in message:
+    def _handle(self, worker: WorkerHandle, message: Message) -> None:
+        match message:
+            case Status():
+                worker.reported_sessions = message.sessions
+                worker.pacing, worker.metrics = message.pacing, message.metrics
+                if not worker.ready:  # the first report: the VAD is loaded, calls can come
+                    worker.ready = True
+                    self._ready.set()
+            case OfferAnswered():
+                future = worker.pending.pop(message.request, None)
                 if future is None:  # answered after the client was given up on: end the call
-                    worker.send({"op": "hangup", "call_id": message["call_id"], "request": 0})
+                    worker.send(HangUp(request=0, call_id=message.call_id))
                     return
                 # Registered here, before any later message of this worker is read: its
-                # call_closed may be next in the stream, and must find the call.
-                worker.calls.add(message["call_id"])
-                self._call_worker[message["call_id"]] = worker
-            if future is not None and not future.done():
-                future.set_result(message)
-        elif op == "call_connected":
-            if message["call_id"] in worker.calls:
-                self._calls.connected(message["call_id"])
-        elif op == "call_closed":
-            self._forget_call(worker, message["call_id"], message["reason"])
-        elif op == "turn":
-            turn: int = message["turn"]
-            task = asyncio.create_task(self._serve_turn(worker, turn, message["request"]), name=f"turn {turn}")
-            worker.turns[turn] = task
-            task.add_done_callback(lambda _: worker.turns.pop(turn, None))
-        elif op == "cancel_turn":
-            turn_task = worker.turns.get(message["turn"])
-            if turn_task is not None:
-                turn_task.cancel()
-        elif op == "promote_turn":
-            promotion = asyncio.create_task(self._promote(worker, message), name=f"promote {message['promotion']}")
-            worker.promotions.add(promotion)
-            promotion.add_done_callback(worker.promotions.discard)
-        else:
-            logger.error("media worker %d sent an unknown message %r", worker.index, op)
+                # CallClosed may be next in the stream, and must find the call.
+                worker.calls.add(message.call_id)
+                self._call_worker[message.call_id] = worker
+                self._settle(future, message)
+            case OfferRefused() | OfferFailed() | HungUp() | ResourcesReport():
+                self._settle(worker.pending.pop(message.request, None), message)
+            case CallConnected():
+                if message.call_id in worker.calls:
+                    self._calls.connected(message.call_id)
+            case CallClosed():
+                self._forget_call(worker, message.call_id, message.reason)
+            case StartTurn():
+                turn = message.turn
+                task = asyncio.create_task(self._serve_turn(worker, turn, message.request), name=f"turn {turn}")
+                worker.turns[turn] = task
+                task.add_done_callback(lambda _: worker.turns.pop(turn, None))
+            case CancelTurn():
+                turn_task = worker.turns.get(message.turn)
+                if turn_task is not None:
+                    turn_task.cancel()
+            case PromoteTurn():
+                promotion = asyncio.create_task(self._promote(worker, message), name=f"promote {message.promotion}")
+                worker.promotions.add(promotion)
+                promotion.add_done_callback(worker.promotions.discard)
+            case _:
+                # A Hello after the first, or a message only the front sends.
+                logger.error("media worker %d sent a %s out of place", worker.index, type(message).__name__)
+
+    @staticmethod
+    def _settle(future: asyncio.Future[Reply] | None, reply: Reply) -> None:
+        """The reply to whoever still waits for it (a request given up on waits no more)."""
+        if future is not None and not future.done():
+            future.set_result(reply)
 
     async def _ask(
-        self, worker: WorkerHandle, message: dict[str, Any], timeout_s: float = OFFER_TIMEOUT_S
-    ) -> dict[str, Any]:
+        self, worker: WorkerHandle, ask: Callable[[int], FrontRequest], timeout_s: float = OFFER_TIMEOUT_S
+    ) -> Reply:
+        """Sends ``ask(request)``, a request numbered for its reply, and waits for that reply."""
         if worker.silent:
             raise WorkerUnavailable(f"media worker {worker.index} is not answering")
         self._requests += 1
         request = self._requests
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         worker.pending[request] = future
         try:
-            worker.send({**message, "request": request})
+            worker.send(ask(request))
             async with asyncio.timeout(timeout_s):
                 return await future
         except TimeoutError:
@@ -386,30 +424,30 @@ class MediaWorkerPool:
         finally:
             worker.pending.pop(request, None)
 
-    async def _serve_turn(self, worker: WorkerHandle, turn: int, request: Any) -> None:
-        error: tuple[str, str] | None = None
+    async def _serve_turn(self, worker: WorkerHandle, turn: int, request: TurnRequest) -> None:
+        error: TurnError | None = None
         try:
             async with contextlib.aclosing(self._engine.run_turn(request)) as events:
                 async for event in events:
-                    worker.send({"op": "turn_event", "turn": turn, "event": event})
+                    worker.send(TurnEventMessage(turn=turn, event=event))
         except EngineError as exc:
-            error = (exc.code, str(exc))
+            error = TurnError(code=exc.code, message=str(exc))
         except WorkerUnavailable:
             return  # the worker is gone: nobody to tell
         except MessageTooLarge as exc:  # one event too large to send: this turn fails, nothing else
             logger.error("media worker %d: turn %d failed: %s", worker.index, turn, exc)
-            error = ("turn_event_too_large", "A turn event was too large to send.")
+            error = TurnError(code="turn_event_too_large", message="A turn event was too large to send.")
         except Exception as exc:
             logger.exception("media worker %d: a turn failed in the front", worker.index)
-            error = ("engine_error", f"{type(exc).__name__}: {exc}")
+            error = TurnError(code="engine_error", message=f"{type(exc).__name__}: {exc}")
         with contextlib.suppress(WorkerUnavailable):
-            worker.send({"op": "turn_end", "turn": turn, "error": error})
+            worker.send(TurnEnd(turn=turn, error=error))
 
-    async def _promote(self, worker: WorkerHandle, message: dict[str, Any]) -> None:
+    async def _promote(self, worker: WorkerHandle, message: PromoteTurn) -> None:
         """A worker's session uses its speculative turn: made ordinary in the engine (``Engine.promote``)."""
-        promoted = await self._engine.promote(message["preemptible_id"])
+        promoted = await self._engine.promote(message.preemptible_id)
         with contextlib.suppress(WorkerUnavailable):
-            worker.send({"op": "turn_promoted", "promotion": message["promotion"], "promoted": promoted})
+            worker.send(TurnPromoted(promotion=message.promotion, promoted=promoted))
 
     def _forget_call(self, worker: WorkerHandle, call_id: str, reason: str) -> None:
         if call_id in worker.calls:

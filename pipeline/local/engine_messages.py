@@ -15,6 +15,11 @@ from pipeline.contract import TurnEvent, TurnRequest
 from pipeline.local.warmup import WarmUpReport
 from pipeline.token_count import DEFAULT_MAX_PROMPT_TOKENS
 
+# Turns decoded together by default: on a GPU a step for 8 rows costs little more than one;
+# on the 2-core dev box (dev model, 1 thread) 4 turns make 2.2-2.5x the codec frames/s of one
+# and 8 about 1.8x (tests/bench/batch.py), still far above one at a time.
+DEFAULT_MAX_BATCH = 8
+
 
 @dataclass(frozen=True)
 class EngineProcessSpec:
@@ -38,7 +43,7 @@ class EngineProcessSpec:
     # checkpoint without a Talker at load, not at its first audio turn.
     audio_output: bool = True
     # Turns decoded together (see _BatchServer); the parent submits at most this many at a time.
-    max_batch: int = 8
+    max_batch: int = DEFAULT_MAX_BATCH
     # The longest prompt a turn may have (its rendered ids); longer, it fails before it joins the
     # batch (PromptTooLong), alone: a batched prefill pads every row to the longest (KVCache.joined).
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS

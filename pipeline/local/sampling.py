@@ -143,10 +143,6 @@ class Sampler:
         """Whether any processor reads the ids so far (a repetition penalty does)."""
         return len(self._processors) > 0
 
-    @property
-    def draws_top_k(self) -> bool:
-        return self.do_sample and self.top_k is not None
-
     def process(self, context: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """[1, vocab] float32 scores through the processors that come before the draw."""
         return self._processors(context, scores) if len(self._processors) else scores  # type: ignore[arg-type]

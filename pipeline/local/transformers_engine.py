@@ -49,6 +49,7 @@ from pipeline.contract import (
     AudioChunk,
     EngineCapabilities,
     EngineError,
+    EngineHealth,
     TextDelta,
     TurnDone,
     TurnEvent,
@@ -58,6 +59,7 @@ from pipeline.contract import (
 from pipeline.local import engine_process
 from pipeline.local.emulation import EmulatedSpeed
 from pipeline.local.engine_messages import (
+    DEFAULT_MAX_BATCH,
     Cancel,
     EngineProcessSpec,
     LoadFailed,
@@ -74,10 +76,6 @@ logger = logging.getLogger(__name__)
 # A load can fail for passing reasons (a GPU briefly full); one that fails three times in a
 # row will not succeed on its own.
 _RESTART_ATTEMPTS = 3
-# Turns decoded together by default: on a GPU a step for 8 rows costs little more than one;
-# on the 2-core dev box (dev model, 1 thread) 4 turns make 2.2-2.5x the codec frames/s of one
-# and 8 about 1.8x (tests/bench/batch.py), still far above one at a time.
-DEFAULT_MAX_BATCH = 8
 # How long a stopping engine process gets to finish its current decoding step and exit
 # before it is killed; one step of the real model takes well under a second.
 _STOP_GRACE_S = 10.0
@@ -318,8 +316,12 @@ class TransformersEngine:
         restarting = self._restart_task is not None and not self._restart_task.done()
         return "loading" if restarting else "stopped"
 
+    def health(self) -> EngineHealth:
+        """Alive while its process is loaded and running; its process's restarts; turns waiting."""
+        return EngineHealth(alive=self.alive, restarts=self.restarts, queue_depth=self.queue_depth)
+
     def describe(self) -> dict[str, Any]:
-        """This engine's state for health reports."""
+        """This engine's state for health reports (as a pool's member)."""
         described: dict[str, Any] = {
             "device": self.device or self.requested_device,
             "alive": self.alive,
@@ -570,14 +572,6 @@ class TransformersEnginePool(LeastLoadedPool[TransformersEngine]):
         super().__init__(
             [TransformersEngine(model, device=device, cpu_share=len(devices), **engine_options) for device in devices]
         )
-
-    @property
-    def restarts(self) -> int:
-        return sum(engine.restarts for engine in self.engines)
-
-    @property
-    def queue_depth(self) -> int:
-        return sum(engine.queue_depth for engine in self.engines)
 
     async def start(self) -> None:
         """Start every engine at once; if one fails, stop the others and raise its error."""

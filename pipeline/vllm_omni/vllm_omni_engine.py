@@ -56,6 +56,7 @@ from pipeline.contract import (
     AudioChunk,
     EngineCapabilities,
     EngineError,
+    EngineHealth,
     FinishReason,
     TextDelta,
     TurnDone,
@@ -205,8 +206,12 @@ class VllmOmniEngine:
         del self._preemptible[preemptible_id]
         return True
 
+    def health(self) -> EngineHealth:
+        """Alive while the server answers; nothing restarts or queues here (the server does its own)."""
+        return EngineHealth(alive=self.reachable)
+
     def describe(self) -> dict[str, Any]:
-        """This server's state for health reports."""
+        """This server's state for health reports (as a pool's member)."""
         return {
             "url": redacted(self.url),
             "alive": self.reachable,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from app.config import LocalEngine, Settings, VllmOmniServers, dev_replies_file
@@ -35,6 +38,26 @@ def test_without_engine_urls_the_engine_is_the_in_process_one_with_its_settings(
     engine = Settings(device="cpu", engines=2, max_batch=4, engine_threads=1, dev_replies=replies).engine
     assert engine == LocalEngine(devices=("cpu", "cpu"), max_batch=4, dtype="auto", generation={}, threads=1,
                                  attn_implementation=None, dev_replies=replies)
+
+
+def test_the_engine_is_built_once_and_a_copy_builds_its_own():
+    settings = Settings(device="cpu", max_batch=4)
+    assert settings.engine is settings.engine
+    copy = settings.model_copy(update={"max_batch": 2})
+    assert isinstance(copy.engine, LocalEngine) and copy.engine.max_batch == 2
+    assert isinstance(settings.engine, LocalEngine) and settings.engine.max_batch == 4
+
+
+def test_settings_load_no_webrtc_stack():
+    """Settings are read by the CLI, the client and every process; the jitter buffer's aiortc
+    check belongs to the server's start (app.serving.call_factory.check_jitter_buffer)."""
+    code = (
+        "import sys, app.config\n"
+        "app.config.Settings(jitter_buffer=True)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('aiortc', 'aioice')))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
 
 
 def test_with_engine_urls_the_engine_is_the_vllm_omni_servers_and_nothing_of_the_local_one():

@@ -85,6 +85,11 @@ class InstantReplyEngine:
     async def close(self) -> None:
         return None
 
+    def health(self) -> Any:
+        from pipeline.contract import EngineHealth
+
+        return EngineHealth(alive=True)
+
     async def run_turn(self, request: Any) -> AsyncIterator[Any]:
         from pipeline.contract import AudioChunk, TextDelta, TurnDone, TurnTimings, Usage
 

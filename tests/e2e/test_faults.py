@@ -29,6 +29,7 @@ from app.client.webrtc import RealtimeClient
 from app.config import Settings
 from app.http.server import create_app
 from media.outbound import OutboundAudioTrack
+from pipeline.contract import EngineHealth
 from tests.clock import FakeClock
 from tests.e2e.conftest import get_json, serving_in_process, wait_for_sessions
 from tests.fakes import ScriptedEngine
@@ -107,9 +108,8 @@ async def test_peer_frozen_mid_response_is_released_and_its_engine_turn_cancelle
 class DeadEngine(ScriptedEngine):
     """An engine whose process has died and is being restarted."""
 
-    alive = False
-    restarts = 2
-    queue_depth = 0
+    def health(self) -> EngineHealth:
+        return EngineHealth(alive=False, restarts=2)
 
 
 async def test_healthz_reports_a_dead_engine_as_degraded_with_its_restarts():

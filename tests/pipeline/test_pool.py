@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from pipeline.contract import EngineCapabilities, TurnDone, TurnEvent, TurnRequest, Usage
+from pipeline.contract import EngineCapabilities, EngineHealth, TurnDone, TurnEvent, TurnRequest, Usage
 from pipeline.conversation import Conversation, UserText
 from pipeline.pool import LeastLoadedPool
 from tests.fakes import FULL_CAPABILITIES
@@ -13,7 +13,7 @@ from tests.fakes import FULL_CAPABILITIES
 
 class Member:
     def __init__(self, name: str, *, load: int, spare: int, alive: bool = True, holding: tuple[str, ...] = (),
-                 capabilities: EngineCapabilities = FULL_CAPABILITIES) -> None:
+                 capabilities: EngineCapabilities = FULL_CAPABILITIES, restarts: int = 0, queue_depth: int = 0) -> None:
         self.name = name
         self.capabilities = capabilities
         self.load = load
@@ -21,9 +21,14 @@ class Member:
         self.alive = alive
         self.holding = set(holding)  # preemptible turns it runs
         self.turns: list[TurnRequest] = []
+        self.restarts = restarts
+        self.queue_depth = queue_depth
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name}
+        return {"name": self.name, "alive": self.alive}
+
+    def health(self) -> EngineHealth:
+        return EngineHealth(alive=self.alive, restarts=self.restarts, queue_depth=self.queue_depth)
 
     async def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
         self.turns.append(request)
@@ -76,3 +81,15 @@ def test_a_pool_can_do_what_every_member_can():
 def test_a_pool_of_members_that_can_do_everything_can_too():
     pool = LeastLoadedPool([Member("a", load=0, spare=1), Member("b", load=0, spare=1)])
     assert pool.capabilities == FULL_CAPABILITIES
+
+
+def test_a_pools_health_is_alive_while_one_member_is_and_adds_up_its_members():
+    pool = LeastLoadedPool([Member("a", load=0, spare=1, restarts=1, queue_depth=2),
+                            Member("b", load=0, spare=1, alive=False, restarts=2, queue_depth=3)])
+    health = pool.health()
+    assert (health.alive, health.restarts, health.queue_depth) == (True, 3, 5)
+    assert health.members == ({"name": "a", "alive": True}, {"name": "b", "alive": False})
+    assert not health.every_member_alive
+    pool.engines[1].alive = False
+    pool.engines[0].alive = False
+    assert not pool.health().alive

@@ -109,11 +109,6 @@ class ConversationItemCreateEvent(_ClientEventBase):
     previous_item_id: str | None = None  # None: append; "root": first; an id: right after it
 
     @property
-    def carries_image(self) -> bool:
-        """An ``input_image`` upload: the one event allowed past ``max_event_bytes``."""
-        return isinstance(self.item, ClientMessageItem) and any(part.type == "input_image" for part in self.item.content)
-
-    @property
     def image_url_chars(self) -> int:
         """The characters of its ``input_image`` data URLs: all an image upload may hold past
         ``max_event_bytes`` (the rest of it is bounded as any event is)."""

@@ -72,10 +72,6 @@ class IceServer:
         if urlsplit(self.urls).scheme not in ICE_SCHEMES:
             raise ValueError(f"ICE server URL must start with stun:, stuns:, turn: or turns:, got {self.urls!r}")
 
-    @property
-    def is_turn(self) -> bool:
-        return urlsplit(self.urls).scheme in ("turn", "turns")
-
     def to_json(self) -> dict[str, str]:
         """The ``RTCIceServer`` dictionary a browser's ``RTCPeerConnection`` takes."""
         entry = {"urls": self.urls}
@@ -147,10 +143,6 @@ def missing_relay(configuration: RTCConfiguration, local_sdp: str) -> list[str]:
 class CandidatePair:
     local: str  # the candidate types: host, srflx, prflx or relay
     remote: str
-
-    @property
-    def relayed(self) -> bool:
-        return "relay" in (self.local, self.remote)
 
 
 def selected_candidate_pair(pc: RTCPeerConnection) -> CandidatePair | None:

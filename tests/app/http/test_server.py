@@ -22,7 +22,7 @@ from pydantic import SecretStr
 from app.config import Settings
 from app.http.server import create_app
 from app.transports.webrtc.ice import loopback_candidates, rtc_configuration
-from pipeline.contract import AudioChunk, TextDelta, TurnDone, TurnEvent, TurnRequest, Usage
+from pipeline.contract import AudioChunk, EngineHealth, TextDelta, TurnDone, TurnEvent, TurnRequest, Usage
 from pipeline.local.devices import usable_cores
 from tests.fakes import FULL_CAPABILITIES, ScriptedEngine
 
@@ -32,12 +32,12 @@ class FakeEngine:
 
     name = "fake-engine"
     capabilities = FULL_CAPABILITIES
-    alive = True
-    restarts = 0
-    queue_depth = 0
 
     async def start(self) -> None:
         pass
+
+    def health(self) -> EngineHealth:
+        return EngineHealth(alive=True)
 
     async def close(self) -> None:
         pass
@@ -340,14 +340,11 @@ async def test_a_client_secret_forcing_a_call_the_engine_cannot_make_is_refused(
 class TwoEnginePool(FakeEngine):
     """An engine pool whose second engine process is being restarted."""
 
-    restarts = 1
-    queue_depth = 0
-
-    def describe(self) -> list[dict]:
-        return [
+    def health(self) -> EngineHealth:
+        return EngineHealth(alive=True, restarts=1, members=(
             {"device": "cuda:0", "alive": True, "pid": 11, "restarts": 0, "running": 2, "queue_depth": 0, "max_batch": 8},
             {"device": "cuda:1", "alive": False, "pid": None, "restarts": 1, "running": 0, "queue_depth": 0, "max_batch": 8},
-        ]
+        ))
 
 
 class WarmingEngine(FakeEngine):
@@ -355,10 +352,12 @@ class WarmingEngine(FakeEngine):
 
     alive = False
 
-    def describe(self) -> list[dict]:
+    def health(self) -> EngineHealth:
         state = "ready" if self.alive else "warming"
-        return [{"device": "cpu", "alive": self.alive, "state": state, "pid": 11, "restarts": 0, "running": 0,
-                 "queue_depth": 0, "max_batch": 8, "warm_up": {"turns": 4} if self.alive else None}]
+        return EngineHealth(alive=self.alive, members=(
+            {"device": "cpu", "alive": self.alive, "state": state, "pid": 11, "restarts": 0, "running": 0,
+             "queue_depth": 0, "max_batch": 8, "warm_up": {"turns": 4} if self.alive else None},
+        ))
 
 
 async def test_healthz_is_not_ok_while_the_engine_warms_up(settings):
@@ -385,8 +384,10 @@ async def test_healthz_shows_each_engine_of_a_pool_and_degraded_while_one_restar
     assert response.status_code == 200  # one engine still serves
     body = response.json()
     assert body["status"] == "degraded"
-    assert [engine["device"] for engine in body["engine"]["engines"]] == ["cuda:0", "cuda:1"]
-    assert [engine["alive"] for engine in body["engine"]["engines"]] == [True, False]
+    assert body["engine"] == {"alive": True, "restarts": 1, "queue_depth": 0, "engines": [
+        {"device": "cuda:0", "alive": True, "pid": 11, "restarts": 0, "running": 2, "queue_depth": 0, "max_batch": 8},
+        {"device": "cuda:1", "alive": False, "pid": None, "restarts": 1, "running": 0, "queue_depth": 0, "max_batch": 8},
+    ]}
 
 
 async def minted_turn_detection(settings: Settings, session: dict) -> dict:

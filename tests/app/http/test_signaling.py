@@ -16,7 +16,7 @@ from app.http.signaling import check_offer_sdp
 from app.realtime.session_config import SessionConfig
 from app.serving.engines import StallTimeoutEngine
 from app.transports.webrtc.ice import loopback_candidates, rtc_configuration
-from pipeline.contract import EngineError, TextDelta, TurnDone, TurnRequest, Usage
+from pipeline.contract import EngineError, EngineHealth, TextDelta, TurnDone, TurnRequest, Usage
 from pipeline.conversation import Conversation, UserText
 from tests.fakes import FULL_CAPABILITIES, ScriptedEngine, SessionHarness
 from tests.hostile import punctuation_tools
@@ -130,7 +130,8 @@ class ScriptedTurnEngine:
         self.stall = stall
         self.error = error
         self.cancelled = False
-        self.restarts = 3
+    def health(self) -> EngineHealth:
+        return EngineHealth(alive=True, restarts=3)
 
     async def start(self) -> None: ...
 
@@ -186,7 +187,7 @@ async def test_engine_error_passes_through_the_guard():
 async def test_guard_exposes_the_wrapped_engine():
     engine = StallTimeoutEngine(ScriptedTurnEngine([]), stall_timeout_s=5)
     assert engine.name == "scripted"
-    assert engine.restarts == 3
+    assert engine.health() == EngineHealth(alive=True, restarts=3)
 
 
 # -- the limits in a session and a server --------------------------------------------------

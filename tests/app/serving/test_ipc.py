@@ -1,18 +1,41 @@
-"""The workers' IPC: length-prefixed pickles, each bounded."""
+"""The workers' IPC: length-prefixed pickles of app.serving.worker_messages, each bounded."""
 
 from __future__ import annotations
 
+import asyncio
+import pickle
+import struct
+
 import pytest
 
-from app.serving.ipc import MAX_MESSAGE_BYTES, MessageTooLarge, post
+from app.serving.ipc import MAX_MESSAGE_BYTES, MessageTooLarge, post, receive
+from app.serving.worker_messages import CallClosed, ResourcesReport, Status
 from tests.fakes import RecordingWriter
 
 
 def test_the_sender_refuses_a_message_over_the_limit_and_writes_nothing() -> None:
     writer = RecordingWriter()
     with pytest.raises(MessageTooLarge) as refused:
-        post(writer, {"op": "turn", "blob": b"x" * (MAX_MESSAGE_BYTES + 1)})
-    assert refused.value.op == "turn"
+        post(writer, ResourcesReport(request=1, resources={"blob": b"x" * (MAX_MESSAGE_BYTES + 1)}))
+    assert refused.value.message_type is ResourcesReport
     assert writer.written == b""
-    post(writer, {"op": "status"})
+    post(writer, Status(sessions=0, pacing={}, metrics=[]))
     assert writer.written  # the connection goes on
+
+
+async def test_a_message_arrives_as_the_dataclass_it_was_sent_as() -> None:
+    writer = RecordingWriter()
+    post(writer, CallClosed(call_id="rtc_1", reason="hangup"))
+    reader = asyncio.StreamReader()
+    reader.feed_data(writer.written)
+    reader.feed_eof()
+    assert await receive(reader) == CallClosed(call_id="rtc_1", reason="hangup")
+    assert await receive(reader) is None  # the other end closed
+
+
+async def test_what_no_end_sends_breaks_the_connection() -> None:
+    data = pickle.dumps({"op": "status"})
+    reader = asyncio.StreamReader()
+    reader.feed_data(struct.pack("!I", len(data)) + data)
+    with pytest.raises(ValueError, match="got dict"):
+        await receive(reader)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
 
 import numpy as np
 import pytest
 
 from app.serving.ipc import MAX_MESSAGE_BYTES, post
 from app.serving.media_worker import EngineProxy
+from app.serving.worker_messages import CancelTurn, StartTurn, ToFront, TurnEnd, TurnError, TurnEventMessage
 from pipeline.contract import AudioChunk, EngineError, TextDelta, TurnRequest
 from pipeline.conversation import Conversation, UserText
 from tests.fakes import FULL_CAPABILITIES, RecordingWriter
@@ -20,13 +20,15 @@ class Front:
     """Plays the front process for one EngineProxy: records what it is sent."""
 
     def __init__(self) -> None:
-        self.sent: list[dict[str, Any]] = []
+        self.sent: list[ToFront] = []
         self.proxy = EngineProxy("front-engine", FULL_CAPABILITIES, self.sent.append)
 
     async def turn_started(self) -> int:
         while not self.sent:
             await asyncio.sleep(0)
-        return int(self.sent[0]["turn"])
+        started = self.sent[0]
+        assert isinstance(started, StartTurn)
+        return started.turn
 
 
 async def test_a_turn_streams_its_events_and_ends() -> None:
@@ -36,16 +38,16 @@ async def test_a_turn_streams_its_events_and_ends() -> None:
 
     async def play_front() -> None:
         turn = await front.turn_started()
-        assert front.sent[0]["request"] is request
-        front.proxy.deliver({"op": "turn_event", "turn": turn, "event": TextDelta("Hi")})
-        front.proxy.deliver({"op": "turn_event", "turn": turn, "event": chunk})
-        front.proxy.deliver({"op": "turn_end", "turn": turn, "error": None})
+        assert front.sent[0] == StartTurn(turn=turn, request=request)
+        front.proxy.deliver(TurnEventMessage(turn=turn, event=TextDelta("Hi")))
+        front.proxy.deliver(TurnEventMessage(turn=turn, event=chunk))
+        front.proxy.deliver(TurnEnd(turn=turn))
 
     player = asyncio.create_task(play_front())
     events = [event async for event in front.proxy.run_turn(request)]
     await player
     assert events == [TextDelta("Hi"), chunk]
-    assert [message["op"] for message in front.sent] == ["turn"]  # ended: nothing to cancel
+    assert [type(message) for message in front.sent] == [StartTurn]  # ended: nothing to cancel
 
 
 async def test_an_engine_error_in_front_is_raised_with_its_code() -> None:
@@ -53,7 +55,7 @@ async def test_an_engine_error_in_front_is_raised_with_its_code() -> None:
 
     async def play_front() -> None:
         turn = await front.turn_started()
-        front.proxy.deliver({"op": "turn_end", "turn": turn, "error": ("engine_timeout", "nothing for 60 s")})
+        front.proxy.deliver(TurnEnd(turn=turn, error=TurnError(code="engine_timeout", message="nothing for 60 s")))
 
     player = asyncio.create_task(play_front())
     with pytest.raises(EngineError, match="nothing for 60 s") as raised:
@@ -69,10 +71,10 @@ async def test_closing_a_turn_early_cancels_it_in_front_and_drops_its_late_event
     async with contextlib.aclosing(turn_events):
         pending = asyncio.ensure_future(anext(turn_events))
         turn = await front.turn_started()
-        front.proxy.deliver({"op": "turn_event", "turn": turn, "event": TextDelta("Hi")})
+        front.proxy.deliver(TurnEventMessage(turn=turn, event=TextDelta("Hi")))
         assert await pending == TextDelta("Hi")
-    assert front.sent[-1] == {"op": "cancel_turn", "turn": turn}
-    front.proxy.deliver({"op": "turn_event", "turn": turn, "event": TextDelta("late")})  # ignored
+    assert front.sent[-1] == CancelTurn(turn=turn)
+    front.proxy.deliver(TurnEventMessage(turn=turn, event=TextDelta("late")))  # ignored
 
 
 async def test_a_turn_too_large_to_send_fails_that_turn_with_an_error_code() -> None:

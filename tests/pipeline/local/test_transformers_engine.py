@@ -61,6 +61,13 @@ async def test_a_pool_of_engine_processes_declares_everything_the_model_does():
                                                    preemptible_turns=True)
 
 
+async def test_a_pool_not_yet_started_reports_each_engine_process_down():
+    health = TransformersEnginePool("unused-model", devices=["cpu", "cpu"]).health()
+    assert (health.alive, health.restarts, health.queue_depth) == (False, 0, 0)
+    assert [(member["state"], member["alive"]) for member in health.members] == [("stopped", False)] * 2
+    assert not health.every_member_alive
+
+
 @pytest.fixture(scope="module")
 async def engine(dev_model_dir):
     engine = TransformersEngine(dev_model_dir, device="cpu", seed=0, threads=1, generation=GENERATION)
