@@ -84,6 +84,11 @@ SUPERVISE_INTERVAL_S = 0.5
 # not a busy loop (a VAD window costs well under a millisecond, a stalled frame tens of ms) but
 # a stopped or stuck process: it gets no new calls, and offers waiting on it go elsewhere.
 HEARTBEAT_TIMEOUT_S = 2.0
+# A worker silent this long is killed and spawned again, its calls ended ("worker_unresponsive"):
+# its calls have heard nothing for as long (a real-time call is lost after a second or two), and
+# a loop stuck this long would otherwise hold their peers and session slots until ICE consent
+# ran out. Ten heartbeats: no pause of a working loop comes near it.
+WORKER_STUCK_TIMEOUT_S = 5.0
 # A worker that died before it ever reported (a crash at start-up) is spawned again only after
 # this long, so that a worker that cannot start does not spin.
 START_RETRY_DELAY_S = 5.0
@@ -104,6 +109,7 @@ class WorkerHandle:
     ready: bool = False  # reported once: its VAD is loaded
     last_heard: float = 0.0  # monotonic time of its last message
     silent: bool = False  # nothing heard for HEARTBEAT_TIMEOUT_S: takes no new calls
+    killed_stuck: bool = False  # killed for being silent WORKER_STUCK_TIMEOUT_S; cleared when spawned again
     calls: set[str] = field(default_factory=set)
     reserved: int = 0  # offers sent, not yet answered
     reported_sessions: int = 0
@@ -316,6 +322,7 @@ class MediaWorkerPool:
             worker.process.start()
         worker.pid = worker.process.pid
         worker.spawned_at = time.monotonic()
+        worker.killed_stuck = False
 
     def _stop(self, worker: WorkerHandle) -> None:
         """Blocking: waits for the process to exit, then kills it (in a thread)."""
@@ -465,6 +472,8 @@ class MediaWorkerPool:
         questions waiting on them fail now (an offer then goes to the next worker)."""
         now = time.monotonic()
         for worker in self._workers:
+            if worker.silent and not worker.killed_stuck and now - worker.last_heard >= WORKER_STUCK_TIMEOUT_S:
+                self._kill_stuck(worker, now - worker.last_heard)
             if not worker.ready or worker.silent or now - worker.last_heard < HEARTBEAT_TIMEOUT_S:
                 continue
             worker.silent = True
@@ -476,12 +485,22 @@ class MediaWorkerPool:
                 if not future.done():
                     future.set_exception(WorkerUnavailable(f"media worker {worker.index} stopped answering"))
 
+    def _kill_stuck(self, worker: WorkerHandle, silent_s: float) -> None:
+        """A worker whose loop has not answered for ``WORKER_STUCK_TIMEOUT_S``: killed; its
+        connection's end then ends its calls and the supervisor spawns it again."""
+        worker.killed_stuck = True
+        logger.error("media worker %d (pid %s) has not answered for %.1f s: killed, its %d calls ended",
+                     worker.index, worker.pid, silent_s, len(worker.calls))
+        if worker.process.pid is not None and worker.process.is_alive():
+            worker.process.kill()
+
     async def _lost(self, worker: WorkerHandle, writer: asyncio.StreamWriter) -> None:
         """The worker's connection ended: it exited or died. Its calls are gone; the supervisor spawns it again."""
         was_ready, lost_calls = worker.ready, len(worker.calls)
         worker.ready, worker.silent, worker.writer, worker.pacing, worker.metrics = False, False, None, None, []
         for call_id in list(worker.calls):
-            self._forget_call(worker, call_id, "server_shutdown" if self._closing else "worker_died")
+            reason = "server_shutdown" if self._closing else "worker_unresponsive" if worker.killed_stuck else "worker_died"
+            self._forget_call(worker, call_id, reason)
         for future in worker.pending.values():
             if not future.done():
                 future.set_exception(WorkerUnavailable(f"media worker {worker.index} ended"))

@@ -25,6 +25,7 @@ from app.client.base import ClientError
 from app.client.webrtc import RealtimeClient
 from app.config import Settings
 from app.http.server import create_app
+from app.serving import media_workers
 from pipeline.conversation import HistoryLimits
 from tests.e2e.conftest import free_port, serving_in_process
 from tests.fakes import ScriptedEngine
@@ -120,6 +121,29 @@ async def test_a_killed_worker_loses_only_its_calls_and_is_replaced(tmp_path) ->
             async with RealtimeClient(url, ice_loopback=True) as newcomer:  # the next call is placed and served
                 assert sessions_by_worker(await until(http, lambda b: b["sessions"] == 2)) == [1, 1]
                 await answered(newcomer)
+
+
+async def test_a_stuck_worker_is_killed_its_calls_ended_and_it_is_replaced(tmp_path, monkeypatch) -> None:
+    """A worker whose loop stops answering (here: stopped by SIGSTOP, as a loop stuck in client
+    code would be) is killed after WORKER_STUCK_TIMEOUT_S; the other worker's call goes on."""
+    monkeypatch.setattr(media_workers, "WORKER_STUCK_TIMEOUT_S", 3.0)
+    async with front(tmp_path) as (url, http):
+        async with RealtimeClient(url, ice_loopback=True) as survivor, RealtimeClient(url, ice_loopback=True) as stuck:
+            body = await until(http, lambda b: sessions_by_worker(b) == [1, 1])
+            victim = body["workers"][1]["pid"]
+            os.kill(victim, signal.SIGSTOP)
+            try:
+                body = await until(http, lambda b: b["workers"][1]["restarts"] == 1 and b["workers"][1]["alive"]
+                                   and b["workers"][1]["ready"])
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim, signal.SIGCONT)
+            assert not psutil.pid_exists(victim) or psutil.Process(victim).status() == psutil.STATUS_ZOMBIE
+            assert body["sessions"] == 1 and sessions_by_worker(body) == [1, 0]
+            with pytest.raises(ClientError, match="nothing heard from the server"):
+                await stuck.wait_for("never.sent", timeout_s=SETTLE_S)
+            assert survivor.ended is None
+            await answered(survivor)
 
 
 async def test_an_overloaded_worker_shows_in_healthz_and_metrics(tmp_path) -> None:
