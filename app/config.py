@@ -285,6 +285,14 @@ class Settings(BaseSettings):
         description="calls one client address may have still connecting (offered, ICE/DTLS not yet up); "
         "the next gets 429",
     )
+    # A page holds one session; a visitor's tabs a few. Clients of this machine (no proxy between)
+    # and holders of the API key (a server-side program speaking for many users) are not held to it.
+    max_sessions_per_client: Annotated[int, Flag(Concern.LIMITS, metavar="N")] = Field(
+        4,
+        ge=1,
+        description="sessions (WebRTC and WebSocket together) one client address may hold open, as the trusted "
+        "proxies name it; the next gets 429. Not for clients on this machine or with the API key",
+    )
     # Browsers send 3-8 KB.
     max_sdp_bytes: Annotated[int, Flag(Concern.LIMITS, metavar="BYTES")] = Field(
         65_536, ge=1_024, description="an offer's body; past it 413"

@@ -4,7 +4,7 @@ media worker's) and WebSockets, counted together against ``--max-sessions``.
 The registry knows a session only as :class:`OpenSession` (an id, its transport's name, ``close``),
 so it imports nothing of aiortc or the web framework; each transport's call (``app.transports.webrtc.peer_call.Call``,
 ``app.transports.websocket.socket_call.SocketCall``, ``app.serving.media_workers.RemoteCall``) is one. Admission
-raises :class:`CapacityError` or :class:`ConnectingLimitError`; the routes answer them
+raises :class:`CapacityError`, :class:`ClientLimitError` or :class:`ConnectingLimitError`; the routes answer them
 (``app.http.call_refusals``).
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 logger = logging.getLogger(__name__)
@@ -24,6 +25,21 @@ class CapacityError(Exception):
 
 class ConnectingLimitError(Exception):
     """The client already has its most calls still connecting."""
+
+
+class ClientLimitError(Exception):
+    """The client already has its most sessions open."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Who asks for a session slot. ``client``: its address (as the trusted proxies name it);
+    ``bounded``: held to the per-client bound (not a client of this machine, not the API key's
+    holder); ``connects``: a WebRTC call, counted as connecting until its peer connects."""
+
+    client: str
+    bounded: bool
+    connects: bool
 
 
 class OpenSession(Protocol):
@@ -49,13 +65,16 @@ class CallRegistry:
         max_calls: int,
         *,
         max_connecting_per_client: int | None = None,
+        max_sessions_per_client: int | None = None,
         on_count: Callable[[dict[str, int]], None] | None = None,
         on_closed: OnClosed | None = None,
     ) -> None:
         self._max_calls = max_calls
         self._max_connecting = max_connecting_per_client
+        self._max_per_client = max_sessions_per_client
         self._calls: dict[str, OpenSession] = {}
         self._connecting: dict[str, str] = {}  # call id -> client address, until the peer connects
+        self._bounded: dict[str, str] = {}  # call id -> client address, for sessions held to the per-client bound
         self._on_count = on_count
         self._on_closed = on_closed
 
@@ -66,24 +85,31 @@ class CallRegistry:
         """The open session ``call_id``, of any transport."""
         return self._calls.get(call_id)
 
-    def admit(self, create: Callable[[OnClosed], SessionT], *, client: str | None = None) -> SessionT:
-        """Registers ``create(on_closed)``, or raises :class:`CapacityError` when full (or
-        :class:`ConnectingLimitError` when ``client`` has its most calls still connecting).
+    def admit(self, create: Callable[[OnClosed], SessionT], *, admission: Admission | None = None) -> SessionT:
+        """Registers ``create(on_closed)``, or raises :class:`CapacityError` when full,
+        :class:`ClientLimitError` when a bounded client has its most sessions open, or
+        :class:`ConnectingLimitError` when a connecting client has its most calls still connecting.
 
         Synchronous, so admission and registration cannot interleave with another offer.
         The session must invoke ``on_closed`` once it is released; the registry forgets it then.
-        A call admitted for a ``client`` counts as connecting until :meth:`connected`.
         """
         if len(self._calls) >= self._max_calls:
             raise CapacityError(f"all {self._max_calls} sessions are in use")
-        if client is not None and self._max_connecting is not None:
+        client = admission.client if admission is not None else None
+        if admission is not None and admission.bounded and self._max_per_client is not None:
+            open_sessions = sum(1 for address in self._bounded.values() if address == client)
+            if open_sessions >= self._max_per_client:
+                raise ClientLimitError(f"{client} has {open_sessions} sessions open")
+        if admission is not None and admission.connects and self._max_connecting is not None:
             connecting = sum(1 for address in self._connecting.values() if address == client)
             if connecting >= self._max_connecting:
                 raise ConnectingLimitError(f"{client} has {connecting} calls still connecting")
         call = create(self._forget)
         self._calls[call.id] = call
-        if client is not None:
-            self._connecting[call.id] = client
+        if admission is not None and admission.connects:
+            self._connecting[call.id] = admission.client
+        if admission is not None and admission.bounded:
+            self._bounded[call.id] = admission.client
         self._count_changed()
         return call
 
@@ -103,6 +129,7 @@ class CallRegistry:
 
     def _forget(self, call: OpenSession, reason: str) -> None:
         self._connecting.pop(call.id, None)
+        self._bounded.pop(call.id, None)
         if self._calls.pop(call.id, None) is None:
             return
         self._count_changed()

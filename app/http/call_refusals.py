@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import TypeAlias
 
-from app.calls.registry import CapacityError, ConnectingLimitError
+from app.calls.registry import CapacityError, ClientLimitError, ConnectingLimitError
 from app.config import Settings
 from app.http.errors import ApiError, logged_error, rate_limited
 from app.metrics import Metrics
@@ -18,7 +18,7 @@ from app.transports.webrtc.peer_call import OfferError
 # How long a client turned away for capacity should wait: about one short voice turn.
 CAPACITY_RETRY_AFTER_S = 30
 
-CallRefusal: TypeAlias = CapacityError | ConnectingLimitError | OfferError
+CallRefusal: TypeAlias = CapacityError | ClientLimitError | ConnectingLimitError | OfferError
 
 
 def call_refused(error: CallRefusal, settings: Settings, metrics: Metrics, *, call_id: str | None = None) -> ApiError:
@@ -27,6 +27,8 @@ def call_refused(error: CallRefusal, settings: Settings, metrics: Metrics, *, ca
         answer = capacity_error(settings.max_sessions)
     elif isinstance(error, ConnectingLimitError):
         answer = _connecting_limit_error(settings)
+    elif isinstance(error, ClientLimitError):
+        answer = _client_limit_error(settings)
     else:
         assert call_id is not None, "an offer is refused for a call that has an id"
         answer = _offer_refused(error, call_id)
@@ -48,6 +50,14 @@ def _connecting_limit_error(settings: Settings) -> ApiError:
         "connect or end one first.",
         code="too_many_connecting_calls",
         retry_after_s=math.ceil(settings.connect_timeout_s),
+    )
+
+
+def _client_limit_error(settings: Settings) -> ApiError:
+    return rate_limited(
+        f"This client already has {settings.max_sessions_per_client} sessions open; end one first.",
+        code="too_many_sessions_for_client",
+        retry_after_s=CAPACITY_RETRY_AFTER_S,
     )
 
 

@@ -84,6 +84,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             calls = CallRegistry(
                 settings.max_sessions,
                 max_connecting_per_client=settings.max_connecting_per_client,
+                max_sessions_per_client=settings.max_sessions_per_client,
                 on_count=metrics.set_open_sessions,
                 on_closed=lambda call, reason: metrics.calls.labels(transport=call.transport, reason=reason).inc(),
             )

@@ -7,6 +7,9 @@ from typing import Any
 
 from starlette.requests import HTTPConnection
 
+from app.calls.registry import Admission
+from app.http.auth import CallGrant
+from app.http.edge import TrustedProxies, is_local_client
 from app.http.errors import ApiError
 from app.realtime.protocol import ProtocolError
 from app.realtime.session_config import SessionConfig, check_session, session_param
@@ -30,3 +33,12 @@ async def read_session_config(partial: dict[str, Any], base: SessionConfig) -> S
     except ProtocolError as exc:
         param = f"session.{exc.param}" if exc.param and not exc.param.startswith("session") else exc.param or "session"
         raise ApiError(400, f"Invalid session: {exc.message}", code=exc.code, param=param) from None
+
+
+def admission_of(connection: HTTPConnection, grant: CallGrant, proxies: TrustedProxies, *, connects: bool) -> Admission | None:
+    """Who asks for the session: the client's address as the trusted proxies name it, held to the
+    per-client bound unless it is on this machine or holds the API key; None without an address."""
+    if connection.client is None:
+        return None
+    bounded = grant.via != "api_key" and not is_local_client(connection, proxies)
+    return Admission(connection.client.host, bounded=bounded, connects=connects)

@@ -18,13 +18,13 @@ from fastapi.responses import Response
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from app.calls.registry import CapacityError, ConnectingLimitError, OnClosed
+from app.calls.registry import Admission, CapacityError, ClientLimitError, ConnectingLimitError, OnClosed
 from app.config import Settings
 from app.http.auth import Authenticator, CallGrant
 from app.http.call_refusals import call_refused
-from app.http.edge import OriginPolicy
+from app.http.edge import OriginPolicy, TrustedProxies
 from app.http.errors import ApiError, logged_error
-from app.http.session_start import read_session_config, runtime_of
+from app.http.session_start import admission_of, read_session_config, runtime_of
 from app.metrics import Metrics
 from app.realtime.session_config import SessionConfig
 from app.serving.call_factory import new_call, session_factory
@@ -51,6 +51,7 @@ def signaling_router(
     """The calls routes; the runtime (engine, VAD, calls) is read per request from the app."""
     router = APIRouter()
     origins = OriginPolicy(settings)
+    proxies = TrustedProxies(settings.trusted_proxies)
 
     @router.post("/v1/realtime/calls", status_code=201)
     async def create_call(request: Request, grant: CallGrant = Depends(authenticator.authorize_call)) -> Response:
@@ -58,9 +59,9 @@ def signaling_router(
         _check_cross_site(request, grant, origins)
         offer, session = await _read_offer(request, settings)
         config = await read_session_config({**(grant.session or {}), **(session or {})}, base_config)
-        client = request.client.host if request.client is not None else None
+        admission = admission_of(request, grant, proxies, connects=True)
         if runtime.workers is not None:
-            return await _place_on_worker(runtime.workers, offer, config, settings, metrics, client)
+            return await _place_on_worker(runtime.workers, offer, config, settings, metrics, admission)
 
         make_session = session_factory(
             settings, metrics, config, session_engine=runtime.session_engine, shared_engine=runtime.for_sessions,
@@ -71,8 +72,8 @@ def signaling_router(
             return new_call(settings, make_session, metrics, on_closed, on_connected=lambda c: runtime.calls.connected(c.id))
 
         try:
-            call = runtime.calls.admit(make_call, client=client)
-        except (CapacityError, ConnectingLimitError) as exc:
+            call = runtime.calls.admit(make_call, admission=admission)
+        except (CapacityError, ClientLimitError, ConnectingLimitError) as exc:
             raise call_refused(exc, settings, metrics) from None
         try:
             answer = await call.answer(offer)
@@ -115,13 +116,13 @@ def signaling_router(
 
 async def _place_on_worker(
     workers: MediaWorkerPool, offer: str, config: SessionConfig, settings: Settings, metrics: Metrics,
-    client: str | None,
+    admission: Admission | None,
 ) -> Response:
     """The call goes to the least loaded media worker, which answers; the pool registers it (--max-sessions)."""
     call_id = new_call_id()
     try:
-        answer = await workers.place_call(call_id, offer, config, client=client)
-    except (CapacityError, ConnectingLimitError, OfferError) as exc:
+        answer = await workers.place_call(call_id, offer, config, admission=admission)
+    except (CapacityError, ClientLimitError, ConnectingLimitError, OfferError) as exc:
         raise call_refused(exc, settings, metrics, call_id=call_id) from None
     except WorkerUnavailable as exc:
         metrics.errors.labels(type="server_error", code="media_worker_unavailable").inc()

@@ -41,13 +41,13 @@ from typing import Any
 
 from fastapi import APIRouter, WebSocket
 
-from app.calls.registry import CapacityError
+from app.calls.registry import CapacityError, ClientLimitError
 from app.config import Settings
 from app.http.auth import Authenticator, CallGrant, bearer_token, missing_credentials
 from app.http.call_refusals import call_refused
-from app.http.edge import OriginPolicy
+from app.http.edge import OriginPolicy, TrustedProxies
 from app.http.errors import ApiError
-from app.http.session_start import read_session_config, runtime_of
+from app.http.session_start import admission_of, read_session_config, runtime_of
 from app.metrics import Metrics
 from app.realtime.session_config import SessionConfig
 from app.serving.call_factory import session_factory
@@ -95,6 +95,7 @@ def websocket_router(
     """``GET /v1/realtime``; the runtime (engine, VAD, registry) is read per connection from the app."""
     router = APIRouter()
     origins = OriginPolicy(settings)
+    proxies = TrustedProxies(settings.trusted_proxies)
 
     @router.websocket("/v1/realtime")
     async def realtime(websocket: WebSocket, model: str | None = None) -> None:
@@ -125,9 +126,10 @@ def websocket_router(
                         websocket, make_session=make_session, max_duration_s=settings.max_session_s,
                         observer=metrics.observer(transport=SocketCall.transport), on_closed=on_closed,
                         dialect=dialect,
-                    )
+                    ),
+                    admission=admission_of(websocket, grant, proxies, connects=False),
                 )
-            except CapacityError as exc:
+            except (CapacityError, ClientLimitError) as exc:
                 raise call_refused(exc, settings, metrics) from None
         except ApiError as error:
             await _deny(websocket, error)

@@ -28,7 +28,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from app.calls.registry import CallRegistry, OnClosed
+from app.calls.registry import Admission, CallRegistry, OnClosed
 from app.config import Settings
 from app.metrics import FamilySamples
 from app.realtime.session_config import SessionConfig
@@ -220,13 +220,15 @@ class MediaWorkerPool:
 
     # -- calls -----------------------------------------------------------------------------
 
-    async def place_call(self, call_id: str, sdp: str, config: SessionConfig, *, client: str | None = None) -> str:
+    async def place_call(
+        self, call_id: str, sdp: str, config: SessionConfig, *, admission: Admission | None = None
+    ) -> str:
         """The SDP answer of the least loaded worker that answers; raises CapacityError
-        (--max-sessions), ConnectingLimitError (``client`` has its most calls connecting),
+        (--max-sessions), ClientLimitError or ConnectingLimitError (the client's bounds),
         OfferError or WorkerUnavailable (no worker answered)."""
         if not any(worker.takes_calls for worker in self._workers):
             raise WorkerUnavailable("no media worker is answering")
-        remote = self._calls.admit(lambda on_closed: RemoteCall(call_id, self, on_closed), client=client)
+        remote = self._calls.admit(lambda on_closed: RemoteCall(call_id, self, on_closed), admission=admission)
         self._remote[call_id] = remote
         tried: set[int] = set()
         try:

@@ -159,6 +159,27 @@ async def test_websocket_and_webrtc_sessions_share_max_sessions(tmp_path):
     assert 'omni_rtc_sessions_open{transport="websocket"} 1.0' in metrics
 
 
+async def test_one_client_holds_at_most_its_share_of_sessions_across_transports(tmp_path):
+    """Clients named by the trusted proxy: the third session of one is refused, another client and
+    this machine's own clients still get in."""
+    settings = Settings(cache_dir=tmp_path, max_sessions_per_client=2, trusted_proxies=["127.0.0.1"],
+                        allow_unauthenticated_public=True)
+    visitor, neighbour = {"X-Forwarded-For": "203.0.113.7"}, {"X-Forwarded-For": "203.0.113.8"}
+    async with serving(settings) as url, contextlib.AsyncExitStack() as held:
+        for _ in range(2):
+            await (await held.enter_async_context(websockets.connect(ws_url(url), additional_headers=visitor))).recv()
+        with pytest.raises(InvalidStatus) as third:
+            await websockets.connect(ws_url(url), additional_headers=visitor)
+        async with httpx.AsyncClient(base_url=url) as http:
+            offer = await http.post("/v1/realtime/calls", content="\r\n".join(OFFER_LINES) + "\r\n",
+                                    headers={"Content-Type": "application/sdp", **visitor})
+        await (await held.enter_async_context(websockets.connect(ws_url(url), additional_headers=neighbour))).recv()
+        await (await held.enter_async_context(websockets.connect(ws_url(url)))).recv()  # this machine's
+    status, error = refusal(third)
+    assert (status, error["code"]) == (429, "too_many_sessions_for_client")
+    assert offer.status_code == 429 and offer.json()["error"]["code"] == "too_many_sessions_for_client"
+
+
 async def test_bad_frames_get_errors_and_the_session_goes_on(tmp_path):
     settings = Settings(cache_dir=tmp_path)
     async with serving(settings) as url:
