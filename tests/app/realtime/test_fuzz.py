@@ -33,6 +33,7 @@ from app.http.server import create_app
 from app.realtime.protocol import CLIENT_EVENT_TYPES, SessionFinishedEvent
 from tests.e2e.conftest import free_port
 from tests.fakes import ScriptedEngine, SessionHarness, SocketSessionHarness
+from tests.settle import settle
 
 SESSION_EXAMPLES = 150  # event sequences through one session each (up to 12 events)
 BAD_EVENT_EXAMPLES = 150  # single malformed events, each must get an error
@@ -179,16 +180,16 @@ async def _drive(
                 harness.push(SPEECH)
             else:
                 await harness.session.handle_message(message)
-            await _settle()
+            await settle()
         if _finished(harness.events):
             before = len(harness.events)
             await harness.session.handle_message(encode(_message("user", {"type": "input_text", "text": "there?"})))
             await harness.send(type="response.create")
-            await _settle()
+            await settle()
             return harness.events[:before], harness.events[before:]
         # Whatever state the fuzz left, a client can still have a turn: cancel, then ask.
         await harness.send(type="response.cancel")
-        await _settle()
+        await settle()
         await play()
         before = len(harness.events)
         await harness.session.handle_message(encode(_message("user", {"type": "input_text", "text": "are you there?"})))
@@ -202,11 +203,6 @@ async def _drive(
 def _finished(events: list[dict[str, Any]]) -> bool:
     """The client ended the session (``session.finish``): ``session.finished`` was sent."""
     return any(event["type"] == FINISHED for event in events)
-
-
-async def _settle() -> None:
-    for _ in range(10):
-        await asyncio.sleep(0)
 
 
 @settings(FUZZ_SETTINGS, max_examples=SESSION_EXAMPLES)
