@@ -46,8 +46,11 @@ else
 endif
 
 # The tiers below the end-to-end tests (tests/e2e: real servers, peers and browsers), for a quick
-# round while editing; `make test` still runs everything.
-test-unit: $(STAMP) system-deps turn-model
+# round while editing; `make test` still runs everything. No root, Chromium or real-time audio:
+# its one system package is the server's own libopus0 (media/libopus.py), checked, not installed.
+test-unit: $(STAMP) turn-model
+	@$(PY) -c 'import ctypes.util, sys; sys.exit(ctypes.util.find_library("opus") is None)' || \
+		{ echo "make test-unit: Debian's libopus0 is missing (sudo apt-get install libopus0)" >&2; exit 1; }
 	$(VENV)/bin/ruff check app media pipeline tests scripts
 	$(VENV)/bin/mypy
 	scripts/run-offline.sh $(VENV)/bin/pytest -n $(TEST_PROCESSES) --dist loadfile --ignore=tests/e2e $(PYTEST_ARGS)

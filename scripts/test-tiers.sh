@@ -3,8 +3,8 @@
 #
 #   scripts/test-tiers.sh PROCESSES [PYTEST OPTIONS...]
 #
-# Most of the suite carries audio in real time (tests/e2e, and the servers, peers and `omni-rtc
-# call` runs of tests/app), and its tests depend on that timing. tests/pipeline/local is the dev
+# Most of the suite carries audio in real time (tests/e2e: its servers, peers, browsers and
+# `omni-rtc call` runs), and its tests depend on that timing. tests/pipeline/local is the dev
 # model's computations and engine processes: CPU work with no clock to keep, and most of the
 # suite's CPU. So the real-time tier runs at normal priority and tests/pipeline/local beside it
 # at niceness 10, where the kernel gives each of its processes about a tenth of a real-time
@@ -14,9 +14,9 @@
 #
 # On this 2-core box (2026-12-03/04) one pytest run in 2 processes took 597-637 s; a third
 # process took ~490-560 s but starved the real-time tests (a barge-in, a minute-long utterance
-# split by a stalled media worker); niceness 10 for everything outside tests/e2e starved
-# tests/app's `omni-rtc call` test in one run of three (its media worker paced 175 of 254 frames
-# late). The two tiers at once: ~440-530 s, 1,460 passed.
+# split by a stalled media worker); niceness 10 for everything outside tests/e2e starved the
+# `omni-rtc call` test (then in tests/app) in one run of three (its media worker paced 175 of 254
+# frames late). The two tiers at once: ~440-530 s, 1,460 passed.
 #
 # The real-time tier's output streams; the model tier's is printed whole when both are done. The
 # exit status is non-zero when either tier failed.

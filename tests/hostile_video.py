@@ -4,8 +4,8 @@ aiortc's sender encodes what its track yields, unless the track yields coded pac
 (``av.Packet``), which it packetizes as they are: :class:`CodedVideoTrack` yields the same coded
 frames over and over, in real time, so that a test or a bench sends a 4096x4096 stream at a few
 KB/s without encoding it each time (libvpx takes seconds for one such frame). Used by
-tests/media/test_video_gate.py, tests/app/transports/webrtc/test_call.py, tests/e2e/test_abuse.py and
-tests/bench/video_abuse.py (issue 34).
+tests/media/test_video_gate.py, tests/e2e/test_peer_call.py, tests/e2e/test_abuse.py and
+tests/bench/video_abuse.py.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack, VideoStreamT
 from aiortc.rtp import RtpPacket
 
 from media.inbound import InboundAudio, release_audio_promptly
+from tests.settle import settle
 
 FRAME_SAMPLES = 960  # 20 ms at 48 kHz, what aiortc's Opus decoder produces
 
@@ -126,8 +127,7 @@ async def test_failing_consumer_is_logged_and_close_still_works(caplog: pytest.L
     inbound = InboundAudio(FakeTrack(frames_of(tone(440, 0.1)), end=False), broken)
     with caplog.at_level(logging.ERROR, logger="media.inbound"):
         inbound.start()
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await settle()
         await inbound.close()
     assert "consumer bug" in caplog.text
 

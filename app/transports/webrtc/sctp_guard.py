@@ -51,7 +51,7 @@ chunks dropped within the window a sender may fill come again only when its retr
 timer fires, which backs off, and a test moving 18 MB through the data channel then stalled on
 a loaded box), and one message of at most 226 fragments being reassembled (a message's
 fragments are sent in a row). The 2 MiB and 2,048-chunk bounds leave room for a peer that
-ignores ``a=max-message-size`` (tests/app/transports/webrtc/test_call.py makes one).
+ignores ``a=max-message-size`` (tests/e2e/test_peer_call.py makes one).
 
 The private names (``_RECEIVER_STATE``) and the three methods were read in aiortc 1.16
 (``media.aiortc_version``; pyproject.toml pins the same range): another version, or a transport without

@@ -1,23 +1,19 @@
-"""HTTPS in the server (``app/http/tls.py``): ``--tls self-signed`` and ``--ssl-certfile``."""
+"""HTTPS in the server (``app/http/tls.py``): ``--tls self-signed`` and ``--ssl-certfile``. Served on a
+real socket: tests/e2e/test_tls.py."""
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
-import ssl
 import stat
 from pathlib import Path
 
-import httpx
 import pytest
 from cryptography import x509
 
 from app.cli import main
 from app.config import Settings
-from app.http.server import create_app
 from app.http.tls import RENEW_BEFORE_DAYS, covered_names, ensure_self_signed, serving_tls
-from tests.e2e.conftest import serving_in_process
-from tests.fakes import ScriptedEngine
 
 NAMES = ["localhost", "127.0.0.1", "::1", "gpu-box.local"]
 
@@ -72,20 +68,6 @@ def test_tls_self_signed_covers_this_hosts_names_and_the_bind_address(tmp_path):
 
 def test_plain_http_without_tls_settings(tmp_path):
     assert serving_tls(Settings(cache_dir=tmp_path)) is None
-
-
-async def test_a_client_that_trusts_the_certificate_gets_https(tmp_path):
-    files = ensure_self_signed(tmp_path / "tls", ["127.0.0.1", "localhost"])
-    app = create_app(Settings(ice_loopback=True, cache_dir=tmp_path, media_workers=1), engine=ScriptedEngine())
-    async with serving_in_process(app, ssl_certfile=str(files.certfile), ssl_keyfile=str(files.keyfile)) as url:
-        trusting = ssl.create_default_context(cafile=str(files.certfile))  # as SSL_CERT_FILE=... does
-        async with httpx.AsyncClient(verify=trusting) as http:
-            response = await http.get(f"{url}/healthz")
-        async with httpx.AsyncClient() as http:  # the system's CAs only: refused
-            with pytest.raises(httpx.ConnectError):
-                await http.get(f"{url}/healthz")
-    assert url.startswith("https://")
-    assert response.json()["status"] == "ok"
 
 
 @pytest.mark.parametrize(("argv", "named"), [

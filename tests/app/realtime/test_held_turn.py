@@ -24,6 +24,7 @@ from pipeline.contract import (
 )
 from pipeline.conversation import Conversation, UserText
 from tests.fakes import FULL_CAPABILITIES
+from tests.settle import settle
 
 Step = TurnEvent | asyncio.Event | Exception
 
@@ -73,12 +74,6 @@ class ScriptEngine:
 
 def request(preemptible_id: str | None = "spec_1") -> TurnRequest:
     return TurnRequest(conversation=Conversation(items=(UserText("Hello"),)), preemptible_id=preemptible_id)
-
-
-async def settle() -> None:
-    """Let the held turn's reader run as far as its script lets it."""
-    for _ in range(10):
-        await asyncio.sleep(0)
 
 
 async def collect(events: AsyncGenerator[TurnEvent, None]) -> list[TurnEvent]:

@@ -14,6 +14,7 @@ from app.realtime.response import Response, ResponseContext, ResponseRun
 from app.realtime.session_config import SessionConfig
 from pipeline.contract import EngineError, TextDelta, TurnEvent, TurnRequest
 from tests.fakes import ScriptedEngine, VirtualAudioOutput
+from tests.settle import settle
 
 
 class RecordedOwner:
@@ -142,8 +143,7 @@ async def test_a_run_waits_for_the_cancelled_run_before_it_to_send_its_response_
     first.cancel("client_cancelled")
     second = ResponseRun(Response.for_session(config, "conv_test", started_at=0.0), recorded.context, recorded)
     second.start(first)
-    for _ in range(10):  # the second run would be announced by now if it did not wait
-        await asyncio.sleep(0)
+    await settle()  # the second run would be announced by now if it did not wait
     engine.released.set()
     await asyncio.wait({first.task})
     await second.close()

@@ -1,4 +1,4 @@
-"""What a session refuses or turns off for what its engine cannot do (app/realtime/session_capabilities.py).
+"""What a session refuses or turns off for what its engine cannot do (app/realtime/session_config.py).
 
 The engine is the scripted fake with one capability off; what the client sees is the refusal (an
 ``error`` naming the field, nothing changed, the session going on) or the session's effective
@@ -7,7 +7,6 @@ settings, and what the engine sees is that no turn needing the capability reache
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 
 from app.realtime.session_config import InputTranscription, SessionConfig
@@ -18,6 +17,7 @@ from pipeline.tool_format import Tool, ToolChoice
 from tests.app.realtime.test_session_tools import GET_TIME
 from tests.fakes import FULL_CAPABILITIES, EnergyVad, ScriptedEngine, SessionHarness
 from tests.pictures import data_url, encoded
+from tests.settle import settle
 from tests.speech import silence, tone
 
 NO_CALLS = dataclasses.replace(FULL_CAPABILITIES, function_calls=False)
@@ -30,11 +30,6 @@ async def started(capabilities: EngineCapabilities, config: SessionConfig | None
     harness = SessionHarness(ScriptedEngine("It is noon.", capabilities=capabilities), EnergyVad(), config)
     await harness.session.start()
     return harness
-
-
-async def settle() -> None:
-    for _ in range(20):
-        await asyncio.sleep(0)
 
 
 # -- function calls ------------------------------------------------------------------------------
@@ -68,6 +63,7 @@ async def test_without_function_calls_a_response_forcing_a_call_is_refused_befor
     await h.send(type="conversation.item.create", item=TEXT)
     await h.send(type="response.create", event_id="e2",
                  response={"tools": [GET_TIME], "tool_choice": {"type": "function", "name": "get_time"}})
+    await settle()  # a response started despite the refusal would have reached the engine by now
     error = h.last("error")["error"]
     assert error["code"] == "tools_unsupported" and error["param"] == "response.tool_choice"
     assert error["event_id"] == "e2"

@@ -1,4 +1,4 @@
-"""A session's instructions and tools have a token budget (issue 34, finding 3): refused past it
+"""A session's instructions and tools have a token budget: refused past it
 at session.update and response.create, counted exactly once their bytes pass it."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pipeline.conversation import DEFAULT_SYSTEM_PROMPT
 from pipeline.token_count import text_tokens
 from tests.fakes import EnergyVad, ScriptedEngine, SessionHarness
 from tests.hostile import punctuation_tools
+from tests.settle import settle
 
 
 @pytest_asyncio.fixture
@@ -61,6 +62,7 @@ async def test_a_response_over_the_budget_is_refused_and_the_next_one_runs(harne
     await h.send(type="conversation.item.create",
                  item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]})
     await h.send(event_id="r1", type="response.create", response={"tools": punctuation_tools(count=12)})
+    await settle()  # a response started despite the refusal would have reached the engine by now
     error = h.last("error")["error"]
     assert (error["code"], error["param"], error["event_id"]) == ("invalid_value", "response.tools", "r1")
     assert not h.of_type("response.created") and h.engine.requests == []

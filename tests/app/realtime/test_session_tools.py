@@ -26,6 +26,7 @@ from pipeline.contract import (
 from pipeline.conversation import HistoryLimits, UserText
 from pipeline.tool_format import FunctionCall, FunctionOutput, Tool, ToolChoice
 from tests.fakes import CODEC_FRAME_SAMPLES, FULL_CAPABILITIES, EnergyVad, SessionHarness
+from tests.settle import settle
 
 GET_TIME = {
     "type": "function",
@@ -162,8 +163,7 @@ async def test_a_call_is_done_when_its_response_is_so_its_output_can_ask_for_the
                  item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Time?"}]})
     await h.send(type="response.create")
     await h.until("response.function_call_arguments.delta", 2)
-    for _ in range(3):
-        await asyncio.sleep(0)
+    await settle()
     assert not h.of_type("response.output_item.done")  # written whole, but the answer goes on
     h.engine.hold_after.set()
     done = await h.until("response.output_item.done")

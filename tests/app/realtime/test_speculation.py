@@ -22,6 +22,7 @@ from pipeline.conversation import UserAudio, UserImage, UserText
 from tests.app.realtime.test_session_tools import GET_TIME, PARIS, Answer, CallingEngine
 from tests.fakes import EnergyVad, ScriptedEngine, SessionHarness
 from tests.pictures import encoded
+from tests.settle import settle
 from tests.speech import RATE, silence, tone
 
 REPLY = "one two three"
@@ -32,12 +33,6 @@ async def started(engine: Any = None, config: SessionConfig | None = None) -> Se
     harness = SessionHarness(engine if engine is not None else ScriptedEngine(REPLY), EnergyVad(), config)
     await harness.session.start()
     return harness
-
-
-async def settle() -> None:
-    """Let the engine's and the session's tasks run (the fake engine yields once per word)."""
-    for _ in range(20):
-        await asyncio.sleep(0)
 
 
 def held_engine() -> ScriptedEngine:

@@ -17,6 +17,7 @@ from pipeline.contract import TurnRequest
 from pipeline.conversation import Conversation, UserAudio, UserText
 from tests.app.realtime.test_session import Harness
 from tests.app.realtime.test_transcription import ON, TRANSCRIPTION, assert_openai_parses
+from tests.settle import settle
 from tests.speech import silence, tone
 
 DELTA = f"{TRANSCRIPTION}.delta"
@@ -46,17 +47,10 @@ async def started(transcript: Any = counting, config: SessionConfig | None = Non
     return h
 
 
-async def settle(h: Harness) -> None:
-    """Until no partial transcript is running (each ends within a few steps of the loop)."""
-    async with asyncio.timeout(10):  # a guard against hangs, not a speed limit
-        while h.session.stats()["partial_transcripts"]:
-            await asyncio.sleep(0)
-
-
-async def let_run(steps: int = 20) -> None:
-    """Some turns of the loop, for turns that are held (they do not end)."""
-    for _ in range(steps):
-        await asyncio.sleep(0)
+async def partials_ended(h: Harness) -> None:
+    """The loop settled, and no partial transcript is running: each ends within a few of its turns."""
+    await settle()
+    assert not h.session.stats()["partial_transcripts"]
 
 
 async def speak(h: Harness, ms: int, *, step_ms: int = 100, wait: bool = True) -> None:
@@ -64,9 +58,9 @@ async def speak(h: Harness, ms: int, *, step_ms: int = 100, wait: bool = True) -
     for _ in range(ms // step_ms):
         h.push(tone(step_ms))
         if wait:
-            await settle(h)
+            await partials_ended(h)
         else:
-            await let_run()
+            await settle()  # held turns stay held
 
 
 def partial_events(h: Harness) -> list[dict[str, Any]]:
@@ -194,7 +188,7 @@ async def test_no_partial_starts_in_a_pause_and_they_resume_with_the_speech():
     h = await started()
     await speak(h, 600)
     h.push(silence(400))  # under the 500 ms wait: the utterance goes on, 1.3 s of it by now
-    await settle(h)
+    await partials_ended(h)
     assert partial_requests(h) == []
     await speak(h, 300)
     assert [round(request.conversation.items[0].seconds, 1) for request in partial_requests(h)] == [1.3]
@@ -220,7 +214,7 @@ async def test_a_newer_partial_supersedes_a_running_one_which_sends_nothing():
     assert [outcome for outcome, _ in h.partials] == ["started", "superseded", "started"]
     assert h.session.stats()["partial_transcripts"] <= 2  # the superseded one may still be stopping
     h.engine.hold_transcriptions.set()
-    await settle(h)
+    await partials_ended(h)
     assert [event["transcript"] for event in partial_events(h)] == ["one two three four"]
     assert h.engine.cancelled_turns == 1
     # Superseded once: the next step is 2 s, not 1 (an engine slower than the cadence still shows some).
@@ -253,7 +247,7 @@ async def test_clearing_the_input_drops_the_utterance_and_its_running_partial():
     await speak(h, 1_200, wait=False)
     await h.send(type="input_audio_buffer.clear")
     h.engine.hold_transcriptions.set()
-    await settle(h)
+    await partials_ended(h)
     assert [outcome for outcome, _ in h.partials] == ["started", "cancelled"]
     assert h.of_type(DELTA) == []
     await h.session.close()
@@ -265,7 +259,7 @@ async def test_turning_transcription_off_cancels_the_running_partial_at_once():
     await speak(h, 1_200, wait=False)
     await h.send(type="session.update", session={"audio": {"input": {"transcription": None}}})
     h.engine.hold_transcriptions.set()
-    await settle(h)
+    await partials_ended(h)
     assert [outcome for outcome, _ in h.partials] == ["started", "cancelled"]
     assert h.of_type(DELTA) == []
     await h.session.close()
@@ -313,7 +307,7 @@ async def test_a_committed_turn_takes_a_running_partials_slot_and_nothing_of_it_
     assert len(h.engine.running) == 1  # the partial holds the only slot
     events = [event async for event in h.engine.run_turn(ordinary_turn())]  # not queued: it preempts
     assert events[-1].finish_reason == "stop"
-    await settle(h)
+    await partials_ended(h)
     assert [outcome for outcome, _ in h.partials] == ["started", "preempted"]
     assert partial_events(h) == []
     await h.session.close()

@@ -16,11 +16,15 @@ from app.realtime.session_config import SessionConfig
 from app.realtime.turn_taking import ECHO_TAIL_MS, END_OF_TURN_BY_EAGERNESS, JUDGED_SECONDS, WordsVerdict
 from pipeline.conversation import UserAudio
 from tests.fakes import CODEC_FRAME_SAMPLES, HALF_DUPLEX, ScriptedEngine, SessionHarness
+from tests.settle import settle
 from tests.speech import silence, tone
 from tests.words import TranscriptJudge
 
 RATE = 16_000
 MEDIUM = END_OF_TURN_BY_EAGERNESS["medium"]
+# The end-of-turn model answers in a worker thread: the wall time a test gives its answers to reach
+# the loop before it looks at what they decided.
+ANSWERS_S = 0.5
 SEMANTIC = {"type": "session.update", "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}}
 
 
@@ -60,14 +64,18 @@ async def answered_at_the_candidate_silence(h: SessionHarness, then_ms: int) -> 
     """Silence up to the check, its answers back on the loop, then ``then_ms`` more silence (pushed
     at once, the session would reach its wait before the worker thread answers)."""
     h.push(silence(MEDIUM.candidate_ms + 40))
-    await settle()
+    await settle(seconds=ANSWERS_S)
     h.push(silence(then_ms))
 
 
-async def settle() -> None:
-    """Let worker threads' answers reach the loop (bounded: a guard against hangs)."""
-    for _ in range(50):
-        await asyncio.sleep(0.01)
+async def asked(model: FakeEndOfTurn, count: int) -> None:
+    """Until the model was asked ``count`` checks (it is asked in a worker thread)."""
+    try:
+        async with asyncio.timeout(5):  # a guard against hangs, not a speed limit
+            while len(model.asked) < count:
+                await asyncio.sleep(0.005)
+    except TimeoutError:
+        raise AssertionError(f"the end-of-turn model was asked {len(model.asked)} checks, not {count}") from None
 
 
 async def test_finished_utterance_is_committed_at_the_candidate_silence_not_after_server_vads_wait():
@@ -100,7 +108,7 @@ async def test_an_unsure_not_finished_waits_until_the_max_wait():
     h = await semantic_session(model)
     h.push(tone(800))
     h.push(silence(MEDIUM.max_wait_ms - 100))
-    await settle()
+    await settle(seconds=ANSWERS_S)
     assert "input_audio_buffer.speech_stopped" not in h.types()
 
     h.push(silence(200))
@@ -114,7 +122,7 @@ async def test_a_pause_the_model_calls_unfinished_keeps_the_sentence_in_one_turn
     h = await semantic_session(model)
     h.push(tone(700))
     h.push(silence(700))  # past server VAD's 500 ms, short of the max wait
-    await settle()
+    await settle(seconds=ANSWERS_S)
     model.probability_to_answer = 0.95
     h.push(tone(600))
     h.push(silence(MEDIUM.candidate_ms + 40))
@@ -131,17 +139,18 @@ async def test_an_answer_arriving_after_the_user_spoke_again_is_ignored():
     model.hold()
     h = await semantic_session(model)
     h.push(tone(700))
-    h.push(silence(MEDIUM.candidate_ms + 40))  # the check is out, its answer held back
-    await asyncio.sleep(0.05)
+    h.push(silence(MEDIUM.candidate_ms + 40))
+    await asked(model, 1)  # the check is out, its answer held back
     h.push(tone(500))  # the user goes on before the model answers "finished"
     model.release()
-    await settle()
+    await settle(seconds=ANSWERS_S)
     assert "input_audio_buffer.committed" not in h.types()
 
     h.push(silence(MEDIUM.candidate_ms + 40))
     await h.turn_done()
     (clip,) = h.engine.used_requests()[0].conversation.items
     assert clip.pcm.size >= (700 + MEDIUM.candidate_ms + 500) * RATE // 1000  # one turn, both parts
+    assert len(model.asked) == 2  # the ignored answer's check, then the one that committed
     await h.session.close()
 
 
@@ -153,7 +162,7 @@ async def test_a_confident_not_finished_is_held_through_a_2_5_s_pause():
     h = await semantic_session(model)
     h.push(tone(700))
     await answered_at_the_candidate_silence(h, 2500 - MEDIUM.candidate_ms - 40)  # past the unsure wait
-    await settle()
+    await settle(seconds=ANSWERS_S)
     assert "input_audio_buffer.speech_stopped" not in h.types()
 
     model.probability_to_answer = 0.95
@@ -171,7 +180,7 @@ async def test_a_confident_not_finished_is_still_committed_at_the_documented_max
     h = await semantic_session(model)
     h.push(tone(700))
     await answered_at_the_candidate_silence(h, MEDIUM.confident_wait_ms - 100 - MEDIUM.candidate_ms - 40)
-    await settle()
+    await settle(seconds=ANSWERS_S)
     assert "input_audio_buffer.speech_stopped" not in h.types()
 
     h.push(silence(200))
@@ -191,7 +200,7 @@ async def test_please_put_the_is_held_though_the_sound_says_finished():
     h = await semantic_session(model, text_judge=judge)
     h.push(tone(900))
     await answered_at_the_candidate_silence(h, 2000)  # well past the unsure wait: the words hold the turn
-    await settle()
+    await settle(seconds=ANSWERS_S)
     assert judge.judged == ["Please put the"]
     assert "input_audio_buffer.speech_stopped" not in h.types()
 
@@ -227,7 +236,7 @@ async def test_speech_heard_while_the_assistant_answers_costs_no_words_check():
     h.output.play(CODEC_FRAME_SAMPLES)  # the answer is playing (half-duplex)...
     h.push(tone(600))  # ...and its echo reaches the microphone
     h.push(silence(300))
-    await settle()
+    await settle(seconds=ANSWERS_S)
     assert judge.judged == ["What time is it?"]  # the user's turn only: no engine turn for the echo
     await h.session.close()
 
@@ -261,7 +270,7 @@ async def test_speaking_in_bursts_keeps_one_words_check_in_flight():
     for _ in range(4):
         h.push(tone(600))
         h.push(silence(200))  # a pause: a words check, then speech again makes it stale
-        await settle()
+        await settle(seconds=ANSWERS_S)
     assert (len(judge.sizes), judge.cancelled, judge.most_running) == (4, 3, 1)
     judge.release.set()
     await h.session.close()
@@ -272,7 +281,7 @@ async def test_the_words_judged_are_the_utterances_last_seconds():
     h = await semantic_session(FakeEndOfTurn(0.3), text_judge=judge)  # type: ignore[arg-type]
     h.push(tone(20_000))
     h.push(silence(200))
-    await settle()
+    await settle(seconds=ANSWERS_S)
     assert judge.sizes == [JUDGED_SECONDS * RATE]
     judge.release.set()
     await h.session.close()
@@ -382,7 +391,7 @@ async def test_a_blip_confined_to_the_echo_tail_is_ignored():
 
     h.push(tone(300))  # 250 ms makes speech; it ends inside the 400 ms tail
     h.push(silence(1000))
-    await asyncio.sleep(0)
+    await settle()  # a turn started by the blip would have reached the engine by now
 
     assert h.types().count("input_audio_buffer.speech_started") == 1
     assert len(h.engine.requests) == 1
@@ -400,7 +409,7 @@ async def test_speech_begun_while_the_answer_played_is_still_not_a_turn():
     h.output.play()
     h.push(tone(800))  # ...going on through the tail
     h.push(silence(800))
-    await asyncio.sleep(0)
+    await settle()  # a turn started by the speech would have reached the engine by now
 
     assert h.types().count("input_audio_buffer.speech_started") == 1
     assert len(h.engine.requests) == 1

@@ -1,8 +1,8 @@
 """The data-channel guard on a bare aiortc SCTP transport: packets go in through its own
 ``_handle_data``, as DTLS hands them over, and the SACKs it sends are read back.
 
-The end-to-end side (a real call, a real peer on 127.0.0.1) is in test_call.py; the loop-time
-figures are tests/bench/sctp_abuse.py's.
+The end-to-end side (a real call, a real peer on 127.0.0.1) is in tests/e2e/test_peer_call.py; the
+loop-time figures are tests/bench/sctp_abuse.py's.
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ from app.transports.webrtc.sctp_guard import MAX_UNDELIVERED_BYTES, Refusal, Sct
 from media.frames import FramePlan, SampledFrame
 from tests import hostile_sctp, hostile_video
 
+pytestmark = pytest.mark.e2e
+
 # Generous: waiting is not measured, a call that never gets there fails the wait.
 DEADLINE_S = 30.0
 

@@ -16,6 +16,7 @@ import json
 from collections.abc import AsyncIterator
 
 import numpy as np
+import pytest
 import websockets
 from dashscope.audio.qwen_omni import MultiModality
 
@@ -28,6 +29,8 @@ from tests.e2e.conftest import serving_in_process
 from tests.fakes import ScriptedEngine
 from tests.pictures import encoded
 from tests.speech import load_fixture, silence
+
+pytestmark = pytest.mark.e2e
 
 REPLY = "Hello there friend"
 DOCUMENTED = {"output_modalities": [MultiModality.AUDIO, MultiModality.TEXT], "voice": "Cherry"}

@@ -33,6 +33,8 @@ from tests.e2e.conftest import serving_in_process
 from tests.fakes import ScriptedEngine
 from tests.speech import load_fixture
 
+pytestmark = pytest.mark.e2e
+
 API_KEY = "sk-test"
 
 
