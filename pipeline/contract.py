@@ -224,18 +224,35 @@ class EngineCapabilities:
         return cls(**{can.name: all(getattr(each, can.name) for each in every) for can in fields(cls)})
 
 
-# EngineError codes of preemptible turns (the module docstring): refused for want of a free slot,
-# and cancelled for an ordinary turn that needed its slot.
-NO_SPARE_CAPACITY = "no_spare_capacity"
-PREEMPTED = "preempted"
+# Why a turn ended with EngineError: every code an engine, or a wrapper around one, raises.
+# app.realtime.failures gives each one a client is told its fixed message.
+EngineErrorCode = Literal[
+    "no_spare_capacity",  # a preemptible turn refused for want of a free slot (the module docstring)
+    "preempted",  # a preemptible turn cancelled for an ordinary turn that needed its slot
+    "engine_error",  # the engine failed the turn (an exception in it)
+    "engine_unavailable",  # the engine is not running, or its server cannot be reached
+    "engine_load_failed",  # the model could not be loaded
+    "engine_died",  # the engine's process ended during the turn
+    "engine_timeout",  # the engine produced nothing for too long (app.serving.engines)
+    "engine_protocol_error",  # the engine's stream ended without TurnDone, or was malformed
+    "engine_stream_error",  # an engine server's stream broke off
+    "engine_http_error",  # an engine server refused the turn
+    "prompt_too_long",  # the prompt is longer than the engine takes (pipeline.token_count)
+    "context_length_exceeded",  # the history is past the session's token budget (app.realtime.response)
+    "turn_too_large",  # the request was too large to send to the engine's process
+    "turn_event_too_large",  # an event was too large to send back from the engine's process
+]
+# How a preemptible turn ends when it does not run to its end: not a failure of the turn's
+# consumer, which counts them apart and tells no client.
+PREEMPTIBLE_ENDS: frozenset[EngineErrorCode] = frozenset({"no_spare_capacity", "preempted"})
 
 
 class EngineError(Exception):
     """A turn failed inside the engine; the engine itself serves the next turn."""
 
-    def __init__(self, message: str, *, code: str = "engine_error") -> None:
+    def __init__(self, message: str, *, code: EngineErrorCode = "engine_error") -> None:
         super().__init__(message)
-        self.code = code
+        self.code: EngineErrorCode = code
 
 
 class Engine(Protocol):

@@ -34,8 +34,6 @@ from app.realtime.session_config import SessionConfig, TurnDetection
 from app.transports.websocket.event_audio import EventAudioOutput
 from media.rates import SPEECH_RATE, VOICE_RATE
 from pipeline.contract import (
-    NO_SPARE_CAPACITY,
-    PREEMPTED,
     AudioChunk,
     Engine,
     EngineCapabilities,
@@ -136,7 +134,7 @@ class ScriptedEngine:
     def _admit(self, request: TurnRequest) -> int:
         full = self.max_batch is not None and len(self.running) >= self.max_batch
         if request.preemptible_id is not None and full:
-            raise EngineError("no spare capacity", code=NO_SPARE_CAPACITY)
+            raise EngineError("no spare capacity", code="no_spare_capacity")
         if full:
             victims = [turn for turn, preempt in self.preemptible.items() if not preempt.is_set()]
             if victims:
@@ -162,7 +160,7 @@ class ScriptedEngine:
                 for wait in waits:
                     wait.cancel()
         if preempt is not None and preempt.is_set():
-            raise EngineError("preempted", code=PREEMPTED)
+            raise EngineError("preempted", code="preempted")
 
     async def run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
         self.requests.append(request)

@@ -20,11 +20,11 @@ import time
 from collections.abc import AsyncGenerator, Callable
 
 from pipeline.contract import (
-    NO_SPARE_CAPACITY,
-    PREEMPTED,
+    PREEMPTIBLE_ENDS,
     AudioChunk,
     Engine,
     EngineError,
+    EngineErrorCode,
     TurnDone,
     TurnEvent,
     TurnRequest,
@@ -75,7 +75,7 @@ class HeldTurn:
         return self.request.preemptible_id
 
     @property
-    def engine_code(self) -> str | None:
+    def engine_code(self) -> EngineErrorCode | None:
         """The ``EngineError`` code it ended with (``preempted``, ``no_spare_capacity``...), if any."""
         return self.error.code if isinstance(self.error, EngineError) else None
 
@@ -116,7 +116,7 @@ class HeldTurn:
             while not self.ended:
                 self._changed.clear()
                 await self._changed.wait()
-        return self.engine_code not in (PREEMPTED, NO_SPARE_CAPACITY)
+        return self.engine_code not in PREEMPTIBLE_ENDS
 
     async def events(self) -> AsyncGenerator[TurnEvent, None]:
         """Its events, those held at once, then the rest as they come; raises what the turn

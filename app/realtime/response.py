@@ -22,7 +22,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from app.realtime.failures import failure_event
+from app.realtime.failures import FailureCode, failure_event
 from app.realtime.history import AssistantEntry, FunctionCallEntry, History, checked_text
 from app.realtime.playback import AnswerAudio
 from app.realtime.protocol import (
@@ -636,7 +636,7 @@ class ResponseRun:
         *,
         reason: str | None = None,
         done: TurnDone | None = None,
-        failure: tuple[str, BaseException | str] | None = None,
+        failure: tuple[FailureCode, BaseException | str] | None = None,
     ) -> None:
         """Ends the response; a ``failure`` (its code, and its cause for the log) is told in an ``error`` event."""
         response, context, owner = self.response, self._context, self._owner

@@ -43,7 +43,7 @@ import numpy as np
 
 from app.realtime.held_turn import HeldTurn
 from app.realtime.protocol import new_id
-from pipeline.contract import NO_SPARE_CAPACITY, PREEMPTED, Engine, TurnRequest
+from pipeline.contract import PREEMPTIBLE_ENDS, Engine, TurnRequest
 from pipeline.conversation import Conversation, ConversationItem, UserAudio, bound_history
 
 logger = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ class Speculation:
             self.cancel()
             raise
         if not usable:
-            self.cancel(PREEMPTED if self.answer.engine_code == PREEMPTED else "discarded")
+            self.cancel("preempted" if self.answer.engine_code == "preempted" else "discarded")
             return None
         self._owned.remove(self.answer)
         self._finish("used")
@@ -185,14 +185,14 @@ class Speculation:
         """Refused or preempted: forgotten. Any other failure is held like the rest of the turn: the
         response that takes it fails as a committed turn would have."""
         code = answer.engine_code
-        if code in (PREEMPTED, NO_SPARE_CAPACITY) and self.outcome is None:
+        if code in PREEMPTIBLE_ENDS and self.outcome is None:
             self.cancel(code)
             self._on_failed(self)
 
     def _finish(self, outcome: str) -> None:
         if self.outcome is not None:
             return
-        self.outcome = "refused" if outcome == NO_SPARE_CAPACITY else outcome
+        self.outcome = "refused" if outcome == "no_spare_capacity" else outcome
         thrown_away = 0.0 if self.outcome in ("used", "refused") else self.answer.engine_seconds()
         self._report(self.outcome, thrown_away)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from app.realtime.failures import transcription_failed_event
+from app.realtime.failures import FailureCode, transcription_failed_event
 from app.realtime.held_turn import HeldTurn
 from app.realtime.history import Entry, UserEntry
 from app.realtime.protocol import (
@@ -36,8 +36,6 @@ from app.realtime.session_config import InputTranscription
 from app.realtime.turn_taking import SpeechSoFar
 from media.rates import SPEECH_RATE
 from pipeline.contract import (
-    NO_SPARE_CAPACITY,
-    PREEMPTED,
     Engine,
     EngineError,
     TextDelta,
@@ -206,10 +204,10 @@ class PartialTranscripts:
             return
         self._current = None
         code = held.engine_code
-        if code == NO_SPARE_CAPACITY:
+        if code == "no_spare_capacity":
             self._report("refused", 0.0)
             return
-        if code == PREEMPTED:
+        if code == "preempted":
             self._report("preempted", held.engine_seconds())
             return
         done = held.done
@@ -380,7 +378,7 @@ class Transcriptions:
             raise EngineError("The engine ended the transcription without TurnDone.", code="engine_protocol_error")
         return done
 
-    def _fail(self, item_id: str, content_index: int, code: str, cause: BaseException | str) -> None:
+    def _fail(self, item_id: str, content_index: int, code: FailureCode, cause: BaseException | str) -> None:
         where = f"session {self._session_id}: transcribing {item_id}"
         self._emit(transcription_failed_event(code, cause, where=where, item_id=item_id, content_index=content_index))
 

@@ -21,11 +21,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from app.metrics import Metrics
-from pipeline.contract import NO_SPARE_CAPACITY, PREEMPTED, Engine, EngineError, TurnDone, TurnEvent, TurnRequest
-
-# Preemptible turns end this way by design (pipeline.contract): counted as speculation outcomes
-# (omni_rtc_speculative_responses_total), not as engine errors.
-_PREEMPTIBLE_ENDS = frozenset({NO_SPARE_CAPACITY, PREEMPTED})
+from pipeline.contract import PREEMPTIBLE_ENDS, Engine, EngineError, TurnDone, TurnEvent, TurnRequest
 
 
 class EngineWrapper:
@@ -101,7 +97,9 @@ class MeteredEngine(EngineWrapper):
                         self._observe(request, event)
                     yield event
         except EngineError as exc:
-            if exc.code not in _PREEMPTIBLE_ENDS:
+            # Preemptible turns end this way by design: counted as speculation outcomes
+            # (omni_rtc_speculative_responses_total), not as engine errors.
+            if exc.code not in PREEMPTIBLE_ENDS:
                 self._metrics.errors.labels(type="engine_error", code=exc.code).inc()
             raise
         finally:

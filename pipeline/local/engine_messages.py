@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.contract import TurnEvent, TurnRequest
+from pipeline.contract import EngineErrorCode, TurnEvent, TurnRequest
 from pipeline.local.warmup import WarmUpReport
 from pipeline.token_count import DEFAULT_MAX_PROMPT_TOKENS
 
@@ -86,4 +86,4 @@ class TurnEventMessage:
 class TurnFailed:
     turn_id: int
     message: str
-    code: str = "engine_error"  # pipeline.contract.EngineError's code
+    code: EngineErrorCode = "engine_error"

@@ -44,8 +44,6 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.contract import (
-    NO_SPARE_CAPACITY,
-    PREEMPTED,
     AudioChunk,
     EngineCapabilities,
     EngineError,
@@ -366,7 +364,7 @@ class TransformersEngine:
         turn = _Turn(id=next(self._turn_ids), request=request, submitted=time.monotonic(),
                      preemptible=request.preemptible_id is not None)
         if turn.preemptible and self.spare == 0:
-            raise EngineError("The engine has no spare capacity for a preemptible turn.", code=NO_SPARE_CAPACITY)
+            raise EngineError("The engine has no spare capacity for a preemptible turn.", code="no_spare_capacity")
         self._waiting.append(turn)
         self._submit_next()
         finished = False
@@ -461,7 +459,7 @@ class TransformersEngine:
         self._preempting[victim.id] = victim
         self._process.send(Cancel(victim.id))
         if not victim.abandoned:
-            victim.inbox.put_nowait(EngineError("An ordinary turn needed this turn's slot.", code=PREEMPTED))
+            victim.inbox.put_nowait(EngineError("An ordinary turn needed this turn's slot.", code="preempted"))
         victim.abandoned = True
         return True
 

@@ -51,11 +51,10 @@ import httpx
 
 from media.rates import VOICE_RATE
 from pipeline.contract import (
-    NO_SPARE_CAPACITY,
-    PREEMPTED,
     AudioChunk,
     EngineCapabilities,
     EngineError,
+    EngineErrorCode,
     FinishReason,
     TextDelta,
     TurnDone,
@@ -270,7 +269,7 @@ class VllmOmniEngine:
         self.reachable = True
         self.last_error = None
 
-    def _unreachable(self, code: str, detail: str) -> None:
+    def _unreachable(self, code: EngineErrorCode, detail: str) -> None:
         if self.reachable or self.last_error != code:
             logger.warning("engine server %s is not reachable: %s", redacted(self.url), detail)
         self.reachable = False
@@ -286,7 +285,7 @@ class VllmOmniEngine:
         if request.preemptible_id is not None:
             if self.spare == 0:
                 raise EngineError("The engine server has no spare capacity for a preemptible turn.",
-                                  code=NO_SPARE_CAPACITY)
+                                  code="no_spare_capacity")
             preemptible = self._preemptible[request.preemptible_id] = _Preemptible(request.preemptible_id)
         elif self.running >= SERVER_BATCH:
             self._preempt_newest()
@@ -410,7 +409,7 @@ class VllmOmniEngine:
             logger.warning("engine server %s failed a turn: %s", redacted(self.url), exc)
             raise self._failed("engine_error", "The engine server failed the turn.") from None
 
-    def _failed(self, code: str, message: str) -> EngineError:
+    def _failed(self, code: EngineErrorCode, message: str) -> EngineError:
         self.failures += 1
         self.last_error = code
         return EngineError(message, code=code)
@@ -444,7 +443,7 @@ async def _next_unless_preempted(events: AsyncIterator[T], preemptible: _Preempt
                 raise
         finally:
             preemptible.scope = None
-    raise EngineError("An ordinary turn needed this turn's place on the engine server.", code=PREEMPTED)
+    raise EngineError("An ordinary turn needed this turn's place on the engine server.", code="preempted")
 
 
 def _usage(usage: UsagePiece | None, *, text_deltas: int, audio_samples: int) -> Usage:

@@ -12,8 +12,6 @@ import pytest
 
 from app.realtime.held_turn import HeldTurn
 from pipeline.contract import (
-    NO_SPARE_CAPACITY,
-    PREEMPTED,
     AudioChunk,
     EngineError,
     TextDelta,
@@ -220,7 +218,7 @@ async def test_promoting_tells_the_engine_the_preemptible_id():
     await held.close()
 
 
-@pytest.mark.parametrize("code", [PREEMPTED, NO_SPARE_CAPACITY])
+@pytest.mark.parametrize("code", ["preempted", "no_spare_capacity"])
 async def test_a_turn_the_engine_took_back_or_never_ran_cannot_be_promoted(code: str):
     engine = ScriptEngine([EngineError("gone", code=code)], promotes_to=False)
     held = HeldTurn(engine, request(), name="held")
@@ -230,7 +228,7 @@ async def test_a_turn_the_engine_took_back_or_never_ran_cannot_be_promoted(code:
 
 async def test_a_refused_promotion_waits_for_the_turns_end():
     preempted = asyncio.Event()
-    engine = ScriptEngine([TextDelta("Hi"), preempted, EngineError("preempted", code=PREEMPTED)], promotes_to=False)
+    engine = ScriptEngine([TextDelta("Hi"), preempted, EngineError("preempted", code="preempted")], promotes_to=False)
     held = HeldTurn(engine, request(), name="held")
     promoting = asyncio.create_task(held.promote())
     await settle()
@@ -297,6 +295,6 @@ async def test_engine_code_is_none_for_a_failure_that_is_not_an_engine_error():
 
 
 async def test_engine_code_is_the_engine_errors_code():
-    held = HeldTurn(ScriptEngine([EngineError("no slot", code=NO_SPARE_CAPACITY)]), request(), name="held")
+    held = HeldTurn(ScriptEngine([EngineError("no slot", code="no_spare_capacity")]), request(), name="held")
     await settle()
-    assert held.engine_code == NO_SPARE_CAPACITY == "no_spare_capacity"
+    assert held.engine_code == "no_spare_capacity"
