@@ -67,11 +67,17 @@ class SpeculativeTurn:
     transcription: TurnRequest | None = None
 
 
+# The fields of TurnRequest that same_turn does not compare by value: the conversation is compared
+# as the prompt renders it (_same_prompt), and preemptible_id only names the held request (the
+# wanted one has none yet). Every other field is a setting, compared by value, a new one included.
+COMPARED_APART = frozenset({"conversation", "preemptible_id"})
+_SETTINGS = tuple(field.name for field in dataclasses.fields(TurnRequest) if field.name not in COMPARED_APART)
+
+
 def same_turn(held: TurnRequest, wanted: TurnRequest) -> bool:
-    """``held`` asks the engine for what ``wanted`` asks: the same settings and the same prompt
+    """``held`` asks the engine for what ``wanted`` asks: every setting equal and the same prompt
     (the conversation as the prompt renders it, ``bound_history``; audio compared by content)."""
-    settings = ("voice", "temperature", "max_output_tokens", "output_audio", "task", "hint", "forced_reply")
-    if any(getattr(held, name) != getattr(wanted, name) for name in settings):
+    if any(getattr(held, name) != getattr(wanted, name) for name in _SETTINGS):
         return False
     return _same_prompt(held.conversation, wanted.conversation)
 
