@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable
-from typing import Generic
+from typing import Generic, NamedTuple
 
 import numpy as np
 import torch
@@ -21,6 +21,16 @@ from pipeline.local.sampling import choose_rows
 from pipeline.local.stages import TalkerTurn
 from pipeline.local.streaming import AudioChunker
 from pipeline.local.thinker_prompt import ThinkerPrompt
+
+
+class TtsEmbeddings(NamedTuple):
+    """The Talker's text markers in its input space ([1, 1, hidden] each): ``bos`` opens the
+    answer's text in the Talker's prompt (``pad`` fills the prompt beside the codec preamble),
+    ``eos`` takes the place of the text's end, and ``pad`` feeds the Talker once it is used up."""
+
+    bos: torch.Tensor
+    eos: torch.Tensor
+    pad: torch.Tensor
 
 
 class DecodeBatch(Generic[TurnKey]):
@@ -53,7 +63,7 @@ class DecodeBatch(Generic[TurnKey]):
         self._speaking: StageRows[TurnKey] | None = None
         # None: a checkpoint loaded without audio output (text-only turns).
         self._speech_model = TalkerDecoder(model) if getattr(model, "talker", None) is not None else None
-        self._tts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._tts: TtsEmbeddings | None = None
         # Due chunks of one shape go through Code2Wav together on an accelerator, one call each on a CPU.
         code2wav = getattr(model, "code2wav", None)  # None: loaded without audio output
         self._code2wav = None if code2wav is None else StreamingCode2Wav(code2wav)
@@ -180,8 +190,7 @@ class DecodeBatch(Generic[TurnKey]):
             speaker_id = talker_config.speaker_id.get(turn.params.voice.lower())
             if speaker_id is None:
                 raise ValueError(f"the checkpoint has no speaker {turn.params.voice!r}")
-            tts_bos, tts_eos, tts_pad = self._tts_embeds()
-            prompt_embeds, prompt_ids = self._talker_prompt(turn, speaker_id, tts_pad, tts_bos, tts_eos)
+            prompt_embeds, prompt_ids = self._talker_prompt(turn, speaker_id, self._tts_embeds())
             attention_mask = torch.ones(prompt_ids.shape, dtype=torch.long, device=device)
             model_kwargs = {"attention_mask": attention_mask, "talker_input_ids": prompt_ids}
             if turn.inputs.feature_attention_mask is not None:
@@ -236,8 +245,8 @@ class DecodeBatch(Generic[TurnKey]):
         joining = StageRows(turns, cache, position_ids[-3:, :, -1:], codes, hidden)
         self._speaking = joining if self._speaking is None else self._speaking.joined(joining)
 
-    def _tts_embeds(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """<tts_bos>, <tts_eos>, <tts_pad> in the Talker's input space ([1, 1, hidden] each), computed once."""
+    def _tts_embeds(self) -> TtsEmbeddings:
+        """<tts_bos>, <tts_eos>, <tts_pad> in the Talker's input space, computed once."""
         if self._tts is None:
             config = self._model.config
             with torch.inference_mode():
@@ -247,10 +256,10 @@ class DecodeBatch(Generic[TurnKey]):
                 )
                 talker = self._speech().talker
                 embeds = talker.text_projection(self._thinker_embed(tts_tokens)).to(talker.device)
-            self._tts = tuple(embeds.chunk(3, dim=1))
+            self._tts = TtsEmbeddings(*embeds.chunk(3, dim=1))
         return self._tts
 
-    def _talker_prompt(self, turn: BatchTurn[TurnKey], speaker_id, tts_pad, tts_bos, tts_eos):
+    def _talker_prompt(self, turn: BatchTurn[TurnKey], speaker_id, tts: TtsEmbeddings):
         """The Talker's prompt exactly as generate() builds it (batch of one, no padding)."""
         model = self._model
         config = model.config
@@ -289,7 +298,8 @@ class DecodeBatch(Generic[TurnKey]):
             first = self._thinker_embed(torch.tensor([[turn.thinker.tokens[0]]], device=self._model.thinker.device))
             embeds = torch.cat([prompt_embeds, first.to(device)], dim=1)
             assistant_embeds, assistant_ids, _ = model._get_talker_assistant_parts(
-                assistant_start, length + 1, speaker_id, embeds, tts_pad, tts_bos, tts_eos
+                assistant_start, length + 1, speaker_id, embeds,
+                tts_pad_embed=tts.pad, tts_bos_embed=tts.bos, tts_eos_embed=tts.eos,
             )
         return torch.cat([user_embeds, assistant_embeds], dim=1), torch.cat([user_ids, assistant_ids], dim=1)
 
@@ -377,7 +387,7 @@ class DecodeBatch(Generic[TurnKey]):
                 if row in fed:
                     turn.speech.talker.trailing.append(projected[fed.index(row)].unsqueeze(0))
                 else:  # the text ended, or a function call began: generate()'s <tts_eos> in its place
-                    turn.speech.talker.trailing.append(self._tts_embeds()[1])
+                    turn.speech.talker.trailing.append(self._tts_embeds().eos)
                     turn.speech.talker.text_done = True
             events.extend((turn.key, event) for event in released[row])
             if not turn.thinker.finished:
@@ -396,18 +406,18 @@ class DecodeBatch(Generic[TurnKey]):
         speeches = [turn.speaking() for turn in state.turns]
         with torch.inference_mode():
             last_code_embed = talker.get_input_embeddings()(state.last)
-            residual_codes, residual_embeds = speech_model.residual_codes(
+            residual = speech_model.residual_codes(
                 [speech.talker.predictor_sampler for speech in speeches], state.hidden, last_code_embed
             )
-            frames = torch.cat((state.last, residual_codes), dim=-1)
+            frames = torch.cat((state.last, residual.codes), dim=-1)
         keep = []
         for row, speech in enumerate(speeches):
             speech.audio.push(frames[row])
             if not speech.talker.frame_done():
                 keep.append(row)
         with torch.inference_mode():
-            inputs_embeds = torch.cat([last_code_embed, residual_embeds], dim=1).sum(1, keepdim=True)
-            tts_pad = self._tts_embeds()[2]
+            inputs_embeds = torch.cat([last_code_embed, residual.embeds], dim=1).sum(1, keepdim=True)
+            tts_pad = self._tts_embeds().pad
             text = [
                 speech.talker.trailing[speech.talker.frames - 1]
                 if speech.talker.frames - 1 < len(speech.talker.trailing)
