@@ -38,7 +38,7 @@ from app.serving.ipc import MessageTooLarge, post, receive
 from app.transports.webrtc.peer_call import Call, OfferError
 from media.end_of_turn_model import EndOfTurnModel
 from media.vad import SileroVad
-from pipeline.contract import EngineCapabilities, EngineError, TurnEvent, TurnRequest
+from pipeline.contract import EngineCapabilities, EngineError, GenerationEvent, GenerationRequest
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class EngineProxy:
     async def close(self) -> None:
         """The engine is the front process's."""
 
-    async def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+    async def run_generation(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         turn = next(self._ids)
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._turns[turn] = queue

@@ -389,7 +389,7 @@ class MediaWorkerPool:
     async def _serve_turn(self, worker: WorkerHandle, turn: int, request: Any) -> None:
         error: tuple[str, str] | None = None
         try:
-            async with contextlib.aclosing(self._engine.run_turn(request)) as events:
+            async with contextlib.aclosing(self._engine.run_generation(request)) as events:
                 async for event in events:
                     worker.send({"op": "turn_event", "turn": turn, "event": event})
         except EngineError as exc:

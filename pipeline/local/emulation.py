@@ -9,7 +9,7 @@ hold each turn's events until a model of that speed would have produced them. It
 engine logs a warning when it runs emulated, ``/healthz`` shows the speed on each engine, and
 every bench result made with it says so.
 
-The delay is model time, kept per turn by the engine process (:class:`EmulatedTurns`):
+The delay is model time, kept per turn by the engine process (:class:`EmulatedGenerations`):
 
 - A turn's clock starts when the engine process takes it into its batch (where it starts
   computing; the wait for a batch slot before that is queue time, as for any turn).
@@ -17,13 +17,13 @@ The delay is model time, kept per turn by the engine process (:class:`EmulatedTu
   its first audio chunk no earlier than ``first_audio_ms``, and a later chunk that ends at codec
   frame ``n`` no earlier than ``first_audio_ms + (n - frames of the first chunk) * frame_ms``.
   An event the dev model computes later than its emulated time goes when computed: emulation
-  only adds time. Events keep their order; a turn's ``TurnDone`` follows its last event.
+  only adds time. Events keep their order; a turn's ``GenerationDone`` follows its last event.
 - Turns decoded together keep their own clocks: batching does not slow a turn's emulated time,
   as a GPU step for 8 rows costs about what one costs (the dev model's own compute is still
   shared on the CPU, and shows when it is the slower).
-- A turn being held keeps its batch slot until its ``TurnDone`` is released (the parent counts
+- A turn being held keeps its batch slot until its ``GenerationDone`` is released (the parent counts
   it running until then), as a real model's turn holds its slot while it computes.
-- A cancel stops it at once: the turn's held events are dropped and its ``TurnDone``
+- A cancel stops it at once: the turn's held events are dropped and its ``GenerationDone``
   ("cancelled") goes out at the engine's next look at its commands, mid-delay; a cancel wakes
   an engine process that sleeps until a release.
 - Events are released between the engine's decoding steps, so at most one step late (~10 ms on
@@ -42,7 +42,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from pipeline.contract import AudioChunk, TurnDone, TurnEvent
+from pipeline.contract import AudioChunk, GenerationDone, GenerationEvent
 
 
 @dataclass(frozen=True)
@@ -84,33 +84,33 @@ _ROUNDING_S = 1e-9
 
 
 @dataclass
-class _HeldTurn:
+class _HeldGeneration:
     speed: EmulatedSpeed
     started: float
-    held: collections.deque[tuple[float, TurnEvent]] = dataclasses.field(default_factory=collections.deque)
+    held: collections.deque[tuple[float, GenerationEvent]] = dataclasses.field(default_factory=collections.deque)
     last_release: float = 0.0  # events keep their order: none is due before the one before it
     first_chunk_frames: int | None = None
     frames: int = 0
 
 
-class EmulatedTurns(Generic[Key]):
+class EmulatedGenerations(Generic[Key]):
     """The engine process's turns held back to their emulated speed (see the module docstring).
 
     ``send`` gets each event when it is due. A turn not started here (no speed) passes through.
     """
 
-    def __init__(self, send: Callable[[Key, TurnEvent], None], *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, send: Callable[[Key, GenerationEvent], None], *, clock: Callable[[], float] = time.monotonic) -> None:
         self._send = send
         self._clock = clock
-        self._turns: dict[Key, _HeldTurn] = {}
+        self._turns: dict[Key, _HeldGeneration] = {}
 
     def start(self, key: Key, speed: EmulatedSpeed | None) -> None:
         """The turn starts computing now; with no speed it is not emulated."""
         if speed is not None:
             now = self._clock()
-            self._turns[key] = _HeldTurn(speed, started=now, last_release=now)
+            self._turns[key] = _HeldGeneration(speed, started=now, last_release=now)
 
-    def offer(self, key: Key, event: TurnEvent) -> None:
+    def offer(self, key: Key, event: GenerationEvent) -> None:
         """Send ``event`` now, or hold it until its emulated time."""
         turn = self._turns.get(key)
         if turn is None:
@@ -122,12 +122,12 @@ class EmulatedTurns(Generic[Key]):
         self.release_due()
 
     def release_due(self) -> None:
-        """Send every held event whose time has come (a turn whose ``TurnDone`` went is forgotten)."""
+        """Send every held event whose time has come (a turn whose ``GenerationDone`` went is forgotten)."""
         now = self._clock() + _ROUNDING_S
         for key, turn in list(self._turns.items()):
             while turn.held and turn.held[0][0] <= now:
                 _, event = turn.held.popleft()
-                if isinstance(event, TurnDone):
+                if isinstance(event, GenerationDone):
                     del self._turns[key]
                 self._send(key, event)
 
@@ -137,17 +137,17 @@ class EmulatedTurns(Generic[Key]):
         return max(0.0, min(due) - self._clock()) if due else None
 
     def holds_done(self) -> list[Key]:
-        """Turns whose ``TurnDone`` is held: their decoding is over, their model time is not."""
-        return [key for key, turn in self._turns.items() if turn.held and isinstance(turn.held[-1][1], TurnDone)]
+        """Turns whose ``GenerationDone`` is held: their decoding is over, their model time is not."""
+        return [key for key, turn in self._turns.items() if turn.held and isinstance(turn.held[-1][1], GenerationDone)]
 
-    def cancel(self, key: Key) -> TurnDone | None:
-        """Forget the turn and drop what it holds; its held ``TurnDone``, now "cancelled", if it had one."""
+    def cancel(self, key: Key) -> GenerationDone | None:
+        """Forget the turn and drop what it holds; its held ``GenerationDone``, now "cancelled", if it had one."""
         turn = self._turns.pop(key, None)
-        if turn is None or not turn.held or not isinstance(turn.held[-1][1], TurnDone):
+        if turn is None or not turn.held or not isinstance(turn.held[-1][1], GenerationDone):
             return None
         return dataclasses.replace(turn.held[-1][1], finish_reason="cancelled")
 
-    def _emulated_time(self, turn: _HeldTurn, event: TurnEvent) -> float:
+    def _emulated_time(self, turn: _HeldGeneration, event: GenerationEvent) -> float:
         speed = turn.speed
         if isinstance(event, AudioChunk):
             turn.frames += event.frames
@@ -156,6 +156,6 @@ class EmulatedTurns(Generic[Key]):
                 return turn.started + (speed.first_audio_ms or 0.0) / 1000
             later_frames = turn.frames - turn.first_chunk_frames
             return turn.started + ((speed.first_audio_ms or 0.0) + later_frames * (speed.frame_ms or 0.0)) / 1000
-        if isinstance(event, TurnDone):
+        if isinstance(event, GenerationDone):
             return turn.started  # right after the events before it
         return turn.started + (speed.first_text_ms or 0.0) / 1000

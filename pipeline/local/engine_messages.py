@@ -1,7 +1,7 @@
 """What the engine process and its parent say to each other over their two pipes (all picklable).
 
 ``EngineProcessSpec`` starts the process; ``Submit`` and ``Cancel`` go to it; ``WarmingUp``,
-``Ready``, ``LoadFailed``, ``TurnEventMessage`` and ``TurnFailed`` come back
+``Ready``, ``LoadFailed``, ``GenerationEventMessage`` and ``GenerationFailed`` come back
 (``pipeline.local.engine_process`` has the protocol).
 """
 
@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.contract import EngineErrorCode, TurnEvent, TurnRequest
+from pipeline.contract import EngineErrorCode, GenerationEvent, GenerationRequest
 from pipeline.local.warmup import WarmUpReport
 from pipeline.token_count import DEFAULT_MAX_PROMPT_TOKENS
 
@@ -48,7 +48,7 @@ class EngineProcessSpec:
 @dataclass(frozen=True)
 class Submit:
     turn_id: int
-    request: TurnRequest
+    request: GenerationRequest
 
 
 @dataclass(frozen=True)
@@ -77,13 +77,13 @@ class LoadFailed:
 
 
 @dataclass(frozen=True)
-class TurnEventMessage:
+class GenerationEventMessage:
     turn_id: int
-    event: TurnEvent
+    event: GenerationEvent
 
 
 @dataclass(frozen=True)
-class TurnFailed:
+class GenerationFailed:
     turn_id: int
     message: str
     code: EngineErrorCode = "engine_error"

@@ -3,7 +3,7 @@
 ``TransformersEngine`` starts :func:`main` in a spawned process so that model compute never
 holds the server's GIL. Two one-way pipes join them: commands (``Submit``, ``Cancel``) arrive
 on one and are read by a command thread while the main thread computes; events
-(``WarmingUp``, ``Ready``, ``TurnEventMessage``, ``TurnFailed``) go back on the other, one message
+(``WarmingUp``, ``Ready``, ``GenerationEventMessage``, ``GenerationFailed``) go back on the other, one message
 per event as soon as it is produced. Closing the command pipe stops the process.
 
 The messages are ``pipeline.local.engine_messages``'s, the checkpoint's loading
@@ -28,21 +28,21 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Protocol
 
-from pipeline.contract import AudioChunk, TextDelta, TurnDone, TurnEvent, Usage
+from pipeline.contract import AudioChunk, GenerationDone, GenerationEvent, TextDelta, Usage
 from pipeline.local.checkpoint import LoadedCheckpoint, forced_tokens, load_checkpoint
 from pipeline.local.devices import ENGINE_NICENESS
-from pipeline.local.emulation import EmulatedTurns
+from pipeline.local.emulation import EmulatedGenerations
 from pipeline.local.engine_messages import (
     Cancel,
     EngineProcessSpec,
+    GenerationEventMessage,
+    GenerationFailed,
     LoadFailed,
     Ready,
     Submit,
-    TurnEventMessage,
-    TurnFailed,
     WarmingUp,
 )
-from pipeline.local.warmup import WarmUpReport, warm_up_params, warm_up_turns
+from pipeline.local.warmup import WarmUpReport, warm_up_generations, warm_up_params
 from pipeline.token_count import PromptTooLong
 
 if TYPE_CHECKING:
@@ -173,14 +173,14 @@ def warm_up(loaded: LoadedCheckpoint) -> WarmUpReport:
     counts = collections.Counter[str]()
 
     def tally(message: object) -> None:
-        if isinstance(message, TurnFailed):
+        if isinstance(message, GenerationFailed):
             counts["failed"] += 1
             logger.error("a warm-up turn failed (its paths are not warmed): %s", message.message)
-        elif isinstance(message, TurnEventMessage):
+        elif isinstance(message, GenerationEventMessage):
             counts[type(message.event).__name__] += 1
 
     params = warm_up_params(loaded.base_params)
-    groups = warm_up_turns(speaks=bool(getattr(loaded.model, "has_talker", False)))
+    groups = warm_up_generations(speaks=bool(getattr(loaded.model, "has_talker", False)))
     turn_ids = iter(range(-1, -1000, -1))  # never a parent's turn id (those count up from 1)
     for group in groups:
         script = _Script([Submit(next(turn_ids), request) for request in group])
@@ -204,7 +204,7 @@ def warm_up(loaded: LoadedCheckpoint) -> WarmUpReport:
 class _BatchServer:
     """Decodes every admitted turn together, one ``DecodeBatch`` step at a time.
 
-    Between steps: cancelled turns leave the batch (their ``TurnDone`` says "cancelled"),
+    Between steps: cancelled turns leave the batch (their ``GenerationDone`` says "cancelled"),
     then at most one submitted turn is prefilled and joins (every waiting one when the batch
     is empty), so a joining turn delays the others by one prefill, never by a whole answer. The parent submits at most
     ``max_batch`` turns at a time; any beyond that wait here in FIFO order. A turn whose
@@ -233,7 +233,7 @@ class _BatchServer:
         self._new_batch = lambda: DecodeBatch[int](loaded.model, loaded.tokenizer)  # noqa: E731
         self._batch = self._new_batch()
         self._waiting: collections.deque[Submit] = collections.deque()
-        self._emulated = EmulatedTurns[int](self._send_now)
+        self._emulated = EmulatedGenerations[int](self._send_now)
         self._closing = False
 
     def run(self, *, until_idle: bool = False) -> None:
@@ -281,17 +281,17 @@ class _BatchServer:
             except queue.Empty:
                 return
 
-    def _send(self, turn_id: int, event: TurnEvent) -> None:
+    def _send(self, turn_id: int, event: GenerationEvent) -> None:
         """The event goes now, or when the emulated model would have produced it."""
         self._emulated.offer(turn_id, event)
 
-    def _send_now(self, turn_id: int, event: TurnEvent) -> None:
-        self._send_message(TurnEventMessage(turn_id, event))
-        if isinstance(event, TurnDone):
+    def _send_now(self, turn_id: int, event: GenerationEvent) -> None:
+        self._send_message(GenerationEventMessage(turn_id, event))
+        if isinstance(event, GenerationDone):
             self._commands.forget(turn_id)
 
     def _send_cancelled(self, turn_id: int) -> None:
-        """A turn whose decoding is over but whose emulated time is not: its ``TurnDone`` goes at once."""
+        """A turn whose decoding is over but whose emulated time is not: its ``GenerationDone`` goes at once."""
         done = self._emulated.cancel(turn_id)
         if done is not None:
             self._send_now(turn_id, done)
@@ -299,7 +299,7 @@ class _BatchServer:
     def _fail(self, turn_id: int, exc: Exception) -> None:
         code = exc.code if isinstance(exc, PromptTooLong) else "engine_error"
         self._emulated.cancel(turn_id)
-        self._send_message(TurnFailed(turn_id, f"{type(exc).__name__}: {exc}", code))
+        self._send_message(GenerationFailed(turn_id, f"{type(exc).__name__}: {exc}", code))
         self._commands.forget(turn_id)
 
     def _leave_cancelled(self) -> None:
@@ -312,7 +312,7 @@ class _BatchServer:
                 self._send_cancelled(key)
         for submit in [submit for submit in self._waiting if self._commands.is_cancelled(submit.turn_id)]:
             self._waiting.remove(submit)
-            self._send_now(submit.turn_id, TurnDone(text="", usage=Usage(0, 0, 0), finish_reason="cancelled"))
+            self._send_now(submit.turn_id, GenerationDone(text="", usage=Usage(0, 0, 0), finish_reason="cancelled"))
 
     def _admit(self, submits: list[Submit]) -> None:
         """Prefill the turns together; if that fails, one at a time, so a bad turn fails alone.
@@ -356,7 +356,7 @@ class _BatchServer:
             self._fail(submit.turn_id, exc)
             return
         usage = Usage(input_text_tokens=inputs.text_tokens, input_audio_tokens=0, output_text_tokens=0)
-        self._send(submit.turn_id, TurnDone(text="", usage=usage, finish_reason="stop",
+        self._send(submit.turn_id, GenerationDone(text="", usage=usage, finish_reason="stop",
                                             end_of_turn_probability=probability))
 
     def _render(self, submit: Submit) -> tuple[int, ThinkerInputs, GenerationParams] | None:

@@ -47,22 +47,22 @@ from pipeline.contract import (
     AudioChunk,
     EngineCapabilities,
     EngineError,
+    GenerationDone,
+    GenerationEvent,
+    GenerationRequest,
+    GenerationTimings,
     TextDelta,
-    TurnDone,
-    TurnEvent,
-    TurnRequest,
-    TurnTimings,
 )
 from pipeline.local import engine_process
 from pipeline.local.emulation import EmulatedSpeed
 from pipeline.local.engine_messages import (
     Cancel,
     EngineProcessSpec,
+    GenerationEventMessage,
+    GenerationFailed,
     LoadFailed,
     Ready,
     Submit,
-    TurnEventMessage,
-    TurnFailed,
     WarmingUp,
 )
 from pipeline.pool import LeastLoadedPool
@@ -82,11 +82,11 @@ _STOP_GRACE_S = 10.0
 
 
 @dataclass(eq=False)
-class _Turn:
+class _Generation:
     id: int
-    request: TurnRequest
+    request: GenerationRequest
     submitted: float
-    inbox: asyncio.Queue[TurnEvent | EngineError] = field(default_factory=asyncio.Queue)
+    inbox: asyncio.Queue[GenerationEvent | EngineError] = field(default_factory=asyncio.Queue)
     started: float | None = None
     first_text: float | None = None
     first_audio: float | None = None
@@ -95,9 +95,9 @@ class _Turn:
     abandoned: bool = False
     preemptible: bool = False  # may be cancelled for an ordinary turn (until promoted)
 
-    def timings(self, now: float) -> TurnTimings:
+    def timings(self, now: float) -> GenerationTimings:
         started = self.submitted if self.started is None else self.started
-        return TurnTimings(
+        return GenerationTimings(
             queue_wait=started - self.submitted,
             first_text=self.first_text,
             first_audio=self.first_audio,
@@ -217,7 +217,7 @@ class TransformersEngine:
     # (``pipeline.local.tool_calls``), "end_of_turn" is one forward pass of it
     # (``engine_process``), images go through its vision encoder (``pipeline.local.prompt``), and
     # preemptible turns are the batch's own rules (the module docstring).
-    capabilities = EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=True, preemptible_turns=True)
+    capabilities = EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=True, preemptible_generations=True)
 
     def __init__(
         self,
@@ -259,11 +259,11 @@ class TransformersEngine:
         )
         self._process: _EngineProcess | None = None
         self._ready: Ready | None = None
-        self._waiting: collections.deque[_Turn] = collections.deque()
-        self._running: dict[int, _Turn] = {}
+        self._waiting: collections.deque[_Generation] = collections.deque()
+        self._running: dict[int, _Generation] = {}
         # Preempted turns the engine process has not yet confirmed stopped: their slots are
         # already another turn's (see the module docstring).
-        self._preempting: dict[int, _Turn] = {}
+        self._preempting: dict[int, _Generation] = {}
         self._turn_ids = itertools.count(1)
         self._restart_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -352,16 +352,16 @@ class TransformersEngine:
             return
         await self._spawn()
 
-    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
-        return self._run_turn(request)
+    def run_generation(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+        return self._run_generation(request)
 
-    async def _run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+    async def _run_generation(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         if self._closed:
             raise EngineError("the engine was closed")
         restarting = self._restart_task is not None and not self._restart_task.done()
         if self._process is None and not restarting:
             raise EngineError("the engine is not running", code="engine_unavailable")
-        turn = _Turn(id=next(self._turn_ids), request=request, submitted=time.monotonic(),
+        turn = _Generation(id=next(self._turn_ids), request=request, submitted=time.monotonic(),
                      preemptible=request.preemptible_id is not None)
         if turn.preemptible and self.spare == 0:
             raise EngineError("The engine has no spare capacity for a preemptible turn.", code="no_spare_capacity")
@@ -374,7 +374,7 @@ class TransformersEngine:
                 if isinstance(item, EngineError):
                     finished = True
                     raise item
-                if isinstance(item, TurnDone):
+                if isinstance(item, GenerationDone):
                     finished = True
                     yield item
                     return
@@ -448,7 +448,7 @@ class TransformersEngine:
             self._running[turn.id] = turn
             self._process.send(Submit(turn.id, turn.request))
 
-    def _preempt_for(self, turn: _Turn) -> bool:
+    def _preempt_for(self, turn: _Generation) -> bool:
         """Frees a slot for ordinary ``turn`` by cancelling the newest preemptible turn; False: none."""
         if turn.preemptible:
             return False
@@ -463,7 +463,7 @@ class TransformersEngine:
         victim.abandoned = True
         return True
 
-    def _abandon(self, turn: _Turn) -> None:
+    def _abandon(self, turn: _Generation) -> None:
         if self._preempting.get(turn.id) is turn:
             return  # cancelled already
         if self._running.get(turn.id) is turn:
@@ -490,8 +490,8 @@ class TransformersEngine:
             return
         turn_id = getattr(message, "turn_id", None)
         if isinstance(turn_id, int) and turn_id in self._preempting:
-            if isinstance(message, TurnFailed) or (
-                isinstance(message, TurnEventMessage) and isinstance(message.event, TurnDone)
+            if isinstance(message, GenerationFailed) or (
+                isinstance(message, GenerationEventMessage) and isinstance(message.event, GenerationDone)
             ):
                 del self._preempting[turn_id]  # stopped: its slot was handed on when it was preempted
             return
@@ -500,10 +500,10 @@ class TransformersEngine:
             logger.error("dropping an engine message for no running turn: %r", message)
             return
         now = time.monotonic()
-        if isinstance(message, TurnFailed):
+        if isinstance(message, GenerationFailed):
             self._finish(turn, EngineError(message.message, code=message.code))
             return
-        if not isinstance(message, TurnEventMessage):
+        if not isinstance(message, GenerationEventMessage):
             logger.error("dropping an unknown engine message: %r", message)
             return
         event = message.event
@@ -511,12 +511,12 @@ class TransformersEngine:
             turn.first_text = now - turn.submitted
         elif isinstance(event, AudioChunk) and turn.first_audio is None:
             turn.first_audio = now - turn.submitted
-        if isinstance(event, TurnDone):
+        if isinstance(event, GenerationDone):
             self._finish(turn, dataclasses.replace(event, timings=turn.timings(now)))
         elif not turn.abandoned:
             turn.inbox.put_nowait(event)
 
-    def _finish(self, turn: _Turn, last: TurnDone | EngineError) -> None:
+    def _finish(self, turn: _Generation, last: GenerationDone | EngineError) -> None:
         self._running.pop(turn.id, None)
         if not turn.abandoned:
             turn.inbox.put_nowait(last)

@@ -56,11 +56,11 @@ from pipeline.contract import (
     EngineError,
     EngineErrorCode,
     FinishReason,
+    GenerationDone,
+    GenerationEvent,
+    GenerationRequest,
+    GenerationTimings,
     TextDelta,
-    TurnDone,
-    TurnEvent,
-    TurnRequest,
-    TurnTimings,
     Usage,
 )
 from pipeline.pool import LeastLoadedPool
@@ -141,7 +141,7 @@ class VllmOmniEngine:
     # No end-of-turn scores: a chat completion returns text, not the next token's probability.
     # Images go as image_url parts; preemptible turns follow the module docstring's rule.
     capabilities = EngineCapabilities(function_calls=False, end_of_turn_scores=False, images=True,
-                                      preemptible_turns=True)
+                                      preemptible_generations=True)
 
     def __init__(
         self,
@@ -275,10 +275,10 @@ class VllmOmniEngine:
         self.reachable = False
         self.last_error = code
 
-    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
-        return self._run_turn(request)
+    def run_generation(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+        return self._run_generation(request)
 
-    async def _run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+    async def _run_generation(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         if self._closed:
             raise EngineError("the engine was closed")
         preemptible = None
@@ -324,7 +324,7 @@ class VllmOmniEngine:
                 turn.preempt()
                 return
 
-    def _request_body(self, request: TurnRequest) -> bytes:
+    def _request_body(self, request: GenerationRequest) -> bytes:
         """The turn's request, its prompt's length checked first (blocking: a worker thread's)."""
         check_prompt_length(request, self._max_prompt_tokens)
         return encode_chat_request(request, model=self._model, seed=self._seed)
@@ -348,9 +348,9 @@ class VllmOmniEngine:
         raise self._failed("engine_http_error", f"The engine server refused the turn (HTTP {response.status_code}).")
 
     async def _stream(
-        self, response: httpx.Response, request: TurnRequest, submitted: float, preemptible: _Preemptible | None
-    ) -> AsyncGenerator[TurnEvent, None]:
-        """The server's events as turn events, ending with ``TurnDone`` at ``[DONE]``."""
+        self, response: httpx.Response, request: GenerationRequest, submitted: float, preemptible: _Preemptible | None
+    ) -> AsyncGenerator[GenerationEvent, None]:
+        """The server's events as turn events, ending with ``GenerationDone`` at ``[DONE]``."""
         text: list[str] = []
         audio_samples = 0
         usage: UsagePiece | None = None
@@ -380,11 +380,11 @@ class VllmOmniEngine:
                         usage = piece
                     else:
                         finish = piece.reason
-        yield TurnDone(
+        yield GenerationDone(
             text="".join(text),
             usage=_usage(usage, text_deltas=len(text), audio_samples=audio_samples),
             finish_reason=_finish_reason(finish, usage, request),
-            timings=TurnTimings(first_text=first_text, first_audio=first_audio, total=time.monotonic() - submitted),
+            timings=GenerationTimings(first_text=first_text, first_audio=first_audio, total=time.monotonic() - submitted),
         )
 
     async def _events(self, response: httpx.Response) -> AsyncGenerator[str, None]:
@@ -459,7 +459,7 @@ def _usage(usage: UsagePiece | None, *, text_deltas: int, audio_samples: int) ->
     )
 
 
-def _finish_reason(finish: str | None, usage: UsagePiece | None, request: TurnRequest) -> FinishReason:
+def _finish_reason(finish: str | None, usage: UsagePiece | None, request: GenerationRequest) -> FinishReason:
     """"length" when the Thinker hit ``max_output_tokens``. With audio, serving_chat passes on only
     the audio stage's finish_reason, so the token count tells."""
     if finish == "length":

@@ -11,7 +11,7 @@ import pytest
 
 from app.serving.ipc import MAX_MESSAGE_BYTES, post
 from app.serving.media_worker import EngineProxy
-from pipeline.contract import AudioChunk, EngineError, TextDelta, TurnRequest
+from pipeline.contract import AudioChunk, EngineError, GenerationRequest, TextDelta
 from pipeline.conversation import Conversation, UserText
 from tests.fakes import FULL_CAPABILITIES, RecordingWriter
 
@@ -31,7 +31,7 @@ class Front:
 
 async def test_a_turn_streams_its_events_and_ends() -> None:
     front = Front()
-    request = TurnRequest(conversation=Conversation(items=[]))
+    request = GenerationRequest(conversation=Conversation(items=[]))
     chunk = AudioChunk(np.zeros(1920, dtype=np.float32))
 
     async def play_front() -> None:
@@ -42,7 +42,7 @@ async def test_a_turn_streams_its_events_and_ends() -> None:
         front.proxy.deliver({"op": "turn_end", "turn": turn, "error": None})
 
     player = asyncio.create_task(play_front())
-    events = [event async for event in front.proxy.run_turn(request)]
+    events = [event async for event in front.proxy.run_generation(request)]
     await player
     assert events == [TextDelta("Hi"), chunk]
     assert [message["op"] for message in front.sent] == ["turn"]  # ended: nothing to cancel
@@ -57,7 +57,7 @@ async def test_an_engine_error_in_front_is_raised_with_its_code() -> None:
 
     player = asyncio.create_task(play_front())
     with pytest.raises(EngineError, match="nothing for 60 s") as raised:
-        async for _ in front.proxy.run_turn(TurnRequest(conversation=Conversation(items=[]))):
+        async for _ in front.proxy.run_generation(GenerationRequest(conversation=Conversation(items=[]))):
             pass
     await player
     assert raised.value.code == "engine_timeout"
@@ -65,7 +65,7 @@ async def test_an_engine_error_in_front_is_raised_with_its_code() -> None:
 
 async def test_closing_a_turn_early_cancels_it_in_front_and_drops_its_late_events() -> None:
     front = Front()
-    turn_events = front.proxy.run_turn(TurnRequest(conversation=Conversation(items=[])))
+    turn_events = front.proxy.run_generation(GenerationRequest(conversation=Conversation(items=[])))
     async with contextlib.aclosing(turn_events):
         pending = asyncio.ensure_future(anext(turn_events))
         turn = await front.turn_started()
@@ -80,7 +80,7 @@ async def test_a_turn_too_large_to_send_fails_that_turn_with_an_error_code() -> 
     proxy = EngineProxy("front-engine", FULL_CAPABILITIES, lambda message: post(writer, message))
     huge = Conversation(items=(UserText("x" * (MAX_MESSAGE_BYTES + 1)),))
     with pytest.raises(EngineError) as raised:
-        async for _ in proxy.run_turn(TurnRequest(conversation=huge)):
+        async for _ in proxy.run_generation(GenerationRequest(conversation=huge)):
             pass
     assert raised.value.code == "turn_too_large"
     assert writer.written == b""  # not even a cancel_turn: the front never heard of it
