@@ -24,7 +24,7 @@ class EngineProcessSpec:
     device: str = "auto"
     dtype: str = "auto"
     seed: int | None = None
-    # GenerationParams fields applied to every turn, e.g. {"force_output_tokens": 64}.
+    # GenerationParams fields applied to every generation, e.g. {"force_output_tokens": 64}.
     generation: dict[str, Any] = field(default_factory=dict)
     threads: int | None = None
     # Engine processes of one pool on this machine: on a CPU, without ``threads``, each takes its
@@ -34,12 +34,12 @@ class EngineProcessSpec:
     log_level: int = logging.INFO
     # from_pretrained's attn_implementation ("sdpa", "eager", "flash_attention_2"); None: transformers' default.
     attn_implementation: str | None = None
-    # False: a text-only engine (no Talker loaded, turns asking for audio fail). True refuses a
-    # checkpoint without a Talker at load, not at its first audio turn.
+    # False: a text-only engine (no Talker loaded, generations asking for audio fail). True refuses a
+    # checkpoint without a Talker at load, not at its first audio generation.
     audio_output: bool = True
-    # Turns decoded together (see _BatchServer); the parent submits at most this many at a time.
+    # Generations decoded together (see _BatchServer); the parent submits at most this many at a time.
     max_batch: int = 8
-    # The longest prompt a turn may have (its rendered ids); longer, it fails before it joins the
+    # The longest prompt a generation may have (its rendered ids); longer, it fails before it joins the
     # batch (PromptTooLong), alone: a batched prefill pads every row to the longest (KVCache.joined).
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
 
@@ -47,19 +47,19 @@ class EngineProcessSpec:
 # Parent -> engine process.
 @dataclass(frozen=True)
 class Submit:
-    turn_id: int
+    generation_id: int
     request: GenerationRequest
 
 
 @dataclass(frozen=True)
 class Cancel:
-    turn_id: int
+    generation_id: int
 
 
 # Engine process -> parent.
 @dataclass(frozen=True)
 class WarmingUp:
-    """Loaded; the warm-up turns run now (``Ready`` follows them)."""
+    """Loaded; the warm-up generations run now (``Ready`` follows them)."""
 
 
 @dataclass(frozen=True)
@@ -78,12 +78,12 @@ class LoadFailed:
 
 @dataclass(frozen=True)
 class GenerationEventMessage:
-    turn_id: int
+    generation_id: int
     event: GenerationEvent
 
 
 @dataclass(frozen=True)
 class GenerationFailed:
-    turn_id: int
+    generation_id: int
     message: str
     code: EngineErrorCode = "engine_error"

@@ -1,4 +1,4 @@
-"""The engine process's warm-up (``pipeline.local.warmup``): what it runs, and that no turn comes before it."""
+"""The engine process's warm-up (``pipeline.local.warmup``): what it runs, and that no generation comes before it."""
 
 import multiprocessing
 
@@ -64,7 +64,7 @@ def test_the_engine_process_takes_no_turn_before_its_warm_up_is_over(dev_model_d
         kinds = [type(message).__name__ for message in received]
         assert kinds[:2] == ["WarmingUp", "Ready"]
         assert set(kinds[2:]) == {"GenerationEventMessage"}
-        assert all(message.turn_id == 1 for message in received[2:])
+        assert all(message.generation_id == 1 for message in received[2:])
         ready = received[1]
         assert ready.warm_up is not None and (ready.warm_up.turns, ready.warm_up.failed) == (4, 0)
     finally:
