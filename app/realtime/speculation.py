@@ -67,11 +67,12 @@ class SpeculativeAnswer:
     transcription: GenerationRequest | None = None
 
 
-# The fields of GenerationRequest that same_request does not compare by value: the conversation is compared
-# as the prompt renders it (_same_prompt), and preemptible_id only names the held request (the
-# wanted one has none yet). Every other field is a setting, compared by value, a new one included.
-COMPARED_APART = frozenset({"conversation", "preemptible_id"})
-_SETTINGS = tuple(field.name for field in dataclasses.fields(GenerationRequest) if field.name not in COMPARED_APART)
+# The fields of GenerationRequest that same_request does not compare by value: the conversation
+# is compared as the prompt renders it (_same_prompt), and preemptible_id only names the held
+# request (the wanted one has none yet). Every other field is a setting, compared by value, a new
+# one included.
+_COMPARED_APART = frozenset({"conversation", "preemptible_id"})
+_SETTINGS = tuple(field.name for field in dataclasses.fields(GenerationRequest) if field.name not in _COMPARED_APART)
 
 
 def same_request(held: GenerationRequest, wanted: GenerationRequest) -> bool:

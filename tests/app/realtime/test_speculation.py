@@ -425,11 +425,11 @@ def test_every_field_of_a_turn_request_is_either_compared_or_named_as_not_compar
 
 
 @pytest.mark.parametrize("name", sorted(CHANGED))
-def test_a_request_that_differs_in_any_one_field_is_not_the_same_turn(name: str):
+def test_a_request_that_differs_in_any_one_field_is_not_the_same_request(name: str):
     assert same_request(BASE, dataclasses.replace(BASE))
     assert not same_request(BASE, dataclasses.replace(BASE, **{name: CHANGED[name]}))
 
 
 @pytest.mark.parametrize("name", sorted(NOT_COMPARED))
-def test_a_request_that_differs_only_in_a_field_not_compared_is_the_same_turn(name: str):
+def test_a_request_that_differs_only_in_a_field_not_compared_is_the_same_request(name: str):
     assert same_request(dataclasses.replace(BASE, **{name: NOT_COMPARED[name]}), BASE)
