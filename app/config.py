@@ -235,20 +235,20 @@ class Settings(BaseSettings):
         description="a STUN/TURN server URL (stun:host:port, turn:host:port?transport=udp), for the server's own "
         "peers and for clients (GET /v1/realtime/ice_servers)",
     )
-    turn_username: Annotated[str | None, Flag(Concern.WEBRTC, name="ice-username")] = Field(
+    ice_username: Annotated[str | None, Flag(Concern.WEBRTC)] = Field(
         None, description="static TURN username for the turn:/turns: URLs of --ice-server (with --ice-credential)"
     )
-    turn_credential: Annotated[SecretStr | None, Flag(Concern.WEBRTC, name="ice-credential")] = Field(
+    ice_credential: Annotated[SecretStr | None, Flag(Concern.WEBRTC)] = Field(
         None, description="static TURN credential for the turn:/turns: URLs of --ice-server (with --ice-username)"
     )
-    turn_secret: Annotated[SecretStr | None, Flag(Concern.WEBRTC)] = Field(
+    ice_auth_secret: Annotated[SecretStr | None, Flag(Concern.WEBRTC)] = Field(
         None,
         description="coturn's static-auth-secret: time-limited TURN REST credentials minted per call instead, "
-        "valid --turn-ttl (docs/DEPLOY.md)",
+        "valid --ice-credential-ttl (docs/DEPLOY.md)",
     )
     # Credentials are used within seconds (gathering); coturn checks the expiry only when an
     # allocation authenticates, so a call outlives them (docs/DEPLOY.md).
-    turn_ttl_s: Annotated[int, Flag(Concern.WEBRTC)] = Field(
+    ice_credential_ttl_s: Annotated[int, Flag(Concern.WEBRTC)] = Field(
         300, ge=30, le=86_400, description="how long minted TURN credentials last"
     )
     ice_loopback: Annotated[bool, Flag(Concern.WEBRTC)] = Field(
@@ -546,23 +546,23 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _check_turn_credentials(self) -> Settings:
+    def _check_ice_credentials(self) -> Settings:
         turn_urls = [url for url in self.ice_servers if url.lower().startswith(("turn:", "turns:"))]
-        static = self.turn_username is not None or self.turn_credential is not None
-        if self.turn_secret is not None:
+        static = self.ice_username is not None or self.ice_credential is not None
+        if self.ice_auth_secret is not None:
             if static:
-                raise ValueError("turn_secret and turn_username/turn_credential both set: give one kind of credentials")
-            if not self.turn_secret.get_secret_value():
-                raise ValueError("turn_secret is empty")
+                raise ValueError("ice_auth_secret and ice_username/ice_credential both set: give one kind of credentials")
+            if not self.ice_auth_secret.get_secret_value():
+                raise ValueError("ice_auth_secret is empty")
             if not turn_urls:
-                raise ValueError("turn_secret is set but ice_servers names no turn:/turns: URL")
-        elif static and (self.turn_username is None or self.turn_credential is None):
-            raise ValueError("turn_username and turn_credential go together: give both")
+                raise ValueError("ice_auth_secret is set but ice_servers names no turn:/turns: URL")
+        elif static and (self.ice_username is None or self.ice_credential is None):
+            raise ValueError("ice_username and ice_credential go together: give both")
         elif turn_urls and not static:
             # Browsers refuse a TURN server without credentials (RTCPeerConnection throws).
             raise ValueError(
-                f"ice_servers {turn_urls} need credentials: set turn_username and turn_credential "
-                "(--ice-username/--ice-credential) or turn_secret (--turn-secret, coturn's static-auth-secret)"
+                f"ice_servers {turn_urls} need credentials: set ice_username and ice_credential "
+                "(--ice-username/--ice-credential) or ice_auth_secret (--ice-auth-secret, coturn's static-auth-secret)"
             )
         return self
 

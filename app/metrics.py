@@ -5,7 +5,7 @@ The numbers come from what the glue already sees:
 - the server events a session sends (``response.done`` status, ``error`` type, the speech
   and playback events whose wall-clock spacing is the user-facing latency), read by a
   per-call :class:`CallMetrics`;
-- the engine's own ``TurnDone.timings`` (queue wait, time to first Thinker token), read by
+- the engine's own ``GenerationDone.timings`` (queue wait, time to first Thinker token), read by
   :class:`app.serving.engines.MeteredEngine`, which wraps the shared engine the sessions are given;
 - three session callbacks: ``on_ignored_speech`` (an utterance half-duplex did not act on),
   counted in ``ignored_speech``; ``on_speculation`` (each speculative answer's outcome and

@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import AsyncGenerator
 from typing import Any, Generic, Protocol, TypeVar
 
-from pipeline.contract import EngineCapabilities, EngineHealth, TurnEvent, TurnRequest
+from pipeline.contract import EngineCapabilities, EngineHealth, GenerationEvent, GenerationRequest
 
 
 class PooledEngine(Protocol):
@@ -37,7 +37,7 @@ class PooledEngine(Protocol):
 
     def health(self) -> EngineHealth: ...
 
-    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]: ...
+    def run_generation(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]: ...
 
     async def promote(self, preemptible_id: str) -> bool: ...
 
@@ -77,16 +77,16 @@ class LeastLoadedPool(Generic[EngineT]):
             members=tuple(self.describe()),
         )
 
-    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
-        return self._run_turn(request)
+    def run_generation(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+        return self._run_generation(request)
 
-    async def _run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+    async def _run_generation(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         # Chosen when the turn is first iterated, which is when a member counts it.
         if request.preemptible_id is not None:
             engine = max(self.engines, key=lambda engine: (engine.alive, engine.spare))
         else:
             engine = min(self.engines, key=lambda engine: (not engine.alive, engine.load))
-        async with contextlib.aclosing(engine.run_turn(request)) as events:
+        async with contextlib.aclosing(engine.run_generation(request)) as events:
             async for event in events:
                 yield event
 

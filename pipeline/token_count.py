@@ -30,6 +30,8 @@ from pipeline.tool_format import Tool, pieces_text, system_content
 if TYPE_CHECKING:
     import tiktoken
 
+    from pipeline.contract import EngineErrorCode
+
 # The pre-tokenizer of Qwen2/3's tokenizer.json (and dashscope's QwenTokenizer).
 QWEN_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
@@ -52,7 +54,7 @@ _loading = threading.Lock()
 class PromptTooLong(ValueError):
     """A turn's prompt is longer than the engine takes; the turn fails alone, before it is decoded."""
 
-    code = "prompt_too_long"
+    code: EngineErrorCode = "prompt_too_long"
 
 
 def qwen_ranks_path() -> Path:

@@ -50,7 +50,7 @@ from harness import read_wav  # noqa: E402
 from transformers import Qwen3OmniMoeForConditionalGeneration  # noqa: E402
 
 from media.rates import SPEECH_RATE, VOICE_RATE  # noqa: E402
-from pipeline.contract import AudioChunk, TextDelta, TurnDone, TurnRequest  # noqa: E402
+from pipeline.contract import AudioChunk, GenerationDone, GenerationRequest, TextDelta  # noqa: E402
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText  # noqa: E402
 from pipeline.local.code2wav import StreamingCode2Wav  # noqa: E402
 from pipeline.local.decode_batch import DecodeBatch
@@ -61,7 +61,7 @@ from pipeline.local.devmodel import (  # noqa: E402
     ensure_dev_model,
     initialise_talker_experts,
 )
-from pipeline.local.generation import stream_turn
+from pipeline.local.generation import stream_generation
 from pipeline.local.params import GenerationParams  # noqa: E402
 from pipeline.local.prompt import PromptRenderer  # noqa: E402
 from pipeline.local.qwen3_omni_config import instruct_config  # noqa: E402
@@ -169,7 +169,7 @@ class Check:
 
         def first_audio() -> None:
             stop = False
-            for event in stream_turn(model, self.tokenizer, self.spoken, self.params(), lambda: stop):
+            for event in stream_generation(model, self.tokenizer, self.spoken, self.params(), lambda: stop):
                 if isinstance(event, AudioChunk):
                     stop = True
 
@@ -266,7 +266,7 @@ async def engine_turn(model_dir: Path, device: str, dtype: str, tokens: int) -> 
     generation = {"force_output_tokens": tokens, "talker_frames_per_token": FRAMES_PER_TOKEN,
                   "max_audio_frames": FRAMES_PER_TOKEN * tokens}
     engine = TransformersEngine(model_dir, device=device, dtype=dtype, seed=0, threads=1, generation=generation)
-    request = TurnRequest(conversation=Conversation(items=(UserAudio(read_wav(FIXTURES / "hello.wav")),)),
+    request = GenerationRequest(conversation=Conversation(items=(UserAudio(read_wav(FIXTURES / "hello.wav")),)),
                           max_output_tokens=tokens)
     try:
         await engine.start()
@@ -276,11 +276,11 @@ async def engine_turn(model_dir: Path, device: str, dtype: str, tokens: int) -> 
         for _ in range(2):
             chunks, first_audio_s, done = [], None, None
             turn_started = time.perf_counter()
-            async for event in engine.run_turn(request):
+            async for event in engine.run_generation(request):
                 if isinstance(event, AudioChunk):
                     first_audio_s = first_audio_s or time.perf_counter() - turn_started
                     chunks.append(event.pcm)
-                elif isinstance(event, TurnDone):
+                elif isinstance(event, GenerationDone):
                     done = event
                 elif not isinstance(event, TextDelta):
                     raise RuntimeError(f"unexpected event {event!r}")
@@ -290,7 +290,7 @@ async def engine_turn(model_dir: Path, device: str, dtype: str, tokens: int) -> 
     finally:
         await engine.close()
     if done is None or first_audio_s is None:
-        raise RuntimeError("the turn ended without audio or without a TurnDone")
+        raise RuntimeError("the turn ended without audio or without a GenerationDone")
     audio = np.concatenate(chunks)
     if not np.isfinite(audio).all():
         raise RuntimeError("the answer's audio holds NaN or infinity")

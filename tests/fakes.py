@@ -34,18 +34,16 @@ from app.realtime.session_config import SessionConfig, TurnDetection
 from app.transports.websocket.event_audio import EventAudioOutput
 from media.rates import SPEECH_RATE, VOICE_RATE
 from pipeline.contract import (
-    NO_SPARE_CAPACITY,
-    PREEMPTED,
     AudioChunk,
     Engine,
     EngineCapabilities,
     EngineError,
     EngineHealth,
+    GenerationDone,
+    GenerationEvent,
+    GenerationRequest,
+    GenerationTimings,
     TextDelta,
-    TurnDone,
-    TurnEvent,
-    TurnRequest,
-    TurnTimings,
     Usage,
 )
 from pipeline.conversation import UserAudio, UserImage
@@ -54,7 +52,7 @@ from pipeline.conversation import UserAudio, UserImage
 # of half-duplex say so, since a session's default is OpenAI's interrupt_response: true.
 HALF_DUPLEX = SessionConfig(turn_detection=TurnDetection(interrupt_response=False))
 # What the in-process engine can do: the stand-ins' default (a test turns one off to see it refused).
-FULL_CAPABILITIES = EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=True, preemptible_turns=True)
+FULL_CAPABILITIES = EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=True, preemptible_generations=True)
 
 CODEC_FRAME_SAMPLES = 1920  # one 80 ms Code2Wav frame at 24 kHz
 INPUT_CHUNK_SAMPLES = 320  # 20 ms at 16 kHz: what the inbound WebRTC track delivers
@@ -92,7 +90,7 @@ class ScriptedEngine:
         self.frames_per_chunk = frames_per_chunk
         self.chunk_interval_s = chunk_interval_s
         self.waveform = waveform
-        self.requests: list[TurnRequest] = []
+        self.requests: list[GenerationRequest] = []
         self.cancelled_turns = 0
         # When set, each turn waits on it after its first word (a long answer being generated).
         self.hold: asyncio.Event | None = None
@@ -101,7 +99,7 @@ class ScriptedEngine:
         # Raised by the next turn after its first word (then cleared).
         self.fail_next: Exception | None = None
         self.max_batch: int | None = None  # turns at once; a preemptible one needs a free slot
-        self.running: dict[int, TurnRequest] = {}  # by turn number, oldest first
+        self.running: dict[int, GenerationRequest] = {}  # by turn number, oldest first
         self.preemptible: dict[int, asyncio.Event] = {}  # running preemptible turns: set to preempt
         self.promoted: list[str] = []  # preemptible ids promoted, in order
         self._turns = 0
@@ -121,7 +119,7 @@ class ScriptedEngine:
         # A quiet ramp, so that tests can tell the samples apart.
         return np.linspace(0.0, 0.1, CODEC_FRAME_SAMPLES, dtype=np.float32)
 
-    def used_requests(self) -> list[TurnRequest]:
+    def used_requests(self) -> list[GenerationRequest]:
         """The requests whose turns were used: ordinary ones, and preemptible ones once promoted
         (a speculative answer thrown away is in ``requests`` only)."""
         return [request for request in self.requests
@@ -137,10 +135,10 @@ class ScriptedEngine:
                 return True
         return False
 
-    def _admit(self, request: TurnRequest) -> int:
+    def _admit(self, request: GenerationRequest) -> int:
         full = self.max_batch is not None and len(self.running) >= self.max_batch
         if request.preemptible_id is not None and full:
-            raise EngineError("no spare capacity", code=NO_SPARE_CAPACITY)
+            raise EngineError("no spare capacity", code="no_spare_capacity")
         if full:
             victims = [turn for turn, preempt in self.preemptible.items() if not preempt.is_set()]
             if victims:
@@ -166,9 +164,9 @@ class ScriptedEngine:
                 for wait in waits:
                     wait.cancel()
         if preempt is not None and preempt.is_set():
-            raise EngineError("preempted", code=PREEMPTED)
+            raise EngineError("preempted", code="preempted")
 
-    async def run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+    async def run_generation(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         self.requests.append(request)
         turn = self._admit(request)
         try:
@@ -179,7 +177,7 @@ class ScriptedEngine:
             del self.running[turn]
             self.preemptible.pop(turn, None)
 
-    async def _answer(self, request: TurnRequest, turn: int) -> AsyncGenerator[TurnEvent, None]:
+    async def _answer(self, request: GenerationRequest, turn: int) -> AsyncGenerator[GenerationEvent, None]:
         said = self.reply
         if request.task == "transcribe":
             said = self.transcript if isinstance(self.transcript, str) else self.transcript(_the_clip(request))
@@ -214,7 +212,7 @@ class ScriptedEngine:
                         await self._pause(turn, self.hold)
                     await asyncio.sleep(self.chunk_interval_s)
             audio_frames = len(words) if request.output_audio else 0
-            yield TurnDone(
+            yield GenerationDone(
                 text="".join(words),
                 usage=Usage(
                     input_text_tokens=10 * len(request.conversation.items) + 20,
@@ -226,20 +224,20 @@ class ScriptedEngine:
                     ),
                 ),
                 finish_reason=finish_reason,  # type: ignore[arg-type]
-                timings=TurnTimings(queue_wait=0.0, first_text=0.001, first_audio=0.002, total=0.003),
+                timings=GenerationTimings(queue_wait=0.0, first_text=0.001, first_audio=0.002, total=0.003),
             )
         except (GeneratorExit, asyncio.CancelledError):
             self.cancelled_turns += 1
             raise
 
 
-def _the_clip(request: TurnRequest) -> UserAudio:
+def _the_clip(request: GenerationRequest) -> UserAudio:
     clip = request.conversation.items[-1]
     assert isinstance(clip, UserAudio), "a transcription turn transcribes one clip"
     return clip
 
 
-def audio_tokens(request: TurnRequest) -> int:
+def audio_tokens(request: GenerationRequest) -> int:
     """The fake's audio encoder: 12.5 tokens per second of user audio (Qwen3-Omni's rate), per clip."""
     return sum(
         int(len(item.pcm) / SPEECH_RATE * AUDIO_TOKENS_PER_SECOND)

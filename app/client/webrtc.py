@@ -288,7 +288,7 @@ class RealtimeClient(RealtimeClientBase):
             if unrelayed:
                 reason += (
                     f"; the TURN server ({', '.join(unrelayed)}) gave no relay candidate: it refused the "
-                    "credentials (a --turn-secret that is not coturn's static-auth-secret?) or could not be reached"
+                    "credentials (a --ice-auth-secret that is not coturn's static-auth-secret?) or could not be reached"
                 )
             raise ClientError(f"the call failed: {reason}") from None
 

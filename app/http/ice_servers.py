@@ -1,6 +1,6 @@
 """``GET /v1/realtime/ice_servers`` (an omni-rtc extension): the STUN/TURN servers a client builds its
 peer connection with, TURN ones with credentials (coturn REST credentials minted for this request
-when ``--turn-secret`` is set).
+when ``--ice-auth-secret`` is set).
 
 OpenAI's Realtime API has no such route: its clients bring their own ICE servers. A browser on a
 network that blocks UDP, or behind a symmetric NAT, reaches the server only through a TURN relay,

@@ -62,10 +62,10 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     # start-up, not per call.
     ice_servers(settings, user="start")
     check_jitter_buffer(settings)
-    if settings.turn_username is not None:
+    if settings.ice_username is not None:
         logger.warning(
             "static TURN credentials go to every client that may place a call (GET /v1/realtime/ice_servers), "
-            "and stay valid after it: anyone who had them can relay through the TURN server; --turn-secret "
+            "and stay valid after it: anyone who had them can relay through the TURN server; --ice-auth-secret "
             "mints credentials per call instead (docs/DEPLOY.md)"
         )
 

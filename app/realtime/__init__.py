@@ -12,10 +12,10 @@ one union per direction, the event-type strings):
 - ``input``: audio, images and camera frames that reach the session as events, read and bounded.
 - ``turn_taking``: the detector's events as the protocol's (speech started and stopped,
   commits, barge-in, half-duplex), and semantic VAD's end-of-turn checks.
-- ``held_turn``: an engine turn whose events are held until it is released.
+- ``held_generation``: an engine generation whose events are held until it is released.
 - ``speculation``: the answer started at a candidate end of turn, held until the commit.
 - ``transcription``: input transcription, final and partial.
-- ``response``: one response run from engine turn to ``response.done``, and its events.
+- ``response``: one response run from engine generation to ``response.done``, and its events.
 - ``history``: the conversation's items as the user heard them, pruned to the session's limits.
 - ``playback``: the answers' audio on its way to the listener, and what of it was played.
 - ``gate``: client events admitted by size and rate before they are parsed.
@@ -24,7 +24,7 @@ one union per direction, the event-type strings):
 One spoken turn: the transport pushes audio into ``session``; ``turn_taking`` hears speech
 start and end and asks the session to commit the user item (``history``) and respond;
 ``speculation`` may already hold an answer started at the first quiet window; ``response``
-renders the conversation from ``history``, runs the engine turn and streams its events while
+renders the conversation from ``history``, runs the engine generation and streams its events while
 ``playback`` writes the audio out; once the audio has played, ``history`` keeps the answer as
 heard. docs/SESSION.md has the rules; docs/ARCHITECTURE.md the layers around it.
 """

@@ -9,6 +9,7 @@ so "what was ``event_…``?" is one search of the log away.
 from __future__ import annotations
 
 import logging
+from typing import Literal
 
 from app.realtime.protocol import (
     ConversationItemInputAudioTranscriptionFailedEvent,
@@ -16,10 +17,16 @@ from app.realtime.protocol import (
     ProtocolError,
     TranscriptionError,
 )
+from pipeline.contract import EngineErrorCode
 
 logger = logging.getLogger(__name__)
 
-FAILURE_MESSAGES = {
+# An engine's failure by its code, or "server_error": one the server did not expect.
+FailureCode = EngineErrorCode | Literal["server_error"]
+
+# Every FailureCode but the preemptible ends (pipeline.contract.PREEMPTIBLE_ENDS), which are
+# counted and never told: the fallback is for those, should one ever reach a client.
+FAILURE_MESSAGES: dict[FailureCode, str] = {
     "engine_timeout": "The model produced nothing for too long; the response was stopped.",
     "engine_unavailable": "The model is not running right now; try again shortly.",
     "engine_died": "The model's process ended during the turn; it is being restarted.",
@@ -37,11 +44,11 @@ FAILURE_MESSAGES = {
 }
 
 
-def failure_message(code: str) -> str:
+def failure_message(code: FailureCode) -> str:
     return FAILURE_MESSAGES.get(code, FAILURE_MESSAGES["server_error"])
 
 
-def failure_event(code: str, cause: BaseException | str, *, where: str, client_event_id: str | None = None) -> ErrorEvent:
+def failure_event(code: FailureCode, cause: BaseException | str, *, where: str, client_event_id: str | None = None) -> ErrorEvent:
     """An ``error`` event (type ``server_error``) for a failure; its cause goes to the log with the event's id.
 
     ``where`` says what failed ("session sess_…: response resp_…"); ``cause`` is an expected
@@ -53,7 +60,7 @@ def failure_event(code: str, cause: BaseException | str, *, where: str, client_e
 
 
 def transcription_failed_event(
-    code: str, cause: BaseException | str, *, where: str, item_id: str, content_index: int
+    code: FailureCode, cause: BaseException | str, *, where: str, item_id: str, content_index: int
 ) -> ConversationItemInputAudioTranscriptionFailedEvent:
     """``conversation.item.input_audio_transcription.failed`` for a failure, logged with its event's id."""
     event = ConversationItemInputAudioTranscriptionFailedEvent(

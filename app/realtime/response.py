@@ -22,7 +22,7 @@ from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from app.realtime.failures import failure_event
+from app.realtime.failures import FailureCode, failure_event
 from app.realtime.history import AssistantEntry, FunctionCallEntry, History, checked_text
 from app.realtime.playback import AnswerAudio
 from app.realtime.protocol import (
@@ -69,11 +69,11 @@ from pipeline.contract import (
     FunctionCallDone,
     FunctionCallEvent,
     FunctionCallStarted,
+    GenerationDone,
+    GenerationEvent,
+    GenerationRequest,
+    GenerationTimings,
     TextDelta,
-    TurnDone,
-    TurnEvent,
-    TurnRequest,
-    TurnTimings,
     Usage,
     Voice,
 )
@@ -212,7 +212,7 @@ class Response:
 
 # ---- response_events ----
 
-def ended_as(response: Response, done: TurnDone) -> tuple[ResponseStatus, str | None]:
+def ended_as(response: Response, done: GenerationDone) -> tuple[ResponseStatus, str | None]:
     """The status (and reason) of a response whose engine turn ended with ``done``."""
     if done.finish_reason == "length":
         return "incomplete", "max_output_tokens"
@@ -221,9 +221,9 @@ def ended_as(response: Response, done: TurnDone) -> tuple[ResponseStatus, str | 
     return "completed", None
 
 
-def turn_request(response: Response, conversation: Conversation) -> TurnRequest:
+def generation_request(response: Response, conversation: Conversation) -> GenerationRequest:
     """The engine turn that answers ``conversation`` with ``response``'s settings."""
-    return TurnRequest(
+    return GenerationRequest(
         conversation=dataclasses.replace(conversation, tools=response.tools, tool_choice=response.tool_choice),
         voice=response.voice,
         temperature=response.temperature,
@@ -294,7 +294,7 @@ def finish_events(
     *,
     previous_item_id: str | None,
     reason: str | None = None,
-    done: TurnDone | None = None,
+    done: GenerationDone | None = None,
     error_code: str | None = None,
 ) -> list[ServerEvent]:
     """The events that close the response; marks its item completed or incomplete.
@@ -365,7 +365,7 @@ def response_usage(usage: Usage) -> ResponseUsage:
     )
 
 
-def latency(response: Response, timings: TurnTimings | None) -> ResponseLatency | None:
+def latency(response: Response, timings: GenerationTimings | None) -> ResponseLatency | None:
     """Where the time from end of speech to first audio went; None for a response without audio.
 
     First audio is the first frame handed to the transport when the output reported it (a paced
@@ -561,11 +561,11 @@ class ResponseRun:
         try:
             if previous is not None and not previous.done():
                 await asyncio.wait({previous})  # a cancelled response first sends its response.done
-            request = turn_request(response, context.history.conversation(response.instructions, owner.config.history))
-            events = await self._engine_turn(request)
+            request = generation_request(response, context.history.conversation(response.instructions, owner.config.history))
+            events = await self._engine_generation(request)
             self._announce()
             self._check_context()
-            done: TurnDone | None = None
+            done: GenerationDone | None = None
             async with contextlib.aclosing(events) as turn:
                 async for event in turn:
                     if isinstance(event, TextDelta):
@@ -575,10 +575,10 @@ class ResponseRun:
                     elif isinstance(event, FunctionCallEvent):
                         for server_event in call_events(response, event, context.history):
                             owner.emit(server_event)
-                    elif isinstance(event, TurnDone):
+                    elif isinstance(event, GenerationDone):
                         done = event
             if done is None:
-                raise EngineError("The engine ended the turn without TurnDone.", code="engine_protocol_error")
+                raise EngineError("The engine ended the turn without GenerationDone.", code="engine_protocol_error")
             checked = await asyncio.to_thread(check_arguments, response) if response.calls else {}
             await response.wait_first_frame()
             status, reason = ended_as(response, done)
@@ -594,13 +594,13 @@ class ResponseRun:
             if response.speculation is not None:  # used, or thrown away: the speculator awaits what is left
                 owner.release_speculation(response.speculation)
 
-    async def _engine_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+    async def _engine_generation(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         """The answer's engine turn: the speculative one taken at the commit when it answers
         ``request`` (its held events first), else a new one."""
         response = self.response
         held = await response.speculation.use(request) if response.speculation is not None else None
         if held is None:
-            return self._context.engine.run_turn(request)
+            return self._context.engine.run_generation(request)
         response.speculation_started_at = held.started_at
         return held.events()
 
@@ -649,8 +649,8 @@ class ResponseRun:
         status: ResponseStatus,
         *,
         reason: str | None = None,
-        done: TurnDone | None = None,
-        failure: tuple[str, BaseException | str] | None = None,
+        done: GenerationDone | None = None,
+        failure: tuple[FailureCode, BaseException | str] | None = None,
         checked: Mapping[str, str | None] | None = None,
     ) -> None:
         """Ends the response; a ``failure`` (its code, and its cause for the log) is told in an ``error`` event."""

@@ -66,7 +66,7 @@ from app.realtime.protocol import (
     new_id,
     parse_client_event,
 )
-from app.realtime.response import Response, ResponseContext, ResponseRun, apply_response_params, turn_request
+from app.realtime.response import Response, ResponseContext, ResponseRun, apply_response_params, generation_request
 from app.realtime.session_config import (
     SessionConfig,
     TurnDetection,
@@ -79,7 +79,7 @@ from app.realtime.session_config import (
     fitted,
     session_param,
 )
-from app.realtime.speculation import OutcomeObserver, Speculation, SpeculativeTurn, Speculator
+from app.realtime.speculation import OutcomeObserver, Speculation, SpeculativeAnswer, Speculator
 from app.realtime.transcription import PartialObserver, PartialTranscripts, Transcriptions
 from app.realtime.turn_taking import (
     CandidateEnd,
@@ -101,7 +101,7 @@ from media.frames import FramePlan, SampledFrame
 from media.vad import SpeechModel
 from pipeline.contract import (
     Engine,
-    TurnRequest,
+    GenerationRequest,
 )
 from pipeline.conversation import ConversationItem, UserAudio, UserImage
 
@@ -158,7 +158,7 @@ class RealtimeSession:
         )
         self._conversation_id = new_id("conv")
         self._expires_at = int(time.time()) + SESSION_LIFETIME_S
-        self._speculator = Speculator(engine, self._speculative_turn, session_id=self.session_id,
+        self._speculator = Speculator(engine, self._speculative_answer, session_id=self.session_id,
                                       on_outcome=on_speculation)
         self._turns = TurnTaking(
             vad,
@@ -543,7 +543,7 @@ class RealtimeSession:
         response.speculation = speculation
         self._start_response(response)
 
-    def _speculative_turn(self, pcm: np.ndarray) -> SpeculativeTurn | None:
+    def _speculative_answer(self, pcm: np.ndarray) -> SpeculativeAnswer | None:
         """The turn a commit of ``pcm`` now would start; None when the session would not answer now."""
         detection = self._config.turn_detection
         if self._closed or detection is None or not (detection.speculative_response and detection.create_response
@@ -552,10 +552,10 @@ class RealtimeSession:
         response = self._session_response(0.0)
         audio = UserAudio(pcm)
         pending: tuple[ConversationItem, ...] = (*self._frames.peek(self._config.video.frames_per_turn), audio)
-        answer = turn_request(response, self._history.conversation(response.instructions, self._config.history, pending))
+        answer = generation_request(response, self._history.conversation(response.instructions, self._config.history, pending))
         transcribe = self._config.transcription
         hint = transcribe.hint() if transcribe is not None and np.any(pcm) else None
-        return SpeculativeTurn(answer, TurnRequest.transcription(audio, hint) if hint is not None else None)
+        return SpeculativeAnswer(answer, GenerationRequest.transcription(audio, hint) if hint is not None else None)
 
     def _session_response(self, started_at: float, silence_wait_ms: float = 0.0) -> Response:
         """A response the server starts by itself, with the session's settings."""

@@ -576,7 +576,7 @@ _NO_IMAGES = "This server's engine does not see images."
 
 def fitted(config: SessionConfig, capabilities: EngineCapabilities) -> SessionConfig:
     """``config`` as it runs on an engine with ``capabilities``: what needs a missing capability off."""
-    if not capabilities.preemptible_turns:
+    if not capabilities.preemptible_generations:
         detection, transcription = config.turn_detection, config.transcription
         config = dataclasses.replace(
             config,

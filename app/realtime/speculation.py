@@ -5,7 +5,7 @@ docs/SESSION.md "Speculative answers" says why that point and what it costs) the
 which turn a commit *now* would start (``plan``): the audio so far as the user item, the
 conversation as it stands, the session's response settings. The :class:`Speculator` starts it as
 a preemptible engine turn (``pipeline.contract``) and holds everything it yields
-(``app.realtime.held_turn``): no event of it reaches the client before the commit. Then:
+(``app.realtime.held_generation``): no event of it reaches the client before the commit. Then:
 
 - the commit comes while it runs (or after it ended by itself): the committed item takes the
   audio the answer was made from, and the response takes the held answer (``Speculation.use``):
@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.realtime.held_turn import HeldTurn
+from app.realtime.held_generation import HeldGeneration
 from app.realtime.protocol import new_id
-from pipeline.contract import NO_SPARE_CAPACITY, PREEMPTED, Engine, TurnRequest
+from pipeline.contract import PREEMPTIBLE_ENDS, Engine, GenerationRequest
 from pipeline.conversation import Conversation, ConversationItem, UserAudio, bound_history
 
 logger = logging.getLogger(__name__)
@@ -59,19 +59,26 @@ OutcomeObserver = Callable[[str | None, float], None]
 
 
 @dataclass(frozen=True)
-class SpeculativeTurn:
+class SpeculativeAnswer:
     """What a commit now would start: the answer's request and, when the session transcribes, the
     user audio's transcription request (neither with a ``preemptible_id`` yet)."""
 
-    answer: TurnRequest
-    transcription: TurnRequest | None = None
+    answer: GenerationRequest
+    transcription: GenerationRequest | None = None
 
 
-def same_turn(held: TurnRequest, wanted: TurnRequest) -> bool:
-    """``held`` asks the engine for what ``wanted`` asks: the same settings and the same prompt
+# The fields of GenerationRequest that same_request does not compare by value: the conversation
+# is compared as the prompt renders it (_same_prompt), and preemptible_id only names the held
+# request (the wanted one has none yet). Every other field is a setting, compared by value, a new
+# one included.
+_COMPARED_APART = frozenset({"conversation", "preemptible_id"})
+_SETTINGS = tuple(field.name for field in dataclasses.fields(GenerationRequest) if field.name not in _COMPARED_APART)
+
+
+def same_request(held: GenerationRequest, wanted: GenerationRequest) -> bool:
+    """``held`` asks the engine for what ``wanted`` asks: every setting equal and the same prompt
     (the conversation as the prompt renders it, ``bound_history``; audio compared by content)."""
-    settings = ("voice", "temperature", "max_output_tokens", "output_audio", "task", "hint", "forced_reply")
-    if any(getattr(held, name) != getattr(wanted, name) for name in settings):
+    if any(getattr(held, name) != getattr(wanted, name) for name in _SETTINGS):
         return False
     return _same_prompt(held.conversation, wanted.conversation)
 
@@ -93,23 +100,23 @@ class Speculation:
     """One speculative answer (and its transcription) on one candidate's audio. It owns its held
     turns until it hands one on (``use``, ``take_transcription``); ``wait`` awaits the rest."""
 
-    def __init__(self, engine: Engine, turn: SpeculativeTurn, pcm: np.ndarray, *, session_id: str,
+    def __init__(self, engine: Engine, turn: SpeculativeAnswer, pcm: np.ndarray, *, session_id: str,
                  report: OutcomeObserver, on_failed: Callable[[Speculation], None]) -> None:
         self.id = new_id("spec")
         self.pcm = pcm  # the audio it answers: the committed item's, if it is used
         self.outcome: str | None = None
-        self.transcription: HeldTurn | None = None
+        self.transcription: HeldGeneration | None = None
         self._engine = engine
         self._session_id = session_id
         self._report = report
         self._on_failed = on_failed
         self._transcription_request = turn.transcription
         self._committed = False  # taken at the commit: no transcription starts any more
-        self._owned: list[HeldTurn] = []
+        self._owned: list[HeldGeneration] = []
         self.answer = self._hold(turn.answer, f"speculation {self.id}", answer=True)
 
     @property
-    def request(self) -> TurnRequest:
+    def request(self) -> GenerationRequest:
         return self.answer.request
 
     @property
@@ -135,10 +142,10 @@ class Speculation:
         for held in self._owned:
             await held.close()
 
-    async def use(self, wanted: TurnRequest) -> HeldTurn | None:
+    async def use(self, wanted: GenerationRequest) -> HeldGeneration | None:
         """At the commit: the held answer, promoted, when it asks what ``wanted`` asks; else None,
         and the speculation is discarded. The caller owns the answer it gets."""
-        if not same_turn(self.answer.request, wanted):
+        if not same_request(self.answer.request, wanted):
             logger.info("session %s: speculation %s answered another turn than the one committed",
                         self._session_id, self.id)
             self.cancel()
@@ -149,27 +156,27 @@ class Speculation:
             self.cancel()
             raise
         if not usable:
-            self.cancel(PREEMPTED if self.answer.engine_code == PREEMPTED else "discarded")
+            self.cancel("preempted" if self.answer.engine_code == "preempted" else "discarded")
             return None
         self._owned.remove(self.answer)
         self._finish("used")
         return self.answer
 
-    def take_transcription(self, wanted: TurnRequest | None) -> HeldTurn | None:
+    def take_transcription(self, wanted: GenerationRequest | None) -> HeldGeneration | None:
         """At the commit: the held transcription when it transcribes what ``wanted`` asks (the
         caller promotes and owns it); otherwise it is cancelled, and None."""
         held, self.transcription = self.transcription, None
         if held is None:
             return None
-        if wanted is not None and held.error is None and same_turn(held.request, wanted):
+        if wanted is not None and held.error is None and same_request(held.request, wanted):
             self._owned.remove(held)
             return held
         self._report(None, held.engine_seconds())
         held.cancel()
         return None
 
-    def _hold(self, request: TurnRequest, name: str, *, answer: bool) -> HeldTurn:
-        held = HeldTurn(self._engine, dataclasses.replace(request, preemptible_id=new_id("spec")), name=name,
+    def _hold(self, request: GenerationRequest, name: str, *, answer: bool) -> HeldGeneration:
+        held = HeldGeneration(self._engine, dataclasses.replace(request, preemptible_id=new_id("spec")), name=name,
                         on_output=self._start_transcription if answer else None,
                         on_end=self._answer_ended if answer else None)
         self._owned.append(held)
@@ -181,18 +188,18 @@ class Speculation:
         if request is not None and not self._committed and self.outcome is None and self.transcription is None:
             self.transcription = self._hold(request, f"speculation {self.id} transcription", answer=False)
 
-    def _answer_ended(self, answer: HeldTurn) -> None:
+    def _answer_ended(self, answer: HeldGeneration) -> None:
         """Refused or preempted: forgotten. Any other failure is held like the rest of the turn: the
         response that takes it fails as a committed turn would have."""
         code = answer.engine_code
-        if code in (PREEMPTED, NO_SPARE_CAPACITY) and self.outcome is None:
+        if code in PREEMPTIBLE_ENDS and self.outcome is None:
             self.cancel(code)
             self._on_failed(self)
 
     def _finish(self, outcome: str) -> None:
         if self.outcome is not None:
             return
-        self.outcome = "refused" if outcome == NO_SPARE_CAPACITY else outcome
+        self.outcome = "refused" if outcome == "no_spare_capacity" else outcome
         thrown_away = 0.0 if self.outcome in ("used", "refused") else self.answer.engine_seconds()
         self._report(self.outcome, thrown_away)
 
@@ -204,7 +211,7 @@ class Speculator:
     session would not answer one now (busy, speculation off, no ``create_response``).
     """
 
-    def __init__(self, engine: Engine, plan: Callable[[np.ndarray], SpeculativeTurn | None], *,
+    def __init__(self, engine: Engine, plan: Callable[[np.ndarray], SpeculativeAnswer | None], *,
                  session_id: str, on_outcome: OutcomeObserver | None = None) -> None:
         self._engine = engine
         self._plan = plan
@@ -244,7 +251,7 @@ class Speculator:
             return
         turn = self._plan(self._candidate)
         current = self._current
-        if current is not None and turn is not None and same_turn(current.request, turn.answer):
+        if current is not None and turn is not None and same_request(current.request, turn.answer):
             return
         self._discard()
         if turn is None or self._capacity_lost or self._started >= MAX_PER_UTTERANCE:

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.realtime.failures import transcription_failed_event
-from app.realtime.held_turn import HeldTurn
+from app.realtime.failures import FailureCode, transcription_failed_event
+from app.realtime.held_generation import HeldGeneration
 from app.realtime.history import Entry, UserEntry
 from app.realtime.protocol import (
     ConversationItemInputAudioTranscriptionCompletedEvent,
@@ -36,14 +36,12 @@ from app.realtime.session_config import InputTranscription
 from app.realtime.turn_taking import SpeechSoFar
 from media.rates import SPEECH_RATE
 from pipeline.contract import (
-    NO_SPARE_CAPACITY,
-    PREEMPTED,
     Engine,
     EngineError,
+    GenerationDone,
+    GenerationEvent,
+    GenerationRequest,
     TextDelta,
-    TurnDone,
-    TurnEvent,
-    TurnRequest,
     Usage,
 )
 from pipeline.conversation import UserAudio
@@ -135,8 +133,8 @@ class PartialTranscripts:
         self._text: PartialText | None = None  # what its partials have said
         self._next_due = 0  # its audio, in samples, at which the next partial is due
         self._superseded = 0  # partials superseded in a row
-        self._current: HeldTurn | None = None
-        self._stopping: list[HeldTurn] = []  # cancelled, maybe still stopping in the engine
+        self._current: HeldGeneration | None = None
+        self._stopping: list[HeldGeneration] = []  # cancelled, maybe still stopping in the engine
         self._closed = False
 
     def __len__(self) -> int:
@@ -194,22 +192,22 @@ class PartialTranscripts:
         self._next_due = anchor + step * 2 ** min(self._superseded, MAX_BACKOFF_DOUBLINGS)
         if not np.any(pcm):
             return  # digital silence (a muted microphone) holds no words
-        request = dataclasses.replace(TurnRequest.transcription(UserAudio(pcm), settings.hint()),
+        request = dataclasses.replace(GenerationRequest.transcription(UserAudio(pcm), settings.hint()),
                                       preemptible_id=new_id("partial"))
         self._report("started", 0.0)
-        self._current = HeldTurn(self._engine, request, name=f"partial transcript {speech.item_id}",
+        self._current = HeldGeneration(self._engine, request, name=f"partial transcript {speech.item_id}",
                                  on_end=self._ended)
 
-    def _ended(self, held: HeldTurn) -> None:
+    def _ended(self, held: HeldGeneration) -> None:
         """A partial ended by itself: shown if it has a transcript, else forgotten."""
         if held is not self._current:
             return
         self._current = None
         code = held.engine_code
-        if code == NO_SPARE_CAPACITY:
+        if code == "no_spare_capacity":
             self._report("refused", 0.0)
             return
-        if code == PREEMPTED:
+        if code == "preempted":
             self._report("preempted", held.engine_seconds())
             return
         done = held.done
@@ -250,7 +248,7 @@ class PartialTranscripts:
 # ---- transcription ----
 
 # Given a transcription request, the held turn already running it (the caller's to own), or None.
-HeldTranscriptions = Callable[[TurnRequest], HeldTurn | None]
+HeldTranscriptions = Callable[[GenerationRequest], HeldGeneration | None]
 
 logger = logging.getLogger(__name__)
 
@@ -287,7 +285,7 @@ class Transcriptions:
             return
         for content_index, part in enumerate(entry.parts):
             if isinstance(part, UserAudio):
-                request = None if not np.any(part.pcm) else TurnRequest.transcription(part, settings.hint())
+                request = None if not np.any(part.pcm) else GenerationRequest.transcription(part, settings.hint())
                 running = held(request) if held is not None and request is not None else None
                 said = partial if partial is not None and partial.content_index == content_index else None
                 text = PartialText(content_index, shown=said.shown) if said is not None else PartialText(content_index)
@@ -312,7 +310,7 @@ class Transcriptions:
             logger.error("session %s: %s crashed", self._session_id, task.get_name(), exc_info=task.exception())
 
     async def _run(
-        self, entry: UserEntry, content_index: int, request: TurnRequest | None, held: HeldTurn | None,
+        self, entry: UserEntry, content_index: int, request: GenerationRequest | None, held: HeldGeneration | None,
         text: PartialText,
     ) -> None:
         """Transcribe one audio part; ``request`` None: digital silence, transcribed as "" at once;
@@ -330,10 +328,10 @@ class Transcriptions:
                 logger.debug("session %s: item %s is gone; not transcribing it", self._session_id, entry.id)
                 return
             if request is None:
-                done = TurnDone(text="", usage=Usage(0, 0, 0), finish_reason="stop")
+                done = GenerationDone(text="", usage=Usage(0, 0, 0), finish_reason="stop")
             else:
                 try:
-                    events = held.events() if held is not None else self._engine.run_turn(request)
+                    events = held.events() if held is not None else self._engine.run_generation(request)
                     done = await self._stream(entry.id, text, events)
                 except EngineError as exc:
                     self._fail(entry.id, content_index, exc.code, str(exc))
@@ -362,8 +360,8 @@ class Transcriptions:
             )
         )
 
-    async def _stream(self, item_id: str, text: PartialText, events: AsyncGenerator[TurnEvent, None]) -> TurnDone:
-        done: TurnDone | None = None
+    async def _stream(self, item_id: str, text: PartialText, events: AsyncGenerator[GenerationEvent, None]) -> GenerationDone:
+        done: GenerationDone | None = None
         so_far = ""
         async with contextlib.aclosing(events) as turn:
             async for event in turn:
@@ -374,13 +372,13 @@ class Transcriptions:
                         self._emit(ConversationItemInputAudioTranscriptionDeltaEvent(
                             item_id=item_id, content_index=text.content_index, delta=delta, transcript=so_far,
                         ))
-                elif isinstance(event, TurnDone):
+                elif isinstance(event, GenerationDone):
                     done = event
         if done is None:
-            raise EngineError("The engine ended the transcription without TurnDone.", code="engine_protocol_error")
+            raise EngineError("The engine ended the transcription without GenerationDone.", code="engine_protocol_error")
         return done
 
-    def _fail(self, item_id: str, content_index: int, code: str, cause: BaseException | str) -> None:
+    def _fail(self, item_id: str, content_index: int, code: FailureCode, cause: BaseException | str) -> None:
         where = f"session {self._session_id}: transcribing {item_id}"
         self._emit(transcription_failed_event(code, cause, where=where, item_id=item_id, content_index=content_index))
 

@@ -54,7 +54,7 @@ from media.end_of_turn_model import EndOfTurnModel
 from media.rates import SPEECH_RATE
 from media.vad import WINDOW_SAMPLES, SpeechModel
 from media.voice_activity_detector import VoiceActivityDetector
-from pipeline.contract import Engine, EngineError, TranscriptionHint, TurnDone, TurnRequest
+from pipeline.contract import Engine, EngineError, GenerationDone, GenerationRequest, TranscriptionHint
 from pipeline.conversation import HistoryLimits, UserAudio
 
 # ---- semantic_vad ----
@@ -195,20 +195,20 @@ class EngineTextJudge:
         self._hint = hint
 
     async def judge(self, pcm: np.ndarray) -> WordsVerdict:
-        transcript = (await self._run(TurnRequest.transcription(UserAudio(pcm), self._hint))).text.strip()
+        transcript = (await self._run(GenerationRequest.transcription(UserAudio(pcm), self._hint))).text.strip()
         if not transcript:
             return WordsVerdict("", None)
-        done = await self._run(TurnRequest.end_of_turn(transcript))
+        done = await self._run(GenerationRequest.end_of_turn(transcript))
         if done.end_of_turn_probability is None:
             raise EngineError("The engine scored no end of turn.", code="engine_protocol_error")
         return WordsVerdict(transcript, done.end_of_turn_probability)
 
-    async def _run(self, request: TurnRequest) -> TurnDone:
-        async with contextlib.aclosing(self._engine.run_turn(request)) as turn:
+    async def _run(self, request: GenerationRequest) -> GenerationDone:
+        async with contextlib.aclosing(self._engine.run_generation(request)) as turn:
             async for event in turn:
-                if isinstance(event, TurnDone):
+                if isinstance(event, GenerationDone):
                     return event
-        raise EngineError("The engine ended a turn without TurnDone.", code="engine_protocol_error")
+        raise EngineError("The engine ended a turn without GenerationDone.", code="engine_protocol_error")
 
 
 # ---- turn_taking ----

@@ -36,14 +36,14 @@ def ice_servers(settings: Settings, *, user: str, now: float | None = None) -> t
     expires_at = None
     username: str | None
     credential: str | None
-    if settings.turn_secret is not None:
-        expires_at = int(time.time() if now is None else now) + settings.turn_ttl_s
+    if settings.ice_auth_secret is not None:
+        expires_at = int(time.time() if now is None else now) + settings.ice_credential_ttl_s
         username, credential = rest_api_credentials(
-            settings.turn_secret.get_secret_value(), expires_at=expires_at, user=user
+            settings.ice_auth_secret.get_secret_value(), expires_at=expires_at, user=user
         )
     else:
-        username = settings.turn_username
-        credential = settings.turn_credential.get_secret_value() if settings.turn_credential else None
+        username = settings.ice_username
+        credential = settings.ice_credential.get_secret_value() if settings.ice_credential else None
     servers = [
         IceServer(url, username, credential) if url.lower().startswith(("turn:", "turns:")) else IceServer(url)
         for url in settings.ice_servers

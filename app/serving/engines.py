@@ -1,7 +1,7 @@
 """Wrappers around the shared engine, as the sessions are given it.
 
 Every wrapper keeps one forwarding contract (:class:`EngineWrapper`): it changes only
-``run_turn`` (and ``promote``, where it must know which preemptible turns were made ordinary);
+``run_generation`` (and ``promote``, where it must know which preemptible turns were made ordinary);
 ``name``, ``capabilities`` (no wrapper adds to or takes from what the engine can do) and
 ``health()`` are the wrapped engine's, and ``start``/``close`` belong to whoever owns the wrapped
 engine, so a wrapper never starts or closes it. The server stacks them as
@@ -20,19 +20,14 @@ from collections.abc import AsyncGenerator
 
 from app.metrics import Metrics
 from pipeline.contract import (
-    NO_SPARE_CAPACITY,
-    PREEMPTED,
+    PREEMPTIBLE_ENDS,
     Engine,
     EngineError,
     EngineHealth,
-    TurnDone,
-    TurnEvent,
-    TurnRequest,
+    GenerationDone,
+    GenerationEvent,
+    GenerationRequest,
 )
-
-# Preemptible turns end this way by design (pipeline.contract): counted as speculation outcomes
-# (omni_rtc_speculative_responses_total), not as engine errors.
-_PREEMPTIBLE_ENDS = frozenset({NO_SPARE_CAPACITY, PREEMPTED})
 
 
 class EngineWrapper:
@@ -49,8 +44,8 @@ class EngineWrapper:
     async def close(self) -> None:
         """The wrapped engine is closed by its owner."""
 
-    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
-        return self._engine.run_turn(request)
+    def run_generation(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+        return self._engine.run_generation(request)
 
     async def promote(self, preemptible_id: str) -> bool:
         return await self._engine.promote(preemptible_id)
@@ -71,8 +66,8 @@ class StallTimeoutEngine(EngineWrapper):
         super().__init__(engine)
         self._stall_timeout_s = stall_timeout_s
 
-    async def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
-        async with contextlib.aclosing(self._engine.run_turn(request)) as turn:
+    async def run_generation(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+        async with contextlib.aclosing(self._engine.run_generation(request)) as turn:
             while True:
                 try:
                     async with asyncio.timeout(self._stall_timeout_s):
@@ -97,18 +92,20 @@ class MeteredEngine(EngineWrapper):
         super().__init__(engine)
         self._metrics = metrics
 
-    async def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+    async def run_generation(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         submitted = time.monotonic()
-        done: TurnDone | None = None
+        done: GenerationDone | None = None
         try:
-            async with contextlib.aclosing(self._engine.run_turn(request)) as events:
+            async with contextlib.aclosing(self._engine.run_generation(request)) as events:
                 async for event in events:
-                    if isinstance(event, TurnDone):
+                    if isinstance(event, GenerationDone):
                         done = event
                         self._observe(request, event)
                     yield event
         except EngineError as exc:
-            if exc.code not in _PREEMPTIBLE_ENDS:
+            # Preemptible turns end this way by design: counted as speculation outcomes
+            # (omni_rtc_speculative_responses_total), not as engine errors.
+            if exc.code not in PREEMPTIBLE_ENDS:
                 self._metrics.errors.labels(type="engine_error", code=exc.code).inc()
             raise
         finally:
@@ -117,7 +114,7 @@ class MeteredEngine(EngineWrapper):
             seconds = done.timings.total if done is not None and done.timings.total else time.monotonic() - submitted
             self._metrics.engine_turn.labels(task=request.task).observe(seconds)
 
-    def _observe(self, request: TurnRequest, done: TurnDone) -> None:
+    def _observe(self, request: GenerationRequest, done: GenerationDone) -> None:
         # Labelled by task: transcriptions are short, greedy and scheduled after answers; mixed
         # into the answers' figures they would hide how long visitors wait for an answer.
         timings = done.timings
@@ -133,7 +130,7 @@ class DevReplies(EngineWrapper):
     responses take the replies in order, then the model's own. Each session has its own copy
     (*decided*: a demo or a test sees the same script in every session, and sessions running
     side by side do not take each other's replies). The reply is forced through the real
-    tokenizer, Talker and Code2Wav (``TurnRequest.forced_reply``); transcription turns are the
+    tokenizer, Talker and Code2Wav (``GenerationRequest.forced_reply``); transcription turns are the
     model's own.
 
     A speculative answer (a preemptible turn) says the next reply without taking it: the reply is
@@ -144,27 +141,27 @@ class DevReplies(EngineWrapper):
     def __init__(self, engine: Engine, replies: tuple[str, ...]) -> None:
         super().__init__(engine)
         self._replies = collections.deque(replies)
-        # Preemptible answers saying the next reply: whether each ended by itself (TurnDone), and
+        # Preemptible answers saying the next reply: whether each ended by itself (GenerationDone), and
         # those promoted before that (the reply is taken when they do). Superseded by the next answer.
         self._speaking: dict[str, bool] = {}
         self._take_when_done: set[str] = set()
 
-    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+    def run_generation(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         if request.task != "respond" or not self._replies:
-            return self._engine.run_turn(request)
+            return self._engine.run_generation(request)
         self._speaking.clear()  # a new answer: the earlier speculative ones are over, used or not
         self._take_when_done.clear()
         request = dataclasses.replace(request, forced_reply=self._replies[0])
         if request.preemptible_id is None:
             self._replies.popleft()
-            return self._engine.run_turn(request)
+            return self._engine.run_generation(request)
         self._speaking[request.preemptible_id] = False
         return self._speculative(request, request.preemptible_id)
 
-    async def _speculative(self, request: TurnRequest, preemptible_id: str) -> AsyncGenerator[TurnEvent, None]:
-        async with contextlib.aclosing(self._engine.run_turn(request)) as events:
+    async def _speculative(self, request: GenerationRequest, preemptible_id: str) -> AsyncGenerator[GenerationEvent, None]:
+        async with contextlib.aclosing(self._engine.run_generation(request)) as events:
             async for event in events:
-                if isinstance(event, TurnDone) and preemptible_id in self._speaking:
+                if isinstance(event, GenerationDone) and preemptible_id in self._speaking:
                     self._speaking[preemptible_id] = True
                     if preemptible_id in self._take_when_done:
                         self._take(preemptible_id)
@@ -175,7 +172,7 @@ class DevReplies(EngineWrapper):
         if preemptible_id in self._speaking:
             if promoted or self._speaking[preemptible_id]:
                 self._take(preemptible_id)
-            else:  # preempted (its error is on its way), or ending by itself: its TurnDone decides
+            else:  # preempted (its error is on its way), or ending by itself: its GenerationDone decides
                 self._take_when_done.add(preemptible_id)
         return promoted
 

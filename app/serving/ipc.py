@@ -2,7 +2,7 @@
 
 Pickle, because both ends are this server's own processes (spawned by it, connecting to a
 socket in a directory only its user can open) and the messages carry the engine's own types
-(``TurnRequest``, ``AudioChunk`` with numpy arrays) both ways. A message is one of
+(``GenerationRequest``, ``AudioChunk`` with numpy arrays) both ways. A message is one of
 ``app.serving.worker_messages``' dataclasses; writing is synchronous (the socket is local and the reader always drains it), so a
 message is never half-written by a cancelled task.
 

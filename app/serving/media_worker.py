@@ -34,7 +34,10 @@ from app.serving.worker_messages import (
     AskResources,
     CallClosed,
     CallConnected,
-    CancelTurn,
+    CancelGeneration,
+    GenerationEnd,
+    GenerationEventMessage,
+    GenerationPromoted,
     HangUp,
     Hello,
     HungUp,
@@ -42,20 +45,17 @@ from app.serving.worker_messages import (
     OfferAnswered,
     OfferFailed,
     OfferRefused,
-    PromoteTurn,
+    PromoteGeneration,
     ResourcesReport,
     Shutdown,
-    StartTurn,
+    StartGeneration,
     Status,
     ToFront,
-    TurnEnd,
-    TurnEventMessage,
-    TurnPromoted,
 )
 from app.transports.webrtc.peer_call import Call, OfferError
 from media.end_of_turn_model import EndOfTurnModel
 from media.vad import SileroVad
-from pipeline.contract import EngineCapabilities, EngineError, EngineHealth, TurnEvent, TurnRequest
+from pipeline.contract import EngineCapabilities, EngineError, EngineHealth, GenerationEvent, GenerationRequest
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 class EngineProxy:
     """The front process's engine, as sessions in a worker get it: each turn streamed over IPC.
 
-    Closing a turn's iterator before it ended cancels the turn in the front (``CancelTurn``).
+    Closing a turn's iterator before it ended cancels the turn in the front (``CancelGeneration``).
     An ``EngineError`` in the front is raised here with its code (``preempted`` and
     ``no_spare_capacity`` included). ``promote`` asks the front's engine and waits for its answer.
     ``name`` and ``capabilities`` are the front's engine's, given when the worker was spawned.
@@ -83,7 +83,7 @@ class EngineProxy:
         self.name = name
         self.capabilities = capabilities
         self._send = send
-        self._turns: dict[int, asyncio.Queue[TurnEventMessage | TurnEnd]] = {}
+        self._turns: dict[int, asyncio.Queue[GenerationEventMessage | GenerationEnd]] = {}
         self._ids = itertools.count(1)
         self._promotions: dict[int, asyncio.Future[bool]] = {}
 
@@ -98,21 +98,21 @@ class EngineProxy:
         nothing of it, and serves its calls while its connection to the front stands."""
         return EngineHealth(alive=True)
 
-    async def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+    async def run_generation(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         turn = next(self._ids)
-        queue: asyncio.Queue[TurnEventMessage | TurnEnd] = asyncio.Queue()
+        queue: asyncio.Queue[GenerationEventMessage | GenerationEnd] = asyncio.Queue()
         self._turns[turn] = queue
         ended = False
         try:
             try:
-                self._send(StartTurn(turn=turn, request=request))
+                self._send(StartGeneration(generation=turn, request=request))
             except MessageTooLarge as exc:
                 ended = True  # never reached the front: nothing to cancel there
                 logger.error("turn %d not sent to the engine: %s", turn, exc)
                 raise EngineError(TURN_TOO_LARGE_MESSAGE, code="turn_too_large") from None
             while True:
                 message = await queue.get()
-                if isinstance(message, TurnEventMessage):
+                if isinstance(message, GenerationEventMessage):
                     yield message.event
                     continue
                 ended = True
@@ -122,11 +122,11 @@ class EngineProxy:
         finally:
             del self._turns[turn]
             if not ended:
-                self._send(CancelTurn(turn=turn))
+                self._send(CancelGeneration(generation=turn))
 
-    def deliver(self, message: TurnEventMessage | TurnEnd) -> None:
+    def deliver(self, message: GenerationEventMessage | GenerationEnd) -> None:
         """A turn's event or end from the front; a cancelled turn's late events are dropped."""
-        queue = self._turns.get(message.turn)
+        queue = self._turns.get(message.generation)
         if queue is not None:
             queue.put_nowait(message)
 
@@ -135,13 +135,13 @@ class EngineProxy:
         answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._promotions[promotion] = answer
         try:
-            self._send(PromoteTurn(promotion=promotion, preemptible_id=preemptible_id))
+            self._send(PromoteGeneration(promotion=promotion, preemptible_id=preemptible_id))
             return await answer
         finally:
             del self._promotions[promotion]
 
-    def promoted(self, message: TurnPromoted) -> None:
-        """The front's answer to a ``PromoteTurn``; one nobody waits for any more is dropped."""
+    def promoted(self, message: GenerationPromoted) -> None:
+        """The front's answer to a ``PromoteGeneration``; one nobody waits for any more is dropped."""
         answer = self._promotions.get(message.promotion)
         if answer is not None and not answer.done():
             answer.set_result(message.promoted)
@@ -175,9 +175,9 @@ class MediaWorker:
         try:
             while (message := await receive(reader)) is not None:
                 match message:
-                    case TurnEventMessage() | TurnEnd():
+                    case GenerationEventMessage() | GenerationEnd():
                         engine.deliver(message)
-                    case TurnPromoted():
+                    case GenerationPromoted():
                         engine.promoted(message)
                     case Offer():
                         answer = self._answer(message, calls, engine, vad, end_of_turn, metrics)

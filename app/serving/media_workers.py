@@ -38,8 +38,12 @@ from app.serving.worker_messages import (
     AskResources,
     CallClosed,
     CallConnected,
-    CancelTurn,
+    CancelGeneration,
     FrontRequest,
+    GenerationEnd,
+    GenerationError,
+    GenerationEventMessage,
+    GenerationPromoted,
     HangUp,
     Hello,
     HungUp,
@@ -48,20 +52,16 @@ from app.serving.worker_messages import (
     OfferAnswered,
     OfferFailed,
     OfferRefused,
-    PromoteTurn,
+    PromoteGeneration,
     Reply,
     ResourcesReport,
     Shutdown,
-    StartTurn,
+    StartGeneration,
     Status,
     ToWorker,
-    TurnEnd,
-    TurnError,
-    TurnEventMessage,
-    TurnPromoted,
 )
 from app.transports.webrtc.peer_call import OfferError
-from pipeline.contract import Engine, EngineError, TurnRequest
+from pipeline.contract import Engine, EngineError, GenerationRequest
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class WorkerHandle:
     metrics: list[FamilySamples] = field(default_factory=list)
     pending: dict[int, asyncio.Future[Reply]] = field(default_factory=dict)
     turns: dict[int, asyncio.Task[None]] = field(default_factory=dict)
-    promotions: set[asyncio.Task[None]] = field(default_factory=set)  # PromoteTurn being answered
+    promotions: set[asyncio.Task[None]] = field(default_factory=set)  # PromoteGeneration being answered
     restarts: int = 0
     spawned_at: float = 0.0  # monotonic
 
@@ -391,16 +391,16 @@ class MediaWorkerPool:
                     self._calls.connected(message.call_id)
             case CallClosed():
                 self._forget_call(worker, message.call_id, message.reason)
-            case StartTurn():
-                turn = message.turn
+            case StartGeneration():
+                turn = message.generation
                 task = asyncio.create_task(self._serve_turn(worker, turn, message.request), name=f"turn {turn}")
                 worker.turns[turn] = task
                 task.add_done_callback(lambda _: worker.turns.pop(turn, None))
-            case CancelTurn():
-                turn_task = worker.turns.get(message.turn)
+            case CancelGeneration():
+                turn_task = worker.turns.get(message.generation)
                 if turn_task is not None:
                     turn_task.cancel()
-            case PromoteTurn():
+            case PromoteGeneration():
                 promotion = asyncio.create_task(self._promote(worker, message), name=f"promote {message.promotion}")
                 worker.promotions.add(promotion)
                 promotion.add_done_callback(worker.promotions.discard)
@@ -433,30 +433,30 @@ class MediaWorkerPool:
         finally:
             worker.pending.pop(request, None)
 
-    async def _serve_turn(self, worker: WorkerHandle, turn: int, request: TurnRequest) -> None:
-        error: TurnError | None = None
+    async def _serve_turn(self, worker: WorkerHandle, turn: int, request: GenerationRequest) -> None:
+        error: GenerationError | None = None
         try:
-            async with contextlib.aclosing(self._engine.run_turn(request)) as events:
+            async with contextlib.aclosing(self._engine.run_generation(request)) as events:
                 async for event in events:
-                    worker.send(TurnEventMessage(turn=turn, event=event))
+                    worker.send(GenerationEventMessage(generation=turn, event=event))
         except EngineError as exc:
-            error = TurnError(code=exc.code, message=str(exc))
+            error = GenerationError(code=exc.code, message=str(exc))
         except WorkerUnavailable:
             return  # the worker is gone: nobody to tell
         except MessageTooLarge as exc:  # one event too large to send: this turn fails, nothing else
             logger.error("media worker %d: turn %d failed: %s", worker.index, turn, exc)
-            error = TurnError(code="turn_event_too_large", message="A turn event was too large to send.")
+            error = GenerationError(code="turn_event_too_large", message="A turn event was too large to send.")
         except Exception as exc:
             logger.exception("media worker %d: a turn failed in the front", worker.index)
-            error = TurnError(code="engine_error", message=f"{type(exc).__name__}: {exc}")
+            error = GenerationError(code="engine_error", message=f"{type(exc).__name__}: {exc}")
         with contextlib.suppress(WorkerUnavailable):
-            worker.send(TurnEnd(turn=turn, error=error))
+            worker.send(GenerationEnd(generation=turn, error=error))
 
-    async def _promote(self, worker: WorkerHandle, message: PromoteTurn) -> None:
+    async def _promote(self, worker: WorkerHandle, message: PromoteGeneration) -> None:
         """A worker's session uses its speculative turn: made ordinary in the engine (``Engine.promote``)."""
         promoted = await self._engine.promote(message.preemptible_id)
         with contextlib.suppress(WorkerUnavailable):
-            worker.send(TurnPromoted(promotion=message.promotion, promoted=promoted))
+            worker.send(GenerationPromoted(promotion=message.promotion, promoted=promoted))
 
     def _forget_call(self, worker: WorkerHandle, call_id: str, reason: str) -> None:
         if call_id in worker.calls:

@@ -1,11 +1,11 @@
 """What the front process and its media workers say to each other over their connection (all picklable).
 
 The front asks (``Offer``, ``HangUp``, ``AskResources``: each carries a ``request`` number that its
-reply repeats), serves the workers' engine turns (``TurnEventMessage``, ``TurnEnd``,
-``TurnPromoted``) and stops them (``Shutdown``). A worker says who it is (``Hello``), replies
+reply repeats), serves the workers' engine generations (``GenerationEventMessage``, ``GenerationEnd``,
+``GenerationPromoted``) and stops them (``Shutdown``). A worker says who it is (``Hello``), replies
 (``OfferAnswered``, ``OfferRefused``, ``OfferFailed``, ``HungUp``, ``ResourcesReport``), tells of its
 calls (``CallConnected``, ``CallClosed``), reports every ``STATUS_INTERVAL_S`` (``Status``: its
-heartbeat) and runs turns on the front's engine (``StartTurn``, ``CancelTurn``, ``PromoteTurn``).
+heartbeat) and runs generations on the front's engine (``StartGeneration``, ``CancelGeneration``, ``PromoteGeneration``).
 ``app.serving.ipc`` carries them; ``app.serving.media_workers`` and ``app.serving.media_worker``
 dispatch on their types.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 from app.metrics import FamilySamples
 from app.realtime.session_config import SessionConfig
-from pipeline.contract import TurnEvent, TurnRequest
+from pipeline.contract import EngineErrorCode, GenerationEvent, GenerationRequest
 
 # -- front -> worker --------------------------------------------------------------------------
 
@@ -49,32 +49,32 @@ class AskResources:
 
 
 @dataclass(frozen=True)
-class TurnEventMessage:
-    """The next event of the worker's turn ``turn``."""
+class GenerationEventMessage:
+    """The next event of the worker's generation ``generation``."""
 
-    turn: int
-    event: TurnEvent
+    generation: int
+    event: GenerationEvent
 
 
 @dataclass(frozen=True)
-class TurnError:
-    """Why a turn failed in the front: an ``EngineError``'s code and message."""
+class GenerationError:
+    """Why a generation failed in the front: an ``EngineError``'s code and message."""
 
-    code: str
+    code: EngineErrorCode
     message: str
 
 
 @dataclass(frozen=True)
-class TurnEnd:
-    """Turn ``turn`` is over: it ended (``error`` None) or failed."""
+class GenerationEnd:
+    """Generation ``generation`` is over: it ended (``error`` None) or failed."""
 
-    turn: int
-    error: TurnError | None = None
+    generation: int
+    error: GenerationError | None = None
 
 
 @dataclass(frozen=True)
-class TurnPromoted:
-    """The front engine's answer to ``PromoteTurn`` ``promotion``."""
+class GenerationPromoted:
+    """The front engine's answer to ``PromoteGeneration`` ``promotion``."""
 
     promotion: int
     promoted: bool
@@ -157,21 +157,21 @@ class Status:
 
 
 @dataclass(frozen=True)
-class StartTurn:
-    """Run ``request`` on the front's engine as the worker's turn ``turn``."""
+class StartGeneration:
+    """Run ``request`` on the front's engine as the worker's generation ``generation``."""
 
-    turn: int
-    request: TurnRequest
-
-
-@dataclass(frozen=True)
-class CancelTurn:
-    turn: int
+    generation: int
+    request: GenerationRequest
 
 
 @dataclass(frozen=True)
-class PromoteTurn:
-    """``Engine.promote(preemptible_id)`` on the front's engine; answered with ``TurnPromoted``."""
+class CancelGeneration:
+    generation: int
+
+
+@dataclass(frozen=True)
+class PromoteGeneration:
+    """``Engine.promote(preemptible_id)`` on the front's engine; answered with ``GenerationPromoted``."""
 
     promotion: int
     preemptible_id: str
@@ -179,6 +179,6 @@ class PromoteTurn:
 
 FrontRequest = Offer | HangUp | AskResources
 Reply = OfferAnswered | OfferRefused | OfferFailed | HungUp | ResourcesReport
-ToWorker = FrontRequest | TurnEventMessage | TurnEnd | TurnPromoted | Shutdown
-ToFront = Hello | Reply | CallConnected | CallClosed | Status | StartTurn | CancelTurn | PromoteTurn
+ToWorker = FrontRequest | GenerationEventMessage | GenerationEnd | GenerationPromoted | Shutdown
+ToFront = Hello | Reply | CallConnected | CallClosed | Status | StartGeneration | CancelGeneration | PromoteGeneration
 Message = ToWorker | ToFront

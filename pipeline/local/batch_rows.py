@@ -1,4 +1,4 @@
-"""What a ``DecodeBatch`` keeps per turn (``BatchTurn``) and per stage (``StageRows``: the
+"""What a ``DecodeBatch`` keeps per turn (``BatchGeneration``) and per stage (``StageRows``: the
 Thinker's or the Talker's batched rows, their cache and positions)."""
 
 from __future__ import annotations
@@ -9,36 +9,36 @@ from typing import Generic, TypeVar
 
 import torch
 
-from pipeline.contract import FinishReason, TextDelta, TurnDone, TurnEvent, Usage
+from pipeline.contract import FinishReason, GenerationDone, GenerationEvent, TextDelta, Usage
 from pipeline.local.kv_cache import KVCache
 from pipeline.local.params import GREEDY_TURN_SEED, GenerationParams
 from pipeline.local.prompt import ThinkerInputs
 from pipeline.local.sampling import thinker_sampling
-from pipeline.local.stages import TalkerTurn, ThinkerTurn
+from pipeline.local.stages import TalkerGeneration, ThinkerGeneration
 from pipeline.local.streaming import AudioChunker, TextStream
 from pipeline.local.tool_calls import ToolCallStream
 
 # What a DecodeBatch knows its turns by (the engine process: turn ids).
-TurnKey = TypeVar("TurnKey", bound=Hashable)
+GenerationKey = TypeVar("GenerationKey", bound=Hashable)
 
 
 @dataclass
-class TurnSpeech:
-    talker: TalkerTurn
+class GenerationSpeech:
+    talker: TalkerGeneration
     audio: AudioChunker
 
 
 @dataclass
-class StageRows(Generic[TurnKey]):
+class StageRows(Generic[GenerationKey]):
     """One stage's batched decoding state: row ``r`` is ``turns[r]``."""
 
-    turns: list[BatchTurn[TurnKey]]
+    turns: list[BatchGeneration[GenerationKey]]
     cache: KVCache
     positions: torch.Tensor  # [3, rows, 1] multimodal RoPE positions of the last fed entry
     last: torch.Tensor  # [rows, 1] last sampled id (answer token or first-layer code)
     hidden: torch.Tensor  # [rows, 1, hidden] last layer's output at the last position
 
-    def joined(self, other: StageRows[TurnKey]) -> StageRows[TurnKey]:
+    def joined(self, other: StageRows[GenerationKey]) -> StageRows[GenerationKey]:
         return StageRows(
             self.turns + other.turns,
             self.cache.joined(other.cache),
@@ -47,7 +47,7 @@ class StageRows(Generic[TurnKey]):
             torch.cat([self.hidden, other.hidden], dim=0),
         )
 
-    def kept(self, keep: list[int]) -> StageRows[TurnKey] | None:
+    def kept(self, keep: list[int]) -> StageRows[GenerationKey] | None:
         """Only rows ``keep`` (None when none is left)."""
         if not keep:
             return None
@@ -63,10 +63,10 @@ class StageRows(Generic[TurnKey]):
         )
 
 
-class BatchTurn(Generic[TurnKey]):
+class BatchGeneration(Generic[GenerationKey]):
     """Everything a ``DecodeBatch`` keeps for one turn."""
 
-    def __init__(self, key: TurnKey, model, tokenizer, inputs: ThinkerInputs, params: GenerationParams, clock) -> None:
+    def __init__(self, key: GenerationKey, model, tokenizer, inputs: ThinkerInputs, params: GenerationParams, clock) -> None:
         self.key = key
         self.inputs = inputs
         self.params = params
@@ -79,13 +79,13 @@ class BatchTurn(Generic[TurnKey]):
             self.generator.seed()
         else:
             self.generator.manual_seed(seed)
-        self.thinker = ThinkerTurn(model, params, self.generator)
+        self.thinker = ThinkerGeneration(model, params, self.generator)
         self.text = TextStream(tokenizer)
         self._tokens_held = 0  # answer tokens pushed since the last delta (held-back UTF-8 pieces)
         # Function calls: from the first <tool_call> on the answer is calls, no longer speech.
         self.calls = ToolCallStream(tokenizer, inputs.answer_prefix)
         # Set by the Talker's prefill: the turn speaks.
-        self.speech: TurnSpeech | None = None
+        self.speech: GenerationSpeech | None = None
         # Set by the Thinker's prefill for the Talker's: the prompt's input embeddings (audio
         # merged in) and the hidden states at the layer the Talker listens to.
         self.prompt_embeds: torch.Tensor | None = None
@@ -96,13 +96,13 @@ class BatchTurn(Generic[TurnKey]):
     def frames(self) -> int:
         return 0 if self.speech is None else self.speech.talker.frames
 
-    def speaking(self) -> TurnSpeech:
+    def speaking(self) -> GenerationSpeech:
         """The Talker and chunker of a turn in the Talker's rows (which always has them)."""
         if self.speech is None:
             raise RuntimeError(f"turn {self.key!r} does not speak")
         return self.speech
 
-    def done(self, finish_reason: FinishReason) -> TurnDone:
+    def done(self, finish_reason: FinishReason) -> GenerationDone:
         usage = Usage(
             input_text_tokens=self.inputs.text_tokens,
             input_audio_tokens=self.inputs.audio_tokens,
@@ -110,7 +110,7 @@ class BatchTurn(Generic[TurnKey]):
             output_audio_tokens=self.frames,
             input_image_tokens=self.inputs.image_tokens,
         )
-        return TurnDone(text=self.text.text, usage=usage, finish_reason=finish_reason)
+        return GenerationDone(text=self.text.text, usage=usage, finish_reason=finish_reason)
 
     @property
     def feeds_talker(self) -> bool:
@@ -122,13 +122,13 @@ class BatchTurn(Generic[TurnKey]):
             and self.calls.speaking
         )
 
-    def token_events(self, token: int) -> list[TurnEvent]:
+    def token_events(self, token: int) -> list[GenerationEvent]:
         """What a new (recorded) Thinker token releases: speech text, or from the first
         ``<tool_call>`` on, function calls (``pipeline.local.tool_calls``)."""
         if self.calls.speaking and not self.calls.opens(token):
             delta = self.text_delta(token)
             return [] if delta is None else [delta]
-        events: list[TurnEvent] = []
+        events: list[GenerationEvent] = []
         if self.calls.speaking:  # this token opens the first call: the speech ended before it
             if held := self.text.flush():
                 events.append(TextDelta(held, tokens=max(1, self._tokens_held)))

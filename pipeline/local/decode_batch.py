@@ -5,25 +5,35 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable
-from typing import Generic
+from typing import Generic, NamedTuple
 
 import numpy as np
 import torch
 
-from pipeline.contract import AudioChunk, TurnDone, TurnEvent, Usage
-from pipeline.local.batch_rows import BatchTurn, StageRows, TurnKey, TurnSpeech
+from pipeline.contract import AudioChunk, GenerationDone, GenerationEvent, Usage
+from pipeline.local.batch_rows import BatchGeneration, GenerationKey, GenerationSpeech, StageRows
 from pipeline.local.code2wav import StreamingCode2Wav
 from pipeline.local.decoder import DecoderStack, TalkerDecoder
 from pipeline.local.kv_cache import KVCache
 from pipeline.local.params import GenerationParams
 from pipeline.local.prompt import ThinkerInputs
 from pipeline.local.sampling import choose_rows
-from pipeline.local.stages import TalkerTurn
+from pipeline.local.stages import TalkerGeneration
 from pipeline.local.streaming import AudioChunker
 from pipeline.local.thinker_prompt import ThinkerPrompt
 
 
-class DecodeBatch(Generic[TurnKey]):
+class TtsEmbeddings(NamedTuple):
+    """The Talker's text markers in its input space ([1, 1, hidden] each): ``bos`` opens the
+    answer's text in the Talker's prompt (``pad`` fills the prompt beside the codec preamble),
+    ``eos`` takes the place of the text's end, and ``pad`` feeds the Talker once it is used up."""
+
+    bos: torch.Tensor
+    eos: torch.Tensor
+    pad: torch.Tensor
+
+
+class DecodeBatch(Generic[GenerationKey]):
     """Turns decoded together: one Thinker forward, one Talker forward and one code-predictor
     loop per step for every turn that needs it, and Code2Wav for the chunks that are due.
 
@@ -44,28 +54,28 @@ class DecodeBatch(Generic[TurnKey]):
         self._model = model
         self._tokenizer = tokenizer
         self._clock = clock
-        self._turns: dict[TurnKey, BatchTurn[TurnKey]] = {}
+        self._turns: dict[GenerationKey, BatchGeneration[GenerationKey]] = {}
         thinker_text = model.thinker.model.language_model
         self._thinker_stack = DecoderStack(thinker_text)
         self._thinker_embed = thinker_text.embed_tokens
         self._thinker_head = model.thinker.lm_head
-        self._thinking: StageRows[TurnKey] | None = None
-        self._speaking: StageRows[TurnKey] | None = None
+        self._thinking: StageRows[GenerationKey] | None = None
+        self._speaking: StageRows[GenerationKey] | None = None
         # None: a checkpoint loaded without audio output (text-only turns).
         self._speech_model = TalkerDecoder(model) if getattr(model, "talker", None) is not None else None
-        self._tts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._tts: TtsEmbeddings | None = None
         # Due chunks of one shape go through Code2Wav together on an accelerator, one call each on a CPU.
         code2wav = getattr(model, "code2wav", None)  # None: loaded without audio output
         self._code2wav = None if code2wav is None else StreamingCode2Wav(code2wav)
         self._code2wav_batches = code2wav is not None and code2wav.device.type != "cpu"
 
     @property
-    def thinker_rows(self) -> list[BatchTurn[TurnKey]]:
+    def thinker_rows(self) -> list[BatchGeneration[GenerationKey]]:
         """Turns whose text goes on, in row order."""
         return [] if self._thinking is None else self._thinking.turns
 
     @property
-    def talker_rows(self) -> list[BatchTurn[TurnKey]]:
+    def talker_rows(self) -> list[BatchGeneration[GenerationKey]]:
         """Turns whose audio goes on, in row order."""
         return [] if self._speaking is None else self._speaking.turns
 
@@ -81,31 +91,31 @@ class DecodeBatch(Generic[TurnKey]):
 
     # -- joining --------------------------------------------------------------------------
 
-    def cancelled_before_start(self, inputs: ThinkerInputs) -> TurnDone:
+    def cancelled_before_start(self, inputs: ThinkerInputs) -> GenerationDone:
         usage = Usage(
             input_text_tokens=inputs.text_tokens,
             input_audio_tokens=inputs.audio_tokens,
             output_text_tokens=0,
             input_image_tokens=inputs.image_tokens,
         )
-        return TurnDone(text="", usage=usage, finish_reason="cancelled")
+        return GenerationDone(text="", usage=usage, finish_reason="cancelled")
 
     def prefill_thinker(
-        self, key: TurnKey, inputs: ThinkerInputs, params: GenerationParams
-    ) -> list[tuple[TurnKey, TurnEvent]]:
+        self, key: GenerationKey, inputs: ThinkerInputs, params: GenerationParams
+    ) -> list[tuple[GenerationKey, GenerationEvent]]:
         """Run the Thinker's prefill for a new turn, which samples its first answer token."""
         return self.prefill_thinkers([(key, inputs, params)])
 
     def prefill_thinkers(
-        self, joining: list[tuple[TurnKey, ThinkerInputs, GenerationParams]]
-    ) -> list[tuple[TurnKey, TurnEvent]]:
+        self, joining: list[tuple[GenerationKey, ThinkerInputs, GenerationParams]]
+    ) -> list[tuple[GenerationKey, GenerationEvent]]:
         """The Thinker's prefill for new turns in one forward (prompts left-padded, each row
         with the positions it has alone, every clip through the audio encoder together); each
         samples its first answer token. Four dev-model prefills cost ~1.5 one, not 4."""
         for key, _, _ in joining:
             if key in self._turns or sum(other == key for other, _, _ in joining) > 1:
                 raise ValueError(f"turn {key!r} is already in the batch")
-        turns = [BatchTurn(key, self._model, self._tokenizer, inputs, params, self._clock) for key, inputs, params in joining]
+        turns = [BatchGeneration(key, self._model, self._tokenizer, inputs, params, self._clock) for key, inputs, params in joining]
         thinker = self._model.thinker
         with torch.inference_mode():
             rows = [ThinkerPrompt.of(thinker, turn.inputs) for turn in turns]
@@ -145,7 +155,7 @@ class DecodeBatch(Generic[TurnKey]):
                 turn.thinker.accept(tokens[row : row + 1])
             cache = KVCache.of(output.cache, batch.pads)
         token_ids = tokens[:, 0].tolist()
-        events: list[tuple[TurnKey, TurnEvent]] = []
+        events: list[tuple[GenerationKey, GenerationEvent]] = []
         for turn, token_id in zip(turns, token_ids):
             turn.thinker.record(token_id)
             self._turns[turn.key] = turn
@@ -157,18 +167,18 @@ class DecodeBatch(Generic[TurnKey]):
             self._thinking = joined if self._thinking is None else self._thinking.joined(joined)
         return events
 
-    def wants_talker(self, key: TurnKey) -> bool:
+    def wants_talker(self, key: GenerationKey) -> bool:
         """An answer of one token is only its end marker (or one token cut short): nothing to
         speak, and generate() cannot build a Talker prompt for it either. Nor is there for one
         that begins with a function call."""
         turn = self._turns[key]
         return turn.params.output_audio and not turn.thinker.finished and turn.calls.speaking
 
-    def prefill_talker(self, key: TurnKey) -> None:
+    def prefill_talker(self, key: GenerationKey) -> None:
         """Build the turn's Talker prompt as generate() does and prefill it; the turn joins the Talker's rows."""
         self.prefill_talkers([key])
 
-    def prefill_talkers(self, keys: list[TurnKey]) -> None:
+    def prefill_talkers(self, keys: list[GenerationKey]) -> None:
         """``prefill_talker`` for several turns in one Talker forward (prompts left-padded,
         each row with the positions it has alone)."""
         model, talker = self._model, self._speech().talker
@@ -180,8 +190,7 @@ class DecodeBatch(Generic[TurnKey]):
             speaker_id = talker_config.speaker_id.get(turn.params.voice.lower())
             if speaker_id is None:
                 raise ValueError(f"the checkpoint has no speaker {turn.params.voice!r}")
-            tts_bos, tts_eos, tts_pad = self._tts_embeds()
-            prompt_embeds, prompt_ids = self._talker_prompt(turn, speaker_id, tts_pad, tts_bos, tts_eos)
+            prompt_embeds, prompt_ids = self._talker_prompt(turn, speaker_id, self._tts_embeds())
             attention_mask = torch.ones(prompt_ids.shape, dtype=torch.long, device=device)
             model_kwargs = {"attention_mask": attention_mask, "talker_input_ids": prompt_ids}
             if turn.inputs.feature_attention_mask is not None:
@@ -214,8 +223,8 @@ class DecodeBatch(Generic[TurnKey]):
             # generate() feeds the code predictor the last layer's output at the last position.
             hidden = output.hidden_states[0][-1][:, -1:]
             speeches = [
-                TurnSpeech(
-                    TalkerTurn(model, turn.params, turn.generator),
+                GenerationSpeech(
+                    TalkerGeneration(model, turn.params, turn.generator),
                     AudioChunker(self._streaming_code2wav(), turn.params, turn.clock),
                 )
                 for turn in turns
@@ -236,8 +245,8 @@ class DecodeBatch(Generic[TurnKey]):
         joining = StageRows(turns, cache, position_ids[-3:, :, -1:], codes, hidden)
         self._speaking = joining if self._speaking is None else self._speaking.joined(joining)
 
-    def _tts_embeds(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """<tts_bos>, <tts_eos>, <tts_pad> in the Talker's input space ([1, 1, hidden] each), computed once."""
+    def _tts_embeds(self) -> TtsEmbeddings:
+        """<tts_bos>, <tts_eos>, <tts_pad> in the Talker's input space, computed once."""
         if self._tts is None:
             config = self._model.config
             with torch.inference_mode():
@@ -247,10 +256,10 @@ class DecodeBatch(Generic[TurnKey]):
                 )
                 talker = self._speech().talker
                 embeds = talker.text_projection(self._thinker_embed(tts_tokens)).to(talker.device)
-            self._tts = tuple(embeds.chunk(3, dim=1))
+            self._tts = TtsEmbeddings(*embeds.chunk(3, dim=1))
         return self._tts
 
-    def _talker_prompt(self, turn: BatchTurn[TurnKey], speaker_id, tts_pad, tts_bos, tts_eos):
+    def _talker_prompt(self, turn: BatchGeneration[GenerationKey], speaker_id, tts: TtsEmbeddings):
         """The Talker's prompt exactly as generate() builds it (batch of one, no padding)."""
         model = self._model
         config = model.config
@@ -289,13 +298,14 @@ class DecodeBatch(Generic[TurnKey]):
             first = self._thinker_embed(torch.tensor([[turn.thinker.tokens[0]]], device=self._model.thinker.device))
             embeds = torch.cat([prompt_embeds, first.to(device)], dim=1)
             assistant_embeds, assistant_ids, _ = model._get_talker_assistant_parts(
-                assistant_start, length + 1, speaker_id, embeds, tts_pad, tts_bos, tts_eos
+                assistant_start, length + 1, speaker_id, embeds,
+                tts_pad_embed=tts.pad, tts_bos_embed=tts.bos, tts_eos_embed=tts.eos,
             )
         return torch.cat([user_embeds, assistant_embeds], dim=1), torch.cat([user_ids, assistant_ids], dim=1)
 
     # -- leaving --------------------------------------------------------------------------
 
-    def _drop(self, turn: BatchTurn[TurnKey]) -> None:
+    def _drop(self, turn: BatchGeneration[GenerationKey]) -> None:
         if self._thinking is not None:
             self._thinking = self._thinking.kept(
                 [row for row, other in enumerate(self._thinking.turns) if other is not turn]
@@ -306,13 +316,13 @@ class DecodeBatch(Generic[TurnKey]):
             )
         del self._turns[turn.key]
 
-    def cancel(self, key: TurnKey) -> TurnDone:
-        """The turn leaves now, whatever it was doing; its ``TurnDone`` says "cancelled"."""
+    def cancel(self, key: GenerationKey) -> GenerationDone:
+        """The turn leaves now, whatever it was doing; its ``GenerationDone`` says "cancelled"."""
         turn = self._turns[key]
         self._drop(turn)
         return turn.done("cancelled")
 
-    def finish(self, key: TurnKey) -> TurnDone:
+    def finish(self, key: GenerationKey) -> GenerationDone:
         """The last event of a turn that is ``decoded``; the turn leaves the batch."""
         turn = self._turns[key]
         if not self._decoded(turn):
@@ -320,11 +330,11 @@ class DecodeBatch(Generic[TurnKey]):
         self._drop(turn)
         return turn.done(turn.thinker.finish_reason)
 
-    def decoded(self, key: TurnKey) -> bool:
+    def decoded(self, key: GenerationKey) -> bool:
         return self._decoded(self._turns[key])
 
     @staticmethod
-    def _decoded(turn: BatchTurn) -> bool:
+    def _decoded(turn: BatchGeneration) -> bool:
         """Text over, audio over (or never started) and every frame decoded into audio."""
         if not turn.thinker.finished:
             return False
@@ -332,11 +342,11 @@ class DecodeBatch(Generic[TurnKey]):
             return True
         return turn.speech.talker.finished and turn.speech.audio.pending_frames == 0
 
-    def finished_keys(self) -> list[TurnKey]:
+    def finished_keys(self) -> list[GenerationKey]:
         return [key for key, turn in self._turns.items() if self._decoded(turn)]
 
     @property
-    def keys(self) -> list[TurnKey]:
+    def keys(self) -> list[GenerationKey]:
         return list(self._turns)
 
     def cache_bytes(self) -> int:
@@ -345,7 +355,7 @@ class DecodeBatch(Generic[TurnKey]):
 
     # -- decoding steps -------------------------------------------------------------------
 
-    def step_thinker(self) -> list[tuple[TurnKey, TurnEvent]]:
+    def step_thinker(self) -> list[tuple[GenerationKey, GenerationEvent]]:
         """One answer token for every turn whose text goes on; a turn whose text ends leaves these rows."""
         state = self._thinking
         if state is None:
@@ -370,14 +380,14 @@ class DecodeBatch(Generic[TurnKey]):
                 talker = self._speech().talker
                 ids = state.last if len(fed) == len(rows) else state.last[fed]
                 projected = talker.text_projection(self._thinker_embed(ids)).to(talker.device)
-        events: list[tuple[TurnKey, TurnEvent]] = []
+        events: list[tuple[GenerationKey, GenerationEvent]] = []
         keep = []
         for row, turn in enumerate(rows):
             if turn.speech is not None and not turn.speech.talker.text_done:
                 if row in fed:
                     turn.speech.talker.trailing.append(projected[fed.index(row)].unsqueeze(0))
                 else:  # the text ended, or a function call began: generate()'s <tts_eos> in its place
-                    turn.speech.talker.trailing.append(self._tts_embeds()[1])
+                    turn.speech.talker.trailing.append(self._tts_embeds().eos)
                     turn.speech.talker.text_done = True
             events.extend((turn.key, event) for event in released[row])
             if not turn.thinker.finished:
@@ -396,18 +406,18 @@ class DecodeBatch(Generic[TurnKey]):
         speeches = [turn.speaking() for turn in state.turns]
         with torch.inference_mode():
             last_code_embed = talker.get_input_embeddings()(state.last)
-            residual_codes, residual_embeds = speech_model.residual_codes(
+            residual = speech_model.residual_codes(
                 [speech.talker.predictor_sampler for speech in speeches], state.hidden, last_code_embed
             )
-            frames = torch.cat((state.last, residual_codes), dim=-1)
+            frames = torch.cat((state.last, residual.codes), dim=-1)
         keep = []
         for row, speech in enumerate(speeches):
             speech.audio.push(frames[row])
             if not speech.talker.frame_done():
                 keep.append(row)
         with torch.inference_mode():
-            inputs_embeds = torch.cat([last_code_embed, residual_embeds], dim=1).sum(1, keepdim=True)
-            tts_pad = self._tts_embeds()[2]
+            inputs_embeds = torch.cat([last_code_embed, residual.embeds], dim=1).sum(1, keepdim=True)
+            tts_pad = self._tts_embeds().pad
             text = [
                 speech.talker.trailing[speech.talker.frames - 1]
                 if speech.talker.frames - 1 < len(speech.talker.trailing)
@@ -444,7 +454,7 @@ class DecodeBatch(Generic[TurnKey]):
                 keep.append(row)
         self._speaking = state.kept(keep)
 
-    def _due(self) -> list[tuple[BatchTurn[TurnKey], TurnSpeech]]:
+    def _due(self) -> list[tuple[BatchGeneration[GenerationKey], GenerationSpeech]]:
         return [
             (turn, turn.speech)
             for turn in self._turns.values()
@@ -454,7 +464,7 @@ class DecodeBatch(Generic[TurnKey]):
     def chunks_due(self) -> bool:
         return bool(self._due())
 
-    def decode_chunks(self) -> list[tuple[TurnKey, TurnEvent]]:
+    def decode_chunks(self) -> list[tuple[GenerationKey, GenerationEvent]]:
         """Decode every due chunk (a turn's last frames once its audio ended), each from the
         Code2Wav state its turn's previous chunks left. On an accelerator chunks of the same
         length and state shape go through Code2Wav together; on a CPU each goes alone,
@@ -462,13 +472,13 @@ class DecodeBatch(Generic[TurnKey]):
         together cost 59 ms against 4 x 13 ms alone (dev model, one core)."""
         code2wav = self._streaming_code2wav()
         due = self._due()
-        groups: dict[Hashable, list[tuple[BatchTurn[TurnKey], AudioChunker, torch.Tensor]]] = {}
+        groups: dict[Hashable, list[tuple[BatchGeneration[GenerationKey], AudioChunker, torch.Tensor]]] = {}
         for turn, speech in due:
             codes = speech.audio.pending_codes()
             key = (codes.shape[-1], speech.audio.state.batch_key()) if self._code2wav_batches else turn.key
             groups.setdefault(key, []).append((turn, speech.audio, codes))
-        events: list[tuple[TurnKey, TurnEvent]] = []
-        decoded: dict[TurnKey, np.ndarray] = {}
+        events: list[tuple[GenerationKey, GenerationEvent]] = []
+        decoded: dict[GenerationKey, np.ndarray] = {}
         with torch.inference_mode():
             for members in groups.values():
                 waves, states = code2wav.decode(

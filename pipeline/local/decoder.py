@@ -3,10 +3,19 @@ modules with the code predictor's 15 passes per codec frame."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from pipeline.local.kv_cache import KVCache
 from pipeline.local.sampling import Sampler, choose_rows
+
+
+class ResidualCodes(NamedTuple):
+    """A frame's 15 residual codes ([rows, 15]) and their embeddings ([rows, 15, hidden])."""
+
+    codes: torch.Tensor
+    embeds: torch.Tensor
 
 
 class DecoderStack:
@@ -57,8 +66,8 @@ class TalkerDecoder:
 
     def residual_codes(
         self, samplers: list[Sampler], hidden: torch.Tensor, last_code_embed: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The code predictor's 15 residual codes ([rows, 15]) and their embeddings ([rows, 15, hidden]).
+    ) -> ResidualCodes:
+        """The code predictor's 15 residual codes and their embeddings, for every row.
 
         What generate()'s ``code_predictor.generate(...)`` computes, as a plain loop over the
         decoder layers with one reused cache: a two-position prefill (last Talker hidden state,
@@ -90,7 +99,7 @@ class TalkerDecoder:
             if group < groups - 1:
                 position = (cos[:, group + 1 : group + 2], sin[:, group + 1 : group + 2])
                 output = self._predictor_stack(embed, cache, position_embeddings=position)
-        return torch.cat(codes, dim=-1), torch.cat(embeds, dim=1)
+        return ResidualCodes(codes=torch.cat(codes, dim=-1), embeds=torch.cat(embeds, dim=1))
 
     def _predictor_cache(self, rows: int, like: torch.Tensor) -> tuple[KVCache, tuple[torch.Tensor, torch.Tensor]]:
         """One cache per batch size, reused every frame; the rotary table for its 16 positions, computed once."""

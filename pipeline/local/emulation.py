@@ -1,34 +1,34 @@
 """Benchmarks only: the engine made as slow as a stated real model ("emulated speed").
 
-The latency benchmark (``tests/bench/e2e_latency.py``) must show what speculative turns hide on a
+The latency benchmark (``tests/bench/e2e_latency.py``) must show what speculative generations hide on a
 GPU before there is one: there the model's time to first audio is hundreds of milliseconds
 (vLLM-Omni reports a 631 ms mean first packet for Qwen3-Omni), on this CPU the dev model's is
 tens. ``--generation '{"emulate": {"first_audio_ms": 400, "frame_ms": 30}}'`` makes the engine
-hold each turn's events until a model of that speed would have produced them. It is a
+hold each generation's events until a model of that speed would have produced them. It is a
 ``GenerationParams`` field like ``force_output_tokens``, for benchmarks and tests only: the
 engine logs a warning when it runs emulated, ``/healthz`` shows the speed on each engine, and
 every bench result made with it says so.
 
-The delay is model time, kept per turn by the engine process (:class:`EmulatedTurns`):
+The delay is model time, kept per generation by the engine process (:class:`EmulatedGenerations`):
 
-- A turn's clock starts when the engine process takes it into its batch (where it starts
-  computing; the wait for a batch slot before that is queue time, as for any turn).
+- A generation's clock starts when the engine process takes it into its batch (where it starts
+  computing; the wait for a batch slot before that is queue time, as for any generation).
 - Its first text (or function call) is released no earlier than ``first_text_ms`` after that,
   its first audio chunk no earlier than ``first_audio_ms``, and a later chunk that ends at codec
   frame ``n`` no earlier than ``first_audio_ms + (n - frames of the first chunk) * frame_ms``.
   An event the dev model computes later than its emulated time goes when computed: emulation
-  only adds time. Events keep their order; a turn's ``TurnDone`` follows its last event.
-- Turns decoded together keep their own clocks: batching does not slow a turn's emulated time,
+  only adds time. Events keep their order; a generation's ``GenerationDone`` follows its last event.
+- Generations decoded together keep their own clocks: batching does not slow a generation's emulated time,
   as a GPU step for 8 rows costs about what one costs (the dev model's own compute is still
   shared on the CPU, and shows when it is the slower).
-- A turn being held keeps its batch slot until its ``TurnDone`` is released (the parent counts
-  it running until then), as a real model's turn holds its slot while it computes.
-- A cancel stops it at once: the turn's held events are dropped and its ``TurnDone``
+- A generation being held keeps its batch slot until its ``GenerationDone`` is released (the parent counts
+  it running until then), as a real model's generation holds its slot while it computes.
+- A cancel stops it at once: the generation's held events are dropped and its ``GenerationDone``
   ("cancelled") goes out at the engine's next look at its commands, mid-delay; a cancel wakes
   an engine process that sleeps until a release.
 - Events are released between the engine's decoding steps, so at most one step late (~10 ms on
   the dev model); an idle engine sleeps until the next release is due.
-- Turns only: end-of-turn scores (semantic VAD's text judge, one forward) and the engine's
+- Answers and transcriptions only: end-of-turn scores (semantic VAD's text judge, one forward) and the engine's
   warm-up at start (``pipeline.local.warmup``) run at the dev model's own speed.
 """
 
@@ -42,14 +42,14 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from pipeline.contract import AudioChunk, TurnDone, TurnEvent
+from pipeline.contract import AudioChunk, GenerationDone, GenerationEvent
 
 
 @dataclass(frozen=True)
 class EmulatedSpeed:
     """How slow the emulated model is, in milliseconds of model time (None: the dev model's own)."""
 
-    first_text_ms: float | None = None  # a turn's first text (or call), after it starts in the engine
+    first_text_ms: float | None = None  # a generation's first text (or call), after it starts in the engine
     first_audio_ms: float | None = None  # its first audio chunk, after it starts in the engine
     frame_ms: float | None = None  # each codec frame after the first chunk's (1 / frames per second)
 
@@ -84,78 +84,78 @@ _ROUNDING_S = 1e-9
 
 
 @dataclass
-class _HeldTurn:
+class _HeldGeneration:
     speed: EmulatedSpeed
     started: float
-    held: collections.deque[tuple[float, TurnEvent]] = dataclasses.field(default_factory=collections.deque)
+    held: collections.deque[tuple[float, GenerationEvent]] = dataclasses.field(default_factory=collections.deque)
     last_release: float = 0.0  # events keep their order: none is due before the one before it
     first_chunk_frames: int | None = None
     frames: int = 0
 
 
-class EmulatedTurns(Generic[Key]):
-    """The engine process's turns held back to their emulated speed (see the module docstring).
+class EmulatedGenerations(Generic[Key]):
+    """The engine process's generations held back to their emulated speed (see the module docstring).
 
-    ``send`` gets each event when it is due. A turn not started here (no speed) passes through.
+    ``send`` gets each event when it is due. A generation not started here (no speed) passes through.
     """
 
-    def __init__(self, send: Callable[[Key, TurnEvent], None], *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, send: Callable[[Key, GenerationEvent], None], *, clock: Callable[[], float] = time.monotonic) -> None:
         self._send = send
         self._clock = clock
-        self._turns: dict[Key, _HeldTurn] = {}
+        self._generations: dict[Key, _HeldGeneration] = {}
 
     def start(self, key: Key, speed: EmulatedSpeed | None) -> None:
-        """The turn starts computing now; with no speed it is not emulated."""
+        """The generation starts computing now; with no speed it is not emulated."""
         if speed is not None:
             now = self._clock()
-            self._turns[key] = _HeldTurn(speed, started=now, last_release=now)
+            self._generations[key] = _HeldGeneration(speed, started=now, last_release=now)
 
-    def offer(self, key: Key, event: TurnEvent) -> None:
+    def offer(self, key: Key, event: GenerationEvent) -> None:
         """Send ``event`` now, or hold it until its emulated time."""
-        turn = self._turns.get(key)
-        if turn is None:
+        generation = self._generations.get(key)
+        if generation is None:
             self._send(key, event)
             return
-        due = max(self._emulated_time(turn, event), turn.last_release)
-        turn.last_release = due
-        turn.held.append((due, event))
+        due = max(self._emulated_time(generation, event), generation.last_release)
+        generation.last_release = due
+        generation.held.append((due, event))
         self.release_due()
 
     def release_due(self) -> None:
-        """Send every held event whose time has come (a turn whose ``TurnDone`` went is forgotten)."""
+        """Send every held event whose time has come (a generation whose ``GenerationDone`` went is forgotten)."""
         now = self._clock() + _ROUNDING_S
-        for key, turn in list(self._turns.items()):
-            while turn.held and turn.held[0][0] <= now:
-                _, event = turn.held.popleft()
-                if isinstance(event, TurnDone):
-                    del self._turns[key]
+        for key, generation in list(self._generations.items()):
+            while generation.held and generation.held[0][0] <= now:
+                _, event = generation.held.popleft()
+                if isinstance(event, GenerationDone):
+                    del self._generations[key]
                 self._send(key, event)
 
     def seconds_to_next(self) -> float | None:
         """How long until the next held event is due (0 if one is); None when nothing is held."""
-        due = [turn.held[0][0] for turn in self._turns.values() if turn.held]
+        due = [generation.held[0][0] for generation in self._generations.values() if generation.held]
         return max(0.0, min(due) - self._clock()) if due else None
 
     def holds_done(self) -> list[Key]:
-        """Turns whose ``TurnDone`` is held: their decoding is over, their model time is not."""
-        return [key for key, turn in self._turns.items() if turn.held and isinstance(turn.held[-1][1], TurnDone)]
+        """Generations whose ``GenerationDone`` is held: their decoding is over, their model time is not."""
+        return [key for key, generation in self._generations.items() if generation.held and isinstance(generation.held[-1][1], GenerationDone)]
 
-    def cancel(self, key: Key) -> TurnDone | None:
-        """Forget the turn and drop what it holds; its held ``TurnDone``, now "cancelled", if it had one."""
-        turn = self._turns.pop(key, None)
-        if turn is None or not turn.held or not isinstance(turn.held[-1][1], TurnDone):
+    def cancel(self, key: Key) -> GenerationDone | None:
+        """Forget the generation and drop what it holds; its held ``GenerationDone``, now "cancelled", if it had one."""
+        generation = self._generations.pop(key, None)
+        if generation is None or not generation.held or not isinstance(generation.held[-1][1], GenerationDone):
             return None
-        return dataclasses.replace(turn.held[-1][1], finish_reason="cancelled")
+        return dataclasses.replace(generation.held[-1][1], finish_reason="cancelled")
 
-    def _emulated_time(self, turn: _HeldTurn, event: TurnEvent) -> float:
-        speed = turn.speed
+    def _emulated_time(self, generation: _HeldGeneration, event: GenerationEvent) -> float:
+        speed = generation.speed
         if isinstance(event, AudioChunk):
-            turn.frames += event.frames
-            if turn.first_chunk_frames is None:
-                turn.first_chunk_frames = event.frames
-                return turn.started + (speed.first_audio_ms or 0.0) / 1000
-            later_frames = turn.frames - turn.first_chunk_frames
-            return turn.started + ((speed.first_audio_ms or 0.0) + later_frames * (speed.frame_ms or 0.0)) / 1000
-        if isinstance(event, TurnDone):
-            return turn.started  # right after the events before it
-        return turn.started + (speed.first_text_ms or 0.0) / 1000
+            generation.frames += event.frames
+            if generation.first_chunk_frames is None:
+                generation.first_chunk_frames = event.frames
+                return generation.started + (speed.first_audio_ms or 0.0) / 1000
+            later_frames = generation.frames - generation.first_chunk_frames
+            return generation.started + ((speed.first_audio_ms or 0.0) + later_frames * (speed.frame_ms or 0.0)) / 1000
+        if isinstance(event, GenerationDone):
+            return generation.started  # right after the events before it
+        return generation.started + (speed.first_text_ms or 0.0) / 1000

@@ -1,7 +1,7 @@
 """What the engine process and its parent say to each other over their two pipes (all picklable).
 
 ``EngineProcessSpec`` starts the process; ``Submit`` and ``Cancel`` go to it; ``WarmingUp``,
-``Ready``, ``LoadFailed``, ``TurnEventMessage`` and ``TurnFailed`` come back
+``Ready``, ``LoadFailed``, ``GenerationEventMessage`` and ``GenerationFailed`` come back
 (``pipeline.local.engine_process`` has the protocol).
 """
 
@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.contract import TurnEvent, TurnRequest
+from pipeline.contract import EngineErrorCode, GenerationEvent, GenerationRequest
 from pipeline.local.warmup import WarmUpReport
 from pipeline.token_count import DEFAULT_MAX_PROMPT_TOKENS
 
@@ -29,7 +29,7 @@ class EngineProcessSpec:
     device: str = "auto"
     dtype: str = "auto"
     seed: int | None = None
-    # GenerationParams fields applied to every turn, e.g. {"force_output_tokens": 64}.
+    # GenerationParams fields applied to every generation, e.g. {"force_output_tokens": 64}.
     generation: dict[str, Any] = field(default_factory=dict)
     threads: int | None = None
     # Engine processes of one pool on this machine: on a CPU, without ``threads``, each takes its
@@ -39,8 +39,8 @@ class EngineProcessSpec:
     log_level: int = logging.INFO
     # from_pretrained's attn_implementation ("sdpa", "eager", "flash_attention_2"); None: transformers' default.
     attn_implementation: str | None = None
-    # False: a text-only engine (no Talker loaded, turns asking for audio fail). True refuses a
-    # checkpoint without a Talker at load, not at its first audio turn.
+    # False: a text-only engine (no Talker loaded, generations asking for audio fail). True refuses a
+    # checkpoint without a Talker at load, not at its first audio generation.
     audio_output: bool = True
     # Turns decoded together (see _BatchServer); the parent submits at most this many at a time.
     max_batch: int = DEFAULT_MAX_BATCH
@@ -52,19 +52,19 @@ class EngineProcessSpec:
 # Parent -> engine process.
 @dataclass(frozen=True)
 class Submit:
-    turn_id: int
-    request: TurnRequest
+    generation_id: int
+    request: GenerationRequest
 
 
 @dataclass(frozen=True)
 class Cancel:
-    turn_id: int
+    generation_id: int
 
 
 # Engine process -> parent.
 @dataclass(frozen=True)
 class WarmingUp:
-    """Loaded; the warm-up turns run now (``Ready`` follows them)."""
+    """Loaded; the warm-up generations run now (``Ready`` follows them)."""
 
 
 @dataclass(frozen=True)
@@ -82,13 +82,13 @@ class LoadFailed:
 
 
 @dataclass(frozen=True)
-class TurnEventMessage:
-    turn_id: int
-    event: TurnEvent
+class GenerationEventMessage:
+    generation_id: int
+    event: GenerationEvent
 
 
 @dataclass(frozen=True)
-class TurnFailed:
-    turn_id: int
+class GenerationFailed:
+    generation_id: int
     message: str
-    code: str = "engine_error"  # pipeline.contract.EngineError's code
+    code: EngineErrorCode = "engine_error"

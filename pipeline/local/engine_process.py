@@ -1,15 +1,15 @@
-"""The engine process: loads one checkpoint and decodes its turns together, streaming events back.
+"""The engine process: loads one checkpoint and decodes its generations together, streaming events back.
 
 ``TransformersEngine`` starts :func:`main` in a spawned process so that model compute never
 holds the server's GIL. Two one-way pipes join them: commands (``Submit``, ``Cancel``) arrive
 on one and are read by a command thread while the main thread computes; events
-(``WarmingUp``, ``Ready``, ``TurnEventMessage``, ``TurnFailed``) go back on the other, one message
+(``WarmingUp``, ``Ready``, ``GenerationEventMessage``, ``GenerationFailed``) go back on the other, one message
 per event as soon as it is produced. Closing the command pipe stops the process.
 
 The messages are ``pipeline.local.engine_messages``'s, the checkpoint's loading
-``pipeline.local.checkpoint``'s. Between loading and ``Ready`` the process warms up (``pipeline.local.warmup``): a few short turns
+``pipeline.local.checkpoint``'s. Between loading and ``Ready`` the process warms up (``pipeline.local.warmup``): a few short generations
 through the same batch server that then serves, so that the first user's turn pays none of the
-first-call costs; the parent submits no turn before ``Ready``, which carries the warm-up's report.
+first-call costs; the parent submits no generation before ``Ready``, which carries the warm-up's report.
 A benchmark's emulated speed (``pipeline.local.emulation``) is kept here, between the batch server and
 the pipe.
 """
@@ -28,21 +28,21 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Protocol
 
-from pipeline.contract import AudioChunk, TextDelta, TurnDone, TurnEvent, Usage
+from pipeline.contract import AudioChunk, GenerationDone, GenerationEvent, TextDelta, Usage
 from pipeline.local.checkpoint import LoadedCheckpoint, forced_tokens, load_checkpoint
 from pipeline.local.devices import ENGINE_NICENESS
-from pipeline.local.emulation import EmulatedTurns
+from pipeline.local.emulation import EmulatedGenerations
 from pipeline.local.engine_messages import (
     Cancel,
     EngineProcessSpec,
+    GenerationEventMessage,
+    GenerationFailed,
     LoadFailed,
     Ready,
     Submit,
-    TurnEventMessage,
-    TurnFailed,
     WarmingUp,
 )
-from pipeline.local.warmup import WarmUpReport, warm_up_params, warm_up_turns
+from pipeline.local.warmup import WarmUpReport, warm_up_generations, warm_up_params
 from pipeline.token_count import PromptTooLong
 
 if TYPE_CHECKING:
@@ -84,11 +84,11 @@ def main(spec: EngineProcessSpec, commands: Connection, events: Connection) -> N
 
 
 class _Commands:
-    """Reads commands on its own thread so that a cancel lands while a turn computes."""
+    """Reads commands on its own thread so that a cancel lands while a generation computes."""
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
-        # Turns submitted back to back arrive as one list, so that they are prefilled together.
+        # Generations submitted back to back arrive as one list, so that they are prefilled together.
         self.submitted: queue.SimpleQueue[list[Submit] | None] = queue.SimpleQueue()
         self._cancelled: set[int] = set()
         self._lock = threading.Lock()
@@ -98,15 +98,15 @@ class _Commands:
     def start(self) -> None:
         self._thread.start()
 
-    def is_cancelled(self, turn_id: int) -> bool:
+    def is_cancelled(self, generation_id: int) -> bool:
         if self._closed.is_set():
             return True
         with self._lock:
-            return turn_id in self._cancelled
+            return generation_id in self._cancelled
 
-    def forget(self, turn_id: int) -> None:
+    def forget(self, generation_id: int) -> None:
         with self._lock:
-            self._cancelled.discard(turn_id)
+            self._cancelled.discard(generation_id)
 
     def _read(self) -> None:
         try:
@@ -117,19 +117,19 @@ class _Commands:
                     submits.append(command)
                 elif isinstance(command, Cancel):
                     with self._lock:
-                        self._cancelled.add(command.turn_id)
+                        self._cancelled.add(command.generation_id)
                     # Wakes a batch server asleep until an emulated release: the cancel is at once.
                     self.submitted.put([])
                 else:
                     logger.error("ignoring an unknown command %r", command)
-                # The parent sends concurrent sessions' turns one after another within
+                # The parent sends concurrent sessions' generations one after another within
                 # microseconds; handing over each alone would prefill the first by itself
                 # (~12 ms on the dev model) before the others join.
                 if submits and not self._connection.poll(0):
                     self.submitted.put(submits)
                     submits = []
         except (EOFError, OSError):
-            # The parent closed the pipe (or died): finish the running turn as cancelled and exit.
+            # The parent closed the pipe (or died): finish the running generation as cancelled and exit.
             logger.info("command pipe closed; stopping")
         finally:
             self._closed.set()
@@ -143,47 +143,47 @@ def _serve(loaded: LoadedCheckpoint, commands_connection: Connection, events: Co
 
 
 class _CommandSource(Protocol):
-    """Where a batch server's turns come from: the parent's pipe (``_Commands``), or the warm-up's script."""
+    """Where a batch server's generations come from: the parent's pipe (``_Commands``), or the warm-up's script."""
 
     submitted: queue.SimpleQueue[list[Submit] | None]
 
-    def is_cancelled(self, turn_id: int) -> bool: ...
+    def is_cancelled(self, generation_id: int) -> bool: ...
 
-    def forget(self, turn_id: int) -> None: ...
+    def forget(self, generation_id: int) -> None: ...
 
 
 class _Script:
-    """The warm-up's turns, as if submitted together; none is cancelled."""
+    """The warm-up's generations, as if submitted together; none is cancelled."""
 
     def __init__(self, submits: list[Submit]) -> None:
         self.submitted: queue.SimpleQueue[list[Submit] | None] = queue.SimpleQueue()
         self.submitted.put(submits)
 
-    def is_cancelled(self, turn_id: int) -> bool:
+    def is_cancelled(self, generation_id: int) -> bool:
         return False
 
-    def forget(self, turn_id: int) -> None:
+    def forget(self, generation_id: int) -> None:
         pass
 
 
 def warm_up(loaded: LoadedCheckpoint) -> WarmUpReport:
-    """Runs ``pipeline.local.warmup``'s turns through a batch server like the one that then serves (its
+    """Runs ``pipeline.local.warmup``'s generations through a batch server like the one that then serves (its
     events thrown away, failures logged) and reports them."""
     started, started_cpu = time.monotonic(), time.process_time()
     counts = collections.Counter[str]()
 
     def tally(message: object) -> None:
-        if isinstance(message, TurnFailed):
+        if isinstance(message, GenerationFailed):
             counts["failed"] += 1
-            logger.error("a warm-up turn failed (its paths are not warmed): %s", message.message)
-        elif isinstance(message, TurnEventMessage):
+            logger.error("a warm-up generation failed (its paths are not warmed): %s", message.message)
+        elif isinstance(message, GenerationEventMessage):
             counts[type(message.event).__name__] += 1
 
     params = warm_up_params(loaded.base_params)
-    groups = warm_up_turns(speaks=bool(getattr(loaded.model, "has_talker", False)))
-    turn_ids = iter(range(-1, -1000, -1))  # never a parent's turn id (those count up from 1)
+    groups = warm_up_generations(speaks=bool(getattr(loaded.model, "has_talker", False)))
+    generation_ids = iter(range(-1, -1000, -1))  # never a parent's generation id (those count up from 1)
     for group in groups:
-        script = _Script([Submit(next(turn_ids), request) for request in group])
+        script = _Script([Submit(next(generation_ids), request) for request in group])
         _BatchServer(loaded, script, tally, loaded.max_batch, base_params=params).run(until_idle=True)
     if loaded.device.startswith("cuda"):
         import torch
@@ -202,14 +202,14 @@ def warm_up(loaded: LoadedCheckpoint) -> WarmUpReport:
 
 
 class _BatchServer:
-    """Decodes every admitted turn together, one ``DecodeBatch`` step at a time.
+    """Decodes every admitted generation together, one ``DecodeBatch`` step at a time.
 
-    Between steps: cancelled turns leave the batch (their ``TurnDone`` says "cancelled"),
-    then at most one submitted turn is prefilled and joins (every waiting one when the batch
-    is empty), so a joining turn delays the others by one prefill, never by a whole answer. The parent submits at most
-    ``max_batch`` turns at a time; any beyond that wait here in FIFO order. A turn whose
+    Between steps: cancelled generations leave the batch (their ``GenerationDone`` says "cancelled"),
+    then at most one submitted generation is prefilled and joins (every waiting one when the batch
+    is empty), so a joining generation delays the others by one prefill, never by a whole answer. The parent submits at most
+    ``max_batch`` generations at a time; any beyond that wait here in FIFO order. A generation whose
     rendering or prefill fails fails alone; a failure inside a batched step cannot be
-    blamed on one turn, so it fails every turn in the batch and the next ones start afresh.
+    blamed on one generation, so it fails every generation in the batch and the next ones start afresh.
     Events leave through ``send`` (the pipe's), held first to an emulated speed when the
     settings ask for one (``pipeline.local.emulation``).
     """
@@ -233,11 +233,11 @@ class _BatchServer:
         self._new_batch = lambda: DecodeBatch[int](loaded.model, loaded.tokenizer)  # noqa: E731
         self._batch = self._new_batch()
         self._waiting: collections.deque[Submit] = collections.deque()
-        self._emulated = EmulatedTurns[int](self._send_now)
+        self._emulated = EmulatedGenerations[int](self._send_now)
         self._closing = False
 
     def run(self, *, until_idle: bool = False) -> None:
-        """Serve until the commands end (``until_idle``: until every turn submitted so far is over)."""
+        """Serve until the commands end (``until_idle``: until every generation submitted so far is over)."""
         while True:
             idle = not self._batch.keys and not self._waiting
             # Asleep while idle, until a command comes or a held event is due.
@@ -253,8 +253,8 @@ class _BatchServer:
                     self._send_cancelled(key)
                 return
             self._leave_cancelled()
-            # Every waiting turn that fits joins in one batched prefill per gap between steps:
-            # decoding turns wait for one prefill (four cost ~1.5 one), joining turns for none.
+            # Every waiting generation that fits joins in one batched prefill per gap between steps:
+            # decoding generations wait for one prefill (four cost ~1.5 one), joining generations for none.
             joining: list[Submit] = []
             while self._waiting and len(self._batch.keys) + len(joining) < self._max_batch:
                 joining.append(self._waiting.popleft())
@@ -281,26 +281,26 @@ class _BatchServer:
             except queue.Empty:
                 return
 
-    def _send(self, turn_id: int, event: TurnEvent) -> None:
+    def _send(self, generation_id: int, event: GenerationEvent) -> None:
         """The event goes now, or when the emulated model would have produced it."""
-        self._emulated.offer(turn_id, event)
+        self._emulated.offer(generation_id, event)
 
-    def _send_now(self, turn_id: int, event: TurnEvent) -> None:
-        self._send_message(TurnEventMessage(turn_id, event))
-        if isinstance(event, TurnDone):
-            self._commands.forget(turn_id)
+    def _send_now(self, generation_id: int, event: GenerationEvent) -> None:
+        self._send_message(GenerationEventMessage(generation_id, event))
+        if isinstance(event, GenerationDone):
+            self._commands.forget(generation_id)
 
-    def _send_cancelled(self, turn_id: int) -> None:
-        """A turn whose decoding is over but whose emulated time is not: its ``TurnDone`` goes at once."""
-        done = self._emulated.cancel(turn_id)
+    def _send_cancelled(self, generation_id: int) -> None:
+        """A generation whose decoding is over but whose emulated time is not: its ``GenerationDone`` goes at once."""
+        done = self._emulated.cancel(generation_id)
         if done is not None:
-            self._send_now(turn_id, done)
+            self._send_now(generation_id, done)
 
-    def _fail(self, turn_id: int, exc: Exception) -> None:
+    def _fail(self, generation_id: int, exc: Exception) -> None:
         code = exc.code if isinstance(exc, PromptTooLong) else "engine_error"
-        self._emulated.cancel(turn_id)
-        self._send_message(TurnFailed(turn_id, f"{type(exc).__name__}: {exc}", code))
-        self._commands.forget(turn_id)
+        self._emulated.cancel(generation_id)
+        self._send_message(GenerationFailed(generation_id, f"{type(exc).__name__}: {exc}", code))
+        self._commands.forget(generation_id)
 
     def _leave_cancelled(self) -> None:
         for key in self._batch.keys:
@@ -310,27 +310,27 @@ class _BatchServer:
         for key in self._emulated.holds_done():
             if self._commands.is_cancelled(key):
                 self._send_cancelled(key)
-        for submit in [submit for submit in self._waiting if self._commands.is_cancelled(submit.turn_id)]:
+        for submit in [submit for submit in self._waiting if self._commands.is_cancelled(submit.generation_id)]:
             self._waiting.remove(submit)
-            self._send_now(submit.turn_id, TurnDone(text="", usage=Usage(0, 0, 0), finish_reason="cancelled"))
+            self._send_now(submit.generation_id, GenerationDone(text="", usage=Usage(0, 0, 0), finish_reason="cancelled"))
 
     def _admit(self, submits: list[Submit]) -> None:
-        """Prefill the turns together; if that fails, one at a time, so a bad turn fails alone.
+        """Prefill the generations together; if that fails, one at a time, so a bad generation fails alone.
         End-of-turn scores take one forward each and never join the batch."""
         for submit in [submit for submit in submits if submit.request.task == "end_of_turn"]:
             self._score_end_of_turn(submit)
         submits = [submit for submit in submits if submit.request.task != "end_of_turn"]
         for submit in submits:  # the emulated model's time starts here, with its rendering
-            self._emulated.start(submit.turn_id, self._base_params.emulate)
+            self._emulated.start(submit.generation_id, self._base_params.emulate)
         rendered = [prepared for submit in submits if (prepared := self._render(submit)) is not None]
         if len(rendered) > 1:
             try:
                 self._prefill(rendered)
             except Exception:
-                logger.exception("a batched prefill of %d turns failed; prefilling them one at a time", len(rendered))
-                for turn_id, _, _ in rendered:
-                    if turn_id in self._batch.keys:
-                        self._batch.cancel(turn_id)
+                logger.exception("a batched prefill of %d generations failed; prefilling them one at a time", len(rendered))
+                for generation_id, _, _ in rendered:
+                    if generation_id in self._batch.keys:
+                        self._batch.cancel(generation_id)
             else:
                 self._finish_decoded()
                 return
@@ -338,7 +338,7 @@ class _BatchServer:
             try:
                 self._prefill([prepared])
             except Exception as exc:
-                logger.exception("turn %d failed", prepared[0])
+                logger.exception("generation %d failed", prepared[0])
                 if prepared[0] in self._batch.keys:
                     self._batch.cancel(prepared[0])
                 self._fail(prepared[0], exc)
@@ -352,16 +352,16 @@ class _BatchServer:
             inputs = renderer.render_request(submit.request)
             probability = message_end_probability(self._loaded.model, inputs, renderer.message_end_id)
         except Exception as exc:
-            logger.exception("turn %d failed", submit.turn_id)
-            self._fail(submit.turn_id, exc)
+            logger.exception("generation %d failed", submit.generation_id)
+            self._fail(submit.generation_id, exc)
             return
         usage = Usage(input_text_tokens=inputs.text_tokens, input_audio_tokens=0, output_text_tokens=0)
-        self._send(submit.turn_id, TurnDone(text="", usage=usage, finish_reason="stop",
+        self._send(submit.generation_id, GenerationDone(text="", usage=usage, finish_reason="stop",
                                             end_of_turn_probability=probability))
 
     def _render(self, submit: Submit) -> tuple[int, ThinkerInputs, GenerationParams] | None:
-        """The turn's Thinker inputs and settings; None (and the turn failed) when it cannot start."""
-        turn_id, request = submit.turn_id, submit.request
+        """The generation's Thinker inputs and settings; None (and the generation failed) when it cannot start."""
+        generation_id, request = submit.generation_id, submit.request
         params = dataclasses.replace(
             self._base_params,
             voice=request.voice,
@@ -378,24 +378,24 @@ class _BatchServer:
             length, limit = inputs.input_ids.shape[-1], self._loaded.max_prompt_tokens
             if length > limit:
                 raise PromptTooLong(f"the prompt is {length} tokens; this engine takes at most {limit}")
-            return turn_id, inputs, params
+            return generation_id, inputs, params
         except PromptTooLong as exc:
-            logger.warning("turn %d refused: %s", turn_id, exc)
-            self._fail(turn_id, exc)
+            logger.warning("generation %d refused: %s", generation_id, exc)
+            self._fail(generation_id, exc)
             return None
         except Exception as exc:
-            logger.exception("turn %d failed", turn_id)
-            self._fail(turn_id, exc)
+            logger.exception("generation %d failed", generation_id)
+            self._fail(generation_id, exc)
             return None
 
     def _prefill(self, rendered: list[tuple[int, ThinkerInputs, GenerationParams]]) -> None:
         """Both prefills, then the first tokens' text (none is sent if either prefill fails)."""
         events = self._batch.prefill_thinkers(rendered)
-        speaking = [turn_id for turn_id, _, _ in rendered if self._batch.wants_talker(turn_id)]
+        speaking = [generation_id for generation_id, _, _ in rendered if self._batch.wants_talker(generation_id)]
         if speaking:
             self._batch.prefill_talkers(speaking)
-        for turn_id, event in events:
-            self._send(turn_id, event)
+        for generation_id, event in events:
+            self._send(generation_id, event)
 
     def _step(self) -> None:
         batch = self._batch
@@ -407,7 +407,7 @@ class _BatchServer:
                 for key, event in batch.decode_chunks():
                     self._send(key, event)
         except Exception as exc:
-            logger.exception("a decoding step failed; failing the %d turn(s) in the batch", len(batch.keys))
+            logger.exception("a decoding step failed; failing the %d generation(s) in the batch", len(batch.keys))
             for key in batch.keys:
                 self._fail(key, exc)
             self._batch = self._new_batch()

@@ -3,7 +3,7 @@
 ``Qwen3OmniMoeForConditionalGeneration.generate()`` runs its three stages one after the other:
 the Thinker writes the whole answer, then the Talker turns it into codec frames, then Code2Wav
 decodes every frame at once. The first sound therefore comes after the whole turn's compute.
-``stream_turn`` interleaves the same computations:
+``stream_generation`` interleaves the same computations:
 
 1. Thinker prefill (prompt and audio features), which samples the first answer token.
 2. Talker prefill, as soon as that token exists. The Talker's prompt is what ``generate()``
@@ -39,13 +39,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from pipeline.contract import TurnEvent
+from pipeline.contract import GenerationEvent
 from pipeline.local.decode_batch import DecodeBatch
 from pipeline.local.params import GenerationParams
 from pipeline.local.prompt import ThinkerInputs
 
 
-def stream_turn(
+def stream_generation(
     model,
     tokenizer,
     inputs: ThinkerInputs,
@@ -53,8 +53,8 @@ def stream_turn(
     should_stop: Callable[[], bool],
     *,
     clock: Callable[[], float] = time.monotonic,
-) -> Iterator[TurnEvent]:
-    """Run one turn, yielding TextDelta and AudioChunk as they are produced, then one TurnDone.
+) -> Iterator[GenerationEvent]:
+    """Run one turn, yielding TextDelta and AudioChunk as they are produced, then one GenerationDone.
 
     ``should_stop`` is polled before every Thinker step, Talker step and Code2Wav chunk; when
     it returns true the turn ends at once with ``finish_reason="cancelled"``.
@@ -97,5 +97,5 @@ def stream_turn(
 _ALONE = "turn"
 
 
-def _events(keyed: list[tuple[str, TurnEvent]]) -> Iterator[TurnEvent]:
+def _events(keyed: list[tuple[str, GenerationEvent]]) -> Iterator[GenerationEvent]:
     return (event for _, event in keyed)

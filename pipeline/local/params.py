@@ -31,7 +31,7 @@ class GenerationParams:
     max_chunk_frames: int = 100
     force_output_tokens: int | None = None  # benchmarks only: suppress EOS until N tokens
     # The answer's tokens, ending with its stop token, taken instead of sampled (the dev model's
-    # scripted replies, TurnRequest.forced_reply); they draw no random numbers.
+    # scripted replies, GenerationRequest.forced_reply); they draw no random numbers.
     forced_tokens: tuple[int, ...] | None = None
     # Tests and benchmarks only: hold codec EOS until the audio has this many frames per answer
     # token, as a trained Talker speaks (3-4 tokens a second: 3-4 frames per token; the dev

@@ -22,7 +22,7 @@ through Qwen's image processor: ``Qwen2VLImageProcessorPil``, the Pillow/numpy o
 torchvision-backed processors (and ``AutoProcessor``, which loads the video processor) do not load
 beside the CPU torch used here (docs/MODEL.md). Each image is fitted to its own ``max_pixels``.
 
-A transcription turn (``TurnRequest.task == "transcribe"``) is rendered the way Qwen3-Omni's
+A transcription turn (``GenerationRequest.task == "transcribe"``) is rendered the way Qwen3-Omni's
 README ("Setting for Evaluation", github.com/QwenLM/Qwen3-Omni) prompts its ASR benchmarks: no
 system prompt, the audio first, then the instruction as user text — "Transcribe the
 <source_language> audio into text." ("请将这段中文语音转换为纯文本。" for Chinese), and
@@ -52,7 +52,7 @@ from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
 
 from media.rates import SPEECH_RATE
-from pipeline.contract import TranscriptionHint, TurnRequest
+from pipeline.contract import GenerationRequest, TranscriptionHint
 from pipeline.conversation import (
     AssistantText,
     Conversation,
@@ -183,7 +183,7 @@ class PromptRenderer:
             conversation.system_prompt, bound_history(conversation), conversation.tools, conversation.tool_choice
         )
 
-    def render_request(self, request: TurnRequest) -> ThinkerInputs:
+    def render_request(self, request: GenerationRequest) -> ThinkerInputs:
         """The Thinker's inputs for ``request``: an answer to its conversation, a transcription, or
         an open user message whose end is scored (``end_of_turn``)."""
         if request.task == "respond":

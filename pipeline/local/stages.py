@@ -26,7 +26,7 @@ _CODE_PREDICTOR_TOP_K = 50
 _CODE_PREDICTOR_TOP_P = 0.8
 
 
-class ThinkerTurn:
+class ThinkerGeneration:
     """One turn's Thinker bookkeeping: its tokens, sampling, and when its text ends."""
 
     def __init__(self, model, params: GenerationParams, generator: torch.Generator | None) -> None:
@@ -91,7 +91,7 @@ class ThinkerTurn:
             self.finished, self.finish_reason = True, "length"
 
 
-class TalkerTurn:
+class TalkerGeneration:
     """One turn's Talker bookkeeping: the text it is fed, its codes, sampling, and when it ends.
 
     Talker step ``j`` completes frame ``j`` (the code predictor adds the 15 residual codes to

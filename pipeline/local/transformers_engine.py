@@ -1,28 +1,29 @@
-"""Runs Qwen3-Omni turns with ``transformers`` in separate processes, decoding concurrent turns together.
+"""Runs Qwen3-Omni generations with ``transformers`` in separate processes, decoding concurrent
+generations together.
 
 The model lives in a spawned engine process (:mod:`pipeline.local.engine_process`) so that the server's
 event loop, which paces WebRTC audio every 20 ms, never waits on model compute for the GIL.
 On this side nothing blocks the loop: a reader thread hands each message from the engine
 process to the loop with ``call_soon_threadsafe`` and a writer thread sends (and pickles)
-commands. Up to ``max_batch`` turns run at once in the engine process, decoded together
-(one forward per stage per step for all of them); turns beyond that wait in one FIFO and
+commands. Up to ``max_batch`` generations run at once in the engine process, decoded together
+(one forward per stage per step for all of them); generations beyond that wait in one FIFO and
 the next is submitted when the engine process reports a running one over (done, failed or
-cancelled), so queue waits are real. If the engine process dies, its running turns fail
-with ``EngineError`` and a new process is started for the turns still waiting.
+cancelled), so queue waits are real. If the engine process dies, its running generations fail
+with ``EngineError`` and a new process is started for the generations still waiting.
 
-Preemptible turns (``pipeline.contract``): one starts only while fewer than ``max_batch`` turns
-are decoding or waiting, else it is refused (``no_spare_capacity``). An ordinary turn that finds
-every slot taken while a preemptible turn holds one cancels the newest such turn
+Preemptible generations (``pipeline.contract``): one starts only while fewer than ``max_batch`` generations
+are decoding or waiting, else it is refused (``no_spare_capacity``). An ordinary generation that finds
+every slot taken while a preemptible generation holds one cancels the newest such generation
 (``preempted``) and takes its slot at once: the cancel reaches the engine process before the
-submit on the same pipe, and the engine process lets cancelled turns leave before it admits new
+submit on the same pipe, and the engine process lets cancelled generations leave before it admits new
 ones, so its batch never holds more than ``max_batch``.
 
-A process is ready (``alive``, and given turns) only once it has loaded the model and run its
-warm-up turns (``pipeline.local.warmup``), at the first start and at every restart alike: no user's
-turn pays a cold model's first-call costs. ``describe()`` says which phase it is in
+A process is ready (``alive``, and given generations) only once it has loaded the model and run its
+warm-up generations (``pipeline.local.warmup``), at the first start and at every restart alike: no user's
+generation pays a cold model's first-call costs. ``describe()`` says which phase it is in
 (``loading``, ``warming``, ``ready``) and what its warm-up ran.
 
-``TransformersEnginePool`` runs one such engine per device (or N on CPU) and sends each turn to the
+``TransformersEnginePool`` runs one such engine per device (or N on CPU) and sends each generation to the
 least loaded one.
 """
 
@@ -44,17 +45,15 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.contract import (
-    NO_SPARE_CAPACITY,
-    PREEMPTED,
     AudioChunk,
     EngineCapabilities,
     EngineError,
     EngineHealth,
+    GenerationDone,
+    GenerationEvent,
+    GenerationRequest,
+    GenerationTimings,
     TextDelta,
-    TurnDone,
-    TurnEvent,
-    TurnRequest,
-    TurnTimings,
 )
 from pipeline.local import engine_process
 from pipeline.local.emulation import EmulatedSpeed
@@ -62,11 +61,11 @@ from pipeline.local.engine_messages import (
     DEFAULT_MAX_BATCH,
     Cancel,
     EngineProcessSpec,
+    GenerationEventMessage,
+    GenerationFailed,
     LoadFailed,
     Ready,
     Submit,
-    TurnEventMessage,
-    TurnFailed,
     WarmingUp,
 )
 from pipeline.pool import LeastLoadedPool
@@ -82,22 +81,22 @@ _STOP_GRACE_S = 10.0
 
 
 @dataclass(eq=False)
-class _Turn:
+class _Generation:
     id: int
-    request: TurnRequest
+    request: GenerationRequest
     submitted: float
-    inbox: asyncio.Queue[TurnEvent | EngineError] = field(default_factory=asyncio.Queue)
+    inbox: asyncio.Queue[GenerationEvent | EngineError] = field(default_factory=asyncio.Queue)
     started: float | None = None
     first_text: float | None = None
     first_audio: float | None = None
-    # The consumer went away: events are dropped, but the turn keeps its batch slot until
+    # The consumer went away: events are dropped, but the generation keeps its batch slot until
     # the engine process confirms it stopped.
     abandoned: bool = False
-    preemptible: bool = False  # may be cancelled for an ordinary turn (until promoted)
+    preemptible: bool = False  # may be cancelled for an ordinary generation (until promoted)
 
-    def timings(self, now: float) -> TurnTimings:
+    def timings(self, now: float) -> GenerationTimings:
         started = self.submitted if self.started is None else self.started
-        return TurnTimings(
+        return GenerationTimings(
             queue_wait=started - self.submitted,
             first_text=self.first_text,
             first_audio=self.first_audio,
@@ -129,7 +128,7 @@ class _EngineProcess:
         self._reader = threading.Thread(target=self._read, name="engine-events", daemon=True)
         self._writer = threading.Thread(target=self._write, name="engine-commands", daemon=True)
         self.ready: asyncio.Future[Ready] = loop.create_future()
-        self.warming = False  # loaded, running its warm-up turns
+        self.warming = False  # loaded, running its warm-up generations
 
     def start(self) -> None:
         """Blocking (spawning starts an interpreter): call it in a thread."""
@@ -144,7 +143,7 @@ class _EngineProcess:
         self._outbox.put(command)
 
     def stop(self) -> None:
-        """Closing the command pipe tells the engine process to cancel its turn and exit."""
+        """Closing the command pipe tells the engine process to cancel its generation and exit."""
         self._outbox.put(None)
 
     @property
@@ -175,7 +174,7 @@ class _EngineProcess:
             while (command := self._outbox.get()) is not None:
                 self._commands.send(command)
         except OSError as exc:
-            # The process died; the reader reports that, and the turn fails there.
+            # The process died; the reader reports that, and the generation fails there.
             logger.debug("engine command pipe broke: %s", exc)
         finally:
             self._commands.close()
@@ -200,24 +199,24 @@ class TransformersEngine:
     """``pipeline.contract.Engine`` backed by ``Qwen3OmniMoeForConditionalGeneration`` in its own process.
 
     ``model`` is a checkpoint directory or a Hugging Face id. ``device`` "auto" picks CUDA when
-    present; ``dtype`` "auto" is bfloat16 on GPU, float32 on CPU. ``seed`` makes every turn
+    present; ``dtype`` "auto" is bfloat16 on GPU, float32 on CPU. ``seed`` makes every generation
     reproducible. ``generation`` sets ``pipeline.local.params.GenerationParams`` fields for every
-    turn (chunking, ``force_output_tokens``); the request sets voice, temperature and length.
+    generation (chunking, ``force_output_tokens``); the request sets voice, temperature and length.
     ``threads`` bounds torch's CPU threads in the engine process (None: torch's default, or on a
     CPU this engine's share of the usable cores when ``cpu_share`` engines run on it).
-    ``max_batch`` turns are decoded together at most; later ones wait FIFO (1: one turn at a
+    ``max_batch`` generations are decoded together at most; later ones wait FIFO (1: one generation at a
     time).
     ``attn_implementation`` goes to ``from_pretrained`` (None: transformers' default, sdpa).
     ``audio_output`` True refuses a checkpoint without a Talker at start; False loads no Talker
-    and serves text-only turns. A turn whose prompt renders to more than ``max_prompt_tokens``
+    and serves text-only generations. A generation whose prompt renders to more than ``max_prompt_tokens``
     fails alone (``EngineError`` code ``prompt_too_long``) before it joins the batch.
     """
 
     # The whole model is here: the Thinker's tool calls are read from its tokens
     # (``pipeline.local.tool_calls``), "end_of_turn" is one forward pass of it
     # (``engine_process``), images go through its vision encoder (``pipeline.local.prompt``), and
-    # preemptible turns are the batch's own rules (the module docstring).
-    capabilities = EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=True, preemptible_turns=True)
+    # preemptible generations are the batch's own rules (the module docstring).
+    capabilities = EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=True, preemptible_generations=True)
 
     def __init__(
         self,
@@ -259,12 +258,12 @@ class TransformersEngine:
         )
         self._process: _EngineProcess | None = None
         self._ready: Ready | None = None
-        self._waiting: collections.deque[_Turn] = collections.deque()
-        self._running: dict[int, _Turn] = {}
-        # Preempted turns the engine process has not yet confirmed stopped: their slots are
-        # already another turn's (see the module docstring).
-        self._preempting: dict[int, _Turn] = {}
-        self._turn_ids = itertools.count(1)
+        self._waiting: collections.deque[_Generation] = collections.deque()
+        self._running: dict[int, _Generation] = {}
+        # Preempted generations the engine process has not yet confirmed stopped: their slots are
+        # already another generation's (see the module docstring).
+        self._preempting: dict[int, _Generation] = {}
+        self._generation_ids = itertools.count(1)
         self._restart_task: asyncio.Task[None] | None = None
         self._closed = False
         self.restarts = 0
@@ -276,39 +275,39 @@ class TransformersEngine:
 
     @property
     def queue_depth(self) -> int:
-        """Turns waiting for a batch slot, not counting the ones being decoded."""
+        """Generations waiting for a batch slot, not counting the ones being decoded."""
         return len(self._waiting)
 
     @property
     def running(self) -> int:
-        """Turns being decoded now (at most ``max_batch``)."""
+        """Generations being decoded now (at most ``max_batch``)."""
         return len(self._running)
 
     @property
     def load(self) -> int:
-        """Ordinary turns this engine holds, decoding and waiting: what a new ordinary turn would
+        """Ordinary generations this engine holds, decoding and waiting: what a new ordinary generation would
         wait behind (preemptible ones give their slots up to it)."""
-        return sum(not turn.preemptible for turn in self._running.values()) + len(self._waiting)
+        return sum(not generation.preemptible for generation in self._running.values()) + len(self._waiting)
 
     @property
     def spare(self) -> int:
-        """Free batch slots now: how many preemptible turns it would take (0 while not loaded)."""
+        """Free batch slots now: how many preemptible generations it would take (0 while not loaded)."""
         if self._ready is None or self._process is None:
             return 0
         return max(0, self.max_batch - len(self._running) - len(self._waiting))
 
     async def promote(self, preemptible_id: str) -> bool:
-        """The running preemptible turn ``preemptible_id`` becomes ordinary (``pipeline.contract``)."""
-        for turn in self._running.values():
-            if turn.preemptible and turn.request.preemptible_id == preemptible_id:
-                turn.preemptible = False
+        """The running preemptible generation ``preemptible_id`` becomes ordinary (``pipeline.contract``)."""
+        for generation in self._running.values():
+            if generation.preemptible and generation.request.preemptible_id == preemptible_id:
+                generation.preemptible = False
                 return True
         return False
 
     @property
     def state(self) -> str:
-        """``loading`` (the process starts and loads the model), ``warming`` (its warm-up turns),
-        ``ready`` (it takes turns), or ``stopped`` (not started, closed, or given up on)."""
+        """``loading`` (the process starts and loads the model), ``warming`` (its warm-up generations),
+        ``ready`` (it takes generations), or ``stopped`` (not started, closed, or given up on)."""
         if self._ready is not None:
             return "ready"
         if self._process is not None:
@@ -330,7 +329,7 @@ class TransformersEngine:
             "threads": self._ready.threads if self._ready is not None else None,
             "restarts": self.restarts,
             "running": self.running,
-            "preemptible": sum(turn.preemptible for turn in self._running.values()),
+            "preemptible": sum(generation.preemptible for generation in self._running.values()),
             "queue_depth": self.queue_depth,
             "max_batch": self.max_batch,
             "warm_up": None if self._ready is None or self._ready.warm_up is None else self._ready.warm_up.describe(),
@@ -356,39 +355,39 @@ class TransformersEngine:
             return
         await self._spawn()
 
-    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
-        return self._run_turn(request)
+    def run_generation(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+        return self._run_generation(request)
 
-    async def _run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+    async def _run_generation(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         if self._closed:
             raise EngineError("the engine was closed")
         restarting = self._restart_task is not None and not self._restart_task.done()
         if self._process is None and not restarting:
             raise EngineError("the engine is not running", code="engine_unavailable")
-        turn = _Turn(id=next(self._turn_ids), request=request, submitted=time.monotonic(),
+        generation = _Generation(id=next(self._generation_ids), request=request, submitted=time.monotonic(),
                      preemptible=request.preemptible_id is not None)
-        if turn.preemptible and self.spare == 0:
-            raise EngineError("The engine has no spare capacity for a preemptible turn.", code=NO_SPARE_CAPACITY)
-        self._waiting.append(turn)
+        if generation.preemptible and self.spare == 0:
+            raise EngineError("The engine has no spare capacity for a preemptible generation.", code="no_spare_capacity")
+        self._waiting.append(generation)
         self._submit_next()
         finished = False
         try:
             while True:
-                item = await turn.inbox.get()
+                item = await generation.inbox.get()
                 if isinstance(item, EngineError):
                     finished = True
                     raise item
-                if isinstance(item, TurnDone):
+                if isinstance(item, GenerationDone):
                     finished = True
                     yield item
                     return
                 yield item
         finally:
             if not finished:
-                self._abandon(turn)
+                self._abandon(generation)
 
     async def close(self) -> None:
-        """Fail waiting turns, stop the engine process and its threads; safe to call twice."""
+        """Fail waiting generations, stop the engine process and its threads; safe to call twice."""
         if self._closed:
             return
         self._closed = True
@@ -399,11 +398,11 @@ class TransformersEngine:
             except asyncio.CancelledError:
                 pass
         closed = EngineError("the engine was closed")
-        for turn in self._waiting:
-            turn.inbox.put_nowait(closed)
+        for generation in self._waiting:
+            generation.inbox.put_nowait(closed)
         self._waiting.clear()
-        for turn in self._running.values():
-            turn.inbox.put_nowait(closed)
+        for generation in self._running.values():
+            generation.inbox.put_nowait(closed)
         self._running.clear()
         self._preempting.clear()
         process, was_ready = self._process, self._ready
@@ -447,14 +446,14 @@ class TransformersEngine:
         while self._waiting and self._ready is not None and self._process is not None:
             if len(self._running) >= self.max_batch and not self._preempt_for(self._waiting[0]):
                 return
-            turn = self._waiting.popleft()
-            turn.started = time.monotonic()
-            self._running[turn.id] = turn
-            self._process.send(Submit(turn.id, turn.request))
+            generation = self._waiting.popleft()
+            generation.started = time.monotonic()
+            self._running[generation.id] = generation
+            self._process.send(Submit(generation.id, generation.request))
 
-    def _preempt_for(self, turn: _Turn) -> bool:
-        """Frees a slot for ordinary ``turn`` by cancelling the newest preemptible turn; False: none."""
-        if turn.preemptible:
+    def _preempt_for(self, generation: _Generation) -> bool:
+        """Frees a slot for ordinary ``generation`` by cancelling the newest preemptible generation; False: none."""
+        if generation.preemptible:
             return False
         victim = next((running for running in reversed(self._running.values()) if running.preemptible), None)
         if victim is None or self._process is None:
@@ -463,19 +462,19 @@ class TransformersEngine:
         self._preempting[victim.id] = victim
         self._process.send(Cancel(victim.id))
         if not victim.abandoned:
-            victim.inbox.put_nowait(EngineError("An ordinary turn needed this turn's slot.", code=PREEMPTED))
+            victim.inbox.put_nowait(EngineError("An ordinary generation needed this generation's slot.", code="preempted"))
         victim.abandoned = True
         return True
 
-    def _abandon(self, turn: _Turn) -> None:
-        if self._preempting.get(turn.id) is turn:
+    def _abandon(self, generation: _Generation) -> None:
+        if self._preempting.get(generation.id) is generation:
             return  # cancelled already
-        if self._running.get(turn.id) is turn:
-            turn.abandoned = True
+        if self._running.get(generation.id) is generation:
+            generation.abandoned = True
             if self._process is not None:
-                self._process.send(Cancel(turn.id))
-        elif turn in self._waiting:
-            self._waiting.remove(turn)
+                self._process.send(Cancel(generation.id))
+        elif generation in self._waiting:
+            self._waiting.remove(generation)
 
     def _on_message(self, process: _EngineProcess, message: object) -> None:
         if isinstance(message, WarmingUp):
@@ -492,38 +491,38 @@ class TransformersEngine:
         if process is not self._process:
             logger.debug("dropping a message from a stopped engine process: %r", message)
             return
-        turn_id = getattr(message, "turn_id", None)
-        if isinstance(turn_id, int) and turn_id in self._preempting:
-            if isinstance(message, TurnFailed) or (
-                isinstance(message, TurnEventMessage) and isinstance(message.event, TurnDone)
+        generation_id = getattr(message, "generation_id", None)
+        if isinstance(generation_id, int) and generation_id in self._preempting:
+            if isinstance(message, GenerationFailed) or (
+                isinstance(message, GenerationEventMessage) and isinstance(message.event, GenerationDone)
             ):
-                del self._preempting[turn_id]  # stopped: its slot was handed on when it was preempted
+                del self._preempting[generation_id]  # stopped: its slot was handed on when it was preempted
             return
-        turn = self._running.get(turn_id) if isinstance(turn_id, int) else None
-        if turn is None:
-            logger.error("dropping an engine message for no running turn: %r", message)
+        generation = self._running.get(generation_id) if isinstance(generation_id, int) else None
+        if generation is None:
+            logger.error("dropping an engine message for no running generation: %r", message)
             return
         now = time.monotonic()
-        if isinstance(message, TurnFailed):
-            self._finish(turn, EngineError(message.message, code=message.code))
+        if isinstance(message, GenerationFailed):
+            self._finish(generation, EngineError(message.message, code=message.code))
             return
-        if not isinstance(message, TurnEventMessage):
+        if not isinstance(message, GenerationEventMessage):
             logger.error("dropping an unknown engine message: %r", message)
             return
         event = message.event
-        if isinstance(event, TextDelta) and turn.first_text is None:
-            turn.first_text = now - turn.submitted
-        elif isinstance(event, AudioChunk) and turn.first_audio is None:
-            turn.first_audio = now - turn.submitted
-        if isinstance(event, TurnDone):
-            self._finish(turn, dataclasses.replace(event, timings=turn.timings(now)))
-        elif not turn.abandoned:
-            turn.inbox.put_nowait(event)
+        if isinstance(event, TextDelta) and generation.first_text is None:
+            generation.first_text = now - generation.submitted
+        elif isinstance(event, AudioChunk) and generation.first_audio is None:
+            generation.first_audio = now - generation.submitted
+        if isinstance(event, GenerationDone):
+            self._finish(generation, dataclasses.replace(event, timings=generation.timings(now)))
+        elif not generation.abandoned:
+            generation.inbox.put_nowait(event)
 
-    def _finish(self, turn: _Turn, last: TurnDone | EngineError) -> None:
-        self._running.pop(turn.id, None)
-        if not turn.abandoned:
-            turn.inbox.put_nowait(last)
+    def _finish(self, generation: _Generation, last: GenerationDone | EngineError) -> None:
+        self._running.pop(generation.id, None)
+        if not generation.abandoned:
+            generation.inbox.put_nowait(last)
         self._submit_next()
 
     def _on_exit(self, process: _EngineProcess, exitcode: int | None) -> None:
@@ -534,8 +533,8 @@ class TransformersEngine:
             return
         self._process, was_ready, self._ready = None, self._ready, None
         self._preempting.clear()
-        for turn in list(self._running.values()):
-            self._finish(turn, error)
+        for generation in list(self._running.values()):
+            self._finish(generation, error)
         if self._closed or was_ready is None:
             return
         logger.error("engine process %s exited with code %s; restarting it", process.process.pid, exitcode)
@@ -551,19 +550,19 @@ class TransformersEngine:
             except Exception as exc:
                 logger.exception("restarting the engine process failed (attempt %d of %d)", attempt, _RESTART_ATTEMPTS)
                 error = exc if isinstance(exc, EngineError) else EngineError(f"restarting the engine failed: {exc}")
-        # Turns submitted from now on fail at once with "engine_unavailable".
-        for turn in self._waiting:
-            turn.inbox.put_nowait(error)
+        # Generations submitted from now on fail at once with "engine_unavailable".
+        for generation in self._waiting:
+            generation.inbox.put_nowait(error)
         self._waiting.clear()
 
 
 class TransformersEnginePool(LeastLoadedPool[TransformersEngine]):
-    """``pipeline.contract.Engine`` over one ``TransformersEngine`` per device; each turn goes to
-    the least loaded one (fewest turns decoding or waiting; ties to the first).
+    """``pipeline.contract.Engine`` over one ``TransformersEngine`` per device; each generation goes to
+    the least loaded one (fewest generations decoding or waiting; ties to the first).
 
     ``devices`` lists one device per engine process: ``["cuda:0", "cuda:1"]``, or
     ``["cpu"] * n`` for n engines on CPU. The other keyword arguments go to every engine.
-    Each engine restarts its own dead process, so a crash fails only that engine's turns.
+    Each engine restarts its own dead process, so a crash fails only that engine's generations.
     """
 
     def __init__(self, model: str | Path, *, devices: list[str], **engine_options: Any) -> None:

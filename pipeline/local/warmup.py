@@ -9,7 +9,7 @@ engine's own code path, median CPU ms, tests/bench/README.md "first_turn"): a fi
 costs 72.6 ms to its first audio against 65.7 for the second (render 6.3 vs 3.3, Thinker prefill
 17.3 vs 12.7, first Code2Wav chunk 7.2 vs 6.2); after this warm-up, 62.2 and 62.3.
 
-:func:`warm_up_turns` is what the engine process runs through its own batch server
+:func:`warm_up_generations` is what the engine process runs through its own batch server
 (``pipeline.local.engine_process``) right after loading, one group at a time, each group submitted together
 as concurrent sessions' turns are:
 
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from media.rates import SPEECH_RATE
-from pipeline.contract import TurnRequest
+from pipeline.contract import GenerationRequest
 from pipeline.conversation import Conversation, UserAudio, UserText
 from pipeline.local.params import GenerationParams
 
@@ -53,13 +53,13 @@ def warm_up_clip() -> np.ndarray:
     return (rng.standard_normal(int(WARM_UP_CLIP_S * SPEECH_RATE)) * _CLIP_LEVEL).astype(np.float32)
 
 
-def warm_up_turns(*, speaks: bool) -> list[list[TurnRequest]]:
+def warm_up_generations(*, speaks: bool) -> list[list[GenerationRequest]]:
     """The groups of turns to run in order (see the module docstring); ``speaks``: the model has a Talker."""
     clip = UserAudio(warm_up_clip())
-    answer = TurnRequest(conversation=Conversation(items=(clip,)), max_output_tokens=WARM_UP_TOKENS, output_audio=speaks)
+    answer = GenerationRequest(conversation=Conversation(items=(clip,)), max_output_tokens=WARM_UP_TOKENS, output_audio=speaks)
     to_text = dataclasses.replace(answer, conversation=Conversation(items=(UserText("Hello."),)))
-    transcription = dataclasses.replace(TurnRequest.transcription(clip), max_output_tokens=WARM_UP_TOKENS)
-    return [[answer], [to_text, transcription], [TurnRequest.end_of_turn("Hello")]]
+    transcription = dataclasses.replace(GenerationRequest.transcription(clip), max_output_tokens=WARM_UP_TOKENS)
+    return [[answer], [to_text, transcription], [GenerationRequest.end_of_turn("Hello")]]
 
 
 def warm_up_params(base: GenerationParams) -> GenerationParams:

@@ -56,7 +56,7 @@ import soundfile
 from pydantic import BaseModel, ValidationError
 
 from media.rates import SPEECH_RATE, VOICE_RATE
-from pipeline.contract import TranscriptionHint, TurnRequest
+from pipeline.contract import GenerationRequest, TranscriptionHint
 from pipeline.conversation import (
     AssistantText,
     ConversationItem,
@@ -80,7 +80,7 @@ MAX_AUDIO_CONTENT_CHARS = 4 * math.ceil((_WAV_HEADER_ROOM + MAX_AUDIO_CHUNK_SECO
 MAX_EVENT_LINE_BYTES = 4 * 1024 * 1024
 
 
-def chat_request(request: TurnRequest, *, model: str | None = None, seed: int | None = None) -> dict[str, Any]:
+def chat_request(request: GenerationRequest, *, model: str | None = None, seed: int | None = None) -> dict[str, Any]:
     """The body of ``POST /v1/chat/completions`` that runs ``request`` as one streaming turn.
 
     ``model`` None leaves the choice to the server (vLLM serves its one model for a request
@@ -103,7 +103,7 @@ def chat_request(request: TurnRequest, *, model: str | None = None, seed: int | 
     return body
 
 
-def encode_chat_request(request: TurnRequest, *, model: str | None = None, seed: int | None = None) -> bytes:
+def encode_chat_request(request: GenerationRequest, *, model: str | None = None, seed: int | None = None) -> bytes:
     """:func:`chat_request` as UTF-8 JSON (a few MB for long audio: build it off the event loop)."""
     return json.dumps(chat_request(request, model=model, seed=seed), ensure_ascii=False).encode()
 
@@ -113,7 +113,7 @@ class ToolsUnsupported(ValueError):
     mistake: ``VllmOmniEngine.capabilities`` says so)."""
 
 
-def _messages(request: TurnRequest) -> list[dict[str, Any]]:
+def _messages(request: GenerationRequest) -> list[dict[str, Any]]:
     system_prompt, items = _prompt(request)
     messages: list[dict[str, Any]] = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
     user_items: list[ConversationItem] = []
@@ -130,7 +130,7 @@ def _messages(request: TurnRequest) -> list[dict[str, Any]]:
     return messages
 
 
-def _prompt(request: TurnRequest) -> tuple[str | None, tuple[ConversationItem, ...]]:
+def _prompt(request: GenerationRequest) -> tuple[str | None, tuple[ConversationItem, ...]]:
     """The system message (None: none) and the items of the prompt ``request`` sends."""
     conversation = request.conversation
     must_call = offers_tools(conversation.tools, conversation.tool_choice) and conversation.tool_choice.mode != "auto"
@@ -147,7 +147,7 @@ def _prompt(request: TurnRequest) -> tuple[str | None, tuple[ConversationItem, .
     return conversation.system_prompt, bound_history(conversation)
 
 
-def check_prompt_length(request: TurnRequest, limit: int) -> None:
+def check_prompt_length(request: GenerationRequest, limit: int) -> None:
     """``PromptTooLong`` when the prompt ``request`` sends may be longer than ``limit`` tokens
     (``pipeline.token_count``: exact for audio and images, text counted once its bytes pass the
     limit; the server's chat template may add or save a few framing tokens). Blocking when counted."""

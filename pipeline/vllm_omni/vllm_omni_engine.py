@@ -51,18 +51,17 @@ import httpx
 
 from media.rates import VOICE_RATE
 from pipeline.contract import (
-    NO_SPARE_CAPACITY,
-    PREEMPTED,
     AudioChunk,
     EngineCapabilities,
     EngineError,
+    EngineErrorCode,
     EngineHealth,
     FinishReason,
+    GenerationDone,
+    GenerationEvent,
+    GenerationRequest,
+    GenerationTimings,
     TextDelta,
-    TurnDone,
-    TurnEvent,
-    TurnRequest,
-    TurnTimings,
     Usage,
 )
 from pipeline.pool import LeastLoadedPool
@@ -143,7 +142,7 @@ class VllmOmniEngine:
     # No end-of-turn scores: a chat completion returns text, not the next token's probability.
     # Images go as image_url parts; preemptible turns follow the module docstring's rule.
     capabilities = EngineCapabilities(function_calls=False, end_of_turn_scores=False, images=True,
-                                      preemptible_turns=True)
+                                      preemptible_generations=True)
 
     def __init__(
         self,
@@ -275,23 +274,23 @@ class VllmOmniEngine:
         self.reachable = True
         self.last_error = None
 
-    def _unreachable(self, code: str, detail: str) -> None:
+    def _unreachable(self, code: EngineErrorCode, detail: str) -> None:
         if self.reachable or self.last_error != code:
             logger.warning("engine server %s is not reachable: %s", redacted(self.url), detail)
         self.reachable = False
         self.last_error = code
 
-    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
-        return self._run_turn(request)
+    def run_generation(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+        return self._run_generation(request)
 
-    async def _run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+    async def _run_generation(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         if self._closed:
             raise EngineError("the engine was closed")
         preemptible = None
         if request.preemptible_id is not None:
             if self.spare == 0:
                 raise EngineError("The engine server has no spare capacity for a preemptible turn.",
-                                  code=NO_SPARE_CAPACITY)
+                                  code="no_spare_capacity")
             preemptible = self._preemptible[request.preemptible_id] = _Preemptible(request.preemptible_id)
         elif self.running >= SERVER_BATCH:
             self._preempt_newest()
@@ -330,7 +329,7 @@ class VllmOmniEngine:
                 turn.preempt()
                 return
 
-    def _request_body(self, request: TurnRequest) -> bytes:
+    def _request_body(self, request: GenerationRequest) -> bytes:
         """The turn's request, its prompt's length checked first (blocking: a worker thread's)."""
         check_prompt_length(request, self._max_prompt_tokens)
         return encode_chat_request(request, model=self._model, seed=self._seed)
@@ -354,9 +353,9 @@ class VllmOmniEngine:
         raise self._failed("engine_http_error", f"The engine server refused the turn (HTTP {response.status_code}).")
 
     async def _stream(
-        self, response: httpx.Response, request: TurnRequest, submitted: float, preemptible: _Preemptible | None
-    ) -> AsyncGenerator[TurnEvent, None]:
-        """The server's events as turn events, ending with ``TurnDone`` at ``[DONE]``."""
+        self, response: httpx.Response, request: GenerationRequest, submitted: float, preemptible: _Preemptible | None
+    ) -> AsyncGenerator[GenerationEvent, None]:
+        """The server's events as turn events, ending with ``GenerationDone`` at ``[DONE]``."""
         text: list[str] = []
         audio_samples = 0
         usage: UsagePiece | None = None
@@ -386,11 +385,11 @@ class VllmOmniEngine:
                         usage = piece
                     else:
                         finish = piece.reason
-        yield TurnDone(
+        yield GenerationDone(
             text="".join(text),
             usage=_usage(usage, text_deltas=len(text), audio_samples=audio_samples),
             finish_reason=_finish_reason(finish, usage, request),
-            timings=TurnTimings(first_text=first_text, first_audio=first_audio, total=time.monotonic() - submitted),
+            timings=GenerationTimings(first_text=first_text, first_audio=first_audio, total=time.monotonic() - submitted),
         )
 
     async def _events(self, response: httpx.Response) -> AsyncGenerator[str, None]:
@@ -415,7 +414,7 @@ class VllmOmniEngine:
             logger.warning("engine server %s failed a turn: %s", redacted(self.url), exc)
             raise self._failed("engine_error", "The engine server failed the turn.") from None
 
-    def _failed(self, code: str, message: str) -> EngineError:
+    def _failed(self, code: EngineErrorCode, message: str) -> EngineError:
         self.failures += 1
         self.last_error = code
         return EngineError(message, code=code)
@@ -449,7 +448,7 @@ async def _next_unless_preempted(events: AsyncIterator[T], preemptible: _Preempt
                 raise
         finally:
             preemptible.scope = None
-    raise EngineError("An ordinary turn needed this turn's place on the engine server.", code=PREEMPTED)
+    raise EngineError("An ordinary turn needed this turn's place on the engine server.", code="preempted")
 
 
 def _usage(usage: UsagePiece | None, *, text_deltas: int, audio_samples: int) -> Usage:
@@ -465,7 +464,7 @@ def _usage(usage: UsagePiece | None, *, text_deltas: int, audio_samples: int) ->
     )
 
 
-def _finish_reason(finish: str | None, usage: UsagePiece | None, request: TurnRequest) -> FinishReason:
+def _finish_reason(finish: str | None, usage: UsagePiece | None, request: GenerationRequest) -> FinishReason:
     """"length" when the Thinker hit ``max_output_tokens``. With audio, serving_chat passes on only
     the audio stage's finish_reason, so the token count tells."""
     if finish == "length":

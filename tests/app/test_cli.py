@@ -38,8 +38,8 @@ def test_serve_takes_what_no_flag_gives_from_the_environment(monkeypatch):
         [],
         OMNI_RTC_ICE_LOOPBACK="true",
         OMNI_RTC_ICE_SERVERS="stun:127.0.0.1:3478, turn:127.0.0.1:3478?transport=udp",
-        OMNI_RTC_TURN_USERNAME="user",
-        OMNI_RTC_TURN_CREDENTIAL="password",
+        OMNI_RTC_ICE_USERNAME="user",
+        OMNI_RTC_ICE_CREDENTIAL="password",
         OMNI_RTC_CORS_ORIGINS="https://a.example,https://b.example",
     )
     assert settings.ice_loopback is True
@@ -221,8 +221,8 @@ def test_serve_keeps_its_flag_names():
     assert options["trusted_proxies"] == "--trusted-proxy"
     assert options["allowed_hosts"] == "--allowed-host"
     assert options["default_interrupt_response"] == "--interrupt-response"
-    assert (options["turn_username"], options["turn_credential"]) == ("--ice-username", "--ice-credential")
-    assert (options["disconnect_timeout_s"], options["turn_ttl_s"]) == ("--disconnect-timeout", "--turn-ttl")
+    assert (options["ice_username"], options["ice_credential"]) == ("--ice-username", "--ice-credential")
+    assert (options["disconnect_timeout_s"], options["ice_credential_ttl_s"]) == ("--disconnect-timeout", "--ice-credential-ttl")
     assert options["max_batch"] == "--max-batch"
 
 

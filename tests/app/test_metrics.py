@@ -9,7 +9,16 @@ import pytest
 
 from app.metrics import Metrics
 from app.serving.engines import MeteredEngine
-from pipeline.contract import AudioChunk, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest, TurnTimings, Usage
+from pipeline.contract import (
+    AudioChunk,
+    EngineError,
+    GenerationDone,
+    GenerationEvent,
+    GenerationRequest,
+    GenerationTimings,
+    TextDelta,
+    Usage,
+)
 from pipeline.conversation import Conversation
 from tests.fakes import FULL_CAPABILITIES
 
@@ -116,15 +125,15 @@ class TimedEngine:
 
     async def close(self) -> None: ...
 
-    async def run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+    async def run_generation(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         try:
             yield TextDelta("hi")
             if self.fail:
                 raise EngineError("boom", code="engine_boom")
             yield AudioChunk(np.zeros(1920, dtype=np.float32))
-            yield TurnDone(
+            yield GenerationDone(
                 text="hi", usage=Usage(1, 0, 1), finish_reason="stop",
-                timings=TurnTimings(queue_wait=0.5, first_text=0.75, first_audio=1.0, total=2.0),
+                timings=GenerationTimings(queue_wait=0.5, first_text=0.75, first_audio=1.0, total=2.0),
             )
         except GeneratorExit:
             self.closed_early = True
@@ -133,27 +142,27 @@ class TimedEngine:
 
 async def test_metered_engine_records_queue_wait_and_first_token():
     metrics = Metrics()
-    events = [event async for event in MeteredEngine(TimedEngine(), metrics).run_turn(TurnRequest(Conversation()))]
-    assert isinstance(events[-1], TurnDone)
+    events = [event async for event in MeteredEngine(TimedEngine(), metrics).run_generation(GenerationRequest(Conversation()))]
+    assert isinstance(events[-1], GenerationDone)
     assert sample(metrics, "omni_rtc_engine_queue_wait_seconds_sum", task="respond") == pytest.approx(0.5)
     assert sample(metrics, "omni_rtc_thinker_first_token_seconds_sum", task="respond") == pytest.approx(0.75)
 
 
 async def test_metered_engine_records_first_audio():
     metrics = Metrics()
-    _ = [event async for event in MeteredEngine(TimedEngine(), metrics).run_turn(TurnRequest(Conversation()))]
+    _ = [event async for event in MeteredEngine(TimedEngine(), metrics).run_generation(GenerationRequest(Conversation()))]
     assert sample(metrics, "omni_rtc_engine_first_audio_seconds_sum", task="respond") == pytest.approx(1.0)
 
 
 async def test_metered_engine_records_each_turns_engine_time():
     metrics = Metrics()
-    _ = [event async for event in MeteredEngine(TimedEngine(), metrics).run_turn(TurnRequest(Conversation()))]
+    _ = [event async for event in MeteredEngine(TimedEngine(), metrics).run_generation(GenerationRequest(Conversation()))]
     assert sample(metrics, "omni_rtc_engine_turn_seconds_sum", task="respond") == pytest.approx(2.0)
 
 
 async def test_metered_engine_records_the_engine_time_of_a_turn_closed_early():
     metrics = Metrics()
-    turn = MeteredEngine(TimedEngine(), metrics).run_turn(TurnRequest(Conversation()))
+    turn = MeteredEngine(TimedEngine(), metrics).run_generation(GenerationRequest(Conversation()))
     assert isinstance(await anext(turn), TextDelta)
     await turn.aclose()
     assert sample(metrics, "omni_rtc_engine_turn_seconds_count", task="respond") == 1
@@ -162,15 +171,15 @@ async def test_metered_engine_records_the_engine_time_of_a_turn_closed_early():
 
 async def test_metered_engine_keeps_transcriptions_apart_from_answers():
     metrics = Metrics()
-    request = TurnRequest(Conversation(), task="transcribe")
-    _ = [event async for event in MeteredEngine(TimedEngine(), metrics).run_turn(request)]
+    request = GenerationRequest(Conversation(), task="transcribe")
+    _ = [event async for event in MeteredEngine(TimedEngine(), metrics).run_generation(request)]
     assert sample(metrics, "omni_rtc_engine_queue_wait_seconds_sum", task="transcribe") == pytest.approx(0.5)
     assert sample(metrics, "omni_rtc_engine_queue_wait_seconds_count", task="respond") == 0
 
 
 async def test_metered_engine_counts_engine_errors_and_reraises():
     metrics = Metrics()
-    turn = MeteredEngine(TimedEngine(fail=True), metrics).run_turn(TurnRequest(Conversation()))
+    turn = MeteredEngine(TimedEngine(fail=True), metrics).run_generation(GenerationRequest(Conversation()))
     with pytest.raises(EngineError, match="boom"):
         async for _ in turn:
             pass
@@ -179,7 +188,7 @@ async def test_metered_engine_counts_engine_errors_and_reraises():
 
 async def test_closing_a_metered_turn_closes_the_engine_turn():
     engine = TimedEngine()
-    turn = MeteredEngine(engine, Metrics()).run_turn(TurnRequest(Conversation()))
+    turn = MeteredEngine(engine, Metrics()).run_generation(GenerationRequest(Conversation()))
     assert isinstance(await anext(turn), TextDelta)
     await turn.aclose()
     assert engine.closed_early

@@ -114,24 +114,24 @@ async def case_tools() -> dict[str, Any]:
 async def case_engine() -> dict[str, Any]:
     from harness import read_wav
 
-    from pipeline.contract import AudioChunk, EngineError, TurnRequest
+    from pipeline.contract import AudioChunk, EngineError, GenerationRequest
     from pipeline.conversation import Conversation, UserAudio, UserText
     from pipeline.local.devmodel import ensure_dev_model
     from pipeline.local.transformers_engine import TransformersEngine
     from pipeline.tool_format import Tool
 
     tools = tuple(Tool(t["name"], t["description"], t["parameters"]) for t in punctuation_tools())
-    huge = TurnRequest(conversation=Conversation(items=(UserText("Hi"),), tools=tools), max_output_tokens=4)
+    huge = GenerationRequest(conversation=Conversation(items=(UserText("Hi"),), tools=tools), max_output_tokens=4)
     speech = read_wav(REPO / "tests" / "fixtures" / "hello.wav")
-    spoken = TurnRequest(conversation=Conversation(items=(UserAudio(speech),)), max_output_tokens=12, temperature=0.0)
+    spoken = GenerationRequest(conversation=Conversation(items=(UserAudio(speech),)), max_output_tokens=12, temperature=0.0)
     engine = TransformersEngine(ensure_dev_model(Path.home() / ".cache" / "omni-rtc"), device="cpu", seed=0,
                                 threads=1, generation={"max_audio_frames": 20})
     await engine.start()
 
-    async def run(request: TurnRequest) -> dict[str, Any]:
+    async def run(request: GenerationRequest) -> dict[str, Any]:
         started = time.monotonic()
         try:
-            events = [event async for event in engine.run_turn(request)]
+            events = [event async for event in engine.run_generation(request)]
         except EngineError as exc:
             return {"ended": exc.code, "seconds": round(time.monotonic() - started, 2)}
         audio = sum(event.pcm.size for event in events if isinstance(event, AudioChunk))

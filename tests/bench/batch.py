@@ -10,7 +10,7 @@ submitted at the same moment to a real ``TransformersEngine`` (its own process, 
 thread), twice: with ``max_batch`` 8 (decoded together) and with ``max_batch`` 1 (the FIFO
 queue it replaces). Per turn, from the engine's own timings (measured from submission):
 TTFA = time to the first audio chunk, RTF = turn time / its seconds of audio. Aggregate
-frames/s = all turns' codec frames / wall time from submission to the last TurnDone; and per
+frames/s = all turns' codec frames / wall time from submission to the last GenerationDone; and per
 engine CPU second (the engine process's user + system time over the same span), which other
 jobs on a shared machine disturb far less than wall time. Each concurrency runs ``--repeats``
 times, levels interleaved; the table shows medians.
@@ -35,7 +35,7 @@ import torch
 
 import pipeline.local.devmodel
 from media.rates import VOICE_RATE
-from pipeline.contract import AudioChunk, TurnDone, TurnRequest
+from pipeline.contract import AudioChunk, GenerationDone, GenerationRequest
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
 from pipeline.local.devmodel import ensure_dev_model
 from pipeline.local.transformers_engine import TransformersEngine
@@ -47,18 +47,18 @@ from ttfa import FIXTURES, REPO, SEED, TEMPERATURE, dev_model_fingerprint  # noq
 MODES = {"batched": 8, "fifo": 1}
 
 
-def spoken_request(tokens: int) -> TurnRequest:
+def spoken_request(tokens: int) -> GenerationRequest:
     pcm, _ = sf.read(FIXTURES / "hello.wav", dtype="float32")
     conversation = Conversation(items=(UserText("hi there"), AssistantText("Hello! How can I help?"), UserAudio(pcm)))
-    return TurnRequest(conversation=conversation, temperature=TEMPERATURE, max_output_tokens=tokens)
+    return GenerationRequest(conversation=conversation, temperature=TEMPERATURE, max_output_tokens=tokens)
 
 
-async def one_turn(engine: TransformersEngine, request: TurnRequest) -> dict[str, Any]:
+async def one_turn(engine: TransformersEngine, request: GenerationRequest) -> dict[str, Any]:
     samples = 0
-    async for event in engine.run_turn(request):
+    async for event in engine.run_generation(request):
         if isinstance(event, AudioChunk):
             samples += len(event.pcm)
-        elif isinstance(event, TurnDone):
+        elif isinstance(event, GenerationDone):
             done = event
     audio_s = samples / VOICE_RATE
     return {
@@ -76,7 +76,7 @@ def engine_cpu_s(engine: TransformersEngine) -> float:
     return times.user + times.system
 
 
-async def concurrent(engine: TransformersEngine, request: TurnRequest, turns: int) -> dict[str, Any]:
+async def concurrent(engine: TransformersEngine, request: GenerationRequest, turns: int) -> dict[str, Any]:
     started, cpu = time.perf_counter(), engine_cpu_s(engine)
     results = await asyncio.gather(*(one_turn(engine, request) for _ in range(turns)))
     wall, cpu = time.perf_counter() - started, engine_cpu_s(engine) - cpu

@@ -126,7 +126,7 @@ def stage_profile(model_dir: str, warm: bool) -> list[dict[str, float]]:
 
     import torch
 
-    from pipeline.contract import TurnRequest
+    from pipeline.contract import GenerationRequest
     from pipeline.conversation import Conversation, UserAudio
     from pipeline.local.checkpoint import load_checkpoint
     from pipeline.local.decode_batch import DecodeBatch
@@ -144,7 +144,7 @@ def stage_profile(model_dir: str, warm: bool) -> list[dict[str, float]]:
         # The second turn's clip differs by a hair: the renderer keeps a clip's features by
         # content (pipeline/local/processed_cache.py), and the same clip again would be found there.
         clip = speech * (1.0 - 0.001 * number)
-        request = TurnRequest(conversation=Conversation(items=(UserAudio(clip),)), max_output_tokens=8)
+        request = GenerationRequest(conversation=Conversation(items=(UserAudio(clip),)), max_output_tokens=8)
         params = dataclasses.replace(loaded.base_params, voice=request.voice, temperature=request.temperature,
                                      max_output_tokens=request.max_output_tokens)
         times: dict[str, float] = {}

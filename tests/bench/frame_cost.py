@@ -15,7 +15,7 @@ forced length of N Thinker tokens (sampling as ttfa.py: temperature 0.8, seed 0)
 - code predictor: ``TalkerDecoder.residual_codes`` (pipeline/local/decoder.py: the 15 residual codes of a frame);
 - code2wav: ``DecodeBatch.decode_chunks`` (per frame = all chunks / frames);
 - prefill: the Thinker's and the Talker's prefill (once per turn, not per frame);
-- python overhead: the turn's time outside all of the above (the ``stream_turn`` loop,
+- python overhead: the turn's time outside all of the above (the ``stream_generation`` loop,
   detokenization, events).
 
 Host syncs are the device-to-host reads (``Tensor.item``, ``tolist``, ``cpu``, ``numpy``) made
@@ -42,11 +42,11 @@ import torch
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
 import pipeline.local.devmodel
-from pipeline.contract import AudioChunk, TurnDone
+from pipeline.contract import AudioChunk, GenerationDone
 from pipeline.local.decode_batch import DecodeBatch
 from pipeline.local.decoder import TalkerDecoder
 from pipeline.local.devmodel import ensure_dev_model
-from pipeline.local.generation import stream_turn
+from pipeline.local.generation import stream_generation
 from pipeline.local.params import GenerationParams
 from pipeline.local.prompt import PromptRenderer
 from pipeline.local.tokenizer import load_tokenizer
@@ -140,10 +140,10 @@ def measure_turn(
     chunks = 0
     with instrumented(meter):
         wall, cpu = time.perf_counter(), time.process_time()
-        for event in stream_turn(model, tokenizer, inputs, params, lambda: False):
+        for event in stream_generation(model, tokenizer, inputs, params, lambda: False):
             if isinstance(event, AudioChunk):
                 chunks += 1
-            elif isinstance(event, TurnDone):
+            elif isinstance(event, GenerationDone):
                 done = event
         sync()
         total_wall, total_cpu = time.perf_counter() - wall, time.process_time() - cpu

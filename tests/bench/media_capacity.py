@@ -77,7 +77,7 @@ class InstantReplyEngine:
     def capabilities(self) -> Any:
         from pipeline.contract import EngineCapabilities
 
-        return EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=True, preemptible_turns=True)
+        return EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=True, preemptible_generations=True)
 
     async def start(self) -> None:
         return None
@@ -90,8 +90,8 @@ class InstantReplyEngine:
 
         return EngineHealth(alive=True)
 
-    async def run_turn(self, request: Any) -> AsyncIterator[Any]:
-        from pipeline.contract import AudioChunk, TextDelta, TurnDone, TurnTimings, Usage
+    async def run_generation(self, request: Any) -> AsyncIterator[Any]:
+        from pipeline.contract import AudioChunk, GenerationDone, GenerationTimings, TextDelta, Usage
 
         chunk = 1920  # one 80 ms codec frame at 24 kHz
         frames = int(REPLY_SECONDS * 24_000) // chunk
@@ -100,11 +100,11 @@ class InstantReplyEngine:
         for _ in range(frames):
             yield AudioChunk(tone)
             await asyncio.sleep(0)
-        yield TurnDone(
+        yield GenerationDone(
             text="Hello.",
             usage=Usage(input_text_tokens=1, input_audio_tokens=1, output_text_tokens=1, output_audio_tokens=frames),
             finish_reason="stop",
-            timings=TurnTimings(),
+            timings=GenerationTimings(),
         )
 
 

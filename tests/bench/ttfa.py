@@ -1,4 +1,4 @@
-"""Time to first audio: streaming stream_turn vs. the plain generate() it replaces.
+"""Time to first audio: streaming stream_generation vs. the plain generate() it replaces.
 
 Run: .venv/bin/python tests/bench/ttfa.py [--tokens 16 64 256] [--frames-per-token 3]
      [--probes 5] [--threads 1] [--model DIR] [--device cpu] [--dtype float32]
@@ -8,9 +8,9 @@ One spoken user turn (tests/fixtures/hello.wav after a short text exchange), ren
 real PromptRenderer, answered with forced lengths of N Thinker tokens, both ways in the same
 process, side by side:
 
-- stream: ``stream_turn``; time to the first AudioChunk (median of ``--probes`` turns that are
+- stream: ``stream_generation``; time to the first AudioChunk (median of ``--probes`` turns that are
   cancelled right after it, interleaved across lengths), and from one full turn: time to
-  first text, to the TurnDone, and the real-time factor (turn time / seconds of audio).
+  first text, to the GenerationDone, and the real-time factor (turn time / seconds of audio).
 - generate: ``model.generate()``; its audio exists only when it returns, so its time to first
   audio is its total time.
 
@@ -43,10 +43,10 @@ from transformers import Qwen3OmniMoeForConditionalGeneration
 import pipeline.local.devmodel
 import pipeline.local.tokenizer
 from media.rates import VOICE_RATE
-from pipeline.contract import AudioChunk, TextDelta, TurnDone
+from pipeline.contract import AudioChunk, GenerationDone, TextDelta
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
 from pipeline.local.devmodel import ensure_dev_model
-from pipeline.local.generation import stream_turn
+from pipeline.local.generation import stream_generation
 from pipeline.local.params import GenerationParams
 from pipeline.local.prompt import PromptRenderer, ThinkerInputs
 from pipeline.local.tokenizer import load_tokenizer
@@ -100,7 +100,7 @@ def probe_first_audio(model, tokenizer, inputs: ThinkerInputs, tokens: int, fram
     """(wall, cpu) seconds to the first AudioChunk; the turn is cancelled right after it."""
     heard = False
     clock = Clock()
-    for event in stream_turn(model, tokenizer, inputs, stream_params(tokens, frames), lambda: heard):
+    for event in stream_generation(model, tokenizer, inputs, stream_params(tokens, frames), lambda: heard):
         if isinstance(event, AudioChunk):
             first_audio = clock.read()
             heard = True
@@ -111,13 +111,13 @@ def measure_stream(model, tokenizer, inputs: ThinkerInputs, tokens: int, frames:
     first_text = first_audio = None
     samples = 0
     clock = Clock()
-    for event in stream_turn(model, tokenizer, inputs, stream_params(tokens, frames), lambda: False):
+    for event in stream_generation(model, tokenizer, inputs, stream_params(tokens, frames), lambda: False):
         if isinstance(event, TextDelta) and first_text is None:
             first_text = clock.read()
         elif isinstance(event, AudioChunk):
             first_audio = first_audio or clock.read()
             samples += len(event.pcm)
-        elif isinstance(event, TurnDone):
+        elif isinstance(event, GenerationDone):
             done = event
     usage = done.usage
     return result(first_text, first_audio, clock.read(), samples, usage.output_text_tokens, usage.output_audio_tokens)
@@ -127,7 +127,7 @@ def measure_generate(model, inputs: ThinkerInputs, tokens: int, frames: int) -> 
     config = model.generation_config
     torch.manual_seed(SEED)
     clock = Clock()
-    # generate() takes its inputs where the model is (stream_turn moves them itself).
+    # generate() takes its inputs where the model is (stream_generation moves them itself).
     sequences, waveform = model.generate(
         input_ids=inputs.input_ids.to(model.device),
         attention_mask=inputs.attention_mask.to(model.device),

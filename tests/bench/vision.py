@@ -60,7 +60,7 @@ from pipeline.conversation import AssistantText, Conversation, UserAudio, UserIm
 from pipeline.images import fit as fit_image  # noqa: E402
 from pipeline.images import fitted_size, probe  # noqa: E402
 from pipeline.local.devmodel import ensure_dev_model  # noqa: E402
-from pipeline.local.generation import stream_turn  # noqa: E402
+from pipeline.local.generation import stream_generation  # noqa: E402
 from pipeline.local.params import GenerationParams  # noqa: E402
 from pipeline.local.processed_cache import IMAGE_CACHE_BYTES, ProcessedCache  # noqa: E402
 from pipeline.local.prompt import PromptRenderer  # noqa: E402
@@ -141,7 +141,7 @@ def first_audio_seconds(model, tokenizer, renderer: PromptRenderer, conversation
     heard = False
     started = time.perf_counter()
     inputs = renderer.render(conversation)
-    for event in stream_turn(model, tokenizer, inputs, params, lambda: heard):
+    for event in stream_generation(model, tokenizer, inputs, params, lambda: heard):
         if isinstance(event, AudioChunk) and not heard:
             first_audio = time.perf_counter() - started
             heard = True

@@ -96,7 +96,7 @@ def deployed_launch(model_dir: Path, directory: Path) -> tuple[str, Launch]:
         "OMNI_RTC_DTYPE=bfloat16": "OMNI_RTC_DTYPE=float32",
         "OMNI_RTC_PORT=8000": f"OMNI_RTC_PORT={port}",
     }))
-    for turn_setting in ("OMNI_RTC_ICE_SERVERS", "OMNI_RTC_TURN_SECRET"):  # no coturn here: tests/e2e/test_turn.py
+    for turn_setting in ("OMNI_RTC_ICE_SERVERS", "OMNI_RTC_ICE_AUTH_SECRET"):  # no coturn here: tests/e2e/test_turn.py
         del settings[turn_setting]
     command = unit_value(deploy_block("systemd"), "ExecStart").split()
     assert command[0].endswith("/.venv/bin/omni-rtc"), command

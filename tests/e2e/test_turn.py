@@ -7,7 +7,7 @@ client's HTTP to the server, as a public front end would). ``omni-rtc call`` run
 namespace: it fetches the server's ICE servers (``GET /v1/realtime/ice_servers``, credentials
 included), so the only path for the media is through coturn. Each call must connect through the
 relay (the selected candidate pair has a ``relay`` side) and complete a spoken turn, with coturn's
-time-limited REST credentials (``--turn-secret``) and with static ones; with a wrong secret the
+time-limited REST credentials (``--ice-auth-secret``) and with static ones; with a wrong secret the
 client fails saying the TURN server gave no relay candidate, and hangs up: the server's slot is
 released at once (ended as ``hangup``, not at its 30 s connect timeout).
 """
@@ -142,7 +142,7 @@ def _wait(ready, *, what: str, process: subprocess.Popen[bytes], log: Path, dead
 
 def _server_command(kind: str, model_dir: Path) -> list[str]:
     turn_url = f"turn:{RELAY_ADDRESS}:{KINDS[kind]['turn_port']}?transport=udp"
-    credentials = (["--turn-secret", TURN_SECRET] if kind == "secret"
+    credentials = (["--ice-auth-secret", TURN_SECRET] if kind == "secret"
                    else ["--ice-username", STATIC_USER, "--ice-credential", STATIC_PASSWORD])
     # The secret's server keeps its media workers (credentials are minted in the worker that takes
     # the call); the static one carries its calls itself, which starts sooner.
@@ -225,8 +225,8 @@ def test_a_call_connects_through_the_relay_and_completes_a_spoken_turn(
 
 
 def test_the_page_gets_fresh_credentials_for_each_call(deployment: Deployment) -> None:
-    """``--turn-secret``: every ``GET /v1/realtime/ice_servers`` mints credentials expiring
-    ``--turn-ttl`` from now, each fetch with the API key for a user of its own."""
+    """``--ice-auth-secret``: every ``GET /v1/realtime/ice_servers`` mints credentials expiring
+    ``--ice-credential-ttl`` from now, each fetch with the API key for a user of its own."""
     first, second = (json.loads(deployment.get("secret", "/v1/realtime/ice_servers")) for _ in range(2))
     [server] = first["ice_servers"]
     expiry, _, user = server["username"].partition(":")

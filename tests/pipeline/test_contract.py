@@ -9,8 +9,8 @@ from pipeline.contract import (
     TRANSCRIPTION_MIN_TOKENS,
     EngineCapabilities,
     EngineError,
+    GenerationRequest,
     TranscriptionHint,
-    TurnRequest,
     Usage,
 )
 from pipeline.conversation import UserAudio, UserText
@@ -23,33 +23,33 @@ def clip(seconds: float) -> UserAudio:
 
 
 def capabilities(**overrides: bool) -> EngineCapabilities:
-    every = {"function_calls": True, "end_of_turn_scores": True, "images": True, "preemptible_turns": True}
+    every = {"function_calls": True, "end_of_turn_scores": True, "images": True, "preemptible_generations": True}
     return EngineCapabilities(**{**every, **overrides})
 
 
 def test_a_transcription_of_an_empty_clip_may_still_write_the_minimum_tokens():
-    assert TurnRequest.transcription(clip(0)).max_output_tokens == TRANSCRIPTION_MIN_TOKENS == 16
+    assert GenerationRequest.transcription(clip(0)).max_output_tokens == TRANSCRIPTION_MIN_TOKENS == 16
 
 
 def test_a_transcription_adds_ten_tokens_a_second_of_audio():
-    assert TurnRequest.transcription(clip(3)).max_output_tokens == 16 + 30
+    assert GenerationRequest.transcription(clip(3)).max_output_tokens == 16 + 30
 
 
 def test_a_transcriptions_bound_drops_a_partial_token():
-    assert TurnRequest.transcription(clip(1.25)).max_output_tokens == 16 + 12  # 12.5 tokens of audio
+    assert GenerationRequest.transcription(clip(1.25)).max_output_tokens == 16 + 12  # 12.5 tokens of audio
 
 
 def test_a_transcriptions_bound_reaches_the_cap_exactly():
-    assert TurnRequest.transcription(clip(408)).max_output_tokens == TRANSCRIPTION_MAX_TOKENS == 4096
+    assert GenerationRequest.transcription(clip(408)).max_output_tokens == TRANSCRIPTION_MAX_TOKENS == 4096
 
 
 def test_a_transcription_of_a_long_clip_is_capped_at_4096_tokens():
-    assert TurnRequest.transcription(clip(500)).max_output_tokens == 4096
+    assert GenerationRequest.transcription(clip(500)).max_output_tokens == 4096
 
 
 def test_a_transcription_is_greedy_text_only_and_holds_just_its_clip():
     audio = clip(1)
-    request = TurnRequest.transcription(audio)
+    request = GenerationRequest.transcription(audio)
     assert request.task == "transcribe"
     assert request.temperature == 0.0
     assert request.output_audio is False
@@ -58,16 +58,16 @@ def test_a_transcription_is_greedy_text_only_and_holds_just_its_clip():
 
 
 def test_a_transcription_without_a_hint_gets_an_empty_one():
-    assert TurnRequest.transcription(clip(1)).hint == TranscriptionHint(language=None, prompt=None)
+    assert GenerationRequest.transcription(clip(1)).hint == TranscriptionHint(language=None, prompt=None)
 
 
 def test_a_transcription_keeps_the_hint_it_is_given():
     hint = TranscriptionHint(language="de", prompt="Names: Jürgen")
-    assert TurnRequest.transcription(clip(1), hint).hint is hint
+    assert GenerationRequest.transcription(clip(1), hint).hint is hint
 
 
 def test_an_end_of_turn_request_is_one_greedy_text_step_on_the_open_user_text():
-    request = TurnRequest.end_of_turn("Please put the")
+    request = GenerationRequest.end_of_turn("Please put the")
     assert request.task == "end_of_turn"
     assert request.conversation.items == (UserText("Please put the"),)
     assert (request.temperature, request.max_output_tokens, request.output_audio) == (0.0, 1, False)
@@ -95,13 +95,13 @@ def test_a_pool_has_a_capability_only_when_every_member_has_it():
 
 
 def test_a_pool_of_one_has_that_members_capabilities():
-    only = capabilities(end_of_turn_scores=False, preemptible_turns=False)
+    only = capabilities(end_of_turn_scores=False, preemptible_generations=False)
     assert EngineCapabilities.shared_by([only]) == only
 
 
 def test_shared_capabilities_read_a_one_shot_iterator_once_for_every_field():
-    members = (each for each in [capabilities(), capabilities(preemptible_turns=False)])
-    assert EngineCapabilities.shared_by(members) == capabilities(preemptible_turns=False)
+    members = (each for each in [capabilities(), capabilities(preemptible_generations=False)])
+    assert EngineCapabilities.shared_by(members) == capabilities(preemptible_generations=False)
 
 
 def test_shared_capabilities_of_no_members_are_all_true():

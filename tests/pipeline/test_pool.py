@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from pipeline.contract import EngineCapabilities, EngineHealth, TurnDone, TurnEvent, TurnRequest, Usage
+from pipeline.contract import (
+    EngineCapabilities,
+    EngineHealth,
+    GenerationDone,
+    GenerationEvent,
+    GenerationRequest,
+    Usage,
+)
 from pipeline.conversation import Conversation, UserText
 from pipeline.pool import LeastLoadedPool
 from tests.fakes import FULL_CAPABILITIES
@@ -20,7 +27,7 @@ class Member:
         self.spare = spare
         self.alive = alive
         self.holding = set(holding)  # preemptible turns it runs
-        self.turns: list[TurnRequest] = []
+        self.turns: list[GenerationRequest] = []
         self.restarts = restarts
         self.queue_depth = queue_depth
 
@@ -30,9 +37,9 @@ class Member:
     def health(self) -> EngineHealth:
         return EngineHealth(alive=self.alive, restarts=self.restarts, queue_depth=self.queue_depth)
 
-    async def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+    async def run_generation(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         self.turns.append(request)
-        yield TurnDone(text="", usage=Usage(0, 0, 0), finish_reason="stop")
+        yield GenerationDone(text="", usage=Usage(0, 0, 0), finish_reason="stop")
 
     async def promote(self, preemptible_id: str) -> bool:
         return preemptible_id in self.holding
@@ -41,16 +48,16 @@ class Member:
         return None
 
 
-def request(preemptible_id: str | None = None) -> TurnRequest:
-    return TurnRequest(conversation=Conversation(items=(UserText("hi"),)), preemptible_id=preemptible_id)
+def request(preemptible_id: str | None = None) -> GenerationRequest:
+    return GenerationRequest(conversation=Conversation(items=(UserText("hi"),)), preemptible_id=preemptible_id)
 
 
 async def test_an_ordinary_turn_goes_to_the_fewest_ordinary_turns_and_a_preemptible_one_to_the_most_spare_slots():
     # a: 1 ordinary turn and 7 preemptible ones in 8 slots; b: 3 ordinary turns, 5 slots free.
     a, b = Member("a", load=1, spare=0), Member("b", load=3, spare=5)
     pool = LeastLoadedPool([a, b])
-    [_ async for _ in pool.run_turn(request())]
-    [_ async for _ in pool.run_turn(request("spec_1"))]
+    [_ async for _ in pool.run_generation(request())]
+    [_ async for _ in pool.run_generation(request("spec_1"))]
 
     assert [turn.preemptible_id for turn in a.turns] == [None]  # a committed turn preempts rather than waits
     assert [turn.preemptible_id for turn in b.turns] == ["spec_1"]
@@ -59,7 +66,7 @@ async def test_an_ordinary_turn_goes_to_the_fewest_ordinary_turns_and_a_preempti
 async def test_a_preemptible_turn_skips_a_member_that_is_down():
     down, up = Member("down", load=0, spare=8, alive=False), Member("up", load=0, spare=2)
     pool = LeastLoadedPool([down, up])
-    [_ async for _ in pool.run_turn(request("spec_1"))]
+    [_ async for _ in pool.run_generation(request("spec_1"))]
     assert not down.turns and len(up.turns) == 1
 
 
@@ -70,12 +77,12 @@ async def test_promote_is_answered_by_the_member_running_the_turn():
 
 
 def test_a_pool_can_do_what_every_member_can():
-    no_calls = EngineCapabilities(function_calls=False, end_of_turn_scores=True, images=True, preemptible_turns=True)
-    no_images = EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=False, preemptible_turns=True)
+    no_calls = EngineCapabilities(function_calls=False, end_of_turn_scores=True, images=True, preemptible_generations=True)
+    no_images = EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=False, preemptible_generations=True)
     pool = LeastLoadedPool([Member("a", load=0, spare=1, capabilities=no_calls),
                             Member("b", load=0, spare=1, capabilities=no_images)])
     assert pool.capabilities == EngineCapabilities(function_calls=False, end_of_turn_scores=True, images=False,
-                                                   preemptible_turns=True)
+                                                   preemptible_generations=True)
 
 
 def test_a_pool_of_members_that_can_do_everything_can_too():

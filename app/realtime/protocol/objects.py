@@ -311,7 +311,7 @@ class ResponseLatency(ServerModel):
     before committing; 0 for client commits and text turns) + time from commit to the first
     audio frame handed to the transport (WebRTC: the outbound track's first frame of the answer;
     an output that does not report its frames: the first chunk handed to it). Of the latter,
-    ``engine_first_audio_ms`` is the engine's own time to first audio (``TurnTimings.first_audio``,
+    ``engine_first_audio_ms`` is the engine's own time to first audio (``GenerationTimings.first_audio``,
     including ``queue_wait_ms``) and ``other_ms`` the rest (session, transport to the engine
     process, event loop, and the wait for the outbound track's next frame slot).
 
@@ -319,7 +319,7 @@ class ResponseLatency(ServerModel):
     (``app.realtime.speculation``), and held until it. The engine's time to first audio is then
     split at the commit: ``speculation_hidden_ms`` ran before it (the user did not wait for it),
     ``engine_first_audio_ms`` is what was left after it (0 when the first audio was ready), so
-    the two add up to the engine's own ``TurnTimings.first_audio`` and the sum above still holds.
+    the two add up to the engine's own ``GenerationTimings.first_audio`` and the sum above still holds.
     """
 
     end_of_speech_to_first_audio_ms: float

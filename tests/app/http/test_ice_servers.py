@@ -36,7 +36,7 @@ def settings_for(tmp_path: Path, **values: object) -> Settings:
 
 
 async def test_static_credentials_go_with_turn_urls_only(tmp_path):
-    settings = settings_for(tmp_path, ice_servers=[STUN_URL, TURN_URL], turn_username="u", turn_credential="p")
+    settings = settings_for(tmp_path, ice_servers=[STUN_URL, TURN_URL], ice_username="u", ice_credential="p")
     async with serving(settings) as http:
         response = await http.get("/v1/realtime/ice_servers")
     assert response.json() == {
@@ -46,8 +46,8 @@ async def test_static_credentials_go_with_turn_urls_only(tmp_path):
     assert response.headers["cache-control"] == "no-store"
 
 
-async def test_a_turn_secret_mints_credentials_per_request(tmp_path):
-    settings = settings_for(tmp_path, ice_servers=[TURN_URL], turn_secret="north", turn_ttl_s=120)
+async def test_an_ice_auth_secret_mints_credentials_per_request(tmp_path):
+    settings = settings_for(tmp_path, ice_servers=[TURN_URL], ice_auth_secret="north", ice_credential_ttl_s=120)
     async with serving(settings) as http:
         before = int(time.time())
         body = (await http.get("/v1/realtime/ice_servers")).json()
@@ -92,7 +92,7 @@ def turn_user(response: httpx.Response) -> str:
 
 async def test_a_client_secret_fetches_its_turn_credentials_once_and_they_are_its_own(tmp_path):
     # Issue 34: one ek_ secret fetched fresh credentials, all of one user, for its whole 600 s.
-    settings = settings_for(tmp_path, api_key=API_KEY, ice_servers=[TURN_URL], turn_secret="north")
+    settings = settings_for(tmp_path, api_key=API_KEY, ice_servers=[TURN_URL], ice_auth_secret="north")
     key = {"Authorization": f"Bearer {API_KEY}"}
     async with offering_peer() as pc, serving(settings) as http:
         minted = [(await http.post("/v1/realtime/client_secrets", json={}, headers=key)).json()["value"]
@@ -115,9 +115,9 @@ async def test_a_client_secret_fetches_its_turn_credentials_once_and_they_are_it
 
 @pytest.mark.parametrize(("values", "named"), [
     ({"ice_servers": [TURN_URL]}, "credentials"),                                       # browsers refuse it
-    ({"ice_servers": [TURN_URL], "turn_secret": "s", "turn_username": "u", "turn_credential": "p"}, "one kind"),
-    ({"ice_servers": [STUN_URL], "turn_secret": "s"}, "no turn:"),
-    ({"ice_servers": [TURN_URL], "turn_username": "u"}, "go together"),
+    ({"ice_servers": [TURN_URL], "ice_auth_secret": "s", "ice_username": "u", "ice_credential": "p"}, "one kind"),
+    ({"ice_servers": [STUN_URL], "ice_auth_secret": "s"}, "no turn:"),
+    ({"ice_servers": [TURN_URL], "ice_username": "u"}, "go together"),
 ])
 def test_turn_settings_that_cannot_work_are_refused_at_start(tmp_path, values, named):
     with pytest.raises(ValidationError, match=named):

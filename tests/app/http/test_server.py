@@ -22,7 +22,15 @@ from pydantic import SecretStr
 from app.config import Settings
 from app.http.server import create_app
 from app.transports.webrtc.ice import loopback_candidates, rtc_configuration
-from pipeline.contract import AudioChunk, EngineHealth, TextDelta, TurnDone, TurnEvent, TurnRequest, Usage
+from pipeline.contract import (
+    AudioChunk,
+    EngineHealth,
+    GenerationDone,
+    GenerationEvent,
+    GenerationRequest,
+    TextDelta,
+    Usage,
+)
 from pipeline.local.devices import usable_cores
 from tests.fakes import FULL_CAPABILITIES, ScriptedEngine
 
@@ -42,10 +50,10 @@ class FakeEngine:
     async def close(self) -> None:
         pass
 
-    async def run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+    async def run_generation(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         yield TextDelta("hello")
         yield AudioChunk(np.full(2400, 0.1, dtype=np.float32))
-        yield TurnDone(text="hello", usage=Usage(10, 0, 1), finish_reason="stop")
+        yield GenerationDone(text="hello", usage=Usage(10, 0, 1), finish_reason="stop")
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from app.http.signaling import check_offer_sdp
 from app.realtime.session_config import SessionConfig
 from app.serving.engines import StallTimeoutEngine
 from app.transports.webrtc.ice import loopback_candidates, rtc_configuration
-from pipeline.contract import EngineError, EngineHealth, TextDelta, TurnDone, TurnRequest, Usage
+from pipeline.contract import EngineError, EngineHealth, GenerationDone, GenerationRequest, TextDelta, Usage
 from pipeline.conversation import Conversation, UserText
 from tests.fakes import FULL_CAPABILITIES, ScriptedEngine, SessionHarness
 from tests.hostile import punctuation_tools
@@ -137,7 +137,7 @@ class ScriptedTurnEngine:
 
     async def close(self) -> None: ...
 
-    async def run_turn(self, request: TurnRequest):
+    async def run_generation(self, request: GenerationRequest):
         for event in self.events:
             yield event
         if self.error is not None:
@@ -150,15 +150,15 @@ class ScriptedTurnEngine:
                 raise
 
 
-def request() -> TurnRequest:
-    return TurnRequest(conversation=Conversation(items=(UserText("hi"),)))
+def request() -> GenerationRequest:
+    return GenerationRequest(conversation=Conversation(items=(UserText("hi"),)))
 
 
-DONE = TurnDone(text="hi", usage=Usage(1, 0, 1), finish_reason="stop")
+DONE = GenerationDone(text="hi", usage=Usage(1, 0, 1), finish_reason="stop")
 
 
 async def collect(engine) -> list:
-    return [event async for event in engine.run_turn(request())]
+    return [event async for event in engine.run_generation(request())]
 
 
 async def test_stall_guard_passes_a_healthy_turn_through():
@@ -171,7 +171,7 @@ async def test_stalled_turn_fails_with_engine_timeout_and_is_cancelled():
     engine = StallTimeoutEngine(inner, stall_timeout_s=0.05)
     seen = []
     with pytest.raises(EngineError) as raised:
-        async for event in engine.run_turn(request()):
+        async for event in engine.run_generation(request()):
             seen.append(event)
     assert raised.value.code == "engine_timeout"
     assert seen == [TextDelta("hi")]

@@ -6,7 +6,7 @@ from app.realtime.history import AssistantEntry
 from app.realtime.protocol import server_event_adapter
 from app.realtime.response import Response, announce_events, delta_event, finish_events
 from app.realtime.session_config import SessionConfig
-from pipeline.contract import TurnDone, TurnTimings, Usage
+from pipeline.contract import GenerationDone, GenerationTimings, Usage
 
 
 def response(modality: str = "audio") -> Response:
@@ -38,7 +38,7 @@ def test_an_audio_response_streams_transcript_deltas_and_a_text_one_text_deltas(
 def test_a_completed_audio_response_closes_part_item_and_response():
     made = response()
     made.entry.add_delta("hello")
-    done = TurnDone(text="hello", usage=Usage(input_text_tokens=5, input_audio_tokens=0, output_text_tokens=1, output_audio_tokens=2), finish_reason="stop", timings=TurnTimings())
+    done = GenerationDone(text="hello", usage=Usage(input_text_tokens=5, input_audio_tokens=0, output_text_tokens=1, output_audio_tokens=2), finish_reason="stop", timings=GenerationTimings())
     events = finish_events(made, "completed", previous_item_id="item_0", done=done)
     assert types(events) == [
         "response.output_audio.done",

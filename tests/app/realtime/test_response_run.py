@@ -12,7 +12,7 @@ from app.realtime.history import History
 from app.realtime.playback import AnswerAudio
 from app.realtime.response import Response, ResponseContext, ResponseRun
 from app.realtime.session_config import SessionConfig
-from pipeline.contract import EngineError, TextDelta, TurnEvent, TurnRequest
+from pipeline.contract import EngineError, GenerationEvent, GenerationRequest, TextDelta
 from tests.fakes import ScriptedEngine, VirtualAudioOutput
 from tests.settle import settle
 
@@ -126,7 +126,7 @@ class SlowToCancelEngine(ScriptedEngine):
         super().__init__("one")
         self.released = asyncio.Event()
 
-    async def run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:  # type: ignore[override]
+    async def run_generation(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:  # type: ignore[override]
         try:
             yield TextDelta("one")
             await asyncio.Event().wait()

@@ -22,7 +22,7 @@ from tests.speech import silence, tone
 
 NO_CALLS = dataclasses.replace(FULL_CAPABILITIES, function_calls=False)
 NO_IMAGES = dataclasses.replace(FULL_CAPABILITIES, images=False)
-NO_PREEMPTIBLE_TURNS = dataclasses.replace(FULL_CAPABILITIES, preemptible_turns=False)
+NO_PREEMPTIBLE_TURNS = dataclasses.replace(FULL_CAPABILITIES, preemptible_generations=False)
 TEXT = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What time is it?"}]}
 
 
@@ -151,7 +151,7 @@ async def test_without_images_camera_frames_are_not_sampled_and_never_join_a_tur
 # -- preemptible turns ---------------------------------------------------------------------------
 
 
-async def test_without_preemptible_turns_a_session_has_no_speculative_answers_or_partial_transcripts():
+async def test_without_preemptible_generations_a_session_has_no_speculative_answers_or_partial_transcripts():
     config = SessionConfig(transcription=InputTranscription(model="any"))
     h = await started(NO_PREEMPTIBLE_TURNS, config)
     session = h.last("session.created")["session"]
@@ -173,7 +173,7 @@ async def test_without_preemptible_turns_a_session_has_no_speculative_answers_or
     await h.session.close()
 
 
-async def test_with_preemptible_turns_a_pause_starts_a_speculative_answer():
+async def test_with_preemptible_generations_a_pause_starts_a_speculative_answer():
     h = await started(FULL_CAPABILITIES)
     h.push(tone(600))
     h.push(silence(200))

@@ -37,9 +37,9 @@ class RecordingEngine:
         self.requests = []
         self.promoted = set()
 
-    def run_turn(self, request):
+    def run_generation(self, request):
         self.requests.append(request)
-        return self._engine.run_turn(request)
+        return self._engine.run_generation(request)
 
     async def promote(self, preemptible_id):
         self.promoted.add(preemptible_id)

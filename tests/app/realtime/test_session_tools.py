@@ -17,10 +17,10 @@ from pipeline.contract import (
     FunctionCallDelta,
     FunctionCallDone,
     FunctionCallStarted,
+    GenerationDone,
+    GenerationEvent,
+    GenerationRequest,
     TextDelta,
-    TurnDone,
-    TurnEvent,
-    TurnRequest,
     Usage,
 )
 from pipeline.conversation import HistoryLimits, UserText
@@ -55,11 +55,11 @@ class CallingEngine:
 
     def __init__(self, *answers: Answer) -> None:
         self.answers = list(answers)
-        self.requests: list[TurnRequest] = []
+        self.requests: list[GenerationRequest] = []
         self.hold: asyncio.Event | None = None
         self.hold_after: asyncio.Event | None = None
 
-    async def run_turn(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+    async def run_generation(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         self.requests.append(request)
         answer = self.answers.pop(0) if self.answers else Answer("Okay.")
         words = answer.speech.split()
@@ -82,7 +82,7 @@ class CallingEngine:
             await self.hold_after.wait()
         usage = Usage(input_text_tokens=20, input_audio_tokens=0, output_text_tokens=len(words) + 9,
                       output_audio_tokens=len(words) if request.output_audio else 0)
-        yield TurnDone(text=answer.speech, usage=usage, finish_reason="stop" if answer.closed else "length")
+        yield GenerationDone(text=answer.speech, usage=usage, finish_reason="stop" if answer.closed else "length")
 
 
 async def session_with(*answers: Answer, session: dict | None = None) -> SessionHarness:

@@ -9,6 +9,7 @@ after their first word, a long answer still being generated).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -17,8 +18,10 @@ import pytest
 from app.config import Settings
 from app.http.server import _base_session_config
 from app.realtime.session_config import InputTranscription, SessionConfig, TurnDetection
+from app.realtime.speculation import same_request
 from media.frames import SampledFrame
-from pipeline.conversation import UserAudio, UserImage, UserText
+from pipeline.contract import GenerationRequest, TranscriptionHint
+from pipeline.conversation import Conversation, UserAudio, UserImage, UserText
 from tests.app.realtime.test_session_tools import GET_TIME, PARIS, Answer, CallingEngine
 from tests.fakes import EnergyVad, ScriptedEngine, SessionHarness
 from tests.pictures import encoded
@@ -392,3 +395,36 @@ async def test_the_servers_setting_is_every_sessions_default_and_a_session_may_s
     assert h.last("session.updated")["session"]["audio"]["input"]["turn_detection"]["speculative_response"] is True
     engine.hold.set()
     await h.session.close()
+
+
+# A value of each GenerationRequest field unlike ``BASE``'s: a field added to GenerationRequest must be put
+# here (a held answer asked differently is not the answer wanted) or in NOT_COMPARED with a reason.
+BASE = GenerationRequest(conversation=Conversation(items=(UserText("hello"),)))
+CHANGED: dict[str, Any] = {
+    "conversation": Conversation(items=(UserText("goodbye"),)),
+    "voice": "chelsie",
+    "temperature": 0.5,
+    "max_output_tokens": 64,
+    "output_audio": False,
+    "task": "transcribe",
+    "hint": TranscriptionHint(language="en"),
+    "forced_reply": "A scripted reply.",
+}
+# preemptible_id names the held request; the wanted one, what a commit now would start, has none yet.
+NOT_COMPARED: dict[str, Any] = {"preemptible_id": "spec_1"}
+
+
+def test_every_field_of_a_turn_request_is_either_compared_or_named_as_not_compared():
+    assert set(CHANGED) | set(NOT_COMPARED) == {field.name for field in dataclasses.fields(GenerationRequest)}
+    assert not set(CHANGED) & set(NOT_COMPARED)
+
+
+@pytest.mark.parametrize("name", sorted(CHANGED))
+def test_a_request_that_differs_in_any_one_field_is_not_the_same_request(name: str):
+    assert same_request(BASE, dataclasses.replace(BASE))
+    assert not same_request(BASE, dataclasses.replace(BASE, **{name: CHANGED[name]}))
+
+
+@pytest.mark.parametrize("name", sorted(NOT_COMPARED))
+def test_a_request_that_differs_only_in_a_field_not_compared_is_the_same_request(name: str):
+    assert same_request(dataclasses.replace(BASE, **{name: NOT_COMPARED[name]}), BASE)

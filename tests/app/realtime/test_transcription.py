@@ -15,7 +15,7 @@ from pydantic import TypeAdapter
 
 from app.realtime.session_config import SessionConfig, TurnDetection
 from app.realtime.turn_taking import ECHO_TAIL_MS
-from pipeline.contract import EngineError, TurnRequest
+from pipeline.contract import EngineError, GenerationRequest
 from pipeline.conversation import HistoryLimits, UserAudio
 from tests.app.realtime.test_session import Harness, silence, started
 
@@ -141,19 +141,19 @@ class FailingTranscriptions(Harness):
     def __init__(self) -> None:
         super().__init__()
         engine = self.engine
-        answer = engine.run_turn
+        answer = engine.run_generation
 
-        def run_turn(request: TurnRequest):
+        def run_generation(request: GenerationRequest):
             if request.task == "transcribe":
                 return self._fail()
             return answer(request)
 
-        engine.run_turn = run_turn  # type: ignore[method-assign]
+        engine.run_generation = run_generation  # type: ignore[method-assign]
 
     @staticmethod
     async def _fail():
         raise EngineError("the engine process exited with code -9", code="engine_died")
-        yield  # an async generator, like every engine's run_turn
+        yield  # an async generator, like every engine's run_generation
 
 
 async def test_a_failed_transcription_is_reported_for_its_item_and_the_session_goes_on():

@@ -13,7 +13,7 @@ from typing import Any
 
 from app.realtime.session_config import SessionConfig
 from app.realtime.transcription import PartialText, agreed_prefix, words
-from pipeline.contract import TurnRequest
+from pipeline.contract import GenerationRequest
 from pipeline.conversation import Conversation, UserAudio, UserText
 from tests.app.realtime.test_session import Harness
 from tests.app.realtime.test_transcription import ON, TRANSCRIPTION, assert_openai_parses
@@ -67,7 +67,7 @@ def partial_events(h: Harness) -> list[dict[str, Any]]:
     return [event for event in h.of_type(DELTA) if event["partial"]]
 
 
-def partial_requests(h: Harness) -> list[TurnRequest]:
+def partial_requests(h: Harness) -> list[GenerationRequest]:
     return [request for request in h.engine.requests if (request.preemptible_id or "").startswith("partial")]
 
 
@@ -279,16 +279,16 @@ async def test_close_cancels_and_awaits_the_running_partial():
 # -- never ahead of a committed turn ----------------------------------------------------------
 
 
-def ordinary_turn() -> TurnRequest:
+def ordinary_turn() -> GenerationRequest:
     """Another visitor's committed answer."""
-    return TurnRequest(conversation=Conversation(items=(UserText("hello"),)))
+    return GenerationRequest(conversation=Conversation(items=(UserText("hello"),)))
 
 
 async def test_no_partial_starts_while_every_engine_slot_is_taken():
     h = await started()
     h.engine.max_batch = 1
     h.engine.hold = asyncio.Event()  # the committed turn holds the only slot
-    committed = h.engine.run_turn(ordinary_turn())
+    committed = h.engine.run_generation(ordinary_turn())
     await anext(committed)
     await speak(h, 3_000)
     assert [outcome for outcome, _ in h.partials] == ["started", "refused"] * 3
@@ -305,7 +305,7 @@ async def test_a_committed_turn_takes_a_running_partials_slot_and_nothing_of_it_
     h.engine.hold_transcriptions = asyncio.Event()
     await speak(h, 1_200, wait=False)
     assert len(h.engine.running) == 1  # the partial holds the only slot
-    events = [event async for event in h.engine.run_turn(ordinary_turn())]  # not queued: it preempts
+    events = [event async for event in h.engine.run_generation(ordinary_turn())]  # not queued: it preempts
     assert events[-1].finish_reason == "stop"
     await partials_ended(h)
     assert [outcome for outcome, _ in h.partials] == ["started", "preempted"]

@@ -15,7 +15,7 @@ import pytest
 
 from app.realtime.session_config import InputTranscription, SessionConfig
 from media.vad import SileroVad
-from pipeline.contract import TurnDone, TurnEvent, TurnRequest
+from pipeline.contract import GenerationDone, GenerationEvent, GenerationRequest
 from pipeline.conversation import Conversation, UserText
 from pipeline.local.transformers_engine import TransformersEngine
 from tests.fakes import SessionHarness
@@ -47,13 +47,13 @@ def vad() -> SileroVad:
     return SileroVad.load()
 
 
-def committed_request(tokens: int) -> TurnRequest:
+def committed_request(tokens: int) -> GenerationRequest:
     """Another visitor's committed answer, text only, ``tokens`` long."""
-    return TurnRequest(conversation=Conversation(items=(UserText("Tell me a story."),)), output_audio=False,
+    return GenerationRequest(conversation=Conversation(items=(UserText("Tell me a story."),)), output_audio=False,
                        max_output_tokens=tokens)
 
 
-async def collect(events: AsyncGenerator[TurnEvent, None]) -> list[TurnEvent]:
+async def collect(events: AsyncGenerator[GenerationEvent, None]) -> list[GenerationEvent]:
     async with contextlib.aclosing(events) as turn:
         return [event async for event in turn]
 
@@ -83,7 +83,7 @@ async def slots_freed(engine: TransformersEngine) -> None:
 
 async def test_no_partial_starts_while_a_committed_turn_holds_the_only_slot(engine, vad):
     await slots_freed(engine)
-    committed = engine.run_turn(committed_request(HOLDS_THE_SLOT))
+    committed = engine.run_generation(committed_request(HOLDS_THE_SLOT))
     await anext(committed)  # decoding: it holds the slot
     h = harness(engine, vad)
     await h.session.start()
@@ -104,22 +104,22 @@ class CommitsDuringThePartial:
         self._engine = engine
         self.name = engine.name
         self.capabilities = engine.capabilities
-        self.committed: asyncio.Task[list[TurnEvent]] | None = None
+        self.committed: asyncio.Task[list[GenerationEvent]] | None = None
         self.queued_behind: int | None = None  # the engine's queue just after that submission
 
-    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+    def run_generation(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         if self.committed is None and (request.preemptible_id or "").startswith("partial"):
             return self._partial(request)
-        return self._engine.run_turn(request)
+        return self._engine.run_generation(request)
 
     async def promote(self, preemptible_id: str) -> bool:
         return await self._engine.promote(preemptible_id)
 
-    async def _partial(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
-        async with contextlib.aclosing(self._engine.run_turn(request)) as events:
+    async def _partial(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+        async with contextlib.aclosing(self._engine.run_generation(request)) as events:
             async for event in events:
                 if self.committed is None:  # the partial is decoding in the only slot
-                    self.committed = asyncio.create_task(collect(self._engine.run_turn(committed_request(8))))
+                    self.committed = asyncio.create_task(collect(self._engine.run_generation(committed_request(8))))
                     await asyncio.sleep(0)
                     self.queued_behind = self._engine.queue_depth
                 yield event
@@ -134,7 +134,7 @@ async def test_a_committed_turn_takes_a_running_partials_slot_and_nothing_of_it_
     assert wrapped.committed is not None
     assert wrapped.queued_behind == 0  # submitted at once, into the partial's slot
     rest = await asyncio.wait_for(wrapped.committed, TURN_GUARD_S)
-    assert isinstance(rest[-1], TurnDone) and rest[-1].finish_reason != "cancelled"
+    assert isinstance(rest[-1], GenerationDone) and rest[-1].finish_reason != "cancelled"
     assert [outcome for outcome, _ in h.partials][:2] == ["started", "preempted"]
     assert [event for event in h.of_type(DELTA) if event["partial"]] == []
     await h.session.close()

@@ -8,28 +8,28 @@ import pytest
 
 from app.metrics import Metrics
 from app.serving.engines import DevReplies, MeteredEngine, StallTimeoutEngine, for_session
-from pipeline.contract import EngineError, TextDelta, TurnRequest
+from pipeline.contract import EngineError, GenerationRequest, TextDelta
 from pipeline.conversation import Conversation, UserAudio, UserText
 from tests.fakes import FULL_CAPABILITIES, ScriptedEngine
 from tests.speech import tone
 
 
-async def answer(engine, request: TurnRequest) -> str:
-    return "".join([event.text async for event in engine.run_turn(request) if isinstance(event, TextDelta)])
+async def answer(engine, request: GenerationRequest) -> str:
+    return "".join([event.text async for event in engine.run_generation(request) if isinstance(event, TextDelta)])
 
 
 class ForcedEngine(ScriptedEngine):
     """Says a request's forced reply when it has one, as the real engine does."""
 
-    async def run_turn(self, request: TurnRequest):
+    async def run_generation(self, request: GenerationRequest):
         self.reply = request.forced_reply or "my own words"
-        async for event in super().run_turn(request):
+        async for event in super().run_generation(request):
             yield event
 
 
 async def test_each_session_takes_the_replies_in_order_then_the_models_own():
     shared = ForcedEngine()
-    question = TurnRequest(Conversation((UserText("Hi"),)))
+    question = GenerationRequest(Conversation((UserText("Hi"),)))
     first, second = DevReplies(shared, ("one", "two")), DevReplies(shared, ("one", "two"))
     assert [await answer(first, question) for _ in range(3)] == ["one", "two", "my own words"]
     assert await answer(second, question) == "one"  # a session of its own starts at the first
@@ -38,9 +38,9 @@ async def test_each_session_takes_the_replies_in_order_then_the_models_own():
 async def test_transcriptions_are_not_scripted():
     shared = ForcedEngine()
     engine = DevReplies(shared, ("scripted",))
-    await answer(engine, TurnRequest.transcription(UserAudio(tone(500))))
+    await answer(engine, GenerationRequest.transcription(UserAudio(tone(500))))
     assert shared.requests[-1].forced_reply is None
-    assert await answer(engine, TurnRequest(Conversation((UserText("Hi"),)))) == "scripted"
+    assert await answer(engine, GenerationRequest(Conversation((UserText("Hi"),)))) == "scripted"
 
 
 def test_every_wrapper_says_what_the_wrapped_engine_can_do():
@@ -55,10 +55,10 @@ def test_without_replies_a_session_gets_the_shared_engine():
     assert for_session(shared, ()) is shared
 
 
-QUESTION = TurnRequest(Conversation((UserText("Hi"),)))
+QUESTION = GenerationRequest(Conversation((UserText("Hi"),)))
 
 
-def speculative(preemptible_id: str) -> TurnRequest:
+def speculative(preemptible_id: str) -> GenerationRequest:
     return dataclasses.replace(QUESTION, preemptible_id=preemptible_id)
 
 
@@ -72,10 +72,10 @@ async def test_a_discarded_speculative_answer_leaves_its_reply_for_the_next_answ
 
 async def test_a_used_speculative_answer_takes_its_reply_also_when_it_ended_before_the_commit():
     engine = DevReplies(ForcedEngine(), ("one", "two", "three"))
-    running = engine.run_turn(speculative("spec_1"))
+    running = engine.run_generation(speculative("spec_1"))
     assert (await anext(running)).text == "one"
     assert await engine.promote("spec_1")  # used while still running
-    assert [event async for event in running]  # its audio and TurnDone
+    assert [event async for event in running]  # its audio and GenerationDone
     assert await answer(engine, speculative("spec_2")) == "two"
     assert not await engine.promote("spec_2")  # it ended by itself before the commit: used all the same
     assert await answer(engine, QUESTION) == "three"

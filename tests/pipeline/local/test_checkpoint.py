@@ -8,11 +8,11 @@ import shutil
 import pytest
 
 import pipeline.local.tokenizer
-from pipeline.contract import TurnDone, TurnRequest
+from pipeline.contract import GenerationDone, GenerationRequest
 from pipeline.conversation import Conversation, UserText
 from pipeline.local.checkpoint import NoTalkerError, load_checkpoint
 from pipeline.local.engine_messages import EngineProcessSpec
-from pipeline.local.generation import stream_turn
+from pipeline.local.generation import stream_generation
 from pipeline.local.params import GenerationParams
 
 
@@ -32,9 +32,9 @@ def test_without_audio_output_a_checkpoint_without_talker_serves_text(no_talker_
     conversation = Conversation(items=(UserText("Hi"),))
     params = GenerationParams(temperature=0, output_audio=False, max_output_tokens=4)
     inputs = loaded.renderer.render(conversation)
-    events = list(stream_turn(loaded.model, loaded.tokenizer, inputs, params, lambda: False))
-    assert isinstance(events[-1], TurnDone) and events[-1].usage.output_text_tokens >= 1
-    assert TurnRequest(conversation=conversation).output_audio  # what a speaking session would ask for
+    events = list(stream_generation(loaded.model, loaded.tokenizer, inputs, params, lambda: False))
+    assert isinstance(events[-1], GenerationDone) and events[-1].usage.output_text_tokens >= 1
+    assert GenerationRequest(conversation=conversation).output_audio  # what a speaking session would ask for
 
 
 def test_the_engine_loads_the_tokenizer_once(dev_model_dir, monkeypatch):

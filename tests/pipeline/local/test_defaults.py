@@ -9,12 +9,12 @@ from transformers import Qwen3OmniMoeForConditionalGeneration
 
 import pipeline.local.stages
 import pipeline.local.tokenizer
-from pipeline.contract import EngineError, TurnDone
+from pipeline.contract import EngineError, GenerationDone
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, Conversation, UserText
 from pipeline.local.checkpoint import load_checkpoint
 from pipeline.local.engine_messages import EngineProcessSpec
 from pipeline.local.engine_process import warm_up
-from pipeline.local.generation import stream_turn
+from pipeline.local.generation import stream_generation
 from pipeline.local.params import GenerationParams
 from pipeline.local.prompt import PromptRenderer
 from pipeline.local.stages import THINK_TOKEN_IDS
@@ -57,9 +57,9 @@ def test_the_thinker_never_writes_think_tokens(dev_model_dir, monkeypatch):
     params = GenerationParams(temperature=0, output_audio=False, max_output_tokens=6)
 
     def answer() -> str:
-        events = list(stream_turn(model, tokenizer, inputs, params, lambda: False))
+        events = list(stream_generation(model, tokenizer, inputs, params, lambda: False))
         done = events[-1]
-        assert isinstance(done, TurnDone)
+        assert isinstance(done, GenerationDone)
         return done.text
 
     text = answer()

@@ -14,7 +14,7 @@ from transformers import (
 )
 
 import pipeline.local.devmodel
-from pipeline.contract import AudioChunk, TurnDone
+from pipeline.contract import AudioChunk, GenerationDone
 from pipeline.conversation import Conversation, UserAudio
 from pipeline.local.devmodel import (
     DEV_MODEL_DIRNAME,
@@ -25,7 +25,7 @@ from pipeline.local.devmodel import (
     dev_model,
     ensure_dev_model,
 )
-from pipeline.local.generation import stream_turn
+from pipeline.local.generation import stream_generation
 from pipeline.local.params import GenerationParams
 from pipeline.local.prompt import PromptRenderer
 from pipeline.local.tokenizer import load_tokenizer
@@ -246,9 +246,9 @@ def greedy_turn(model_dir: Path) -> tuple[str, np.ndarray]:
     params = GenerationParams(
         temperature=0, talker_do_sample=False, max_output_tokens=12, max_audio_frames=20, adaptive_chunks=False
     )
-    events = list(stream_turn(model, load_tokenizer(model_dir), inputs, params, lambda: False))
+    events = list(stream_generation(model, load_tokenizer(model_dir), inputs, params, lambda: False))
     done = events[-1]
-    assert isinstance(done, TurnDone)
+    assert isinstance(done, GenerationDone)
     audio = np.concatenate([event.pcm for event in events if isinstance(event, AudioChunk)])
     return done.text, audio
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from pipeline.contract import AudioChunk, TextDelta, TurnDone, Usage
-from pipeline.local.emulation import EmulatedSpeed, EmulatedTurns
+from pipeline.contract import AudioChunk, GenerationDone, TextDelta, Usage
+from pipeline.local.emulation import EmulatedGenerations, EmulatedSpeed
 
 
 class Clock:
@@ -22,7 +22,7 @@ def chunk(frames: int) -> AudioChunk:
     return AudioChunk(np.zeros(1920 * frames, dtype=np.float32), frames=frames)
 
 
-DONE = TurnDone(text="hi", usage=Usage(5, 0, 2, output_audio_tokens=12), finish_reason="stop")
+DONE = GenerationDone(text="hi", usage=Usage(5, 0, 2, output_audio_tokens=12), finish_reason="stop")
 
 
 @pytest.fixture
@@ -35,8 +35,8 @@ def sent() -> list:
     return []
 
 
-def turns(clock: Clock, sent: list) -> EmulatedTurns[int]:
-    return EmulatedTurns[int](lambda key, event: sent.append((key, event)), clock=clock)
+def turns(clock: Clock, sent: list) -> EmulatedGenerations[int]:
+    return EmulatedGenerations[int](lambda key, event: sent.append((key, event)), clock=clock)
 
 
 def test_first_audio_waits_for_its_model_time_and_later_chunks_for_their_frames(clock, sent):
@@ -57,7 +57,7 @@ def test_first_audio_waits_for_its_model_time_and_later_chunks_for_their_frames(
     assert len(sent) == 1
     clock.advance_ms(1)  # 10 frames more at 30 ms each
     emulated.release_due()
-    assert [type(event) for _, event in sent] == [AudioChunk, AudioChunk, TurnDone]
+    assert [type(event) for _, event in sent] == [AudioChunk, AudioChunk, GenerationDone]
 
 
 def test_text_waits_for_first_text_ms_and_events_keep_their_order(clock, sent):
@@ -103,7 +103,7 @@ def test_a_turn_without_a_speed_passes_through(clock, sent):
     emulated.start(1, None)
     emulated.offer(1, chunk(4))
     emulated.offer(1, DONE)
-    assert [type(event) for _, event in sent] == [AudioChunk, TurnDone]
+    assert [type(event) for _, event in sent] == [AudioChunk, GenerationDone]
 
 
 def test_cancel_drops_what_is_held_and_returns_its_done_as_cancelled(clock, sent):
@@ -137,7 +137,7 @@ def test_the_turn_is_forgotten_once_its_done_is_released(clock, sent):
     emulated.release_due()
     assert emulated.cancel(1) is None
     emulated.offer(1, TextDelta("late"))  # a key not held any more passes through
-    assert [type(event) for _, event in sent] == [TurnDone, TextDelta]
+    assert [type(event) for _, event in sent] == [GenerationDone, TextDelta]
 
 
 @pytest.mark.parametrize("value", [{"first_audio": 400}, {"first_audio_ms": -1}, {"frame_ms": "fast"}, [400]])

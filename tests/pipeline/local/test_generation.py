@@ -1,4 +1,4 @@
-"""stream_turn: the same Thinker tokens, codec frames and waveform as generate(), only sooner."""
+"""stream_generation: the same Thinker tokens, codec frames and waveform as generate(), only sooner."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from transformers import Qwen3OmniMoeForConditionalGeneration
 from transformers.modeling_flash_attention_utils import _pad_input, _unpad_input, _upad_input
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from pipeline.contract import AudioChunk, TextDelta, TurnDone
+from pipeline.contract import AudioChunk, GenerationDone, TextDelta
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserImage, UserText
 from pipeline.local.decode_batch import DecodeBatch
 from pipeline.local.decoder import DecoderStack
-from pipeline.local.generation import stream_turn
+from pipeline.local.generation import stream_generation
 from pipeline.local.params import GenerationParams
 from pipeline.local.prompt import PromptRenderer
-from pipeline.local.stages import ThinkerTurn
+from pipeline.local.stages import ThinkerGeneration
 from tests.pictures import encoded
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
@@ -80,7 +80,7 @@ def never() -> bool:
 
 
 def run(model, tokenizer, inputs, should_stop=never, **params):
-    return list(stream_turn(model, tokenizer, inputs, GenerationParams(**params), should_stop))
+    return list(stream_generation(model, tokenizer, inputs, GenerationParams(**params), should_stop))
 
 
 def greedy(**params):
@@ -290,7 +290,7 @@ def test_text_only_turn_never_runs_the_talker(model, tokenizer, inputs):
 def test_deltas_concatenate_to_the_text_and_usage_counts_the_turn(model, tokenizer, inputs):
     events = run(model, tokenizer, inputs, force_output_tokens=10, max_output_tokens=10, max_audio_frames=12, seed=5)
     done = events[-1]
-    assert isinstance(done, TurnDone) and sum(isinstance(event, TurnDone) for event in events) == 1
+    assert isinstance(done, GenerationDone) and sum(isinstance(event, GenerationDone) for event in events) == 1
     assert "".join(event.text for event in events if isinstance(event, TextDelta)) == done.text
     # Every answer token is released in exactly one delta (held-back UTF-8 pieces included).
     assert sum(event.tokens for event in events if isinstance(event, TextDelta)) == done.usage.output_text_tokens
@@ -335,7 +335,7 @@ def test_should_stop_is_polled_every_decoding_step(model, tokenizer, inputs):
 
 def test_cancel_while_the_thinker_writes_ends_the_turn_at_once(model, tokenizer, inputs):
     stop = False
-    turn = stream_turn(model, tokenizer, inputs, GenerationParams(max_output_tokens=50, seed=0), lambda: stop)
+    turn = stream_generation(model, tokenizer, inputs, GenerationParams(max_output_tokens=50, seed=0), lambda: stop)
     seen = []
     for event in turn:
         seen.append(event)
@@ -349,7 +349,7 @@ def test_cancel_while_the_thinker_writes_ends_the_turn_at_once(model, tokenizer,
 
 def test_cancel_while_speaking_ends_the_turn_at_once(model, tokenizer, inputs):
     stop = False
-    turn = stream_turn(
+    turn = stream_generation(
         model,
         tokenizer,
         inputs,
@@ -362,7 +362,7 @@ def test_cancel_while_speaking_ends_the_turn_at_once(model, tokenizer, inputs):
         if isinstance(event, AudioChunk):
             stop = True
     chunks = [event for event in seen if isinstance(event, AudioChunk)]
-    assert len(chunks) == 1 and isinstance(seen[-1], TurnDone)
+    assert len(chunks) == 1 and isinstance(seen[-1], GenerationDone)
     assert seen[-1].finish_reason == "cancelled"
     assert seen[-1].usage.output_audio_tokens == 4  # no Talker step after the first chunk
 
@@ -407,7 +407,7 @@ def adaptive_turn(model, tokenizer, inputs, seconds_per_frame: float, **settings
     recorder = Recorder(model)
     params = GenerationParams(**greedy(force_output_tokens=80, max_output_tokens=80, max_audio_frames=120, **settings))
     try:
-        events = list(stream_turn(model, tokenizer, inputs, params, never, clock=clock))
+        events = list(stream_generation(model, tokenizer, inputs, params, never, clock=clock))
     finally:
         clock.close()
         recorder.close()
@@ -680,18 +680,18 @@ LOGITS_ATOL = 1e-4
 
 class ThinkerLogits:
     """Each turn's Thinker logits as its sampling sees them ([1, vocab] per token, prefill first),
-    recorded from ``ThinkerTurn.scores``: per turn whatever rows the batch gives it."""
+    recorded from ``ThinkerGeneration.scores``: per turn whatever rows the batch gives it."""
 
     def __init__(self, monkeypatch) -> None:
         self.by_turn: dict[int, list[torch.Tensor]] = {}
-        original = ThinkerTurn.scores
+        original = ThinkerGeneration.scores
         recorder = self
 
         def scores(turn, logits):
             recorder.by_turn.setdefault(id(turn), []).append(logits.detach().float().clone())
             return original(turn, logits)
 
-        monkeypatch.setattr(ThinkerTurn, "scores", scores)
+        monkeypatch.setattr(ThinkerGeneration, "scores", scores)
 
     def turns(self) -> list[list[torch.Tensor]]:
         """Every turn's logits, turns in the order they were first scored."""

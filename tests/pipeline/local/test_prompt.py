@@ -12,7 +12,7 @@ from transformers import Qwen3OmniMoeForConditionalGeneration
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
 
 from media.rates import SPEECH_RATE
-from pipeline.contract import TranscriptionHint, TurnRequest
+from pipeline.contract import GenerationRequest, TranscriptionHint
 from pipeline.conversation import (
     DEFAULT_SYSTEM_PROMPT,
     AssistantText,
@@ -321,7 +321,7 @@ def test_a_clips_features_are_the_same_whatever_clips_are_beside_it(renderer):
 
 
 def test_transcription_request_renders_qwens_asr_prompt_without_system_message(renderer, tokenizer):
-    inputs = renderer.render_request(TurnRequest.transcription(_clip(1.0)))
+    inputs = renderer.render_request(GenerationRequest.transcription(_clip(1.0)))
     assert _prompt_text(tokenizer, inputs) == (
         "<|im_start|>user\n<|audio_start|><|audio_pad|><|audio_end|>Transcribe the audio into text.<|im_end|>\n"
         "<|im_start|>assistant\n"
@@ -330,7 +330,7 @@ def test_transcription_request_renders_qwens_asr_prompt_without_system_message(r
 
 
 def test_transcription_hints_name_the_language_and_give_context(renderer, tokenizer):
-    request = TurnRequest.transcription(_clip(1.0), TranscriptionHint(language="de", prompt="Names: Jürgen, Köln"))
+    request = GenerationRequest.transcription(_clip(1.0), TranscriptionHint(language="de", prompt="Names: Jürgen, Köln"))
     assert _prompt_text(tokenizer, renderer.render_request(request)) == (
         "<|im_start|>system\nNames: Jürgen, Köln<|im_end|>\n"
         "<|im_start|>user\n<|audio_start|><|audio_pad|><|audio_end|>Transcribe the German audio into text.<|im_end|>\n"
@@ -339,11 +339,11 @@ def test_transcription_hints_name_the_language_and_give_context(renderer, tokeni
 
 
 def test_transcription_request_is_text_only_greedy_and_bounded(renderer):
-    request = TurnRequest.transcription(_clip(3.0))
+    request = GenerationRequest.transcription(_clip(3.0))
     assert (request.task, request.output_audio, request.temperature) == ("transcribe", False, 0.0)
     assert request.max_output_tokens == 16 + 30
     with pytest.raises(ValueError, match="one audio clip"):
-        renderer.render_request(TurnRequest(Conversation((_clip(1.0), _clip(1.0, 1))), task="transcribe"))
+        renderer.render_request(GenerationRequest(Conversation((_clip(1.0), _clip(1.0, 1))), task="transcribe"))
 
 
 def _image_spans(ids: list[int]) -> list[int]:
@@ -410,8 +410,8 @@ def test_rendered_images_run_through_the_vision_tower_into_the_thinker(renderer,
 
 
 def test_end_of_turn_request_leaves_the_user_message_open(renderer, tokenizer):
-    inputs = renderer.render_request(TurnRequest.end_of_turn("Please put the"))
+    inputs = renderer.render_request(GenerationRequest.end_of_turn("Please put the"))
     assert _prompt_text(tokenizer, inputs) == "<|im_start|>user\nPlease put the"  # the next token: <|im_end|>?
     assert inputs.audio_tokens == 0 and inputs.input_features is None
     with pytest.raises(ValueError, match="one user text"):
-        renderer.render_request(TurnRequest(Conversation((_clip(1.0),)), task="end_of_turn"))
+        renderer.render_request(GenerationRequest(Conversation((_clip(1.0),)), task="end_of_turn"))

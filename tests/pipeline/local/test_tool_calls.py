@@ -6,11 +6,18 @@ import numpy as np
 import pytest
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
-from pipeline.contract import AudioChunk, FunctionCallDelta, FunctionCallDone, FunctionCallStarted, TextDelta, TurnDone
+from pipeline.contract import (
+    AudioChunk,
+    FunctionCallDelta,
+    FunctionCallDone,
+    FunctionCallStarted,
+    GenerationDone,
+    TextDelta,
+)
 from pipeline.conversation import AssistantText, Conversation, UserText
 from pipeline.local.checkpoint import forced_tokens
 from pipeline.local.decode_batch import DecodeBatch
-from pipeline.local.generation import GenerationParams, stream_turn
+from pipeline.local.generation import GenerationParams, stream_generation
 from pipeline.local.prompt import PromptRenderer
 from pipeline.local.tool_calls import ToolCallStream
 
@@ -121,7 +128,7 @@ def forced_turn(model, tokenizer, inputs, reply: str, **params):
     generation = GenerationParams(
         forced_tokens=forced_tokens(tokenizer, reply), temperature=0.8, seed=7, adaptive_chunks=False, **params
     )
-    return list(stream_turn(model, tokenizer, inputs, generation, lambda: False))
+    return list(stream_generation(model, tokenizer, inputs, generation, lambda: False))
 
 
 def test_a_forced_reply_is_what_the_thinker_says(model, tokenizer, inputs):
@@ -158,23 +165,23 @@ def test_the_call_markup_is_never_spoken(model, tokenizer, inputs, after):
     assert [e.name for e in with_call if isinstance(e, FunctionCallDone)] == (
         ["get_time", "get_date"] if "get_date" in after else ["get_time"]
     )
-    assert with_call[-1].text == SPOKEN  # TurnDone's text is the speech
+    assert with_call[-1].text == SPOKEN  # GenerationDone's text is the speech
 
 
 def test_an_answer_that_is_only_a_call_never_starts_the_talker(model, tokenizer, inputs):
     events = forced_turn(model, tokenizer, inputs, CALL)
     assert not [e for e in events if isinstance(e, AudioChunk | TextDelta)]
     done = events[-1]
-    assert isinstance(done, TurnDone) and done.usage.output_audio_tokens == 0
+    assert isinstance(done, GenerationDone) and done.usage.output_audio_tokens == 0
     assert [type(e) for e in events if not isinstance(e, FunctionCallDelta)] == [
-        FunctionCallStarted, FunctionCallDone, TurnDone,
+        FunctionCallStarted, FunctionCallDone, GenerationDone,
     ]
 
 
 def test_a_forced_turn_in_a_batch_leaves_the_other_turns_draws_alone(model, tokenizer, inputs):
     """Forced tokens draw no random numbers: a sampled turn beside one decodes what it does alone."""
     sampled = GenerationParams(temperature=0.8, seed=11, adaptive_chunks=False, max_output_tokens=12)
-    alone = [e for e in stream_turn(model, tokenizer, inputs, sampled, lambda: False) if isinstance(e, TextDelta)]
+    alone = [e for e in stream_generation(model, tokenizer, inputs, sampled, lambda: False) if isinstance(e, TextDelta)]
     batch: DecodeBatch[str] = DecodeBatch(model, tokenizer)
     forced = GenerationParams(forced_tokens=forced_tokens(tokenizer, CALL), adaptive_chunks=False)
     events = batch.prefill_thinkers([("sampled", inputs, sampled), ("forced", inputs, forced)])

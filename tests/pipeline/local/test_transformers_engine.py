@@ -13,7 +13,7 @@ import soundfile
 
 from app.realtime.turn_taking import EngineTextJudge
 from media.rates import VOICE_RATE
-from pipeline.contract import AudioChunk, EngineCapabilities, EngineError, TextDelta, TurnDone, TurnRequest
+from pipeline.contract import AudioChunk, EngineCapabilities, EngineError, GenerationDone, GenerationRequest, TextDelta
 from pipeline.conversation import Conversation, UserAudio, UserText
 from pipeline.local.devices import ENGINE_NICENESS
 from pipeline.local.transformers_engine import TransformersEngine, TransformersEnginePool
@@ -40,25 +40,25 @@ def speech() -> np.ndarray:
     return pcm
 
 
-def short_request(**overrides) -> TurnRequest:
+def short_request(**overrides) -> GenerationRequest:
     # 12 text tokens: 12 codec frames, 0.96 s of speech from the dev Talker.
     fields = {"conversation": Conversation(items=(UserAudio(speech()),)), "max_output_tokens": 12}
-    return TurnRequest(**(fields | overrides))
+    return GenerationRequest(**(fields | overrides))
 
 
-def long_request() -> TurnRequest:
+def long_request() -> GenerationRequest:
     # Unbounded text forced to the engine's 4096-token cap: minutes on CPU.
-    return TurnRequest(conversation=Conversation(items=(UserText("Tell me a long story."),)), output_audio=False)
+    return GenerationRequest(conversation=Conversation(items=(UserText("Tell me a long story."),)), output_audio=False)
 
 
 async def collect(engine, request):
-    return [event async for event in engine.run_turn(request)]
+    return [event async for event in engine.run_generation(request)]
 
 
 async def test_a_pool_of_engine_processes_declares_everything_the_model_does():
     pool = TransformersEnginePool("unused-model", devices=["cpu", "cpu"])
     assert pool.capabilities == EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=True,
-                                                   preemptible_turns=True)
+                                                   preemptible_generations=True)
 
 
 async def test_a_pool_not_yet_started_reports_each_engine_process_down():
@@ -93,8 +93,8 @@ async def test_speech_turn_streams_text_and_audio_and_ends_with_done(engine):
     chunks = [event for event in events if isinstance(event, AudioChunk)]
     assert deltas
     assert sum(len(chunk.pcm) for chunk in chunks) >= VOICE_RATE // 2
-    assert isinstance(events[-1], TurnDone)
-    assert not any(isinstance(event, TurnDone) for event in events[:-1])
+    assert isinstance(events[-1], GenerationDone)
+    assert not any(isinstance(event, GenerationDone) for event in events[:-1])
 
 
 async def test_text_deltas_concatenate_to_the_done_text(engine):
@@ -118,23 +118,23 @@ async def test_max_output_tokens_reaches_the_thinker(engine):
 
 async def test_transcription_turn_is_text_only_and_deterministic(engine):
     # The engine's force_output_tokens makes this run to the request's own bound (16 + 10/s).
-    request = TurnRequest.transcription(UserAudio(speech()))
+    request = GenerationRequest.transcription(UserAudio(speech()))
     first = await collect(engine, request)
     second = await collect(engine, request)
     assert not any(isinstance(event, AudioChunk) for event in first)
     done = first[-1]
-    assert isinstance(done, TurnDone) and done.text
+    assert isinstance(done, GenerationDone) and done.text
     assert done.usage.output_audio_tokens == 0 and done.usage.input_audio_tokens > 0
     assert done.usage.output_text_tokens <= request.max_output_tokens
     assert second[-1].text == done.text
 
 
 async def test_end_of_turn_turn_scores_the_open_message_without_generating(engine):
-    unfinished = await collect(engine, TurnRequest.end_of_turn("Please put the"))
-    finished = await collect(engine, TurnRequest.end_of_turn("Please put the groceries in the fridge."))
-    again = await collect(engine, TurnRequest.end_of_turn("Please put the"))
+    unfinished = await collect(engine, GenerationRequest.end_of_turn("Please put the"))
+    finished = await collect(engine, GenerationRequest.end_of_turn("Please put the groceries in the fridge."))
+    again = await collect(engine, GenerationRequest.end_of_turn("Please put the"))
     (done,) = unfinished  # no text, no audio: one forward, one answer
-    assert isinstance(done, TurnDone) and done.text == "" and done.usage.output_text_tokens == 0
+    assert isinstance(done, GenerationDone) and done.text == "" and done.usage.output_text_tokens == 0
     assert 0.0 <= done.end_of_turn_probability <= 1.0
     assert again[-1].end_of_turn_probability == done.end_of_turn_probability
     # The dev model's judgement is noise, but it reads the words: other words, another answer.
@@ -143,8 +143,8 @@ async def test_end_of_turn_turn_scores_the_open_message_without_generating(engin
 
 async def test_engine_text_judge_transcribes_with_qwens_asr_then_scores_the_transcript(engine):
     verdict = await EngineTextJudge(engine).judge(speech())
-    transcript = (await collect(engine, TurnRequest.transcription(UserAudio(speech()))))[-1].text.strip()
-    scored = (await collect(engine, TurnRequest.end_of_turn(transcript)))[-1]
+    transcript = (await collect(engine, GenerationRequest.transcription(UserAudio(speech()))))[-1].text.strip()
+    scored = (await collect(engine, GenerationRequest.end_of_turn(transcript)))[-1]
     assert verdict.transcript == transcript
     assert verdict.complete == scored.end_of_turn_probability
 
@@ -156,11 +156,11 @@ async def test_seeded_engine_repeats_a_turn_exactly(engine):
 
 
 async def test_closing_the_iterator_cancels_the_turn_and_frees_the_engine(engine):
-    turn = engine.run_turn(long_request())
+    turn = engine.run_generation(long_request())
     assert isinstance(await anext(turn), TextDelta)
     await turn.aclose()
     events = await asyncio.wait_for(collect(engine, short_request()), HANG_GUARD_S)
-    assert isinstance(events[-1], TurnDone)
+    assert isinstance(events[-1], GenerationDone)
     assert engine.restarts == 0
 
 
@@ -168,7 +168,7 @@ async def test_cancelling_the_consuming_task_cancels_the_turn(engine):
     started = asyncio.Event()
 
     async def consume():
-        async for _ in engine.run_turn(long_request()):
+        async for _ in engine.run_generation(long_request()):
             started.set()
 
     task = asyncio.create_task(consume())
@@ -177,7 +177,7 @@ async def test_cancelling_the_consuming_task_cancels_the_turn(engine):
     with pytest.raises(asyncio.CancelledError):
         await task
     events = await asyncio.wait_for(collect(engine, short_request()), HANG_GUARD_S)
-    assert isinstance(events[-1], TurnDone)
+    assert isinstance(events[-1], GenerationDone)
 
 
 @pytest.fixture(scope="module")
@@ -193,9 +193,9 @@ async def test_turns_beyond_max_batch_wait_first_in_first_out(one_at_a_time):
     order = []
 
     async def run(name):
-        async for event in engine.run_turn(short_request()):
+        async for event in engine.run_generation(short_request()):
             order.append(name)
-            if isinstance(event, TurnDone):
+            if isinstance(event, GenerationDone):
                 return event
 
     first = asyncio.create_task(run("first"))
@@ -220,10 +220,10 @@ async def slots_freed(engine: TransformersEngine) -> None:
 async def test_a_preemptible_turn_is_refused_at_once_when_every_slot_is_taken(one_at_a_time):
     engine = one_at_a_time
     await slots_freed(engine)
-    ordinary = engine.run_turn(long_request())
+    ordinary = engine.run_generation(long_request())
     assert isinstance(await anext(ordinary), TextDelta)
     with pytest.raises(EngineError) as refused:
-        await anext(engine.run_turn(dataclasses.replace(short_request(), preemptible_id="spec_1")))
+        await anext(engine.run_generation(dataclasses.replace(short_request(), preemptible_id="spec_1")))
     assert refused.value.code == "no_spare_capacity"
     assert (engine.running, engine.queue_depth) == (1, 0)
     await ordinary.aclose()
@@ -232,7 +232,7 @@ async def test_a_preemptible_turn_is_refused_at_once_when_every_slot_is_taken(on
 async def test_an_ordinary_turn_takes_a_preemptible_turns_slot_at_once(one_at_a_time):
     engine = one_at_a_time
     await slots_freed(engine)
-    speculative = engine.run_turn(dataclasses.replace(long_request(), preemptible_id="spec_2"))
+    speculative = engine.run_generation(dataclasses.replace(long_request(), preemptible_id="spec_2"))
     assert isinstance(await anext(speculative), TextDelta)
     assert engine.spare == 0
     committed = asyncio.create_task(collect(engine, short_request()))
@@ -243,15 +243,15 @@ async def test_an_ordinary_turn_takes_a_preemptible_turns_slot_at_once(one_at_a_
             pass
     assert preempted.value.code == "preempted"
     events = await asyncio.wait_for(committed, HANG_GUARD_S)
-    assert isinstance(events[-1], TurnDone) and events[-1].finish_reason != "cancelled"
+    assert isinstance(events[-1], GenerationDone) and events[-1].finish_reason != "cancelled"
     events = await asyncio.wait_for(collect(engine, short_request()), HANG_GUARD_S)  # the slot is free again
-    assert isinstance(events[-1], TurnDone)
+    assert isinstance(events[-1], GenerationDone)
 
 
 async def test_a_promoted_turn_is_an_ordinary_one_and_keeps_its_slot(one_at_a_time):
     engine = one_at_a_time
     await slots_freed(engine)
-    speculative = engine.run_turn(dataclasses.replace(long_request(), preemptible_id="spec_3"))
+    speculative = engine.run_generation(dataclasses.replace(long_request(), preemptible_id="spec_3"))
     assert isinstance(await anext(speculative), TextDelta)
     assert await engine.promote("spec_3")
     assert not await engine.promote("spec_3") and not await engine.promote("spec_unknown")
@@ -261,12 +261,12 @@ async def test_a_promoted_turn_is_an_ordinary_one_and_keeps_its_slot(one_at_a_ti
     assert isinstance(await anext(speculative), TextDelta)
     await speculative.aclose()
     events = await asyncio.wait_for(committed, HANG_GUARD_S)
-    assert isinstance(events[-1], TurnDone)
+    assert isinstance(events[-1], GenerationDone)
 
 
 async def test_concurrent_turns_are_decoded_together_and_each_gets_what_it_gets_alone(engine):
     spoken = short_request(temperature=0)
-    typed = TurnRequest(
+    typed = GenerationRequest(
         conversation=Conversation(items=(UserText("hi there, how are you?"),)), temperature=0, max_output_tokens=8
     )
     alone = {name: await collect(engine, request) for name, request in (("spoken", spoken), ("typed", typed))}
@@ -274,7 +274,7 @@ async def test_concurrent_turns_are_decoded_together_and_each_gets_what_it_gets_
 
     async def run(name, request):
         events = []
-        async for event in engine.run_turn(request):
+        async for event in engine.run_generation(request):
             order.append(name)
             events.append(event)
         return events
@@ -301,17 +301,17 @@ async def test_the_engine_process_yields_the_cpu_to_the_server(engine):
 
 async def test_a_failing_turn_raises_engine_error_and_the_next_turn_works(engine):
     # 10 samples (0.6 ms) are too short for one feature frame: rendering raises in the engine process.
-    bad = TurnRequest(conversation=Conversation(items=(UserAudio(np.zeros(10, dtype=np.float32)),)))
+    bad = GenerationRequest(conversation=Conversation(items=(UserAudio(np.zeros(10, dtype=np.float32)),)))
     with pytest.raises(EngineError, match="ValueError"):
         await collect(engine, bad)
     events = await collect(engine, short_request())
-    assert isinstance(events[-1], TurnDone)
+    assert isinstance(events[-1], GenerationDone)
 
 
 async def test_a_failing_turn_submitted_with_others_fails_alone(engine):
     # Submitted in one burst, the three reach the engine together; the bad one fails at
     # rendering and the other two are prefilled and decoded as they are alone.
-    bad = TurnRequest(conversation=Conversation(items=(UserAudio(np.zeros(10, dtype=np.float32)),)))
+    bad = GenerationRequest(conversation=Conversation(items=(UserAudio(np.zeros(10, dtype=np.float32)),)))
     good = short_request(temperature=0)
     alone = await collect(engine, good)
     results = await asyncio.gather(
@@ -328,7 +328,7 @@ async def test_a_prompt_past_the_limit_fails_alone_before_it_joins_the_batch(eng
     # Issue 34: the audit's 16 tools of punctuation render to ~190,000 tokens; unchecked, the
     # batched prefill padded every row to that and a failed step failed every turn in it.
     tools = tuple(Tool(tool["name"], tool["description"], tool["parameters"]) for tool in punctuation_tools())
-    huge = TurnRequest(conversation=Conversation(items=(UserText("Hi"),), tools=tools), max_output_tokens=4)
+    huge = GenerationRequest(conversation=Conversation(items=(UserText("Hi"),), tools=tools), max_output_tokens=4)
     good = short_request(temperature=0)
     alone = await collect(engine, good)
     results = await asyncio.gather(collect(engine, good), collect(engine, huge), return_exceptions=True)
@@ -343,7 +343,7 @@ async def test_a_prompt_past_the_limit_fails_alone_before_it_joins_the_batch(eng
 
 async def test_a_killed_engine_process_fails_its_turn_and_is_restarted(engine):
     restarts = engine.restarts
-    turn = engine.run_turn(long_request())
+    turn = engine.run_generation(long_request())
     assert isinstance(await anext(turn), TextDelta)
     dead = engine.pid
     os.kill(engine.pid, signal.SIGKILL)
@@ -353,7 +353,7 @@ async def test_a_killed_engine_process_fails_its_turn_and_is_restarted(engine):
     assert failure.value.code == "engine_died"
     assert engine.state in ("loading", "warming") and not engine.alive
     events = await asyncio.wait_for(collect(engine, short_request()), HANG_GUARD_S)
-    assert isinstance(events[-1], TurnDone)
+    assert isinstance(events[-1], GenerationDone)
     assert engine.restarts == restarts + 1
     assert engine.alive
     # The new process warmed up too before it was given the turn (it reads none before: test_warmup.py).
@@ -377,7 +377,7 @@ async def test_close_fails_waiting_turns_and_is_safe_twice(dev_model_dir):
 
 
 async def test_a_killed_engine_process_fails_every_turn_of_its_batch_and_the_next_turns_complete(engine):
-    turns = [engine.run_turn(long_request()) for _ in range(2)]
+    turns = [engine.run_generation(long_request()) for _ in range(2)]
     for turn in turns:
         assert isinstance(await anext(turn), TextDelta)
     assert engine.running == 2
@@ -390,14 +390,14 @@ async def test_a_killed_engine_process_fails_every_turn_of_its_batch_and_the_nex
     results = await asyncio.wait_for(
         asyncio.gather(collect(engine, short_request()), collect(engine, short_request())), HANG_GUARD_S
     )
-    assert all(isinstance(events[-1], TurnDone) for events in results)
+    assert all(isinstance(events[-1], GenerationDone) for events in results)
 
 
 async def test_a_pool_sends_turns_to_the_least_loaded_engine_and_a_crash_fails_only_its_turns(dev_model_dir):
     pool = TransformersEnginePool(dev_model_dir, devices=["cpu", "cpu"], seed=0, threads=1, generation=GENERATION)
     await pool.start()
     try:
-        first, second = pool.run_turn(long_request()), pool.run_turn(long_request())
+        first, second = pool.run_generation(long_request()), pool.run_generation(long_request())
         for turn in (first, second):
             assert isinstance(await anext(turn), TextDelta)
         assert [engine["running"] for engine in pool.describe()] == [1, 1]
@@ -411,7 +411,7 @@ async def test_a_pool_sends_turns_to_the_least_loaded_engine_and_a_crash_fails_o
         assert isinstance(await anext(second), TextDelta)
         await second.aclose()
         events = await asyncio.wait_for(collect(pool, short_request()), HANG_GUARD_S)
-        assert isinstance(events[-1], TurnDone)
+        assert isinstance(events[-1], GenerationDone)
         await asyncio.wait_for(_restarted(victim), HANG_GUARD_S)
         described = pool.describe()
         assert [engine["restarts"] for engine in described] == [1, 0] and all(engine["alive"] for engine in described)
@@ -494,7 +494,7 @@ async def test_an_emulated_engine_holds_a_turn_until_its_model_time(emulated):
     assert emulated.describe()["emulated_speed"] == EMULATED
     loop = asyncio.get_running_loop()
     submitted = loop.time()
-    turn = emulated.run_turn(short_request())
+    turn = emulated.run_generation(short_request())
     first = await anext(turn)
     # The dev model writes its first token in tens of milliseconds; the emulated one in 1.5 s.
     assert isinstance(first, TextDelta)
@@ -503,11 +503,11 @@ async def test_an_emulated_engine_holds_a_turn_until_its_model_time(emulated):
 
 
 async def test_cancelling_an_emulated_turn_mid_delay_ends_it_at_once(emulated):
-    turn = emulated.run_turn(short_request())
+    turn = emulated.run_generation(short_request())
     assert isinstance(await anext(turn), TextDelta)  # decoded long since; its audio is held for ten minutes
     await turn.aclose()
     # The engine decodes one turn at a time: the next turn starts only once the cancelled one has ended.
-    following = emulated.run_turn(short_request())
+    following = emulated.run_generation(short_request())
     assert isinstance(await asyncio.wait_for(anext(following), HANG_GUARD_S), TextDelta)
     assert emulated.running == 1
     await following.aclose()

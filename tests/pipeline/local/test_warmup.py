@@ -1,14 +1,14 @@
-"""The engine process's warm-up (``pipeline.local.warmup``): what it runs, and that no turn comes before it."""
+"""The engine process's warm-up (``pipeline.local.warmup``): what it runs, and that no generation comes before it."""
 
 import multiprocessing
 
 import pytest
 
-from pipeline.contract import TurnDone
-from pipeline.local.engine_messages import EngineProcessSpec, Submit, TurnEventMessage
+from pipeline.contract import GenerationDone
+from pipeline.local.engine_messages import EngineProcessSpec, GenerationEventMessage, Submit
 from pipeline.local.engine_process import main as engine_process_main
 from pipeline.local.params import GenerationParams
-from pipeline.local.warmup import WARM_UP_TOKENS, warm_up_clip, warm_up_params, warm_up_turns
+from pipeline.local.warmup import WARM_UP_TOKENS, warm_up_clip, warm_up_generations, warm_up_params
 from tests.pipeline.local.test_transformers_engine import GENERATION, short_request
 
 # Loading the dev model on 2 shared cores: seconds; a guard against a hang, not a speed limit.
@@ -16,7 +16,7 @@ RECEIVE_TIMEOUT_S = 300
 
 
 def test_the_warm_up_covers_a_lone_turn_a_batch_and_a_score():
-    groups = warm_up_turns(speaks=True)
+    groups = warm_up_generations(speaks=True)
     assert [[request.task for request in group] for group in groups] == [
         ["respond"], ["respond", "transcribe"], ["end_of_turn"]
     ]
@@ -26,7 +26,7 @@ def test_the_warm_up_covers_a_lone_turn_a_batch_and_a_score():
 
 
 def test_a_model_without_a_talker_warms_its_text_paths_only():
-    assert not any(request.output_audio for group in warm_up_turns(speaks=False) for request in group)
+    assert not any(request.output_audio for group in warm_up_generations(speaks=False) for request in group)
 
 
 def test_the_warm_up_clip_is_the_same_quiet_second_every_time():
@@ -57,14 +57,14 @@ def test_the_engine_process_takes_no_turn_before_its_warm_up_is_over(dev_model_d
     try:
         commands.send(Submit(1, short_request()))  # before the process has even loaded the model
         received = []
-        while not (received and isinstance(received[-1], TurnEventMessage)
-                   and isinstance(received[-1].event, TurnDone)):
+        while not (received and isinstance(received[-1], GenerationEventMessage)
+                   and isinstance(received[-1].event, GenerationDone)):
             assert events.poll(RECEIVE_TIMEOUT_S), f"nothing from the engine process; so far {received}"
             received.append(events.recv())
         kinds = [type(message).__name__ for message in received]
         assert kinds[:2] == ["WarmingUp", "Ready"]
-        assert set(kinds[2:]) == {"TurnEventMessage"}
-        assert all(message.turn_id == 1 for message in received[2:])
+        assert set(kinds[2:]) == {"GenerationEventMessage"}
+        assert all(message.generation_id == 1 for message in received[2:])
         ready = received[1]
         assert ready.warm_up is not None and (ready.warm_up.turns, ready.warm_up.failed) == (4, 0)
     finally:

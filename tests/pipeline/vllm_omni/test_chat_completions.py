@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from pipeline.contract import TranscriptionHint, TurnRequest
+from pipeline.contract import GenerationRequest, TranscriptionHint
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, AssistantText, Conversation, UserAudio, UserImage, UserText
 from pipeline.tool_format import FunctionCall, FunctionOutput, Tool, ToolChoice
 from pipeline.vllm_omni.chat_completions import (
@@ -57,16 +57,16 @@ def strict_validator() -> jsonschema.Draft202012Validator:
 
 
 REQUESTS = {
-    "spoken answer with history": TurnRequest(
+    "spoken answer with history": GenerationRequest(
         Conversation(items=(clip(1.0), AssistantText("Hi there."), UserText("And now?"), clip(0.5, 1)),
                      instructions="Be brief."),
         voice="aiden", temperature=0.6, max_output_tokens=200,
     ),
-    "text-only answer": TurnRequest(Conversation(items=(UserText("Hello"),)), output_audio=False),
-    "camera frame and speech": TurnRequest(
+    "text-only answer": GenerationRequest(Conversation(items=(UserText("Hello"),)), output_audio=False),
+    "camera frame and speech": GenerationRequest(
         Conversation(items=(UserImage(encoded(352, 256), 352, 256, 100_352), clip(1.0))),
     ),
-    "transcription": TurnRequest.transcription(clip(2.0), TranscriptionHint(language="de", prompt="Names: Qwen")),
+    "transcription": GenerationRequest.transcription(clip(2.0), TranscriptionHint(language="de", prompt="Names: Qwen")),
 }
 
 
@@ -113,14 +113,14 @@ def test_history_goes_as_system_user_and_assistant_messages() -> None:
 )
 def test_a_turn_that_must_call_or_holds_calls_is_refused(conversation: Conversation) -> None:
     with pytest.raises(ToolsUnsupported):
-        chat_request(TurnRequest(conversation))
+        chat_request(GenerationRequest(conversation))
 
 
 @pytest.mark.parametrize("choice", ["auto", "none"])
 def test_tools_the_model_may_leave_alone_are_left_out(choice: str) -> None:
     conversation = Conversation((UserText("Time?"),), tools=(Tool("get_time"),), tool_choice=ToolChoice(choice))
-    plain = chat_request(TurnRequest(Conversation((UserText("Time?"),))))
-    assert chat_request(TurnRequest(conversation)) == plain
+    plain = chat_request(GenerationRequest(Conversation((UserText("Time?"),))))
+    assert chat_request(GenerationRequest(conversation)) == plain
 
 
 def test_an_image_goes_as_an_image_url_data_url_before_the_audio() -> None:
@@ -133,7 +133,7 @@ def test_an_image_goes_as_an_image_url_data_url_before_the_audio() -> None:
 
 
 def test_default_instructions_are_qwens_spoken_chat_prompt() -> None:
-    body = chat_request(TurnRequest(Conversation(items=(UserText("Hi"),))))
+    body = chat_request(GenerationRequest(Conversation(items=(UserText("Hi"),))))
     assert body["messages"][0] == {"role": "system", "content": DEFAULT_SYSTEM_PROMPT}
 
 
@@ -151,7 +151,7 @@ def test_history_past_the_audio_limits_goes_as_transcripts() -> None:
     old = UserAudio(clip(1.0).pcm, transcript="an old question")
     items = (old, AssistantText("old answer"), *[x for n in range(4) for x in (clip(1.0, n), AssistantText(f"a{n}"))],
              clip(1.0, 9))
-    body = chat_request(TurnRequest(Conversation(items=items)))
+    body = chat_request(GenerationRequest(Conversation(items=items)))
     first_user = body["messages"][1]["content"]
     assert first_user == [{"type": "text", "text": "an old question"}]
 
@@ -177,7 +177,7 @@ def test_a_spoken_answer_reads_back_as_text_audio_usage_and_finish() -> None:
 
 
 def test_a_text_only_answer_cut_by_max_tokens_finishes_with_length() -> None:
-    body = chat_request(TurnRequest(Conversation(items=(UserText("Hi"),)), output_audio=False, max_output_tokens=3))
+    body = chat_request(GenerationRequest(Conversation(items=(UserText("Hi"),)), output_audio=False, max_output_tokens=3))
     pieces = [piece for data in replayed_chunks(body)[:-1] for piece in read_chunk(data)]
     assert "".join(piece.text for piece in pieces if isinstance(piece, TextPiece)) == "Once upon a"
     assert not [piece for piece in pieces if isinstance(piece, AudioPiece)]

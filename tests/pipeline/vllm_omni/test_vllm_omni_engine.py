@@ -13,7 +13,15 @@ import numpy as np
 import pytest
 
 from app.serving.engines import StallTimeoutEngine
-from pipeline.contract import AudioChunk, EngineCapabilities, EngineError, TextDelta, TurnDone, TurnEvent, TurnRequest
+from pipeline.contract import (
+    AudioChunk,
+    EngineCapabilities,
+    EngineError,
+    GenerationDone,
+    GenerationEvent,
+    GenerationRequest,
+    TextDelta,
+)
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
 from pipeline.vllm_omni import vllm_omni_engine
 from pipeline.vllm_omni.chat_completions import MAX_EVENT_LINE_BYTES
@@ -32,18 +40,18 @@ def replay() -> Iterator[ReplayServer]:
         yield server
 
 
-def spoken(text: str = "Hello?") -> TurnRequest:
-    return TurnRequest(Conversation(items=(UserText(text),)), voice="chelsie")
+def spoken(text: str = "Hello?") -> GenerationRequest:
+    return GenerationRequest(Conversation(items=(UserText(text),)), voice="chelsie")
 
 
-def written(text: str = "Hello?") -> TurnRequest:
-    return TurnRequest(Conversation(items=(UserText(text),)), output_audio=False)
+def written(text: str = "Hello?") -> GenerationRequest:
+    return GenerationRequest(Conversation(items=(UserText(text),)), output_audio=False)
 
 
-async def run(engine: VllmOmniEngine | VllmOmniEnginePool, request: TurnRequest) -> list[tuple[float, TurnEvent]]:
+async def run(engine: VllmOmniEngine | VllmOmniEnginePool, request: GenerationRequest) -> list[tuple[float, GenerationEvent]]:
     """Every event of one turn with its arrival time."""
     async with asyncio.timeout(DEADLINE_S):
-        return [(time.monotonic(), event) async for event in engine.run_turn(request)]
+        return [(time.monotonic(), event) async for event in engine.run_generation(request)]
 
 
 @contextlib.asynccontextmanager
@@ -77,7 +85,7 @@ async def test_a_spoken_turn_streams_audio_before_the_server_ends_its_stream(rep
     assert await asyncio.to_thread(received.wait_ended, DEADLINE_S) and received.done_at is not None
     assert audio[0][0] < received.done_at  # the first audio reached us while the server still streamed
     assert len(audio) == received.audio_chunks_sent > 1
-    assert isinstance(done, TurnDone) and done.text == ANSWER_TEXT and done.finish_reason == "stop"
+    assert isinstance(done, GenerationDone) and done.text == ANSWER_TEXT and done.finish_reason == "stop"
     assert done.usage.output_text_tokens == len(texts) + 1  # the server's count, its stop token included
     assert done.usage.output_audio_tokens == len(replay.answer) // 1920
     assert done.timings.first_audio is not None and done.timings.first_text < done.timings.first_audio
@@ -95,9 +103,9 @@ async def test_the_engine_is_named_after_the_servers_model(replay: ReplayServer)
 async def test_usage_splits_the_prompt_into_audio_and_text_tokens(replay: ReplayServer) -> None:
     clip = UserAudio((0.1 * np.ones(32_000)).astype(np.float32))  # 2 s: the replay counts 25 tokens
     async with started(replay.url) as engine:
-        events = await run(engine, TurnRequest(Conversation(items=(clip,))))
+        events = await run(engine, GenerationRequest(Conversation(items=(clip,))))
     done = events[-1][1]
-    assert isinstance(done, TurnDone)
+    assert isinstance(done, GenerationDone)
     assert done.usage.input_audio_tokens == 25 and done.usage.input_text_tokens > 0
 
 
@@ -105,7 +113,7 @@ async def test_a_second_turn_sends_the_first_as_history(replay: ReplayServer) ->
     clip = UserAudio((0.1 * np.ones(16_000)).astype(np.float32))
     conversation = Conversation(items=(clip, AssistantText("Once upon a time,"), UserText("Go on.")))
     async with started(replay.url) as engine:
-        await run(engine, TurnRequest(conversation))
+        await run(engine, GenerationRequest(conversation))
     messages = replay.requests[-1].body["messages"]
     assert [message["role"] for message in messages] == ["system", "user", "assistant", "user"]
     assert messages[1]["content"][0]["type"] == "input_audio"
@@ -115,31 +123,31 @@ async def test_a_second_turn_sends_the_first_as_history(replay: ReplayServer) ->
 async def test_a_transcription_is_text_only(replay: ReplayServer) -> None:
     clip = UserAudio((0.1 * np.ones(16_000)).astype(np.float32))
     async with started(replay.url) as engine:
-        events = await run(engine, TurnRequest.transcription(clip))
+        events = await run(engine, GenerationRequest.transcription(clip))
     assert replay.requests[-1].modalities == ["text"]
     assert not [event for _, event in events if isinstance(event, AudioChunk)]
     done = events[-1][1]
-    assert isinstance(done, TurnDone) and done.text == TRANSCRIPT and done.finish_reason == "stop"
+    assert isinstance(done, GenerationDone) and done.text == TRANSCRIPT and done.finish_reason == "stop"
 
 
 def test_a_pool_of_servers_declares_no_function_calls_and_no_end_of_turn_scores() -> None:
     pool = VllmOmniEnginePool(["http://gpu-1:8091/v1", "http://gpu-2:8091/v1"])
     assert pool.capabilities == EngineCapabilities(function_calls=False, end_of_turn_scores=False, images=True,
-                                                   preemptible_turns=True)
+                                                   preemptible_generations=True)
 
 
 async def test_max_output_tokens_ends_the_answer_with_length(replay: ReplayServer) -> None:
-    request = TurnRequest(Conversation(items=(UserText("Hi"),)), max_output_tokens=4)
+    request = GenerationRequest(Conversation(items=(UserText("Hi"),)), max_output_tokens=4)
     async with started(replay.url) as engine:
         events = await run(engine, request)
     done = events[-1][1]
     assert replay.requests[-1].body["max_tokens"] == 4
-    assert isinstance(done, TurnDone) and done.text == "Once upon a time," and done.finish_reason == "length"
+    assert isinstance(done, GenerationDone) and done.text == "Once upon a time," and done.finish_reason == "length"
 
 
 async def test_closing_the_turn_closes_the_servers_stream_at_once(replay: ReplayServer) -> None:
     async with started(replay.url) as engine:
-        turn = engine.run_turn(spoken())
+        turn = engine.run_generation(spoken())
         async for event in turn:
             if isinstance(event, AudioChunk):
                 break
@@ -151,13 +159,13 @@ async def test_closing_the_turn_closes_the_servers_stream_at_once(replay: Replay
     assert received.chunks_sent < received.chunks_planned
 
 
-def speculative(text: str = "Hello?", preemptible_id: str = "spec_1") -> TurnRequest:
+def speculative(text: str = "Hello?", preemptible_id: str = "spec_1") -> GenerationRequest:
     return dataclasses.replace(spoken(text), preemptible_id=preemptible_id)
 
 
 async def test_a_speculative_turn_closed_on_cancel_closes_its_servers_stream(replay: ReplayServer) -> None:
     async with started(replay.url) as engine:
-        turn = engine.run_turn(speculative())
+        turn = engine.run_generation(speculative())
         async for event in turn:
             if isinstance(event, AudioChunk):
                 break
@@ -174,11 +182,11 @@ async def test_a_speculative_turn_is_refused_while_the_server_streams_its_batch(
 ) -> None:
     monkeypatch.setattr(vllm_omni_engine, "SERVER_BATCH", 1)
     async with started(replay.url) as engine:
-        committed = engine.run_turn(spoken())
+        committed = engine.run_generation(spoken())
         assert isinstance(await anext(committed), TextDelta)
         sent = len(replay.requests)
         with pytest.raises(EngineError) as refused:
-            await anext(engine.run_turn(speculative()))
+            await anext(engine.run_generation(speculative()))
         await committed.aclose()
     assert refused.value.code == "no_spare_capacity"
     assert len(replay.requests) == sent  # refused here, never sent
@@ -189,7 +197,7 @@ async def test_a_committed_turn_past_the_batch_preempts_the_speculative_stream_a
 ) -> None:
     monkeypatch.setattr(vllm_omni_engine, "SERVER_BATCH", 1)
     async with started(replay.url) as engine:
-        turn = engine.run_turn(speculative())
+        turn = engine.run_generation(speculative())
         assert isinstance(await anext(turn), TextDelta)
         speculative_request = replay.requests[-1]
 
@@ -205,13 +213,13 @@ async def test_a_committed_turn_past_the_batch_preempts_the_speculative_stream_a
         assert await asyncio.to_thread(speculative_request.wait_ended, DEADLINE_S)
     assert preempted.value.code == "preempted"
     assert speculative_request.done_at is None and speculative_request.closed_at is not None
-    assert isinstance(events[-1][1], TurnDone) and events[-1][1].text == ANSWER_TEXT
+    assert isinstance(events[-1][1], GenerationDone) and events[-1][1].text == ANSWER_TEXT
 
 
 async def test_a_promoted_speculative_turn_is_not_preempted(replay: ReplayServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vllm_omni_engine, "SERVER_BATCH", 1)
     async with started(replay.url) as engine:
-        turn = engine.run_turn(speculative(preemptible_id="spec_7"))
+        turn = engine.run_generation(speculative(preemptible_id="spec_7"))
         assert isinstance(await anext(turn), TextDelta)
         assert await engine.promote("spec_7")
         assert not await engine.promote("spec_7")
@@ -219,7 +227,7 @@ async def test_a_promoted_speculative_turn_is_not_preempted(replay: ReplayServer
         async with asyncio.timeout(DEADLINE_S):
             rest = [event async for event in turn]  # it runs to its end beside the committed turn
         committed_events = await committed
-    assert isinstance(rest[-1], TurnDone) and isinstance(committed_events[-1][1], TurnDone)
+    assert isinstance(rest[-1], GenerationDone) and isinstance(committed_events[-1][1], GenerationDone)
 
 
 async def test_a_stall_is_failed_by_the_stall_timeout_which_closes_the_stream(replay: ReplayServer) -> None:
@@ -256,22 +264,22 @@ async def test_a_failing_server_fails_the_turn_and_serves_the_next(
         assert "HTTP 500" in str(failed.value) if failure == "http_500" else "Internal" not in str(failed.value)
         again = await run(engine, written())
         assert engine.describe()[0]["failures"] == 1
-    assert isinstance(again[-1][1], TurnDone)
+    assert isinstance(again[-1][1], GenerationDone)
 
 
 async def test_a_prompt_past_the_limit_fails_before_it_is_sent_and_the_next_runs(replay: ReplayServer) -> None:
     # Issue 34: 33,000 short words are ~33,000 tokens (165 KB: a byte bound alone would refuse
     # far less); the limit is counted, and the server never sees the turn.
     asked = len(replay.requests)
-    long = TurnRequest(Conversation((UserText("Hi"),), instructions="word " * 33_000), output_audio=False)
-    fits = TurnRequest(Conversation((UserText("Hi"),), instructions="word " * 30_000), output_audio=False)
+    long = GenerationRequest(Conversation((UserText("Hi"),), instructions="word " * 33_000), output_audio=False)
+    fits = GenerationRequest(Conversation((UserText("Hi"),), instructions="word " * 30_000), output_audio=False)
     async with started(replay.url) as engine:
         with pytest.raises(EngineError) as refused:
             await run(engine, long)
         assert len(replay.requests) == asked
         again = await run(engine, fits)
     assert refused.value.code == "prompt_too_long"
-    assert isinstance(again[-1][1], TurnDone) and len(replay.requests) == asked + 1
+    assert isinstance(again[-1][1], GenerationDone) and len(replay.requests) == asked + 1
     assert engine.describe()[0]["last_error"] is None  # the turn's fault, not the server's
 
 
@@ -310,7 +318,7 @@ async def test_an_unreachable_server_fails_the_turn_and_reads_not_alive() -> Non
 async def test_turns_go_to_the_least_loaded_reachable_server() -> None:
     with ReplayServer(pace=FAST) as first, ReplayServer(pace=FAST) as second:
         async with started(f"http://127.0.0.1:{closed_port()}/v1", first.url, second.url) as pool:
-            turns = [pool.run_turn(spoken()) for _ in range(3)]
+            turns = [pool.run_generation(spoken()) for _ in range(3)]
             firsts = await asyncio.gather(*(anext(turn) for turn in turns))
             for turn in turns:
                 await turn.aclose()

@@ -10,25 +10,23 @@ from collections.abc import AsyncGenerator, Sequence
 import numpy as np
 import pytest
 
-from app.realtime.held_turn import HeldTurn
+from app.realtime.held_generation import HeldGeneration
 from pipeline.contract import (
-    NO_SPARE_CAPACITY,
-    PREEMPTED,
     AudioChunk,
     EngineError,
+    GenerationDone,
+    GenerationEvent,
+    GenerationRequest,
     TextDelta,
-    TurnDone,
-    TurnEvent,
-    TurnRequest,
     Usage,
 )
 from pipeline.conversation import Conversation, UserText
 from tests.fakes import FULL_CAPABILITIES
 from tests.settle import settle
 
-Step = TurnEvent | asyncio.Event | Exception
+Step = GenerationEvent | asyncio.Event | Exception
 
-DONE = TurnDone(text="Hi there.", usage=Usage(input_text_tokens=3, input_audio_tokens=0, output_text_tokens=2),
+DONE = GenerationDone(text="Hi there.", usage=Usage(input_text_tokens=3, input_audio_tokens=0, output_text_tokens=2),
                 finish_reason="stop")
 AUDIO = AudioChunk(np.zeros(1_920, dtype=np.float32), frames=1)
 
@@ -51,10 +49,10 @@ class ScriptEngine:
     async def close(self) -> None:
         return None
 
-    def run_turn(self, request: TurnRequest) -> AsyncGenerator[TurnEvent, None]:
+    def run_generation(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         return self._stream()
 
-    async def _stream(self) -> AsyncGenerator[TurnEvent, None]:
+    async def _stream(self) -> AsyncGenerator[GenerationEvent, None]:
         try:
             for step in self.script:
                 if isinstance(step, asyncio.Event):
@@ -72,22 +70,22 @@ class ScriptEngine:
         return self.promotes_to
 
 
-def request(preemptible_id: str | None = "spec_1") -> TurnRequest:
-    return TurnRequest(conversation=Conversation(items=(UserText("Hello"),)), preemptible_id=preemptible_id)
+def request(preemptible_id: str | None = "spec_1") -> GenerationRequest:
+    return GenerationRequest(conversation=Conversation(items=(UserText("Hello"),)), preemptible_id=preemptible_id)
 
 
-async def collect(events: AsyncGenerator[TurnEvent, None]) -> list[TurnEvent]:
+async def collect(events: AsyncGenerator[GenerationEvent, None]) -> list[GenerationEvent]:
     return [event async for event in events]
 
 
 def test_a_request_without_a_preemptible_id_is_refused():
     with pytest.raises(ValueError, match="preemptible_id"):
-        HeldTurn(ScriptEngine([DONE]), request(preemptible_id=None), name="held")
+        HeldGeneration(ScriptEngine([DONE]), request(preemptible_id=None), name="held")
 
 
 async def test_the_events_held_so_far_come_first_then_the_later_ones():
     go_on = asyncio.Event()
-    held = HeldTurn(ScriptEngine([TextDelta("Hi"), go_on, TextDelta(" there."), DONE]), request(), name="held")
+    held = HeldGeneration(ScriptEngine([TextDelta("Hi"), go_on, TextDelta(" there."), DONE]), request(), name="held")
     await settle()
     events = held.events()
     assert await anext(events) == TextDelta("Hi")
@@ -96,15 +94,15 @@ async def test_the_events_held_so_far_come_first_then_the_later_ones():
 
 
 async def test_the_events_of_a_turn_that_already_ended_come_all_at_once():
-    held = HeldTurn(ScriptEngine([TextDelta("Hi"), AUDIO, DONE]), request(), name="held")
+    held = HeldGeneration(ScriptEngine([TextDelta("Hi"), AUDIO, DONE]), request(), name="held")
     await settle()
     assert held.ended
     assert await collect(held.events()) == [TextDelta("Hi"), AUDIO, DONE]
 
 
 async def test_the_events_raise_what_the_turn_raised_after_those_before_it():
-    held = HeldTurn(ScriptEngine([TextDelta("Hi"), EngineError("boom", code="engine_error")]), request(), name="held")
-    seen: list[TurnEvent] = []
+    held = HeldGeneration(ScriptEngine([TextDelta("Hi"), EngineError("boom", code="engine_error")]), request(), name="held")
+    seen: list[GenerationEvent] = []
     with pytest.raises(EngineError, match="boom"):
         async for event in held.events():
             seen.append(event)
@@ -114,7 +112,7 @@ async def test_the_events_raise_what_the_turn_raised_after_those_before_it():
 async def test_closing_the_events_closes_the_turn():
     go_on = asyncio.Event()
     engine = ScriptEngine([TextDelta("Hi"), go_on, DONE])
-    held = HeldTurn(engine, request(), name="held")
+    held = HeldGeneration(engine, request(), name="held")
     events = held.events()
     await anext(events)
     await events.aclose()
@@ -125,7 +123,7 @@ async def test_output_is_told_once_at_the_first_audio():
     first_audio, more = asyncio.Event(), asyncio.Event()
     told: list[None] = []
     engine = ScriptEngine([TextDelta("Hi"), first_audio, AUDIO, more, AUDIO, DONE])
-    held = HeldTurn(engine, request(), name="held", on_output=lambda: told.append(None))
+    held = HeldGeneration(engine, request(), name="held", on_output=lambda: told.append(None))
     await settle()
     assert told == []
     first_audio.set()
@@ -139,7 +137,7 @@ async def test_output_is_told_once_at_the_first_audio():
 async def test_output_of_a_text_only_turn_is_told_at_its_end():
     go_on = asyncio.Event()
     told: list[None] = []
-    held = HeldTurn(ScriptEngine([TextDelta("Hi"), go_on, DONE]), request(), name="held",
+    held = HeldGeneration(ScriptEngine([TextDelta("Hi"), go_on, DONE]), request(), name="held",
                     on_output=lambda: told.append(None))
     await settle()
     assert told == []
@@ -150,29 +148,29 @@ async def test_output_of_a_text_only_turn_is_told_at_its_end():
 
 async def test_output_is_never_told_for_a_turn_that_failed_before_any_audio():
     told: list[None] = []
-    held = HeldTurn(ScriptEngine([TextDelta("Hi"), EngineError("boom")]), request(), name="held",
+    held = HeldGeneration(ScriptEngine([TextDelta("Hi"), EngineError("boom")]), request(), name="held",
                     on_output=lambda: told.append(None))
     await settle()
     assert held.ended and told == []
 
 
 async def test_the_end_is_told_with_the_turn_when_its_stream_ends_by_itself():
-    ends: list[HeldTurn] = []
-    held = HeldTurn(ScriptEngine([TextDelta("Hi"), DONE]), request(), name="held", on_end=ends.append)
+    ends: list[HeldGeneration] = []
+    held = HeldGeneration(ScriptEngine([TextDelta("Hi"), DONE]), request(), name="held", on_end=ends.append)
     await settle()
     assert ends == [held]
 
 
 async def test_the_end_is_told_when_the_turn_fails():
-    ends: list[HeldTurn] = []
-    held = HeldTurn(ScriptEngine([EngineError("boom")]), request(), name="held", on_end=ends.append)
+    ends: list[HeldGeneration] = []
+    held = HeldGeneration(ScriptEngine([EngineError("boom")]), request(), name="held", on_end=ends.append)
     await settle()
     assert ends == [held]
 
 
 async def test_the_end_is_not_told_for_a_closed_turn():
-    ends: list[HeldTurn] = []
-    held = HeldTurn(ScriptEngine([TextDelta("Hi"), asyncio.Event(), DONE]), request(), name="held",
+    ends: list[HeldGeneration] = []
+    held = HeldGeneration(ScriptEngine([TextDelta("Hi"), asyncio.Event(), DONE]), request(), name="held",
                     on_end=ends.append)
     await settle()
     await held.close()
@@ -182,7 +180,7 @@ async def test_the_end_is_not_told_for_a_closed_turn():
 
 async def test_closing_cancels_the_engines_stream():
     engine = ScriptEngine([TextDelta("Hi"), asyncio.Event(), DONE])
-    held = HeldTurn(engine, request(), name="held")
+    held = HeldGeneration(engine, request(), name="held")
     await settle()
     await held.close()
     assert engine.cancelled == 1
@@ -191,7 +189,7 @@ async def test_closing_cancels_the_engines_stream():
 
 async def test_closing_twice_is_safe():
     engine = ScriptEngine([asyncio.Event(), DONE])
-    held = HeldTurn(engine, request(), name="held")
+    held = HeldGeneration(engine, request(), name="held")
     await settle()
     await held.close()
     await held.close()
@@ -200,7 +198,7 @@ async def test_closing_twice_is_safe():
 
 async def test_closing_a_turn_that_ended_by_itself_keeps_its_end():
     engine = ScriptEngine([TextDelta("Hi"), DONE])
-    held = HeldTurn(engine, request(), name="held")
+    held = HeldGeneration(engine, request(), name="held")
     await settle()
     await held.close()
     assert engine.cancelled == 0
@@ -209,24 +207,24 @@ async def test_closing_a_turn_that_ended_by_itself_keeps_its_end():
 
 async def test_promoting_tells_the_engine_the_preemptible_id():
     engine = ScriptEngine([TextDelta("Hi"), asyncio.Event(), DONE])
-    held = HeldTurn(engine, request("spec_7"), name="held")
+    held = HeldGeneration(engine, request("spec_7"), name="held")
     assert await held.promote() is True
     assert engine.promoted == ["spec_7"]
     await held.close()
 
 
-@pytest.mark.parametrize("code", [PREEMPTED, NO_SPARE_CAPACITY])
+@pytest.mark.parametrize("code", ["preempted", "no_spare_capacity"])
 async def test_a_turn_the_engine_took_back_or_never_ran_cannot_be_promoted(code: str):
     engine = ScriptEngine([EngineError("gone", code=code)], promotes_to=False)
-    held = HeldTurn(engine, request(), name="held")
+    held = HeldGeneration(engine, request(), name="held")
     assert await held.promote() is False
     assert held.engine_code == code
 
 
 async def test_a_refused_promotion_waits_for_the_turns_end():
     preempted = asyncio.Event()
-    engine = ScriptEngine([TextDelta("Hi"), preempted, EngineError("preempted", code=PREEMPTED)], promotes_to=False)
-    held = HeldTurn(engine, request(), name="held")
+    engine = ScriptEngine([TextDelta("Hi"), preempted, EngineError("preempted", code="preempted")], promotes_to=False)
+    held = HeldGeneration(engine, request(), name="held")
     promoting = asyncio.create_task(held.promote())
     await settle()
     assert not promoting.done()
@@ -236,28 +234,28 @@ async def test_a_refused_promotion_waits_for_the_turns_end():
 
 async def test_a_turn_that_failed_otherwise_is_still_promoted():
     engine = ScriptEngine([TextDelta("Hi"), EngineError("broke", code="engine_error")], promotes_to=False)
-    held = HeldTurn(engine, request(), name="held")
+    held = HeldGeneration(engine, request(), name="held")
     assert await held.promote() is True
     assert held.engine_code == "engine_error"
 
 
 async def test_a_turn_that_ended_cleanly_is_still_promoted_and_the_engine_told():
     engine = ScriptEngine([DONE], promotes_to=False)
-    held = HeldTurn(engine, request(), name="held")
+    held = HeldGeneration(engine, request(), name="held")
     await settle()
     assert await held.promote() is True
     assert engine.promoted == ["spec_1"]
 
 
 async def test_done_is_the_turn_done_after_a_clean_end():
-    held = HeldTurn(ScriptEngine([TextDelta("Hi"), DONE]), request(), name="held")
+    held = HeldGeneration(ScriptEngine([TextDelta("Hi"), DONE]), request(), name="held")
     await settle()
     assert held.done is DONE
 
 
 async def test_done_is_none_while_the_turn_runs():
     go_on = asyncio.Event()
-    held = HeldTurn(ScriptEngine([TextDelta("Hi"), go_on, DONE]), request(), name="held")
+    held = HeldGeneration(ScriptEngine([TextDelta("Hi"), go_on, DONE]), request(), name="held")
     await settle()
     assert held.done is None
     go_on.set()
@@ -266,32 +264,32 @@ async def test_done_is_none_while_the_turn_runs():
 
 
 async def test_done_is_none_after_a_failure():
-    held = HeldTurn(ScriptEngine([TextDelta("Hi"), EngineError("boom")]), request(), name="held")
+    held = HeldGeneration(ScriptEngine([TextDelta("Hi"), EngineError("boom")]), request(), name="held")
     await settle()
     assert held.ended and held.done is None
 
 
 async def test_done_is_none_after_a_close():
-    held = HeldTurn(ScriptEngine([TextDelta("Hi"), asyncio.Event(), DONE]), request(), name="held")
+    held = HeldGeneration(ScriptEngine([TextDelta("Hi"), asyncio.Event(), DONE]), request(), name="held")
     await settle()
     await held.close()
     assert held.done is None
 
 
 async def test_engine_code_is_none_for_a_clean_end():
-    held = HeldTurn(ScriptEngine([DONE]), request(), name="held")
+    held = HeldGeneration(ScriptEngine([DONE]), request(), name="held")
     await settle()
     assert held.engine_code is None
 
 
 async def test_engine_code_is_none_for_a_failure_that_is_not_an_engine_error():
-    held = HeldTurn(ScriptEngine([RuntimeError("bug")]), request(), name="held")
+    held = HeldGeneration(ScriptEngine([RuntimeError("bug")]), request(), name="held")
     await settle()
     assert isinstance(held.error, RuntimeError)
     assert held.engine_code is None
 
 
 async def test_engine_code_is_the_engine_errors_code():
-    held = HeldTurn(ScriptEngine([EngineError("no slot", code=NO_SPARE_CAPACITY)]), request(), name="held")
+    held = HeldGeneration(ScriptEngine([EngineError("no slot", code="no_spare_capacity")]), request(), name="held")
     await settle()
-    assert held.engine_code == NO_SPARE_CAPACITY == "no_spare_capacity"
+    assert held.engine_code == "no_spare_capacity"

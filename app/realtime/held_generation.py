@@ -20,23 +20,23 @@ import time
 from collections.abc import AsyncGenerator, Callable
 
 from pipeline.contract import (
-    NO_SPARE_CAPACITY,
-    PREEMPTED,
+    PREEMPTIBLE_ENDS,
     AudioChunk,
     Engine,
     EngineError,
-    TurnDone,
-    TurnEvent,
-    TurnRequest,
+    EngineErrorCode,
+    GenerationDone,
+    GenerationEvent,
+    GenerationRequest,
 )
 
 logger = logging.getLogger(__name__)
 
 
-class HeldTurn:
+class HeldGeneration:
     """One preemptible engine turn, read into a buffer by a task of its own.
 
-    ``on_output``: called once, at its first audio (or its end, ``TurnDone``, for a turn with
+    ``on_output``: called once, at its first audio (or its end, ``GenerationDone``, for a turn with
     none). ``on_end``: called once when the engine's stream ends by itself (done or failed),
     never when it is closed.
     """
@@ -44,11 +44,11 @@ class HeldTurn:
     def __init__(
         self,
         engine: Engine,
-        request: TurnRequest,
+        request: GenerationRequest,
         *,
         name: str,
         on_output: Callable[[], None] | None = None,
-        on_end: Callable[[HeldTurn], None] | None = None,
+        on_end: Callable[[HeldGeneration], None] | None = None,
     ) -> None:
         if request.preemptible_id is None:
             raise ValueError("a held turn is a preemptible one: its request needs a preemptible_id")
@@ -57,7 +57,7 @@ class HeldTurn:
         self.ended_at: float | None = None
         self.error: BaseException | None = None  # what the engine's stream raised
         self._engine = engine
-        self._events: list[TurnEvent] = []
+        self._events: list[GenerationEvent] = []
         self._changed = asyncio.Event()
         self._on_output = on_output
         self._on_end = on_end
@@ -75,15 +75,15 @@ class HeldTurn:
         return self.request.preemptible_id
 
     @property
-    def engine_code(self) -> str | None:
+    def engine_code(self) -> EngineErrorCode | None:
         """The ``EngineError`` code it ended with (``preempted``, ``no_spare_capacity``...), if any."""
         return self.error.code if isinstance(self.error, EngineError) else None
 
     @property
-    def done(self) -> TurnDone | None:
-        """Its ``TurnDone``, once the engine's stream ended with one (None while it runs, or when it failed)."""
+    def done(self) -> GenerationDone | None:
+        """Its ``GenerationDone``, once the engine's stream ended with one (None while it runs, or when it failed)."""
         last = self._events[-1] if self.ended and self.error is None and self._events else None
-        return last if isinstance(last, TurnDone) else None
+        return last if isinstance(last, GenerationDone) else None
 
     def engine_seconds(self) -> float:
         """How long the engine has worked on it: from its start to its end, or to now."""
@@ -116,9 +116,9 @@ class HeldTurn:
             while not self.ended:
                 self._changed.clear()
                 await self._changed.wait()
-        return self.engine_code not in (PREEMPTED, NO_SPARE_CAPACITY)
+        return self.engine_code not in PREEMPTIBLE_ENDS
 
-    async def events(self) -> AsyncGenerator[TurnEvent, None]:
+    async def events(self) -> AsyncGenerator[GenerationEvent, None]:
         """Its events, those held at once, then the rest as they come; raises what the turn
         raised. Closing the generator closes the turn."""
         index = 0
@@ -143,11 +143,11 @@ class HeldTurn:
     async def _read(self) -> None:
         told = False
         try:
-            async with contextlib.aclosing(self._engine.run_turn(self.request)) as turn:
+            async with contextlib.aclosing(self._engine.run_generation(self.request)) as turn:
                 async for event in turn:
                     self._events.append(event)
                     self._changed.set()
-                    if not told and isinstance(event, AudioChunk | TurnDone) and self._on_output is not None:
+                    if not told and isinstance(event, AudioChunk | GenerationDone) and self._on_output is not None:
                         told = True
                         self._on_output()
         except Exception as exc:  # kept: whoever releases it raises it, or it is discarded unseen
