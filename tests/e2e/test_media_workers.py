@@ -228,8 +228,9 @@ async def test_a_stopped_worker_gets_no_new_call_and_an_offer_it_was_given_goes_
                     assert sessions_by_worker(await until(http, lambda b: b["sessions"] == 2)) == [0, 2]
                     await asyncio.gather(answered(first), answered(second))
         finally:
-            os.kill(stopped, signal.SIGCONT)
-        body = await until(http, lambda b: b["workers"][0]["ready"])  # it answers again, and takes calls
+            with contextlib.suppress(ProcessLookupError):  # silent past WORKER_STUCK_TIMEOUT_S, it was killed
+                os.kill(stopped, signal.SIGCONT)
+        body = await until(http, lambda b: b["workers"][0]["ready"])  # it answers again (or its successor does)
         assert body["status"] == "ok"
 
 
