@@ -45,15 +45,16 @@ else
 	scripts/run-offline.sh $(VENV)/bin/pytest -n $(TEST_PROCESSES) --dist loadfile $(PYTEST_ARGS)
 endif
 
-# The tiers below the end-to-end tests (tests/e2e: real servers, peers and browsers), for a quick
-# round while editing; `make test` still runs everything. No root, Chromium or real-time audio:
-# its one system package is the server's own libopus0 (media/libopus.py), checked, not installed.
+# The tiers below the end-to-end tests (tests/e2e: real servers, peers and browsers), less the
+# tests that compute with the dev model (marked dev_model), for a quick round
+# while editing: no root, no Chromium, no real-time audio; `make test` still runs everything. Its
+# one system package is the server's own libopus0 (media/libopus.py), checked, not installed.
 test-unit: $(STAMP) turn-model
 	@$(PY) -c 'import ctypes.util, sys; sys.exit(ctypes.util.find_library("opus") is None)' || \
 		{ echo "make test-unit: Debian's libopus0 is missing (sudo apt-get install libopus0)" >&2; exit 1; }
 	$(VENV)/bin/ruff check app media pipeline tests scripts
 	$(VENV)/bin/mypy
-	scripts/run-offline.sh $(VENV)/bin/pytest -n $(TEST_PROCESSES) --dist loadfile --ignore=tests/e2e $(PYTEST_ARGS)
+	scripts/run-offline.sh $(VENV)/bin/pytest -n $(TEST_PROCESSES) --dist loadfile --ignore=tests/e2e -m "not dev_model" $(PYTEST_ARGS)
 
 # Only the SDK's self-contained browser build is used: no install scripts need to run.
 $(SDK_STAMP): $(SDK_DIR)/package.json $(SDK_DIR)/package-lock.json | system-deps

@@ -20,7 +20,7 @@ from tests.fakes import SessionHarness
 from tests.speech import load_fixture, silence
 
 # The engine lives on the session loop, so every test here runs on it too.
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = [pytest.mark.dev_model, pytest.mark.asyncio(loop_scope="session")]
 
 MAX_AUDIO_FRAMES = 20  # a random Talker rarely says codec EOS: 20 frames (1.6 s) bound a turn's audio
 TURN_GUARD_S = 300  # against hangs only: a CPU turn takes ~1-2 s, more when the machine is busy

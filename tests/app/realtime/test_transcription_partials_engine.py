@@ -22,7 +22,7 @@ from tests.fakes import SessionHarness
 from tests.speech import load_fixture, silence
 
 # The engine lives on the session loop (the fixtures' default), so every test here runs on it too.
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = [pytest.mark.dev_model, pytest.mark.asyncio(loop_scope="session")]
 
 DELTA = "conversation.item.input_audio_transcription.delta"
 STEP_MS = 100

@@ -15,6 +15,8 @@ from pipeline.local.engine_messages import EngineProcessSpec
 from pipeline.local.generation import stream_generation
 from pipeline.local.params import GenerationParams
 
+pytestmark = pytest.mark.dev_model  # computes with the dev model: make test, not make test-unit
+
 
 def test_a_checkpoint_whose_talker_weights_are_missing_is_refused(no_talker_dir, tmp_path):
     claims_talker = tmp_path / "claims-a-talker"

@@ -17,7 +17,7 @@ from pipeline.local.code2wav import StreamingCode2Wav
 from pipeline.local.qwen3_omni_config import code2wav_config
 from tests.chunk_schedules import schedules_covering
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.dev_model, pytest.mark.usefixtures("one_thread")]
 
 FRAMES = 300
 FIRST_CHUNK = 4  # GenerationParams.first_chunk_frames

@@ -21,6 +21,8 @@ from pipeline.local.stages import THINK_TOKEN_IDS
 from pipeline.local.tokenizer import build_tokenizer, load_tokenizer
 from pipeline.local.transformers_engine import TransformersEngine
 
+pytestmark = pytest.mark.dev_model  # computes with the dev model: make test, not make test-unit
+
 
 def test_default_instructions_are_the_qwen3_omni_spoken_chat_prompt(dev_model_dir):
     assert DEFAULT_SYSTEM_PROMPT.startswith(

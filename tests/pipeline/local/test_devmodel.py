@@ -30,6 +30,8 @@ from pipeline.local.params import GenerationParams
 from pipeline.local.prompt import PromptRenderer
 from pipeline.local.tokenizer import load_tokenizer
 
+pytestmark = pytest.mark.dev_model  # computes with the dev model: make test, not make test-unit
+
 SAMPLES_PER_CODEC_FRAME = 1920  # 80 ms at 24 kHz
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 

@@ -31,7 +31,7 @@ IM_END, END_OF_TEXT = 151645, 151643
 WAVEFORM_ATOL = 1e-5
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.dev_model, pytest.mark.usefixtures("one_thread")]
 
 
 def load_model(model_dir: Path) -> Qwen3OmniMoeForConditionalGeneration:

@@ -20,8 +20,9 @@ from pipeline.local.transformers_engine import TransformersEngine, TransformersE
 from pipeline.tool_format import Tool
 from tests.hostile import punctuation_tools
 
-# The engine lives on the session loop, so every test here runs on it too.
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+# The engine lives on the session loop, so every test here runs on it too. Each runs the dev model
+# in engine processes: the suite's heaviest CPU work, left out of `make test-unit` (`make test` runs it).
+pytestmark = [pytest.mark.dev_model, pytest.mark.asyncio(loop_scope="session")]
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 

@@ -11,6 +11,8 @@ from pipeline.local.params import GenerationParams
 from pipeline.local.warmup import WARM_UP_TOKENS, warm_up_clip, warm_up_generations, warm_up_params
 from tests.pipeline.local.test_transformers_engine import GENERATION, short_request
 
+pytestmark = pytest.mark.dev_model  # computes with the dev model: make test, not make test-unit
+
 # Loading the dev model on 2 shared cores: seconds; a guard against a hang, not a speed limit.
 RECEIVE_TIMEOUT_S = 300
 
