@@ -255,7 +255,7 @@ class Settings(BaseSettings):
         False, description="gather ICE candidates on 127.0.0.1 only (tests, clients on this machine)"
     )
     # ICE and DTLS take well under a second on a LAN and a few seconds through TURN; an offer
-    # that never connects holds a session slot this long (it was 30 s: issue 23).
+    # that never connects holds a session slot this long.
     connect_timeout_s: Annotated[float, Flag(Concern.WEBRTC)] = Field(
         10.0,
         gt=0,
