@@ -159,7 +159,7 @@ class RealtimeSession:
         self._conversation_id = new_id("conv")
         self._expires_at = int(time.time()) + SESSION_LIFETIME_S
         self._speculator = Speculator(engine, self._speculative_answer, session_id=self.session_id,
-                                      on_outcome=on_speculation)
+                                      on_outcome=on_speculation, clock=clock)
         self._turns = TurnTaking(
             vad,
             detector_params(self._config.turn_detection or TurnDetection(), self._config.history,

@@ -20,8 +20,10 @@ a preemptible engine turn (``pipeline.contract``) and holds everything it yields
   starts in that utterance. Any other engine failure is held like its events: the response that
   takes it fails as the committed turn would have.
 
-At most ``MAX_PER_UTTERANCE`` speculations start per utterance (from ``speech_started`` to the
-commit or drop): speech that dips and resumes offers a candidate at every dip.
+Speculations start at most ``SPECULATION_BURST`` at once, then ``SPECULATIONS_PER_SECOND``,
+whatever the utterances: speech that dips and resumes offers a candidate at every dip, and a
+session that changes its turn on purpose (``session.update``, ``input_audio_buffer.clear``) would
+otherwise start a prefill at each change.
 
 The answer's input transcription (``audio.input.transcription``) is held too, started once the
 held answer has its first audio (or ended), as a committed turn's transcription waits for the
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -48,10 +51,14 @@ from pipeline.conversation import Conversation, ConversationItem, UserAudio, bou
 
 logger = logging.getLogger(__name__)
 
-# Speculations started in one utterance at most: speech that dips and resumes offers a candidate
-# at every dip (tests/bench/speculation.py counts them on the turn-taking fixtures); past this the
-# speaker is hesitating steadily, and each further start costs a prefill likely thrown away.
-MAX_PER_UTTERANCE = 4
+# Speculative starts a session may make: 4 at once, then one every 2 s, counted in time, not per
+# utterance. A speaker offers a candidate at each dip of an utterance (tests/bench/speculation.py:
+# one or two an utterance on the turn-taking fixtures, an utterance every few seconds); each start
+# is a prefill likely thrown away, and a session restarting its turn on purpose (session.update,
+# input_audio_buffer.clear) took a prefill each time: 154 starts in 35 s, its neighbour's turns
+# up to 9.3 s.
+SPECULATION_BURST = 4
+SPECULATIONS_PER_SECOND = 0.5
 
 # (outcome, engine seconds thrown away): "started", "used", "discarded", "refused", "preempted";
 # None: a held transcription thrown away (its seconds alone).
@@ -212,14 +219,17 @@ class Speculator:
     """
 
     def __init__(self, engine: Engine, plan: Callable[[np.ndarray], SpeculativeAnswer | None], *,
-                 session_id: str, on_outcome: OutcomeObserver | None = None) -> None:
+                 session_id: str, on_outcome: OutcomeObserver | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._engine = engine
         self._plan = plan
         self._session_id = session_id
         self._on_outcome = on_outcome
         self._candidate: np.ndarray | None = None  # the utterance at its candidate end; None: speech goes on
         self._current: Speculation | None = None
-        self._started = 0  # this utterance's speculations
+        self._clock = clock
+        self._starts = float(SPECULATION_BURST)  # a token bucket of starts
+        self._refilled_at = clock()
         self._capacity_lost = False  # refused or preempted in this utterance: none starts again
         self._stopping: list[Speculation] = []  # cancelled, their turns maybe still stopping
         self._closed = False
@@ -241,7 +251,6 @@ class Speculator:
     def utterance_over(self) -> None:
         """The utterance was committed (its speculation taken first) or dropped."""
         self._candidate = None
-        self._started = 0
         self._capacity_lost = False
         self._discard()
 
@@ -254,12 +263,22 @@ class Speculator:
         if current is not None and turn is not None and same_request(current.request, turn.answer):
             return
         self._discard()
-        if turn is None or self._capacity_lost or self._started >= MAX_PER_UTTERANCE:
+        if turn is None or self._capacity_lost or not self._take_start():
             return
-        self._started += 1
         self._report("started", 0.0)
         self._current = Speculation(self._engine, turn, self._candidate, session_id=self._session_id,
                                     report=self._report, on_failed=self._failed)
+
+    def _take_start(self) -> bool:
+        now = self._clock()
+        self._starts = min(SPECULATION_BURST, self._starts + (now - self._refilled_at) * SPECULATIONS_PER_SECOND)
+        self._refilled_at = now
+        if self._starts < 1:
+            logger.debug("session %s: no speculative start left (%g a second)", self._session_id,
+                         SPECULATIONS_PER_SECOND)
+            return False
+        self._starts -= 1
+        return True
 
     def take(self) -> Speculation | None:
         """At the commit: the speculation (running, or ended by itself), now the caller's to ``use``;

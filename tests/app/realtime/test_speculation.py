@@ -18,11 +18,12 @@ import pytest
 from app.config import Settings
 from app.http.server import _base_session_config
 from app.realtime.session_config import InputTranscription, SessionConfig, TurnDetection
-from app.realtime.speculation import same_request
+from app.realtime.speculation import SPECULATION_BURST, SPECULATIONS_PER_SECOND, same_request
 from media.frames import SampledFrame
 from pipeline.contract import GenerationRequest, TranscriptionHint
 from pipeline.conversation import Conversation, UserAudio, UserImage, UserText
 from tests.app.realtime.test_session_tools import GET_TIME, PARIS, Answer, CallingEngine
+from tests.clock import FakeClock
 from tests.fakes import EnergyVad, ScriptedEngine, SessionHarness
 from tests.pictures import encoded
 from tests.settle import settle
@@ -354,6 +355,30 @@ async def test_speech_that_keeps_dipping_starts_at_most_four_speculations_in_one
 
     assert h.outcomes().count("started") == 4
     assert done["latency"]["speculative"] is False  # the bound was reached: the commit started it
+    await h.session.close()
+
+
+async def test_speculative_starts_are_bounded_in_time_and_clearing_the_buffer_does_not_reset_them():
+    """A session restarting its turn on purpose (speech, a candidate, input_audio_buffer.clear,
+    again) gets the burst, then one start every 1 / SPECULATIONS_PER_SECOND seconds."""
+    engine = held_engine()
+    clock = FakeClock()
+    h = SessionHarness(engine, EnergyVad(), clock=clock)
+    await h.session.start()
+    for _ in range(SPECULATION_BURST + 2):
+        h.push(tone(300))
+        h.push(silence(100))  # a candidate: a speculation starts while any start is left
+        await settle()
+        await h.send(type="input_audio_buffer.clear")
+    assert h.outcomes().count("started") == SPECULATION_BURST
+    clock.now += 1 / SPECULATIONS_PER_SECOND  # one more start's worth of time
+    for _ in range(2):
+        h.push(tone(300))
+        h.push(silence(100))
+        await settle()
+        await h.send(type="input_audio_buffer.clear")
+    assert h.outcomes().count("started") == SPECULATION_BURST + 1
+    engine.hold.set()
     await h.session.close()
 
 
