@@ -428,6 +428,7 @@ class RealtimeSession:
     def _delete_item(self, event: ConversationItemDeleteEvent) -> None:
         in_progress = self._response.response.output if self._response is not None else []
         self.emit(self._history.delete_item(event.item_id, in_progress=in_progress))
+        self._transcriptions.forget_gone()
 
     async def _truncate_item(self, event: ConversationItemTruncateEvent) -> None:
         run = self._response
@@ -653,6 +654,7 @@ class RealtimeSession:
     def prune_history(self) -> None:
         for event in self._history.prune(self._config.history, self._config.truncation):
             self.emit(event)
+        self._transcriptions.forget_gone()  # an item pruned is not transcribed
 
     # -- helpers ---------------------------------------------------------------------------
 

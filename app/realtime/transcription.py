@@ -253,6 +253,13 @@ HeldTranscriptions = Callable[[GenerationRequest], HeldGeneration | None]
 logger = logging.getLogger(__name__)
 
 
+# Transcriptions a session runs on the engine at once; the others wait their turn, and one whose
+# item leaves the history meanwhile is dropped (``forget_gone``). Each commit with transcription
+# on is one engine generation: 150 commits of 100 ms of noise, each in the engine's one queue, put
+# another visitor's first words 19.4 s late.
+MAX_TRANSCRIPTIONS_RUNNING = 2
+
+
 class Transcriptions:
     """The session's transcription tasks; ``close()`` cancels and awaits them (safe twice)."""
 
@@ -264,7 +271,8 @@ class Transcriptions:
         self._holds_item = holds_item  # False once the item was deleted or pruned
         self._session_id = session_id
         self._answer_started: asyncio.Event | None = None  # the latest response's first output
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[asyncio.Task[None], UserEntry] = {}
+        self._running = asyncio.Semaphore(MAX_TRANSCRIPTIONS_RUNNING)
         self._closed = False
 
     def __len__(self) -> int:
@@ -293,8 +301,14 @@ class Transcriptions:
                     self._run(entry, content_index, request, running, text),
                     name=f"transcription {entry.id}[{content_index}]",
                 )
-                self._tasks.add(task)
+                self._tasks[task] = entry
                 task.add_done_callback(self._on_task_done)
+
+    def forget_gone(self) -> None:
+        """Drops the transcriptions of items that have left the history (deleted or pruned)."""
+        for task, entry in list(self._tasks.items()):
+            if not self._holds_item(entry):
+                task.cancel()
 
     async def close(self) -> None:
         self._closed = True
@@ -305,7 +319,7 @@ class Transcriptions:
             await asyncio.wait(tasks)
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
+        self._tasks.pop(task, None)
         if not task.cancelled() and task.exception() is not None:
             logger.error("session %s: %s crashed", self._session_id, task.get_name(), exc_info=task.exception())
 
@@ -330,15 +344,19 @@ class Transcriptions:
             if request is None:
                 done = GenerationDone(text="", usage=Usage(0, 0, 0), finish_reason="stop")
             else:
-                try:
-                    events = held.events() if held is not None else self._engine.run_generation(request)
-                    done = await self._stream(entry.id, text, events)
-                except EngineError as exc:
-                    self._fail(entry.id, content_index, exc.code, str(exc))
-                    return
-                except Exception as exc:
-                    self._fail(entry.id, content_index, "server_error", exc)
-                    return
+                async with self._running if held is None else contextlib.nullcontext():
+                    if not self._holds_item(entry):
+                        logger.debug("session %s: item %s is gone; not transcribing it", self._session_id, entry.id)
+                        return
+                    try:
+                        events = held.events() if held is not None else self._engine.run_generation(request)
+                        done = await self._stream(entry.id, text, events)
+                    except EngineError as exc:
+                        self._fail(entry.id, content_index, exc.code, str(exc))
+                        return
+                    except Exception as exc:
+                        self._fail(entry.id, content_index, "server_error", exc)
+                        return
         finally:
             if held is not None:
                 await held.close()

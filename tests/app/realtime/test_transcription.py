@@ -7,17 +7,22 @@ schema OpenAI's own clients parse with.
 from __future__ import annotations
 
 import asyncio
+import base64
 from typing import Any
 
+import numpy as np
 import pytest
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
 from app.realtime.session_config import SessionConfig, TurnDetection
+from app.realtime.transcription import MAX_TRANSCRIPTIONS_RUNNING
 from app.realtime.turn_taking import ECHO_TAIL_MS
 from pipeline.contract import EngineError, GenerationRequest
 from pipeline.conversation import HistoryLimits, UserAudio
 from tests.app.realtime.test_session import Harness, silence, started
+from tests.fakes import ScriptedEngine, SessionHarness
+from tests.settle import settle
 
 TRANSCRIPTION = "conversation.item.input_audio_transcription"
 OPENAI_SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
@@ -218,4 +223,36 @@ async def test_the_idle_timeouts_silent_clip_is_transcribed_as_nothing_without_t
     assert completed["transcript"] == "" and completed["usage"]["total_tokens"] == 0
     assert_openai_parses([completed])
     assert [request.task for request in h.engine.requests] == ["respond", "transcribe", "respond"]
+    await h.session.close()
+
+
+# 200 ms of a 220 Hz tone, as PCM16 at 24 kHz (the session's default input format), in base64.
+TONE_200_MS = base64.b64encode(
+    (0.3 * np.sin(2 * np.pi * 220 * np.arange(4_800) / 24_000) * 32_767).astype("<i2").tobytes()
+).decode()
+
+
+async def test_a_flood_of_commits_runs_at_most_two_transcriptions_at_once_and_drops_those_pruned():
+    """Manual commits with transcription on: each is one engine generation; a session runs
+    MAX_TRANSCRIPTIONS_RUNNING of them at once, and one whose item left the history never runs."""
+    engine = ScriptedEngine()
+    engine.hold_transcriptions = asyncio.Event()
+    h = SessionHarness(engine, config=SessionConfig(turn_detection=None,
+                                                    history=HistoryLimits(max_items=4)))
+    await h.session.start()
+    await h.send(**ON)
+    for _ in range(8):
+        await h.send(type="input_audio_buffer.append", audio=TONE_200_MS)
+        await h.send(type="input_audio_buffer.commit")
+    await settle()
+
+    assert len(engine.running) == MAX_TRANSCRIPTIONS_RUNNING
+    engine.hold_transcriptions.set()
+    await settle(seconds=0.2)
+    completed = [event["item_id"] for event in h.events if event["type"] == f"{TRANSCRIPTION}.completed"]
+    kept = [event["item"]["id"] for event in h.events if event["type"] == "conversation.item.done"]
+    deleted = {event["item_id"] for event in h.events if event["type"] == "conversation.item.deleted"}
+    assert deleted == set(kept[:4])  # pruned to the history's 4 items
+    assert completed == kept[4:] and len(engine.requests) == 4  # the pruned ones never ran
+    assert h.session.stats()["tasks"] == 0
     await h.session.close()
