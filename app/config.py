@@ -355,6 +355,12 @@ class Settings(BaseSettings):
     max_session_s: Annotated[float, Flag(Concern.LIMITS)] = Field(
         3_600.0, gt=0, description="a session ends after this long (the error session_expired)"
     )
+    # A person who stepped away: ten minutes with no client event, no speech and no answer frees
+    # the slot (16 idle WebSockets of one client held every slot for the hour of max_session_s).
+    session_idle_timeout_s: Annotated[float, Flag(Concern.LIMITS)] = Field(
+        600.0, gt=0, description="a session with no client event, no speech and no answer for this long ends "
+        "(the error session_idle_timeout)"
+    )
     # Queue wait counts: 16 sessions x ~2 s CPU dev-model turns stay well under.
     turn_stall_timeout_s: Annotated[float, Flag(Concern.LIMITS)] = Field(
         60.0,

@@ -36,6 +36,7 @@ class Session(Protocol):
     def add_video_frame(self, frame: SampledFrame) -> None: ...
     def video_plan(self) -> FramePlan | None: ...
     async def close(self) -> None: ...
+    def idle_since(self) -> float | None: ...
     def on_playback_started(self) -> None: ...
     def on_playback_stopped(self) -> None: ...
 
@@ -54,9 +55,13 @@ class CallLifecycle(abc.ABC):
 
     transport: str  # the metrics' label: "webrtc" or "websocket"
 
-    def __init__(self, call_id: str, *, max_duration_s: float | None, on_closed: OnClosed | None) -> None:
+    def __init__(
+        self, call_id: str, *, max_duration_s: float | None, on_closed: OnClosed | None,
+        idle_timeout_s: float | None = None,
+    ) -> None:
         self.id = call_id
         self._max_duration_s = max_duration_s
+        self._idle_timeout_s = idle_timeout_s
         self._on_closed = on_closed
         self._end_reason: str | None = None
         # Set by end(); a transport sets it too for whatever else its life waits on (_wait_wakeup).
@@ -94,6 +99,11 @@ class CallLifecycle(abc.ABC):
     async def _release_transport(self, reason: str) -> None:
         """Releases everything the call owns but its session slot."""
 
+    def _idle_since(self) -> float | None:
+        """Since when (monotonic) the session has been idle: no client event, no speech, no answer;
+        None while it is not (or has not started)."""
+        return None
+
     # -- the shared part -------------------------------------------------------------------
 
     def _carry(self) -> asyncio.Task[None]:
@@ -102,6 +112,9 @@ class CallLifecycle(abc.ABC):
         return self._carrier
 
     async def _live(self) -> None:
+        watcher = None
+        if self._idle_timeout_s is not None:
+            watcher = asyncio.create_task(self._watch_idle(self._idle_timeout_s), name=f"call {self.id} idle")
         try:
             try:
                 async with asyncio.timeout(self._max_duration_s):
@@ -111,7 +124,26 @@ class CallLifecycle(abc.ABC):
                 await self._say_last(self._expired_event())
             self.end(reason)
         finally:
+            if watcher is not None:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
             await self._release()
+
+    async def _watch_idle(self, timeout_s: float) -> None:
+        """Ends the call once its session has been idle ``timeout_s`` (``session_idle_timeout``)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            since = self._idle_since()
+            idle_for = 0.0 if since is None else loop.time() - since
+            if since is not None and idle_for >= timeout_s:
+                break
+            # Looked at again when it could first be due: a busy session is looked at every timeout.
+            await asyncio.sleep(timeout_s - idle_for)
+        await self._say_last(ProtocolError(
+            "session_idle_timeout",
+            f"The session was idle for {timeout_s:g} s (no client event, no speech, no answer) and is closed.",
+        ).to_event().to_json())
+        self.end("idle_timeout")
 
     def _expired_event(self) -> dict[str, Any]:
         assert self._max_duration_s is not None

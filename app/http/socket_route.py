@@ -124,6 +124,7 @@ def websocket_router(
                 call = runtime.calls.admit(
                     lambda on_closed: SocketCall(
                         websocket, make_session=make_session, max_duration_s=settings.max_session_s,
+                        idle_timeout_s=settings.session_idle_timeout_s,
                         observer=metrics.observer(transport=SocketCall.transport), on_closed=on_closed,
                         dialect=dialect,
                     ),

@@ -187,6 +187,7 @@ class RealtimeSession:
         self._partials = PartialTranscripts(engine, self.emit, self._audio_content_index, session_id=self.session_id,
                                             on_outcome=on_partial_transcript)
         self._committed_speculation: Speculation | None = None  # taken at a commit, for its response
+        self._active_at = time.monotonic()  # the last client event, speech or answer (idle_since)
         output.set_listener(self)
 
     # -- public API ------------------------------------------------------------------------
@@ -205,6 +206,7 @@ class RealtimeSession:
         """Handle one client event (JSON text); every mistake is answered with an ``error``."""
         if self._closed or self._finished:
             return
+        self._active_at = time.monotonic()
         rejection = self._gate.admit(raw)  # before parsing: a flood or a huge event costs nothing (appends: _parse)
         if rejection is not None:
             self.emit(ProtocolError(rejection.code, rejection.message).to_event())
@@ -279,6 +281,13 @@ class RealtimeSession:
             for run in list(self._runs):
                 await run.close()
             await self._speculator.close()  # last: a response ending hands its speculation back
+
+    def idle_since(self) -> float | None:
+        """Since when (``time.monotonic``) nothing has happened: no client event, no speech, no
+        answer running or playing; None while something does."""
+        if self._busy() or self._turns.speech_so_far() is not None:
+            return None
+        return self._active_at
 
     def stats(self) -> dict[str, int]:
         """Sizes of the per-session structures (metrics; tests check they stay bounded)."""
@@ -564,6 +573,7 @@ class RealtimeSession:
 
     def _user_speaking(self, speaking: bool) -> None:
         """Turn taking acts on the user's speech (True), or has committed or dropped it (False)."""
+        self._active_at = time.monotonic()
         if speaking:
             self._frames.speech_started()
         else:
@@ -613,6 +623,7 @@ class RealtimeSession:
 
     def response_done(self, run: ResponseRun) -> None:
         """``run`` sent its ``response.done``."""
+        self._active_at = time.monotonic()
         if self._response is run:
             self._response = None
         self._on_playback(self._audio.settle())
@@ -622,6 +633,7 @@ class RealtimeSession:
 
     def _audio_idle(self) -> None:
         """The answers' audio is over: played out, or cleared."""
+        self._active_at = time.monotonic()
         if self._response is None:
             self._turns.idle()
 

@@ -100,6 +100,7 @@ def new_call(
         connect_timeout_s=settings.connect_timeout_s,
         disconnect_timeout_s=settings.disconnect_timeout_s,
         max_duration_s=settings.max_session_s,
+        idle_timeout_s=settings.session_idle_timeout_s,
         observer=metrics.observer(),
         on_connected=on_connected,
         on_closed=on_closed,

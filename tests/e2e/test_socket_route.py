@@ -182,6 +182,19 @@ async def test_one_client_holds_at_most_its_share_of_sessions_across_transports(
     assert offer.status_code == 429 and offer.json()["error"]["code"] == "too_many_sessions_for_client"
 
 
+async def test_an_idle_session_is_told_and_closed_and_frees_its_slot(tmp_path):
+    async with serving(Settings(cache_dir=tmp_path, max_sessions=1, session_idle_timeout_s=1.0)) as url:
+        async with websockets.connect(ws_url(url)) as ws:
+            await ws.recv()  # session.created
+            await ws.send(json.dumps({"type": "session.update", "session": {"instructions": "Hi."}}))
+            error = await next_event(ws, "error")
+            with pytest.raises(ConnectionClosed):
+                await asyncio.wait_for(ws.recv(), timeout=10)
+        async with websockets.connect(ws_url(url)) as ws:  # the slot is free again
+            assert json.loads(await ws.recv())["type"] == "session.created"
+    assert error["error"]["code"] == "session_idle_timeout"
+
+
 async def test_bad_frames_get_errors_and_the_session_goes_on(tmp_path):
     settings = Settings(cache_dir=tmp_path)
     async with serving(settings) as url:

@@ -101,6 +101,7 @@ class Call(CallLifecycle):
         connect_timeout_s: float = 30.0,
         disconnect_timeout_s: float = 10.0,
         max_duration_s: float | None = None,
+        idle_timeout_s: float | None = None,
         observer: CallObserver | None = None,
         on_connected: Callable[[Call], None] | None = None,
         on_closed: OnClosed | None = None,
@@ -111,7 +112,8 @@ class Call(CallLifecycle):
     ) -> None:
         """``jitter_buffer``: inbound audio through ``media.playout`` (False: aiortc's own path).
         ``max_video_pixels``: the largest camera frame decoded (``media.video_gate``)."""
-        super().__init__(call_id or new_call_id(), max_duration_s=max_duration_s, on_closed=on_closed)
+        super().__init__(call_id or new_call_id(), max_duration_s=max_duration_s, on_closed=on_closed,
+                         idle_timeout_s=idle_timeout_s)
         self._jitter_buffer = jitter_buffer
         self._max_video_pixels = max_video_pixels
         self._network: CallNetwork | None = None
@@ -211,6 +213,9 @@ class Call(CallLifecycle):
     async def _run(self) -> str:
         self._reader = asyncio.create_task(self._read_messages(), name=f"call {self.id} events")
         return await self._watch()
+
+    def _idle_since(self) -> float | None:
+        return self._session.idle_since() if self._session is not None else None
 
     async def _say_last(self, event: dict[str, Any]) -> None:
         self._send(event)

@@ -60,12 +60,14 @@ class SocketCall(CallLifecycle):
         *,
         make_session: SocketSessionFactory,
         max_duration_s: float | None = None,
+        idle_timeout_s: float | None = None,
         observer: EventObserver | None = None,
         on_closed: OnClosed | None = None,
         dialect: DashScopeDialect | None = None,
     ) -> None:
         """``dialect``: the events leave as DashScope names them (the session reads its fields)."""
-        super().__init__(new_socket_id(), max_duration_s=max_duration_s, on_closed=on_closed)
+        super().__init__(new_socket_id(), max_duration_s=max_duration_s, on_closed=on_closed,
+                         idle_timeout_s=idle_timeout_s)
         self._dialect = dialect
         self._websocket = websocket
         self._observer = observer
@@ -91,6 +93,9 @@ class SocketCall(CallLifecycle):
             await self._session.start()
             self._reader = asyncio.create_task(self._read(), name=f"{self.id} reader")
         return await self._until_ended()
+
+    def _idle_since(self) -> float | None:
+        return self._session.idle_since() if self._session is not None else None
 
     async def _say_last(self, event: dict[str, Any]) -> None:
         self._send_event(event)  # the release lets it leave (_flush)

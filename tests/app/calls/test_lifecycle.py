@@ -17,8 +17,12 @@ class StandInCall(CallLifecycle):
 
     transport = "stand-in"
 
-    def __init__(self, on_closed: OnClosed | None = None, *, max_duration_s: float | None = None) -> None:
-        super().__init__("call_1", max_duration_s=max_duration_s, on_closed=on_closed)
+    def __init__(
+        self, on_closed: OnClosed | None = None, *, max_duration_s: float | None = None,
+        idle_timeout_s: float | None = None,
+    ) -> None:
+        super().__init__("call_1", max_duration_s=max_duration_s, on_closed=on_closed, idle_timeout_s=idle_timeout_s)
+        self.idle_from: float | None = None  # what its session says (None: busy)
         self.last_words: list[dict[str, Any]] = []
         self.releases: list[str] = []
         self.release_may_finish = asyncio.Event()
@@ -33,6 +37,9 @@ class StandInCall(CallLifecycle):
 
     async def _say_last(self, event: dict[str, Any]) -> None:
         self.last_words.append(event)
+
+    def _idle_since(self) -> float | None:
+        return self.idle_from
 
     async def _release_transport(self, reason: str) -> None:
         self.releases.append(reason)
@@ -134,3 +141,29 @@ async def test_the_registry_forgets_a_released_call_and_counts_its_end():
     await registry.close_all()
     assert len(registry) == 0 and registry.get(call.id) is None
     assert ended == [("stand-in", "server_shutdown")]
+
+
+async def test_a_call_whose_session_stays_idle_says_so_and_ends_idle_timeout():
+    ends = Ends()
+    call = StandInCall(ends, idle_timeout_s=0.05)
+    call.start()
+    await asyncio.sleep(0.1)
+    assert ends.calls == []  # busy (None) is never idle
+    call.idle_from = asyncio.get_running_loop().time()
+    await asyncio.wait_for(call.closed.wait(), timeout=5)
+    assert [event["error"]["code"] for event in call.last_words] == ["session_idle_timeout"]
+    assert ends.calls == [(call, "idle_timeout")]
+
+
+async def test_activity_moves_the_idle_deadline():
+    ends = Ends()
+    call = StandInCall(ends, idle_timeout_s=0.2)
+    loop = asyncio.get_running_loop()
+    call.idle_from = loop.time()
+    call.start()
+    for _ in range(3):
+        await asyncio.sleep(0.1)
+        call.idle_from = loop.time()  # something happened
+    assert ends.calls == []
+    await call.close()
+    assert ends.calls == [(call, "closed")]

@@ -896,3 +896,20 @@ async def test_a_whole_barge_in_utterance_in_one_push_waits_for_the_cancelled_re
     assert types.index("response.done") < second_created
     assert [d["response"]["status"] for d in h.of_type("response.done")] == ["cancelled", "completed"]
     await h.session.close()
+
+
+async def test_the_session_is_idle_only_while_nothing_happens():
+    h = await started()
+    h.engine.hold = asyncio.Event()
+    first = h.session.idle_since()
+    assert first is not None
+    h.push(tone(600))  # speech acted on: not idle
+    assert h.session.idle_since() is None
+    h.push(silence(700))
+    await h.until("response.created")
+    assert h.session.idle_since() is None  # answering
+    h.engine.hold.set()
+    await h.turn_done()
+    since = h.session.idle_since()
+    assert since is not None and since > first  # idle again, from the answer's end
+    await h.session.close()
