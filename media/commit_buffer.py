@@ -1,68 +1,13 @@
 """Server VAD turn detection: speech probabilities in, committed utterances out.
 
-``TurnCommitBuffer`` is a synchronous state machine over (audio window, speech
-probability) pairs; ``VoiceActivityDetector`` (``media.voice_activity_detector``) feeds it from any-size 16 kHz chunks
-through a ``VadStream``. Every millisecond value counts from the first sample of the
-session's input stream (OpenAI Realtime semantics), and is exact: windows are whole
-samples, 16 per millisecond.
-
-The rules, with the defaults of OpenAI's ``server_vad``:
-- speech *onset* is the first window with probability >= ``threshold``;
-- speech is *confirmed* once ``min_speech_ms`` of its windows have stayed at or above the
-  hysteresis threshold ``threshold - 0.15``, dips shorter than ``ONSET_GAP_MS`` between
-  them allowed (a stop consonant's closure: "Oak | Street" is two bursts); bursts that add
-  up to less before such a gap (clicks, coughs) are dropped and never become turns.
-  ``SpeechStarted`` is emitted at confirmation, with the onset's position, not the
-  confirmation's;
-- the utterance starts ``prefix_padding_ms`` before the onset (never before audio that
-  was already committed or reset away), so ``SpeechStarted.audio_start_ms`` is the first
-  sample the model gets, as in OpenAI's ``speech_started``;
-- after confirmation, speech *ends* at the end of the last window at or above ``threshold``
-  (the VAD's own best estimate of where it ended: windows between the two thresholds are
-  unsure, and the first one below the hysteresis threshold comes 0-32 ms later), and the
-  *silence* begins at the first window below ``threshold - 0.15``: that confirms the end (a
-  window back at ``threshold`` or above cancels the wait). Server VAD commits the utterance
-  ``silence_duration_ms`` after the end of speech, on the exact sample, once the silence is
-  confirmed: the silence wait is OpenAI's "duration of silence after speech". The samples that
-  complete it need not fill a 32 ms window: ``VoiceActivityDetector`` offers the samples past
-  its last whole window (``TurnCommitBuffer.push_unscored``), which commit when they complete
-  the wait in a silence already confirmed, and are then skipped when their window is scored
-  (the 20 ms WebRTC packet that holds the wait's last sample commits, not the 32 ms window
-  after it; before, the wait was counted in whole windows from the silence's first, 512 ms for
-  500, plus the windows between the thresholds). The utterance is committed up to that
-  sample, trailing silence included (after a run of unsure windows longer than the wait, up to
-  the first window below the hysteresis threshold), the samples after it go to the next
-  utterance, and ``SpeechStopped.audio_end_ms`` is that commit point;
-- with an end-of-turn policy (``semantic_vad``), the silence does not end the utterance by
-  itself (its checks and waits count from the silence's first window, as they were calibrated
-  in tests/bench/turn_taking.py, and commit at whole windows or answers): when it reaches
-  ``candidate_ms`` (and every ``rescore_ms`` after that) the buffer emits an ``EndOfTurnCheck``
-  with the utterance so far; whoever runs the end-of-turn model answers with ``decide(check_id, probability)``. With ``judge_words``, a check of the words
-  (``words``, not ``sound``) is emitted as the silence starts, its first quiet window (an ASR
-  turn takes longer than the sound model, and is given that head start), answered with
-  ``decide_words(check_id, probability)``: P(the transcript is a complete turn), or None when
-  the judge failed. The rule, ``EndOfTurnPolicy``: the sound at or above
-  ``threshold`` (``words_threshold`` when the words are judged) commits at once, up to the audio pushed by then, unless the words say "not
-  finished" (below ``words_incomplete_below``; a sound-finished answer waits for the words when
-  they were asked); the sound below ``confident_below``, or the words saying "not finished",
-  hold the turn open for ``confident_wait_ms`` of silence; anything else waits ``max_wait_ms``
-  (also the wait before any answer has come). Speech resuming makes a check stale (its answers
-  are ignored); one sound check is in flight at a time; the wait reached commits whatever was said;
-- speech going on past ``max_utterance_ms`` is cut into *segments*, not turns: each stretch of
-  ``max_utterance_ms`` is handed on as a ``SegmentCommitted`` while the person is speaking
-  (during a trailing silence the cut waits for the silence to end the turn or speech to
-  resume, so a segment never ends in a pause) and the utterance goes on, contiguous: not one
-  sample is lost or committed twice. ``UtteranceCommitted`` is the *end of the turn*;
-- a turn reaching ``max_turn_ms`` of audio in all is ended anyway, with ``forced=True``; if the
-  person is still speaking, a new utterance starts at the very next sample (no prefix:
-  nothing is committed twice), announced by a new ``SpeechStarted``.
-Each ``UtteranceCommitted`` is therefore preceded by one ``SpeechStarted``, any number of
-``SegmentCommitted`` and one ``SpeechStopped`` of its own.
-
-Candidates for a speculative answer (``app.realtime.speculation``), with ``candidates`` set: each
-trailing silence of a confirmed utterance starts with a ``SilenceStarted`` (its first window below
-the hysteresis threshold) carrying the utterance so far, as a commit then would hold it; a window
-back at ``threshold`` before the silence ended the turn emits ``SpeechResumed`` (that candidate is void).
+``TurnCommitBuffer`` is a synchronous state machine over (audio window, speech probability)
+pairs; ``VoiceActivityDetector`` (``media.voice_activity_detector``) feeds it from any-size 16 kHz
+chunks through a ``VadStream``. Positions are exact samples from the start of the session's input
+stream. Each ``UtteranceCommitted`` (the end of a turn) is preceded by one ``SpeechStarted``, any
+number of ``SegmentCommitted`` and one ``SpeechStopped`` of its own; with ``candidates`` set, a
+trailing silence starts with ``SilenceStarted`` and speech back before the commit emits
+``SpeechResumed``. The rules (onset, end, segments, the turn's limit, semantic_vad's checks):
+docs/SESSION.md, "Turn detection" and "Turn detection to the sample".
 """
 
 from __future__ import annotations

@@ -1,45 +1,12 @@
 """An Opus jitter buffer with a playout deadline: a lost packet costs 20 ms of concealed audio, not a stall.
 
-aiortc's own buffer releases contiguous packets only: after a loss nothing comes out until 16
-more packets have arrived (320 ms), and then the missing 20 ms is simply absent. Here every frame
-slot has a deadline and the timeline never stops:
-
-- a packet is decoded as soon as it is the next one in order: on a clean network nothing waits;
-- a frame still missing at its deadline is concealed (Opus in-band FEC from the next packet when
-  that one is here and carries it, else Opus PLC), and the packets behind it go on at once;
-- a packet that arrives after its slot was concealed is late: dropped and counted;
-- the deadline of the slot at RTP time ``t`` is ``base + t / rate + depth``: ``base`` is the
-  smallest transit offset (arrival - t / rate) of the last ``DELAY_WINDOW`` packets (2 s), so the
-  fastest recent packet sets the clock and the sender's clock drift is followed; ``depth`` is one
-  frame (the next packet must be here to lend its FEC) plus the most any of those packets came
-  later than the fastest, plus ``DEPTH_SLACK_S``, within ``MIN_DEPTH_S`` and ``MAX_DEPTH_S``.
-  Loopback gives 30 ms; 30 ms of jitter ~55 ms. The most, not a percentile: depth costs nothing
-  while packets come in order (they never wait for a deadline), and one packet that came 80 ms
-  late (a stalled sender or a stalled receiving loop) had better find the next hole's deadline
-  80 ms later for the next 2 s than be turned late again.
-
-With nothing buffered at all, concealment goes on for ``MAX_IDLE_CONCEAL_S`` and then pauses (the
-peer stopped sending, or a long outage), at most one frame per frame period: after this process
-stalled, its socket holds packets it has not read yet, and concealing every slot whose deadline
-passed during the stall would turn them all late; when packets come back, the gap is filled with concealment
-up to ``MAX_FILL_S`` so that N seconds spoken are N seconds heard, and past that the timeline
-jumps to the new packet.
-
-Whatever the timestamps say, audio is released at most as fast as real time: a budget (a token
-bucket of samples) grows by ``RELEASE_RATE`` seconds of audio per second, from the buffer's depth
-at the first packet, and holds at most ``MAX_RELEASE_BURST_S``; a frame is released only while the
-budget is above zero (it may end one frame below). A peer whose RTP timestamps jump ~0.99 s a packet
-had every gap concealed at once before: 1,000 one-byte packets sent within a second made 989 s of
-audio (49,944 frames, ~0.7 s of CPU in the buffer alone, then resampling and the VAD); now a
-second of them makes at most ~1.1 s. What the budget saves is what a well-behaved stream needs
-at once: a gap filled after an outage (up to ``MAX_FILL_S``), or the packets that waited in the
-socket while this process stalled, up to 4 s, twice the 2 s after which the front counts a
-silent worker stuck; a longer stall leaves its excess as delay, drained by the 5 % that
-``RELEASE_RATE`` allows above real time (more than any sender's clock runs fast: sound cards,
-~0.01 %). A peer that idles to save it up gets one burst of ``MAX_RELEASE_BURST_S`` (PLC,
-resampling and the VAD over 4 s of audio: ~90 ms of CPU, which media/playout.py hands out a
-frame per loop iteration), then real time. Everything here is plain computation on the times it
-is given.
+``AudioJitterBuffer`` takes one Opus stream's packets, arrival-stamped, and gives out its timeline of
+20 ms frames (``PlayoutFrame``: decoded, rebuilt from FEC, or concealed with PLC), each frame slot
+with a deadline so that the timeline never stops; ``next_deadline()`` says when to ask again.
+Audio leaves at most as fast as real time, whatever the timestamps say. Everything here is plain
+computation on the times it is given. The rules (the deadline and its depth, concealment, gaps,
+the release budget, the bound on packets waiting) and why: docs/NETWORK.md, "Inbound: the jitter
+buffer".
 """
 
 from __future__ import annotations
@@ -64,7 +31,7 @@ DEPTH_SLACK_S = 0.005  # the loop's timer lateness (media/pacing.py: p99 ~5 ms)
 DEPTH_MIN_PACKETS = 10
 MAX_IDLE_CONCEAL_S = 0.2
 MAX_FILL_S = 1.0
-# Release budget (see the module's docstring): seconds of audio per second of real time, and the
+# Release budget (docs/NETWORK.md): seconds of audio per second of real time, and the
 # most it saves up: an outage's fill (MAX_FILL_S), or a stalled loop's unread packets for twice the
 # 2 s after which the front stops placing calls on a silent worker.
 RELEASE_RATE = 1.05
@@ -76,9 +43,8 @@ _RECENT_SEQUENCES = 128  # decoded sequence numbers remembered to tell duplicate
 # A sequence number this far from the expected one is a new stream (a sender restart), not loss.
 _MAX_SEQUENCE_JUMP = 3000
 # Packets waiting for their playout: 10 s of 20 ms frames. A peer keeps at most the depth (6) plus
-# a burst here; playout releases at most in real time (the release budget), so one sending faster
-# grew the buffer without bound (60,000 packets sent within a second were all kept). Past this,
-# arrivals are dropped and counted.
+# a burst here; playout releases at most in real time (the release budget), so without this bound
+# one sending faster would grow the buffer without end. Past it, arrivals are dropped and counted.
 MAX_BUFFERED_PACKETS = 500
 
 Origin = Literal["packet", "fec", "plc"]
@@ -138,7 +104,7 @@ class _Clock:
 
 
 class AudioJitterBuffer:
-    """One Opus stream's packets in, its timeline of 20 ms frames out (see the module's docstring).
+    """One Opus stream's packets in, its timeline of 20 ms frames out (docs/NETWORK.md).
 
     ``push`` each packet with its arrival time; ``pop(now)`` returns the frames released by then,
     in order; ``next_deadline()`` says when ``pop`` has something new to say without a new packet.

@@ -1,17 +1,9 @@
 """Outbound audio: a paced WebRTC track that plays 24 kHz float32 audio written to it.
 
-Pacing is :class:`media.pacing.FramePacer`: one monotonic clock started by the first ``recv()``,
-frames due every 20 ms, no burst after a stall. ``played_samples`` therefore never runs ahead of
-what the listener has heard. Audio written to a track that is sending silence wakes the pacer:
-the answer's first frame goes now, not at the next 20 ms slot of the silence (0-20 ms, mean 10,
-before), the schedule moving with it (media/pacing.py says how, without a burst).
-
-Resampling 24 → 48 kHz is one ``soxr.ResampleStream`` kept across writes, so chunk
-boundaries are seamless: the output equals resampling the whole answer in one piece.
-soxr withholds its filter delay (~760 input samples) until more input comes; when the
-queue cannot fill the next frame (the answer ended, or the engine fell behind) the
-stream is flushed, which is exactly resampling the audio followed by silence, and the
-next write starts a fresh stream.
+Pacing is :class:`media.pacing.FramePacer`, so ``played_samples`` never runs ahead of what the
+listener has heard; audio written to a track sending silence wakes the pacer. Resampling
+24 → 48 kHz is one ``soxr.ResampleStream`` kept across writes, flushed when the queue cannot fill
+the next frame. The rules and why: docs/NETWORK.md, "Outbound: pacing".
 """
 
 from __future__ import annotations

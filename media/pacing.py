@@ -1,26 +1,11 @@
 """Real-time pacing of an outbound 48 kHz audio track, 20 ms per frame.
 
-Pacing follows aiortc's own ``AudioStreamTrack``: frame *n* is due at ``start + n * 20 ms`` on
-one monotonic clock started by the first ``recv()``, so scheduling jitter never accumulates into
-drift (a frame that is a little late is followed by a shorter sleep). Unlike aiortc's track it
-does not catch up after a real stall (the event loop blocked longer than ``MAX_LATENESS_S``):
-sending the missed frames back to back would burst them into the peer's jitter buffer. Instead
-the schedule moves forward by the stall; pts stays continuous (pts = samples sent, time base
-1/48000), so the peer simply sees the packets arrive late once.
-
-A new answer does not wait for the next slot of the old clock: ``wake()`` (the outbound track
-calls it when audio is written to a track sending silence) sends the next frame now, and the
-schedule moves earlier with it, every later frame 20 ms after it: still one monotonic clock, pts
-still the samples sent. The one bound is ``MIN_FRAME_GAP_S``: a frame goes at least half a
-frame after the one before it, so the peer never sees two packets back to back (its jitter
-buffer sees the stream arrive up to 10 ms earlier from then on, once per answer). Without it an
-answer's first frame waited 0-20 ms for its slot (mean 10); now 0-10 ms only when the last
-silence frame went out under 10 ms before (mean 2.5).
-
-Overload must not be silent: every pacer of a process may report to one :class:`PacingStats`,
-which counts each frame's lateness in a fixed histogram, the frames sent late and the frame slots
-skipped, says whether the process is overloaded, and logs a warning (at most one per window)
-when it is. Recording costs a clock read, a bisect and two increments per frame.
+``FramePacer`` sends frame *n* at ``start + n * 20 ms`` on one monotonic clock, moves the
+schedule forward after a stall instead of bursting, and sends a new answer's first frame at once
+(``wake()``), never two frames closer than ``MIN_FRAME_GAP_S``. Every pacer of a process may
+report to one :class:`PacingStats`: each frame's lateness, frames late, slots skipped, whether the
+process is overloaded (one warning per window). The rules and why: docs/NETWORK.md, "Outbound:
+pacing"; overload: docs/HARDENING.md, "Faults".
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Server VAD over a stream: any-size 16 kHz chunks in, ``DetectorEvent``s out.
 
 ``VoiceActivityDetector`` cuts the chunks into silero's 512-sample windows, scores them through a
-``VadStream`` and feeds the (window, probability) pairs to a ``TurnCommitBuffer``, whose module
-docstring (``media.commit_buffer``) has the timing rules: where speech starts and ends, the
-silence wait, segments, forced ends and semantic VAD's checks.
+``VadStream`` and feeds the (window, probability) pairs to a ``TurnCommitBuffer``
+(``media.commit_buffer``). The timing rules (where speech starts and ends, the silence wait,
+segments, forced ends, semantic VAD's checks): docs/SESSION.md, "Turn detection".
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """The event gate: admits client events by size and by rate, before they are parsed.
 
 A refused event gets a :class:`Rejection`, which the session answers with an ``error`` event;
-the session goes on.
-
-Events up to ``max_bytes`` cost one token of the rate's bucket. Larger ones cost one token per
-``max_bytes`` they hold (at most a whole burst), so the bytes a session may make the server
-receive and measure per second stay bounded whatever the events' sizes. That holds for events
-refused as too large too: one past ``max_image_event_bytes`` (room for one image,
-``conversation.item.create`` with an ``input_image``) pays what the largest event would, then is
-refused unread. Once parsed, an event is refused when what it holds *beside* its images' data
-URLs passes ``max_bytes``: the exemption is for image bytes only, so a 14 MB event of one tiny
-image and 14 MB of ``input_audio`` (22 minutes of audio, which would be decoded and resampled on
-the loop) is refused, and so is a large event with no image.
-
-Audio appends are not counted: they are bounded by the audio they carry
-(``app.realtime.input.AppendDecoder``: at most twice real time past a 20 s head start,
-each append costing at least 10 ms). A client that streams its microphone in 10 ms events,
-LiveKit's and WebRTC's frame, sends 100 a second: at 50 events a second (bursts of 100) it lost
-151 of 500 chunks in 5 s, and half of everything it said after that. Before parsing,
-an event whose text holds the append's type (wherever its ``type`` key stands: openai-python
-writes ``audio`` first) is only checked for size; once parsed, one that was not an append after
-all (or failed to parse) pays its tokens then (:meth:`EventGate.admit_parsed`), so a flood of
-other events is refused as before, at the cost of parsing each.
+the session goes on. An event pays the rate's bucket one token per ``max_bytes`` it holds (at most
+a burst), refused ones too; an image event may be larger, but what it holds beside its images is
+held to ``max_bytes`` once parsed. Audio appends pay by their audio (``app.realtime.input``), not
+here; an event that only looked like one pays once parsed (:meth:`EventGate.admit_parsed`). The
+bounds and why: docs/HARDENING.md, "Limits".
 """
 
 from __future__ import annotations

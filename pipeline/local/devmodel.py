@@ -10,7 +10,8 @@ its words and sounds are noise.
 Two on-disk layouts (docs/MODEL.md): "fused", transformers 5's own (experts fused, loaded as
 is), and "hub", the published Qwen/Qwen3-Omni-30B-A3B-Instruct layout (safetensors shards and
 ``model.safetensors.index.json``, the original module names, every MoE expert stored one by
-one), which only loads through transformers' conversion on load, as real weights do.
+one), which only loads through transformers' conversion on load, as real weights do. How it is made to
+end its turns and be heard: docs/MODEL.md, "The dev model".
 """
 
 from __future__ import annotations

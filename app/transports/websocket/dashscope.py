@@ -1,33 +1,12 @@
 """The DashScope dialect: Qwen's own realtime clients on this server.
 
-Alibaba's DashScope SDK (``dashscope.audio.qwen_omni.OmniRealtimeConversation``, read from the
-dashscope 2.0.2 wheel) and its hosted ``qwen-omni-*-realtime`` API speak OpenAI's Realtime
-protocol as it was in its beta: older event names, flat session fields, Qwen's voice names, and a
-few events of their own. A session in this dialect is the same ``RealtimeSession``; the dialect
-is a mapping at its edges (docs/DASHSCOPE.md has the whole table):
-
-- **Fields in** (:meth:`DashScopeDialect.session_fields`, applied to every ``session.update``
-  before the session's own tolerant reader): ``input_audio_format`` ``pcm16``/``pcm`` is PCM16 at
-  **16 kHz** (OpenAI's beta ``pcm16`` is 24 kHz), ``output_audio_format`` ``pcm24``/``pcm16``/``pcm``
-  PCM16 at 24 kHz (its SDK calls that ``pcm16`` too), the SDK's newer ``audio.{input,output}.format
-  {type: "pcm", sample_rate}``; voice names (``Cherry``…, :data:`DASHSCOPE_VOICES`) become the
-  served Qwen3-Omni voice, a null voice keeps the session's; ``turn_detection.threshold`` is read
-  on DashScope's scale (:func:`vad_threshold`) and ``interrupt_response`` defaults to DashScope's
-  ``true``; ``max_tokens`` is ``max_output_tokens`` (at most 4096); chat-completions tools
-  (``{type, function: {…}}``) are flattened. DashScope's sampling fields (``seed``, ``top_p``,
-  ``top_k``, ``repetition_penalty``, ``presence_penalty``), ``smooth_output``, ``enable_search``,
-  ``translation`` and ``video.input`` are accepted and not applied.
-- **Names out** (:meth:`DashScopeDialect.server_event`, applied by the transport to every event
-  it sends): ``protocol.DASHSCOPE_EVENT_NAMES`` (``response.audio.delta``,
-  ``response.audio_transcript.delta``, ``response.text.delta``, ``conversation.item.created``…),
-  ``conversation.item.done`` not sent, items' assistant parts typed ``audio``/``text``, a
-  response's ``modalities``, and the session as DashScope's flat object (``modalities``,
-  ``voice``, ``input_audio_format``, ``turn_detection`` on DashScope's scale…).
-- A session starts with DashScope's documented defaults (:meth:`DashScopeDialect.initial_config`):
-  16 kHz input, ``interrupt_response: true``, an 800 ms silence wait, input transcription on.
-
-``input_image_buffer.append`` (camera frames) and ``session.finish`` are events of the session
-itself (``app.realtime.session``), taken from any client.
+Alibaba's DashScope SDK and its hosted ``qwen-omni-*-realtime`` API speak OpenAI's Realtime
+protocol as it was in its beta. A session in this dialect is the same ``RealtimeSession``; the
+dialect is a mapping at its edges: :meth:`DashScopeDialect.session_fields` maps every
+``session.update``'s fields in (before the session's tolerant reader),
+:meth:`DashScopeDialect.server_event` maps every sent event's names and session out, and
+:meth:`DashScopeDialect.initial_config` holds DashScope's documented defaults. What maps to what,
+and why: docs/DASHSCOPE.md.
 """
 
 from __future__ import annotations
