@@ -1,4 +1,4 @@
-"""What a hostile peer sends, made reproducibly for the tests and tests/bench/abuse.py (issue 34)."""
+"""What a hostile peer sends, made reproducibly for the tests and tests/bench/abuse.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A hostile data-channel peer: SCTP chunks that aiortc's own sender would never send, sent from an
 aiortc transport's association (its ports, verification tag and DTLS keys), bundled as a
 peer may bundle them. Used by the guard's tests, tests/e2e/test_abuse.py and
-tests/bench/sctp_abuse.py (issue 34).
+tests/bench/sctp_abuse.py.
 
 Every pattern starts at ``first_tsn``, the TSN the server expects next (the sender's
 ``_local_tsn`` while it has nothing in flight), and leaves the sender's own TSN counter alone:

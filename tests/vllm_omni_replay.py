@@ -86,7 +86,7 @@ AUDIO_TOKENS_PER_SECOND = 12.5
 # http_500: an HTTP 500 with vLLM's ErrorResponse; error_chunk: vLLM's streamed error after two text
 # chunks; malformed_chunk: a chunk that is not JSON; bad_audio: an audio chunk that is not a sound
 # file; stall: two text chunks, then nothing until the client goes; drop: the connection is cut
-# mid-stream. A hostile server's (issue 34): flac_audio: an audio chunk of ten minutes of silence as
+# mid-stream. A hostile server's: flac_audio: an audio chunk of ten minutes of silence as
 # FLAC (58 KB of base64, 55 MiB decoded); endless_line: a data line that never ends.
 Failure = Literal["http_500", "error_chunk", "malformed_chunk", "bad_audio", "stall", "drop", "flac_audio", "endless_line"]
 _ENDLESS = "endless"  # the plan's marker for the line that never ends

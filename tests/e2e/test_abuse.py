@@ -1,4 +1,4 @@
-"""A hostile peer beside a well-behaved one on the same media worker (issue 34): the hostile one
+"""A hostile peer beside a well-behaved one on the same media worker: the hostile one
 floods its data channel with chunks aiortc's receive path handled at a cost growing with their
 square, then calls again with a camera far past the decoded size; meanwhile its neighbour's turns
 complete with audio.

@@ -229,7 +229,7 @@ async def test_messages_of_the_largest_size_in_a_burst_are_delivered_without_end
 
 async def test_a_peer_sending_data_chunks_with_no_user_data_is_ended():
     """RFC 4960 §6.2: a DATA chunk has at least one byte. aiortc kept each and counted 0 bytes
-    (200,000 of them held 33 MB, issue 34)."""
+    (200,000 of them held 33 MB)."""
     async with call_under_test() as (call, sessions, reasons), peer() as (pc, channel, _):
         await connect(call, pc)
         await until(lambda: channel.readyState == "open")
@@ -241,7 +241,7 @@ async def test_a_peer_sending_data_chunks_with_no_user_data_is_ended():
 
 async def test_a_peer_skipping_every_other_tsn_is_ended_once_it_keeps_sending_past_the_window():
     """One-byte chunks with every other TSN missing: aiortc sorted every one it held on each chunk
-    (16,000 took 31 s of loop time, issue 34) and counted 16 KB."""
+    (16,000 took 31 s of loop time) and counted 16 KB."""
     async with call_under_test() as (call, _, reasons), peer() as (pc, channel, _):
         await connect(call, pc)
         await until(lambda: channel.readyState == "open")
@@ -266,7 +266,7 @@ SMALL_CAMERA = (64, 48)
 
 
 async def test_a_camera_past_the_decoded_size_is_never_decoded_and_one_within_it_is():
-    """aiortc decoded frames of any size (a 4096x4096 VP8 stream held 353 MB, issue 34). The
+    """aiortc decoded frames of any size (a 4096x4096 VP8 stream held 353 MB). The
     same peer's camera turns small: from then on its frames reach the session, and only those."""
     camera = hostile_video.CodedVideoTrack(hostile_video.coded_frames("libvpx", *HUGE_CAMERA, count=2), fps=10)
     async with call_under_test(WatchingSession) as (call, sessions, reasons), peer(camera=camera) as (pc, _, _):

@@ -687,7 +687,7 @@ async def test_delete_and_truncate_items_and_unknown_ids(h):
 
 class FractionalMsEngine(ScriptedEngine):
     """Frames of 4,935 samples: a three-word answer is 14,805 samples (29,610 bytes of PCM16),
-    616.875 ms, as the answers of issue 35's openai-agents runs were."""
+    616.875 ms, as the answers of the openai-agents runs were."""
 
     def frame(self) -> np.ndarray:
         return np.full(4_935, 0.05, dtype=np.float32)

@@ -249,8 +249,8 @@ async def test_a_stall_is_failed_by_the_stall_timeout_which_closes_the_stream(re
         ("malformed_chunk", "engine_protocol_error"),
         ("bad_audio", "engine_protocol_error"),
         ("drop", "engine_stream_error"),
-        ("flac_audio", "engine_protocol_error"),  # issue 34: refused before it is decoded
-        ("endless_line", "engine_protocol_error"),  # issue 34: refused at 4 MiB
+        ("flac_audio", "engine_protocol_error"),  # refused before it is decoded
+        ("endless_line", "engine_protocol_error"),  # refused at 4 MiB
     ],
 )
 async def test_a_failing_server_fails_the_turn_and_serves_the_next(
