@@ -36,7 +36,7 @@ from media.detector_events import EndOfTurnCheck, UtteranceCommitted
 from media.detector_params import EndOfTurnPolicy, TurnDetectionParams
 from media.end_of_turn_model import SmartTurnModel, default_turn_model_path
 from media.rates import SPEECH_RATE
-from media.vad import SileroVad, SpeechStream, TalkerDecoder
+from media.vad import SileroVad, SpeechModel, SpeechStream
 from media.voice_activity_detector import VoiceActivityDetector
 from pipeline.local.devmodel import ensure_dev_model
 from pipeline.local.transformers_engine import TransformersEngine
@@ -179,7 +179,7 @@ class RecordedVad:
         self._vad = vad
         self._recorded: dict[str, list[float]] = {}
 
-    def for_fixture(self, name: str) -> TalkerDecoder:
+    def for_fixture(self, name: str) -> SpeechModel:
         recorded = self._recorded.setdefault(name, [])
         vad = self._vad
 
