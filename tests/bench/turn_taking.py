@@ -190,6 +190,16 @@ class RecordedVad:
         return _Model()
 
 
+def load_turn_inputs(cache_dir: Path) -> tuple[RecordedVad, SmartTurnModel, list[Fixture], CachedScores]:
+    """Silero (recorded per fixture), the end-of-turn model from ``cache_dir`` (warmed up), the
+    fixtures, and the model's scores cached: what a turn-taking bench hears the fixtures with."""
+    vad = RecordedVad(SileroVad.load())
+    model = SmartTurnModel.load(default_turn_model_path(cache_dir))
+    fixtures = load_fixtures()
+    model.probability(fixtures[0].pcm)  # warm-up: onnxruntime allocates on the first run
+    return vad, model, fixtures, CachedScores(model)
+
+
 def words_said(fixture: Fixture, check_ms: int) -> str:
     """What an ASR would have written by ``check_ms`` (in the fed stream): the words ended by then,
     the whole sentence once all are. Pessimistic about a pause: the ASR closes the words it heard
@@ -428,11 +438,7 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "omni-rtc")
     args = parser.parse_args()
 
-    vad = RecordedVad(SileroVad.load())
-    model = SmartTurnModel.load(default_turn_model_path(args.cache_dir))
-    fixtures = load_fixtures()
-    model.probability(fixtures[0].pcm)  # warm-up: onnxruntime allocates on the first run
-    scores = CachedScores(model)
+    vad, model, fixtures, scores = load_turn_inputs(args.cache_dir)
 
     chosen = policies()
     tail = tail_ms(chosen)
