@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import transformers
@@ -15,6 +18,7 @@ from hypothesis import settings
 import pipeline.local.devmodel
 import pipeline.local.tokenizer
 from pipeline.local.devmodel import ensure_dev_model
+from pipeline.local.transformers_engine import TransformersEngine
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,3 +57,15 @@ def dev_model_dir() -> Path:
     with open(cache / "build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         return ensure_dev_model(cache, progress=logger.info)
+
+
+@contextlib.asynccontextmanager
+async def started_dev_engine(model_dir: Path, **options: Any) -> AsyncIterator[TransformersEngine]:
+    """A ``TransformersEngine`` of ``model_dir`` (the dev model) on the CPU, one thread, seed 0
+    (``options``: its other arguments), started; closed after."""
+    engine = TransformersEngine(model_dir, device="cpu", seed=0, threads=1, **options)
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.close()

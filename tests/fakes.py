@@ -24,7 +24,7 @@ import json
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import numpy as np
 
@@ -358,6 +358,14 @@ class SessionHarness:
             on_speculation=lambda outcome, seconds: self.speculations.append((outcome, seconds)),
             on_partial_transcript=lambda outcome, seconds: self.partials.append((outcome, seconds)),
         )
+
+    async def __aenter__(self) -> Self:
+        """The session started; leaving the ``async with`` closes it."""
+        await self.session.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.session.close()
 
     def _record(self, event: dict[str, Any]) -> None:
         json.dumps(event)

@@ -70,6 +70,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from pipeline.contract import EngineErrorCode
 from tests.hostile import flac_silence
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -89,6 +90,17 @@ AUDIO_TOKENS_PER_SECOND = 12.5
 # mid-stream. A hostile server's: flac_audio: an audio chunk of ten minutes of silence as
 # FLAC (58 KB of base64, 55 MiB decoded); endless_line: a data line that never ends.
 Failure = Literal["http_500", "error_chunk", "malformed_chunk", "bad_audio", "stall", "drop", "flac_audio", "endless_line"]
+# The engine error code a turn fails with on each (a stall's: the stall timeout's, StallTimeoutEngine).
+FAILURE_CODES: dict[Failure, EngineErrorCode] = {
+    "http_500": "engine_http_error",
+    "error_chunk": "engine_error",
+    "malformed_chunk": "engine_protocol_error",
+    "bad_audio": "engine_protocol_error",
+    "drop": "engine_stream_error",
+    "stall": "engine_timeout",
+    "flac_audio": "engine_protocol_error",  # refused before it is decoded
+    "endless_line": "engine_protocol_error",  # refused at 4 MiB
+}
 _ENDLESS = "endless"  # the plan's marker for the line that never ends
 
 

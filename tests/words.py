@@ -1,7 +1,8 @@
-"""A stand-in text judge for semantic VAD: it reads a given transcript and judges it by rule.
+"""Stand-in text judges for semantic VAD: ``TranscriptJudge`` reads a given transcript and judges it
+by rule; ``HeldJudge`` answers only once released, counting the checks in flight.
 
 The real judge (``app.realtime.turn_taking.EngineTextJudge``) has Qwen3-Omni transcribe the
-utterance and score P(``<|im_end|>``) after the text; on the dev model both are noise. This one
+utterance and score P(``<|im_end|>``) after the text; on the dev model both are noise. ``TranscriptJudge``
 is given the transcript (the test's or the bench's knowledge of what was said so far) and answers like a sensible language model would on clear cases, by a fixed English rule
 written before any fixture was scored, not fitted to them:
 
@@ -13,6 +14,8 @@ written before any fixture was scored, not fitted to them:
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import numpy as np
 
@@ -59,3 +62,25 @@ class TranscriptJudge:
     async def judge(self, pcm: np.ndarray) -> WordsVerdict:
         self.judged.append(self.transcript)
         return WordsVerdict(self.transcript, complete_probability(self.transcript))
+
+
+class HeldJudge:
+    """A text judge that answers only once released, counting the checks in flight."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.sizes: list[int] = []  # samples of each utterance judged
+        self.running = self.most_running = self.cancelled = 0
+
+    async def judge(self, pcm: np.ndarray) -> WordsVerdict:
+        self.sizes.append(pcm.size)
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
+        try:
+            await self.release.wait()
+            return WordsVerdict("Hm", 0.5)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.running -= 1

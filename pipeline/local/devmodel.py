@@ -25,7 +25,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import torch
 from safetensors.torch import save_file
@@ -78,6 +78,26 @@ _MROPE = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [4
 
 
 
+def _moe_text_config(vocab_size: int, hidden_size: int, **shared_expert: int) -> dict[str, Any]:
+    """The Thinker's and the Talker's text model alike: the same small MoE decoder under each one's
+    vocabulary and width (``shared_expert``: the Talker's shared expert)."""
+    return {
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "intermediate_size": 64,
+        "moe_intermediate_size": 32,
+        **shared_expert,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": _HEAD_DIM,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "max_position_embeddings": 65_536,
+        "rope_parameters": dict(_MROPE),
+    }
+
+
 def dev_model_config() -> Qwen3OmniMoeConfig:
     """The real Qwen3-Omni-30B-A3B-Instruct config with every width and depth shrunk."""
     audio_config = {
@@ -102,41 +122,15 @@ def dev_model_config() -> Qwen3OmniMoeConfig:
         "deepstack_visual_indexes": [0],
         "num_position_embeddings": 64,
     }
-    thinker_text_config = {
-        "vocab_size": 152_064,
-        "hidden_size": _THINKER_HIDDEN,
-        "intermediate_size": 64,
-        "moe_intermediate_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": _HEAD_DIM,
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-        "max_position_embeddings": 65_536,
-        "rope_parameters": dict(_MROPE),
-    }
+    thinker_text_config = _moe_text_config(vocab_size=152_064, hidden_size=_THINKER_HIDDEN)
     thinker_config = {
         "audio_config": audio_config,
         "vision_config": vision_config,
         "text_config": thinker_text_config,
         **thinker_ids(),
     }
-    talker_text_config = {
-        "vocab_size": 3072,
-        "hidden_size": _TALKER_HIDDEN,
-        "intermediate_size": 64,
-        "moe_intermediate_size": 32,
-        "shared_expert_intermediate_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": _HEAD_DIM,
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-        "max_position_embeddings": 65_536,
-        "rope_parameters": dict(_MROPE),
-    }
+    talker_text_config = _moe_text_config(vocab_size=3072, hidden_size=_TALKER_HIDDEN,
+                                          shared_expert_intermediate_size=32)
     code_predictor_config = {
         "vocab_size": 2048,
         "hidden_size": _TALKER_HIDDEN,

@@ -76,32 +76,29 @@ def test_a_text_answer_records_no_first_audio_and_does_not_skew_the_next_turn():
     assert sample(metrics, "omni_rtc_time_to_first_audio_seconds_sum") == pytest.approx(0.5)
 
 
-def test_speculations_are_counted_by_outcome_with_the_engine_time_thrown_away():
+@pytest.mark.parametrize(("report", "family", "reports", "once", "engine_seconds"), [
+    ("speculation", "omni_rtc_speculative_responses",  # the engine time thrown away
+     (("started", 0.0), ("used", 0.0), ("started", 0.0), ("discarded", 0.25), (None, 0.1), ("started", 0.0),
+      ("refused", 0.0)),
+     ("used", "discarded", "refused"), "omni_rtc_speculative_discarded_engine_seconds_total 0.35"),
+    ("partial_transcript", "omni_rtc_partial_transcripts",  # the engine time, shown or not
+     (("started", 0.0), ("done", 0.125), ("started", 0.0), ("superseded", 0.5), ("started", 0.0),
+      ("refused", 0.0)),
+     ("done", "superseded", "refused"), "omni_rtc_partial_transcript_engine_seconds_total 0.625"),
+])
+def test_speculations_and_partial_transcripts_are_counted_by_outcome_with_their_engine_time(
+    report: str, family: str, reports: tuple[tuple[str | None, float], ...], once: tuple[str, ...], engine_seconds: str
+):
     metrics = Metrics()
-    for outcome, seconds in (("started", 0.0), ("used", 0.0), ("started", 0.0), ("discarded", 0.25),
-                             (None, 0.1), ("started", 0.0), ("refused", 0.0)):
-        metrics.speculation(outcome, seconds)
+    for outcome, seconds in reports:
+        getattr(metrics, report)(outcome, seconds)
     text = metrics.render().decode()
 
-    assert 'omni_rtc_speculative_responses_total{outcome="started"} 3.0' in text
-    for outcome in ("used", "discarded", "refused"):
-        assert f'omni_rtc_speculative_responses_total{{outcome="{outcome}"}} 1.0' in text
-    assert 'omni_rtc_speculative_responses_total{outcome="preempted"} 0.0' in text  # shown before it happens
-    assert "omni_rtc_speculative_discarded_engine_seconds_total 0.35" in text
-
-
-def test_partial_transcripts_are_counted_by_outcome_with_their_engine_time():
-    metrics = Metrics()
-    for outcome, seconds in (("started", 0.0), ("done", 0.125), ("started", 0.0), ("superseded", 0.5),
-                             ("started", 0.0), ("refused", 0.0)):
-        metrics.partial_transcript(outcome, seconds)
-    text = metrics.render().decode()
-
-    assert 'omni_rtc_partial_transcripts_total{outcome="started"} 3.0' in text
-    for outcome in ("done", "superseded", "refused"):
-        assert f'omni_rtc_partial_transcripts_total{{outcome="{outcome}"}} 1.0' in text
-    assert 'omni_rtc_partial_transcripts_total{outcome="preempted"} 0.0' in text  # shown before it happens
-    assert "omni_rtc_partial_transcript_engine_seconds_total 0.625" in text
+    assert f'{family}_total{{outcome="started"}} 3.0' in text
+    for outcome in once:
+        assert f'{family}_total{{outcome="{outcome}"}} 1.0' in text
+    assert f'{family}_total{{outcome="preempted"}} 0.0' in text  # shown before it happens
+    assert engine_seconds in text
 
 
 def test_error_events_are_counted_by_type_and_code():

@@ -321,57 +321,38 @@ def _fit_png(side: int) -> dict[str, Any]:
 
 
 async def case_judge() -> dict[str, Any]:
-    from app.realtime.turn_taking import WordsVerdict
     from tests.fakes import ScriptedEngine, SessionHarness
     from tests.speech import silence, tone
-
-    class Held:
-        def __init__(self) -> None:
-            self.release = asyncio.Event()
-            self.seconds: list[float] = []
-            self.running = self.most = self.cancelled = 0
-
-        async def judge(self, pcm):
-            self.seconds.append(pcm.size / 16_000)
-            self.running += 1
-            self.most = max(self.most, self.running)
-            try:
-                await self.release.wait()
-                return WordsVerdict("Hm", 0.5)
-            except asyncio.CancelledError:
-                self.cancelled += 1
-                raise
-            finally:
-                self.running -= 1
+    from tests.words import HeldJudge
 
     class Unsure:
         def probability(self, pcm):
             return 0.3
 
-    async def session(judge: Held) -> SessionHarness:
+    async def session(judge: HeldJudge) -> SessionHarness:
         h = SessionHarness(ScriptedEngine(), end_of_turn=Unsure(), text_judge=judge)
         await h.session.start()
         await h.send(type="session.update",
                      session={"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "medium"}}}})
         return h
 
-    bursts = Held()
+    bursts = HeldJudge()
     h = await session(bursts)
     for _ in range(4):
         h.push(tone(600))
         h.push(silence(200))
         await asyncio.sleep(0.3)
-    counted = {"words_checks_started": len(bursts.seconds), "most_in_flight": bursts.most, "cancelled": bursts.cancelled}
+    counted = {"words_checks_started": len(bursts.sizes), "most_in_flight": bursts.most_running, "cancelled": bursts.cancelled}
     bursts.release.set()
     await h.session.close()
-    long = Held()
+    long = HeldJudge()
     h = await session(long)
     h.push(tone(20_000))
     h.push(silence(200))
     await asyncio.sleep(0.3)
     long.release.set()
     await h.session.close()
-    return {**counted, "seconds_judged_after_20_s": round(long.seconds[0], 1)}
+    return {**counted, "seconds_judged_after_20_s": round(long.sizes[0] / 16_000, 1)}
 
 
 def case_markup() -> dict[str, Any]:

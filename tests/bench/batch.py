@@ -33,16 +33,14 @@ import psutil
 import soundfile as sf
 import torch
 
-import pipeline.local.devmodel
 from media.rates import VOICE_RATE
 from pipeline.contract import AudioChunk, GenerationDone, GenerationRequest
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
-from pipeline.local.devmodel import ensure_dev_model
 from pipeline.local.transformers_engine import TransformersEngine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import machine, write_report  # noqa: E402
-from ttfa import FIXTURES, REPO, SEED, TEMPERATURE, dev_model_fingerprint  # noqa: E402
+from ttfa import FIXTURES, SEED, TEMPERATURE, add_model_options, checkpoint, model_name  # noqa: E402
 
 MODES = {"batched": 8, "fifo": 1}
 
@@ -132,14 +130,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="runs per concurrency (medians)")
     parser.add_argument("--frames-per-token", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--model", type=Path, default=None, help="checkpoint dir (default: the dev model)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", type=Path, default=REPO / "tests" / "bench" / "results" / "batch.json")
+    add_model_options(parser, "batch.json")
     args = parser.parse_args()
 
-    model_dir = args.model or ensure_dev_model(REPO / ".cache" / "bench" / dev_model_fingerprint(), progress=print)
-    rows = asyncio.run(run(args, model_dir))
+    rows = asyncio.run(run(args, checkpoint(args)))
 
     print(f"\n{args.tokens} tokens per turn; {args.device}, {args.threads} engine thread(s); wall seconds")
     header = (
@@ -173,7 +167,7 @@ def main() -> None:
     report = {
         "benchmark": "batch",
         "command": " ".join([".venv/bin/python", "tests/bench/batch.py", *sys.argv[1:]]),
-        "model": f"dev model v{pipeline.local.devmodel.DEV_MODEL_VERSION}" if args.model is None else str(args.model),
+        "model": model_name(args),
         "machine": machine(torch=torch.__version__, threads=args.threads, device=args.device),
         "settings": {
             "tokens": args.tokens,

@@ -39,21 +39,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import Qwen3OmniMoeForConditionalGeneration
 
-import pipeline.local.devmodel
 from pipeline.contract import AudioChunk, GenerationDone
 from pipeline.local.decode_batch import DecodeBatch
 from pipeline.local.decoder import TalkerDecoder
-from pipeline.local.devmodel import ensure_dev_model
 from pipeline.local.generation import stream_generation
 from pipeline.local.params import GenerationParams
-from pipeline.local.prompt import PromptRenderer
-from pipeline.local.tokenizer import load_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import machine, write_report  # noqa: E402
-from ttfa import REPO, SEED, TEMPERATURE, dev_model_fingerprint, spoken_turn  # noqa: E402
+from ttfa import SEED, TEMPERATURE, add_model_options, loaded_model, model_name  # noqa: E402
 
 # (stage, class, method): the methods whose time is charged to a stage. The talker step's
 # time includes its code predictor call; the table subtracts it. (The ``before`` entry in the
@@ -180,20 +175,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--frames-per-token", type=int, default=3)
     parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--model", type=Path, default=None, help="checkpoint dir (default: the dev model)")
-    parser.add_argument("--device", default="cpu")
+    add_model_options(parser, "frame_cost.json")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--label", default="after", help="the result entry to (over)write, e.g. before/after")
-    parser.add_argument("--out", type=Path, default=REPO / "tests" / "bench" / "results" / "frame_cost.json")
     args = parser.parse_args()
 
-    torch.set_num_threads(args.threads)
-    model_dir = args.model or ensure_dev_model(REPO / ".cache" / "bench" / dev_model_fingerprint(), progress=print)
-    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir, dtype=getattr(torch, args.dtype))
-    model = model.to(args.device).eval()
-    tokenizer = load_tokenizer(model_dir)
-    inputs = spoken_turn(PromptRenderer.from_pretrained(model_dir))
+    model, tokenizer, inputs = loaded_model(args)
     frames_cap = args.frames_per_token * args.tokens
 
     measure_turn(model, tokenizer, inputs, tokens=4, frames_cap=8)  # warm-up
@@ -220,7 +207,7 @@ def main() -> None:
 
     entry = {
         "command": " ".join([".venv/bin/python", "tests/bench/frame_cost.py", *sys.argv[1:]]),
-        "model": f"dev model v{pipeline.local.devmodel.DEV_MODEL_VERSION}" if args.model is None else str(args.model),
+        "model": model_name(args),
         "machine": machine(torch=torch.__version__, threads=args.threads, device=args.device, dtype=args.dtype),
         "settings": {"tokens": args.tokens, "frames_cap": frames_cap, "temperature": TEMPERATURE, "seed": SEED},
         "ms_per_frame": median,

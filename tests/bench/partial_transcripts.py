@@ -34,13 +34,11 @@ from typing import Any
 
 import torch
 from harness import machine, write_report
-from ttfa import dev_model_fingerprint
+from ttfa import add_model_options, checkpoint, model_name
 
-import pipeline.local.devmodel
 from app.realtime.session_config import InputTranscription, SessionConfig, TurnDetection
 from media.rates import SPEECH_RATE
 from media.vad import SileroVad
-from pipeline.local.devmodel import ensure_dev_model
 from pipeline.local.transformers_engine import TransformersEngine
 from tests.fakes import SessionHarness
 from tests.speech import load_fixture, silence
@@ -134,8 +132,7 @@ def median(rows: list[dict[str, Any]], key: str) -> float | None:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    model_dir = args.model or ensure_dev_model(REPO / ".cache" / "bench" / dev_model_fingerprint(), progress=print)
-    engine = TransformersEngine(model_dir, device=args.device, seed=0, threads=args.threads)
+    engine = TransformersEngine(checkpoint(args), device=args.device, seed=0, threads=args.threads)
     await engine.start()
     vad = SileroVad.load()
     rows: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
@@ -173,11 +170,7 @@ def ms(value: float | None) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=4, help="kept utterances per mode (one more warms up)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--model", type=Path, default=None, help="checkpoint dir (default: the dev model)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", type=Path,
-                        default=REPO / "tests" / "bench" / "results" / "partial_transcripts.json")
+    add_model_options(parser, "partial_transcripts.json")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -197,7 +190,7 @@ def main() -> None:
     report = {
         "benchmark": "partial_transcripts",
         "command": " ".join([".venv/bin/python", "tests/bench/partial_transcripts.py", *sys.argv[1:]]),
-        "model": f"dev model v{pipeline.local.devmodel.DEV_MODEL_VERSION}" if args.model is None else str(args.model),
+        "model": model_name(args),
         "machine": machine(torch=torch.__version__, threads=args.threads, device=args.device),
         "settings": {"rounds": args.rounds, "fixture": FIXTURE, "piece_ms": PIECE_MS, "silence_duration_ms": 500},
         "modes": results,

@@ -46,16 +46,14 @@ from turn_taking import (
     CachedScores,
     Fixture,
     RecordedVad,
-    load_fixtures,
+    load_turn_inputs,
 )
 
 from app.realtime.speculation import MAX_PER_UTTERANCE
 from app.realtime.turn_taking import END_OF_TURN_BY_EAGERNESS
 from media.detector_events import EndOfTurnCheck, SilenceStarted, SpeechResumed, SpeechStarted, UtteranceCommitted
 from media.detector_params import EndOfTurnPolicy, TurnDetectionParams
-from media.end_of_turn_model import SmartTurnModel, default_turn_model_path
 from media.rates import SPEECH_RATE
-from media.vad import SileroVad
 from media.voice_activity_detector import VoiceActivityDetector
 
 TAIL_MS = 4_000  # past medium's longest wait (3 s): every turn ends inside it
@@ -195,11 +193,7 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "omni-rtc")
     args = parser.parse_args()
 
-    vad = RecordedVad(SileroVad.load())
-    model = SmartTurnModel.load(default_turn_model_path(args.cache_dir))
-    fixtures = load_fixtures()
-    model.probability(fixtures[0].pcm)  # warm-up: onnxruntime allocates on the first run
-    scores = CachedScores(model)
+    vad, _, fixtures, scores = load_turn_inputs(args.cache_dir)
     semantic_rules = [Rule("onset"), Rule("silence 96 ms", 96), Rule("first check", first_check=True)]
     medium = END_OF_TURN_BY_EAGERNESS["medium"]
     modes: dict[str, tuple[EndOfTurnPolicy | None, bool, list[Rule]]] = {

@@ -38,14 +38,12 @@ from typing import Any
 
 import torch
 from harness import machine, write_report
-from ttfa import dev_model_fingerprint
+from ttfa import add_model_options, checkpoint, model_name
 
-import pipeline.local.devmodel
 from app.realtime.session_config import InputTranscription, SessionConfig
 from app.realtime.turn_taking import ECHO_TAIL_MS
 from media.vad import SileroVad
 from pipeline.conversation import HistoryLimits
-from pipeline.local.devmodel import ensure_dev_model
 from pipeline.local.transformers_engine import TransformersEngine
 from tests.fakes import SessionHarness
 from tests.speech import load_fixture, silence
@@ -130,9 +128,8 @@ class BenchSession:
 
 
 async def run(args: argparse.Namespace) -> dict:
-    model_dir = args.model or ensure_dev_model(REPO / ".cache" / "bench" / dev_model_fingerprint(), progress=print)
     engine = TransformersEngine(
-        model_dir, device=args.device, seed=0, threads=args.threads,
+        checkpoint(args), device=args.device, seed=0, threads=args.threads,
         generation={"force_output_tokens": args.answer_tokens, "max_audio_frames": 3 * args.answer_tokens},
     )
     await engine.start()
@@ -178,10 +175,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=8, help="rounds of turns; the first warms up")
     parser.add_argument("--answer-tokens", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--model", type=Path, default=None, help="checkpoint dir (default: the dev model)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", type=Path, default=REPO / "tests" / "bench" / "results" / "transcription.json")
+    add_model_options(parser, "transcription.json")
     args = parser.parse_args()
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (the first round warms up)")
@@ -209,7 +203,7 @@ def main() -> None:
     report = {
         "benchmark": "transcription",
         "command": " ".join([".venv/bin/python", "tests/bench/transcription.py", *sys.argv[1:]]),
-        "model": f"dev model v{pipeline.local.devmodel.DEV_MODEL_VERSION}" if args.model is None else str(args.model),
+        "model": model_name(args),
         "machine": machine(torch=torch.__version__, threads=args.threads, device=args.device),
         "settings": {"rounds": args.rounds, "answer_tokens": args.answer_tokens, "frames_per_token": 3},
         "sessions": results,

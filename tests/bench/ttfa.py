@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 import transformers
 from harness import machine, read_wav, write_report  # this folder: a script's is first on sys.path
-from transformers import Qwen3OmniMoeForConditionalGeneration
+from transformers import PreTrainedTokenizerBase, Qwen3OmniMoeForConditionalGeneration
 
 import pipeline.local.devmodel
 import pipeline.local.tokenizer
@@ -63,6 +63,37 @@ def dev_model_fingerprint() -> str:
     for module in (pipeline.local.devmodel, pipeline.local.tokenizer):
         digest.update(Path(module.__file__).read_bytes())
     return digest.hexdigest()[:12]
+
+
+def add_model_options(parser: argparse.ArgumentParser, out: str) -> None:
+    """The options of each bench that runs the model in this process: ``--threads``, ``--model``,
+    ``--device``, and ``--out`` (default: ``out`` under tests/bench/results)."""
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--model", type=Path, default=None, help="checkpoint dir (default: the dev model)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", type=Path, default=REPO / "tests" / "bench" / "results" / out)
+
+
+def checkpoint(args: argparse.Namespace) -> Path:
+    """``--model``, or the dev model (built once per :func:`dev_model_fingerprint`)."""
+    return args.model or ensure_dev_model(REPO / ".cache" / "bench" / dev_model_fingerprint(), progress=print)
+
+
+def model_name(args: argparse.Namespace) -> str:
+    """The checkpoint as a result file names it: the dev model's version, or ``--model``."""
+    return f"dev model v{pipeline.local.devmodel.DEV_MODEL_VERSION}" if args.model is None else str(args.model)
+
+
+def loaded_model(
+    args: argparse.Namespace,
+) -> tuple[Qwen3OmniMoeForConditionalGeneration, PreTrainedTokenizerBase, ThinkerInputs]:
+    """The model (``--dtype``, on ``--device``, ``--threads`` torch threads), its tokenizer, and
+    :func:`spoken_turn` rendered for it."""
+    torch.set_num_threads(args.threads)
+    model_dir = checkpoint(args)
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir, dtype=getattr(torch, args.dtype))
+    model = model.to(args.device).eval()
+    return model, load_tokenizer(model_dir), spoken_turn(PromptRenderer.from_pretrained(model_dir))
 
 
 def spoken_turn(renderer: PromptRenderer) -> ThinkerInputs:
@@ -177,19 +208,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, nargs="+", default=[16, 64, 256])
     parser.add_argument("--frames-per-token", type=int, default=3)
     parser.add_argument("--probes", type=int, default=5, help="cancelled turns per length for stream TTFA")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--model", type=Path, default=None, help="checkpoint dir (default: the dev model)")
-    parser.add_argument("--device", default="cpu")
+    add_model_options(parser, "ttfa.json")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--out", type=Path, default=REPO / "tests" / "bench" / "results" / "ttfa.json")
     args = parser.parse_args()
 
-    torch.set_num_threads(args.threads)
-    model_dir = args.model or ensure_dev_model(REPO / ".cache" / "bench" / dev_model_fingerprint(), progress=print)
-    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir, dtype=getattr(torch, args.dtype))
-    model = model.to(args.device).eval()
-    tokenizer = load_tokenizer(model_dir)
-    inputs = spoken_turn(PromptRenderer.from_pretrained(model_dir))
+    model, tokenizer, inputs = loaded_model(args)
 
     # Warm-up: first calls pay one-off allocation and dispatch costs.
     measure_stream(model, tokenizer, inputs, tokens=4, frames=8)
@@ -251,7 +274,7 @@ def main() -> None:
     report = {
         "benchmark": "ttfa",
         "command": " ".join([".venv/bin/python", "tests/bench/ttfa.py", *sys.argv[1:]]),
-        "model": f"dev model v{pipeline.local.devmodel.DEV_MODEL_VERSION}" if args.model is None else str(args.model),
+        "model": model_name(args),
         "machine": machine(torch=torch.__version__, threads=args.threads, device=args.device, dtype=args.dtype),
         "prompt": {"text_tokens": inputs.text_tokens, "audio_tokens": inputs.audio_tokens},
         "settings": {

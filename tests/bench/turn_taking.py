@@ -36,7 +36,7 @@ from media.detector_events import EndOfTurnCheck, UtteranceCommitted
 from media.detector_params import EndOfTurnPolicy, TurnDetectionParams
 from media.end_of_turn_model import SmartTurnModel, default_turn_model_path
 from media.rates import SPEECH_RATE
-from media.vad import SileroVad, SpeechStream, TalkerDecoder
+from media.vad import SileroVad, SpeechModel, SpeechStream
 from media.voice_activity_detector import VoiceActivityDetector
 from pipeline.local.devmodel import ensure_dev_model
 from pipeline.local.transformers_engine import TransformersEngine
@@ -179,7 +179,7 @@ class RecordedVad:
         self._vad = vad
         self._recorded: dict[str, list[float]] = {}
 
-    def for_fixture(self, name: str) -> TalkerDecoder:
+    def for_fixture(self, name: str) -> SpeechModel:
         recorded = self._recorded.setdefault(name, [])
         vad = self._vad
 
@@ -188,6 +188,16 @@ class RecordedVad:
                 return _Replay(vad.new_stream(), recorded)
 
         return _Model()
+
+
+def load_turn_inputs(cache_dir: Path) -> tuple[RecordedVad, SmartTurnModel, list[Fixture], CachedScores]:
+    """Silero (recorded per fixture), the end-of-turn model from ``cache_dir`` (warmed up), the
+    fixtures, and the model's scores cached: what a turn-taking bench hears the fixtures with."""
+    vad = RecordedVad(SileroVad.load())
+    model = SmartTurnModel.load(default_turn_model_path(cache_dir))
+    fixtures = load_fixtures()
+    model.probability(fixtures[0].pcm)  # warm-up: onnxruntime allocates on the first run
+    return vad, model, fixtures, CachedScores(model)
 
 
 def words_said(fixture: Fixture, check_ms: int) -> str:
@@ -428,11 +438,7 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "omni-rtc")
     args = parser.parse_args()
 
-    vad = RecordedVad(SileroVad.load())
-    model = SmartTurnModel.load(default_turn_model_path(args.cache_dir))
-    fixtures = load_fixtures()
-    model.probability(fixtures[0].pcm)  # warm-up: onnxruntime allocates on the first run
-    scores = CachedScores(model)
+    vad, model, fixtures, scores = load_turn_inputs(args.cache_dir)
 
     chosen = policies()
     tail = tail_ms(chosen)

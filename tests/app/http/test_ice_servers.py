@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -14,21 +12,12 @@ from pydantic import ValidationError
 from app.config import Settings
 from app.http.server import create_app
 from app.transports.webrtc.ice import rest_api_credentials
-from tests.app.http.test_server import offering_peer
+from tests.app.http.test_server import offering_peer, serving
 from tests.fakes import ScriptedEngine
 
 API_KEY = "sk-ice"
 TURN_URL = "turn:turn.example.org:3478?transport=udp"
 STUN_URL = "stun:turn.example.org:3478"
-
-
-@contextlib.asynccontextmanager
-async def serving(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings, engine=ScriptedEngine())
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as http:
-            yield http
 
 
 def settings_for(tmp_path: Path, **values: object) -> Settings:
@@ -37,7 +26,7 @@ def settings_for(tmp_path: Path, **values: object) -> Settings:
 
 async def test_static_credentials_go_with_turn_urls_only(tmp_path):
     settings = settings_for(tmp_path, ice_servers=[STUN_URL, TURN_URL], ice_username="u", ice_credential="p")
-    async with serving(settings) as http:
+    async with serving(settings, ScriptedEngine()) as http:
         response = await http.get("/v1/realtime/ice_servers")
     assert response.json() == {
         "ice_servers": [{"urls": STUN_URL}, {"urls": TURN_URL, "username": "u", "credential": "p"}],
@@ -48,7 +37,7 @@ async def test_static_credentials_go_with_turn_urls_only(tmp_path):
 
 async def test_an_ice_auth_secret_mints_credentials_per_request(tmp_path):
     settings = settings_for(tmp_path, ice_servers=[TURN_URL], ice_auth_secret="north", ice_credential_ttl_s=120)
-    async with serving(settings) as http:
+    async with serving(settings, ScriptedEngine()) as http:
         before = int(time.time())
         body = (await http.get("/v1/realtime/ice_servers")).json()
         after = int(time.time())
@@ -62,7 +51,7 @@ async def test_an_ice_auth_secret_mints_credentials_per_request(tmp_path):
 
 
 async def test_with_a_key_the_route_is_authorised_like_calls(tmp_path):
-    async with serving(settings_for(tmp_path, api_key=API_KEY)) as http:
+    async with serving(settings_for(tmp_path, api_key=API_KEY), ScriptedEngine()) as http:
         without = await http.get("/v1/realtime/ice_servers")
         with_key = await http.get("/v1/realtime/ice_servers", headers={"Authorization": f"Bearer {API_KEY}"})
         wrong = await http.get("/v1/realtime/ice_servers", headers={"Authorization": "Bearer sk-wrong"})
@@ -72,7 +61,7 @@ async def test_with_a_key_the_route_is_authorised_like_calls(tmp_path):
 
 
 async def test_a_client_secret_fetches_ice_servers_and_still_opens_its_call(tmp_path):
-    async with offering_peer() as pc, serving(settings_for(tmp_path, api_key=API_KEY)) as http:
+    async with offering_peer() as pc, serving(settings_for(tmp_path, api_key=API_KEY), ScriptedEngine()) as http:
         minted = await http.post("/v1/realtime/client_secrets", json={}, headers={"Authorization": f"Bearer {API_KEY}"})
         secret = {"Authorization": f"Bearer {minted.json()['value']}"}
         servers = await http.get("/v1/realtime/ice_servers", headers=secret)
@@ -94,7 +83,7 @@ async def test_a_client_secret_fetches_its_turn_credentials_once_and_they_are_it
     # Issue 34: one ek_ secret fetched fresh credentials, all of one user, for its whole 600 s.
     settings = settings_for(tmp_path, api_key=API_KEY, ice_servers=[TURN_URL], ice_auth_secret="north")
     key = {"Authorization": f"Bearer {API_KEY}"}
-    async with offering_peer() as pc, serving(settings) as http:
+    async with offering_peer() as pc, serving(settings, ScriptedEngine()) as http:
         minted = [(await http.post("/v1/realtime/client_secrets", json={}, headers=key)).json()["value"]
                   for _ in range(2)]
         first, second = ({"Authorization": f"Bearer {value}"} for value in minted)

@@ -24,6 +24,7 @@ from app.http.server import create_app
 from app.transports.webrtc.ice import loopback_candidates, rtc_configuration
 from pipeline.contract import (
     AudioChunk,
+    Engine,
     EngineHealth,
     GenerationDone,
     GenerationEvent,
@@ -62,8 +63,9 @@ def settings(tmp_path) -> Settings:
 
 
 @contextlib.asynccontextmanager
-async def serving(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings, engine=FakeEngine())
+async def serving(settings: Settings, engine: Engine | None = None) -> AsyncIterator[httpx.AsyncClient]:
+    """The app started (``engine``, by default a ``FakeEngine``), and a client of it over ASGI."""
+    app = create_app(settings, engine=engine if engine is not None else FakeEngine())
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as http:

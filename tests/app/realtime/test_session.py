@@ -38,10 +38,8 @@ class Harness(SessionHarness):
 
 @pytest_asyncio.fixture(loop_scope="function")
 async def h():
-    harness = Harness()
-    await harness.session.start()
-    yield harness
-    await harness.session.close()
+    async with Harness() as harness:
+        yield harness
 
 
 async def started(config: SessionConfig | None = None, reply: str = "Hello there friend") -> Harness:

@@ -11,11 +11,11 @@ import pytest
 
 from app.realtime.session_config import InputTranscription, SessionConfig, TurnDetection
 from app.realtime.turn_taking import ECHO_TAIL_MS
-from media.vad import SileroVad
 from pipeline.conversation import AssistantText, HistoryLimits, UserAudio
 from pipeline.local.tokenizer import load_tokenizer
 from pipeline.local.transformers_engine import TransformersEngine
 from tests.app.realtime.test_transcription import TRANSCRIPTION, assert_openai_parses
+from tests.conftest import started_dev_engine
 from tests.fakes import SessionHarness
 from tests.speech import load_fixture, silence
 
@@ -53,17 +53,8 @@ class RecordingEngine:
 
 @pytest.fixture(scope="module")
 async def engine(dev_model_dir):
-    engine = TransformersEngine(
-        dev_model_dir, device="cpu", seed=0, threads=1, generation={"max_audio_frames": MAX_AUDIO_FRAMES}
-    )
-    await engine.start()
-    yield engine
-    await engine.close()
-
-
-@pytest.fixture(scope="module")
-def vad() -> SileroVad:
-    return SileroVad.load()
+    async with started_dev_engine(dev_model_dir, generation={"max_audio_frames": MAX_AUDIO_FRAMES}) as engine:
+        yield engine
 
 
 async def test_two_spoken_turns_with_the_dev_model(engine, vad):
@@ -178,9 +169,7 @@ SLOW_TALKER = {"force_output_tokens": 20, "talker_frames_per_token": 3, "max_aud
 
 
 async def test_barge_in_at_40_percent_of_the_audio_keeps_40_percent_of_the_text(dev_model_dir, vad):
-    engine = TransformersEngine(dev_model_dir, device="cpu", seed=0, threads=1, generation=SLOW_TALKER)
-    await engine.start()
-    try:
+    async with started_dev_engine(dev_model_dir, generation=SLOW_TALKER) as engine:
         recording = RecordingEngine(engine)
         config = SessionConfig(max_output_tokens=20, turn_detection=TurnDetection(interrupt_response=True))
         h = SessionHarness(recording, vad, config)
@@ -197,8 +186,6 @@ async def test_barge_in_at_40_percent_of_the_audio_keeps_40_percent_of_the_text(
         await h.until("response.created", 2, timeout_s=TURN_GUARD_S)
         (heard,) = [item.text for item in recording.used()[1].conversation.items if isinstance(item, AssistantText)]
         await h.session.close()
-    finally:
-        await engine.close()
 
     assert 1900 <= truncated["audio_end_ms"] <= 1920  # 40% of 4.8 s (less the last chunk's 23 ms tail)
     # Tokens heard, counted in the deltas the text came in (one token each, a held-back UTF-8

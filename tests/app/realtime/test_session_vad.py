@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-import pytest
 
 from app.realtime.session_config import SessionConfig, TurnDetection
 from app.realtime.turn_taking import ECHO_TAIL_MS
@@ -13,11 +12,6 @@ from media.vad import SileroVad
 from pipeline.conversation import AssistantText, UserAudio
 from tests.fakes import CODEC_FRAME_SAMPLES, HALF_DUPLEX, ScriptedEngine, SessionHarness
 from tests.speech import RATE, load_fixture, silence
-
-
-@pytest.fixture(scope="module")
-def vad() -> SileroVad:
-    return SileroVad.load()
 
 
 async def started(vad: SileroVad, config: SessionConfig | None = None, reply: str = "Sure, here it is.") -> SessionHarness:

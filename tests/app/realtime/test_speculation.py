@@ -45,12 +45,26 @@ def held_engine() -> ScriptedEngine:
     return engine
 
 
-async def test_speech_that_resumes_cancels_the_speculation_and_none_of_its_events_reach_the_client():
-    engine = held_engine()
+async def speculating(engine: ScriptedEngine, pause_ms: int = 100) -> SessionHarness:
+    """A started session that heard 600 ms of speech and a pause shorter than the 500 ms wait: a
+    candidate end of turn, where a speculation starts (when the engine has room for it)."""
     h = await started(engine)
     h.push(tone(600))
-    h.push(silence(200))  # a pause shorter than the 500 ms wait: the candidate's speculation starts
+    h.push(silence(pause_ms))
     await settle()
+    return h
+
+
+async def released_and_committed(engine: ScriptedEngine, h: SessionHarness) -> dict[str, Any]:
+    """The held turns let go and the silence run on to the commit; the answer's ``response.done``."""
+    engine.hold.set()
+    h.push(silence(600))
+    return await h.turn_done()
+
+
+async def test_speech_that_resumes_cancels_the_speculation_and_none_of_its_events_reach_the_client():
+    engine = held_engine()
+    h = await speculating(engine, pause_ms=200)
     (speculative,) = engine.requests
     assert speculative.preemptible_id is not None and engine.cancelled_turns == 0
     h.push(tone(400))  # the user goes on
@@ -76,17 +90,12 @@ async def test_speech_that_resumes_cancels_the_speculation_and_none_of_its_event
 
 async def test_a_conversation_item_created_during_the_silence_replaces_the_speculation():
     engine = held_engine()
-    h = await started(engine)
-    h.push(tone(600))
-    h.push(silence(100))
-    await settle()
+    h = await speculating(engine)
     await h.send(type="conversation.item.create",
                  item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "In French."}]})
     await settle()
     assert engine.cancelled_turns == 1
-    engine.hold.set()
-    h.push(silence(600))
-    await h.turn_done()
+    await released_and_committed(engine, h)
 
     discarded, used = engine.requests[0], engine.used_requests()[0]
     assert [type(item) for item in discarded.conversation.items] == [UserAudio]
@@ -98,16 +107,11 @@ async def test_a_conversation_item_created_during_the_silence_replaces_the_specu
 
 async def test_a_session_update_during_the_silence_replaces_the_speculation():
     engine = held_engine()
-    h = await started(engine)
-    h.push(tone(600))
-    h.push(silence(100))
-    await settle()
+    h = await speculating(engine)
     await h.send(type="session.update", session={"instructions": "Answer in one word."})
     await settle()
     assert engine.cancelled_turns == 1
-    engine.hold.set()
-    h.push(silence(600))
-    await h.turn_done()
+    await released_and_committed(engine, h)
 
     (used,) = engine.used_requests()
     assert used.conversation.instructions == "Answer in one word."
@@ -117,17 +121,12 @@ async def test_a_session_update_during_the_silence_replaces_the_speculation():
 
 async def test_a_session_update_that_turns_speculation_off_cancels_it_and_the_commit_starts_the_answer():
     engine = held_engine()
-    h = await started(engine)
-    h.push(tone(600))
-    h.push(silence(100))
-    await settle()
+    h = await speculating(engine)
     await h.send(type="session.update", session={"audio": {"input": {"turn_detection": {
         "type": "server_vad", "speculative_response": False}}}})
     await settle()
     assert engine.cancelled_turns == 1
-    engine.hold.set()
-    h.push(silence(600))
-    done = await h.turn_done()
+    done = await released_and_committed(engine, h)
 
     assert h.last("session.updated")["session"]["audio"]["input"]["turn_detection"]["speculative_response"] is False
     (used,) = engine.used_requests()
@@ -139,10 +138,7 @@ async def test_a_session_update_that_turns_speculation_off_cancels_it_and_the_co
 
 async def test_input_audio_buffer_clear_during_the_silence_cancels_the_speculation_and_nothing_is_answered():
     engine = held_engine()
-    h = await started(engine)
-    h.push(tone(600))
-    h.push(silence(100))
-    await settle()
+    h = await speculating(engine)
     await h.send(type="input_audio_buffer.clear")
     h.push(silence(600))
     await settle()
@@ -164,9 +160,7 @@ async def test_a_camera_frame_during_the_silence_replaces_the_speculation_with_o
     h.session.add_video_frame(SampledFrame(encoded(64, 48, seed=2), 64, 48))  # seen in the silence
     await settle()
     assert engine.cancelled_turns == 1
-    engine.hold.set()
-    h.push(silence(600))
-    await h.turn_done()
+    await released_and_committed(engine, h)
 
     discarded, used = engine.requests[0], engine.used_requests()[0]
     assert [type(item) for item in discarded.conversation.items] == [UserImage, UserAudio]
@@ -178,10 +172,7 @@ async def test_a_camera_frame_during_the_silence_replaces_the_speculation_with_o
 
 async def test_a_client_response_create_during_the_silence_cancels_the_speculation():
     engine = held_engine()
-    h = await started(engine)
-    h.push(tone(600))
-    h.push(silence(100))
-    await settle()
+    h = await speculating(engine)
     await h.send(type="response.create")
     await settle()
 
@@ -207,9 +198,11 @@ def comparable(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [strip(event) for event in events if event["type"] not in ("session.created", "session.updated")]
 
 
-async def speak_and_play(speculative: bool, engine: Any, **config: Any) -> SessionHarness:
-    session = SessionConfig(turn_detection=TurnDetection(speculative_response=speculative), **config)
-    h = await started(engine, session)
+async def speak_and_play(speculative: bool, engine: Any, tools: list[dict[str, Any]] | None = None) -> SessionHarness:
+    """One spoken turn answered and played, speculation on or off; ``tools`` set first if given."""
+    h = await started(engine, SessionConfig(turn_detection=TurnDetection(speculative_response=speculative)))
+    if tools is not None:
+        await h.send(type="session.update", session={"tools": tools})
     h.push(tone(600))
     h.push(silence(700))
     await h.turn_done()
@@ -238,7 +231,7 @@ async def test_tool_calls_from_a_speculative_answer_are_delivered_as_from_a_comm
     def engine() -> SpeculativeCaller:
         return SpeculativeCaller(Answer("Let me look.", calls=[("get_time", PARIS)]))
 
-    on, off = await speak_tools(True, engine()), await speak_tools(False, engine())
+    on, off = await speak_and_play(True, engine(), [GET_TIME]), await speak_and_play(False, engine(), [GET_TIME])
 
     assert comparable(on.events) == comparable(off.events)
     calls = on.of_type("response.function_call_arguments.done")
@@ -247,30 +240,15 @@ async def test_tool_calls_from_a_speculative_answer_are_delivered_as_from_a_comm
     assert on.engine.requests[0].preemptible_id is not None
 
 
-async def speak_tools(speculative: bool, engine: Any) -> SessionHarness:
-    h = await started(engine, SessionConfig(turn_detection=TurnDetection(speculative_response=speculative)))
-    await h.send(type="session.update", session={"tools": [GET_TIME]})
-    h.push(tone(600))
-    h.push(silence(700))
-    await h.turn_done()
-    await h.session.close()
-    return h
-
-
 async def test_with_the_batch_full_no_speculation_starts_and_the_commit_answers():
     engine = held_engine()
     engine.max_batch = 1
     other = await started(engine, SessionConfig(turn_detection=None))
     await other.send(type="response.create")  # another visitor's answer holds the only slot
     await settle()
-    h = await started(engine)
-    h.push(tone(600))
-    h.push(silence(100))
-    await settle()
+    h = await speculating(engine)
     assert h.outcomes() == ["started", "refused"]
-    engine.hold.set()
-    h.push(silence(600))
-    done = await h.turn_done()
+    done = await released_and_committed(engine, h)
 
     assert done["response"]["status"] == "completed"
     assert done["latency"]["speculative"] is False
@@ -283,19 +261,14 @@ async def test_with_the_batch_full_no_speculation_starts_and_the_commit_answers(
 async def test_a_committed_turn_preempts_a_speculation_in_the_last_slot_and_the_commit_still_answers():
     engine = held_engine()
     engine.max_batch = 1
-    h = await started(engine)
-    h.push(tone(600))
-    h.push(silence(100))
-    await settle()
+    h = await speculating(engine)
     other = await started(engine, SessionConfig(turn_detection=None))
     await other.send(type="response.create")  # a committed answer needs the slot
     await settle()
 
     assert h.outcomes() == ["started", "preempted"]
     assert len(engine.running) == 1 and not engine.preemptible
-    engine.hold.set()
-    h.push(silence(600))
-    done = await h.turn_done()
+    done = await released_and_committed(engine, h)
     assert done["response"]["status"] == "completed"
     assert done["latency"]["speculative"] is False
     assert (await other.until("response.done"))["response"]["status"] == "completed"

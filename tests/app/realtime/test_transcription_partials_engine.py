@@ -14,10 +14,10 @@ from collections.abc import AsyncGenerator
 import pytest
 
 from app.realtime.session_config import InputTranscription, SessionConfig
-from media.vad import SileroVad
 from pipeline.contract import GenerationDone, GenerationEvent, GenerationRequest
 from pipeline.conversation import Conversation, UserText
 from pipeline.local.transformers_engine import TransformersEngine
+from tests.conftest import started_dev_engine
 from tests.fakes import SessionHarness
 from tests.speech import load_fixture, silence
 
@@ -36,15 +36,8 @@ HOLDS_THE_SLOT = 2_000  # tokens: seconds of decoding, far longer than saying th
 
 @pytest.fixture(scope="module")
 async def engine(dev_model_dir):
-    engine = TransformersEngine(dev_model_dir, device="cpu", seed=0, threads=1, generation=GENERATION, max_batch=1)
-    await engine.start()
-    yield engine
-    await engine.close()
-
-
-@pytest.fixture(scope="module")
-def vad() -> SileroVad:
-    return SileroVad.load()
+    async with started_dev_engine(dev_model_dir, generation=GENERATION, max_batch=1) as engine:
+        yield engine
 
 
 def committed_request(tokens: int) -> GenerationRequest:

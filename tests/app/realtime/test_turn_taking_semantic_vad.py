@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from app.realtime.session_config import SessionConfig
-from app.realtime.turn_taking import ECHO_TAIL_MS, END_OF_TURN_BY_EAGERNESS, JUDGED_SECONDS, WordsVerdict
+from app.realtime.turn_taking import ECHO_TAIL_MS, END_OF_TURN_BY_EAGERNESS, JUDGED_SECONDS
 from pipeline.conversation import UserAudio
 from tests.fakes import CODEC_FRAME_SAMPLES, HALF_DUPLEX, ScriptedEngine, SessionHarness
 from tests.settle import settle
 from tests.speech import silence, tone
-from tests.words import TranscriptJudge
+from tests.words import HeldJudge, TranscriptJudge
 
 RATE = 16_000
 MEDIUM = END_OF_TURN_BY_EAGERNESS["medium"]
@@ -239,28 +239,6 @@ async def test_speech_heard_while_the_assistant_answers_costs_no_words_check():
     await settle(seconds=ANSWERS_S)
     assert judge.judged == ["What time is it?"]  # the user's turn only: no engine turn for the echo
     await h.session.close()
-
-
-class HeldJudge:
-    """A text judge that answers only once released, counting the checks in flight."""
-
-    def __init__(self) -> None:
-        self.release = asyncio.Event()
-        self.sizes: list[int] = []  # samples of each utterance judged
-        self.running = self.most_running = self.cancelled = 0
-
-    async def judge(self, pcm: np.ndarray) -> WordsVerdict:
-        self.sizes.append(pcm.size)
-        self.running += 1
-        self.most_running = max(self.most_running, self.running)
-        try:
-            await self.release.wait()
-            return WordsVerdict("Hm", 0.5)
-        except asyncio.CancelledError:
-            self.cancelled += 1
-            raise
-        finally:
-            self.running -= 1
 
 
 async def test_speaking_in_bursts_keeps_one_words_check_in_flight():

@@ -18,6 +18,7 @@ from pipeline.conversation import Conversation, UserAudio, UserText
 from pipeline.local.devices import ENGINE_NICENESS
 from pipeline.local.transformers_engine import TransformersEngine, TransformersEnginePool
 from pipeline.tool_format import Tool
+from tests.conftest import started_dev_engine
 from tests.hostile import punctuation_tools
 
 # The engine lives on the session loop, so every test here runs on it too. Each runs the dev model
@@ -71,10 +72,8 @@ async def test_a_pool_not_yet_started_reports_each_engine_process_down():
 
 @pytest.fixture(scope="module")
 async def engine(dev_model_dir):
-    engine = TransformersEngine(dev_model_dir, device="cpu", seed=0, threads=1, generation=GENERATION)
-    await engine.start()
-    yield engine
-    await engine.close()
+    async with started_dev_engine(dev_model_dir, generation=GENERATION) as engine:
+        yield engine
 
 
 async def test_start_returns_once_the_process_has_warmed_up(engine):
@@ -183,10 +182,8 @@ async def test_cancelling_the_consuming_task_cancels_the_turn(engine):
 
 @pytest.fixture(scope="module")
 async def one_at_a_time(dev_model_dir):
-    engine = TransformersEngine(dev_model_dir, device="cpu", seed=0, threads=1, generation=GENERATION, max_batch=1)
-    await engine.start()
-    yield engine
-    await engine.close()
+    async with started_dev_engine(dev_model_dir, generation=GENERATION, max_batch=1) as engine:
+        yield engine
 
 
 async def test_turns_beyond_max_batch_wait_first_in_first_out(one_at_a_time):
@@ -483,12 +480,8 @@ EMULATED = {"first_text_ms": 1500, "first_audio_ms": 600_000}
 
 @pytest.fixture(scope="module")
 async def emulated(dev_model_dir):
-    engine = TransformersEngine(
-        dev_model_dir, device="cpu", seed=0, threads=1, max_batch=1, generation={**GENERATION, "emulate": EMULATED}
-    )
-    await engine.start()
-    yield engine
-    await engine.close()
+    async with started_dev_engine(dev_model_dir, max_batch=1, generation={**GENERATION, "emulate": EMULATED}) as engine:
+        yield engine
 
 
 async def test_an_emulated_engine_holds_a_turn_until_its_model_time(emulated):

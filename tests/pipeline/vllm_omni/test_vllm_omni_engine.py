@@ -26,7 +26,7 @@ from pipeline.conversation import AssistantText, Conversation, UserAudio, UserTe
 from pipeline.vllm_omni import vllm_omni_engine
 from pipeline.vllm_omni.chat_completions import MAX_EVENT_LINE_BYTES
 from pipeline.vllm_omni.vllm_omni_engine import VllmOmniEngine, VllmOmniEnginePool, redacted
-from tests.vllm_omni_replay import ANSWER_TEXT, MODEL, TRANSCRIPT, Failure, Pace, ReplayServer
+from tests.vllm_omni_replay import ANSWER_TEXT, FAILURE_CODES, MODEL, TRANSCRIPT, Failure, Pace, ReplayServer
 
 DEADLINE_S = 30.0  # a guard against hangs, not a speed limit
 # Five times faster than a GPU deployment decodes (tests/e2e keeps the realistic pace): a 3.7 s
@@ -241,18 +241,9 @@ async def test_a_stall_is_failed_by_the_stall_timeout_which_closes_the_stream(re
     assert received.closed_at is not None
 
 
-@pytest.mark.parametrize(
-    ("failure", "code"),
-    [
-        ("http_500", "engine_http_error"),
-        ("error_chunk", "engine_error"),
-        ("malformed_chunk", "engine_protocol_error"),
-        ("bad_audio", "engine_protocol_error"),
-        ("drop", "engine_stream_error"),
-        ("flac_audio", "engine_protocol_error"),  # refused before it is decoded
-        ("endless_line", "engine_protocol_error"),  # refused at 4 MiB
-    ],
-)
+# A stall: test_a_stall_is_failed_by_the_stall_timeout_which_closes_the_stream.
+@pytest.mark.parametrize(("failure", "code"), [(failure, code) for failure, code in FAILURE_CODES.items()
+                                               if failure != "stall"])
 async def test_a_failing_server_fails_the_turn_and_serves_the_next(
     replay: ReplayServer, failure: Failure, code: str
 ) -> None:
