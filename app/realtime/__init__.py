@@ -19,6 +19,7 @@ one union per direction, the event-type strings):
 - ``history``: the conversation's items as the user heard them, pruned to the session's limits.
 - ``playback``: the answers' audio on its way to the listener, and what of it was played.
 - ``gate``: client events admitted by size and rate before they are parsed.
+- ``engine_share``: the session's share of the engine, in prompt tokens prefilled over time.
 - ``failures``: what a client is told when the server fails.
 
 One spoken turn: the transport pushes audio into ``session``; ``turn_taking`` hears speech

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from app.realtime.engine_share import EngineShare, prompt_estimate
 from app.realtime.failures import failure_event
 from app.realtime.gate import EventGate
 from app.realtime.history import History, acknowledge_playback
@@ -158,7 +159,8 @@ class RealtimeSession:
         )
         self._conversation_id = new_id("conv")
         self._expires_at = int(time.time()) + SESSION_LIFETIME_S
-        self._speculator = Speculator(engine, self._speculative_answer, session_id=self.session_id,
+        self._share = EngineShare(clock=clock)
+        self._speculator = Speculator(engine, self._speculative_answer, session_id=self.session_id, share=self._share,
                                       on_outcome=on_speculation, clock=clock)
         self._turns = TurnTaking(
             vad,
@@ -183,9 +185,9 @@ class RealtimeSession:
         self._closed = False
         self._finished = False  # session.finished sent: nothing more is taken or sent
         self._close_lock = asyncio.Lock()
-        self._transcriptions = Transcriptions(engine, self.emit, self._history.holds, self.session_id)
+        self._transcriptions = Transcriptions(engine, self.emit, self._history.holds, self.session_id, share=self._share)
         self._partials = PartialTranscripts(engine, self.emit, self._audio_content_index, session_id=self.session_id,
-                                            on_outcome=on_partial_transcript)
+                                            on_outcome=on_partial_transcript, share=self._share)
         self._committed_speculation: Speculation | None = None  # taken at a commit, for its response
         self._active_at = time.monotonic()  # the last client event, speech or answer (idle_since)
         output.set_listener(self)
@@ -466,6 +468,13 @@ class RealtimeSession:
                 if self._closed:
                     return
                 self._refuse_second_response()  # server VAD may have started one meanwhile
+        cost = prompt_estimate(self._history.conversation(response.instructions, self._config.history))
+        if not self._share.try_charge(cost):
+            raise ProtocolError(
+                "engine_share_exceeded",
+                f"This session has used its share of the engine ({self._share.burst} prompt tokens at once, then "
+                f"{self._share.per_second:g} a second); this response ({cost} prompt tokens) was not started.",
+            )
         self._start_response(response)
 
     def _refuse_second_response(self) -> None:
@@ -551,6 +560,8 @@ class RealtimeSession:
             return
         response = self._session_response(committed_at, silence_wait_ms)
         response.speculation = speculation
+        if speculation is None:  # a speculation was charged when it started
+            self._share.charge(prompt_estimate(self._history.conversation(response.instructions, self._config.history)))
         self._start_response(response)
 
     def _speculative_answer(self, pcm: np.ndarray) -> SpeculativeAnswer | None:

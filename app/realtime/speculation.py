@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from app.realtime.engine_share import EngineShare, request_estimate
 from app.realtime.held_generation import HeldGeneration
 from app.realtime.protocol import new_id
 from pipeline.contract import PREEMPTIBLE_ENDS, Engine, GenerationRequest
@@ -219,7 +220,7 @@ class Speculator:
     """
 
     def __init__(self, engine: Engine, plan: Callable[[np.ndarray], SpeculativeAnswer | None], *,
-                 session_id: str, on_outcome: OutcomeObserver | None = None,
+                 session_id: str, share: EngineShare, on_outcome: OutcomeObserver | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._engine = engine
         self._plan = plan
@@ -227,6 +228,7 @@ class Speculator:
         self._on_outcome = on_outcome
         self._candidate: np.ndarray | None = None  # the utterance at its candidate end; None: speech goes on
         self._current: Speculation | None = None
+        self._share = share
         self._clock = clock
         self._starts = float(SPECULATION_BURST)  # a token bucket of starts
         self._refilled_at = clock()
@@ -264,6 +266,9 @@ class Speculator:
             return
         self._discard()
         if turn is None or self._capacity_lost or not self._take_start():
+            return
+        if not self._share.try_charge(request_estimate(turn.answer)):
+            logger.debug("session %s: no speculation: its share of the engine is spent", self._session_id)
             return
         self._report("started", 0.0)
         self._current = Speculation(self._engine, turn, self._candidate, session_id=self._session_id,

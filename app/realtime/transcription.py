@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from app.realtime.engine_share import EngineShare, request_estimate
 from app.realtime.failures import FailureCode, transcription_failed_event
 from app.realtime.held_generation import HeldGeneration
 from app.realtime.history import Entry, UserEntry
@@ -123,8 +124,9 @@ class PartialTranscripts:
     """
 
     def __init__(self, engine: Engine, emit: EmitEvent, content_index: Callable[[], int], *,
-                 session_id: str, on_outcome: PartialObserver | None = None) -> None:
+                 session_id: str, share: EngineShare, on_outcome: PartialObserver | None = None) -> None:
         self._engine = engine
+        self._share = share
         self._emit = emit
         self._content_index = content_index
         self._session_id = session_id
@@ -194,6 +196,8 @@ class PartialTranscripts:
             return  # digital silence (a muted microphone) holds no words
         request = dataclasses.replace(GenerationRequest.transcription(UserAudio(pcm), settings.hint()),
                                       preemptible_id=new_id("partial"))
+        if not self._share.try_charge(request_estimate(request)):
+            return  # throw-away work runs only within the session's share of the engine
         self._report("started", 0.0)
         self._current = HeldGeneration(self._engine, request, name=f"partial transcript {speech.item_id}",
                                  on_end=self._ended)
@@ -264,9 +268,11 @@ class Transcriptions:
     """The session's transcription tasks; ``close()`` cancels and awaits them (safe twice)."""
 
     def __init__(
-        self, engine: Engine, emit: EmitEvent, holds_item: Callable[[Entry], bool], session_id: str
+        self, engine: Engine, emit: EmitEvent, holds_item: Callable[[Entry], bool], session_id: str, *,
+        share: EngineShare,
     ) -> None:
         self._engine = engine
+        self._share = share
         self._emit = emit
         self._holds_item = holds_item  # False once the item was deleted or pruned
         self._session_id = session_id
@@ -348,6 +354,8 @@ class Transcriptions:
                     if not self._holds_item(entry):
                         logger.debug("session %s: item %s is gone; not transcribing it", self._session_id, entry.id)
                         return
+                    if held is None:
+                        self._share.charge(request_estimate(request))
                     try:
                         events = held.events() if held is not None else self._engine.run_generation(request)
                         done = await self._stream(entry.id, text, events)
