@@ -126,11 +126,11 @@ class PartialTranscripts:
     def __init__(self, engine: Engine, emit: EmitEvent, content_index: Callable[[], int], *,
                  session_id: str, share: EngineShare, on_outcome: PartialObserver | None = None) -> None:
         self._engine = engine
-        self._share = share
         self._emit = emit
         self._content_index = content_index
         self._session_id = session_id
         self._on_outcome = on_outcome
+        self._share = share  # a partial runs only within the session's share of the engine
         self._item_id: str | None = None  # the item being spoken
         self._text: PartialText | None = None  # what its partials have said
         self._next_due = 0  # its audio, in samples, at which the next partial is due
