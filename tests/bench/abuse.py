@@ -1,4 +1,4 @@
-"""What a hostile peer's events cost the server (issue 34, findings 3, 5, 6, 8, 10, 11), before and after.
+"""What a hostile peer's events cost the server, before and after.
 
 Run: .venv/bin/python tests/bench/abuse.py [--cases tools flac image_audio png judge markup engine]
      [--out tests/bench/results/abuse.json]

@@ -15,7 +15,7 @@ engine CPU second (the engine process's user + system time over the same span), 
 jobs on a shared machine disturb far less than wall time. Each concurrency runs ``--repeats``
 times, levels interleaved; the table shows medians.
 
-Targets (issue 12, 2-core CPU, one run): batched, 4 concurrent turns' median TTFA <= 2x a lone
+Targets (2-core CPU, one run): batched, 4 concurrent turns' median TTFA <= 2x a lone
 turn's, and aggregate frames/s at 4 >= 2.5x a lone turn's.
 """
 

@@ -41,9 +41,9 @@ inbound track delivers them, at 16 alignments of the fixture against the windows
 = commit - (chunk holding the fixture's last sample) - silence_duration_ms, the median over the
 alignments. ``overhead_ms - vad_lag_ms`` is then what transport, session and pacing add.
 
-Target (issue 6): median overhead_ms <= 60.
+Target: median overhead_ms <= 60.
 
-Speculation, emulated speed and visitors (issue 33):
+Speculation, emulated speed and visitors:
 
 - ``--speculation off on`` sends ``audio.input.turn_detection.speculative_response`` with each
   mode's session (one session per value; without the option the field is not sent, and the
@@ -70,7 +70,7 @@ Speculation, emulated speed and visitors (issue 33):
   sentence the bench waits ``SETTLE_S`` and until every commit of it has its answer, since a
   server VAD of 500 ms commits at the pause and again at the end.
 
-For the record (issue 33; the coordinator's run once every part has merged)::
+For the record (one run with every part merged)::
 
     .venv/bin/python tests/bench/e2e_latency.py --utterances families --turns 10 --paused 4 \
         --turn-detection server_vad semantic_vad:medium --speculation off on --speed dev 400 \

@@ -3,7 +3,7 @@
     .venv/bin/python tests/bench/media_capacity.py                       # server on core 0, clients on core 1
     .venv/bin/python tests/bench/media_capacity.py --server-cores 0-3 --client-cores 4-7 --sessions 8 16 24 32
 
-The method is the one the peer servers were measured with (issue 16): the server is pinned to
+The method is the one the peer servers were measured with: the server is pinned to
 ``--server-cores`` (``os.sched_setaffinity``), the clients to ``--client-cores``. For each N in
 ``--sessions`` (one server for the whole sweep), N headless aiortc peers connect at once; each
 streams a looping utterance (``hello.wav`` then 1.5 s of silence) as a paced microphone, the

@@ -9,7 +9,7 @@ delivers them (the server's own ``VoiceActivityDetector``, default server VAD, 5
 - ``speech_to_vad_end_ms``: the fixture's last sample → the end of silero's last window at or above
   ``threshold``, where the server VAD places the end of speech (silero's lag, and the window);
 - ``band_ms``: that window's end → the first window below the hysteresis threshold (the wait
-  counted from there before issue 33);
+  counted from there without speculation);
 - ``commit_packet_ms``: the commit's sample → the end of the 20 ms packet that holds it (the commit
   cannot come before that packet);
 - ``vad_lag_ms``: e2e_latency.py's figure, the commit's packet minus the fixture's last packet,

@@ -12,7 +12,7 @@ every answer is still streaming when it is cancelled). Each turn: a typed user m
 - cancel → upstream closed: from just before the client sends ``response.cancel`` to the moment
   the replay's server sees its client go (uvicorn's ``http.disconnect``), both on this process's
   monotonic clock. It includes the client → server hop (WebSocket, or the WebRTC data channel to a
-  media worker and IPC to the front) and the session's cancel. Target (issue 28): under 100 ms.
+  media worker and IPC to the front) and the session's cancel. Target: under 100 ms.
 - first audio through the front (WebSocket only): from the replay sending the first audio chunk
   to the client receiving the first ``response.output_audio.delta``: the HTTP hop, decoding the
   WAV, the session, the WebSocket.

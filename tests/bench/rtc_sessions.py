@@ -5,13 +5,13 @@ Run: .venv/bin/python tests/bench/rtc_sessions.py [--sessions 5] [--max-batch 8 
 
 For each ``--max-batch`` value, starts ``omni-rtc serve --ice-loopback`` with the dev model on a
 free loopback port (engine: 1 thread, seed 0, turns decoded together up to that many; 1 is the
-FIFO queue issue 12 replaced) and runs ``omni-rtc call --sessions N --json``: N headless aiortc
+FIFO queue the batch replaced) and runs ``omni-rtc call --sessions N --json``: N headless aiortc
 clients connect at once and each says every ``--wav`` in order, the server VAD ending each turn
 (500 ms silence wait). Per turn, from the client (``TurnResult``): latency = last fixture sample
 sent -> first audible answer frame received (the silence wait included), audio seconds received
 and audible seconds (first to last audible frame; audible/audio > 1 means holes in the playout).
 
-Targets: issue 12, 5 sessions, median end of speech -> first audio < 3 s; issue 11, a 64-token
+Targets: 5 sessions, median end of speech -> first audio < 3 s; a 64-token
 answer's audible time within 10 % of its audio time (``--sessions 1 --generation
 '{"force_output_tokens": 64}' --session '{"max_output_tokens": 64}'``).
 """

@@ -1,5 +1,5 @@
 """What a hostile data-channel peer costs the event loop and memory: aiortc's receive path alone
-(before, issue 34) against it behind app/transports/webrtc/sctp_guard.py (after).
+(before) against it behind app/transports/webrtc/sctp_guard.py (after).
 
 Run: .venv/bin/python tests/bench/sctp_abuse.py [--count 16000] [--zero-length 200000] [--skip-before]
      [--out tests/bench/results/sctp_abuse.json]

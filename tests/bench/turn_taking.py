@@ -47,7 +47,7 @@ CHUNK_SAMPLES = 320  # 20 ms, one inbound WebRTC frame after resampling
 CHUNK_MS = 20
 LEAD_MS = 500
 SERVER_VAD_SILENCE_MS = 500
-# The eagerness table as it was before issue 26 (one wait, whatever the model's confidence):
+# The single-wait eagerness table (one wait, whatever the model's confidence), for comparison:
 # "before <eagerness>" runs it in the same run as today's.
 BEFORE_BY_EAGERNESS: dict[str, EndOfTurnPolicy] = {
     "low": EndOfTurnPolicy(candidate_ms=128, rescore_ms=0, threshold=0.8, max_wait_ms=2000),
@@ -387,7 +387,7 @@ def params_for(policy: Policy) -> TurnDetectionParams:
 
 
 def policies() -> list[Policy]:
-    """Server VAD; the table before issue 26; today's table on the sound alone; and with the words."""
+    """Server VAD; the single-wait table; today's table on the sound alone; and with the words."""
     chosen = [Policy(f"server_vad {SERVER_VAD_SILENCE_MS} ms", None)]
     chosen += [Policy(f"before {name}", BEFORE_BY_EAGERNESS[name]) for name in EAGERNESS]
     chosen += [Policy(f"sound {name}", END_OF_TURN_BY_EAGERNESS[name]) for name in EAGERNESS]

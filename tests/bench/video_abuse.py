@@ -1,5 +1,5 @@
 """What a huge camera costs a media process's memory: a call whose peer sends a 4096x4096 VP8
-stream at ~30 KB/s (issue 34: aiortc decoded every frame, 25 MB each, and queued them unbounded).
+stream at ~30 KB/s (unguarded, aiortc decodes every frame, 25 MB each, and queues them unbounded).
 
 Run: .venv/bin/python tests/bench/video_abuse.py [--sizes 640 4096] [--seconds 20] [--fps 10]
      [--out tests/bench/results/video_abuse.json]

@@ -223,7 +223,7 @@ async def test_bad_frames_get_errors_and_the_session_goes_on(tmp_path):
 
 
 async def test_5_s_of_10_ms_appends_sent_in_real_time_lose_nothing_and_a_flood_beside_them_is_refused(tmp_path):
-    # Issue 35: 100 appends a second (LiveKit's 10 ms frames) lost 151 of 500 to the event rate.
+    # 100 appends a second (LiveKit's 10 ms frames): counted as events, 151 of 500 would be lost.
     chunk = base64.b64encode(bytes(2 * 240)).decode()  # 10 ms of silence at 24 kHz
     async with serving(Settings(cache_dir=tmp_path)) as url, websockets.connect(ws_url(url)) as ws:
         await next_event(ws, "session.created")

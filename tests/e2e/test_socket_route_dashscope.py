@@ -4,7 +4,7 @@ Served by uvicorn on 127.0.0.1 with a scripted engine (no model); the server, it
 socket and the SDK (in worker threads: it is synchronous) are real. The SDK is pointed at
 ``/v1/realtime``, where its handshake headers choose DashScope's dialect, as a user replacing
 DashScope's host with this server's would; the e2e test (tests/e2e/test_dashscope.py) uses
-DashScope's own path. Each test here is one of issue 35's DashScope defects.
+DashScope's own path. Each test here is one DashScope behaviour its SDK relies on.
 """
 
 from __future__ import annotations

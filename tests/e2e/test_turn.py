@@ -256,7 +256,7 @@ asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sy
 
 
 def test_one_holders_credentials_take_at_most_the_user_quota_of_relays(deployment: Deployment) -> None:
-    # Issue 34: DEPLOY.md's coturn had total-quota=200 and no user-quota: one holder could take all.
+    # DEPLOY.md's coturn sets a user-quota: with total-quota alone one holder could take every relay.
     [server] = json.loads(deployment.get("secret", "/v1/realtime/ice_servers"))["ice_servers"]
     argv = [sys.executable, "-c", ALLOCATE, RELAY_ADDRESS, str(KINDS["secret"]["turn_port"]),
             server["username"], server["credential"], "10"]

@@ -259,9 +259,9 @@ def test_a_peer_sending_faster_than_real_time_is_held_to_the_buffers_bound() -> 
 
 
 def test_a_peer_whose_timestamps_jump_gets_no_more_than_real_time_released() -> None:
-    """Issue 34, finding 4: 1,000 one-byte packets within a second, each RTP timestamp 0.99 s past
-    the last. Every gap was concealed at once (989 s of audio, 49,944 frames); now at most real
-    time plus the buffer's depth comes out, and so at most that many frames are made."""
+    """1,000 one-byte packets within a second, each RTP timestamp 0.99 s past the last: concealing
+    every gap at once would make 989 s of audio (49,944 frames); at most real time plus the
+    buffer's depth comes out, and so at most that many frames are made."""
     buffer = AudioJitterBuffer()
     released: list[PlayoutFrame] = []
     for sequence in range(1000):
@@ -289,9 +289,9 @@ def test_a_spent_release_budget_puts_the_next_deadline_in_the_future() -> None:
 
 
 def test_a_malformed_packet_after_a_loss_is_concealed_and_the_stream_goes_on() -> None:
-    """Issue 34, finding 7: a lost packet, then one that claims FEC but is corrupt (1302 bytes,
-    TOC config 1, its LBRR bit set): decoding its FEC raised out of pop() and the call's inbound
-    audio stopped. Now the lost slot and the corrupt packet are concealed; the next ones decode."""
+    """A lost packet, then one that claims FEC but is corrupt (1302 bytes, TOC config 1, its LBRR
+    bit set): decoding its FEC must not raise out of pop() and stop the call's inbound audio. The
+    lost slot and the corrupt packet are concealed; the next ones decode."""
     packets = list(speech_packets(0)[:6])
     packets[3] = bytes([1 << 3, 0x40]) + bytes(1300)  # longer than any Opus frame may be (1275 bytes)
     assert carries_fec(packets[3])

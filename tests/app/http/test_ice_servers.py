@@ -80,7 +80,7 @@ def turn_user(response: httpx.Response) -> str:
 
 
 async def test_a_client_secret_fetches_its_turn_credentials_once_and_they_are_its_own(tmp_path):
-    # Issue 34: one ek_ secret fetched fresh credentials, all of one user, for its whole 600 s.
+    # One ek_ secret must not fetch fresh credentials, all of one user, for its whole 600 s.
     settings = settings_for(tmp_path, api_key=API_KEY, ice_servers=[TURN_URL], ice_auth_secret="north")
     key = {"Authorization": f"Bearer {API_KEY}"}
     async with offering_peer() as pc, serving(settings, ScriptedEngine()) as http:

@@ -263,7 +263,7 @@ async def test_a_client_secret_with_a_bad_tool_schema_is_400():
 
 
 async def test_a_client_secret_over_the_instructions_budget_is_400_naming_it():
-    # Issue 34: the session a secret binds is a session like any other.
+    # The session a secret binds is a session like any other.
     response = await mint_with_session({"tools": punctuation_tools(count=2)})
     assert response.status_code == 400
     assert "budget for them is 16,000 tokens" in response.json()["error"]["message"]

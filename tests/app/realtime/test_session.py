@@ -334,7 +334,7 @@ async def test_input_audio_item_is_decoded_and_resampled_from_24k_to_16k(h):
 
 
 async def test_input_audio_items_are_decoded_off_the_event_loop(h, monkeypatch):
-    # Issue 34: an item's audio was decoded and resampled on the loop (0.5 s for 14 MB of µ-law).
+    # An item's audio is decoded and resampled off the loop (14 MB of µ-law takes 0.5 s).
     loop_thread = threading.current_thread()
     threads = []
     resample = input_module.soxr.resample

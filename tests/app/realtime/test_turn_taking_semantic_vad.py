@@ -242,7 +242,7 @@ async def test_speech_heard_while_the_assistant_answers_costs_no_words_check():
 
 
 async def test_speaking_in_bursts_keeps_one_words_check_in_flight():
-    # Issue 34: each silence started another ASR turn over the whole utterance, none cancelled.
+    # One words check in flight: otherwise each silence would start another ASR turn over the whole utterance.
     judge = HeldJudge()
     h = await semantic_session(FakeEndOfTurn(0.3), text_judge=judge)  # type: ignore[arg-type]
     for _ in range(4):

@@ -1,5 +1,5 @@
 """pipecat, LiveKit Agents and the OpenAI Agents SDK for Python, their released packages at the
-versions issue 35 names, each driven by its own code against a real ``omni-rtc serve`` (dev
+versions pinned in requirements.txt, each driven by its own code against a real ``omni-rtc serve`` (dev
 model, ``--dev-replies`` scripted replies) over ``GET /v1/realtime``.
 
 Each framework runs in ``.venv-frameworks`` (``make frameworks-venv``, which ``make test`` runs:

@@ -323,8 +323,8 @@ async def test_a_failing_turn_submitted_with_others_fails_alone(engine):
 
 
 async def test_a_prompt_past_the_limit_fails_alone_before_it_joins_the_batch(engine):
-    # Issue 34: the audit's 16 tools of punctuation render to ~190,000 tokens; unchecked, the
-    # batched prefill padded every row to that and a failed step failed every turn in it.
+    # 16 tools of punctuation render to ~190,000 tokens; unchecked, the batched prefill would pad
+    # every row to that and a failed step would fail every generation in it.
     tools = tuple(Tool(tool["name"], tool["description"], tool["parameters"]) for tool in punctuation_tools())
     huge = GenerationRequest(conversation=Conversation(items=(UserText("Hi"),), tools=tools), max_output_tokens=4)
     good = short_request(temperature=0)

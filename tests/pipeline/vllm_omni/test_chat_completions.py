@@ -230,7 +230,7 @@ def test_a_chunk_read_from_a_file_shaped_like_vllm_omnis(tmp_path: Path) -> None
 
 
 def test_a_flac_decode_bomb_is_refused_before_it_is_decoded() -> None:
-    # Issue 34: ten minutes of silence as FLAC, 58 KB of base64, added 55 MB in the front process.
+    # Ten minutes of silence as FLAC, 58 KB of base64, would add 55 MB in the front process.
     content = base64.b64encode(flac_silence()).decode()
     assert len(content) < 60_000
     tracemalloc.start()

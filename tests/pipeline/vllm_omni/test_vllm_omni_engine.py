@@ -259,7 +259,7 @@ async def test_a_failing_server_fails_the_turn_and_serves_the_next(
 
 
 async def test_a_prompt_past_the_limit_fails_before_it_is_sent_and_the_next_runs(replay: ReplayServer) -> None:
-    # Issue 34: 33,000 short words are ~33,000 tokens (165 KB: a byte bound alone would refuse
+    # 33,000 short words are ~33,000 tokens (165 KB: a byte bound alone would refuse
     # far less); the limit is counted, and the server never sees the turn.
     asked = len(replay.requests)
     long = GenerationRequest(Conversation((UserText("Hi"),), instructions="word " * 33_000), output_audio=False)
