@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from pipeline.contract import GenerationRequest
-from pipeline.conversation import Conversation
+from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, Conversation
 from pipeline.token_count import prompt_tokens_at_most
 
 # A spoken conversation re-prefills its history each turn: with the 16,000-token instructions budget
@@ -36,6 +36,13 @@ def prompt_estimate(conversation: Conversation) -> int:
 
 def request_estimate(request: GenerationRequest) -> int:
     return prompt_estimate(request.conversation)
+
+
+def answer_estimate(instructions: str | None, history_tokens: int) -> int:
+    """An answer's prompt before its conversation is rendered: the system message (``None``: Qwen's
+    spoken-chat prompt) and the history's own estimate of its items (``History.prompt_tokens``)."""
+    system = DEFAULT_SYSTEM_PROMPT if instructions is None else instructions
+    return prompt_tokens_at_most(system, (), limit=sys.maxsize) + history_tokens
 
 
 class EngineShare:

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from app.realtime.engine_share import EngineShare, prompt_estimate
+from app.realtime.engine_share import EngineShare, answer_estimate
 from app.realtime.failures import failure_event
 from app.realtime.gate import EventGate
 from app.realtime.history import History, acknowledge_playback
@@ -468,7 +468,7 @@ class RealtimeSession:
                 if self._closed:
                     return
                 self._refuse_second_response()  # server VAD may have started one meanwhile
-        cost = prompt_estimate(self._history.conversation(response.instructions, self._config.history))
+        cost = answer_estimate(response.instructions, self._history.prompt_tokens())
         if not self._share.try_charge(cost):
             raise ProtocolError(
                 "engine_share_exceeded",
@@ -561,7 +561,7 @@ class RealtimeSession:
         response = self._session_response(committed_at, silence_wait_ms)
         response.speculation = speculation
         if speculation is None:  # a speculation was charged when it started
-            self._share.charge(prompt_estimate(self._history.conversation(response.instructions, self._config.history)))
+            self._share.charge(answer_estimate(response.instructions, self._history.prompt_tokens()))
         self._start_response(response)
 
     def _speculative_answer(self, pcm: np.ndarray) -> SpeculativeAnswer | None:
