@@ -114,6 +114,16 @@ async def first_audible_audio(client: RealtimeClient, mark: int) -> None:
             await asyncio.sleep(0.01)
 
 
+HEARD_FRAMES = 50  # 20 ms frames: one second of the answer
+
+
+async def frames_received(client: RealtimeClient, count: int) -> None:
+    """Returns once the client has received ``count`` audio frames in all."""
+    async with asyncio.timeout(DEADLINE_S):
+        while client.frames_received < count:
+            await asyncio.sleep(0.01)
+
+
 async def ended(request: ReceivedRequest) -> None:
     assert await asyncio.to_thread(request.wait_ended, DEADLINE_S)
 
@@ -202,6 +212,9 @@ async def test_webrtc_barge_in_closes_the_engine_servers_stream(server_url: str,
             await client.say(read_utterance(FIXTURES / "hello.wav"))
             await first_audible_audio(client, mark)
             answer = latest_request(replay)
+            # A second of it heard first: an answer cut before a whole token was heard keeps nothing in the
+            # history (the heard rule), and the test is about what it keeps.
+            await frames_received(client, client.frames_received + HEARD_FRAMES)
             await client.say(read_utterance(FIXTURES / "weather.wav"))  # the user talks over the answer
             done = await client.wait_for("response.done", start=start, timeout_s=DEADLINE_S)
             truncated = await client.wait_for("conversation.item.truncated", start=start, timeout_s=DEADLINE_S)
