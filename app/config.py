@@ -221,6 +221,12 @@ class Settings(BaseSettings):
         "audio.input.transcription.partials defaults to it. Off: the words come after the commit",
     )
     # On, as OpenAI's default, because the frameworks rely on it (pipecat sends no turn detection).
+    noise_reduction: Annotated[Literal["off", "near_field", "far_field"], Flag(Concern.SESSIONS)] = Field(
+        "off",
+        description="noise suppression for sessions that do not say (audio.input.noise_reduction left out): WebRTC's "
+        "noise suppressor on the input before the VAD and the model hear it; near_field 12 dB, far_field 18 dB; off "
+        'is OpenAI\'s default (docs/SESSION.md "Noise reduction"). The page sends its own choice',
+    )
     default_interrupt_response: Annotated[bool, Flag(Concern.SESSIONS, name="interrupt-response")] = Field(
         True,
         description="barge-in for API clients that do not say (interrupt_response left out, or no turn detection "

@@ -99,6 +99,7 @@ from app.realtime.turn_taking import (
 from media.detector_events import EndOfTurnCheck
 from media.end_of_turn_model import EndOfTurnModel
 from media.frames import FramePlan, SampledFrame
+from media.noise_suppression import NoiseSuppressor
 from media.vad import SpeechModel
 from pipeline.contract import (
     Engine,
@@ -171,6 +172,7 @@ class RealtimeSession:
         )
         self._on_ignored_speech = on_ignored_speech
         self._manual = ManualBuffer()
+        self._suppressor = _suppressor_for(self._config)
         self._appends = AppendDecoder(clock=clock)
         self._history = History()
         self._frames = TurnFrames()
@@ -253,6 +255,8 @@ class RealtimeSession:
         if self._closed or self._finished:
             return
         pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
+        if self._suppressor is not None:  # before the VAD and the model hear it
+            pcm = self._suppressor.process(pcm)
         if pcm.size == 0:
             return
         turn_detection = self._config.turn_detection
@@ -364,6 +368,8 @@ class RealtimeSession:
         if unavailable is not None:
             self.emit(unavailable.for_event(event.event_id).to_event())
         self._config = new
+        if new.noise_reduction != old.noise_reduction:
+            self._suppressor = _suppressor_for(new)
         if new.truncation != old.truncation:
             self.prune_history()  # a budget that drops items now applies to what "disabled" kept
         if new.turn_detection != old.turn_detection:
@@ -690,3 +696,7 @@ class RealtimeSession:
         if not self._closed and not self._finished:
             self._send(event.to_json())
 
+
+def _suppressor_for(config: SessionConfig) -> NoiseSuppressor | None:
+    """The input's noise suppressor as ``audio.input.noise_reduction`` says; None: off."""
+    return None if config.noise_reduction is None else NoiseSuppressor(config.noise_reduction)

@@ -23,6 +23,7 @@ from app.realtime.protocol import (
     AudioFormat,
     ClientItem,
     ClientMessageItem,
+    NoiseReductionObject,
     ProtocolError,
     RetentionRatioTruncation,
     SemanticVadObject,
@@ -37,6 +38,7 @@ from app.realtime.protocol import (
     invalid_value,
 )
 from app.realtime.tools import check_choice, choice_object, read_tool_choice, read_tools, tool_objects
+from media.noise_suppression import NoiseReduction
 from pipeline.contract import DEFAULT_TEMPERATURE, VOICES, EngineCapabilities, TranscriptionHint, Voice
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, HistoryLimits
 from pipeline.images import MIN_PIXELS
@@ -191,6 +193,9 @@ class SessionConfig:
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)  # None: manual commits
     input_audio_format: AudioFormatType = "audio/pcm"  # of base64 audio in events (WebRTC uses Opus)
     input_audio_rate: int = 24_000  # of audio/pcm input (G.711 is 8 kHz)
+    # audio.input.noise_reduction; None: off. A session that says nothing gets the server's
+    # (Settings.noise_reduction), as the base config holds it.
+    noise_reduction: NoiseReduction | None = None
     output_audio_format: AudioFormatType = "audio/pcm"
     transcription: InputTranscription | None = None  # None: user audio is not transcribed
     tools: tuple[Tool, ...] = ()  # functions the model may call
@@ -258,6 +263,8 @@ class SessionConfig:
                     transcription=None if self.transcription is None else TranscriptionObject(
                         **dataclasses.asdict(self.transcription)
                     ),
+                    noise_reduction=None if self.noise_reduction is None
+                    else NoiseReductionObject(type=self.noise_reduction),
                     turn_detection=None
                     if td is None
                     else SemanticVadObject(
@@ -330,7 +337,8 @@ class _SessionReader:
         if "turn_detection" in s:
             self._changes["turn_detection"] = self._turn_detection(s["turn_detection"], "session.turn_detection")
         if "input_audio_noise_reduction" in s:
-            _object_or_none(s["input_audio_noise_reduction"], "session.input_audio_noise_reduction")
+            self._changes["noise_reduction"] = _noise_reduction(s["input_audio_noise_reduction"],
+                                                                "session.input_audio_noise_reduction")
         if "input_audio_transcription" in s:
             self._transcription(s["input_audio_transcription"], "session.input_audio_transcription")
         if "audio" in s:
@@ -386,7 +394,9 @@ class _SessionReader:
                 self._changes["input_audio_format"], self._changes["input_audio_rate"] = _format(
                     audio_input["format"], "session.audio.input.format", rates=INPUT_PCM_RATES
                 )
-            _object_or_none(audio_input.get("noise_reduction"), "session.audio.input.noise_reduction")
+            if "noise_reduction" in audio_input:
+                self._changes["noise_reduction"] = _noise_reduction(audio_input["noise_reduction"],
+                                                                    "session.audio.input.noise_reduction")
             if "transcription" in audio_input:
                 self._transcription(audio_input["transcription"], "session.audio.input.transcription")
             if "turn_detection" in audio_input:
@@ -402,6 +412,18 @@ class _SessionReader:
             if "speed" in audio_output:
                 _speed(audio_output["speed"], "session.audio.output.speed")
 
+
+
+def _noise_reduction(value: Any, param: str) -> NoiseReduction | None:
+    """``{"type": "near_field" | "far_field"}``, or null: off."""
+    value = _object_or_none(value, param)
+    if value is None:
+        return None
+    kind = value.get("type")
+    if not isinstance(kind, str) or kind not in get_args(NoiseReduction):
+        raise invalid_value(f"{param}.type", "must be 'near_field' or 'far_field'")
+    noise_reduction: NoiseReduction = kind  # type: ignore[assignment]  # checked against its Literal above
+    return noise_reduction
 
 
 def _object_or_none(value: Any, param: str) -> Mapping[str, Any] | None:

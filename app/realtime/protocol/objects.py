@@ -134,10 +134,16 @@ class TranscriptionObject(ServerModel):
     partials: bool = True  # an extension: partial transcripts while the user speaks (docs/SESSION.md)
 
 
+class NoiseReductionObject(ServerModel):
+    """``audio.input.noise_reduction``: WebRTC's noise suppressor on the input (docs/SESSION.md)."""
+
+    type: Literal["near_field", "far_field"]
+
+
 class SessionAudioInput(ServerModel):
     format: AudioFormat
     transcription: TranscriptionObject | None = None
-    noise_reduction: dict[str, Any] | None = None
+    noise_reduction: NoiseReductionObject | None = None
     turn_detection: ServerVadObject | SemanticVadObject | None
 
 

@@ -301,6 +301,7 @@ def _session(session: Mapping[str, Any]) -> dict[str, Any]:
         "input_audio_format": _flat_format_name(input_format),
         "output_audio_format": "pcm24",
         "input_audio_transcription": None if transcription is None else {"model": transcription.get("model")},
+        "input_audio_noise_reduction": audio_input.get("noise_reduction"),
         "turn_detection": _turn_detection_out(audio_input.get("turn_detection")),
         "tools": session.get("tools", []),
         "tool_choice": session.get("tool_choice", "auto"),

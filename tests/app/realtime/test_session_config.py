@@ -35,3 +35,34 @@ def test_an_idle_timeout_below_openais_minimum_is_refused_naming_it():
     taken = SessionConfig.from_session({"audio": {"input": {"turn_detection": {"type": "server_vad",
                                                                                 "idle_timeout_ms": 5_000}}}})
     assert taken.turn_detection is not None and taken.turn_detection.idle_timeout_ms == 5_000
+
+
+def _noise_reduction_of(config: SessionConfig) -> object:
+    session = config.to_session_object(session_id="sess_1", model="m", expires_at=0).model_dump(mode="json")
+    return session["audio"]["input"]["noise_reduction"]
+
+
+def test_noise_reduction_is_taken_reported_and_turned_off_by_null():
+    near = SessionConfig.from_session({"audio": {"input": {"noise_reduction": {"type": "near_field"}}}})
+    assert near.noise_reduction == "near_field"
+    assert _noise_reduction_of(near) == {"type": "near_field"}
+    far = near.updated({"input_audio_noise_reduction": {"type": "far_field"}})  # the beta's flat key
+    assert far.noise_reduction == "far_field"
+    off = far.updated({"audio": {"input": {"noise_reduction": None}}})
+    assert off.noise_reduction is None and _noise_reduction_of(off) is None
+
+
+def test_a_session_that_says_nothing_keeps_the_servers_noise_reduction():
+    server_default = SessionConfig(noise_reduction="far_field")
+    assert server_default.updated({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}}}}).noise_reduction \
+        == "far_field"
+
+
+def test_an_unknown_noise_reduction_type_is_refused_naming_it():
+    for value in ({"type": "studio"}, {}, "near_field"):
+        try:
+            SessionConfig.from_session({"audio": {"input": {"noise_reduction": value}}})
+        except ProtocolError as exc:
+            assert exc.code == "invalid_value" and "noise_reduction" in (exc.param or "")
+        else:
+            raise AssertionError(f"noise_reduction {value!r} was taken")

@@ -110,3 +110,26 @@ async def test_barge_in_over_playback_truncates_and_answers_the_new_utterance(va
     assert items[1] == AssistantText("one two three ")
     assert isinstance(items[2], UserAudio)
     await h.session.close()
+
+
+async def test_noise_reduction_cleans_what_the_vad_and_the_model_hear(vad):
+    rng = np.random.default_rng(3)
+    speech = load_fixture("hello")
+    noisy = np.concatenate([silence(600), speech, silence(800)])
+    noisy += (rng.standard_normal(noisy.size) * 0.02).astype(np.float32)  # hiss at -34 dBFS
+
+    committed = {}
+    for kind in (None, {"type": "near_field"}):
+        config = SessionConfig.from_session({"audio": {"input": {"noise_reduction": kind}}})
+        h = await started(vad, config)
+        h.push(noisy)
+        await h.turn_done()
+        (clip,) = h.engine.used_requests()[0].conversation.items
+        committed[str(kind)] = clip.pcm
+        await h.session.close()
+
+    def hiss_level(pcm: np.ndarray) -> float:  # the clip's first 200 ms: its prefix pad, before the words
+        return float(np.sqrt(np.mean(np.square(pcm[: RATE // 5]))))
+
+    plain, cleaned = committed["None"], committed["{'type': 'near_field'}"]
+    assert hiss_level(cleaned) < hiss_level(plain) / 3  # at least 10 dB less hiss
