@@ -227,6 +227,13 @@ class Settings(BaseSettings):
         "noise suppressor on the input before the VAD and the model hear it; near_field 12 dB, far_field 18 dB; off "
         'is OpenAI\'s default (docs/SESSION.md "Noise reduction"). The page sends its own choice',
     )
+    echo_cancellation: Annotated[bool, Flag(Concern.SESSIONS)] = Field(
+        True,
+        description="for WebRTC calls whose session does not say (audio.input.echo_cancellation left out): take "
+        "the answer's own echo out of the caller's microphone with WebRTC's echo canceller, fed with what the call "
+        'played (media/echo_canceller.py, docs/SESSION.md "Echo"); a speakerphone then does not interrupt its own '
+        "answer. About 0.7% of a core per call",
+    )
     default_interrupt_response: Annotated[bool, Flag(Concern.SESSIONS, name="interrupt-response")] = Field(
         True,
         description="barge-in for API clients that do not say (interrupt_response left out, or no turn detection "

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from app.realtime.interruption import InterruptionOutcome
 from app.realtime.protocol import (
     InputAudioBufferCommittedEvent,
     InputAudioBufferSpeechStoppedEvent,
@@ -96,6 +97,24 @@ class Metrics:
             "omni_rtc_ignored_speech",
             "Utterances half-duplex did not act on: the user (or the answer's echo) spoke while an "
             "answer was being given or played. Reported by the session (on_ignored_speech).",
+            registry=r,
+        )
+        self.false_interruptions_resumed = Counter(
+            "omni_rtc_false_interruptions_resumed",
+            "Answers paused by speech over them (a cough, a knock, a backchannel, their own echo) that "
+            "played on because it was not an interruption (app/realtime/interruption.py).",
+            registry=r,
+        )
+        self.backchannels_ignored = Counter(
+            "omni_rtc_backchannels_ignored",
+            "Utterances over an answer that ended before they were confirmed as an interruption "
+            '("mm-hmm", "okay"): not turns, not answered.',
+            registry=r,
+        )
+        self.echo_suppressed = Counter(
+            "omni_rtc_echo_suppressed_seconds",
+            "Seconds of WebRTC input heard while an answer played whose level the echo canceller cut by "
+            "10 dB or more: the answer's own echo, taken out before the VAD (media/echo_canceller.py).",
             registry=r,
         )
         self.speculative_responses = Counter(
@@ -228,6 +247,14 @@ class Metrics:
             self.speculative_responses.labels(outcome=outcome).inc()
         if engine_seconds > 0:
             self.speculative_discarded_engine.inc(engine_seconds)
+
+    def interruption(self, outcome: InterruptionOutcome) -> None:
+        """A session's report of speech over an answer (``app.realtime.interruption``)."""
+        match outcome:
+            case "resumed":
+                self.false_interruptions_resumed.inc()
+            case "backchannel":
+                self.backchannels_ignored.inc()
 
     def partial_transcript(self, outcome: str, engine_seconds: float) -> None:
         """A session's partial transcript report (``app.realtime.transcription.PartialObserver``)."""
@@ -364,6 +391,9 @@ class CallMetrics:
     def on_input_audio(self, samples: int) -> None:
         """16 kHz samples handed to the session so far feed the end-of-utterance delay."""
         self._input_samples += samples
+
+    def on_echo_removed(self, seconds: float) -> None:
+        self._metrics.echo_suppressed.inc(seconds)
 
     def on_server_event(self, event: dict[str, Any]) -> None:
         kind = event.get("type")

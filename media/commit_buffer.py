@@ -96,6 +96,17 @@ class TurnCommitBuffer:
         return None if self._state is _State.IDLE else self._onset
 
     @property
+    def position(self) -> int:
+        """Samples pushed so far, since the stream started."""
+        return self._position
+
+    @property
+    def speech_heard_until(self) -> int | None:
+        """Stream position of the end of the current utterance's last window at or above the
+        threshold (pending or confirmed speech); None when idle."""
+        return None if self._state is _State.IDLE else self._speech_end
+
+    @property
     def audio_start(self) -> int:
         """Stream position of the first sample the current utterance would commit."""
         return self._buffer_start

@@ -34,6 +34,12 @@ class PlaybackListener(Protocol):
     def on_playback_stopped(self) -> None: ...
 
 
+class FrameTap(Protocol):
+    """Sees every 48 kHz int16 frame the track sends (``audio``: it held written audio, not silence)."""
+
+    def __call__(self, frame: np.ndarray, *, audio: bool) -> None: ...
+
+
 class OutboundAudioTrack(MediaStreamTrack):
     """Audio track fed by ``write()``; sends silence whenever nothing is queued.
 
@@ -62,7 +68,9 @@ class OutboundAudioTrack(MediaStreamTrack):
         self._queued = 0
         self._sent_audio = 0  # 48 kHz samples of written audio sent so far
         self._playing = False
+        self._paused = False  # pause(): silence goes out, the queue waits
         self._listener: PlaybackListener | None = None
+        self._frame_tap: FrameTap | None = None
 
     @property
     def played_samples(self) -> int:
@@ -71,6 +79,10 @@ class OutboundAudioTrack(MediaStreamTrack):
 
     def set_listener(self, listener: PlaybackListener | None) -> None:
         self._listener = listener
+
+    def set_frame_tap(self, tap: FrameTap | None) -> None:
+        """``tap`` sees each frame as it is sent (an echo canceller's far end)."""
+        self._frame_tap = tap
 
     def write(self, pcm: np.ndarray) -> None:
         """Queue 24 kHz mono float32 audio (samples in [-1, 1]) to play after what is queued."""
@@ -85,8 +97,17 @@ class OutboundAudioTrack(MediaStreamTrack):
         if not self._playing:
             self._pacer.wake()  # a new answer (or audio after a stall): its first frame goes now
 
+    def pause(self) -> None:
+        """Send silence and keep the queue where it stands until ``resume`` (or ``clear``); the
+        answer is still playing as far as the listener is told, and ``played_samples`` stops."""
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
+
     def clear(self) -> None:
         """Drop all unplayed audio (barge-in); fires on_playback_stopped if audio was playing."""
+        self._paused = False
         self._queue.clear()
         self._queued = 0
         self._resampler.clear()
@@ -101,10 +122,11 @@ class OutboundAudioTrack(MediaStreamTrack):
         if self.readyState != "live":
             raise MediaStreamError
         await self._pacer.wait_until_due()
-        samples = self._take_frame()
-        if samples is None:
-            return self._pacer.frame(_SILENT_FRAME)
-        return self._pacer.frame(np.clip(np.rint(samples * 32767.0), -32768, 32767).astype(np.int16))
+        samples = None if self._paused else self._take_frame()
+        pcm = _SILENT_FRAME if samples is None else np.clip(np.rint(samples * 32767.0), -32768, 32767).astype(np.int16)
+        if self._frame_tap is not None:
+            self._frame_tap(pcm, audio=samples is not None)
+        return self._pacer.frame(pcm)
 
     def _take_frame(self) -> np.ndarray | None:
         """The next 20 ms of queued audio, zero-padded; None when nothing is queued (silence)."""

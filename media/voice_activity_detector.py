@@ -44,6 +44,16 @@ class VoiceActivityDetector:
         return self._buffer.speech_onset
 
     @property
+    def position(self) -> int:
+        """16 kHz samples the detector has taken in (whole windows, and samples pushed unscored)."""
+        return self._buffer.position
+
+    @property
+    def speech_heard_until(self) -> int | None:
+        """Where the current utterance's last speech window ends; None between utterances."""
+        return self._buffer.speech_heard_until
+
+    @property
     def audio_start_ms(self) -> int:
         return samples_to_ms(self._buffer.audio_start)
 

@@ -279,6 +279,7 @@ class VirtualAudioOutput:
         self._playing = False
         self.played_samples = 0
         self.played: list[np.ndarray] = []  # what was "heard", in order
+        self.paused = False  # play() plays nothing while paused, like the real track
 
     @property
     def queued_samples(self) -> int:
@@ -292,7 +293,14 @@ class VirtualAudioOutput:
             raise ValueError(f"expected 1-D float32 24 kHz PCM, got {pcm.dtype} {pcm.shape}")
         self._queue.append(pcm)
 
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
     def clear(self) -> None:
+        self.paused = False
         self._queue.clear()
         if self._playing:
             self._playing = False
@@ -305,6 +313,8 @@ class VirtualAudioOutput:
         when the queue runs dry, like the real track.
         """
         budget = self.queued_samples if samples is None else samples
+        if self.paused:
+            return 0
         played = 0
         if budget > 0 and self._queue and not self._playing:
             self._playing = True

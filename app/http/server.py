@@ -222,6 +222,7 @@ def _base_session_config(settings: Settings) -> SessionConfig:
         speculative_responses=settings.speculative_responses,
         partial_transcripts=settings.partial_transcripts,
         noise_reduction=None if settings.noise_reduction == "off" else settings.noise_reduction,
+        echo_cancellation=settings.echo_cancellation,
         history=HistoryLimits(max_prompt_tokens=settings.history_max_tokens),
         max_text_chars=settings.max_text_chars,
         max_instructions_tokens=settings.instructions_max_tokens,

@@ -12,6 +12,8 @@ one union per direction, the event-type strings):
 - ``input``: audio, images and camera frames that reach the session as events, read and bounded.
 - ``turn_taking``: the detector's events as the protocol's (speech started and stopped,
   commits, barge-in, half-duplex), and semantic VAD's end-of-turn checks.
+- ``interruption``: speech over the playing answer pauses it; it interrupts once it proves to be
+  the user taking the turn, else the answer plays on (a cough, a backchannel, its own echo).
 - ``held_generation``: an engine generation whose events are held until it is released.
 - ``speculation``: the answer started at a candidate end of turn, held until the commit.
 - ``transcription``: input transcription, final and partial.

@@ -65,6 +65,9 @@ class AudioOutput(Protocol):
     ``paced``: the output reports the first frame of audio written to it while idle
     (``on_playback_started``) and running dry (``on_playback_stopped``) to its listener.
     ``playback_reports``: the client's own account of what it played, where the transport has one.
+    ``pause`` holds the queued audio where it stands (silence goes out, the clock stops) until
+    ``resume``; ``clear`` also ends a pause. An output whose client plays the audio (the
+    WebSocket's) cannot pause what it already sent.
     """
 
     @property
@@ -76,6 +79,10 @@ class AudioOutput(Protocol):
     def write(self, pcm: np.ndarray) -> None: ...
 
     def clear(self) -> None: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
 
     @property
     def played_samples(self) -> int: ...
@@ -251,6 +258,14 @@ class AnswerAudio:
                 events.append(OutputAudioBufferStoppedEvent(response_id=response_id))
             events.append(AudioIdle())
         return events
+
+    def pause(self) -> None:
+        """Speech over the answer is being judged: hold its audio where it stands."""
+        self.output.pause()
+
+    def resume(self) -> None:
+        """It was not an interruption: the answer plays on from where it paused."""
+        self.output.resume()
 
     def clear(self, *, always_announce: bool) -> list[PlaybackEvent]:
         """Drop unplayed audio; answers keep what was heard (``conversation.item.truncated``)."""

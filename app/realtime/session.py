@@ -39,6 +39,7 @@ from app.realtime.input import (
     read_item_audio,
     read_item_images,
 )
+from app.realtime.interruption import Backchannel, InterruptionObserver, InterruptionOutcome, Paused, Resumed
 from app.realtime.playback import AnswerAudio, AudioIdle, AudioOutput, PlaybackEvent, Settled
 from app.realtime.protocol import (
     ClientEvent,
@@ -131,6 +132,7 @@ class RealtimeSession:
         clock: Callable[[], float] = time.monotonic,
         on_speculation: OutcomeObserver | None = None,
         on_partial_transcript: PartialObserver | None = None,
+        on_interruption: InterruptionObserver | None = None,
     ) -> None:
         """``on_ignored_speech`` is called for each utterance half-duplex does not act on (metrics).
         ``end_of_turn``: the model semantic_vad needs; without it, semantic_vad is refused (server VAD stays).
@@ -139,6 +141,8 @@ class RealtimeSession:
         own (``app.transports.websocket.dashscope``); it raises ``ProtocolError`` for what it refuses.
         ``on_speculation``: each speculation's outcome (metrics, ``app.realtime.speculation``).
         ``on_partial_transcript``: each partial transcript's outcome (metrics, ``app.realtime.transcription``).
+        ``on_interruption``: speech over an answer that was not an interruption (metrics,
+        ``app.realtime.interruption``).
         ``clock``: what the event gate and the appends' bound count time by (tests run it faster)."""
         self._engine = engine
         self._capabilities = engine.capabilities
@@ -171,6 +175,7 @@ class RealtimeSession:
             judge_words=self._semantic.judges_words,
         )
         self._on_ignored_speech = on_ignored_speech
+        self._on_interruption = on_interruption
         self._manual = ManualBuffer()
         self._suppressor = _suppressor_for(self._config)
         self._appends = AppendDecoder(clock=clock)
@@ -199,6 +204,11 @@ class RealtimeSession:
     @property
     def config(self) -> SessionConfig:
         return self._config
+
+    @property
+    def echo_cancellation(self) -> bool:
+        """The call should take the answer's echo out of the input before ``push_audio``."""
+        return self._config.echo_cancellation
 
     async def start(self) -> None:
         """Announce the session: ``session.created`` with the full effective session."""
@@ -264,7 +274,7 @@ class RealtimeSession:
             self._turns.skip(pcm.size)
             self._manual.append(pcm)
             return
-        self._on_turn(self._turns.push(pcm, turn_detection, busy=self._busy()))
+        self._on_turn(self._turns.push(pcm, turn_detection, busy=self._busy(), playing=len(self._audio) > 0))
         self._partials.heard(self._turns.speech_so_far(), self._config.transcription)
 
     def add_video_frame(self, frame: SampledFrame) -> None:
@@ -552,8 +562,19 @@ class RealtimeSession:
                 case SpeechIgnored():
                     if self._on_ignored_speech is not None:
                         self._on_ignored_speech()
+                case Paused():
+                    self._audio.pause()
+                case Resumed():
+                    self._audio.resume()
+                    self._observe_interruption("resumed")
+                case Backchannel():
+                    self._observe_interruption("backchannel")
                 case _:
                     self.emit(command)
+
+    def _observe_interruption(self, outcome: InterruptionOutcome) -> None:
+        if self._on_interruption is not None:
+            self._on_interruption(outcome)
 
     def _respond_to_speech(self, item_id: str, committed_at: float, silence_wait_ms: float) -> None:
         """Server VAD (or the idle timeout) committed the turn ending with ``item_id``: answer it."""

@@ -103,6 +103,13 @@ class TurnDetection:
     # An extension: the answer starts at a candidate end of turn and is held until the commit
     # (app.realtime.speculation); its default is the server's (Settings.speculative_responses).
     speculative_response: bool = True
+    # Extensions (app.realtime.interruption): speech over the playing answer pauses it and
+    # interrupts once it has gone on this long since the pause. 700 ms: longer than "mm-hmm",
+    # "okay", "I see" (250-600 ms) and than a speakerphone echo lasts once the answer is paused
+    # (under 500 ms); the figures are in docs/SESSION.md "Interruptions".
+    interrupt_min_speech_ms: int = 700
+    # Quiet for this long before the speech was confirmed: the answer plays on where it paused.
+    interrupt_resume_silence_ms: int = 250
 
     def as_server_vad(self) -> TurnDetection:
         """The same settings with server VAD's silence wait (when semantic VAD is not available)."""
@@ -196,6 +203,9 @@ class SessionConfig:
     # audio.input.noise_reduction; None: off. A session that says nothing gets the server's
     # (Settings.noise_reduction), as the base config holds it.
     noise_reduction: NoiseReduction | None = None
+    # audio.input.echo_cancellation, an extension: a WebRTC call takes the answer's echo out of the
+    # input (media.echo_canceller); the server's default (Settings.echo_cancellation) when left out.
+    echo_cancellation: bool = True
     output_audio_format: AudioFormatType = "audio/pcm"
     transcription: InputTranscription | None = None  # None: user audio is not transcribed
     tools: tuple[Tool, ...] = ()  # functions the model may call
@@ -265,6 +275,7 @@ class SessionConfig:
                     ),
                     noise_reduction=None if self.noise_reduction is None
                     else NoiseReductionObject(type=self.noise_reduction),
+                    echo_cancellation=self.echo_cancellation,
                     turn_detection=None
                     if td is None
                     else SemanticVadObject(
@@ -272,6 +283,8 @@ class SessionConfig:
                         create_response=td.create_response,
                         interrupt_response=td.interrupt_response,
                         speculative_response=td.speculative_response,
+                        interrupt_min_speech_ms=td.interrupt_min_speech_ms,
+                        interrupt_resume_silence_ms=td.interrupt_resume_silence_ms,
                     )
                     if td.type == "semantic_vad"
                     else ServerVadObject(
@@ -282,6 +295,8 @@ class SessionConfig:
                         create_response=td.create_response,
                         interrupt_response=td.interrupt_response,
                         speculative_response=td.speculative_response,
+                        interrupt_min_speech_ms=td.interrupt_min_speech_ms,
+                        interrupt_resume_silence_ms=td.interrupt_resume_silence_ms,
                     ),
                 ),
                 output=SessionAudioOutput(format=_format_object(self.output_audio_format), voice=self.voice),
@@ -394,6 +409,10 @@ class _SessionReader:
                 self._changes["input_audio_format"], self._changes["input_audio_rate"] = _format(
                     audio_input["format"], "session.audio.input.format", rates=INPUT_PCM_RATES
                 )
+            if "echo_cancellation" in audio_input:
+                if not isinstance(audio_input["echo_cancellation"], bool):
+                    raise invalid_value("session.audio.input.echo_cancellation", "must be a boolean")
+                self._changes["echo_cancellation"] = audio_input["echo_cancellation"]
             if "noise_reduction" in audio_input:
                 self._changes["noise_reduction"] = _noise_reduction(audio_input["noise_reduction"],
                                                                     "session.audio.input.noise_reduction")
@@ -580,6 +599,11 @@ def _turn_detection(
             changes["idle_timeout_ms"] = idle
     else:
         raise invalid_value(f"{param}.type", "must be 'server_vad' or 'semantic_vad'")
+    for key in ("interrupt_min_speech_ms", "interrupt_resume_silence_ms"):
+        if key in value:
+            if not _is_int(value[key]) or not 0 <= value[key] <= 10_000:
+                raise invalid_value(f"{param}.{key}", "must be an integer from 0 to 10000")
+            changes[key] = value[key]
     for key in ("create_response", "interrupt_response", "speculative_response"):
         if key in value:
             if not isinstance(value[key], bool):

@@ -30,6 +30,15 @@ from typing import Protocol
 
 import numpy as np
 
+from app.realtime.interruption import (
+    Backchannel,
+    Confirmed,
+    InterruptionJudge,
+    InterruptionRules,
+    JudgedSpeech,
+    Paused,
+    Resumed,
+)
 from app.realtime.protocol import (
     InputAudioBufferSpeechStartedEvent,
     InputAudioBufferSpeechStoppedEvent,
@@ -311,10 +320,12 @@ class SpeechIgnored:
 
 # What turn taking asks of its session, in order: events to send and things to do.
 # ``EndOfTurnCheck``: semantic VAD asks for the end-of-turn model's (and the words') verdict,
-# answered with ``decide`` / ``decide_words``.
+# answered with ``decide`` / ``decide_words``. ``Paused`` / ``Resumed``: the answer's audio pauses
+# while speech over it is judged, and plays on when it was not an interruption; ``Backchannel``:
+# an utterance over the answer that was not one (app.realtime.interruption).
 TurnCommand = (
     ServerEvent | CommitAudio | Respond | Interrupt | UserSpeaking | EndOfTurnCheck | CandidateEnd | CandidateVoid
-    | SpeechIgnored
+    | SpeechIgnored | Paused | Resumed | Backchannel
 )
 
 
@@ -346,16 +357,27 @@ class TurnTaking:
         self._ignored_reported = False  # the utterance half-duplex is dropping was counted
         self._idle_since_sample: int | None = None  # the assistant's audio ended here (idle_timeout_ms)
         self._busy = False  # as the session said at the current call, or since a Respond in it
+        self._judge = InterruptionJudge()  # speech over the playing answer (barge-in)
+        self._held_start_ms: int | None = None  # speech_started of an utterance being judged, held
+        self._playing = False  # the answer's audio is queued or playing, as the session said
         self._out: list[TurnCommand] = []
 
     @property
     def half_duplex(self) -> HalfDuplex:
         return self._half_duplex
 
-    def push(self, pcm: np.ndarray, turn_detection: TurnDetection, *, busy: bool) -> list[TurnCommand]:
+    def push(self, pcm: np.ndarray, turn_detection: TurnDetection, *, busy: bool,
+             playing: bool = False) -> list[TurnCommand]:
+        """``busy``: answering, or its audio not yet played out; ``playing``: the answer's audio is
+        queued or playing (speech over it is judged before it interrupts)."""
         self._busy = busy
         self.input_samples += pcm.size
-        self._handle(self._detector.push(pcm), turn_detection)
+        self._playing = playing
+        # A window at a time: speech over the answer is judged as it is heard, so a long chunk (a
+        # WebSocket append) decides as a stream of 20 ms frames would.
+        for start in range(0, pcm.size, WINDOW_SAMPLES):
+            self._handle(self._detector.push(pcm[start : start + WINDOW_SAMPLES]), turn_detection)
+            self._judge_speech(turn_detection)
         self._maybe_listen_again()
         self._maybe_time_out(turn_detection)
         return self._take()
@@ -390,7 +412,7 @@ class TurnTaking:
                     self._on_speech_stopped(event)
                 case UtteranceCommitted():
                     self._on_utterance_committed(event, turn_detection)
-                case EndOfTurnCheck(words=True) if deaf:
+                case EndOfTurnCheck(words=True) if deaf or self._judge.judging:
                     # Speech heard while the assistant answers is mostly its echo: its words are not
                     # worth an engine turn. No judgement: the sound decides (a quick reply included).
                     self._handle(self._detector.decide_words(event.check_id, None), turn_detection)
@@ -426,10 +448,13 @@ class TurnTaking:
     def clear(self) -> list[TurnCommand]:
         """Drop what the detector holds (``input_audio_buffer.clear``, manual mode)."""
         self._detector.reset()
+        self._held_start_ms = None
+        resumed: list[TurnCommand] = [Resumed()] if self._judge.paused else []
+        self._judge.reset()
         self._speech_item_id = None
         self._user_speaking = False
         self._ignored_reported = False
-        return [UserSpeaking(False)]
+        return [*resumed, UserSpeaking(False)]
 
     def response_started(self, turn_detection: TurnDetection | None) -> None:
         self._idle_since_sample = None
@@ -453,22 +478,52 @@ class TurnTaking:
             return
         if self._half_duplex is HalfDuplex.ECHO_TAIL:
             return  # it may be a quick reply: judged when the tail ends (_maybe_listen_again)
+        if self._judged(turn_detection) and self._judge.state is not JudgedSpeech.CONFIRMED:
+            self._held_start_ms = event.audio_start_ms  # announced if it proves an interruption
+            self._out.extend(self._judge.begin(self._detector.position))
+            return
+        self._announce(event.audio_start_ms, turn_detection)
+
+    def _announce(self, audio_start_ms: int, turn_detection: TurnDetection) -> None:
+        """``speech_started``: the user's speech is acted on from here; over an answer, it interrupts."""
+        self._held_start_ms = None
         self._speech_item_id = new_id("item")
-        self._out.append(
-            InputAudioBufferSpeechStartedEvent(audio_start_ms=event.audio_start_ms, item_id=self._speech_item_id)
-        )
+        self._out.append(InputAudioBufferSpeechStartedEvent(audio_start_ms=audio_start_ms, item_id=self._speech_item_id))
         self._out.append(UserSpeaking(True))
         if turn_detection.interrupt_response and self._busy:
             self._out.append(Interrupt())
 
+    def _judged(self, turn_detection: TurnDetection) -> bool:
+        """Speech now is judged before it interrupts: barge-in, and the answer's audio is playing."""
+        return turn_detection.interrupt_response and self._half_duplex is HalfDuplex.LISTENING and self._playing
+
+    def _judge_speech(self, turn_detection: TurnDetection) -> None:
+        """Barge-in over the playing answer: pause it at the first speech, interrupt only when the
+        speech proves to be one (app.realtime.interruption)."""
+        if not self._judged(turn_detection):
+            if self._held_start_ms is not None:  # the answer ended first: the utterance is a turn
+                self._announce(self._held_start_ms, turn_detection)
+            self._judge.reset()
+            return
+        detector = self._detector
+        rules = InterruptionRules.from_ms(turn_detection.interrupt_min_speech_ms,
+                                          turn_detection.interrupt_resume_silence_ms)
+        for event in self._judge.hear(speech_heard_until=detector.speech_heard_until, position=detector.position,
+                                      in_speech=detector.in_speech, rules=rules):
+            if isinstance(event, Confirmed):
+                if self._held_start_ms is not None:  # confirmation needs the detector in speech
+                    self._announce(self._held_start_ms, turn_detection)
+            else:
+                self._out.append(event)
+
     def _on_segment(self, event: SegmentCommitted) -> None:
-        if self._half_duplex is not HalfDuplex.LISTENING:
+        if self._half_duplex is not HalfDuplex.LISTENING or self._judge.judging:
             return
         self._out.append(CommitAudio(self._speech_item_id or new_id("item"), event.pcm))
         self._speech_item_id = new_id("item")  # the rest of the utterance is the next item
 
     def _on_speech_stopped(self, event: SpeechStopped) -> None:
-        if self._half_duplex is not HalfDuplex.LISTENING:
+        if self._half_duplex is not HalfDuplex.LISTENING or self._judge.judging:
             return
         if self._speech_item_id is None:
             self._speech_item_id = new_id("item")
@@ -483,6 +538,10 @@ class TurnTaking:
                 self._ignore(event.audio_start_ms)
             self._ignored_reported = False
             self._out.append(UserSpeaking(False))
+            return
+        if self._judge.judging:  # over the answer, and never an interruption: not a turn
+            self._held_start_ms = None
+            self._out.extend(self._judge.utterance_over())
             return
         committed_at = time.monotonic()
         item_id = self._speech_item_id or new_id("item")

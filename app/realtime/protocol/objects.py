@@ -115,6 +115,8 @@ class ServerVadObject(ServerModel):
     create_response: bool
     interrupt_response: bool
     speculative_response: bool  # extension: answers start at a candidate end of turn
+    interrupt_min_speech_ms: int  # extension: speech over the answer interrupts after this long
+    interrupt_resume_silence_ms: int  # extension: quiet this long first, the paused answer plays on
 
 
 class SemanticVadObject(ServerModel):
@@ -123,6 +125,8 @@ class SemanticVadObject(ServerModel):
     create_response: bool
     interrupt_response: bool
     speculative_response: bool  # extension: answers start at a candidate end of turn
+    interrupt_min_speech_ms: int  # extension: speech over the answer interrupts after this long
+    interrupt_resume_silence_ms: int  # extension: quiet this long first, the paused answer plays on
 
 
 class TranscriptionObject(ServerModel):
@@ -144,6 +148,7 @@ class SessionAudioInput(ServerModel):
     format: AudioFormat
     transcription: TranscriptionObject | None = None
     noise_reduction: NoiseReductionObject | None = None
+    echo_cancellation: bool = True  # an extension: a WebRTC call takes the answer's echo out of the input
     turn_detection: ServerVadObject | SemanticVadObject | None
 
 

@@ -43,6 +43,7 @@ from app.transports.webrtc.ice import loopback_candidates, missing_relay, select
 from app.transports.webrtc.network import CallNetwork, NetworkObserver
 from app.transports.webrtc.sctp_guard import Refusal, guard_data_channel
 from app.transports.webrtc.sdp import with_opus_inband_fec
+from media.echo_canceller import EchoCanceller
 from media.inbound import InboundAudio
 from media.opus import OpusTrack
 from media.outbound import OutboundAudioTrack
@@ -74,6 +75,9 @@ class CallObserver(EventObserver, NetworkObserver, Protocol):
 
     def on_input_audio(self, samples: int) -> None:
         """``samples`` more 16 kHz samples were handed to the session."""
+
+    def on_echo_removed(self, seconds: float) -> None:
+        """The echo canceller took the answer's echo out of ``seconds`` more of input."""
 
 
 SessionFactory = Callable[[OutboundAudioTrack, Callable[[dict[str, Any]], None]], Session]
@@ -129,6 +133,8 @@ class Call(CallLifecycle):
         self._loop = asyncio.get_running_loop()
         self._pc: RTCPeerConnection | None = None
         self._session: Session | None = None
+        self._output: OutboundAudioTrack | None = None
+        self._echo: EchoCanceller | None = None  # made when the session first wants it
         self._inbound: InboundAudio | None = None
         self._video: VideoSampler | None = None
         self._channel: RTCDataChannel | None = None
@@ -152,7 +158,7 @@ class Call(CallLifecycle):
         pc = RTCPeerConnection(self._configuration)
         self._pc = pc
         self._resources.push_async_callback(pc.close)
-        output = OutboundAudioTrack(pacing_stats=self._pacing_stats)
+        output = self._output = OutboundAudioTrack(pacing_stats=self._pacing_stats)
         self._resources.callback(output.stop)
         session = self._make_session(output, self._send)
         self._session = session
@@ -352,7 +358,23 @@ class Call(CallLifecycle):
         if self._observer is not None:
             self._observer.on_input_audio(len(pcm))
         assert self._session is not None
+        if self._session.echo_cancellation:
+            pcm = self._without_echo(pcm)
         self._session.push_audio(pcm)
+
+    def _without_echo(self, pcm: np.ndarray) -> np.ndarray:
+        """The input with the answer's echo taken out; the canceller starts with the first input
+        that wants it and hears every frame the track sends from then on."""
+        echo = self._echo
+        if echo is None:
+            echo = self._echo = EchoCanceller()
+            assert self._output is not None
+            self._output.set_frame_tap(echo.played)
+        removed = echo.removed_seconds
+        cleaned = echo.captured(pcm)
+        if self._observer is not None and echo.removed_seconds > removed:
+            self._observer.on_echo_removed(echo.removed_seconds - removed)
+        return cleaned
 
     # -- events both ways ------------------------------------------------------------
 

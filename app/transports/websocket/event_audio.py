@@ -106,6 +106,13 @@ class EventAudioOutput:
             self._played = self._written
         self._send_delta(segment, self._encode(pcm, last=False))
 
+    def pause(self) -> None:
+        """Nothing to do: the client holds and plays what was sent (it stops at ``speech_started``,
+        which comes only once speech over the answer is confirmed as an interruption)."""
+
+    def resume(self) -> None:
+        """Nothing was paused (``pause``)."""
+
     def clear(self) -> None:
         """Drops what has not been played: the next answer starts where playback stands."""
         self._written = self._played

@@ -58,6 +58,8 @@ async def test_a_response_create_and_cancel_loop_is_refused_past_the_share_and_s
         started = len(engine.requests)
         assert started < 4
         engine.hold.set()
+        await settle()
+        h.output.play()  # the cancelled answers' first words play out
 
         answered = h.types().count("response.done") + 1
         h.push(tone(600))  # the user speaks: answered though the share is spent
@@ -77,6 +79,7 @@ async def test_speculation_waits_while_the_share_is_spent():
     async with SessionHarness(engine, EnergyVad(), SessionConfig(instructions=LONG_INSTRUCTIONS), clock=clock) as h:
         while await created_and_cancelled(h) is None:  # the client spends the share
             pass
+        h.output.play()  # the cancelled answers' first words play out
         h.push(tone(600))
         h.push(silence(100))  # a candidate end of turn: no speculative start
         await settle()

@@ -67,6 +67,8 @@ async def test_start_sends_session_created_with_the_full_effective_session(h):
         "create_response": True,
         "interrupt_response": True,  # OpenAI's default: barge-in
         "speculative_response": True,
+        "interrupt_min_speech_ms": 700,
+        "interrupt_resume_silence_ms": 250,
     }
     assert session["max_output_tokens"] == "inf"
     assert session["model"] == "scripted-engine"
@@ -490,7 +492,7 @@ async def test_barge_in_cancels_clears_and_truncates_to_what_was_heard():
     await h.until("response.output_audio_transcript.delta")
     h.output.play(CODEC_FRAME_SAMPLES // 2)  # half of the first word's audio is heard
     events_before = len(h.events)
-    h.push(tone(600))  # the user barges in
+    h.push(tone(1000))  # the user barges in: a sentence, not a backchannel
     await h.until("response.done")
 
     assert h.types()[events_before:events_before + 3] == [
@@ -519,7 +521,7 @@ async def test_barge_in_during_playback_after_generation_keeps_the_heard_part():
     h.utter()
     await h.until("response.done")
     h.output.play(2 * CODEC_FRAME_SAMPLES)  # two of four words heard
-    h.utter()
+    h.utter(1000)  # a sentence over the answer: it interrupts
     await h.turn_done(2)
 
     assert h.last("conversation.item.truncated")["audio_end_ms"] == 160
@@ -534,7 +536,7 @@ async def barged_in() -> Harness:
     h.engine.hold = asyncio.Event()  # a long answer: only the first word is generated
     h.utter()
     await h.until("response.output_audio_transcript.delta")
-    h.push(tone(600))  # the user barges in: the server cancels the answer itself
+    h.push(tone(1000))  # the user barges in: the server cancels the answer itself
     return h
 
 
@@ -886,7 +888,7 @@ async def test_a_whole_barge_in_utterance_in_one_push_waits_for_the_cancelled_re
     h.utter()
     await h.until("response.output_audio_transcript.delta")
     h.engine.hold = None
-    h.session.push_audio(np.concatenate([tone(600), silence(700)]))  # speech start and commit at once
+    h.session.push_audio(np.concatenate([tone(1000), silence(700)]))  # speech start and commit at once
     await h.turn_done(2)
 
     types = h.types()

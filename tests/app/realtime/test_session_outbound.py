@@ -17,8 +17,8 @@ from tests.fakes import EnergyVad, ScriptedEngine
 RATE = 16_000
 
 
-def utterance() -> np.ndarray:
-    t = np.arange(600 * RATE // 1000) / RATE
+def utterance(speech_ms: int = 600) -> np.ndarray:
+    t = np.arange(speech_ms * RATE // 1000) / RATE
     speech = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
     return np.concatenate([speech, np.zeros(700 * RATE // 1000, dtype=np.float32)])
 
@@ -72,7 +72,7 @@ async def test_barge_in_through_the_track_truncates_to_the_frames_sent():
     await until(events, "response.done")
     for _ in range(12):  # 12 x 20 ms = 240 ms of the 400 ms answer sent
         await track.recv()
-    push(session, utterance())
+    push(session, utterance(1000))  # a sentence over the answer: it interrupts
     await until(events, "response.done", 2)
 
     truncated = next(e for e in events if e["type"] == "conversation.item.truncated")

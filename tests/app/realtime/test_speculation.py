@@ -363,7 +363,7 @@ async def test_speech_while_a_speculative_answer_plays_is_handled_as_for_any_ans
     h.push(silence(700))
     await h.until("response.done")
     h.output.play(1920)  # one of the answer's three frames heard
-    h.push(tone(600))  # the user speaks over it
+    h.push(tone(1000))  # the user speaks over it (a sentence: barge-in interrupts)
     h.push(silence(700))
     await settle()
 

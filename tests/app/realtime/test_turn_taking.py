@@ -113,7 +113,7 @@ async def test_speech_over_an_answer_in_half_duplex_is_counted_not_acted_on():
     h2.push(tone(600))
     h2.push(silence(700))
     await h2.until("response.done")
-    h2.push(tone(600))
+    h2.push(tone(1000))
     assert barge_in.count == 0  # barge-in acts on it
     assert h2.types().count("input_audio_buffer.speech_started") == 2
     await h.session.close()

@@ -90,6 +90,8 @@ async def test_finished_utterance_is_committed_at_the_candidate_silence_not_afte
     assert h.last("session.updated")["session"]["audio"]["input"]["turn_detection"] == {
         "type": "semantic_vad", "eagerness": "medium", "create_response": True, "interrupt_response": True,
         "speculative_response": True,
+        "interrupt_min_speech_ms": 700,
+        "interrupt_resume_silence_ms": 250,
     }  # interrupt_response left out: OpenAI's default
     assert model.asked, "the model was asked"
     stopped = h.last("input_audio_buffer.speech_stopped")["audio_end_ms"]

@@ -109,6 +109,7 @@ async def test_the_sdks_documented_update_with_cherry_is_applied_whole(h):
     assert session["audio"]["input"]["turn_detection"] == {
         "type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 800,
         "idle_timeout_ms": None, "create_response": True, "interrupt_response": True, "speculative_response": True,
+        "interrupt_min_speech_ms": 700, "interrupt_resume_silence_ms": 250,
     }
 
 

@@ -1,0 +1,94 @@
+"""Echo cancellation: the answer's own voice taken out of the caller's microphone.
+
+A caller who plays the answer through a speaker with no echo cancellation of its own (a phone
+bridge, a kiosk, a speakerphone) sends the answer back to us, 150-450 ms late and 6-12 dB down;
+the VAD hears it as speech. The server knows exactly what it played: :class:`EchoCanceller`
+feeds every 20 ms frame the outbound track sends (silence included) to WebRTC's echo canceller
+(AEC3, from the audio-processing module that the ``livekit`` wheel ships) as the far end, and
+runs the call's 16 kHz input through it before the session hears it.
+
+- The far end is fed 100 ms late (``REFERENCE_DELAY_MS``): AEC3 finds echoes up to ~500 ms after
+  their reference, and the echo of a WebRTC call comes back no sooner than 100 ms (the peer's
+  jitter buffer, its playout and the way back), so 100-600 ms of round trip are covered.
+- Frames are 10 ms, as the module requires; input that does not fill one waits for the next.
+- ``removed_seconds`` counts input heard while the answer played whose level the canceller cut
+  by ``REMOVED_DB`` or more (the metrics' "echo suppressed").
+
+livekit's native library starts its threads with the first canceller, in the process that makes
+it (a media worker, never a forkserver); the module is imported only then. The measurements
+behind the choice: docs/SESSION.md, "Echo".
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from media.rates import SPEECH_RATE, WIRE_RATE
+
+if TYPE_CHECKING:
+    from livekit import rtc
+
+REFERENCE_DELAY_MS = 100
+FRAME_MS = 10  # the audio-processing module's frame
+_CAPTURE_SAMPLES = SPEECH_RATE * FRAME_MS // 1000
+_RENDER_SAMPLES = WIRE_RATE * FRAME_MS // 1000
+# An input frame counts as echo removed when the canceller took this much off it, and it was
+# louder than the floor: speech at -50 dBFS and below is not what turns a VAD on.
+REMOVED_DB = 10.0
+_FLOOR = 10 ** (-50 / 20) * 32767
+
+
+class EchoCanceller:
+    """One call's echo canceller: ``played`` with each frame sent, ``captured`` with the input."""
+
+    def __init__(self) -> None:
+        from livekit import rtc  # the native library loads here, in the process that needs it
+
+        self._rtc = rtc
+        self._apm: rtc.AudioProcessingModule = rtc.AudioProcessingModule(echo_cancellation=True,
+                                                                           high_pass_filter=True)
+        silence = np.zeros(_RENDER_SAMPLES, dtype=np.int16)
+        self._reference: deque[np.ndarray] = deque(silence for _ in range(REFERENCE_DELAY_MS // FRAME_MS))
+        self._pending = np.zeros(0, dtype=np.int16)
+        self._playing = False  # the last frame played held audio
+        self.removed_seconds = 0.0
+
+    def played(self, frame: np.ndarray, *, audio: bool) -> None:
+        """A 48 kHz int16 frame (any whole number of 10 ms) the outbound track just sent;
+        ``audio``: it held the answer's audio (not silence)."""
+        self._playing = audio
+        for start in range(0, frame.size - _RENDER_SAMPLES + 1, _RENDER_SAMPLES):
+            self._reference.append(frame[start : start + _RENDER_SAMPLES])
+            delayed = self._reference.popleft()
+            self._apm.process_reverse_stream(self._frame(delayed, WIRE_RATE))
+
+    def captured(self, pcm: np.ndarray) -> np.ndarray:
+        """16 kHz float32 input in; the whole 10 ms frames among what has come in, without the
+        answer's echo, out (the rest waits for the next chunk)."""
+        pcm16 = np.clip(np.rint(np.asarray(pcm, dtype=np.float32) * 32767.0), -32768, 32767).astype(np.int16)
+        samples = np.concatenate([self._pending, pcm16]) if self._pending.size else pcm16
+        whole = samples.size - samples.size % _CAPTURE_SAMPLES
+        self._pending = samples[whole:].copy()
+        out = np.empty(whole, dtype=np.float32)
+        for start in range(0, whole, _CAPTURE_SAMPLES):
+            frame = self._frame(samples[start : start + _CAPTURE_SAMPLES], SPEECH_RATE)
+            self._apm.process_stream(frame)
+            cleaned = np.frombuffer(frame.data, dtype=np.int16)
+            if self._playing:
+                self._count_removed(samples[start : start + _CAPTURE_SAMPLES], cleaned)
+            out[start : start + _CAPTURE_SAMPLES] = cleaned / 32767.0
+        return out
+
+    def _frame(self, samples: np.ndarray, rate: int) -> rtc.AudioFrame:
+        return self._rtc.AudioFrame(bytearray(samples.tobytes()), rate, 1, samples.size)
+
+    def _count_removed(self, before: np.ndarray, after: np.ndarray) -> None:
+        level_before = float(np.sqrt(np.mean(np.square(before, dtype=np.float64))))
+        if level_before < _FLOOR:
+            return
+        level_after = float(np.sqrt(np.mean(np.square(after, dtype=np.float64))))
+        if level_after * 10 ** (REMOVED_DB / 20) <= level_before:
+            self.removed_seconds += FRAME_MS / 1000
