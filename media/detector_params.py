@@ -3,7 +3,9 @@ VAD's end-of-turn policy (``EndOfTurnPolicy``). ``media.commit_buffer`` has the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from media.speech_level import LevelRules
 
 HYSTERESIS = 0.15  # speech ends below threshold - 0.15, as in silero's VADIterator
 
@@ -68,6 +70,8 @@ class TurnDetectionParams:
     judge_words: bool = False
     # Emit SilenceStarted and SpeechResumed: the candidates of speculative answers.
     candidates: bool = False
+    # Which speech windows are the user's by their level (media.speech_level).
+    levels: LevelRules = field(default_factory=LevelRules)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold < 1.0:

@@ -13,11 +13,13 @@ import numpy as np
 from media.commit_buffer import TurnCommitBuffer, samples_to_ms
 from media.detector_events import DetectorEvent
 from media.detector_params import TurnDetectionParams
+from media.speech_level import SpeechLevelGate
 from media.vad import WINDOW_SAMPLES, SpeechModel
 
 
 class VoiceActivityDetector:
-    """Any-size 16 kHz float32 chunks → 512-sample windows → silero VAD → TurnCommitBuffer.
+    """Any-size 16 kHz float32 chunks → 512-sample windows → silero VAD → the level gate
+    (``media.speech_level``: other voices in the room) → TurnCommitBuffer.
 
     One per session. Samples that do not fill a window wait for the next chunk.
     """
@@ -25,6 +27,7 @@ class VoiceActivityDetector:
     def __init__(self, vad: SpeechModel, params: TurnDetectionParams) -> None:
         self._stream = vad.new_stream()
         self._buffer = TurnCommitBuffer(params)
+        self._levels = SpeechLevelGate()
         self._pending = np.zeros(0, dtype=np.float32)
 
     @property
@@ -88,9 +91,14 @@ class VoiceActivityDetector:
         samples = np.concatenate([self._pending, pcm.astype(np.float32, copy=False)])
         whole = samples.size - samples.size % WINDOW_SAMPLES
         events: list[DetectorEvent] = []
+        params = self._buffer.params
         for start in range(0, whole, WINDOW_SAMPLES):
             window = samples[start : start + WINDOW_SAMPLES]
-            events.extend(self._buffer.push(window, self._stream.probability(window)))
+            probability = self._levels.admit(window, self._stream.probability(window), params.levels,
+                                             threshold=params.threshold, in_speech=self._buffer.in_speech)
+            events.extend(self._buffer.push(window, probability))
+            if probability >= params.threshold and self._buffer.in_speech:
+                self._levels.heard_user(window)
         self._pending = samples[whole:]
         if self._pending.size:
             # They may complete server VAD's wait now, not when their window is complete.

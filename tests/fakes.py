@@ -51,6 +51,11 @@ from pipeline.conversation import UserAudio, UserImage
 # Server VAD without barge-in: the user's speech over an answer is heard but not acted on. Tests
 # of half-duplex say so, since a session's default is OpenAI's interrupt_response: true.
 HALF_DUPLEX = SessionConfig(turn_detection=TurnDetection(interrupt_response=False))
+# A steady tone longer than 8 s is the room's own level (media.speech_level's background rule),
+# not speech standing out of it: tests that hold one that long as "speech" take that rule off.
+STEADY_TONE_SPEECH = SessionConfig(turn_detection=TurnDetection(speech_over_background_db=None))
+HALF_DUPLEX_STEADY_TONE = SessionConfig(turn_detection=TurnDetection(interrupt_response=False,
+                                                                    speech_over_background_db=None))
 # What the in-process engine can do: the stand-ins' default (a test turns one off to see it refused).
 FULL_CAPABILITIES = EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=True, preemptible_generations=True)
 

@@ -39,6 +39,7 @@ from app.realtime.protocol import (
 )
 from app.realtime.tools import check_choice, choice_object, read_tool_choice, read_tools, tool_objects
 from media.noise_suppression import NoiseReduction
+from media.speech_level import LevelRules
 from pipeline.contract import DEFAULT_TEMPERATURE, VOICES, EngineCapabilities, TranscriptionHint, Voice
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, HistoryLimits
 from pipeline.images import MIN_PIXELS
@@ -110,6 +111,12 @@ class TurnDetection:
     interrupt_min_speech_ms: int = 700
     # Quiet for this long before the speech was confirmed: the answer plays on where it paused.
     interrupt_resume_silence_ms: int = 250
+    # Extensions (media.speech_level): a speech window is the user's only at or above this level,
+    # this far above the room's steady level and no further below the user's own; None: off.
+    # Chosen from tests/bench/room_levels.py (docs/SESSION.md "Other voices").
+    speech_floor_dbfs: float | None = LevelRules.floor_dbfs
+    speech_over_background_db: float | None = LevelRules.over_background_db
+    speech_under_user_db: float | None = LevelRules.under_user_db
 
     def as_server_vad(self) -> TurnDetection:
         """The same settings with server VAD's silence wait (when semantic VAD is not available)."""
@@ -285,6 +292,9 @@ class SessionConfig:
                         speculative_response=td.speculative_response,
                         interrupt_min_speech_ms=td.interrupt_min_speech_ms,
                         interrupt_resume_silence_ms=td.interrupt_resume_silence_ms,
+                        speech_floor_dbfs=td.speech_floor_dbfs,
+                        speech_over_background_db=td.speech_over_background_db,
+                        speech_under_user_db=td.speech_under_user_db,
                     )
                     if td.type == "semantic_vad"
                     else ServerVadObject(
@@ -297,6 +307,9 @@ class SessionConfig:
                         speculative_response=td.speculative_response,
                         interrupt_min_speech_ms=td.interrupt_min_speech_ms,
                         interrupt_resume_silence_ms=td.interrupt_resume_silence_ms,
+                        speech_floor_dbfs=td.speech_floor_dbfs,
+                        speech_over_background_db=td.speech_over_background_db,
+                        speech_under_user_db=td.speech_under_user_db,
                     ),
                 ),
                 output=SessionAudioOutput(format=_format_object(self.output_audio_format), voice=self.voice),
@@ -599,6 +612,13 @@ def _turn_detection(
             changes["idle_timeout_ms"] = idle
     else:
         raise invalid_value(f"{param}.type", "must be 'server_vad' or 'semantic_vad'")
+    for key, low, high in (("speech_floor_dbfs", -100, 0), ("speech_over_background_db", 0, 60),
+                           ("speech_under_user_db", 0, 60)):
+        if key in value:
+            level = value[key]
+            if level is not None and (not _is_number(level) or not low <= level <= high):
+                raise invalid_value(f"{param}.{key}", f"must be a number from {low} to {high}, or null (off)")
+            changes[key] = None if level is None else float(level)
     for key in ("interrupt_min_speech_ms", "interrupt_resume_silence_ms"):
         if key in value:
             if not _is_int(value[key]) or not 0 <= value[key] <= 10_000:

@@ -61,6 +61,7 @@ from media.detector_events import (
 from media.detector_params import EndOfTurnPolicy, TurnDetectionParams
 from media.end_of_turn_model import EndOfTurnModel
 from media.rates import SPEECH_RATE
+from media.speech_level import LevelRules
 from media.vad import WINDOW_SAMPLES, SpeechModel
 from media.voice_activity_detector import VoiceActivityDetector
 from pipeline.contract import Engine, EngineError, GenerationDone, GenerationRequest, TranscriptionHint
@@ -257,6 +258,8 @@ def detector_params(
         max_utterance_ms=min(TurnDetectionParams.max_utterance_ms, limit),
         judge_words=judge_words and end_of_turn is not None,
         candidates=turn_detection.speculative_response,
+        levels=LevelRules(turn_detection.speech_floor_dbfs, turn_detection.speech_over_background_db,
+                          turn_detection.speech_under_user_db),
     )
 
 

@@ -117,6 +117,9 @@ class ServerVadObject(ServerModel):
     speculative_response: bool  # extension: answers start at a candidate end of turn
     interrupt_min_speech_ms: int  # extension: speech over the answer interrupts after this long
     interrupt_resume_silence_ms: int  # extension: quiet this long first, the paused answer plays on
+    speech_floor_dbfs: float | None  # extension: speech quieter than this is another voice (null: off)
+    speech_over_background_db: float | None  # extension: speech stands this far above the room (null: off)
+    speech_under_user_db: float | None  # extension: speech no further below the user's own (null: off)
 
 
 class SemanticVadObject(ServerModel):
@@ -127,6 +130,9 @@ class SemanticVadObject(ServerModel):
     speculative_response: bool  # extension: answers start at a candidate end of turn
     interrupt_min_speech_ms: int  # extension: speech over the answer interrupts after this long
     interrupt_resume_silence_ms: int  # extension: quiet this long first, the paused answer plays on
+    speech_floor_dbfs: float | None  # extension: speech quieter than this is another voice (null: off)
+    speech_over_background_db: float | None  # extension: speech stands this far above the room (null: off)
+    speech_under_user_db: float | None  # extension: speech no further below the user's own (null: off)
 
 
 class TranscriptionObject(ServerModel):

@@ -69,6 +69,9 @@ async def test_start_sends_session_created_with_the_full_effective_session(h):
         "speculative_response": True,
         "interrupt_min_speech_ms": 700,
         "interrupt_resume_silence_ms": 250,
+        "speech_floor_dbfs": -36.0,
+        "speech_over_background_db": 12.0,
+        "speech_under_user_db": 15.0,
     }
     assert session["max_output_tokens"] == "inf"
     assert session["model"] == "scripted-engine"

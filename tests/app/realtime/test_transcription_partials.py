@@ -17,6 +17,7 @@ from pipeline.contract import GenerationRequest
 from pipeline.conversation import Conversation, UserAudio, UserText
 from tests.app.realtime.test_session import Harness
 from tests.app.realtime.test_transcription import ON, TRANSCRIPTION, assert_openai_parses
+from tests.fakes import STEADY_TONE_SPEECH
 from tests.settle import settle
 from tests.speech import silence, tone
 
@@ -196,7 +197,7 @@ async def test_no_partial_starts_in_a_pause_and_they_resume_with_the_speech():
 
 
 async def test_each_partial_transcribes_the_item_so_far_and_the_steps_grow_past_4_s():
-    h = await started()
+    h = await started(config=STEADY_TONE_SPEECH)
     await speak(h, 8_000, step_ms=200)
     seconds = [round(request.conversation.items[0].seconds, 1) for request in partial_requests(h)]
     assert seconds == [1.0, 2.0, 3.0, 4.0, 5.0, 6.3, 7.8]  # past 4 s, a quarter of the audio so far

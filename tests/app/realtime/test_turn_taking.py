@@ -11,7 +11,14 @@ import numpy as np
 from app.realtime.session_config import SessionConfig
 from app.realtime.turn_taking import ECHO_TAIL_MS, TURN_LIMIT_CODE
 from pipeline.conversation import AssistantText, UserAudio
-from tests.fakes import HALF_DUPLEX, EnergyVad, ScriptedEngine, SessionHarness
+from tests.fakes import (
+    HALF_DUPLEX,
+    HALF_DUPLEX_STEADY_TONE,
+    STEADY_TONE_SPEECH,
+    EnergyVad,
+    ScriptedEngine,
+    SessionHarness,
+)
 from tests.speech import silence, tone
 
 RATE = 16_000
@@ -32,7 +39,7 @@ async def session(ignored: Counter | None = None, config: SessionConfig | None =
 
 
 async def test_a_70_s_utterance_is_committed_in_segments_and_answered_once_it_ends():
-    h = await session()
+    h = await session(config=STEADY_TONE_SPEECH)
     h.push(silence(200))
     h.push(tone(70_000))
     assert "response.created" not in h.types()  # 70 s of talk: two segments committed, no answer
@@ -70,7 +77,7 @@ async def test_a_70_s_utterance_is_committed_in_segments_and_answered_once_it_en
 
 async def test_a_turn_past_its_maximum_gets_an_error_naming_it_and_is_answered():
     ignored = Counter()
-    h = await session(ignored, HALF_DUPLEX)
+    h = await session(ignored, HALF_DUPLEX_STEADY_TONE)
     h.push(tone(125_000))  # 5 s past the 120 s maximum, without a pause
     error = h.last("error")["error"]
     assert error["code"] == TURN_LIMIT_CODE

@@ -51,7 +51,8 @@ class FakeEndOfTurn:
 
 
 async def semantic_session(model: FakeEndOfTurn | None, *, eagerness: str = "medium", reply: str = "Sure.",
-                           text_judge: TranscriptJudge | None = None, **turn_detection: bool) -> SessionHarness:
+                           text_judge: TranscriptJudge | None = None,
+                           **turn_detection: bool | None) -> SessionHarness:
     """A session that switched to semantic_vad; ``turn_detection``: more of its fields (interrupt_response)."""
     harness = SessionHarness(ScriptedEngine(reply), end_of_turn=model, text_judge=text_judge)
     await harness.session.start()
@@ -92,6 +93,9 @@ async def test_finished_utterance_is_committed_at_the_candidate_silence_not_afte
         "speculative_response": True,
         "interrupt_min_speech_ms": 700,
         "interrupt_resume_silence_ms": 250,
+        "speech_floor_dbfs": -36.0,
+        "speech_over_background_db": 12.0,
+        "speech_under_user_db": 15.0,
     }  # interrupt_response left out: OpenAI's default
     assert model.asked, "the model was asked"
     stopped = h.last("input_audio_buffer.speech_stopped")["audio_end_ms"]
@@ -258,7 +262,8 @@ async def test_speaking_in_bursts_keeps_one_words_check_in_flight():
 
 async def test_the_words_judged_are_the_utterances_last_seconds():
     judge = HeldJudge()
-    h = await semantic_session(FakeEndOfTurn(0.3), text_judge=judge)  # type: ignore[arg-type]
+    h = await semantic_session(FakeEndOfTurn(0.3), text_judge=judge,  # type: ignore[arg-type]
+                               speech_over_background_db=None)  # a steady tone: tests.fakes.STEADY_TONE_SPEECH
     h.push(tone(20_000))
     h.push(silence(200))
     await settle(seconds=ANSWERS_S)

@@ -110,6 +110,7 @@ async def test_the_sdks_documented_update_with_cherry_is_applied_whole(h):
         "type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 800,
         "idle_timeout_ms": None, "create_response": True, "interrupt_response": True, "speculative_response": True,
         "interrupt_min_speech_ms": 700, "interrupt_resume_silence_ms": 250,
+        "speech_floor_dbfs": -36.0, "speech_over_background_db": 12.0, "speech_under_user_db": 15.0,
     }
 
 
