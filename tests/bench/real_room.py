@@ -93,7 +93,8 @@ Scenarios (``--scenarios``), each a row of the table, one column per noise-reduc
 After each trial the server's ``/metrics`` is read: the change of
 ``omni_rtc_false_interruptions_resumed_total``, ``omni_rtc_backchannels_ignored_total``,
 ``omni_rtc_echo_suppressed_total`` and ``omni_rtc_ignored_speech_total`` is added to the trial's
-mode (null where the server has no such counter).
+mode (null where the server has no such counter); the noise-only beds, heard by every mode at once,
+add theirs to the modes joined (``off+near_field``), which the table leaves out.
 
 ``--trials N`` runs at most N trials of each kind (a smoke run: ``--trials 1 --noise-seconds 10``).
 Next to the JSON, one PNG per scenario (``real_room_<scenario>.png``, no matplotlib here: numpy,
@@ -846,6 +847,7 @@ class Run:
         self.results: dict[str, Any] = {}
         self.traces: dict[str, list[Trace]] = {}
         self.stated: dict[str, Any] = {}
+        self.seconds: dict[str, float] = {}  # each scenario's wall time
         self.counters: dict[str, dict[str, float | None]] = {mode: dict.fromkeys(COUNTERS) for mode in self.modes}
 
     def trials(self, kind: str) -> int:
@@ -1154,7 +1156,7 @@ EVENT_COLOURS = {
     "output_audio_buffer.started": (0, 150, 0),
     "output_audio_buffer.cleared": (230, 0, 120),
     "response.done cancelled": (0, 0, 0),
-    "client (dotted): asked, first audio, onset": (0, 90, 255),
+    "client's marks (dotted): asked, first audio, onset, end": (0, 90, 255),
 }
 LANE_H = 70
 LEFT = 90
@@ -1230,15 +1232,17 @@ def plot(path: Path, title: str, traces: list[Trace]) -> None:
             x = LEFT + int(second / span * (usable - 1))
             vline(image, x, heard_top + LANE_H - 1, heard_top + LANE_H + 3, DARK)
             text(image, x - 3, heard_top + LANE_H + 5, f"{second}")
+        taken: dict[int, int] = {}  # events at one pixel stand side by side, 2 px apart
         for at, kind, detail in window.events:
             key = "response.done cancelled" if kind == "response.done" and detail == "cancelled" else kind
             if key in EVENT_COLOURS:
-                vline(image, LEFT + int((at - window.t0) / span * (usable - 1)), mic_top, heard_top + LANE_H,
-                      EVENT_COLOURS[key])
+                x = LEFT + int((at - window.t0) / span * (usable - 1))
+                taken[x] = taken.get(x, -1) + 1
+                vline(image, x + 2 * taken[x], mic_top, heard_top + LANE_H, EVENT_COLOURS[key])
         for at, _ in window.marks:
             x = LEFT + int((at - window.t0) / span * (usable - 1))
             for y in range(mic_top, heard_top + LANE_H, 6):
-                image[y : y + 3, x : x + 1] = EVENT_COLOURS["client (dotted): asked, first audio, onset"]
+                image[y : y + 3, x : x + 1] = EVENT_COLOURS["client's marks (dotted): asked, first audio, onset, end"]
     write_png(path, image)
 
 
@@ -1272,7 +1276,7 @@ async def run_all(run: Run) -> None:
         print(f"{TITLES[scenario]}:", flush=True)
         started = time.monotonic()
         run.results[scenario] = await getattr(run, scenario)()
-        run.results[scenario]["seconds"] = round(time.monotonic() - started, 1)
+        run.seconds[scenario] = round(time.monotonic() - started, 1)
 
 
 def session_extra(value: str) -> dict[str, Any]:
@@ -1325,7 +1329,7 @@ def main() -> None:
         "sessions_stated": run.stated,
         "session_extra": args.session_extra,
         "machine": machine(),
-        "seconds": round(elapsed, 1),
+        "seconds": {"all": round(elapsed, 1), **run.seconds},
         "table": summary,
         "counters": run.counters,
         "plots": plots,
