@@ -83,7 +83,9 @@ Scenarios (``--scenarios``), each a row of the table, one column per noise-reduc
   LibriVox, CMU Sphinx; and 8 Flite ones, its ARCTIC voices), each followed by 2.2 s of silence,
   over a bed of brown noise, music and babble at 10 dB below the speech's active level (-30 dBFS),
   and clean; ``create_response: false``; 1.5 s of bed before the first. ``once``: sentences with
-  exactly one ``committed`` arriving between their onset and the next's; ``delay``: the last such
+  exactly one ``committed`` arriving between their onset and the next's (the JSON adds ``split``:
+  more than one, ``missed``: none, as when the bed holds the turn open through the 2.2 s that
+  follow, and ``before_first``: commits in the bed before any speech); ``delay``: the last such
   commit's arrival less the sentence's end (its onset plus its manifest ``speech_end_ms``), mean
   over the sentences; ``vs clean``: the mean of (noisy - clean) over the sentences committed
   exactly once in both.
