@@ -14,7 +14,8 @@ says it is not the user's:
   down again. Speech already under way needs half the margin to go on (a hysteresis, as the
   VAD's own threshold has): a speaker's softer words do not end their turn;
 - more than ``under_user_db`` (15 dB) below the user's own level, learnt from the windows of
-  their confirmed speech (once 1 s of it has been heard): another voice quieter than the user's.
+  their confirmed speech (once 1 s of it has been heard): another voice quieter than the user's
+  does not start speech (within an utterance, the pauses between words are the speaker's).
 
 A window's level is its RMS over 32 ms, held for ``HOLD_WINDOWS`` so that the soft ends of
 words are judged with the syllable before them. Each rule is off when its value is None.
@@ -32,6 +33,8 @@ BACKGROUND_WINDOWS = 250  # 8 s of 32 ms windows: holds a breath or a pause even
 BACKGROUND_PERCENTILE = 10
 IN_SPEECH_MARGIN = 0.75  # of over_background_db, once an utterance is under way
 IN_SPEECH_FLOOR_DB = 6.0  # below floor_dbfs, once an utterance is under way
+IN_SPEECH_GRACE_WINDOWS = 5  # ~160 ms: longer than the pause between two words
+UNSURE_BELOW = 0.05  # under the threshold, over its hysteresis (0.15 below it)
 HOLD_WINDOWS = 3  # ~100 ms: a syllable's soft end is judged with the syllable
 USER_WINDOWS_BEFORE_TRUSTED = 31  # 1 s of the user's speech before their level is a rule
 USER_LEVEL_WEIGHT = 0.02  # each speech window moves the user's level 2 % of the way (~1.5 s memory)
@@ -60,6 +63,7 @@ class SpeechLevelGate:
         self._recent: deque[float] = deque(maxlen=HOLD_WINDOWS)
         self._user_dbfs: float | None = None
         self._user_windows = 0
+        self._gated_run = 0  # windows taken from the VAD in a row
 
     @property
     def user_dbfs(self) -> float | None:
@@ -90,11 +94,23 @@ class SpeechLevelGate:
         if (floor is not None and held < floor) or (
             margin is not None and len(self._levels) == BACKGROUND_WINDOWS and held < background + margin
         ):
-            return 0.0
+            return self._gated(probability, threshold, in_speech=in_speech)
+        self._gated_run = 0
         user = self.user_dbfs
-        if rules.under_user_db is not None and user is not None and held < user - rules.under_user_db:
+        # Only to start speech: within the user's own utterance, the pauses between their words
+        # are theirs (gating them would end speech mid-sentence and throw a speculative answer away).
+        if rules.under_user_db is not None and user is not None and not in_speech and held < user - rules.under_user_db:
             return 0.0
         return probability
+
+    def _gated(self, probability: float, threshold: float, *, in_speech: bool) -> float:
+        """A window taken from the VAD: not speech (0), or within an utterance, for its first
+        ``IN_SPEECH_GRACE_WINDOWS``, unsure (neither speech nor the start of a silence): a pause
+        between words stays the speaker's, babble going on past it ends the utterance."""
+        self._gated_run += 1
+        if in_speech and self._gated_run <= IN_SPEECH_GRACE_WINDOWS:
+            return min(probability, threshold - UNSURE_BELOW)
+        return 0.0
 
     def heard_user(self, window: np.ndarray) -> None:
         """A window of the user's confirmed speech (admitted, in an utterance): learn their level."""

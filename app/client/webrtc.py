@@ -97,13 +97,61 @@ class ReceivedFrame:
     peak: float
 
 
+@dataclass(frozen=True)
+class Speakerphone:
+    """The answer played through a speaker into the microphone, with no echo cancellation: each
+    received frame comes back ``delay_ms`` after it arrived, ``gain_db`` down, through a room whose
+    reverb decays by 60 dB in ``reverb_ms`` (0: none)."""
+
+    delay_ms: int = 150
+    gain_db: float = -12.0
+    reverb_ms: int = 200
+
+    def impulse_response(self) -> np.ndarray:
+        """The room at 48 kHz: the direct path, then a decaying noise tail (seeded), unit energy."""
+        taps = max(self.reverb_ms * WIRE_RATE // 1000, 1)
+        tail = np.random.default_rng(0).standard_normal(taps) * np.exp(-np.arange(taps) * 6.9 / taps)
+        response = 0.3 * tail / np.sqrt(np.sum(np.square(tail)))
+        response[0] = 1.0
+        return (response / np.sqrt(np.sum(np.square(response))) * 10 ** (self.gain_db / 20)).astype(np.float32)
+
+
+class _EchoPath:
+    """What a :class:`Speakerphone` adds to each microphone frame: the audio received so far,
+    delayed, through the room."""
+
+    def __init__(self, speakerphone: Speakerphone) -> None:
+        self._response = speakerphone.impulse_response()
+        self._line = np.zeros(speakerphone.delay_ms * WIRE_RATE // 1000, dtype=np.float32)
+        self._tail = np.zeros(self._response.size - 1, dtype=np.float32)  # the reverb still ringing
+
+    def heard(self, pcm48k: np.ndarray) -> None:
+        """Received audio, as it arrives: it comes out of the speaker now."""
+        if pcm48k.size == 0:
+            return
+        wet = np.convolve(pcm48k, self._response)  # overlap-add: the reverb rings into the next chunks
+        wet[: self._tail.size] += self._tail
+        self._tail = wet[pcm48k.size :].astype(np.float32)
+        self._line = np.concatenate([self._line, wet[: pcm48k.size].astype(np.float32)])
+
+    def take(self, samples: int) -> np.ndarray:
+        """The next ``samples`` of echo at the microphone (silence while nothing has come back)."""
+        out = np.zeros(samples, dtype=np.float32)
+        count = min(samples, self._line.size)
+        out[:count] = self._line[:count]
+        self._line = self._line[count:]
+        return out
+
+
 class MicrophoneTrack(MediaStreamTrack):
-    """Plays queued 48 kHz PCM in real time, 20 ms per frame, silence when idle."""
+    """Plays queued 48 kHz PCM in real time, 20 ms per frame, silence when idle; with an echo
+    path, the answer's echo is mixed in."""
 
     kind = "audio"
 
     def __init__(self) -> None:
         super().__init__()
+        self.echo: _EchoPath | None = None
         self._pending: deque[np.ndarray] = deque()  # int16 chunks not yet sent
         self._offset = 0  # samples of _pending[0] already sent
         self._pacer = FramePacer()
@@ -152,6 +200,9 @@ class MicrophoneTrack(MediaStreamTrack):
                 self._offset = 0
         if filled and not self._pending and self._drained is not None and not self._drained.done():
             self._drained.set_result(time.monotonic())
+        if self.echo is not None:
+            mixed = samples + self.echo.take(FRAME_SAMPLES) * 32767.0
+            samples = np.clip(np.rint(mixed), -32768, 32767).astype(np.int16)
         return self._pacer.frame(samples)
 
 
@@ -201,6 +252,7 @@ class RealtimeClient(RealtimeClientBase):
         answer_filter: Callable[[str], str] | None = None,
         video: str | Path | MediaStreamTrack | None = None,
         video_fps: float | None = None,
+        speakerphone: Speakerphone | None = None,
     ) -> None:
         """``url`` is the server's base URL; ``session`` goes with the offer (multipart).
 
@@ -217,7 +269,8 @@ class RealtimeClient(RealtimeClientBase):
         the server reports, as browsers do. ``answer_filter``, when given, rewrites the server's
         SDP answer before it is used (tests route a call through an impairing relay with it).
         ``video``: a file to send as the camera (``video_fps`` overrides its frame rate), or a video
-        track to send as it is (a test's).
+        track to send as it is (a test's). ``speakerphone``: the answer comes back into the microphone
+        (a client without echo cancellation).
         """
         self.url = url.rstrip("/")
         self._api_key = api_key
@@ -230,6 +283,8 @@ class RealtimeClient(RealtimeClientBase):
         self.answer_sdp: str | None = None  # the server's SDP answer, as used
         self._pc: RTCPeerConnection | None = None
         self._microphone = MicrophoneTrack()
+        if speakerphone is not None:
+            self._microphone.echo = _EchoPath(speakerphone)
         self.camera: MediaStreamTrack | None = (
             video if video is None or isinstance(video, MediaStreamTrack) else VideoFileTrack(video, fps=video_fps)
         )
@@ -394,6 +449,8 @@ class RealtimeClient(RealtimeClientBase):
             assert isinstance(frame, av.AudioFrame)  # the answer's track is audio
             self._heard_at = time.monotonic()
             self._received.add(frame)
+            if self._microphone.echo is not None:
+                self._microphone.echo.heard(self._received.chunks[-1])
             self._notify()
 
     def _on_connection_state(self) -> None:

@@ -1,5 +1,5 @@
-// The session settings form (voice, instructions, barge-in, end of turn: server VAD with its
-// silence or semantic VAD with its eagerness, input transcription) ⇄ session.update,
+// The session settings form (voice, instructions, barge-in, noise reduction, end of turn: server
+// VAD with its silence or semantic VAD with its eagerness, input transcription) ⇄ session.update,
 // and the effective session the server last reported (session.created / session.updated).
 
 export class SessionControls {
@@ -8,6 +8,7 @@ export class SessionControls {
     this.voice = elements.voice;
     this.instructions = elements.instructions;
     this.bargeIn = elements.bargeIn;
+    this.noiseReduction = elements.noiseReduction;
     this.transcribe = elements.transcribe;
     this.silenceMs = elements.silenceMs;
     this.turnDetection = elements.turnDetection;
@@ -50,9 +51,13 @@ export class SessionControls {
       };
     // Any model name is accepted; the server's own model transcribes.
     const transcription = this.transcribe.checked ? { model: "qwen3-omni" } : null;
+    const noiseReduction = this.noiseReduction.value === "off" ? null : { type: this.noiseReduction.value };
     const update = {
       type: "realtime",
-      audio: { input: { turn_detection: turnDetection, transcription }, output: { voice: this.voice.value } },
+      audio: {
+        input: { turn_detection: turnDetection, transcription, noise_reduction: noiseReduction },
+        output: { voice: this.voice.value },
+      },
     };
     const instructions = this.instructions.value.trim();
     if (instructions) update.instructions = instructions;
@@ -77,6 +82,7 @@ export class SessionControls {
     }
     const input = effective.audio?.input;
     if (input && "transcription" in input) this.transcribe.checked = input.transcription !== null;
+    if (input && "noise_reduction" in input) this.noiseReduction.value = input.noise_reduction?.type ?? "off";
     const detection = input?.turn_detection;
     if (detection) {
       if (typeof detection.interrupt_response === "boolean") this.bargeIn.checked = detection.interrupt_response;

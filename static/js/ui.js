@@ -36,6 +36,7 @@ export function findElements(document) {
     voice: byId("voice"),
     instructions: byId("instructions"),
     bargeIn: byId("barge-in"),
+    noiseReduction: byId("noise-reduction"),
     transcribe: byId("transcribe"),
     silenceMs: byId("silence-ms"),
     turnDetection: byId("turn-detection"),

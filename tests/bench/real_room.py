@@ -94,7 +94,7 @@ Scenarios (``--scenarios``), each a row of the table, one column per noise-reduc
 
 After each trial the server's ``/metrics`` is read: the change of
 ``omni_rtc_false_interruptions_resumed_total``, ``omni_rtc_backchannels_ignored_total``,
-``omni_rtc_echo_suppressed_total`` and ``omni_rtc_ignored_speech_total`` is added to the trial's
+``omni_rtc_echo_suppressed_seconds_total`` and ``omni_rtc_ignored_speech_total`` is added to the trial's
 mode (null where the server has no such counter); the noise-only beds, heard by every mode at once,
 add theirs to the modes joined (``off+near_field``), which the table leaves out.
 
@@ -192,7 +192,7 @@ LATENCY_SENTENCES = ("turns/arctic/finished_a0009.wav", "turns/cmu-sphinx/goforw
 COUNTERS = {
     "false_interruptions_resumed": "omni_rtc_false_interruptions_resumed_total",
     "backchannels_ignored": "omni_rtc_backchannels_ignored_total",
-    "echo_suppressed": "omni_rtc_echo_suppressed_total",
+    "echo_suppressed": "omni_rtc_echo_suppressed_seconds_total",
     "ignored_speech": "omni_rtc_ignored_speech_total",
 }
 

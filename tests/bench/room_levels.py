@@ -14,7 +14,8 @@ whole signal. Rows:
 - 16 sentences at the user's level (``--user-dbfs``, default -25 active level) with 1.5 s between
   them, clean and at 10 dB SNR over brown noise and babble. ``once``: sentences committed exactly
   once, ending within 1.45 s after the sentence; ``end ms``: the median of commit - sentence end
-  (server VAD's 500 ms wait included).
+  (server VAD's 500 ms wait included); ``candidates``: candidate ends of turn (silences' first
+  quiet windows), each the start of a speculative answer, thrown away when the speech resumes.
 - a 68 s monologue (the recordings end to end, no pauses added) at -25 and -33 dBFS: ``starts``,
   how many turns it was cut into.
 
@@ -31,7 +32,7 @@ import numpy as np
 import soundfile as sf
 from harness import machine, write_report  # this folder: a script's is first on sys.path
 
-from media.detector_events import SpeechStarted, UtteranceCommitted
+from media.detector_events import SilenceStarted, SpeechStarted, UtteranceCommitted
 from media.detector_params import TurnDetectionParams
 from media.rates import SPEECH_RATE
 from media.speech_level import LevelRules
@@ -83,17 +84,19 @@ def brown(samples: int, seed: int = 0) -> np.ndarray:
     return (walk / np.std(walk)).astype(np.float32)
 
 
-def detect(vad: SileroVad, pcm: np.ndarray, rules: LevelRules) -> tuple[int, float, list[int]]:
-    """speech_started count, seconds inside an utterance, and each commit's end (samples)."""
-    detector = VoiceActivityDetector(vad, TurnDetectionParams(levels=rules))
-    starts, inside, ends = 0, 0, []
+def detect(vad: SileroVad, pcm: np.ndarray, rules: LevelRules) -> tuple[int, float, list[int], int]:
+    """speech_started count, seconds inside an utterance, each commit's end (samples), and the
+    candidate ends of turn (each one a speculative answer's start)."""
+    detector = VoiceActivityDetector(vad, TurnDetectionParams(levels=rules, candidates=True))
+    starts, inside, ends, candidates = 0, 0, [], 0
     for start in range(0, pcm.size, CHUNK):
         for event in detector.push(pcm[start : start + CHUNK]):
             starts += isinstance(event, SpeechStarted)
+            candidates += isinstance(event, SilenceStarted)
             if isinstance(event, UtteranceCommitted):
                 ends.append(event.audio_end_ms * SPEECH_RATE // 1000)
         inside += detector.in_speech
-    return starts, inside * CHUNK / SPEECH_RATE, ends
+    return starts, inside * CHUNK / SPEECH_RATE, ends, candidates
 
 
 def sentences(user_dbfs: float) -> tuple[np.ndarray, list[tuple[int, int]]]:
@@ -133,7 +136,7 @@ def main() -> None:
     }
     for name, pcm in noises.items():
         for label, rules in RULES.items():
-            starts, open_s, _ = detect(vad, pcm, rules)
+            starts, open_s, _, _ = detect(vad, pcm, rules)
             rows.append({"scenario": name, "rules": label, "starts": starts, "open_s": round(open_s, 1)})
 
     clean, bounds = sentences(args.user_dbfs)
@@ -141,24 +144,25 @@ def main() -> None:
     for name, bed in beds.items():
         mix = clean if bed is None else clean + rms_at(bed[: clean.size], args.user_dbfs - 10)
         for label, rules in RULES.items():
-            starts, _, ends = detect(vad, mix, rules)
+            starts, _, ends, candidates = detect(vad, mix, rules)
             once, end_ms = committed_once(ends, bounds)
             rows.append({"scenario": f"16 sentences, {name}", "rules": label, "once": once, "starts": starts,
-                         "end_ms": None if end_ms is None else round(end_ms)})
+                         "end_ms": None if end_ms is None else round(end_ms), "candidates": candidates})
 
     monologue = np.concatenate([load(path) for path in OTHERS if "paused_" not in path.name])
     for level in (-25, -33):
         pcm = np.concatenate([np.zeros(SPEECH_RATE, np.float32), active_at(monologue, level),
                               np.zeros(SPEECH_RATE, np.float32)])
         for label, rules in RULES.items():
-            starts, open_s, _ = detect(vad, pcm, rules)
+            starts, open_s, _, _ = detect(vad, pcm, rules)
             rows.append({"scenario": f"monologue {monologue.size / SPEECH_RATE:.0f} s at {level} dBFS", "rules": label,
                          "starts": starts, "open_s": round(open_s, 1)})
 
-    print(f"{'scenario':40} {'rules':5} {'starts':>6} {'open s':>7} {'once':>5} {'end ms':>7}")
+    print(f"{'scenario':40} {'rules':5} {'starts':>6} {'open s':>7} {'once':>5} {'end ms':>7} {'candidates':>10}")
     for row in rows:
+        end_ms = row.get("end_ms", "")
         print(f"{row['scenario']:40} {row['rules']:5} {row.get('starts', ''):>6} {row.get('open_s', ''):>7} "
-              f"{row.get('once', ''):>5} {row.get('end_ms', '') if row.get('end_ms') is not None else '-':>7}")
+              f"{row.get('once', ''):>5} {'-' if end_ms is None else end_ms:>7} {row.get('candidates', ''):>10}")
     defaults = LevelRules()
     write_report(args.out, {"machine": machine(), "rules": {"floor_dbfs": defaults.floor_dbfs,
                  "over_background_db": defaults.over_background_db, "under_user_db": defaults.under_user_db},

@@ -444,6 +444,7 @@ async def test_session_controls_become_a_session_update(server_url: str, tmp_pat
         await page.fill("#silence-ms", "800")
         await page.fill("#instructions", "Answer in one word.")
         await page.uncheck("#transcribe")
+        await page.select_option("#noise-reduction", "far_field")
         await page.click("#apply")
         await page.wait_for_function(
             "window.omniRtc.events.filter((e) => e.type === 'session.updated').length === 2", timeout=30_000
@@ -458,6 +459,8 @@ async def test_session_controls_become_a_session_update(server_url: str, tmp_pat
     assert (turn_detection["interrupt_response"], turn_detection["silence_duration_ms"]) == (False, 800)
     assert updated[0]["session"]["audio"]["input"]["transcription"]["model"] == "qwen3-omni"  # on by default
     assert effective["audio"]["input"]["transcription"] is None
+    assert updated[0]["session"]["audio"]["input"]["noise_reduction"] is None  # the page's default: off
+    assert effective["audio"]["input"]["noise_reduction"] == {"type": "far_field"}
     assert errors == 0
 
 

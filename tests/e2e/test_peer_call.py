@@ -50,6 +50,8 @@ class RecordingSession:
         self.messages.append(raw if isinstance(raw, str) else raw.decode())
         self.send({"type": "echo", "raw": self.messages[-1]})
 
+    echo_cancellation = False  # the peer's audio as it arrives: what this test counts
+
     def push_audio(self, pcm: np.ndarray) -> None:
         self.audio_samples += len(pcm)
         self.audio_dtypes.add(str(pcm.dtype))
