@@ -22,6 +22,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from app.http.bodies import read_bounded_body
 from app.http.errors import ApiError, api_error_handler, rate_limited, unexpected_error_handler
 
 logger = logging.getLogger(__name__)
@@ -231,8 +232,10 @@ Raises ``ValueError`` (pydantic's ``ValidationError`` is one) for a config that 
 """
 
 
-def client_secrets_router(authenticator: Authenticator, resolve_session: SessionResolver) -> APIRouter:
-    """``POST /v1/realtime/client_secrets``; the call it enables starts with the bound session."""
+def client_secrets_router(authenticator: Authenticator, resolve_session: SessionResolver, *,
+                          max_body_bytes: int) -> APIRouter:
+    """``POST /v1/realtime/client_secrets``; the call it enables starts with the bound session.
+    Its body is a session's worth of JSON: at most ``max_body_bytes`` (a ``session.update``'s bound)."""
     router = APIRouter()
 
     @router.post("/v1/realtime/client_secrets")
@@ -246,7 +249,8 @@ def client_secrets_router(authenticator: Authenticator, resolve_session: Session
                 code="auth_disabled",
             )
         try:
-            body = ClientSecretRequest.model_validate_json(await request.body() or b"{}")
+            raw = await read_bounded_body(request, max_bytes=max_body_bytes, too_large=_request_too_large)
+            body = ClientSecretRequest.model_validate_json(raw or b"{}")
         except ValidationError as exc:
             raise ApiError(400, _first_error(exc), param=_first_param(exc)) from None
         session = body.session
@@ -264,11 +268,17 @@ def client_secrets_router(authenticator: Authenticator, resolve_session: Session
     return router
 
 
-def install_auth(app: FastAPI, authenticator: Authenticator, resolve_session: SessionResolver) -> None:
+def install_auth(app: FastAPI, authenticator: Authenticator, resolve_session: SessionResolver, *,
+                 max_body_bytes: int) -> None:
     """Adds the client-secrets route and the JSON error handler for :class:`ApiError`."""
     app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(Exception, unexpected_error_handler)
-    app.include_router(client_secrets_router(authenticator, resolve_session))
+    app.include_router(client_secrets_router(authenticator, resolve_session, max_body_bytes=max_body_bytes))
+
+
+def _request_too_large(size: str, max_bytes: int) -> ApiError:
+    return ApiError(413, f"The client secret request is {size}; the limit is {max_bytes}.",
+                    code="request_too_large")
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -128,7 +128,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         model = runtime.for_sessions.name if runtime is not None else "unknown"
         return config.to_session_object(session_id="", model=model, expires_at=0).model_dump(mode="json")
 
-    install_auth(app, authenticator, resolve_session)
+    install_auth(app, authenticator, resolve_session, max_body_bytes=settings.max_event_bytes)
     app.include_router(signaling_router(settings, authenticator, metrics, base_config))
     app.include_router(websocket_router(settings, authenticator, metrics, base_config))
     app.include_router(ice_servers_router(settings, authenticator))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from aiortc import sdp as aiortc_sdp
@@ -21,6 +21,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from app.calls.registry import Admission, CapacityError, ClientLimitError, ConnectingLimitError, OnClosed
 from app.config import Settings
 from app.http.auth import Authenticator, CallGrant
+from app.http.bodies import read_bounded_body
 from app.http.call_refusals import call_refused
 from app.http.edge import OriginPolicy, TrustedProxies
 from app.http.errors import ApiError, logged_error
@@ -167,7 +168,7 @@ async def _read_offer(request: Request, settings: Settings) -> tuple[str, dict[s
     """The SDP offer and the optional session config, from a raw or a multipart body."""
     if _content_type(request) == MULTIPART_CONTENT_TYPE:
         return await _read_multipart_offer(request, settings)
-    body = await read_offer_body(request, max_bytes=settings.max_sdp_bytes)
+    body = await read_bounded_body(request, max_bytes=settings.max_sdp_bytes, too_large=_sdp_too_large)
     return check_offer_sdp(body, max_bytes=settings.max_sdp_bytes), None
 
 
@@ -182,7 +183,7 @@ async def _read_multipart_offer(request: Request, settings: Settings) -> tuple[s
     body over :func:`multipart_offer_limit` is refused as the stream passes it (or from its
     Content-Length), never read whole (Starlette's ``request.form()`` would spool all of it)."""
     limit = multipart_offer_limit(settings)
-    body = await read_offer_body(request, max_bytes=limit, too_large=_offer_too_large)
+    body = await read_bounded_body(request, max_bytes=limit, too_large=_offer_too_large)
 
     async def once() -> AsyncGenerator[bytes, None]:
         yield body
@@ -219,26 +220,6 @@ def _parse_session_json(raw: bytes) -> dict[str, Any]:
     if not isinstance(session, dict):
         raise ApiError(400, "The 'session' field must be a JSON object.", param="session")
     return session
-
-
-async def read_offer_body(
-    request: Request, *, max_bytes: int, too_large: Callable[[str, int], ApiError] | None = None
-) -> bytes:
-    """The request body, or :class:`ApiError` 413 as soon as it is known to pass ``max_bytes``.
-
-    Never holds more than ``max_bytes`` plus one chunk: a client cannot make the server read a
-    gigabyte to learn that it is too big.
-    """
-    refuse = too_large or _sdp_too_large
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
-        raise refuse(f"{int(declared)} bytes", max_bytes)
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > max_bytes:
-            raise refuse(f"over {max_bytes} bytes", max_bytes)
-    return bytes(body)
 
 
 def _offer_too_large(size: str, max_bytes: int) -> ApiError:

@@ -127,6 +127,10 @@ def serve(args: argparse.Namespace) -> None:
     # (a --server-repo older than that bound has no such setting).
     if "max_connecting_per_client" in Settings.model_fields:
         extra["max_connecting_per_client"] = 1000
+    if args.noise_reduction is not None:  # the sessions say nothing: the server's default applies
+        extra["noise_reduction"] = args.noise_reduction
+    if args.echo_cancellation is not None:
+        extra["echo_cancellation"] = args.echo_cancellation
     settings = Settings(port=args.port, ice_loopback=True, max_sessions=1000, log_level="warning", **extra)
     uvicorn.run(create_app(settings, engine=InstantReplyEngine()), host="127.0.0.1", port=args.port, log_level="warning")
 
@@ -354,6 +358,10 @@ def main() -> None:
         "--server-repo", type=Path, default=REPO, metavar="DIR",
         help="run the server from this checkout (e.g. a git worktree of an older commit) to compare",
     )
+    parser.add_argument("--noise-reduction", choices=["off", "near_field", "far_field"],
+                        help="the server's default noise reduction for the sessions (default: the server's)")
+    parser.add_argument("--echo-cancellation", action=argparse.BooleanOptionalAction, default=None,
+                        help="the server's echo cancellation for WebRTC calls (default: the server's)")
     parser.add_argument("--label", default="", help="a note kept in the JSON (e.g. before/after)")
     parser.add_argument("--out", type=Path, default=REPO / "tests" / "bench" / "results" / "media_capacity.json")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # internal: be the server
@@ -377,6 +385,10 @@ def main() -> None:
     ]
     if args.media_workers is not None:
         command += ["--media-workers", str(args.media_workers)]
+    if args.noise_reduction is not None:
+        command += ["--noise-reduction", args.noise_reduction]
+    if args.echo_cancellation is not None:
+        command += ["--echo-cancellation" if args.echo_cancellation else "--no-echo-cancellation"]
     if args.profile is not None:
         command += ["--profile", str(args.profile)]
     utterance = soxr.resample(read_utterance(FIXTURES / "hello.wav"), 16_000, 48_000).astype(np.float32)
@@ -411,6 +423,8 @@ def main() -> None:
     result = {
         "label": args.label,
         "server_repo": str(args.server_repo),
+        "noise_reduction": args.noise_reduction,
+        "echo_cancellation": args.echo_cancellation,
         "server_cores": server_cores,
         "client_cores": client_cores,
         "server_affinity": server_affinity,  # as the server process reported it: the pinning took

@@ -21,6 +21,7 @@ from app.http.errors import ApiError
 from tests.clock import FakeClock
 
 API_KEY = "sk-test-key"
+MAX_BODY_BYTES = 4_096
 
 
 async def resolve_session(session: dict[str, Any] | None) -> dict[str, Any]:
@@ -33,7 +34,7 @@ async def resolve_session(session: dict[str, Any] | None) -> dict[str, Any]:
 
 def build_app(authenticator: Authenticator) -> FastAPI:
     app = FastAPI()
-    install_auth(app, authenticator, resolve_session)
+    install_auth(app, authenticator, resolve_session, max_body_bytes=MAX_BODY_BYTES)
 
     @app.post("/v1/realtime/calls")
     async def calls(grant: CallGrant = Depends(authenticator.authorize_call)) -> dict[str, Any]:
@@ -237,3 +238,18 @@ def test_api_key_from_environment_is_secret(monkeypatch):
 def test_empty_api_key_is_refused():
     with pytest.raises(ValidationError, match="api_key is empty"):
         Settings(api_key="")
+
+
+async def test_a_client_secret_request_past_the_bound_is_refused_before_it_is_read_whole(client):
+    instructions = "x" * MAX_BODY_BYTES
+    response = await mint(client, {"session": {"instructions": instructions}})
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+
+    async def endless():  # no Content-Length: refused while reading, not after
+        while True:
+            yield b" " * 1024
+
+    response = await client.post("/v1/realtime/client_secrets", content=endless(), headers=bearer(API_KEY))
+    assert response.status_code == 413
+    assert (await mint(client, {"session": {"instructions": "Be brief."}})).status_code == 200  # the server goes on
