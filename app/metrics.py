@@ -64,6 +64,11 @@ SPECULATION_OUTCOMES = ("started", "used", "discarded", "refused", "preempted")
 PARTIAL_OUTCOMES = ("started", "done", "superseded", "cancelled", "refused", "preempted", "failed")
 
 
+# Prompt tokens one session has the engine prefill: a short chat (a few turns of ~1,000), a long
+# one, up to a session looping response.create on 16,000 tokens of instructions.
+SESSION_TOKEN_BUCKETS = (1_000, 4_000, 16_000, 64_000, 256_000, 1_000_000, 4_000_000)
+
+
 class Metrics:
     """Every metric of one server; ``render()`` is the ``/metrics`` body."""
 
@@ -147,6 +152,13 @@ class Metrics:
             "omni_rtc_partial_transcript_engine_seconds",
             "Engine time spent on partial transcripts, shown or not: from each one's start to its end or cancel.",
             registry=r,
+        )
+        self.session_engine_tokens = Histogram(
+            "omni_rtc_session_engine_tokens",
+            "Per session, observed when it closes: the prompt tokens its work had the engine prefill "
+            "(answers, cancelled or not, speculative answers, transcriptions, partial transcripts; "
+            "app/realtime/engine_share.py). A session far right of the rest is the greedy one.",
+            buckets=SESSION_TOKEN_BUCKETS, registry=r,
         )
         self.end_of_utterance_delay = Histogram(
             "omni_rtc_end_of_utterance_delay_seconds",

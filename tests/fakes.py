@@ -364,6 +364,8 @@ class SessionHarness:
         self.events: list[dict[str, Any]] = []
         self.speculations: list[tuple[str | None, float]] = []  # the session's on_speculation reports
         self.partials: list[tuple[str, float]] = []  # the session's on_partial_transcript reports
+        self.engine_tokens: list[int] = []  # the session's on_engine_tokens report (at close)
+        self.interruptions: list[str] = []  # the session's on_interruption reports
         self._new_event = asyncio.Event()
         self.session = RealtimeSession(
             engine=engine, vad=vad if vad is not None else EnergyVad(), output=self.output, send=self._record,
@@ -372,6 +374,8 @@ class SessionHarness:
             clock=clock,
             on_speculation=lambda outcome, seconds: self.speculations.append((outcome, seconds)),
             on_partial_transcript=lambda outcome, seconds: self.partials.append((outcome, seconds)),
+            on_engine_tokens=self.engine_tokens.append,
+            on_interruption=self.interruptions.append,
         )
 
     async def __aenter__(self) -> Self:

@@ -133,6 +133,7 @@ class RealtimeSession:
         on_speculation: OutcomeObserver | None = None,
         on_partial_transcript: PartialObserver | None = None,
         on_interruption: InterruptionObserver | None = None,
+        on_engine_tokens: Callable[[int], None] | None = None,
     ) -> None:
         """``on_ignored_speech`` is called for each utterance half-duplex does not act on (metrics).
         ``end_of_turn``: the model semantic_vad needs; without it, semantic_vad is refused (server VAD stays).
@@ -142,7 +143,8 @@ class RealtimeSession:
         ``on_speculation``: each speculation's outcome (metrics, ``app.realtime.speculation``).
         ``on_partial_transcript``: each partial transcript's outcome (metrics, ``app.realtime.transcription``).
         ``on_interruption``: speech over an answer that was not an interruption (metrics,
-        ``app.realtime.interruption``).
+        ``app.realtime.interruption``). ``on_engine_tokens``: at close, the prompt tokens the
+        session's work had the engine prefill (metrics, ``app.realtime.engine_share``).
         ``clock``: what the event gate and the appends' bound count time by (tests run it faster)."""
         self._engine = engine
         self._capabilities = engine.capabilities
@@ -176,6 +178,7 @@ class RealtimeSession:
         )
         self._on_ignored_speech = on_ignored_speech
         self._on_interruption = on_interruption
+        self._on_engine_tokens = on_engine_tokens
         self._manual = ManualBuffer()
         self._suppressor = _suppressor_for(self._config)
         self._appends = AppendDecoder(clock=clock)
@@ -290,6 +293,8 @@ class RealtimeSession:
     async def close(self) -> None:
         """Cancel the running response and await every task; safe to call twice."""
         async with self._close_lock:
+            if not self._closed and self._on_engine_tokens is not None:
+                self._on_engine_tokens(self._share.charged)
             self._closed = True
             await self._transcriptions.close()  # first: an ending response would let them start
             await self._partials.close()

@@ -72,6 +72,7 @@ def session_factory(
             engine=session_engine(), vad=vad, output=output, send=send, config=config,
             on_ignored_speech=metrics.ignored_speech.inc, on_speculation=metrics.speculation,
             on_partial_transcript=metrics.partial_transcript, on_interruption=metrics.interruption,
+            on_engine_tokens=metrics.session_engine_tokens.observe,
             end_of_turn=end_of_turn,
             text_judge=text_judge(settings, shared_engine),
             session_fields=session_fields,

@@ -88,3 +88,16 @@ async def test_speculation_waits_while_the_share_is_spent():
         h.push(silence(600))
         done = await h.turn_done(answered)
         assert done["latency"]["speculative"] is False
+
+
+async def test_the_engine_tokens_a_session_caused_are_reported_once_when_it_closes():
+    engine = ScriptedEngine("one two three")
+    h = SessionHarness(engine, EnergyVad(), SessionConfig(instructions=LONG_INSTRUCTIONS))
+    await h.session.start()
+    await h.send(type="response.create")
+    await h.turn_done()
+    await h.session.close()
+    await h.session.close()  # twice: reported once
+
+    (tokens,) = h.engine_tokens
+    assert tokens >= len(LONG_INSTRUCTIONS) // 4  # the instructions' bound at least, prefilled once

@@ -24,9 +24,8 @@ BARGE_IN = SessionConfig(turn_detection=TurnDetection(interrupt_response=True))
 
 class Harness(SessionHarness):
     def __init__(self, config: SessionConfig = BARGE_IN) -> None:
-        self.outcomes_seen: list[str] = []
         super().__init__(ScriptedEngine(REPLY, waveform="tone"), EnergyVad(), config)
-        self.session._on_interruption = self.outcomes_seen.append  # the metrics' hook
+        self.outcomes_seen = self.interruptions  # the metrics' hook
 
     async def answering(self) -> None:
         """One spoken turn, its answer generated whole and two of its words heard."""
