@@ -151,7 +151,7 @@ class MicrophoneTrack(MediaStreamTrack):
 
     def __init__(self) -> None:
         super().__init__()
-        self.echo: _EchoPath | None = None
+        self.speaker: _EchoPath | None = None  # the answer played back into it (a Speakerphone)
         self._pending: deque[np.ndarray] = deque()  # int16 chunks not yet sent
         self._offset = 0  # samples of _pending[0] already sent
         self._pacer = FramePacer()
@@ -200,8 +200,8 @@ class MicrophoneTrack(MediaStreamTrack):
                 self._offset = 0
         if filled and not self._pending and self._drained is not None and not self._drained.done():
             self._drained.set_result(time.monotonic())
-        if self.echo is not None:
-            mixed = samples + self.echo.take(FRAME_SAMPLES) * 32767.0
+        if self.speaker is not None:
+            mixed = samples + self.speaker.take(FRAME_SAMPLES) * 32767.0
             samples = np.clip(np.rint(mixed), -32768, 32767).astype(np.int16)
         return self._pacer.frame(samples)
 
@@ -284,7 +284,7 @@ class RealtimeClient(RealtimeClientBase):
         self._pc: RTCPeerConnection | None = None
         self._microphone = MicrophoneTrack()
         if speakerphone is not None:
-            self._microphone.echo = _EchoPath(speakerphone)
+            self._microphone.speaker = _EchoPath(speakerphone)
         self.camera: MediaStreamTrack | None = (
             video if video is None or isinstance(video, MediaStreamTrack) else VideoFileTrack(video, fps=video_fps)
         )
@@ -449,8 +449,8 @@ class RealtimeClient(RealtimeClientBase):
             assert isinstance(frame, av.AudioFrame)  # the answer's track is audio
             self._heard_at = time.monotonic()
             self._received.add(frame)
-            if self._microphone.echo is not None:
-                self._microphone.echo.heard(self._received.chunks[-1])
+            if self._microphone.speaker is not None:
+                self._microphone.speaker.heard(self._received.chunks[-1])
             self._notify()
 
     def _on_connection_state(self) -> None:
