@@ -133,3 +133,22 @@ async def test_noise_reduction_cleans_what_the_vad_and_the_model_hear(vad):
 
     plain, cleaned = committed["None"], committed["{'type': 'near_field'}"]
     assert hiss_level(cleaned) < hiss_level(plain) / 3  # at least 10 dB less hiss
+
+
+async def test_a_cough_over_the_answer_leaves_it_whole_and_is_not_a_turn(vad):
+    h = await started(vad, SessionConfig(turn_detection=TurnDetection(interrupt_response=True)),
+                      reply="one two three four five six seven eight")
+    h.push(load_fixture("hello"))
+    h.push(silence(800))
+    await h.until("response.done")
+    h.output.play(2 * CODEC_FRAME_SAMPLES)  # two words heard, six to come
+    h.push(load_fixture("short_cough"))
+    h.push(silence(1000))
+    h.output.play()
+
+    assert h.types().count("input_audio_buffer.speech_started") == 1
+    assert h.of_type("output_audio_buffer.cleared") == []
+    assert h.last("response.done")["response"]["status"] == "completed"
+    assert h.output.played_samples == 8 * CODEC_FRAME_SAMPLES  # every word played
+    assert len(h.engine.requests) == 1
+    await h.session.close()
