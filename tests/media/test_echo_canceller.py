@@ -49,6 +49,12 @@ def _call(answer16: np.ndarray, user: np.ndarray | None, user_at_s: float,
     if user is not None:
         at = int(user_at_s * RATE)
         mic[at : at + user.size] += user[: mic.size - at]
+    cleaned, canceller = _through_canceller(answer16, mic)
+    return mic, cleaned, canceller
+
+
+def _through_canceller(answer16: np.ndarray, mic: np.ndarray) -> tuple[np.ndarray, EchoCanceller]:
+    """Each 20 ms: the track sends a frame of the answer, a frame of the microphone arrives."""
     answer48 = soxr.resample(answer16, RATE, WIRE_RATE)
     canceller = EchoCanceller()
     cleaned = []
@@ -56,7 +62,7 @@ def _call(answer16: np.ndarray, user: np.ndarray | None, user_at_s: float,
         sent = answer48[index * FRAME_SAMPLES : (index + 1) * FRAME_SAMPLES]
         canceller.played(np.clip(np.rint(sent * 32767), -32768, 32767).astype(np.int16), audio=True)
         cleaned.append(canceller.captured(mic[index * INPUT_FRAME : (index + 1) * INPUT_FRAME]))
-    return mic, np.concatenate(cleaned), canceller
+    return np.concatenate(cleaned), canceller
 
 
 def _speech_windows(vad: SileroVad, pcm: np.ndarray) -> np.ndarray:
@@ -83,16 +89,9 @@ def test_without_an_echo_the_input_is_left_as_it_came(silero):
     mic = np.zeros(answer.size, np.float32)
     mic[6 * RATE : 6 * RATE + user.size] += user
     mic += np.random.default_rng(2).standard_normal(mic.size).astype(np.float32) * 10 ** (-60 / 20)  # a quiet room
-    answer48 = soxr.resample(answer, RATE, WIRE_RATE)
-    canceller = EchoCanceller()
-    out = []
-    for index in range(answer.size // INPUT_FRAME):
-        sent = answer48[index * FRAME_SAMPLES : (index + 1) * FRAME_SAMPLES]
-        canceller.played(np.clip(np.rint(sent * 32767), -32768, 32767).astype(np.int16), audio=True)
-        out.append(canceller.captured(mic[index * INPUT_FRAME : (index + 1) * INPUT_FRAME]))
+    heard, canceller = _through_canceller(answer, mic)
 
     assert not canceller.detector.present
-    heard = np.concatenate(out)
     as_sent = np.clip(np.rint(mic[: heard.size] * 32767), -32768, 32767) / 32767.0
     assert np.array_equal(heard, as_sent.astype(np.float32))  # the user's speech untouched
 
