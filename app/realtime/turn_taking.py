@@ -504,6 +504,8 @@ class TurnTaking:
         """Barge-in over the playing answer: pause it at the first speech, interrupt only when the
         speech proves to be one (app.realtime.interruption)."""
         if not self._judged(turn_detection):
+            if self._judge.paused:  # barge-in turned off mid-judgement: the answer must not stay paused
+                self._out.append(Resumed())
             if self._held_start_ms is not None:  # the answer ended first: the utterance is a turn
                 self._announce(self._held_start_ms, turn_detection)
             self._judge.reset()

@@ -131,3 +131,17 @@ async def test_the_answers_echo_pauses_it_but_never_cuts_it():
         assert h.of_type("output_audio_buffer.cleared") == []
         assert "resumed" in h.outcomes_seen  # it did pause for its echo
         assert h.output.played_samples == WORDS * CODEC_FRAME_SAMPLES
+
+
+async def test_barge_in_turned_off_while_the_answer_is_paused_lets_it_play_on():
+    async with Harness() as h:
+        await h.answering()
+        h.push(tone(200))  # speech over the answer: paused, being judged
+        assert h.output.paused
+        await h.send(type="session.update", session={"audio": {"input": {"turn_detection": {
+            "type": "server_vad", "interrupt_response": False}}}})
+        h.push(silence(20))
+
+        assert not h.output.paused
+        h.output.play()
+        assert h.output.played_samples == WORDS * CODEC_FRAME_SAMPLES
