@@ -50,7 +50,7 @@ def has_exited(pid: int) -> bool:
     """Gone, or a zombie: exited, not yet reaped by its parent."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or reaped between open and read
         return True
     return stat.rsplit(")", 1)[1].split()[0] == "Z"  # the state follows the command's name
 
