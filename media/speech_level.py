@@ -11,8 +11,12 @@ says it is not the user's:
 - less than ``over_background_db`` (12 dB) above the room's steady level, the 10th percentile of
   the last 8 s of windows: babble and other people talking at once fill every window, while a
   user's speech stands out of them, and the pauses between words and breaths bring the estimate
-  down again. Speech already under way needs half the margin to go on (a hysteresis, as the
-  VAD's own threshold has): a speaker's softer words do not end their turn;
+  down again. The full margin holds while other voices are about (the VAD heard speech outside
+  the user's utterances in a quarter of the last 8 s: babble, a television); over a background
+  the VAD does not take for speech (a fan, traffic, brown noise) half of it does, because a
+  steady noise does not start turns by itself and speech 10 dB over it must. Speech already under
+  way needs three quarters of the margin to go on (a hysteresis, as the VAD's own threshold has):
+  a speaker's softer words do not end their turn;
 - more than ``under_user_db`` (15 dB) below the user's own level, learnt from the windows of
   their confirmed speech (once 1 s of it has been heard): another voice quieter than the user's
   does not start speech (within an utterance, the pauses between words are the speaker's).
@@ -32,6 +36,11 @@ import numpy as np
 BACKGROUND_WINDOWS = 250  # 8 s of 32 ms windows: holds a breath or a pause even in a monologue
 BACKGROUND_PERCENTILE = 10
 IN_SPEECH_MARGIN = 0.75  # of over_background_db, once an utterance is under way
+# Babble keeps the VAD in speech in 83-99 % of its windows, one talker with pauses in 68-81 %,
+# steady noise and music in none; a user's onsets (250 ms a sentence) stay well under 25 %.
+VOICES_ABOUT_FRACTION = 0.25
+VOICES_KNOWN_WINDOWS = 62  # 2 s outside utterances before the room is judged free of voices
+QUIET_ROOM_MARGIN = 0.5  # of over_background_db, when no other voices are about
 IN_SPEECH_FLOOR_DB = 6.0  # below floor_dbfs, once an utterance is under way
 IN_SPEECH_GRACE_WINDOWS = 5  # ~160 ms: longer than the pause between two words
 UNSURE_BELOW = 0.05  # under the threshold, over its hysteresis (0.15 below it)
@@ -60,6 +69,9 @@ class SpeechLevelGate:
 
     def __init__(self) -> None:
         self._levels: deque[float] = deque(maxlen=BACKGROUND_WINDOWS)
+        self._voices: deque[bool] = deque(maxlen=BACKGROUND_WINDOWS)  # outside utterances: VAD speech?
+        self._voice_windows = 0
+        self._utterance_windows = 0  # windows since the current utterance began
         self._recent: deque[float] = deque(maxlen=HOLD_WINDOWS)
         self._user_dbfs: float | None = None
         self._user_windows = 0
@@ -73,14 +85,30 @@ class SpeechLevelGate:
     def background_dbfs(self) -> float:
         return float(np.percentile(self._levels, BACKGROUND_PERCENTILE)) if self._levels else _SILENT_DBFS
 
+    @property
+    def voices_about(self) -> bool:
+        """Other voices may be about: the VAD heard speech in a quarter of the last 8 s of windows
+        outside utterances, or fewer than 2 s of such windows are known, or an utterance has gone
+        on for 8 s (the room's state is only learnt outside utterances: assume the worst)."""
+        return (len(self._voices) < VOICES_KNOWN_WINDOWS or self._utterance_windows >= BACKGROUND_WINDOWS
+                or self._voice_windows >= VOICES_ABOUT_FRACTION * len(self._voices))
+
     def admit(self, window: np.ndarray, probability: float, rules: LevelRules, *, threshold: float,
               in_speech: bool) -> float:
         """``probability``, or 0 when the window's level says the speech is someone else's;
-        ``in_speech``: an utterance is under way (the background margin is halved)."""
+        ``in_speech``: an utterance is under way (the background margin is lowered)."""
         level = window_dbfs(window)
         background = self.background_dbfs()
+        voices_about = self.voices_about
         self._levels.append(level)
         self._recent.append(level)
+        self._utterance_windows = self._utterance_windows + 1 if in_speech else 0
+        if not in_speech:  # within an utterance the voice is the user's: the room's state holds
+            voice = probability >= threshold
+            if len(self._voices) == BACKGROUND_WINDOWS:
+                self._voice_windows -= self._voices[0]
+            self._voices.append(voice)
+            self._voice_windows += voice
         if probability < threshold:
             return probability
         # Starting speech is judged window by window; speech under way by its last ~100 ms, with
@@ -88,6 +116,8 @@ class SpeechLevelGate:
         # do not end one.
         held = max(self._recent) if in_speech else level
         floor, margin = rules.floor_dbfs, rules.over_background_db
+        if margin is not None and not voices_about:
+            margin *= QUIET_ROOM_MARGIN
         if in_speech:
             floor = None if floor is None else floor - IN_SPEECH_FLOOR_DB
             margin = None if margin is None else margin * IN_SPEECH_MARGIN

@@ -101,3 +101,42 @@ def test_a_voice_well_below_the_users_own_is_not_theirs():
         admitted = gate.admit(quiet, 0.9, rules, threshold=0.5, in_speech=False)
     assert admitted == 0.0
     assert gate.admit(quiet, 0.3, rules, threshold=0.5, in_speech=False) == 0.3  # not speech: left as it is
+
+
+def _brown(seconds: float, seed: int) -> np.ndarray:
+    """Brown noise (amplitude 1/f, high-passed at 20 Hz): steady, and no speech to the VAD."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * RATE)
+    spectrum = rng.standard_normal(n // 2 + 1) + 1j * rng.standard_normal(n // 2 + 1)
+    f = np.maximum(np.fft.rfftfreq(n, 1 / RATE), 1.0)
+    return np.fft.irfft(spectrum / f / (1 + (20 / f) ** 4), n).astype(np.float32)
+
+
+def _at_active_dbfs(pcm: np.ndarray, dbfs: float) -> np.ndarray:
+    """Scaled so that its 20 ms frames within 30 dB of the loudest average ``dbfs``."""
+    frames = pcm[: pcm.size // 320 * 320].reshape(-1, 320)
+    power = np.mean(np.square(frames, dtype=np.float64), axis=1)
+    active = power[power >= power.max() * 1e-3]
+    return (pcm / np.sqrt(np.mean(active)) * 10 ** (dbfs / 20)).astype(np.float32)
+
+
+def test_short_sentences_10_db_over_steady_noise_are_each_committed_once(silero):
+    names = ["cmu-sphinx/goforward.wav", "cmu-sphinx/cards_001.wav", "cmu-sphinx/cards_005.wav",
+             "arctic/finished_a0001.wav"]
+    gap, lead = int(2.2 * RATE), 9 * RATE  # the noise alone first: the room's level is known
+    pieces, ends, position = [np.zeros(lead, np.float32)], [], lead
+    for name in names:
+        sentence = _at_active_dbfs(_recorded(name), -20.0)
+        pieces += [sentence, np.zeros(gap, np.float32)]
+        position += sentence.size
+        ends.append(position * 1000 // RATE)
+        position += gap
+    speech = np.concatenate(pieces)
+    mix = speech + _at_dbfs(_brown(speech.size / RATE, seed=1), -30.0)
+    detector = VoiceActivityDetector(silero, TurnDetectionParams(levels=LevelRules()))
+    commits = []
+    for start in range(0, mix.size, 320):
+        commits += [event.audio_end_ms for event in detector.push(mix[start : start + 320])
+                    if isinstance(event, UtteranceCommitted)]
+    per_sentence = [sum(end - 200 <= commit <= end + 1450 for commit in commits) for end in ends]
+    assert per_sentence == [1] * len(names), (commits, ends)
