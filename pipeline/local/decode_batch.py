@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from collections.abc import Callable, Hashable
 from typing import Generic, NamedTuple
 
@@ -12,6 +13,7 @@ import torch
 
 from pipeline.contract import AudioChunk, GenerationDone, GenerationEvent, Usage
 from pipeline.local.batch_rows import BatchGeneration, GenerationKey, GenerationSpeech, StageRows
+from pipeline.local.chunked_prefill import PREFILL_CHUNK_POSITIONS, ChunkedPrefill, PrefillOutput
 from pipeline.local.code2wav import StreamingCode2Wav
 from pipeline.local.decoder import DecoderStack, TalkerDecoder
 from pipeline.local.kv_cache import KVCache
@@ -33,6 +35,22 @@ class TtsEmbeddings(NamedTuple):
     pad: torch.Tensor
 
 
+@dataclass
+class PrefillInProgress(Generic[GenerationKey]):
+    """A turn whose Thinker prefill runs a chunk at a time before it joins a ``DecodeBatch``."""
+
+    turn: BatchGeneration[GenerationKey]
+    chunks: ChunkedPrefill
+
+    @property
+    def key(self) -> GenerationKey:
+        return self.turn.key
+
+    def advance(self) -> bool:
+        """The next chunk; True once the whole prompt is prefilled."""
+        return self.chunks.advance()
+
+
 class DecodeBatch(Generic[GenerationKey]):
     """Turns decoded together: one Thinker forward, one Talker forward and one code-predictor
     loop per step for every turn that needs it, and Code2Wav for the chunks that are due.
@@ -50,8 +68,10 @@ class DecodeBatch(Generic[GenerationKey]):
     Keys are any hashable turn ids. Events come back as ``(key, event)`` pairs.
     """
 
-    def __init__(self, model, tokenizer, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, model, tokenizer, *, clock: Callable[[], float] = time.monotonic,
+                 prefill_chunk: int = PREFILL_CHUNK_POSITIONS) -> None:
         self._model = model
+        self._prefill_chunk = prefill_chunk
         self._tokenizer = tokenizer
         self._clock = clock
         self._turns: dict[GenerationKey, BatchGeneration[GenerationKey]] = {}
@@ -141,19 +161,57 @@ class DecodeBatch(Generic[GenerationKey]):
                 use_audio_in_video=False,
                 **forward_kwargs,
             )
-            last_hidden = output.last_hidden_state[:, -1:]
+            prefilled = PrefillOutput(output.last_hidden_state[:, -1:], output.hidden_states if keep_hidden else None,
+                                      output.cache)
+        return self._join_thinkers(turns, rows, batch, prefilled)
+
+    def chunked(self, inputs: ThinkerInputs) -> bool:
+        """The prompt is longer than a chunk: it is prefilled alone, a chunk at a time
+        (``begin_prefill``), never padded into other turns' batched prefill."""
+        return int(inputs.input_ids.shape[-1]) > self._prefill_chunk
+
+    def begin_prefill(self, key: GenerationKey, inputs: ThinkerInputs, params: GenerationParams) -> PrefillInProgress[GenerationKey]:
+        """A turn's Thinker prefill to run a chunk at a time (``PrefillInProgress.advance``) between
+        the batch's steps; ``join_prefilled`` once it is done. Nothing is in the batch until then."""
+        if key in self._turns:
+            raise ValueError(f"turn {key!r} is already in the batch")
+        turn = BatchGeneration(key, self._model, self._tokenizer, inputs, params, self._clock)
+        with torch.inference_mode():
+            prompt = ThinkerPrompt.of(self._model.thinker, inputs)
+        chunks = ChunkedPrefill(self._model.thinker, prompt, keep_hidden=params.output_audio, chunk=self._prefill_chunk)
+        return PrefillInProgress(turn, chunks)
+
+    def join_prefilled(self, prefill: PrefillInProgress[GenerationKey]) -> list[tuple[GenerationKey, GenerationEvent]]:
+        """The turn whose chunked prefill is over samples its first answer token and joins the batch."""
+        if prefill.turn.key in self._turns:
+            raise ValueError(f"turn {prefill.turn.key!r} is already in the batch")
+        prompt = prefill.chunks.prompt
+        return self._join_thinkers([prefill.turn], [prompt], prompt, prefill.chunks.output())
+
+    def _join_thinkers(
+        self,
+        turns: list[BatchGeneration[GenerationKey]],
+        rows: list[ThinkerPrompt],
+        batch: ThinkerPrompt,
+        prefilled: PrefillOutput,
+    ) -> list[tuple[GenerationKey, GenerationEvent]]:
+        """After the Thinker's prefill of ``turns`` (``batch``: their prompts padded together): each
+        samples its first answer token, keeps what the Talker's prefill needs, and joins the rows."""
+        thinker = self._model.thinker
+        with torch.inference_mode():
+            last_hidden = prefilled.last_hidden
             logits = thinker.lm_head(last_hidden)[:, -1, :]
             scores = torch.cat([turn.thinker.scores(logits[row : row + 1]) for row, turn in enumerate(turns)])
             tokens = choose_rows([turn.thinker.sampler for turn in turns], scores)
             for row, (turn, prompt) in enumerate(zip(turns, rows)):
                 pad = batch.pads[row]
-                if turn.params.output_audio:
+                if turn.params.output_audio and prefilled.hidden_states is not None:
                     layer = self._model.config.talker_config.accept_hidden_layer
-                    turn.prompt_embeds = output.hidden_states[0][row : row + 1, pad:]
-                    turn.prompt_hidden = output.hidden_states[layer][row : row + 1, pad:]
+                    turn.prompt_embeds = prefilled.hidden_states[0][row : row + 1, pad:]
+                    turn.prompt_hidden = prefilled.hidden_states[layer][row : row + 1, pad:]
                 turn.thinker.sequence = prompt.input_ids
                 turn.thinker.accept(tokens[row : row + 1])
-            cache = KVCache.of(output.cache, batch.pads)
+            cache = KVCache.of(prefilled.cache, batch.pads)
         token_ids = tokens[:, 0].tolist()
         events: list[tuple[GenerationKey, GenerationEvent]] = []
         for turn, token_id in zip(turns, token_ids):

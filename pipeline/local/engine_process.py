@@ -46,6 +46,7 @@ from pipeline.local.warmup import WarmUpReport, warm_up_generations, warm_up_par
 from pipeline.token_count import PromptTooLong
 
 if TYPE_CHECKING:
+    from pipeline.local.decode_batch import PrefillInProgress
     from pipeline.local.params import GenerationParams
     from pipeline.local.prompt import ThinkerInputs
 
@@ -205,8 +206,11 @@ class _BatchServer:
     """Decodes every admitted generation together, one ``DecodeBatch`` step at a time.
 
     Between steps: cancelled generations leave the batch (their ``GenerationDone`` says "cancelled"),
-    then at most one submitted generation is prefilled and joins (every waiting one when the batch
-    is empty), so a joining generation delays the others by one prefill, never by a whole answer. The parent submits at most
+    then the waiting generations whose prompts fit a prefill chunk are prefilled together and join,
+    and one chunk of one longer prompt is prefilled (the long ones take turns, chunk by chunk; each
+    joins when its last chunk is in). So a joining generation delays the decoding ones by one short
+    prefill and one chunk, never by a whole long prompt or a whole answer; a short prompt is never
+    padded to a long one's length; a cancel lands between chunks. The parent submits at most
     ``max_batch`` generations at a time; any beyond that wait here in FIFO order. A generation whose
     rendering or prefill fails fails alone; a failure inside a batched step cannot be
     blamed on one generation, so it fails every generation in the batch and the next ones start afresh.
@@ -233,22 +237,27 @@ class _BatchServer:
         self._new_batch = lambda: DecodeBatch[int](loaded.model, loaded.tokenizer)  # noqa: E731
         self._batch = self._new_batch()
         self._waiting: collections.deque[Submit] = collections.deque()
+        # Long prompts being prefilled a chunk at a time, the next to take a chunk first.
+        self._chunking: collections.deque[PrefillInProgress[int]] = collections.deque()
         self._emulated = EmulatedGenerations[int](self._send_now)
         self._closing = False
 
     def run(self, *, until_idle: bool = False) -> None:
         """Serve until the commands end (``until_idle``: until every generation submitted so far is over)."""
         while True:
-            idle = not self._batch.keys and not self._waiting
+            idle = not self._batch.keys and not self._waiting and not self._chunking
             # Asleep while idle, until a command comes or a held event is due.
             release_in = self._emulated.seconds_to_next()
             self._collect_commands(block=idle and not (until_idle and release_in is None), timeout=release_in)
-            if until_idle and not self._batch.keys and not self._waiting and self._emulated.seconds_to_next() is None:
+            if until_idle and not self._batch.keys and not self._waiting and not self._chunking and self._emulated.seconds_to_next() is None:
                 return
             if self._closing:
                 for key in self._batch.keys:
                     self._emulated.cancel(key)
                     self._send_now(key, self._batch.cancel(key))
+                for prefill in self._chunking:
+                    self._send_cancelled_before_start(prefill)
+                self._chunking.clear()
                 for key in self._emulated.holds_done():
                     self._send_cancelled(key)
                 return
@@ -256,10 +265,12 @@ class _BatchServer:
             # Every waiting generation that fits joins in one batched prefill per gap between steps:
             # decoding generations wait for one prefill (four cost ~1.5 one), joining generations for none.
             joining: list[Submit] = []
-            while self._waiting and len(self._batch.keys) + len(joining) < self._max_batch:
+            while self._waiting and len(self._batch.keys) + len(self._chunking) + len(joining) < self._max_batch:
                 joining.append(self._waiting.popleft())
             if joining:
                 self._admit(joining)
+            if self._chunking:
+                self._advance_chunked()
             if self._batch.keys:
                 self._step()
             self._emulated.release_due()
@@ -310,19 +321,41 @@ class _BatchServer:
         for key in self._emulated.holds_done():
             if self._commands.is_cancelled(key):
                 self._send_cancelled(key)
+        for prefill in [prefill for prefill in self._chunking if self._commands.is_cancelled(prefill.key)]:
+            self._chunking.remove(prefill)
+            self._send_cancelled_before_start(prefill)
         for submit in [submit for submit in self._waiting if self._commands.is_cancelled(submit.generation_id)]:
             self._waiting.remove(submit)
             self._send_now(submit.generation_id, GenerationDone(text="", usage=Usage(0, 0, 0), finish_reason="cancelled"))
 
+    def _send_cancelled_before_start(self, prefill: PrefillInProgress[int]) -> None:
+        self._emulated.cancel(prefill.key)
+        self._send_now(prefill.key, self._batch.cancelled_before_start(prefill.turn.inputs))
+
     def _admit(self, submits: list[Submit]) -> None:
-        """Prefill the generations together; if that fails, one at a time, so a bad generation fails alone.
-        End-of-turn scores take one forward each and never join the batch."""
+        """Prefill the generations whose prompts fit a chunk together; if that fails, one at a time,
+        so a bad generation fails alone. Longer prompts begin their chunked prefill
+        (``_advance_chunked``). End-of-turn scores take one forward each and never join the batch."""
         for submit in [submit for submit in submits if submit.request.task == "end_of_turn"]:
             self._score_end_of_turn(submit)
         submits = [submit for submit in submits if submit.request.task != "end_of_turn"]
         for submit in submits:  # the emulated model's time starts here, with its rendering
             self._emulated.start(submit.generation_id, self._base_params.emulate)
-        rendered = [prepared for submit in submits if (prepared := self._render(submit)) is not None]
+        rendered: list[tuple[int, ThinkerInputs, GenerationParams]] = []
+        for submit in submits:
+            prepared = self._render(submit)
+            if prepared is None:
+                continue
+            if not self._batch.chunked(prepared[1]):
+                rendered.append(prepared)
+                continue
+            try:
+                self._chunking.append(self._batch.begin_prefill(*prepared))
+            except Exception as exc:
+                logger.exception("generation %d failed", prepared[0])
+                self._fail(prepared[0], exc)
+        if not rendered:
+            return
         if len(rendered) > 1:
             try:
                 self._prefill(rendered)
@@ -342,6 +375,27 @@ class _BatchServer:
                 if prepared[0] in self._batch.keys:
                     self._batch.cancel(prepared[0])
                 self._fail(prepared[0], exc)
+        self._finish_decoded()
+
+    def _advance_chunked(self) -> None:
+        """One chunk of the next long prompt; the last one's generation joins the batch. The
+        long prompts take turns: one session's cannot hold another's back by its length."""
+        prefill = self._chunking.popleft()
+        try:
+            if not prefill.advance():
+                self._chunking.append(prefill)
+                return
+            events = self._batch.join_prefilled(prefill)
+            if self._batch.wants_talker(prefill.key):
+                self._batch.prefill_talkers([prefill.key])
+        except Exception as exc:
+            logger.exception("generation %d failed", prefill.key)
+            if prefill.key in self._batch.keys:
+                self._batch.cancel(prefill.key)
+            self._fail(prefill.key, exc)
+            return
+        for generation_id, event in events:
+            self._send(generation_id, event)
         self._finish_decoded()
 
     def _score_end_of_turn(self, submit: Submit) -> None:

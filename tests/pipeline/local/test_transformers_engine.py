@@ -293,6 +293,28 @@ async def test_concurrent_turns_are_decoded_together_and_each_gets_what_it_gets_
     assert engine.describe()["running"] == 0
 
 
+async def test_a_short_turn_beside_a_long_prompt_answers_before_the_long_prompt_is_prefilled(engine):
+    # ~6,000 prompt tokens: a dozen prefill chunks. Prefilled together, the short turn would wait
+    # for the whole long prompt (padded to its length) and answer after it.
+    long_prompt = GenerationRequest(conversation=Conversation(items=(UserText("lorem ipsum " * 3000),)),
+                                    output_audio=False, max_output_tokens=2)
+    firsts: list[str] = []
+
+    async def first_text(name: str, request: GenerationRequest) -> list:
+        events = []
+        async for event in engine.run_generation(request):
+            if isinstance(event, TextDelta) and name not in firsts:
+                firsts.append(name)
+            events.append(event)
+        return events
+
+    long_task = asyncio.create_task(first_text("long", long_prompt))
+    short_task = asyncio.create_task(first_text("short", short_request(output_audio=False, max_output_tokens=2)))
+    long_events, short_events = await asyncio.wait_for(asyncio.gather(long_task, short_task), HANG_GUARD_S)
+    assert firsts == ["short", "long"]
+    assert long_events[-1].finish_reason == short_events[-1].finish_reason == "length"
+
+
 async def test_the_engine_process_yields_the_cpu_to_the_server(engine):
     assert psutil.Process(engine.pid).nice() == psutil.Process().nice() + ENGINE_NICENESS
 
