@@ -237,6 +237,7 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import uvicorn
 
+    from app.http.header_deadline import header_deadline_protocol
     from app.http.server import create_app
     from app.http.socket_route import websocket_server_options
     from app.http.tls import serving_tls
@@ -247,6 +248,7 @@ def _serve(args: argparse.Namespace) -> int:
         # Forwarded headers are read by the app from --trusted-proxy peers only (app/http/edge.py);
         # uvicorn's own reading would believe any client on 127.0.0.1, a same-host proxy included.
         proxy_headers=False,
+        http=header_deadline_protocol(settings.header_timeout_s), limit_concurrency=settings.max_connections,
         ssl_certfile=tls.certfile if tls else None, ssl_keyfile=tls.keyfile if tls else None,
         **websocket_server_options(settings),
     )

@@ -374,6 +374,18 @@ class Settings(BaseSettings):
         600.0, gt=0, description="a session with no client event, no speech and no answer for this long ends "
         "(the error session_idle_timeout)"
     )
+    # nginx's client_header_timeout is 60 s; a browser or a Realtime client sends its headers in one
+    # packet. 300 connections that sent half a request line were all kept without it.
+    header_timeout_s: Annotated[float, Flag(Concern.LIMITS)] = Field(
+        10.0, gt=0, description="a connection that has not sent a request's complete headers this "
+        "long after it opened (or after its last response) is closed (app/http/header_deadline.py)"
+    )
+    # A session holds one connection (a WebSocket) or none past its offer (WebRTC); a systemd unit's
+    # default of 1,024 open files must also hold each call's UDP sockets and the engine's pipes.
+    max_connections: Annotated[int, Flag(Concern.LIMITS, metavar="N")] = Field(
+        512, ge=16, description="open HTTP and WebSocket connections (uvicorn's limit_concurrency); past it a "
+        "request gets 503"
+    )
     # Queue wait counts: 16 sessions x ~2 s CPU dev-model turns stay well under.
     turn_stall_timeout_s: Annotated[float, Flag(Concern.LIMITS)] = Field(
         60.0,

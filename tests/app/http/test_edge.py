@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from app.cli import main
 from app.config import Settings
 from app.http.edge import HostAllowList, OriginPolicy, default_allowed_hosts, host_of, machine_names_and_addresses
+from app.http.header_deadline import HeaderDeadlineProtocol
 from app.http.server import create_app
 from tests.app.http.test_server import offering_peer
 from tests.fakes import ScriptedEngine
@@ -253,4 +254,14 @@ def test_serve_runs_uvicorn_without_its_own_forwarded_header_reading(monkeypatch
     assert main(["serve", "--tls", "self-signed", "--cache-dir", str(tmp_path)]) == 0
     assert ran["proxy_headers"] is False
     assert ran["ssl_certfile"] == tmp_path / "tls" / "self-signed.pem"
+
+
+def test_serve_bounds_slow_headers_and_open_connections(monkeypatch, tmp_path):
+    ran: dict[str, object] = {}
+    monkeypatch.setattr("uvicorn.run", lambda app, **options: ran.update(options))
+    assert main(["serve", "--header-timeout", "3", "--max-connections", "64", "--cache-dir", str(tmp_path)]) == 0
+    assert ran["limit_concurrency"] == 64
+    protocol = ran["http"]
+    assert isinstance(protocol, type) and issubclass(protocol, HeaderDeadlineProtocol)
+    assert protocol.header_timeout_s == 3
 
