@@ -1,8 +1,10 @@
-"""A session's share of the engine: the prompt tokens its work has the engine prefill, bounded in time.
+"""A session's share of the engine: the prompt tokens its work has the engine prefill and the
+steps it has it decode, bounded in time.
 
 Every engine generation a session causes is charged what its prompt costs to prefill (a bound
 read off its conversation: audio and images exact, text by its bytes; ``prompt_estimate``):
 answers, cancelled or not, speculative answers, input transcriptions and partial transcripts.
+An answer is charged its decoded steps too (answer tokens and codec frames) when it ends.
 The share is a token bucket of ``ENGINE_SHARE_BURST`` tokens refilled at
 ``ENGINE_SHARE_PER_SECOND``. Work someone waits for (a spoken turn's answer, a transcription) is
 always run and charged, and may take the bucket below zero; a client's ``response.create`` is

@@ -515,6 +515,9 @@ class ResponseRun:
         self._context = context
         self._owner = owner
         self._task: asyncio.Task[None] | None = None
+        # Answer tokens and codec frames the engine decoded for it, as they streamed (a cancelled
+        # turn's too): what it cost the engine beyond its prompt.
+        self.decoded_steps = 0
 
     @property
     def id(self) -> str:
@@ -569,8 +572,10 @@ class ResponseRun:
             async with contextlib.aclosing(events) as turn:
                 async for event in turn:
                     if isinstance(event, TextDelta):
+                        self.decoded_steps += event.tokens
                         self._on_text(event)
                     elif isinstance(event, AudioChunk):
+                        self.decoded_steps += event.frames
                         self._on_audio(event)
                     elif isinstance(event, FunctionCallEvent):
                         for server_event in call_events(response, event, context.history):

@@ -665,8 +665,9 @@ class RealtimeSession:
         run.start(previous)
 
     def response_done(self, run: ResponseRun) -> None:
-        """``run`` sent its ``response.done``."""
+        """``run`` sent its ``response.done``: what it decoded is charged to the session's share."""
         self._active_at = time.monotonic()
+        self._share.charge(run.decoded_steps)
         if self._response is run:
             self._response = None
         self._on_playback(self._audio.settle())

@@ -101,3 +101,20 @@ async def test_the_engine_tokens_a_session_caused_are_reported_once_when_it_clos
 
     (tokens,) = h.engine_tokens
     assert tokens >= len(LONG_INSTRUCTIONS) // 4  # the instructions' bound at least, prefilled once
+
+
+async def test_an_answer_is_charged_its_decoded_tokens_and_frames_besides_its_prompt():
+    async def charged(reply: str) -> tuple[int, int]:
+        engine = ScriptedEngine(reply)
+        h = SessionHarness(engine, EnergyVad(), SessionConfig(instructions="Be brief."))
+        await h.session.start()
+        await h.send(type="response.create")
+        done = await h.turn_done()
+        await h.session.close()
+        details = done["response"]["usage"]["output_token_details"]
+        return h.engine_tokens[0], details["text_tokens"] + details["audio_tokens"]
+
+    short, short_decoded = await charged("one")
+    long, long_decoded = await charged("one two three four five six seven eight nine ten")
+    assert long_decoded > short_decoded > 0
+    assert long - short == long_decoded - short_decoded  # the same prompt: the difference is what was decoded
