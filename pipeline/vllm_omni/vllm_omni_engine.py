@@ -24,11 +24,12 @@ details go to the log). A stream that stalls is failed by the server's stall tim
 (app/serving/engines.py), which closes it. Each server's reachability (its ``GET /v1/models``,
 asked every ``PROBE_INTERVAL_S`` and told by every turn) is in :meth:`VllmOmniEngine.describe`.
 
-Preemptible turns (``pipeline.contract``; speculative answers): a vLLM-Omni server does not say how
-full its batches are, so the capacity rule is ours (*decided*): a server takes a preemptible turn
-while this front streams fewer than ``SERVER_BATCH`` turns to it (64, vllm-omni 0.30.0's
-``deploy/qwen3_omni_moe.yaml``: ``max_num_seqs`` of every stage), else it is refused
-(``no_spare_capacity``). An ordinary turn that finds ``SERVER_BATCH`` turns streaming while a
+Preemptible turns (``pipeline.contract``; speculative answers, partial transcripts): a vLLM-Omni
+server does not say how full its batches are, so the capacity rule is ours (*decided*): a server
+takes a preemptible turn while this front streams fewer than ``SERVER_BATCH`` turns to it (64,
+vllm-omni 0.30.0's ``deploy/qwen3_omni_moe.yaml``: ``max_num_seqs`` of every stage) and fewer
+than ``THROWAWAY_STREAMS`` preemptible ones, else it is refused (``no_spare_capacity``): each is
+a whole prefill on a GPU that other fronts' visitors share, mostly thrown away. An ordinary turn that finds ``SERVER_BATCH`` turns streaming while a
 preemptible one is among them preempts the newest: its stream is closed at once (its read is
 interrupted; closing the connection makes vLLM-Omni abort the request, as for any cancel) and
 its consumer gets ``preempted``. The rule counts this front's turns only: fronts sharing a server
@@ -101,6 +102,9 @@ DEFAULT_NAME = "vllm-omni"
 # Turns one server is taken to batch: vllm-omni 0.30.0's deploy config for Qwen3-Omni
 # (deploy/qwen3_omni_moe.yaml) sets max_num_seqs 64 for the Thinker, the Talker and Code2Wav.
 SERVER_BATCH = 64
+# Preemptible streams open at once to one server: a speculative answer per session speaking now
+# on a busy demo box (a few at a time), not one per session of a full batch.
+THROWAWAY_STREAMS = 8
 
 
 @dataclass(eq=False)
@@ -195,7 +199,9 @@ class VllmOmniEngine:
     @property
     def spare(self) -> int:
         """Preemptible turns it would take now (the module docstring's rule); 0 while unreachable."""
-        return max(0, SERVER_BATCH - self.running) if self.reachable else 0
+        if not self.reachable:
+            return 0
+        return max(0, min(SERVER_BATCH - self.running, THROWAWAY_STREAMS - len(self._preemptible)))
 
     async def promote(self, preemptible_id: str) -> bool:
         """The streaming preemptible turn ``preemptible_id`` becomes ordinary (``pipeline.contract``)."""

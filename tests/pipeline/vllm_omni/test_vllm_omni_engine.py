@@ -172,7 +172,7 @@ async def test_a_speculative_turn_closed_on_cancel_closes_its_servers_stream(rep
         await turn.aclose()  # the speculation was discarded
         received = replay.requests[-1]
         assert await asyncio.to_thread(received.wait_ended, DEADLINE_S)
-        assert engine.engines[0].running == 0 and engine.engines[0].spare == vllm_omni_engine.SERVER_BATCH
+        assert engine.engines[0].running == 0 and engine.engines[0].spare == vllm_omni_engine.THROWAWAY_STREAMS
     assert received.done_at is None and received.closed_at is not None
     assert received.chunks_sent < received.chunks_planned
 
@@ -190,6 +190,25 @@ async def test_a_speculative_turn_is_refused_while_the_server_streams_its_batch(
         await committed.aclose()
     assert refused.value.code == "no_spare_capacity"
     assert len(replay.requests) == sent  # refused here, never sent
+
+
+async def test_throw_away_streams_to_one_server_are_bounded_whatever_its_batch(
+    replay: ReplayServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(vllm_omni_engine, "THROWAWAY_STREAMS", 2)
+    async with started(replay.url) as engine:
+        open_turns = [engine.run_generation(speculative(preemptible_id=f"spec_{n}")) for n in range(2)]
+        for turn in open_turns:
+            assert isinstance(await anext(turn), TextDelta)
+        sent = len(replay.requests)
+        with pytest.raises(EngineError) as refused:
+            await anext(engine.run_generation(speculative(preemptible_id="spec_3")))
+        assert len(replay.requests) == sent  # refused here, never sent
+        assert isinstance((await run(engine, spoken()))[-1][1], GenerationDone)  # an ordinary turn still goes
+        for turn in open_turns:
+            await turn.aclose()
+        assert engine.engines[0].spare == 2
+    assert refused.value.code == "no_spare_capacity"
 
 
 async def test_a_committed_turn_past_the_batch_preempts_the_speculative_stream_and_closes_it(
