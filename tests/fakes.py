@@ -471,3 +471,13 @@ class RecordingWriter:
 
     def write(self, data: bytes) -> None:
         self.written += data
+
+    @property
+    def transport(self) -> RecordingWriter:
+        return self
+
+    def get_write_buffer_size(self) -> int:
+        return 0  # everything written is read at once
+
+    def abort(self) -> None:
+        raise AssertionError("a writer whose bytes are all read is never aborted")

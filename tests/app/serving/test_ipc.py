@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import socket
 import struct
 
 import pytest
 
-from app.serving.ipc import MAX_MESSAGE_BYTES, MessageTooLarge, post, receive
+from app.serving.ipc import MAX_MESSAGE_BYTES, MAX_UNREAD_BYTES, MessageTooLarge, post, receive
 from app.serving.worker_messages import CallClosed, ResourcesReport, Status
 from tests.fakes import RecordingWriter
 
@@ -39,3 +40,17 @@ async def test_what_no_end_sends_breaks_the_connection() -> None:
     reader.feed_data(struct.pack("!I", len(data)) + data)
     with pytest.raises(ValueError, match="got dict"):
         await receive(reader)
+
+
+async def test_a_connection_whose_other_end_stops_reading_is_aborted_not_grown_without_bound() -> None:
+    left, right = socket.socketpair()
+    _, writer = await asyncio.open_connection(sock=left)
+    stalled_reader, stalled_writer = await asyncio.open_connection(sock=right)  # never read
+    chunk = ResourcesReport(request=1, resources={"blob": b"x" * (MAX_MESSAGE_BYTES // 2)})
+    for _ in range(2 * MAX_UNREAD_BYTES // (MAX_MESSAGE_BYTES // 2)):
+        if writer.is_closing():
+            break
+        post(writer, chunk)
+    assert writer.is_closing()
+    stalled_writer.close()
+    writer.close()
