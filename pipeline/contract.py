@@ -213,8 +213,10 @@ class EngineCapabilities:
     does. A pool of engines can do what every one of its members can (``shared_by``)."""
 
     # Answers call the conversation's tools (``FunctionCall*`` events) and prompts hold calls and
-    # their outputs: a tool_choice that forces a call, and a call in the history, need it.
+    # their outputs: tools the model may call, and a call in the history, need it.
     function_calls: bool
+    # Answers start with a call when ``tool_choice`` is ``required`` or names a function.
+    forced_function_calls: bool
     # Runs task "end_of_turn" (``GenerationDone.end_of_turn_probability``): semantic_vad's text judge needs it.
     end_of_turn_scores: bool
     # Sees ``UserImage`` items (input_image, camera frames).

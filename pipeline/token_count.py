@@ -106,15 +106,17 @@ def system_tokens_at_most(instructions: str, tools: Sequence[Tool], limit: int) 
     return MESSAGE_MARKERS + tokens_at_most(system_message_text(instructions, tools), limit - MESSAGE_MARKERS)
 
 
-def prompt_tokens_at_most(system_prompt: str | None, items: Sequence[ConversationItem], limit: int) -> int:
-    """A prompt's tokens (its system message, ``items`` as they are rendered, the answer's
-    opening), or a bound within ``limit``. Audio and images are exact, text is counted only when
-    the bound passes ``limit``. Blocking when counted."""
-    system = 0 if system_prompt is None else MESSAGE_MARKERS + text_tokens_bound(system_message_text(system_prompt, ()))
+def prompt_tokens_at_most(
+    system_prompt: str | None, items: Sequence[ConversationItem], limit: int, tools: Sequence[Tool] = ()
+) -> int:
+    """A prompt's tokens (its system message with the tool block of ``tools``, ``items`` as they
+    are rendered, the answer's opening), or a bound within ``limit``. Audio and images are exact,
+    text is counted only when the bound passes ``limit``. Blocking when counted."""
+    system = 0 if system_prompt is None else MESSAGE_MARKERS + text_tokens_bound(system_message_text(system_prompt, tools))
     bound = system + sum(item.prompt_tokens() for item in items) + ANSWER_OPENING_TOKENS
     if bound <= limit:
         return bound
-    system = 0 if system_prompt is None else MESSAGE_MARKERS + text_tokens(system_message_text(system_prompt, ()))
+    system = 0 if system_prompt is None else MESSAGE_MARKERS + text_tokens(system_message_text(system_prompt, tools))
     return system + sum(_item_tokens(item) for item in items) + ANSWER_OPENING_TOKENS
 
 

@@ -57,7 +57,8 @@ STEADY_TONE_SPEECH = SessionConfig(turn_detection=TurnDetection(speech_over_back
 HALF_DUPLEX_STEADY_TONE = SessionConfig(turn_detection=TurnDetection(interrupt_response=False,
                                                                     speech_over_background_db=None))
 # What the in-process engine can do: the stand-ins' default (a test turns one off to see it refused).
-FULL_CAPABILITIES = EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=True, preemptible_generations=True)
+FULL_CAPABILITIES = EngineCapabilities(function_calls=True, forced_function_calls=True, end_of_turn_scores=True, images=True,
+                                       preemptible_generations=True)
 
 CODEC_FRAME_SAMPLES = 1920  # one 80 ms Code2Wav frame at 24 kHz
 INPUT_CHUNK_SAMPLES = 320  # 20 ms at 16 kHz: what the inbound WebRTC track delivers

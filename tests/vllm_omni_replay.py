@@ -1,19 +1,22 @@
-"""A replay of a vLLM-Omni 0.30 server (``vllm serve Qwen/Qwen3-Omni-30B-A3B-Instruct --omni``) for tests.
+"""A replay of a vLLM-Omni 0.32 server (``vllm serve Qwen/Qwen3-Omni-30B-A3B-Instruct --omni
+--enable-auto-tool-choice --tool-call-parser hermes``) for tests.
 
 ``POST /v1/chat/completions`` answers every streaming request with a recorded answer, in exactly
-the chunks vllm-omni 0.30.0's serving_chat sends, at the pace of a GPU deployment; it records each
+the chunks vllm-omni 0.32.0rc1's serving_chat sends, at the pace of a GPU deployment; it records each
 request it receives (body, arrival, chunks sent, when the stream ended or its client went away),
 can be told to fail the next requests in each way a server fails, and to hold each answer's stream
 open after its first audio chunk (``hold_after_first_audio``). ``GET /v1/models`` and
 ``GET /health`` answer as vLLM-Omni's do. It runs in a thread of its own (uvicorn), so its clock is
 the test's ``time.monotonic()`` and its pace does not depend on the test's event loop.
 
-Written from reading vllm-omni 0.30.0: ``vllm_omni/entrypoints/openai/serving_chat.py``
+Written from reading vllm-omni 0.32.0rc1: ``vllm_omni/entrypoints/openai/serving_chat.py``
 (``chat_completion_stream_generator``, ``_create_audio_choice``, ``_preprocess_chat``),
 ``audio_utils_mixin.py`` (``create_audio``: soundfile, WAV, PCM_16), ``protocol/chat_completion.py``
 (``OmniChatCompletionStreamResponse``: ``modality``, ``metrics``; ``audio_metadata`` on a choice),
-``api_server.py`` (``/v1/models``, ``/health``, ``_validate_chat_completion_raw_body``), and vLLM
-0.30.0's ``ChatCompletionStreamResponse``, ``UsageInfo``, ``ErrorResponse`` and its auth middleware.
+``api_server.py`` (``/v1/models``, ``/health``, ``_validate_chat_completion_raw_body``),
+``model_executor/models/qwen3_omni/tool_speech.py`` (the Talker stops at ``<tool_call>``), and vLLM
+0.32.0's ``ChatCompletionStreamResponse``, ``DeltaMessage``/``DeltaToolCall``, the Hermes tool parser
+(``vllm/tool_parsers/hermes_tool_parser.py``), ``UsageInfo``, ``ErrorResponse`` and its auth middleware.
 serving_chat dumps chunks with ``model_dump_json(exclude_unset=True)``: fields it passes explicitly
 are present even when null, defaults are absent. A spoken answer (``modalities: ["text", "audio"]``)
 streams, in time order::
@@ -39,6 +42,23 @@ of 4 codec frames, then 25 frames, 80 ms each), each sent once it would have bee
 ``Pace.real_time_factor``. A text-only answer (``modalities: ["text"]``: text-only responses and
 transcriptions) has no audio chunks and its last text chunk carries the finish_reason.
 
+A request that offers tools (``tool_choice`` ``auto``) and does not end with a ``tool`` message is
+answered with a call when ``ReplayServer.tool_call`` is set: the Thinker writes the preface (if
+any), then ``<tool_call>\n{"name": …, "arguments": …}\n</tool_call>``, which the Hermes parser
+streams as (the tokens of the markup and of the body up to the name send no chunk)::
+
+    text   ... "choices":[{"index":0,"delta":{"content":" word"},...}]          (the preface, if any)
+    text   ... "delta":{"content":null,"tool_calls":[{"id":"chatcmpl-tool-<16 hex>","type":"function",
+            "index":0,"function":{"name":"get_weather"}}]}                       (once the name is whole)
+    text   ... "delta":{"content":null,"tool_calls":[{"index":0,"function":{"arguments":"{\"ci"}}]}
+            ...                                                                   (a fragment per token)
+    text   the stop token's step: "delta":{}, finish_reason "tool_calls" (null while audio is to come)
+    audio  the preface's speech, or, for a call with no preface, one chunk of empty content
+           (``_create_audio_choice``'s empty speech segment) with finish_reason "stop"
+
+The Talker speaks the preface only (vllm-omni 0.32's ``tool_speech``). A text-only request cut by
+``max_tokens`` inside the call ends with finish_reason "length".
+
 What is the replay's own and not vLLM-Omni's: the answer (``long_story.wav``, its text cut at word
 boundaries into "tokens"), the transcript of every transcription, and the prompt token count (a
 token per 4 characters of text, 12.5 per second of audio, as Qwen3-Omni's audio encoder has).
@@ -52,6 +72,7 @@ import collections
 import io
 import json
 import math
+import re
 import threading
 import time
 import uuid
@@ -118,6 +139,17 @@ class Pace:
     chunk_frames: int = 25  # codec_chunk_frames
 
 
+@dataclass(frozen=True)
+class ToolCallAnswer:
+    """An answer that calls ``name`` with ``arguments`` (JSON text as the model writes it) after
+    ``preface`` (spoken as ``preface_audio``, 24 kHz; None: no speech)."""
+
+    name: str
+    arguments: str
+    preface: str = ""
+    preface_audio: np.ndarray | None = None
+
+
 @dataclass
 class ReceivedRequest:
     """One request as the replay saw it; times are ``time.monotonic()``."""
@@ -164,6 +196,10 @@ class ReplayServer:
         self.answer_text = ANSWER_TEXT
         self.answer = answer_audio()
         self.transcript = TRANSCRIPT
+        # Set: a request offering tools is answered with this call (the module docstring).
+        self.tool_call: ToolCallAnswer | None = None
+        # False: started without --enable-auto-tool-choice, so tool_choice "auto" is refused (400).
+        self.auto_tool_choice = True
         # Bytes of padding in the /v1/models answer: a hostile server's endless list (0: none).
         self.models_padding = 0
         # Set to an unset Event: every spoken answer's stream waits after its first audio chunk
@@ -274,6 +310,11 @@ class ReplayServer:
             return f"Invalid speaker '{speaker}'. Supported: {', '.join(sorted(SPEAKERS))}"
         if not body.get("stream"):
             return "the replay streams only (stream: true)"
+        tool_choice = body.get("tool_choice")
+        if body.get("tools") and tool_choice in ("auto", None) and not self.auto_tool_choice:
+            return '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+        if tool_choice not in ("auto", "none", None):
+            return "the replay streams tool_choice auto or none only"
         return None
 
     # -- the answer ---------------------------------------------------------------------------
@@ -285,6 +326,8 @@ class ReplayServer:
         created = int(time.time())
         head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": MODEL}
         speaks = "audio" in body.get("modalities", ["text", "audio"])
+        if self.tool_call is not None and _calls_tools(body):
+            return self._spoil(self._tool_call_plan(body, head, self.tool_call, speaks), failure, head)
         transcribing = not speaks and _asks_for_transcription(body)
         words = _tokens(self.transcript if transcribing else self.answer_text)
         max_tokens = body.get("max_tokens")
@@ -322,6 +365,75 @@ class ReplayServer:
         plan.append((end, _dump({**head, "choices": [], "usage": usage})))
         plan.append((end, "[DONE]"))
         return self._spoil(plan, failure, head)
+
+    def _tool_call_plan(
+        self, body: dict[str, Any], head: dict[str, Any], call: ToolCallAnswer, speaks: bool
+    ) -> list[tuple[float, str]]:
+        """The chunks of an answer that calls ``call`` (the module docstring)."""
+        pace = self.pace
+        preface = _tokens(call.preface) if call.preface else []
+        body_tokens = ['{"', "name", '":', ' "', call.name, '",', ' "', "arguments", '":', " ",
+                       *_fragments(call.arguments), "}", "\n"]
+        # Each step's delta; None: the parser holds it back, no chunk. The name goes out at the
+        # step that closes its string, the arguments a fragment per step.
+        steps: list[dict[str, Any] | None] = [{"content": word} for word in preface]
+        steps += [None, None]  # <tool_call>, "\n"
+        call_id = f"chatcmpl-tool-{uuid.uuid4().hex[:16]}"
+        arguments_from = len(body_tokens) - 2 - len(_fragments(call.arguments))
+        for index, token in enumerate(body_tokens):
+            if index == 5:  # '",' closes the name
+                steps.append({"content": None, "tool_calls": [
+                    {"id": call_id, "type": "function", "index": 0, "function": {"name": call.name}}]})
+            elif arguments_from <= index < len(body_tokens) - 2:
+                steps.append({"content": None, "tool_calls": [{"index": 0, "function": {"arguments": token}}]})
+            else:
+                steps.append(None)
+        steps.append(None)  # </tool_call>
+        max_tokens = body.get("max_tokens")
+        finish = "tool_calls"
+        if isinstance(max_tokens, int) and len(steps) + 1 > max_tokens:
+            steps, finish = steps[:max_tokens], "length"
+        completion_tokens = len(steps) + (1 if finish == "tool_calls" else 0)
+        prompt_tokens, audio_tokens = _prompt_tokens(body)
+
+        role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        plan: list[tuple[float, str]] = [(pace.first_token_s, _dump({**head, "choices": [role], "prompt_token_ids": None,
+                                                                     "prompt_text": None, "modality": "text"}))]
+        final: list[dict[str, Any] | None] = [*steps, {}] if finish == "tool_calls" else steps
+        for index, delta in enumerate(final):
+            last = index == len(final) - 1
+            if delta is None and not last:
+                continue
+            choice: dict[str, Any] = {"index": 0, "delta": delta or {}, "logprobs": None,
+                                      "finish_reason": None if (speaks or not last) else finish}
+            if last:
+                choice["stop_reason"] = None
+            choice["token_ids"] = None
+            at = pace.first_token_s + (index + 1) * pace.token_interval_s
+            plan.append((at, _dump({**head, "choices": [choice], "modality": "text", "metrics": None})))
+        if speaks:
+            if call.preface_audio is not None:
+                audio = self._audio_chunks(head, call.preface_audio, prompt_tokens)
+            else:  # the Talker was cut before it spoke: an empty speech segment ends the audio
+                choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                          "finish_reason": "stop", "stop_reason": None, "token_ids": None}
+                audio = [(pace.first_audio_s, _dump({
+                    **head, "choices": [choice], "modality": "audio", "metrics": None,
+                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens},
+                }))]
+            if audio[-1][0] < plan[-1][0]:  # the text ends last: it carries the finish_reason, not the audio
+                plan[-1] = (plan[-1][0], _with_finish(plan[-1][1], finish))
+                audio[-1] = (audio[-1][0], _with_finish(audio[-1][1], None))
+            plan.extend(audio)
+        plan.sort(key=lambda entry: entry[0])
+        usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+                                 "completion_tokens": completion_tokens}
+        if audio_tokens:
+            usage["prompt_tokens_details"] = {"multimodal_tokens": {"audio": audio_tokens}}
+        end = plan[-1][0]
+        plan.append((end, _dump({**head, "choices": [], "usage": usage})))
+        plan.append((end, "[DONE]"))
+        return plan
 
     def _audio_chunks(self, head: dict[str, Any], audio: np.ndarray, prompt_tokens: int) -> list[tuple[float, str]]:
         pace = self.pace
@@ -418,6 +530,26 @@ def _tokens(text: str) -> list[str]:
     """The replay's "Thinker tokens": words, each with the space before it."""
     words = text.split(" ")
     return [words[0], *(" " + word for word in words[1:])]
+
+
+def _with_finish(data: str, finish: str | None) -> str:
+    """A chunk's payload with its choice's finish_reason set (serving_chat gives it to whichever
+    modality finishes last)."""
+    chunk = json.loads(data)
+    chunk["choices"][0]["finish_reason"] = finish
+    return _dump(chunk)
+
+
+def _fragments(arguments: str) -> list[str]:
+    """The replay's "tokens" of a call's arguments: up to 3 characters after any whitespace."""
+    return re.findall(r"\s*\S{1,3}", arguments) or [arguments]
+
+
+def _calls_tools(body: dict[str, Any]) -> bool:
+    """The request offers tools for the model to call (``tool_choice`` auto) and does not end with
+    a function's output (the replay answers an output in words)."""
+    messages = body.get("messages") or [{}]
+    return bool(body.get("tools")) and body.get("tool_choice") in ("auto", None) and messages[-1].get("role") != "tool"
 
 
 def _wav_base64(pcm: np.ndarray) -> str:

@@ -637,6 +637,7 @@ def _turn_detection(
 TOOLS_UNSUPPORTED = "tools_unsupported"
 IMAGES_UNSUPPORTED = "images_unsupported"
 _NO_CALLS = "This server's engine does not call functions"
+_NO_FORCED_CALLS = "This server's engine does not start an answer with a call"
 _NO_IMAGES = "This server's engine does not see images."
 
 
@@ -670,10 +671,17 @@ def first_config(config: SessionConfig, capabilities: EngineCapabilities) -> tup
 
 def check_tool_choice(choice: ToolChoice, capabilities: EngineCapabilities, param: str) -> None:
     """``ProtocolError`` ``tools_unsupported`` naming ``param`` when ``choice`` forces a call the
-    engine cannot make."""
-    if not capabilities.function_calls and choice.mode in ("required", "function"):
+    engine cannot force (``EngineCapabilities.forced_function_calls``)."""
+    if choice.mode not in ("required", "function"):
+        return
+    if not capabilities.function_calls:
         raise ProtocolError(
             TOOLS_UNSUPPORTED, f"{_NO_CALLS}: tool_choice may be 'auto' or 'none' (it answers without calling).",
+            param=param,
+        )
+    if not capabilities.forced_function_calls:
+        raise ProtocolError(
+            TOOLS_UNSUPPORTED, f"{_NO_FORCED_CALLS}: tool_choice may be 'auto' (the model decides) or 'none'.",
             param=param,
         )
 

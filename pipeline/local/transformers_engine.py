@@ -216,7 +216,8 @@ class TransformersEngine:
     # (``pipeline.local.tool_calls``), "end_of_turn" is one forward pass of it
     # (``engine_process``), images go through its vision encoder (``pipeline.local.prompt``), and
     # preemptible generations are the batch's own rules (the module docstring).
-    capabilities = EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=True, preemptible_generations=True)
+    capabilities = EngineCapabilities(function_calls=True, forced_function_calls=True, end_of_turn_scores=True,
+                                      images=True, preemptible_generations=True)
 
     def __init__(
         self,

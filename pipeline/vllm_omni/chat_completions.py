@@ -1,9 +1,11 @@
 """A turn as one streaming chat completion of a vLLM-Omni server, and that stream read back.
 
-Written from reading vllm-omni 0.30.0 (``vllm_omni/entrypoints/openai/serving_chat.py``,
-``protocol/audio.py``, ``audio_utils_mixin.py``, ``api_server.py``) and vLLM 0.30.0's
-``ChatCompletionRequest`` (``vllm/entrypoints/openai/chat_completion/protocol.py``); nothing is
-copied from them. docs/VLLM_OMNI.md lists what each field maps to and what was decided.
+Written from reading vllm-omni 0.32.0rc1 (``vllm_omni/entrypoints/openai/serving_chat.py``,
+``protocol/audio.py``, ``audio_utils_mixin.py``, ``api_server.py``,
+``model_executor/models/qwen3_omni/tool_speech.py``) and vLLM 0.32.0's ``ChatCompletionRequest``
+(``vllm/entrypoints/openai/chat_completion/protocol.py``) and Hermes tool parser
+(``vllm/tool_parsers/hermes_tool_parser.py``); nothing is copied from them. docs/VLLM_OMNI.md lists
+what each field maps to, what changed since vllm-omni 0.30.0 and what was decided.
 
 The request (:func:`chat_request`):
 
@@ -11,9 +13,11 @@ The request (:func:`chat_request`):
   message; each user turn one user message, its clips as ``input_audio`` parts (base64 WAV,
   16 kHz PCM16), its images as ``image_url`` parts (a data URL of the image as the session kept
   it, already fitted to its pixel budget) and its text as ``text`` parts, in order; each earlier answer an assistant
-  message holding its text as heard. The history is bounded as for the in-process engine
-  (:func:`pipeline.conversation.bound_history`). A transcription is Qwen3-Omni's ASR prompt: the
-  clip, then the instruction, with the client's hint prompt (if any) as the system message.
+  message holding its text as heard, which the function calls after it join (``tool_calls``,
+  with the session's call ids); each function output a ``tool`` message (``tool_call_id``). The
+  history is bounded as for the in-process engine (:func:`pipeline.conversation.bound_history`).
+  A transcription is Qwen3-Omni's ASR prompt: the clip, then the instruction, with the client's
+  hint prompt (if any) as the system message.
 - ``modalities``: ``["text", "audio"]``, or ``["text"]`` for text-only answers and
   transcriptions (vLLM-Omni then runs the Thinker stage only). Not a field of vLLM's
   ``ChatCompletionRequest``: it keeps unknown fields, and serving_chat reads this one.
@@ -23,19 +27,24 @@ The request (:func:`chat_request`):
   deploy defaults with the sampling fields a request sets explicitly, ``max_tokens`` among them
   (``max_completion_tokens`` is not); the Talker and Code2Wav keep their deploy defaults.
 - ``stream: true`` with ``stream_options.include_usage``: the usage chunk comes last.
-- Function calling is not carried (*decided*, docs/VLLM_OMNI.md; the engine declares no
-  ``function_calls``): tools offered with ``tool_choice`` ``auto`` are left out (the model answers
-  without calling, as before tools were read at all). A turn that must call (``required``, a
-  named function) or holds function calls or outputs is one no session sends (it refuses them up
-  front, ``app.realtime.session_config``); given one, this raises :class:`ToolsUnsupported`
-  rather than send it as a turn that may answer without calling.
+- ``tools`` (OpenAI's chat-completions form) with ``tool_choice: "auto"`` while the conversation
+  offers tools; with ``tool_choice`` ``none`` neither (the in-process prompt then has no tool
+  block either). The server parses the Thinker's ``<tool_call>`` with the tool parser it was
+  started with (``--enable-auto-tool-choice --tool-call-parser hermes``). A turn that must call
+  (``required``, a named function) is one no session sends to this engine (it declares no
+  ``forced_function_calls``): vLLM forces those with structured output, without the
+  ``<tool_call>`` token at which vLLM-Omni stops the Talker, so the call's JSON would be spoken.
+  Given one, this raises :class:`ToolsUnsupported`.
 
 The stream (:func:`read_chunk`): server-sent events, each ``data:`` one JSON chunk, then
 ``data: [DONE]``. A chunk's top-level ``modality`` says what ``choices[0].delta.content`` holds:
 ``"text"``, the new answer text (the first one carries ``role`` and ``""``); ``"audio"``, base64 of
 a whole WAV file (PCM16, 24 kHz mono for Qwen3-Omni) holding the newest piece of the answer's
 audio, described by ``choices[0].audio_metadata`` (:func:`decode_audio` takes nothing else, and
-checks the header before it reads a sample). The usage chunk has
+checks the header before it reads a sample). A text chunk may instead carry
+``delta.tool_calls`` (the Hermes parser's stream: each call's first delta has its ``index``,
+``id``, ``type`` and ``function.name``, later ones ``index`` and a fragment of
+``function.arguments``), read as :class:`ToolCallPiece`. The usage chunk has
 ``choices: []`` and no ``modality``. An error mid-stream is a chunk ``{"error": {...}}``, then
 ``[DONE]``. The events are read by :class:`EventStream`, every line bounded.
 """
@@ -67,7 +76,7 @@ from pipeline.conversation import (
     bound_history,
 )
 from pipeline.token_count import PromptTooLong, prompt_tokens_at_most
-from pipeline.tool_format import FunctionCall, FunctionOutput, offers_tools
+from pipeline.tool_format import FunctionCall, FunctionOutput, Tool, ToolChoice, offers_tools
 
 DONE = "[DONE]"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -90,6 +99,10 @@ def chat_request(request: GenerationRequest, *, model: str | None = None, seed: 
     if model is not None:
         body["model"] = model
     body["messages"] = _messages(request)
+    tools = _offered_tools(request)
+    if tools:
+        body["tools"] = [_tool(tool) for tool in tools]
+        body["tool_choice"] = "auto"
     body["modalities"] = ["text", "audio"] if request.output_audio else ["text"]
     if request.output_audio:
         body["speaker"] = request.voice
@@ -109,33 +122,73 @@ def encode_chat_request(request: GenerationRequest, *, model: str | None = None,
 
 
 class ToolsUnsupported(ValueError):
-    """A turn with function calling, which this client does not carry to vLLM-Omni (a caller's
-    mistake: ``VllmOmniEngine.capabilities`` says so)."""
+    """A turn whose ``tool_choice`` forces a call, which this client does not send to vLLM-Omni (a
+    caller's mistake: ``VllmOmniEngine.capabilities`` says so)."""
+
+
+def _offered_tools(request: GenerationRequest) -> tuple[Tool, ...]:
+    """The tools the answer may call (none for a transcription, or with ``tool_choice`` none)."""
+    conversation = request.conversation
+    if request.task != "respond" or not offers_tools(conversation.tools, conversation.tool_choice):
+        return ()
+    if conversation.tool_choice != ToolChoice("auto"):
+        raise ToolsUnsupported(f"tool_choice {conversation.tool_choice.mode!r} is not sent to vLLM-Omni servers")
+    return conversation.tools
+
+
+def _tool(tool: Tool) -> dict[str, Any]:
+    """A tool in the chat-completions form (``{"type": "function", "function": {…}}``)."""
+    function: dict[str, Any] = {"name": tool.name}
+    if tool.description is not None:
+        function["description"] = tool.description
+    function["parameters"] = dict(tool.parameters)
+    return {"type": "function", "function": function}
 
 
 def _messages(request: GenerationRequest) -> list[dict[str, Any]]:
+    """The prompt as chat messages, grouped as the in-process renderer groups them
+    (``pipeline.local.prompt``): consecutive user items are one user message; an answer opens an
+    assistant message that the function calls right after it join (a call with no answer before
+    it opens one with empty content); each function output is a ``tool`` message."""
     system_prompt, items = _prompt(request)
     messages: list[dict[str, Any]] = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
     user_items: list[ConversationItem] = []
+    assistant: dict[str, Any] | None = None  # the assistant message calls would join
     for item in items:
-        if isinstance(item, AssistantText):
-            if user_items:
-                messages.append(_user_message(user_items))
-                user_items = []
-            messages.append({"role": "assistant", "content": item.text})
-        else:
+        if isinstance(item, UserAudio | UserText | UserImage):
             user_items.append(item)
+            assistant = None
+            continue
+        if user_items:
+            messages.append(_user_message(user_items))
+            user_items = []
+        if isinstance(item, AssistantText):
+            assistant = {"role": "assistant", "content": item.text}
+            messages.append(assistant)
+        elif isinstance(item, FunctionCall):
+            if assistant is None:
+                assistant = {"role": "assistant", "content": ""}
+                messages.append(assistant)
+            assistant.setdefault("tool_calls", []).append(_tool_call(item))
+        elif isinstance(item, FunctionOutput):
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
+            assistant = None
+        else:
+            raise TypeError(f"not a conversation item: {item!r}")
     if user_items:
         messages.append(_user_message(user_items))
     return messages
 
 
+def _tool_call(call: FunctionCall) -> dict[str, Any]:
+    """A call in an assistant message: its arguments as written (vLLM reads them as JSON for the
+    chat template, and writes arguments that are not a JSON object as ``{}``)."""
+    return {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
 def _prompt(request: GenerationRequest) -> tuple[str | None, tuple[ConversationItem, ...]]:
     """The system message (None: none) and the items of the prompt ``request`` sends."""
     conversation = request.conversation
-    must_call = offers_tools(conversation.tools, conversation.tool_choice) and conversation.tool_choice.mode != "auto"
-    if must_call or any(isinstance(item, FunctionCall | FunctionOutput) for item in conversation.items):
-        raise ToolsUnsupported("function calling is not carried to vLLM-Omni servers")
     if request.task == "transcribe":
         clips = [item for item in request.conversation.items if isinstance(item, UserAudio)]
         if len(clips) != 1 or len(request.conversation.items) != 1:
@@ -152,7 +205,7 @@ def check_prompt_length(request: GenerationRequest, limit: int) -> None:
     (``pipeline.token_count``: exact for audio and images, text counted once its bytes pass the
     limit; the server's chat template may add or save a few framing tokens). Blocking when counted."""
     system_prompt, items = _prompt(request)
-    tokens = prompt_tokens_at_most(system_prompt, items, limit)
+    tokens = prompt_tokens_at_most(system_prompt, items, limit, _offered_tools(request))
     if tokens > limit:
         raise PromptTooLong(f"the prompt is {tokens} tokens; this engine takes at most {limit}")
 
@@ -208,10 +261,21 @@ class UsagePiece:
 
 @dataclass(frozen=True)
 class FinishPiece:
-    reason: str  # a choice's finish_reason: "stop", "length", ...
+    reason: str  # a choice's finish_reason: "stop", "length", "tool_calls", ...
 
 
-StreamPiece = TextPiece | AudioPiece | UsagePiece | FinishPiece
+@dataclass(frozen=True)
+class ToolCallPiece:
+    """One entry of ``delta.tool_calls``: call ``index`` (0-based in the answer) begins with the
+    function ``name`` (the call's first delta), or goes on (``name`` None); ``arguments``: the
+    next fragment of its arguments' JSON text ("" for none)."""
+
+    index: int
+    name: str | None
+    arguments: str
+
+
+StreamPiece = TextPiece | AudioPiece | UsagePiece | FinishPiece | ToolCallPiece
 
 
 class MalformedChunk(ValueError):
@@ -222,8 +286,20 @@ class ServerError(Exception):
     """The server reported an error in the stream (``{"error": {...}}``); the message is the server's."""
 
 
+class _DeltaFunction(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _DeltaToolCall(BaseModel):
+    index: int
+    function: _DeltaFunction | None = None
+
+
 class _Delta(BaseModel):
     content: str | None = None
+    # vLLM's DeltaMessage drops an empty list from the chunk: absent means none.
+    tool_calls: list[_DeltaToolCall] | None = None
 
 
 class _Choice(BaseModel):
@@ -284,6 +360,9 @@ def read_chunk(data: str) -> list[StreamPiece]:
         elif chunk.modality == "text":
             if content:
                 pieces.append(TextPiece(content))
+            for call in choice.delta.tool_calls or ():
+                function = call.function or _DeltaFunction()
+                pieces.append(ToolCallPiece(call.index, function.name, function.arguments or ""))
         else:
             raise MalformedChunk(f"a chunk of modality {chunk.modality!r}")
         if choice.finish_reason is not None:

@@ -58,6 +58,10 @@ from pipeline.contract import (
     EngineErrorCode,
     EngineHealth,
     FinishReason,
+    FunctionCallDelta,
+    FunctionCallDone,
+    FunctionCallEvent,
+    FunctionCallStarted,
     GenerationDone,
     GenerationEvent,
     GenerationRequest,
@@ -76,6 +80,7 @@ from pipeline.vllm_omni.chat_completions import (
     ServerError,
     StreamPiece,
     TextPiece,
+    ToolCallPiece,
     UsagePiece,
     check_prompt_length,
     encode_chat_request,
@@ -142,11 +147,13 @@ class VllmOmniEngine:
     (``chat_completions.check_prompt_length``) fails ``prompt_too_long`` before it is sent.
     """
 
-    # No function calls: they are not carried to the server (``chat_completions``, docs/VLLM_OMNI.md).
-    # No end-of-turn scores: a chat completion returns text, not the next token's probability.
-    # Images go as image_url parts; preemptible turns follow the module docstring's rule.
-    capabilities = EngineCapabilities(function_calls=False, end_of_turn_scores=False, images=True,
-                                      preemptible_generations=True)
+    # Function calls: tools go with tool_choice "auto" and the server's tool parser streams the calls
+    # (``chat_completions``, docs/VLLM_OMNI.md); none forced: vLLM forces a call with structured
+    # output, which vLLM-Omni's Talker would speak. No end-of-turn scores: a chat completion returns
+    # text, not the next token's probability. Images go as image_url parts; preemptible turns follow
+    # the module docstring's rule.
+    capabilities = EngineCapabilities(function_calls=True, forced_function_calls=False, end_of_turn_scores=False,
+                                      images=True, preemptible_generations=True)
 
     def __init__(
         self,
@@ -363,6 +370,7 @@ class VllmOmniEngine:
     ) -> AsyncGenerator[GenerationEvent, None]:
         """The server's events as turn events, ending with ``GenerationDone`` at ``[DONE]``."""
         text: list[str] = []
+        calls = _StreamedCalls()
         audio_samples = 0
         usage: UsagePiece | None = None
         finish: str | None = None
@@ -377,7 +385,13 @@ class VllmOmniEngine:
                 if data == DONE:
                     break
                 for piece in self._read(data):
-                    if isinstance(piece, TextPiece):
+                    if isinstance(piece, TextPiece) and calls.started:
+                        continue  # text after a call is neither spoken nor delivered (docs/SESSION.md)
+                    if isinstance(piece, ToolCallPiece):
+                        first_text = first_text if first_text is not None else time.monotonic() - submitted
+                        for call_event in self._call_events(calls, piece):
+                            yield call_event
+                    elif isinstance(piece, TextPiece):
                         first_text = first_text if first_text is not None else time.monotonic() - submitted
                         text.append(piece.text)
                         # One chunk per Thinker step: vLLM streams each step's new text (stream_interval 1).
@@ -391,12 +405,22 @@ class VllmOmniEngine:
                         usage = piece
                     else:
                         finish = piece.reason
+        finish_reason = _finish_reason(finish, usage, request)
+        for call_event in calls.done(cut=finish_reason == "length"):
+            yield call_event
         yield GenerationDone(
             text="".join(text),
             usage=_usage(usage, text_deltas=len(text), audio_samples=audio_samples),
-            finish_reason=_finish_reason(finish, usage, request),
+            finish_reason=finish_reason,
             timings=GenerationTimings(first_text=first_text, first_audio=first_audio, total=time.monotonic() - submitted),
         )
+
+    def _call_events(self, calls: _StreamedCalls, piece: ToolCallPiece) -> list[FunctionCallEvent]:
+        try:
+            return calls.read(piece)
+        except MalformedChunk as exc:
+            logger.warning("engine server %s sent a malformed chunk: %s", redacted(self.url), exc)
+            raise self._failed("engine_protocol_error", "The engine server sent a malformed stream chunk.") from None
 
     async def _events(self, response: httpx.Response) -> AsyncGenerator[str, None]:
         """The stream's events' data, every line bounded (``chat_completions.EventStream``)."""
@@ -424,6 +448,48 @@ class VllmOmniEngine:
         self.failures += 1
         self.last_error = code
         return EngineError(message, code=code)
+
+
+class _StreamedCalls:
+    """An answer's function calls as the server's tool parser streams them, as the events the
+    in-process engine gives (``pipeline.local.tool_calls``): ``FunctionCallStarted`` at a call's
+    first delta (its name), ``FunctionCallDelta`` per fragment of its arguments, and every call's
+    ``FunctionCallDone`` (its fragments joined) once the stream ends. Calls begin in order, each
+    named once; a delta that breaks that is ``MalformedChunk``."""
+
+    def __init__(self) -> None:
+        self._names: list[str] = []
+        self._arguments: list[list[str]] = []
+
+    @property
+    def started(self) -> bool:
+        """A call has begun: the answer's speech is over."""
+        return bool(self._names)
+
+    def read(self, piece: ToolCallPiece) -> list[FunctionCallEvent]:
+        events: list[FunctionCallEvent] = []
+        if piece.name is not None:
+            if piece.index != len(self._names):
+                raise MalformedChunk(f"call {piece.index} named after {len(self._names)} calls")
+            self._names.append(piece.name)
+            self._arguments.append([])
+            events.append(FunctionCallStarted(piece.index, piece.name))
+        elif not 0 <= piece.index < len(self._names):
+            raise MalformedChunk(f"arguments for call {piece.index}, which was never named")
+        if piece.arguments:
+            self._arguments[piece.index].append(piece.arguments)
+            events.append(FunctionCallDelta(piece.index, piece.arguments))
+        return events
+
+    def done(self, *, cut: bool) -> list[FunctionCallEvent]:
+        """Every call written. ``cut``: the answer stopped at its token limit, inside its last call
+        (the parser does not say whether ``</tool_call>`` was written; a call that stopped early
+        is its last). Arguments are delivered as written: the session checks them."""
+        last = len(self._names) - 1
+        return [
+            FunctionCallDone(index, name, "".join(self._arguments[index]), closed=not (cut and index == last))
+            for index, name in enumerate(self._names)
+        ]
 
 
 async def _bounded_body(response: httpx.Response, limit: int) -> bytes:

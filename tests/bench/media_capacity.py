@@ -77,7 +77,8 @@ class InstantReplyEngine:
     def capabilities(self) -> Any:
         from pipeline.contract import EngineCapabilities
 
-        return EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=True, preemptible_generations=True)
+        return EngineCapabilities(function_calls=True, forced_function_calls=True, end_of_turn_scores=True, images=True,
+                                  preemptible_generations=True)
 
     async def start(self) -> None:
         return None

@@ -1,4 +1,4 @@
-"""``omni-rtc serve --engine-url``: the real server, its turns run on a replay of a vLLM-Omni 0.30 server.
+"""``omni-rtc serve --engine-url``: the real server, its turns run on a replay of a vLLM-Omni 0.32 server.
 
 One server for the module, started as deployed (a subprocess, media workers by default, so WebRTC
 calls live in worker processes and their turns reach the front's engine over IPC), with the replay
@@ -42,6 +42,7 @@ from tests.vllm_omni_replay import (
     Pace,
     ReceivedRequest,
     ReplayServer,
+    ToolCallAnswer,
     answer_audio,
 )
 
@@ -305,6 +306,52 @@ async def test_webrtc_an_engine_server_failure_fails_the_turn_and_the_call_goes_
 
 
 TOOL = {"type": "function", "name": "get_time", "description": "The time.", "parameters": {"type": "object"}}
+WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+PARIS = '{"city": "Paris"}'
+
+
+async def test_webrtc_a_function_tool_round_trip_runs_on_the_engine_server(server_url: str, replay: ReplayServer) -> None:
+    """The client declares a tool; the server streams the replay's call as function-call events;
+    the client's output goes back as a tool message with the call's id; the answer is spoken."""
+    replay.tool_call = ToolCallAnswer("get_weather", PARIS)
+    try:
+        async with RealtimeClient(server_url, ice_loopback=True, session={**SESSION, "tools": [WEATHER_TOOL]},
+                                  timeout_s=DEADLINE_S) as client:
+            start = len(client.events)
+            await client.send({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user",
+                "content": [{"type": "input_text", "text": "What is the weather in Paris?"}]}})
+            await client.send({"type": "response.create"})
+            first = (await client.wait_for("response.done", start=start))["response"]
+            asked = latest_request(replay)
+            call_events = client.events[start:]
+            (call,) = [item for item in first["output"] if item["type"] == "function_call"]
+            start, mark = len(client.events), client.frames_received
+            await client.send({"type": "conversation.item.create", "item": {
+                "type": "function_call_output", "call_id": call["call_id"], "output": "sunny, 21 C"}})
+            await client.send({"type": "response.create"})
+            second = (await client.wait_for("response.done", start=start))["response"]
+            await first_audible_audio(client, mark)
+    finally:
+        replay.tool_call = None
+    assert asked.body["tools"] == [{"type": "function", "function": {
+        "name": "get_weather", "description": WEATHER_TOOL["description"], "parameters": WEATHER_TOOL["parameters"]}}]
+    assert asked.body["tool_choice"] == "auto"
+    deltas = [event["delta"] for event in call_events if event["type"] == "response.function_call_arguments.delta"]
+    (arguments_done,) = [event for event in call_events if event["type"] == "response.function_call_arguments.done"]
+    added = [event["item"] for event in call_events if event["type"] == "response.output_item.added"]
+    assert "".join(deltas) == arguments_done["arguments"] == PARIS and len(deltas) > 1
+    assert arguments_done["call_id"] == call["call_id"] and arguments_done["name"] == "get_weather"
+    assert [item["type"] for item in added] == ["function_call"]  # a call with nothing said before it
+    assert first["status"] == "completed" and call["status"] == "completed" and call["arguments"] == PARIS
+    answered = latest_request(replay)
+    assert answered.body["messages"][-2:] == [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": call["call_id"], "type": "function", "function": {"name": "get_weather", "arguments": PARIS}}]},
+        {"role": "tool", "tool_call_id": call["call_id"], "content": "sunny, 21 C"},
+    ]
+    assert second["status"] == "completed" and second["output"][0]["content"][0]["transcript"] == HELLO
 
 
 async def test_websocket_a_tool_choice_that_forces_a_call_is_refused_up_front(server_url: str, replay: ReplayServer) -> None:
@@ -323,11 +370,10 @@ async def test_webrtc_a_media_workers_session_knows_what_the_engine_cannot_do(se
     text_only = {**SESSION, "output_modalities": ["text"]}
     async with RealtimeClient(server_url, ice_loopback=True, session=text_only, timeout_s=DEADLINE_S) as client:
         start = len(client.events)
-        await client.send({"type": "conversation.item.create", "item": {
-            "type": "function_call", "call_id": "call_1", "name": "get_time", "arguments": "{}"}})
+        await client.send({"type": "response.create", "response": {"tools": [TOOL], "tool_choice": "required"}})
         error = (await client.wait_for("error", start=start))["error"]
         served = await text_turn(client, "Hello?")
-    assert error["code"] == "tools_unsupported" and error["param"] == "item.type"
+    assert error["code"] == "tools_unsupported" and error["param"] == "response.tool_choice"
     assert served["status"] == "completed"
 
 

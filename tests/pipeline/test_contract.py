@@ -23,7 +23,8 @@ def clip(seconds: float) -> UserAudio:
 
 
 def capabilities(**overrides: bool) -> EngineCapabilities:
-    every = {"function_calls": True, "end_of_turn_scores": True, "images": True, "preemptible_generations": True}
+    every = {"function_calls": True, "forced_function_calls": True, "end_of_turn_scores": True, "images": True,
+             "preemptible_generations": True}
     return EngineCapabilities(**{**every, **overrides})
 
 

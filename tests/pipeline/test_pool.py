@@ -77,12 +77,14 @@ async def test_promote_is_answered_by_the_member_running_the_turn():
 
 
 def test_a_pool_can_do_what_every_member_can():
-    no_calls = EngineCapabilities(function_calls=False, end_of_turn_scores=True, images=True, preemptible_generations=True)
-    no_images = EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=False, preemptible_generations=True)
+    no_calls = EngineCapabilities(function_calls=False, forced_function_calls=False, end_of_turn_scores=True, images=True,
+                                  preemptible_generations=True)
+    no_images = EngineCapabilities(function_calls=True, forced_function_calls=True, end_of_turn_scores=True, images=False,
+                                   preemptible_generations=True)
     pool = LeastLoadedPool([Member("a", load=0, spare=1, capabilities=no_calls),
                             Member("b", load=0, spare=1, capabilities=no_images)])
-    assert pool.capabilities == EngineCapabilities(function_calls=False, end_of_turn_scores=True, images=False,
-                                                   preemptible_generations=True)
+    assert pool.capabilities == EngineCapabilities(function_calls=False, forced_function_calls=False, end_of_turn_scores=True,
+                                                   images=False, preemptible_generations=True)
 
 
 def test_a_pool_of_members_that_can_do_everything_can_too():

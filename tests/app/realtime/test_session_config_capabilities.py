@@ -20,7 +20,8 @@ from tests.pictures import data_url, encoded
 from tests.settle import settle
 from tests.speech import silence, tone
 
-NO_CALLS = dataclasses.replace(FULL_CAPABILITIES, function_calls=False)
+NO_CALLS = dataclasses.replace(FULL_CAPABILITIES, function_calls=False, forced_function_calls=False)
+NO_FORCED_CALLS = dataclasses.replace(FULL_CAPABILITIES, forced_function_calls=False)  # vLLM-Omni's
 NO_IMAGES = dataclasses.replace(FULL_CAPABILITIES, images=False)
 NO_PREEMPTIBLE_TURNS = dataclasses.replace(FULL_CAPABILITIES, preemptible_generations=False)
 TEXT = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What time is it?"}]}
@@ -99,6 +100,30 @@ async def test_without_function_calls_a_first_session_forcing_a_call_starts_with
     assert h.last("session.created")["session"]["tool_choice"] == "auto"
     error = h.last("error")["error"]
     assert error["code"] == "tools_unsupported" and error["param"] == "session.tool_choice"
+    await h.session.close()
+
+
+async def test_without_forced_calls_a_tool_choice_forcing_one_is_refused_and_auto_stays():
+    h = await started(NO_FORCED_CALLS)
+    await h.send(type="session.update", event_id="e5", session={"tools": [GET_TIME], "tool_choice": "required"})
+    error = h.last("error")["error"]
+    assert error["code"] == "tools_unsupported" and error["param"] == "session.tool_choice"
+    assert "start an answer with a call" in error["message"]
+    await h.send(type="session.update", session={"tools": [GET_TIME]})
+    assert h.last("session.updated")["session"]["tool_choice"] == "auto"
+    await h.send(type="response.create", event_id="e6", response={"tool_choice": {"type": "function", "name": "get_time"}})
+    assert h.last("error")["error"]["param"] == "response.tool_choice" and not h.engine.requests
+    await h.session.close()
+
+
+async def test_without_forced_calls_calls_and_outputs_join_the_conversation():
+    h = await started(NO_FORCED_CALLS)
+    await h.send(type="conversation.item.create",
+                 item={"type": "function_call", "call_id": "call_1", "name": "get_time", "arguments": "{}"})
+    await h.send(type="conversation.item.create",
+                 item={"type": "function_call_output", "call_id": "call_1", "output": "noon"})
+    assert [e["item"]["type"] for e in h.of_type("conversation.item.added")] == ["function_call", "function_call_output"]
+    assert "error" not in h.types()
     await h.session.close()
 
 

@@ -59,8 +59,8 @@ async def collect(engine, request):
 
 async def test_a_pool_of_engine_processes_declares_everything_the_model_does():
     pool = TransformersEnginePool("unused-model", devices=["cpu", "cpu"])
-    assert pool.capabilities == EngineCapabilities(function_calls=True, end_of_turn_scores=True, images=True,
-                                                   preemptible_generations=True)
+    assert pool.capabilities == EngineCapabilities(function_calls=True, forced_function_calls=True, end_of_turn_scores=True,
+                                                   images=True, preemptible_generations=True)
 
 
 async def test_a_pool_not_yet_started_reports_each_engine_process_down():

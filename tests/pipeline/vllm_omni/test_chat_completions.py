@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import tracemalloc
@@ -26,17 +27,20 @@ from pipeline.vllm_omni.chat_completions import (
     MalformedChunk,
     ServerError,
     TextPiece,
+    ToolCallPiece,
     ToolsUnsupported,
     UsagePiece,
     chat_request,
+    check_prompt_length,
     read_chunk,
 )
+from pipeline.token_count import PromptTooLong
 from tests.hostile import flac_silence
 from tests.pictures import encoded
-from tests.vllm_omni_replay import ANSWER_TEXT, SCHEMA_PATH, ReplayServer
+from tests.vllm_omni_replay import ANSWER_TEXT, SCHEMA_PATH, ReplayServer, ToolCallAnswer, answer_audio
 
 # Fields of our request that are not ChatCompletionRequest's own: vLLM keeps unknown fields
-# (OpenAIBaseModel, extra="allow") and vllm-omni 0.30.0's serving_chat reads these two with
+# (OpenAIBaseModel, extra="allow") and vllm-omni 0.32.0rc1's serving_chat reads these two with
 # getattr: `modalities` (_create_chat_completion) and `speaker` (_preprocess_chat, with `voice`).
 VLLM_OMNI_EXTENSIONS = {"modalities", "speaker"}
 
@@ -47,7 +51,7 @@ def clip(seconds: float = 1.0, seed: int = 0) -> UserAudio:
 
 
 def strict_validator() -> jsonschema.Draft202012Validator:
-    """vLLM 0.30.0's ChatCompletionRequest schema, refusing any top-level field it does not know
+    """vLLM 0.32.0's ChatCompletionRequest schema, refusing any top-level field it does not know
     beyond vLLM-Omni's extensions: vLLM itself would ignore a misspelt field silently."""
     schema = json.loads(SCHEMA_PATH.read_text())
     for name in VLLM_OMNI_EXTENSIONS:
@@ -67,6 +71,15 @@ REQUESTS = {
         Conversation(items=(UserImage(encoded(352, 256), 352, 256, 100_352), clip(1.0))),
     ),
     "transcription": GenerationRequest.transcription(clip(2.0), TranscriptionHint(language="de", prompt="Names: Qwen")),
+    "tools with a call and its output in the history": GenerationRequest(
+        Conversation(
+            items=(UserText("Weather in Paris?"), AssistantText("Let me look."),
+                   FunctionCall("call_1", "get_weather", '{"city": "Paris"}'), FunctionOutput("call_1", "sunny"),
+                   AssistantText("It is sunny."), clip(1.0)),
+            tools=(Tool("get_weather", "The weather in a city.",
+                        {"type": "object", "properties": {"city": {"type": "string"}}}), Tool("get_time")),
+        ),
+    ),
 }
 
 
@@ -103,24 +116,71 @@ def test_history_goes_as_system_user_and_assistant_messages() -> None:
 
 
 @pytest.mark.parametrize(
-    "conversation",
-    [
-        Conversation((UserText("Time?"),), tools=(Tool("get_time"),), tool_choice=ToolChoice("required")),
-        Conversation((UserText("Time?"),), tools=(Tool("get_time"),), tool_choice=ToolChoice("function", "get_time")),
-        Conversation((UserText("Time?"), FunctionCall("c1", "get_time", "{}"), FunctionOutput("c1", "noon"))),
-    ],
-    ids=["required", "named", "calls-in-history"],
+    "choice", [ToolChoice("required"), ToolChoice("function", "get_time")], ids=["required", "named"]
 )
-def test_a_turn_that_must_call_or_holds_calls_is_refused(conversation: Conversation) -> None:
+def test_a_turn_that_must_call_is_refused(choice: ToolChoice) -> None:
     with pytest.raises(ToolsUnsupported):
-        chat_request(GenerationRequest(conversation))
+        chat_request(GenerationRequest(Conversation((UserText("Time?"),), tools=(Tool("get_time"),), tool_choice=choice)))
 
 
-@pytest.mark.parametrize("choice", ["auto", "none"])
-def test_tools_the_model_may_leave_alone_are_left_out(choice: str) -> None:
-    conversation = Conversation((UserText("Time?"),), tools=(Tool("get_time"),), tool_choice=ToolChoice(choice))
+def test_tools_go_in_the_chat_completions_form_with_tool_choice_auto() -> None:
+    body = chat_request(REQUESTS["tools with a call and its output in the history"])
+    assert body["tools"] == [
+        {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {}}},
+    ]
+    assert body["tool_choice"] == "auto"
+
+
+def test_with_tool_choice_none_no_tools_are_sent_as_the_prompt_has_no_tool_block() -> None:
+    conversation = Conversation((UserText("Time?"),), tools=(Tool("get_time"),), tool_choice=ToolChoice("none"))
     plain = chat_request(GenerationRequest(Conversation((UserText("Time?"),))))
     assert chat_request(GenerationRequest(conversation)) == plain
+
+
+def test_a_transcription_carries_no_tools() -> None:
+    hint = TranscriptionHint()
+    request = GenerationRequest.transcription(clip(1.0), hint)
+    body = chat_request(GenerationRequest(Conversation(request.conversation.items, tools=(Tool("get_time"),)),
+                                          task="transcribe", hint=hint, output_audio=False))
+    assert "tools" not in body and "tool_choice" not in body
+
+
+def test_the_tools_count_toward_the_prompts_length() -> None:
+    long_description = " ".join(["weather"] * 40_000)  # ~40,000 tokens
+    conversation = Conversation((UserText("Weather?"),), tools=(Tool("get_weather", long_description),))
+    check_prompt_length(GenerationRequest(dataclasses.replace(conversation, tools=())), 32_768)
+    with pytest.raises(PromptTooLong):
+        check_prompt_length(GenerationRequest(conversation), 32_768)
+
+
+def test_calls_join_the_answer_before_them_and_outputs_go_as_tool_messages() -> None:
+    body = chat_request(REQUESTS["tools with a call and its output in the history"])
+    assert body["messages"][1:5] == [
+        {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        {"role": "assistant", "content": "It is sunny."},
+    ]
+    assert [message["role"] for message in body["messages"]] == ["system", "user", "assistant", "tool", "assistant", "user"]
+
+
+def test_calls_with_nothing_said_before_them_open_one_assistant_message_and_outputs_follow_in_order() -> None:
+    items = (UserText("Time here and in Paris?"), FunctionCall("call_1", "get_time", "{}"),
+             FunctionCall("call_2", "get_time", '{"tz": "Europe/Paris"}'), FunctionOutput("call_1", "noon"),
+             FunctionOutput("call_2", "one"), UserText("Thanks."))
+    messages = chat_request(GenerationRequest(Conversation(items, tools=(Tool("get_time"),))))["messages"]
+    assert messages[2] == {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+        {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": '{"tz": "Europe/Paris"}'}},
+    ]}
+    assert messages[3:] == [
+        {"role": "tool", "tool_call_id": "call_1", "content": "noon"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "one"},
+        {"role": "user", "content": [{"type": "text", "text": "Thanks."}]},
+    ]
 
 
 def test_an_image_goes_as_an_image_url_data_url_before_the_audio() -> None:
@@ -174,6 +234,61 @@ def test_a_spoken_answer_reads_back_as_text_audio_usage_and_finish() -> None:
     assert usage.completion_tokens == len(ANSWER_TEXT.split(" ")) + 1  # the stop token counts
     assert usage.audio_prompt_tokens == 12 + 6  # the replay's 12.5 tokens per second of the 1 s and 0.5 s clips
     assert [piece.reason for piece in pieces if isinstance(piece, FinishPiece)] == ["stop"]
+
+
+WEATHER = ToolCallAnswer("get_weather", '{"city": "Paris", "unit": "celsius"}')
+
+
+def replayed_call(body: dict[str, Any], call: ToolCallAnswer) -> list[str]:
+    replay = ReplayServer()
+    replay.tool_call = call
+    return [data for _, data in replay._plan(body, None)]
+
+
+def test_a_streamed_call_reads_back_as_its_name_then_its_arguments_in_fragments() -> None:
+    body = chat_request(REQUESTS["tools with a call and its output in the history"])
+    payloads = replayed_call({**body, "modalities": ["text"]}, WEATHER)
+    pieces = [piece for data in payloads[:-1] for piece in read_chunk(data)]
+    calls = [piece for piece in pieces if isinstance(piece, ToolCallPiece)]
+    assert calls[0] == ToolCallPiece(0, "get_weather", "")
+    assert all(piece.index == 0 and piece.name is None for piece in calls[1:]) and len(calls) > 3
+    assert "".join(piece.arguments for piece in calls) == WEATHER.arguments
+    assert not [piece for piece in pieces if isinstance(piece, TextPiece)]
+    assert [piece.reason for piece in pieces if isinstance(piece, FinishPiece)] == ["tool_calls"]
+
+
+def test_a_spoken_call_after_a_preface_reads_back_as_text_then_the_call_then_the_prefaces_audio() -> None:
+    body = chat_request(REQUESTS["tools with a call and its output in the history"])
+    call = ToolCallAnswer("get_weather", '{"city": "Rome"}', preface="Let me check.", preface_audio=answer_audio("hello"))
+    pieces = [piece for data in replayed_call(body, call)[:-1] for piece in read_chunk(data)]
+    kinds = [type(piece).__name__ for piece in pieces if not isinstance(piece, AudioPiece)]
+    assert kinds[:4] == ["TextPiece", "TextPiece", "TextPiece", "ToolCallPiece"]
+    assert "".join(piece.text for piece in pieces if isinstance(piece, TextPiece)) == "Let me check."
+    audio = np.concatenate([piece.pcm for piece in pieces if isinstance(piece, AudioPiece)])
+    assert len(audio) == len(answer_audio("hello"))  # the preface, and nothing of the call, is spoken
+    assert [piece.reason for piece in pieces if isinstance(piece, FinishPiece)] == ["stop"]  # the audio's
+
+
+def test_a_spoken_call_with_nothing_before_it_ends_with_an_empty_audio_chunk() -> None:
+    body = chat_request(GenerationRequest(Conversation((UserText("Weather?"),), tools=(Tool("get_weather"),))))
+    pieces = [piece for data in replayed_call(body, WEATHER)[:-1] for piece in read_chunk(data)]
+    assert not [piece for piece in pieces if isinstance(piece, AudioPiece | TextPiece)]
+    assert "".join(piece.arguments for piece in pieces if isinstance(piece, ToolCallPiece)) == WEATHER.arguments
+    # The empty speech segment comes while the Thinker still writes the call: the text, last, finishes.
+    assert [piece.reason for piece in pieces if isinstance(piece, FinishPiece)] == ["tool_calls"]
+
+
+@pytest.mark.parametrize(
+    "delta",
+    [{"tool_calls": [{"function": {"name": "f"}}]}, {"tool_calls": [{"index": "first"}]},
+     {"tool_calls": {"index": 0}}],
+    ids=["no index", "index not a number", "not a list"],
+)
+def test_a_tool_call_delta_not_shaped_as_vllms_is_refused(delta: dict[str, Any]) -> None:
+    chunk = {"id": "c", "object": "chat.completion.chunk", "modality": "text",
+             "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+    with pytest.raises(MalformedChunk):
+        read_chunk(json.dumps(chunk))
 
 
 def test_a_text_only_answer_cut_by_max_tokens_finishes_with_length() -> None:

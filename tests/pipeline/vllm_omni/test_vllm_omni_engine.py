@@ -1,4 +1,4 @@
-"""The vLLM-Omni engine against the replay of vLLM-Omni 0.30's server on 127.0.0.1 (tests/vllm_omni_replay.py)."""
+"""The vLLM-Omni engine against the replay of vLLM-Omni 0.32's server on 127.0.0.1 (tests/vllm_omni_replay.py)."""
 
 from __future__ import annotations
 
@@ -17,16 +17,31 @@ from pipeline.contract import (
     AudioChunk,
     EngineCapabilities,
     EngineError,
+    FunctionCallDelta,
+    FunctionCallDone,
+    FunctionCallStarted,
     GenerationDone,
     GenerationEvent,
     GenerationRequest,
     TextDelta,
 )
 from pipeline.conversation import AssistantText, Conversation, UserAudio, UserText
+from pipeline.tool_format import FunctionCall, FunctionOutput, Tool
 from pipeline.vllm_omni import vllm_omni_engine
 from pipeline.vllm_omni.chat_completions import MAX_EVENT_LINE_BYTES
 from pipeline.vllm_omni.vllm_omni_engine import VllmOmniEngine, VllmOmniEnginePool, redacted
-from tests.vllm_omni_replay import ANSWER_TEXT, FAILURE_CODES, MODEL, TRANSCRIPT, Failure, Pace, ReplayServer
+from tests.fakes import SessionHarness
+from tests.vllm_omni_replay import (
+    ANSWER_TEXT,
+    FAILURE_CODES,
+    MODEL,
+    TRANSCRIPT,
+    Failure,
+    Pace,
+    ReplayServer,
+    ToolCallAnswer,
+    answer_audio,
+)
 
 DEADLINE_S = 30.0  # a guard against hangs, not a speed limit
 # Five times faster than a GPU deployment decodes (tests/e2e keeps the realistic pace): a 3.7 s
@@ -130,10 +145,108 @@ async def test_a_transcription_is_text_only(replay: ReplayServer) -> None:
     assert isinstance(done, GenerationDone) and done.text == TRANSCRIPT and done.finish_reason == "stop"
 
 
-def test_a_pool_of_servers_declares_no_function_calls_and_no_end_of_turn_scores() -> None:
+def test_a_pool_of_servers_calls_functions_but_forces_no_call_and_scores_no_end_of_turn() -> None:
     pool = VllmOmniEnginePool(["http://gpu-1:8091/v1", "http://gpu-2:8091/v1"])
-    assert pool.capabilities == EngineCapabilities(function_calls=False, end_of_turn_scores=False, images=True,
-                                                   preemptible_generations=True)
+    assert pool.capabilities == EngineCapabilities(function_calls=True, forced_function_calls=False,
+                                                   end_of_turn_scores=False, images=True, preemptible_generations=True)
+
+
+WEATHER_TOOL = Tool("get_weather", "The weather in a city.", {"type": "object", "properties": {"city": {"type": "string"}}})
+WEATHER = ToolCallAnswer("get_weather", '{"city": "Paris"}', preface="Let me check.", preface_audio=answer_audio("hello"))
+ASKED = UserText("What is the weather in Paris?")
+
+
+@contextlib.contextmanager
+def calling(replay: ReplayServer, call: ToolCallAnswer) -> Iterator[None]:
+    """The replay answers a request that offers tools with ``call`` meanwhile."""
+    replay.tool_call = call
+    try:
+        yield
+    finally:
+        replay.tool_call = None
+
+
+async def test_a_streamed_call_becomes_the_in_process_engines_call_events_and_its_output_goes_back(
+    replay: ReplayServer,
+) -> None:
+    with calling(replay, WEATHER):
+        async with started(replay.url) as engine:
+            first = [event for _, event in await run(engine, GenerationRequest(Conversation((ASKED,), tools=(WEATHER_TOOL,))))]
+            asked = replay.requests[-1]
+            history = (ASKED, AssistantText("Let me check."), FunctionCall("call_7", "get_weather", WEATHER.arguments),
+                       FunctionOutput("call_7", "sunny, 21 C"))
+            second = [event for _, event in await run(engine, GenerationRequest(Conversation(history, tools=(WEATHER_TOOL,))))]
+            answered = replay.requests[-1]
+    assert asked.body["tools"] == [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city.", "parameters": dict(WEATHER_TOOL.parameters)}}]
+    assert asked.body["tool_choice"] == "auto"
+    kinds = [type(event).__name__ for event in first if not isinstance(event, AudioChunk)]
+    assert kinds[:4] == ["TextDelta", "TextDelta", "TextDelta", "FunctionCallStarted"]  # the preface, then the call
+    calls = [event for event in first if isinstance(event, FunctionCallStarted | FunctionCallDelta | FunctionCallDone)]
+    assert calls[0] == FunctionCallStarted(0, "get_weather")
+    assert "".join(event.delta for event in calls if isinstance(event, FunctionCallDelta)) == WEATHER.arguments
+    assert calls[-1] == FunctionCallDone(0, "get_weather", WEATHER.arguments, closed=True, well_formed=True)
+    assert sum(event.pcm.size for event in first if isinstance(event, AudioChunk)) == WEATHER.preface_audio.size
+    done = first[-1]
+    assert isinstance(done, GenerationDone) and done.text == "Let me check." and done.finish_reason == "stop"
+    assert answered.body["messages"][2:] == [
+        {"role": "assistant", "content": "Let me check.", "tool_calls": [
+            {"id": "call_7", "type": "function", "function": {"name": "get_weather", "arguments": WEATHER.arguments}}]},
+        {"role": "tool", "tool_call_id": "call_7", "content": "sunny, 21 C"},
+    ]
+    assert isinstance(second[-1], GenerationDone) and second[-1].text == ANSWER_TEXT  # the output, answered in words
+
+
+async def test_a_call_cut_at_max_output_tokens_is_done_not_closed(replay: ReplayServer) -> None:
+    request = GenerationRequest(Conversation((ASKED,), tools=(WEATHER_TOOL,)), output_audio=False, max_output_tokens=14)
+    with calling(replay, ToolCallAnswer("get_weather", '{"city": "Paris", "unit": "celsius"}')):
+        async with started(replay.url) as engine:
+            events = [event for _, event in await run(engine, request)]
+    (done_call,) = [event for event in events if isinstance(event, FunctionCallDone)]
+    assert done_call.name == "get_weather" and not done_call.closed
+    assert '{"city": "Paris", "unit": "celsius"}'.startswith(done_call.arguments) and done_call.arguments
+    assert isinstance(events[-1], GenerationDone) and events[-1].finish_reason == "length"
+
+
+async def test_tools_to_a_server_started_without_a_tool_parser_fail_the_turn(replay: ReplayServer) -> None:
+    replay.auto_tool_choice = False
+    try:
+        async with started(replay.url) as engine:
+            with pytest.raises(EngineError) as failed:
+                await run(engine, GenerationRequest(Conversation((ASKED,), tools=(WEATHER_TOOL,))))
+            served = await run(engine, spoken())
+    finally:
+        replay.auto_tool_choice = True
+    assert failed.value.code == "engine_http_error"
+    assert isinstance(served[-1][1], GenerationDone)
+
+
+async def test_a_sessions_call_round_trip_runs_on_the_engine_server(replay: ReplayServer) -> None:
+    """The realtime session on this engine: the call streams as function-call events, the client's
+    output goes back as a tool message with the call's id, and the answer to it is spoken."""
+    tool = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
+            "parameters": dict(WEATHER_TOOL.parameters)}
+    with calling(replay, WEATHER):
+        async with started(replay.url) as engine, SessionHarness(engine) as h:
+            await h.send(type="session.update", session={"tools": [tool]})
+            await h.send(type="conversation.item.create", item={
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": ASKED.text}]})
+            await h.send(type="response.create")
+            first = (await h.turn_done(timeout_s=DEADLINE_S))["response"]
+            (call,) = [item for item in first["output"] if item["type"] == "function_call"]
+            await h.send(type="conversation.item.create",
+                         item={"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"})
+            await h.send(type="response.create")
+            second = (await h.turn_done(2, timeout_s=DEADLINE_S))["response"]
+    deltas = h.of_type("response.function_call_arguments.delta")
+    (arguments_done,) = h.of_type("response.function_call_arguments.done")
+    assert first["status"] == "completed" and [item["type"] for item in first["output"]] == ["message", "function_call"]
+    assert "".join(delta["delta"] for delta in deltas) == arguments_done["arguments"] == WEATHER.arguments
+    assert call["status"] == "completed" and call["name"] == "get_weather"
+    tool_message = replay.requests[-1].body["messages"][-1]
+    assert tool_message == {"role": "tool", "tool_call_id": call["call_id"], "content": "sunny"}
+    assert replay.requests[-1].body["messages"][-2]["tool_calls"][0]["id"] == call["call_id"]
+    assert second["status"] == "completed" and second["output"][0]["content"][0]["transcript"] == ANSWER_TEXT
 
 
 async def test_max_output_tokens_ends_the_answer_with_length(replay: ReplayServer) -> None:
