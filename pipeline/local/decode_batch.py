@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Generic, NamedTuple
 
 import numpy as np

@@ -27,7 +27,7 @@ asked every ``PROBE_INTERVAL_S`` and told by every turn) is in :meth:`VllmOmniEn
 Preemptible turns (``pipeline.contract``; speculative answers, partial transcripts): a vLLM-Omni
 server does not say how full its batches are, so the capacity rule is ours (*decided*): a server
 takes a preemptible turn while this front streams fewer than ``SERVER_BATCH`` turns to it (64,
-vllm-omni 0.30.0's ``deploy/qwen3_omni_moe.yaml``: ``max_num_seqs`` of every stage) and fewer
+vllm-omni 0.32.0rc1's ``deploy/qwen3_omni_moe.yaml``: ``max_num_seqs`` of every stage) and fewer
 than ``THROWAWAY_STREAMS`` preemptible ones, else it is refused (``no_spare_capacity``): each is
 a whole prefill on a GPU that other fronts' visitors share, mostly thrown away. An ordinary turn that finds ``SERVER_BATCH`` turns streaming while a
 preemptible one is among them preempts the newest: its stream is closed at once (its read is
@@ -104,7 +104,7 @@ ERROR_BODY_BYTES = 2_000
 # GET /v1/models answers a list of a few models (~1 KB); more is not a vLLM server.
 MAX_MODELS_BODY_BYTES = 1024 * 1024
 DEFAULT_NAME = "vllm-omni"
-# Turns one server is taken to batch: vllm-omni 0.30.0's deploy config for Qwen3-Omni
+# Turns one server is taken to batch: vllm-omni 0.32.0rc1's deploy config for Qwen3-Omni
 # (deploy/qwen3_omni_moe.yaml) sets max_num_seqs 64 for the Thinker, the Talker and Code2Wav.
 SERVER_BATCH = 64
 # Preemptible streams open at once to one server: a speculative answer per session speaking now

@@ -42,7 +42,7 @@ def decode(batch: DecodeBatch, events: dict) -> None:
         step(batch, events)
 
 
-def chunked_alone(model, tokenizer, turn_inputs, params: dict, chunk: int) -> tuple[list, int]:
+def chunked_alone(model, tokenizer, turn_inputs, params: dict, chunk: int) -> tuple[list, int]:  # noqa: F811 (test_generation's fixtures)
     batch = DecodeBatch(model, tokenizer, prefill_chunk=chunk)
     assert batch.chunked(turn_inputs)
     prefill = batch.begin_prefill("turn", turn_inputs, GenerationParams(**params))
@@ -57,7 +57,7 @@ def chunked_alone(model, tokenizer, turn_inputs, params: dict, chunk: int) -> tu
 
 
 @pytest.mark.parametrize("turn", ["inputs", "typed_inputs", "image_inputs", "seen_and_heard_inputs"])
-def test_a_prompt_prefilled_in_chunks_computes_what_its_whole_prefill_computes(model, tokenizer, turn, request):
+def test_a_prompt_prefilled_in_chunks_computes_what_its_whole_prefill_computes(model, tokenizer, turn, request):  # noqa: F811 (test_generation's fixtures)
     turn_inputs = request.getfixturevalue(turn)
     params = greedy(force_output_tokens=12, max_output_tokens=12, max_audio_frames=24, **FIXED)
     chunk = 16  # several chunks, with audio and image positions cut between them
@@ -66,12 +66,12 @@ def test_a_prompt_prefilled_in_chunks_computes_what_its_whole_prefill_computes(m
     assert_same_turn(chunked, run(model, tokenizer, turn_inputs, **params), atol=BATCH_WAVEFORM_ATOL)
 
 
-def test_a_short_prompt_is_not_chunked(model, tokenizer, typed_inputs):
+def test_a_short_prompt_is_not_chunked(model, tokenizer, typed_inputs):  # noqa: F811 (test_generation's fixtures)
     batch = DecodeBatch(model, tokenizer, prefill_chunk=typed_inputs.input_ids.shape[1])
     assert not batch.chunked(typed_inputs)
 
 
-def test_decoding_turns_step_between_the_chunks_and_both_equal_their_turns_alone(model, tokenizer, inputs, typed_inputs):
+def test_decoding_turns_step_between_the_chunks_and_both_equal_their_turns_alone(model, tokenizer, inputs, typed_inputs):  # noqa: F811 (test_generation's fixtures)
     spoken = greedy(force_output_tokens=16, max_output_tokens=16, max_audio_frames=30, **FIXED)
     typed = greedy(force_output_tokens=10, max_output_tokens=10, max_audio_frames=20, **FIXED)
     batch = DecodeBatch(model, tokenizer, prefill_chunk=8)

@@ -17,6 +17,7 @@ import soundfile
 
 from pipeline.contract import GenerationRequest, TranscriptionHint
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, AssistantText, Conversation, UserAudio, UserImage, UserText
+from pipeline.token_count import PromptTooLong
 from pipeline.tool_format import FunctionCall, FunctionOutput, Tool, ToolChoice
 from pipeline.vllm_omni.chat_completions import (
     MAX_AUDIO_CONTENT_CHARS,
@@ -34,7 +35,6 @@ from pipeline.vllm_omni.chat_completions import (
     check_prompt_length,
     read_chunk,
 )
-from pipeline.token_count import PromptTooLong
 from tests.hostile import flac_silence
 from tests.pictures import encoded
 from tests.vllm_omni_replay import ANSWER_TEXT, SCHEMA_PATH, ReplayServer, ToolCallAnswer, answer_audio
