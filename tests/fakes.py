@@ -31,6 +31,7 @@ import numpy as np
 from app.realtime.protocol import server_event_adapter
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig, TurnDetection
+from app.realtime.turn_report import SessionObserver
 from app.transports.websocket.event_audio import EventAudioOutput
 from media.rates import SPEECH_RATE, VOICE_RATE
 from pipeline.contract import (
@@ -359,6 +360,7 @@ class SessionHarness:
         text_judge: Any = None,
         session_fields: Any = None,
         clock: Callable[[], float] = time.monotonic,
+        observer: SessionObserver | None = None,
     ) -> None:
         self.engine = engine
         self.output = VirtualAudioOutput()
@@ -377,6 +379,7 @@ class SessionHarness:
             on_partial_transcript=lambda outcome, seconds: self.partials.append((outcome, seconds)),
             on_engine_tokens=self.engine_tokens.append,
             on_interruption=self.interruptions.append,
+            observer=observer,
         )
 
     async def __aenter__(self) -> Self:

@@ -45,6 +45,7 @@ from app.serving.call_factory import check_jitter_buffer, check_text_judge, ice_
 from app.serving.engines import MeteredEngine, StallTimeoutEngine
 from app.serving.media_workers import MediaWorkerPool
 from app.serving.runtime import Runtime
+from app.tracing import Tracing, TracingEnvironment
 from media.vad import SileroVad
 from pipeline.contract import Engine
 from pipeline.conversation import HistoryLimits
@@ -81,6 +82,11 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             vad = await asyncio.to_thread(SileroVad.load)
             end_of_turn = await asyncio.to_thread(load_end_of_turn_model, settings)
             dev_replies = await asyncio.to_thread(load_dev_replies, dev_replies_file(settings))
+            # Read as the server starts: the media workers get these same variables.
+            tracing_environment = TracingEnvironment.of(os.environ)
+            tracing = Tracing.start(tracing_environment, process="front")
+            if tracing is not None:  # registered before the calls: their sessions' spans end first
+                stack.push_async_callback(asyncio.to_thread, tracing.shutdown)
             calls = CallRegistry(
                 settings.max_sessions,
                 max_connecting_per_client=settings.max_connecting_per_client,
@@ -94,13 +100,14 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             for_sessions = MeteredEngine(StallTimeoutEngine(serving, stall_timeout_s=settings.turn_stall_timeout_s), metrics)
             workers = None
             if settings.media_workers > 1:
-                workers = MediaWorkerPool(settings, settings.media_workers, for_sessions, calls)
+                workers = MediaWorkerPool(settings, settings.media_workers, for_sessions, calls,
+                                          tracing=tracing_environment)
                 stack.push_async_callback(workers.close)  # their calls end, then the engine
                 await workers.start()
                 metrics.pacing_snapshots = dict  # none here: each worker's metrics carry its own pacing
             app.state.runtime = Runtime(
                 engine=serving, for_sessions=for_sessions, model=model, vad=vad, calls=calls,
-                end_of_turn=end_of_turn, workers=workers, dev_replies=dev_replies,
+                end_of_turn=end_of_turn, workers=workers, dev_replies=dev_replies, tracing=tracing,
             )
             scheme = "https" if settings.tls or settings.ssl_certfile else "http"
             logger.info("serving %s on %s://%s:%d", model, scheme, settings.host, settings.port)

@@ -61,6 +61,7 @@ from app.realtime.protocol import (
 from app.realtime.session_config import Modality, SessionConfig, read_max_output_tokens, read_voice
 from app.realtime.speculation import Speculation
 from app.realtime.tools import arguments_problem, check_choice, read_tool_choice, read_tools
+from app.realtime.turn_report import ToolCallReport, TurnReport
 from pipeline.contract import (
     AudioChunk,
     Engine,
@@ -121,6 +122,11 @@ class Response:
     # is used, when that answer's engine turn started (monotonic).
     speculation: Speculation | None = None
     speculation_started_at: float | None = None
+    # Monotonic: its engine turn was submitted (a used speculation's: when that one started).
+    engine_started_at: float | None = None
+    # Monotonic, by call item id: the model began each call, and wrote it whole.
+    calls_started_at: dict[str, float] = field(default_factory=dict)
+    calls_written_at: dict[str, float] = field(default_factory=dict)
 
     @property
     def entry(self) -> AssistantEntry | None:
@@ -132,6 +138,12 @@ class Response:
         self.output = [item for item in self.output if not isinstance(item, AssistantEntry)]
         if entry is not None:
             self.output.insert(0, entry)
+
+    @property
+    def first_audio_out_at(self) -> float | None:
+        """Monotonic: its first audio left, as its latency counts it: the first frame handed to the
+        transport when the output reported it, else the first chunk handed to the output."""
+        return self.first_frame_sent_at or self.first_audio_at
 
     @property
     def calls(self) -> list[FunctionCallEntry]:
@@ -372,9 +384,9 @@ def latency(response: Response, timings: GenerationTimings | None) -> ResponseLa
     WebRTC track), else the first chunk handed to the output. A speculative answer's engine time
     is split at the commit (``ResponseLatency``).
     """
-    if response.first_audio_at is None:
+    first_audio_at = response.first_audio_out_at
+    if first_audio_at is None:
         return None
-    first_audio_at = response.first_frame_sent_at or response.first_audio_at
     to_first_audio_ms = response.silence_wait_ms + (first_audio_at - response.started_at) * 1000
     engine_ms = timings.first_audio * 1000 if timings is not None and timings.first_audio is not None else None
     hidden_ms = 0.0
@@ -392,6 +404,42 @@ def latency(response: Response, timings: GenerationTimings | None) -> ResponseLa
     )
 
 
+def turn_report(response: Response, done_event: ResponseDoneEvent, done: GenerationDone | None, *,
+                done_at: float) -> TurnReport:
+    """``response`` as its ``response.done`` (``done_event``) tells it, with the times its latency came from."""
+    entry = response.entry
+    status, details = done_event.response.status, done_event.response.status_details
+    return TurnReport(
+        response_id=response.id,
+        status=status,
+        status_reason=details.reason if details is not None else None,
+        error_code=details.error.code if status == "failed" and details is not None and details.error else None,
+        output_audio=response.modality == "audio",
+        temperature=response.temperature,
+        max_output_tokens=response.max_output_tokens,
+        started_at=response.started_at,
+        silence_wait_ms=response.silence_wait_ms,
+        engine_started_at=response.engine_started_at,
+        timings=done.timings if done is not None else None,
+        first_audio_at=response.first_audio_out_at,
+        done_at=done_at,
+        latency=done_event.latency,
+        usage=done.usage if done is not None else None,
+        finish_reason=done.finish_reason if done is not None else None,
+        speculative=response.speculation_started_at is not None,
+        tool_calls=tuple(
+            ToolCallReport(
+                item_id=call.id, call_id=call.call_id, name=call.name,
+                started_at=response.calls_started_at.get(call.id, done_at),
+                ended_at=response.calls_written_at.get(call.id, done_at),
+                status="completed" if call.status == "completed" else "incomplete",
+            )
+            for call in response.calls
+        ),
+        audio_item_id=entry.id if entry is not None and entry.audio_samples > 0 else None,
+    )
+
+
 # ---- function_calls ----
 
 def call_events(response: Response, event: FunctionCallEvent, history: History) -> list[ServerEvent]:
@@ -400,6 +448,7 @@ def call_events(response: Response, event: FunctionCallEvent, history: History) 
     if isinstance(event, FunctionCallStarted):
         call = FunctionCallEntry(new_id("item"), new_id("call"), event.name)
         response.output.append(call)
+        response.calls_started_at[call.id] = time.monotonic()
         return call_added_events(response, call, history.append(call))
     call = response.calls[event.index]
     if isinstance(event, FunctionCallDelta):
@@ -407,6 +456,7 @@ def call_events(response: Response, event: FunctionCallEvent, history: History) 
         return [call_delta_event(response, call, event.delta)]
     call.arguments = event.arguments
     response.written[call.id] = event
+    response.calls_written_at[call.id] = time.monotonic()
     return []
 
 
@@ -497,9 +547,9 @@ class ResponseOwner(Protocol):
 
     def release_speculation(self, speculation: Speculation) -> None: ...
 
-    def response_done(self, run: ResponseRun) -> None:
-        """``run`` has sent its ``response.done``: the session forgets it as its current response,
-        lets the audio settle and looks at speculation again."""
+    def response_done(self, run: ResponseRun, report: TurnReport) -> None:
+        """``run`` has sent its ``response.done`` (``report`` tells it): the session forgets it as its
+        current response, lets the audio settle and looks at speculation again."""
         ...
 
     def response_over(self, run: ResponseRun) -> None:
@@ -605,8 +655,9 @@ class ResponseRun:
         response = self.response
         held = await response.speculation.use(request) if response.speculation is not None else None
         if held is None:
+            response.engine_started_at = time.monotonic()  # the turn is submitted at its first step, next
             return self._context.engine.run_generation(request)
-        response.speculation_started_at = held.started_at
+        response.speculation_started_at = response.engine_started_at = held.started_at
         return held.events()
 
     def _check_context(self) -> None:
@@ -674,6 +725,9 @@ class ResponseRun:
         )
         for event in events:
             owner.emit(event)
+        done_event = events[-1]
+        assert isinstance(done_event, ResponseDoneEvent)
+        report = turn_report(response, done_event, done, done_at=time.monotonic())
         if failure is not None:
             code, cause = failure
             owner.emit(failure_event(code, cause, where=f"session {context.session_id}: response {response.id}"))
@@ -683,5 +737,5 @@ class ResponseRun:
                 owner.prune_history()
             else:
                 context.audio.ledger.complete(entry.id)
-        owner.response_done(self)
+        owner.response_done(self, report)
 

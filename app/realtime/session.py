@@ -83,6 +83,7 @@ from app.realtime.session_config import (
 )
 from app.realtime.speculation import OutcomeObserver, Speculation, SpeculativeAnswer, Speculator
 from app.realtime.transcription import PartialObserver, PartialTranscripts, Transcriptions
+from app.realtime.turn_report import PlaybackReport, SessionObserver, SessionStart, TurnReport
 from app.realtime.turn_taking import (
     CandidateEnd,
     CandidateVoid,
@@ -134,6 +135,7 @@ class RealtimeSession:
         on_partial_transcript: PartialObserver | None = None,
         on_interruption: InterruptionObserver | None = None,
         on_engine_tokens: Callable[[int], None] | None = None,
+        observer: SessionObserver | None = None,
     ) -> None:
         """``on_ignored_speech`` is called for each utterance half-duplex does not act on (metrics).
         ``end_of_turn``: the model semantic_vad needs; without it, semantic_vad is refused (server VAD stays).
@@ -145,6 +147,8 @@ class RealtimeSession:
         ``on_interruption``: speech over an answer that was not an interruption (metrics,
         ``app.realtime.interruption``). ``on_engine_tokens``: at close, the prompt tokens the
         session's work had the engine prefill (metrics, ``app.realtime.engine_share``).
+        ``observer``: the session's start and close, each response and each answer's playback
+        (traces, ``app.realtime.turn_report``).
         ``clock``: what the event gate and the appends' bound count time by (tests run it faster)."""
         self._engine = engine
         self._capabilities = engine.capabilities
@@ -179,6 +183,7 @@ class RealtimeSession:
         self._on_ignored_speech = on_ignored_speech
         self._on_interruption = on_interruption
         self._on_engine_tokens = on_engine_tokens
+        self._observer = observer
         self._manual = ManualBuffer()
         self._suppressor = _suppressor_for(self._config)
         self._appends = AppendDecoder(clock=clock)
@@ -216,6 +221,10 @@ class RealtimeSession:
     async def start(self) -> None:
         """Announce the session: ``session.created`` with the full effective session."""
         self.emit(SessionCreatedEvent(session=self._session_object()))
+        if self._observer is not None:
+            self._observer.session_started(
+                SessionStart(self.session_id, self._conversation_id, self._engine.name, time.monotonic())
+            )
         for error in self._start_errors:
             self.emit(error.to_event())
 
@@ -293,7 +302,8 @@ class RealtimeSession:
     async def close(self) -> None:
         """Cancel the running response and await every task; safe to call twice."""
         async with self._close_lock:
-            if not self._closed and self._on_engine_tokens is not None:
+            closing = not self._closed
+            if closing and self._on_engine_tokens is not None:
                 self._on_engine_tokens(self._share.charged)
             self._closed = True
             await self._transcriptions.close()  # first: an ending response would let them start
@@ -302,6 +312,8 @@ class RealtimeSession:
             for run in list(self._runs):
                 await run.close()
             await self._speculator.close()  # last: a response ending hands its speculation back
+            if closing and self._observer is not None:  # every response has reported by now
+                self._observer.session_closed(time.monotonic())
 
     def idle_since(self) -> float | None:
         """Since when (``time.monotonic``) nothing has happened: no client event, no speech, no
@@ -664,8 +676,10 @@ class RealtimeSession:
         self._runs.add(run)
         run.start(previous)
 
-    def response_done(self, run: ResponseRun) -> None:
+    def response_done(self, run: ResponseRun, report: TurnReport) -> None:
         """``run`` sent its ``response.done``: what it decoded is charged to the session's share."""
+        if self._observer is not None:
+            self._observer.turn_done(report)
         self._active_at = time.monotonic()
         self._share.charge(run.decoded_steps)
         if self._response is run:
@@ -687,16 +701,18 @@ class RealtimeSession:
         if run is not None and not run.cancelling:
             run.cancel("turn_detected")
             self._cut_by_speech = run.id
-        self._on_playback(self._audio.clear(always_announce=False))
+        self._on_playback(self._audio.clear(always_announce=False), interrupted=True)
 
-    def _on_playback(self, events: list[PlaybackEvent]) -> None:
-        """What the answers' playback did: announced, settled into the history as heard, over."""
+    def _on_playback(self, events: list[PlaybackEvent], *, interrupted: bool = False) -> None:
+        """What the answers' playback did: announced, settled into the history as heard, over.
+        ``interrupted``: the user's speech cleared it (barge-in)."""
         settled = False
         for event in events:
             match event:
                 case Settled(playbacks=playbacks, played=played):
                     for server_event in self._history.settle_all(playbacks, played):  # a cancelled answer's text ran ahead
                         self.emit(server_event)
+                    self._report_playbacks(event, interrupted=interrupted)
                     settled = True
                 case AudioIdle():
                     self._audio_idle()
@@ -704,6 +720,18 @@ class RealtimeSession:
                     self.emit(event)
         if settled:
             self.prune_history()
+
+    def _report_playbacks(self, settled: Settled, *, interrupted: bool) -> None:
+        if self._observer is None:
+            return
+        now = time.monotonic()
+        for playback in settled.playbacks:
+            played = playback.heard(settled.played)
+            truncated = played < playback.written or playback.unfinished
+            self._observer.playback_over(PlaybackReport(
+                response_id=playback.response_id, item_id=playback.item_id, ended_at=now, played_samples=played,
+                written_samples=playback.written, truncated=truncated, interrupted=interrupted and truncated,
+            ))
 
     # -- history ---------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from app.realtime.playback import AudioOutput
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
 from app.realtime.turn_taking import EngineTextJudge, TextJudge
+from app.tracing import Tracing
 from app.transports.webrtc.ice import IceServer, rest_api_credentials, rtc_configuration
 from app.transports.webrtc.peer_call import Call, SessionFactory, new_call_id
 from media.aiortc_version import UnsupportedAiortc
@@ -60,12 +61,14 @@ def session_factory(
     shared_engine: Engine,
     vad: SpeechModel,
     end_of_turn: EndOfTurnModel | None,
+    tracing: Tracing | None,
+    transport: str,
     session_fields: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
 ) -> Callable[[AudioOutput, Callable[[dict[str, Any]], None]], RealtimeSession]:
     """How a call of either transport, in either process, makes its session: ``session_engine``
     gives each session its engine (wrapped per session: ``app.serving.engines.for_session``),
     ``shared_engine`` is the engine the text judge asks (``text_judge``); the server's metrics
-    observe it."""
+    observe it, and this process's ``tracing`` (when it exports traces) draws its spans."""
 
     def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
         return RealtimeSession(
@@ -76,6 +79,7 @@ def session_factory(
             end_of_turn=end_of_turn,
             text_judge=text_judge(settings, shared_engine),
             session_fields=session_fields,
+            observer=tracing.session_spans(transport) if tracing is not None else None,
         )
 
     return make_session

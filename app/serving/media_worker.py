@@ -52,6 +52,7 @@ from app.serving.worker_messages import (
     Status,
     ToFront,
 )
+from app.tracing import Tracing, TracingEnvironment
 from app.transports.webrtc.peer_call import Call, OfferError
 from media.end_of_turn_model import EndOfTurnModel
 from media.vad import SileroVad
@@ -150,8 +151,12 @@ class EngineProxy:
 class MediaWorker:
     """One worker's loop: the connection to the front, its calls, its status reports."""
 
-    def __init__(self, index: int, settings: Settings, engine_name: str, capabilities: EngineCapabilities) -> None:
+    def __init__(
+        self, index: int, settings: Settings, engine_name: str, capabilities: EngineCapabilities,
+        tracing: TracingEnvironment | None = None,
+    ) -> None:
         self.index = index
+        self._tracing_environment = tracing
         self._settings = settings
         self._engine_name = engine_name
         self._capabilities = capabilities
@@ -167,6 +172,7 @@ class MediaWorker:
         end_of_turn = await asyncio.to_thread(load_end_of_turn_model, self._settings)
         self._dev_replies = await asyncio.to_thread(load_dev_replies, dev_replies_file(self._settings))
         metrics = Metrics(worker=str(self.index))
+        tracing = Tracing.start(self._tracing_environment, process=f"media-worker-{self.index}")
         engine = EngineProxy(self._engine_name, self._capabilities, self._send)
         # The front counts every worker's sessions and their ends (omni_rtc_sessions_open,
         # omni_rtc_calls): this registry only tells it when a call ends.
@@ -180,7 +186,7 @@ class MediaWorker:
                     case GenerationPromoted():
                         engine.promoted(message)
                     case Offer():
-                        answer = self._answer(message, calls, engine, vad, end_of_turn, metrics)
+                        answer = self._answer(message, calls, engine, vad, end_of_turn, metrics, tracing)
                         self._start(answer, f"offer {message.call_id}")
                     case HangUp():
                         self._start(self._hang_up(message, calls), f"hangup {message.call_id}")
@@ -197,6 +203,8 @@ class MediaWorker:
                 task.cancel()
             await asyncio.gather(reporter, *self._tasks, return_exceptions=True)
             await calls.close_all()
+            if tracing is not None:  # its sessions' spans, sent before the process goes
+                await asyncio.to_thread(tracing.shutdown)
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
@@ -229,10 +237,11 @@ class MediaWorker:
         vad: SileroVad,
         end_of_turn: EndOfTurnModel | None,
         metrics: Metrics,
+        tracing: Tracing | None,
     ) -> None:
         make_session = session_factory(
             self._settings, metrics, message.config, session_engine=lambda: for_session(engine, self._dev_replies),
-            shared_engine=engine, vad=vad, end_of_turn=end_of_turn,
+            shared_engine=engine, vad=vad, end_of_turn=end_of_turn, tracing=tracing, transport=Call.transport,
         )
 
         call = calls.admit(
@@ -272,9 +281,13 @@ class MediaWorker:
 
 
 def run_media_worker(
-    index: int, socket_path: str, settings: Settings, engine_name: str, capabilities: EngineCapabilities
+    index: int, socket_path: str, settings: Settings, engine_name: str, capabilities: EngineCapabilities,
+    tracing: TracingEnvironment | None = None,
 ) -> None:
-    """The worker process's entry point (``multiprocessing`` spawns it)."""
+    """The worker process's entry point (``multiprocessing`` spawns it); ``tracing``: the front's
+    OpenTelemetry variables, made this process's own before anything reads them."""
+    if tracing is not None:
+        tracing.apply_to(os.environ)
     # Ctrl-C (SIGINT) and a service manager's stop (SIGTERM to the whole control group: systemd's
     # default KillMode) reach the workers too. Dying of them, a worker dropped its calls unclosed and
     # the front, not yet told to stop, logged it as a crash and began a restart. The front stops its
@@ -287,4 +300,4 @@ def run_media_worker(
     logging.basicConfig(
         level=settings.log_level.upper(), format=f"%(asctime)s %(levelname)s worker-{index} %(name)s: %(message)s"
     )
-    asyncio.run(MediaWorker(index, settings, engine_name, capabilities).serve(socket_path))
+    asyncio.run(MediaWorker(index, settings, engine_name, capabilities, tracing).serve(socket_path))

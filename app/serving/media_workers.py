@@ -60,6 +60,7 @@ from app.serving.worker_messages import (
     Status,
     ToWorker,
 )
+from app.tracing import TracingEnvironment
 from app.transports.webrtc.peer_call import OfferError
 from pipeline.contract import Engine, EngineError, GenerationRequest
 
@@ -160,8 +161,13 @@ class RemoteCall:
 class MediaWorkerPool:
     """N media worker processes; each call placed on one is a :class:`RemoteCall` in ``calls``."""
 
-    def __init__(self, settings: Settings, count: int, engine: Engine, calls: CallRegistry) -> None:
+    def __init__(
+        self, settings: Settings, count: int, engine: Engine, calls: CallRegistry, *,
+        tracing: TracingEnvironment | None = None,
+    ) -> None:
+        """``tracing``: the front's OpenTelemetry variables, each worker's too (None: no traces)."""
         self._settings = settings
+        self._tracing = tracing
         self._engine = engine
         self._calls = calls
         # forkserver: each worker is forked from a clean single-threaded server process that has
@@ -314,7 +320,8 @@ class MediaWorkerPool:
     def _spawn(self, worker: WorkerHandle) -> None:
         worker.process = self._context.Process(
             target=run_media_worker,
-            args=(worker.index, self.socket_path, self._settings, self._engine.name, self._engine.capabilities),
+            args=(worker.index, self.socket_path, self._settings, self._engine.name, self._engine.capabilities,
+                  self._tracing),
             name=f"omni-rtc media worker {worker.index}",
             # Stopped by the front at its exit; a front killed outright closes the IPC socket,
             # and a worker whose connection ends closes its calls and exits.

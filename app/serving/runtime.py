@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from app.calls.registry import CallRegistry
 from app.serving.engines import for_session
 from app.serving.media_workers import MediaWorkerPool
+from app.tracing import Tracing
 from media.end_of_turn_model import EndOfTurnModel
 from media.vad import SileroVad
 from pipeline.contract import Engine
@@ -25,6 +26,7 @@ class Runtime:
     end_of_turn: EndOfTurnModel | None = None  # None: not installed; semantic_vad is refused
     workers: MediaWorkerPool | None = None  # --media-workers > 1
     dev_replies: tuple[str, ...] = ()  # --dev-replies
+    tracing: Tracing | None = None  # this process's trace export; None: no OTLP endpoint configured
 
     def session_engine(self) -> Engine:
         """The engine one new session gets."""

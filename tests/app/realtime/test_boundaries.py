@@ -1,5 +1,6 @@
 """The session core is transport-agnostic: importing it loads no web framework, WebRTC or ONNX runtime,
-and no torch (the session counts tokens without the engine's tokenizer: pipeline/token_count.py)."""
+no torch (the session counts tokens without the engine's tokenizer: pipeline/token_count.py), and no
+OpenTelemetry (its observer is app/session_spans.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import app.realtime
 
-FORBIDDEN = ("fastapi", "starlette", "aiortc", "onnxruntime", "torch", "transformers")
+FORBIDDEN = ("fastapi", "starlette", "aiortc", "onnxruntime", "torch", "transformers", "opentelemetry")
 REALTIME = Path(app.realtime.__file__).parent
 REALTIME_MODULES = sorted(path.stem for path in REALTIME.glob("*.py") if path.stem != "__init__")
 

@@ -12,6 +12,7 @@ from app.realtime.history import History
 from app.realtime.playback import AnswerAudio
 from app.realtime.response import Response, ResponseContext, ResponseRun
 from app.realtime.session_config import SessionConfig
+from app.realtime.turn_report import TurnReport
 from pipeline.contract import EngineError, GenerationEvent, GenerationRequest, TextDelta
 from tests.fakes import ScriptedEngine, VirtualAudioOutput
 from tests.settle import settle
@@ -23,6 +24,7 @@ class RecordedOwner:
     def __init__(self, engine: ScriptedEngine, config: SessionConfig) -> None:
         self.events: list[dict[str, Any]] = []
         self.calls: list[str] = []
+        self.reports: list[TurnReport] = []
         self.config = config
         self.history = History()
         self.output = VirtualAudioOutput()
@@ -38,8 +40,9 @@ class RecordedOwner:
     def release_speculation(self, speculation: Any) -> None:
         self.calls.append("release")
 
-    def response_done(self, run: ResponseRun) -> None:
+    def response_done(self, run: ResponseRun, report: TurnReport) -> None:
         self.calls.append(f"finished {run.id}")
+        self.reports.append(report)
 
     def response_over(self, run: ResponseRun) -> None:
         self.calls.append(f"over {run.id}")
@@ -81,6 +84,15 @@ async def test_an_audio_answer_goes_to_the_output_and_its_item_waits_to_be_heard
     assert recorded.output.queued_samples > 0
     assert len(recorded.audio.ledger) == 1  # written, not yet played: history settles it as heard later
     assert recorded.done()["status"] == "completed"
+    # What the session's observer hears: response.done's latency, from the times the report carries.
+    (report,) = recorded.reports
+    done = recorded.done()
+    assert report.response_id == done["id"] and report.audio_item_id == done["output"][0]["id"]
+    latency = [event for event in recorded.events if event["type"] == "response.done"][0]["latency"]
+    assert report.latency is not None and report.latency.model_dump(mode="json") == latency
+    assert report.first_audio_at is not None and report.engine_started_at is not None
+    assert latency["end_of_speech_to_first_audio_ms"] == round((report.first_audio_at - report.started_at) * 1000, 1)
+    assert report.engine_started_at <= report.first_audio_at <= report.done_at
 
 
 async def test_a_turn_cut_by_max_output_tokens_is_incomplete():
@@ -117,6 +129,8 @@ async def test_an_engine_failure_fails_the_response_with_its_code_and_an_error_e
     done = recorded.done()
     assert done["status"] == "failed" and done["status_details"]["error"]["code"] == "engine_error"
     assert recorded.types()[-1] == "error"
+    (report,) = recorded.reports
+    assert (report.status, report.error_code, report.usage) == ("failed", "engine_error", None)
 
 
 class SlowToCancelEngine(ScriptedEngine):

@@ -1,0 +1,105 @@
+"""What a session tells an observer of its turns: typed reports, with the monotonic times they came from.
+
+A :class:`SessionObserver` (``app.tracing``'s spans, or none) hears a session start, each response
+end (:class:`TurnReport`, at its ``response.done``), each answer's playback end
+(:class:`PlaybackReport`: played out, or cut) and the session close. The times are
+``time.monotonic()`` seconds, the very ones the ``latency`` block of ``response.done`` is computed
+from (``app.realtime.response.latency``), so whatever an observer draws from them matches it.
+Every call is made on the session's event loop and must not block it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from app.realtime.protocol import ResponseLatency, ResponseStatus
+from pipeline.contract import FinishReason, GenerationTimings, Usage
+
+ToolCallStatus = Literal["completed", "incomplete"]
+
+
+@dataclass(frozen=True)
+class SessionStart:
+    """A session announced itself (``session.created``)."""
+
+    session_id: str
+    conversation_id: str
+    model: str  # the engine's name, as the session object reports it
+    at: float
+
+
+@dataclass(frozen=True)
+class ToolCallReport:
+    """One function call item the model wrote in a response."""
+
+    item_id: str
+    call_id: str
+    name: str
+    started_at: float  # the model began the call (its name known)
+    ended_at: float  # the model wrote it whole, or the response ended with it unfinished
+    status: ToolCallStatus
+
+
+@dataclass(frozen=True)
+class TurnReport:
+    """One response as its ``response.done`` told it.
+
+    ``started_at`` is the commit (server VAD) or ``response.create``; the user stopped speaking
+    ``silence_wait_ms`` before it. ``engine_started_at``: the engine turn was submitted (before the
+    commit for a speculative answer); ``timings`` are the engine's own, from that moment.
+    ``first_audio_at``: the first frame handed to the transport (or the first chunk written to an
+    output that does not report frames). ``audio_item_id``: the message whose audio was written,
+    whose playback a :class:`PlaybackReport` ends; None when nothing of it is to be played.
+    """
+
+    response_id: str
+    status: ResponseStatus
+    status_reason: str | None
+    error_code: str | None  # a failed one's status_details.error.code
+    output_audio: bool
+    temperature: float
+    max_output_tokens: int | None
+    started_at: float
+    silence_wait_ms: float
+    engine_started_at: float | None
+    timings: GenerationTimings | None
+    first_audio_at: float | None
+    done_at: float
+    latency: ResponseLatency | None
+    usage: Usage | None
+    finish_reason: FinishReason | None
+    speculative: bool
+    tool_calls: tuple[ToolCallReport, ...]
+    audio_item_id: str | None
+
+
+@dataclass(frozen=True)
+class PlaybackReport:
+    """One answer's audio is over: played out, or dropped unplayed (``truncated``).
+
+    Samples are 24 kHz. ``interrupted``: the user's speech cut it (barge-in); ``truncated`` with it
+    false: the client cleared the output or truncated the item.
+    """
+
+    response_id: str
+    item_id: str
+    ended_at: float
+    played_samples: int
+    written_samples: int
+    truncated: bool
+    interrupted: bool
+
+
+class SessionObserver(Protocol):
+    """Hears one session's turns (see the module docstring)."""
+
+    def session_started(self, start: SessionStart) -> None: ...
+
+    def turn_done(self, report: TurnReport) -> None: ...
+
+    def playback_over(self, report: PlaybackReport) -> None: ...
+
+    def session_closed(self, at: float) -> None:
+        """The session is closed: every response has reported; playbacks not over never will be."""
+        ...
