@@ -36,6 +36,7 @@ from transformers import (
     Qwen3OmniMoeTalkerConfig,
     WhisperFeatureExtractor,
 )
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from pipeline.local.qwen3_omni_config import talker_ids, thinker_ids, turn_ids
 from pipeline.local.tokenizer import build_tokenizer
@@ -221,6 +222,13 @@ IMAGE_PROCESSOR_CONFIG = {
     "max_pixels": 12_845_056,
     "processor_class": "Qwen3OmniMoeProcessor",
 }
+
+
+def dev_image_processor() -> Qwen2VLImageProcessorPil:
+    """The image processor ``preprocessor_config.json`` describes, built without a checkpoint directory."""
+    settings = {key: value for key, value in IMAGE_PROCESSOR_CONFIG.items()
+                if key not in ("image_processor_type", "processor_class")}
+    return Qwen2VLImageProcessorPil.from_dict(settings)
 
 
 def write_preprocessor_config(out_dir: Path) -> None:
