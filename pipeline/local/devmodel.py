@@ -50,7 +50,7 @@ DEV_MODEL_DIRNAME = "dev-model"
 # full scale, digital silence once sent as 16-bit PCM; version 3 calibrated with a gain that
 # depended on thread count; version 4 stored transformers' reverse-converted names in one file,
 # now the explicit "fused" layout; version 5 had no image processor config).
-DEV_MODEL_VERSION = "6"
+DEV_MODEL_VERSION = "7"
 # Written last by build_dev_model; ensure_dev_model renames only finished builds into place.
 VERSION_FILE = "omni-rtc-dev-model-version"
 
