@@ -22,6 +22,7 @@ from pipeline.local.prompt import ThinkerInputs
 from pipeline.local.sampling import choose_rows
 from pipeline.local.stages import TalkerGeneration
 from pipeline.local.streaming import AudioChunker
+from pipeline.local.talker_positions import talker_prompt_positions
 from pipeline.local.thinker_prompt import ThinkerPrompt
 
 
@@ -249,18 +250,8 @@ class DecodeBatch(Generic[GenerationKey]):
             if speaker_id is None:
                 raise ValueError(f"the checkpoint has no speaker {turn.params.voice!r}")
             prompt_embeds, prompt_ids = self._talker_prompt(turn, speaker_id, self._tts_embeds())
-            attention_mask = torch.ones(prompt_ids.shape, dtype=torch.long, device=device)
-            model_kwargs = {"attention_mask": attention_mask, "talker_input_ids": prompt_ids}
-            if turn.inputs.feature_attention_mask is not None:
-                model_kwargs["audio_feature_lengths"] = turn.inputs.feature_attention_mask.to(device).sum(dim=1)
-            if turn.inputs.image_grid_thw is not None and turn.inputs.feature_attention_mask is None:
-                # generate() passes the image grid to the Talker too, which then places images on
-                # the 3-D grid. With audio beside them, transformers 5.24's Talker reads an
-                # ``audio_config`` its config does not have and fails; such a prompt gets the
-                # positions an audio-only prompt gets: one after another (as generate() gives).
-                model_kwargs["image_grid_thw"] = turn.inputs.image_grid_thw.to(device)
             with torch.inference_mode():
-                prompts.append((prompt_embeds, talker._prepare_position_ids_for_generation(prompt_embeds, model_kwargs)))
+                prompts.append((prompt_embeds, talker_prompt_positions(model.thinker, prompt_ids, turn.inputs)))
         length = max(embeds.shape[1] for embeds, _ in prompts)
         pads = [length - embeds.shape[1] for embeds, _ in prompts]
         pad = torch.nn.functional.pad
