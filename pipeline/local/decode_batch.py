@@ -83,7 +83,7 @@ class DecodeBatch(Generic[GenerationKey]):
         self._thinking: StageRows[GenerationKey] | None = None
         self._speaking: StageRows[GenerationKey] | None = None
         # None: a checkpoint loaded without audio output (text-only turns).
-        self._speech_model = TalkerDecoder(model) if getattr(model, "talker", None) is not None else None
+        self._speech_model = TalkerDecoder(model.talker) if getattr(model, "talker", None) is not None else None
         self._tts: TtsEmbeddings | None = None
         # Due chunks of one shape go through Code2Wav together on an accelerator, one call each on a CPU.
         code2wav = getattr(model, "code2wav", None)  # None: loaded without audio output
