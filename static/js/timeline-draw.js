@@ -18,6 +18,10 @@ const MARK_COLOURS = {
   "input_audio_buffer.speech_started": "#1b6ac9",
   "input_audio_buffer.speech_stopped": "#1b6ac9",
   "input_audio_buffer.committed": "#0b3d7a",
+  end_of_speech: "#1b6ac9",      // the server's marks (debug-turns.js)
+  engine_started: "#7a4bc9",
+  first_audio: "#1f8a4c",
+  playback_end: "#1f8a4c",
   "response.created": "#7a4bc9",
   "output_audio_buffer.started": "#1f8a4c",
   "output_audio_buffer.stopped": "#1f8a4c",

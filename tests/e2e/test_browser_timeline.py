@@ -3,15 +3,19 @@ answer plays out, the test opens the timeline and reads ``window.omniTimeline``
 (static/js/timeline.js).
 
 The server runs in this process with a scripted engine whose answer is a tone (clearly audible
-after Opus); the page, its lanes and marks are what is tested. The timeline's screenshot is
-saved to ``test-output/browser-timeline.png`` for a person (and CI's artifacts) to look at.
+after Opus); the page, its lanes and marks are what is tested. After the call, the operator
+page (``/debug/timeline.html``, from ``GET /debug/turns``) shows the call, which a media worker
+carried. The screenshots are saved to ``test-output/browser-timeline.png`` and
+``test-output/debug-timeline.png`` for a person (and CI's artifacts) to look at.
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from playwright.async_api import async_playwright
 
@@ -66,12 +70,29 @@ async def timeline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             read = await page.evaluate(SCRIPT_READ)
             await page.locator("#timeline").screenshot(path=TEST_OUTPUT / "browser-timeline.png")
             await page.click("#hangup")
+            read["debug"] = await closed_sessions(url)
+            await page.goto(f"{url}/debug/timeline.html")
+            await page.wait_for_selector("body[data-loaded]", timeout=DEADLINE_MS)
+            read["debugFigures"] = await page.evaluate(
+                "[...document.querySelectorAll('figure[data-response-id]')].map((f) => f.dataset.responseId)")
+            await page.locator("#sessions").screenshot(path=TEST_OUTPUT / "debug-timeline.png")
         except Exception:
             await save_diagnostics(page)
             raise
         finally:
             await browser.close()
     return read
+
+
+async def closed_sessions(url: str) -> list[dict[str, Any]]:
+    """``GET /debug/turns``' sessions once all are closed (a call's worker closes it a moment after the hang-up)."""
+    async with httpx.AsyncClient(base_url=url) as client:
+        for _ in range(200):
+            sessions: list[dict[str, Any]] = (await client.get("/debug/turns")).json()["sessions"]
+            if sessions and all(session["closed_ms"] is not None for session in sessions):
+                return sessions
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"sessions still open: {sessions}")
 
 
 def spoken_turn(read: dict[str, Any]) -> dict[str, Any]:
@@ -136,3 +157,20 @@ def test_latency_split_is_the_response_done_block(timeline: dict[str, Any]) -> N
     turn = spoken_turn(timeline)
     assert turn["latency"] == timeline["responseDone"]["latency"]
     assert turn["latency"]["end_of_speech_to_first_audio_ms"] > 0
+
+
+def test_operator_page_shows_the_call_from_its_media_worker(timeline: dict[str, Any]) -> None:
+    [session] = timeline["debug"]
+    assert session["transport"] == "webrtc" and session["worker"] != "front"
+    [turn] = session["turns"]
+    response_id = timeline["responseDone"]["response"]["id"]
+    assert turn["response_id"] == response_id
+    # The session's own block: the network figures the call adds to response.done are not in it.
+    assert turn["latency"] == {**timeline["responseDone"]["latency"], "network": None}
+    kinds = [mark["kind"] for mark in turn["marks"]]
+    for kind in ("input_audio_buffer.speech_started", "end_of_speech", "input_audio_buffer.committed",
+                 "response.created", "first_audio", "output_audio_buffer.started", "playback_end"):
+        assert kind in kinds, kinds
+    speech, audio = turn["user_speech"], turn["answer_audio"]
+    assert speech["start_ms"] < speech["end_ms"] < audio["start_ms"] < audio["end_ms"]
+    assert timeline["debugFigures"] == [response_id]
