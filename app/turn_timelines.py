@@ -127,8 +127,11 @@ class SessionTimeline:
             turn.marks.append(Mark("engine_started", "engine started", self._ms(report.engine_started_at)))
         if report.first_audio_at is not None:
             turn.marks.append(Mark("first_audio", "first audio out", self._ms(report.first_audio_at)))
-            # Until the playback reports its end: the response's end.
-            turn.answer_audio = Span(self._ms(report.first_audio_at), self._ms(report.done_at))
+            # To the playback's end; when it has not reported yet, the response's end until it does
+            # (a barge-in cuts the audio before the cancelled response reports).
+            played = turn.answer_audio if turn.played_ms is not None else None
+            end = played.end_ms if played is not None else self._ms(report.done_at)
+            turn.answer_audio = Span(self._ms(report.first_audio_at), end)
         for call in report.tool_calls:
             turn.marks.append(Mark("function_call", f"call {call.name}", self._ms(call.ended_at)))
 
