@@ -13,6 +13,8 @@ const HEIGHT = TOP + 2 * LANE_HEIGHT + LANE_GAP + 16;
 const MIN_DB = -70;
 const LEFT = 74;          // room for the lanes' names
 const PAD_MS = 200;       // shown before the first mark and after the last
+const QUIET_SHOWN_MS = 2000;  // of the current turn's silence after its last mark or sound
+const HEARD_DB = -50;     // a sample this loud is sound (timeline.js HEARD_FLOOR_DB)
 
 const MARK_COLOURS = {
   "input_audio_buffer.speech_started": "#1b6ac9",
@@ -35,7 +37,9 @@ const CUT_COLOUR = "#c0392b";   // cleared, truncated, cancelled
 export function turnWindow(turn, nowMs) {
   const times = [turn.startMs, ...turn.marks.map((m) => m.atMs)];
   const first = turn.user[0]?.t ?? turn.startMs;
-  const end = turn.endMs ?? Math.max(nowMs, ...times);
+  // The current turn runs to now, but a long silence (the call left open) is not stretched out.
+  const loud = [...turn.user, ...turn.assistant].filter((p) => p.db > HEARD_DB).map((p) => p.t);
+  const end = turn.endMs ?? Math.min(nowMs, Math.max(...times, ...loud) + QUIET_SHOWN_MS);
   return { from: Math.min(first, ...times) - PAD_MS, to: Math.max(end, ...times) + PAD_MS };
 }
 

@@ -21,8 +21,10 @@ export const HEARD_FLOOR_DB = -50;
 // A new turn takes this much of the lanes from before its first event: the VAD reports speech a
 // few hundred ms after it began.
 const PRE_ROLL_MS = 1000;
-// The turns the page keeps for one call (a long call's oldest are dropped).
+// The turns the page keeps for one call (a long call's oldest are dropped), and how long a
+// turn's lanes run from its start (a two-minute story fits): at most 50 × 2 × 6000 samples.
 const MAX_TURNS = 50;
+const MAX_LANE_MS = 120_000;
 
 // The server events that get a mark, and its label.
 const SERVER_MARKS = {
@@ -131,7 +133,8 @@ export class Timeline {
       const recent = this.recent[name];
       recent.push(point);
       while (recent.length && recent[0].t < t - PRE_ROLL_MS) recent.shift();
-      this.current()?.[name].push(point);
+      const turn = this.current();
+      if (turn && t - turn.startMs <= MAX_LANE_MS) turn[name].push(point);
     }
     const waiting = this.awaitingHeard;
     const last = this.current()?.assistant.at(-1);
