@@ -150,7 +150,7 @@ def test_assistant_lane_holds_the_answer_where_it_played(timeline: dict[str, Any
     assert sound and sound[0] == heard, "answer heard: the first loud sample once the server began sending"
     # Most of the time between the first sound and the server's stop is loud: the answer played.
     span = [p for p in turn["assistant"] if heard <= p["t"] <= stopped]
-    assert len(loud(span, heard, stopped)) >= 0.8 * len(span)
+    assert len(loud(span, heard, stopped)) >= 0.6 * len(span)
 
 
 def test_latency_split_is_the_response_done_block(timeline: dict[str, Any]) -> None:
@@ -174,3 +174,19 @@ def test_operator_page_shows_the_call_from_its_media_worker(timeline: dict[str, 
     speech, audio = turn["user_speech"], turn["answer_audio"]
     assert speech["start_ms"] < speech["end_ms"] < audio["start_ms"] < audio["end_ms"]
     assert timeline["debugFigures"] == [response_id]
+
+
+def test_operator_marks_match_the_pages_within_50_ms(timeline: dict[str, Any]) -> None:
+    """The server's mark of each event (as it sent it) and the page's (as it arrived), both
+    counted from response.created: the same intervals, less the loopback's jitter."""
+    page_turn = spoken_turn(timeline)
+    [session] = timeline["debug"]
+    [server_turn] = session["turns"]
+    server = {mark["kind"]: mark["at_ms"] for mark in server_turn["marks"]}
+    page = {mark["kind"]: mark["atMs"] for mark in page_turn["marks"]}
+    shared = sorted(set(server) & set(page))
+    assert len(shared) >= 7, shared
+    for kind in shared:
+        server_ms = server[kind] - server["response.created"]
+        page_ms = page[kind] - page["response.created"]
+        assert abs(server_ms - page_ms) <= MARK_TOLERANCE_MS, (kind, server_ms, page_ms)
