@@ -43,7 +43,7 @@ const CLIENT_MARKS = {
   "response.cancel": "cancel sent",
   "conversation.item.truncate": "truncate sent",
   "output_audio_buffer.clear": "clear sent",
-  "conversation.item.create": "message sent",
+  "conversation.item.create": "message sent",   // a typed message; a function's output: "output sent"
 };
 
 class LevelLane {
@@ -204,10 +204,14 @@ export class Timeline {
 
   /** A client event the page sent, at `at`. */
   clientEvent(event, at) {
-    const label = CLIENT_MARKS[event.type];
+    let label = CLIENT_MARKS[event.type];
     if (!label) return;
+    const typed = event.type === "conversation.item.create" && event.item?.type === "message";
+    if (event.type === "conversation.item.create" && !typed) label = "output sent";
     let turn = this.current();
-    if (event.type === "conversation.item.create" || !turn) turn = this.startTurn(at);
+    // A typed message opens a turn; a function's output and the answer it asks for stay on the
+    // turn of the call.
+    if (typed || !turn) turn = this.startTurn(at);
     this.addMark(turn, event.type, at, label);
     this.render();
   }
