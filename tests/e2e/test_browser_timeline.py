@@ -5,8 +5,9 @@ answer plays out, the test opens the timeline and reads ``window.omniTimeline``
 The server runs in this process with a scripted engine whose answer is a tone (clearly audible
 after Opus); the page, its lanes and marks are what is tested. After the call, the operator
 page (``/debug/timeline.html``, from ``GET /debug/turns``) shows the call, which a media worker
-carried. The screenshots are saved to ``test-output/browser-timeline.png`` and
-``test-output/debug-timeline.png`` for a person (and CI's artifacts) to look at.
+carried. A second call barges in on a long answer: the cut is marked on the answer it cut. The
+screenshots are saved to ``test-output/browser-timeline.png``, ``browser-timeline-barge-in.png``
+and ``debug-timeline.png`` for a person (and CI's artifacts) to look at.
 """
 
 from __future__ import annotations
@@ -190,3 +191,55 @@ def test_operator_marks_match_the_pages_within_50_ms(timeline: dict[str, Any]) -
         server_ms = server[kind] - server["response.created"]
         page_ms = page[kind] - page["response.created"]
         assert abs(server_ms - page_ms) <= MARK_TOLERANCE_MS, (kind, server_ms, page_ms)
+
+
+SCRIPT_SECOND_ANSWER_PLAYS = """() => window.omniRtc.events.filter((e) => e.type === "output_audio_buffer.started").length >= 2"""
+
+
+@pytest.fixture(scope="module")
+async def barge_in(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The same utterance twice; the second comes while the first answer (8 s long) plays and cuts it."""
+    folder = tmp_path_factory.mktemp("browser-timeline-barge-in")
+    microphone = write_fake_microphone(
+        folder / "microphone.wav",
+        [Silence(2.5), FIXTURES / "hello.wav", Silence(2.0), FIXTURES / "hello.wav", Silence(3.0)],
+    )
+    engine = ScriptedEngine(" ".join(["word"] * 100), waveform="tone")  # 100 frames of 80 ms
+    app = create_app(Settings(ice_loopback=True), engine=engine)
+    async with serving_in_process(app) as url, async_playwright() as playwright:
+        browser = await launch_chromium(playwright, microphone=microphone)
+        page = await browser.new_page(viewport={"width": 1100, "height": 900})
+        try:
+            await page.goto(url)
+            await page.click("#connect")
+            await page.wait_for_function(SCRIPT_SECOND_ANSWER_PLAYS, timeout=DEADLINE_MS)
+            await page.wait_for_timeout(PLAYOUT_TAIL_MS)
+            await page.click("#timeline summary")
+            read = await page.evaluate(SCRIPT_READ)
+            await page.locator("#timeline").screenshot(path=TEST_OUTPUT / "browser-timeline-barge-in.png")
+            await page.click("#hangup")
+        except Exception:
+            await save_diagnostics(page)
+            raise
+        finally:
+            await browser.close()
+    return read
+
+
+def test_a_barge_in_cut_is_marked_on_the_answer_it_cut(barge_in: dict[str, Any]) -> None:
+    turns = [t for t in barge_in["timeline"]["turns"] if t["responseId"] is not None]
+    assert len(turns) == 2, barge_in["timeline"]["turns"]
+    cut, second = turns
+    cleared = mark_at(cut, "output_audio_buffer.cleared")
+    arrivals = [at for kind, at in zip(barge_in["events"], barge_in["eventTimes"], strict=True)
+                if kind == "output_audio_buffer.cleared"]
+    assert min(abs(at - cleared) for at in arrivals) <= MARK_TOLERANCE_MS
+    # The second utterance opened the next turn before the server cleared the first answer.
+    assert mark_at(second, "input_audio_buffer.speech_started") <= cleared
+    assert "output_audio_buffer.stopped" not in [m["kind"] for m in cut["marks"]]
+    # The answer played until the cut, and the cut answer's lane is quiet after it (its tail
+    # aside); the next answer is on the next turn.
+    heard = mark_at(cut, "answer_heard")
+    assert loud(cut["assistant"], heard, cleared)
+    assert not loud(cut["assistant"], cleared + PLAYOUT_TAIL_MS, mark_at(second, "response.created"))
+    assert loud(second["assistant"], mark_at(second, "answer_heard"), float("inf"))
