@@ -103,3 +103,26 @@ class SessionObserver(Protocol):
     def session_closed(self, at: float) -> None:
         """The session is closed: every response has reported; playbacks not over never will be."""
         ...
+
+
+class SessionObservers:
+    """Several observers heard as one (traces and the operator's timelines), in order."""
+
+    def __init__(self, observers: tuple[SessionObserver, ...]) -> None:
+        self._observers = observers
+
+    def session_started(self, start: SessionStart) -> None:
+        for observer in self._observers:
+            observer.session_started(start)
+
+    def turn_done(self, report: TurnReport) -> None:
+        for observer in self._observers:
+            observer.turn_done(report)
+
+    def playback_over(self, report: PlaybackReport) -> None:
+        for observer in self._observers:
+            observer.playback_over(report)
+
+    def session_closed(self, at: float) -> None:
+        for observer in self._observers:
+            observer.session_closed(at)

@@ -15,10 +15,12 @@ from app.metrics import Metrics
 from app.realtime.playback import AudioOutput
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
+from app.realtime.turn_report import SessionObserver, SessionObservers
 from app.realtime.turn_taking import EngineTextJudge, TextJudge
 from app.tracing import Tracing
 from app.transports.webrtc.ice import IceServer, rest_api_credentials, rtc_configuration
 from app.transports.webrtc.peer_call import Call, SessionFactory, new_call_id
+from app.turn_timelines import TurnTimelines
 from media.aiortc_version import UnsupportedAiortc
 from media.end_of_turn_model import EndOfTurnModel, SmartTurnModel, default_turn_model_path
 from media.receiver_tap import check_receiver_tap
@@ -64,22 +66,36 @@ def session_factory(
     tracing: Tracing | None,
     transport: str,
     session_fields: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
+    timelines: TurnTimelines | None = None,
 ) -> Callable[[AudioOutput, Callable[[dict[str, Any]], None]], RealtimeSession]:
     """How a call of either transport, in either process, makes its session: ``session_engine``
     gives each session its engine (wrapped per session: ``app.serving.engines.for_session``),
     ``shared_engine`` is the engine the text judge asks (``text_judge``); the server's metrics
-    observe it, and this process's ``tracing`` (when it exports traces) draws its spans."""
+    observe it, this process's ``tracing`` (when it exports traces) draws its spans and
+    ``timelines`` (the server process's, for ``/debug/turns``) keeps its turns' timeline."""
 
     def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
+        observers: list[SessionObserver] = []
+        if tracing is not None:
+            observers.append(tracing.session_spans(transport))
+        sent = send
+        if timelines is not None:
+            timeline = timelines.new_session(transport)
+            observers.append(timeline)
+
+            def sent(event: dict[str, Any]) -> None:
+                timeline.record_event(event)
+                send(event)
+
         return RealtimeSession(
-            engine=session_engine(), vad=vad, output=output, send=send, config=config,
+            engine=session_engine(), vad=vad, output=output, send=sent, config=config,
             on_ignored_speech=metrics.ignored_speech.inc, on_speculation=metrics.speculation,
             on_partial_transcript=metrics.partial_transcript, on_interruption=metrics.interruption,
             on_engine_tokens=metrics.session_engine_tokens.observe,
             end_of_turn=end_of_turn,
             text_judge=text_judge(settings, shared_engine),
             session_fields=session_fields,
-            observer=tracing.session_spans(transport) if tracing is not None else None,
+            observer=SessionObservers(tuple(observers)) if observers else None,
         )
 
     return make_session
