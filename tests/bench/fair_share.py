@@ -4,7 +4,7 @@ Run: .venv/bin/python tests/bench/fair_share.py [--attacks cancel_loop speculati
      [--label L] [--turns 6] [--server-args "..."] [--out tests/bench/results/fair_share.json]
 
 Before and after in one sitting: ``--repo DIR`` runs that checkout's server (e.g. ``git worktree add
-/tmp/base 3ed4f97`` with ``.venv`` linked in) against the same clients, this checkout's. What an older
+/tmp/base COMMIT`` with ``.venv`` linked in) against the same clients, this checkout's. What an older
 server does not know is recorded as the answer it gives (an error code, a refusal), never a crash of
 the bench.
 
@@ -34,7 +34,9 @@ of the response; ``first audio`` = its first ``response.output_audio.delta`` (We
 received with a peak of -60 dBFS or more). A turn that fails (the session refused, an error answering
 its events, a response neither completed nor incomplete, no ``response.done`` within
 ``--turn-timeout``, the session gone, the phase's ``--phase-seconds`` spent) counts as infinitely
-slow, so failures move the median and p90 ("fail" in the table when more than half failed).
+slow, so failures move the median and p90 ("fail" in the table when half or more failed). A WebRTC
+client ends its call once it has heard nothing (no frame, no event) for 5 s, as
+``app.client.webrtc`` does: a media worker whose loop stalls that long loses its calls' turns.
 
 The rule, per attack: the polite sessions' median within 1.5 x the same run's baseline median + 100 ms,
 for the first text and for the first audio; ``pass`` when both hold.
@@ -43,21 +45,25 @@ The attacks, each one hostile client, bounded by ``--hostile-seconds`` and by it
 
 - ``cancel_loop``: a session whose instructions are 15,000 characters of punctuation (~10,500 Qwen
   tokens) plus a function tool whose description is as much punctuation as the server still takes
-  (a binary search on ``session.update``: ~15,900 tokens in all under the default 16,000 of
+  (a binary search on ``session.update``: ~15,950 tokens in all under the default 16,000 of
   ``--instructions-max-tokens``), then ``response.create``, ``response.cancel`` 150 ms after
   ``response.created``, and again at once, until stopped.
-- ``speculation_loop``: server VAD (``silence_duration_ms`` 1500, ``speculative_response`` on);
-  ``tests/fixtures/hello.wav`` appended at twice real time, 300 ms of silence (a candidate end of turn:
-  a speculative answer starts), three ``session.update`` of new instructions 100 ms apart (each
-  restarts it), ``input_audio_buffer.clear`` (the utterance is dropped before its commit), again.
-- ``transcription_flood``: manual turns with input transcription on (partials off): 100 ms of white
-  noise appended and committed, 150 commits (45 at once, then 24 a second), then 20 a second.
+- ``speculation_loop``: server VAD (``silence_duration_ms`` 1500, ``speculative_response`` on) and
+  the cancel loop's system message less 200 characters (so that each speculation is a long prefill,
+  and changed instructions still fit); ``tests/fixtures/hello.wav`` appended at twice real time,
+  200 ms of silence (a candidate end of turn: a speculative answer starts), three ``session.update``
+  50 ms apart whose instructions begin differently (each restarts it), ``input_audio_buffer.clear``
+  (the utterance is dropped before its commit), again.
+- ``transcription_flood``: manual turns with input transcription on (partials off): 120 ms of white
+  noise appended and committed (100 ms is the least a commit takes), 150 commits (45 at once, then
+  24 a second), then 20 a second.
 - ``tool_redos_ws``: a session with a function tool whose string parameter has the pattern
   ``^(.+)+X$``, a user text and ``response.create``; the scripted reply calls the tool with
   ``--redos-chars`` (27) letters, which a backtracking engine checks in ~2^27 steps. One call per
-  session (the script is each session's first reply), ``--redos-attempts`` (6) sessions one after another.
-- ``tool_redos_rtc``: the same over a WebRTC call (the tool set over the data channel), 3 calls;
-  the polite sessions are WebRTC calls too.
+  session (the script is each session's first reply): a session after another, one every 2 s at most,
+  until stopped or ``--redos-attempts`` (20).
+- ``tool_redos_rtc``: the same over WebRTC calls (the tool set over the data channel); the polite
+  sessions are WebRTC calls too.
 - ``append_flood``: ``{"type":"input_audio_buffer.append","audio":"!"}`` sent as fast as the client
   can, alternating every 2.5 s with the same event padded with 240,000 spaces (JSON's ignored
   whitespace), reading every answer, until stopped.
@@ -110,6 +116,8 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from app.client.base import ClientError, RealtimeClientBase
 from app.client.webrtc import AUDIBLE_PEAK, RealtimeClient
+from pipeline.token_count import system_tokens_at_most
+from pipeline.tool_format import Tool
 from tests.hostile import catastrophic_pattern_tool, forced_tool_call, punctuation
 
 logger = logging.getLogger(__name__)
@@ -150,13 +158,18 @@ HOSTILE_WAIT_S = 120.0  # a hostile's wait for one answer: against hangs only
 INSTRUCTION_CHARS = 15_000  # under --max-text-chars' 16,000 default
 CANCEL_AFTER_S = 0.150
 SPECULATION_RESTARTS = 3  # session.update per utterance: with the first start, 4 speculations
-SPECULATION_SILENCE_MS = 1_500
+SPECULATION_SILENCE_MS = 1_500  # the server VAD's wait: longer than the pause, so nothing commits
+SPECULATION_PAUSE_MS = 200  # after the speech: a candidate end of turn
+SPECULATION_RESTART_S = 0.05
 CHUNK_MS = 100
+# A commit of noise: 100 ms is the least a commit takes, and a server that resamples appends as one
+# stream holds a few ms of each back (the filter's delay), so 100 ms appends commit only every other time.
+NOISE_MS = 120
 TRANSCRIPTION_BURST, TRANSCRIPTION_FIRST, TRANSCRIPTION_FIRST_RATE, TRANSCRIPTION_RATE = 45, 150, 24.0, 20.0
 FLOOD_SWITCH_S = 2.5
 FLOOD_PADDING = 240_000
 SLOTS = 16
-REDOS_RTC_CALLS = 3
+REDOS_INTERVAL_S = 2.0  # a tool call at most this often, so that calls go on through the polite turns
 SESSIONS_PER_ATTACK = 8  # a hostile whose sessions the server ends opens at most this many in all
 READY_TIMEOUT_S = 60.0  # from a hostile's start to its attack under way
 STOP_GRACE_S = 15.0  # from the stop to a hostile's result: what it still waits for is cut short
@@ -198,7 +211,7 @@ class ForwardedSocket(RealtimeClientBase):
         self.arrivals: list[float] = []
         self.keep_events = True
         self.closed: str | None = None
-        self._on_event = on_event
+        self.on_event = on_event  # every event, kept or not
         self._ws: ClientConnection | None = None
         self._receiver: asyncio.Task[None] | None = None
 
@@ -245,8 +258,8 @@ class ForwardedSocket(RealtimeClientBase):
                     event = json.loads(message)
                 except json.JSONDecodeError:
                     event = {"type": "(not JSON)"}
-                if self._on_event is not None:
-                    self._on_event(event)
+                if self.on_event is not None:
+                    self.on_event(event)
                 if self.keep_events:
                     self.events.append(event)
                     self.arrivals.append(time.monotonic())
@@ -400,7 +413,8 @@ async def polite_turn(client: Client, number: int, text: str, timeout_s: float, 
     if isinstance(client, ForwardedCall):
         if any(event.get("type") == "output_audio_buffer.started" for event in client.events[start:]):
             try:  # the answer plays in real time after response.done; its first frame may come later
-                await client.wait_for(lambda event: event.get("type") in PLAYBACK_ENDED, start=start, timeout_s=timeout_s)
+                await client.wait_for(lambda event: event.get("type") in PLAYBACK_ENDED, start=start,
+                                      timeout_s=timeout_s)
             except (TimeoutError, ClientError) as exc:
                 turn.outcome = f"playback did not end: {exc or type(exc).__name__}"
         audio_at = first_audible(client, frame_mark, sent_at)
@@ -511,7 +525,8 @@ def rule(baseline: dict[str, Any], attacked: dict[str, Any]) -> dict[str, Any]:
 
 
 def failures(sessions: list[PoliteSession]) -> dict[str, int]:
-    reasons = collections.Counter(turn.outcome for session in sessions for turn in session.turns if turn.outcome != "ok")
+    reasons = collections.Counter(turn.outcome for session in sessions for turn in session.turns
+                                  if turn.outcome != "ok")
     return dict(reasons.most_common())
 
 
@@ -525,12 +540,15 @@ class Tally:
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
     figures: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    error_messages: dict[str, str] = field(default_factory=dict)  # the first of each code
 
     def event(self, event: Event) -> None:
         kind = str(event.get("type"))
         self.counts[f"received {kind}"] += 1
         if kind == "error":
-            self.counts[f"error {error_code(event)}"] += 1
+            code = error_code(event)
+            self.counts[f"error {code}"] += 1
+            self.error_messages.setdefault(code, str((event.get("error") or {}).get("message"))[:300])
         elif kind == "response.done":
             self.counts[f"response {response_outcome(event.get('response') or {})}"] += 1
 
@@ -540,7 +558,7 @@ class Tally:
     def report(self) -> dict[str, Any]:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return {"counts": dict(sorted(self.counts.items())), "figures": self.figures, "notes": self.notes,
-                "client_cpu_s": round(usage.ru_utime + usage.ru_stime, 2)}
+                "error_messages": self.error_messages, "client_cpu_s": round(usage.ru_utime + usage.ru_stime, 2)}
 
 
 Attack = Callable[[str, asyncio.Event, Tally, Callable[[], None], argparse.Namespace], Awaitable[None]]
@@ -573,14 +591,27 @@ async def hostile_sessions(url: str, stop: asyncio.Event, tally: Tally, body: Se
     await stop.wait()
 
 
-async def fit_instructions(socket: ForwardedSocket, tally: Tally) -> None:
-    """Instructions of ``INSTRUCTION_CHARS`` of punctuation and a tool whose description is the most
-    punctuation the server still takes (binary search: a refused update changes nothing, so the
-    session holds the largest one taken)."""
-    instructions = punctuation(INSTRUCTION_CHARS, seed=1)
+def system_tokens(instructions: str, tool: Tool) -> int:
+    """The system message's exact Qwen tokens (a limit of 0 makes it count, never bound)."""
+    return system_tokens_at_most(instructions, (tool,), limit=0)
 
+
+async def fit_instructions(socket: ForwardedSocket, tally: Tally, instructions: str, margin_chars: int = 0) -> None:
+    """``instructions`` and a tool whose description is the most punctuation the server still takes
+    (binary search: a refused update changes nothing, so the session holds the largest one taken),
+    less ``margin_chars`` (room for instructions changed later). Its refusals are counted apart
+    from the attack's."""
+    counted, socket.on_event = socket.on_event, None
+    try:
+        await _fit_instructions(socket, tally, instructions, margin_chars)
+    finally:
+        socket.on_event = counted
+
+
+async def _fit_instructions(socket: ForwardedSocket, tally: Tally, instructions: str, margin_chars: int) -> None:
     def session(chars: int) -> Event:
-        tool = {"type": "function", "name": "padding", "description": punctuation(chars, seed=2) if chars else "Unused.",
+        description = punctuation(chars, seed=2) if chars else "Unused."
+        tool = {"type": "function", "name": "padding", "description": description,
                 "parameters": {"type": "object", "properties": {}}}
         return {"instructions": instructions, "tools": [tool]}
 
@@ -588,7 +619,7 @@ async def fit_instructions(socket: ForwardedSocket, tally: Tally) -> None:
     taken, over = 0, INSTRUCTION_CHARS + 1
     if (error := await configure(socket, session(0), "fit-0")) is not None:
         refused.append(error)
-        instructions = punctuation(INSTRUCTION_CHARS // 2, seed=1)
+        instructions = instructions[: len(instructions) // 2]
         tally.notes.append(f"{INSTRUCTION_CHARS} characters of instructions refused ({error}); half of them sent")
         await configure(socket, session(0), "fit-half")
     for step in range(1, 9):
@@ -599,7 +630,14 @@ async def fit_instructions(socket: ForwardedSocket, tally: Tally) -> None:
         else:
             over = chars
             refused.append(error)
+    if margin_chars and taken:
+        taken = max(0, taken - margin_chars)
+        await configure(socket, session(taken), "fit-margin")
+    # As this checkout's server counts them (the server under test refused or took them as it counts).
+    tool = Tool("padding", session(taken)["tools"][0]["description"], {"type": "object", "properties": {}})
+    tokens = await asyncio.to_thread(system_tokens, instructions, tool)
     tally.figures.update({"instructions_chars": len(instructions), "tool_description_chars": taken,
+                          "system_message_tokens": tokens,
                           "session_updates_refused_while_fitting": collections.Counter(refused)})
 
 
@@ -609,7 +647,7 @@ async def cancel_loop(url: str, stop: asyncio.Event, tally: Tally, ready: Callab
 
     async def body(socket: ForwardedSocket) -> None:
         nonlocal responses
-        await fit_instructions(socket, tally)
+        await fit_instructions(socket, tally, punctuation(INSTRUCTION_CHARS, seed=1))
         while not stop.is_set():
             start = len(socket.events)
             event_id = f"create-{responses}"
@@ -627,23 +665,20 @@ async def cancel_loop(url: str, stop: asyncio.Event, tally: Tally, ready: Callab
             await asyncio.sleep(CANCEL_AFTER_S)
             await socket.send({"type": "response.cancel"})
             tally.sent("response.cancel")
-            done = await socket.wait_for("response.done", start=start, timeout_s=HOSTILE_WAIT_S)
-            tokens = (done["response"].get("usage") or {}).get("input_tokens")
-            if isinstance(tokens, int):
-                tally.figures["prompt_tokens"] = max(tokens, tally.figures.get("prompt_tokens", 0))
+            await socket.wait_for("response.done", start=start, timeout_s=HOSTILE_WAIT_S)
 
     try:
         await hostile_sessions(url, stop, tally, body, SESSIONS_PER_ATTACK)
     finally:
         tally.figures["responses_started"] = responses
-        tally.figures["headline"] = (f"{responses} responses started (prompt "
-                                     f"{tally.figures.get('prompt_tokens', '?')} tokens)")
+        tally.figures["headline"] = (f"{responses} responses started (instructions and tool: "
+                                     f"{tally.figures.get('system_message_tokens', '?')} tokens)")
 
 
-def pcm16_chunks(pcm24k: np.ndarray) -> list[str]:
-    """24 kHz float audio as base64 PCM16 appends of ``CHUNK_MS`` each."""
+def pcm16_chunks(pcm24k: np.ndarray, chunk_ms: int = CHUNK_MS) -> list[str]:
+    """24 kHz float audio as base64 PCM16 appends of ``chunk_ms`` each."""
     samples = (np.clip(pcm24k, -1.0, 1.0) * 32767).astype("<i2")
-    step = CHUNK_MS * 24
+    step = chunk_ms * 24
     return [base64.b64encode(samples[offset:offset + step].tobytes()).decode("ascii")
             for offset in range(0, samples.size, step)]
 
@@ -655,14 +690,22 @@ def append(audio: str) -> Event:
 async def speculation_loop(url: str, stop: asyncio.Event, tally: Tally, ready: Callable[[], None],
                            options: argparse.Namespace) -> None:
     speech = pcm16_chunks(soxr.resample(read_wav(REPO / "tests" / "fixtures" / "hello.wav"), 16_000, 24_000))
-    silence = pcm16_chunks(np.zeros(300 * 24, dtype=np.float32))
+    silence = pcm16_chunks(np.zeros(SPECULATION_PAUSE_MS * 24, dtype=np.float32))
     cycles = 0
+
+    filler = punctuation(INSTRUCTION_CHARS - 16, seed=1)
+
+    def instructions(version: str) -> str:
+        """The first tokens changed: every speculation prefills them all."""
+        return f"Version {version}. {filler}"
 
     async def body(socket: ForwardedSocket) -> None:
         nonlocal cycles
+        # Room for the versions to come: a few characters each, against ~140 tokens of punctuation.
+        await fit_instructions(socket, tally, instructions("0.0"), margin_chars=200)
         detection = {"type": "server_vad", "silence_duration_ms": SPECULATION_SILENCE_MS,
                      "speculative_response": True, "create_response": True}
-        error = await configure(socket, {"instructions": "Be brief.", "audio": {"input": {"turn_detection": detection}}})
+        error = await configure(socket, {"audio": {"input": {"turn_detection": detection}}})
         if error is not None:
             tally.notes.append(f"the speculating session was refused: {error}")
         while not stop.is_set():
@@ -671,8 +714,9 @@ async def speculation_loop(url: str, stop: asyncio.Event, tally: Tally, ready: C
                 await asyncio.sleep(CHUNK_MS / 2000)
             tally.sent("input_audio_buffer.append", len(speech) + len(silence))
             for restart in range(SPECULATION_RESTARTS):
-                await socket.send({"type": "session.update", "session": {"instructions": f"Be brief. {cycles}.{restart}"}})
-                await asyncio.sleep(0.1)
+                await socket.send({"type": "session.update",
+                                   "session": {"instructions": instructions(f"{cycles}.{restart}")}})
+                await asyncio.sleep(SPECULATION_RESTART_S)
             tally.sent("session.update", SPECULATION_RESTARTS)
             await socket.send({"type": "input_audio_buffer.clear"})
             tally.sent("input_audio_buffer.clear")
@@ -688,7 +732,7 @@ async def speculation_loop(url: str, stop: asyncio.Event, tally: Tally, ready: C
 
 async def transcription_flood(url: str, stop: asyncio.Event, tally: Tally, ready: Callable[[], None],
                               options: argparse.Namespace) -> None:
-    noise = pcm16_chunks(np.random.default_rng(45).normal(0.0, 0.1, CHUNK_MS * 24).astype(np.float32))[0]
+    noise = pcm16_chunks(np.random.default_rng(45).normal(0.0, 0.1, NOISE_MS * 24).astype(np.float32), NOISE_MS)[0]
     commits = 0
 
     async def body(socket: ForwardedSocket) -> None:
@@ -753,6 +797,7 @@ async def tool_redos_ws(url: str, stop: asyncio.Event, tally: Tally, ready: Call
         ready()
         await socket.wait_for("response.done", start=start, timeout_s=HOSTILE_WAIT_S)
         attempts.append(redos_response_figures(socket.events[start:], asked_at, time.monotonic()))
+        await wait_or_stop(stop, asked_at + REDOS_INTERVAL_S - time.monotonic())
 
     try:
         await hostile_sessions(url, stop, tally, body, options.redos_attempts)
@@ -773,7 +818,7 @@ async def tool_redos_rtc(url: str, stop: asyncio.Event, tally: Tally, ready: Cal
                          options: argparse.Namespace) -> None:
     attempts: list[dict[str, Any]] = []
     try:
-        for _ in range(REDOS_RTC_CALLS):
+        for _ in range(options.redos_attempts):
             if stop.is_set():
                 break
             call = ForwardedCall(url, HOSTILE_ADDRESS, timeout_s=HOSTILE_WAIT_S)
@@ -792,6 +837,7 @@ async def tool_redos_rtc(url: str, stop: asyncio.Event, tally: Tally, ready: Cal
                 ready()
                 await call.wait_for("response.done", start=start, timeout_s=HOSTILE_WAIT_S)
                 attempts.append(redos_response_figures(call.events[start:], asked_at, time.monotonic()))
+                await wait_or_stop(stop, asked_at + REDOS_INTERVAL_S - time.monotonic())
             except (ClientError, TimeoutError, httpx.HTTPError, OSError) as exc:
                 tally.counts[f"call failed: {call_refusal(exc)}"] += 1
                 attempts.append({"seconds": round(time.monotonic() - asked_at, 2), "failed": call_refusal(exc)})
@@ -1044,7 +1090,8 @@ async def settle(http: httpx.AsyncClient) -> float:
         turns = total(samples, "omni_rtc_engine_turn_seconds_count")
         if turns != last_turns:
             last_turns, quiet_since = turns, time.monotonic()
-        if samples and total(samples, "omni_rtc_sessions_open") == 0 and time.monotonic() - quiet_since >= SETTLE_QUIET_S:
+        idle = time.monotonic() - quiet_since >= SETTLE_QUIET_S
+        if samples and total(samples, "omni_rtc_sessions_open") == 0 and idle:
             break
         await asyncio.sleep(0.5)
     return round(time.monotonic() - started, 1)
@@ -1106,8 +1153,7 @@ async def measure(url: str, http: httpx.AsyncClient, pid: int, transport: Transp
 # -- the report -------------------------------------------------------------------------------------
 
 
-def attack_result(attack: str, transport: Transport, baseline: Phase, attacked: Phase,
-                  hostile: dict[str, Any]) -> dict[str, Any]:
+def attack_result(transport: Transport, baseline: Phase, attacked: Phase, hostile: dict[str, Any]) -> dict[str, Any]:
     base, under = baseline.summary(), attacked.summary()
     rules = {column: rule(base[column], under[column]) for column in ("text", "audio")}
     holds = [rules[column]["holds"] for column in ("text", "audio")]
@@ -1124,12 +1170,20 @@ def cell(summary: dict[str, Any]) -> str:
     return f"{median} ({p90})"
 
 
-def hostile_brief(hostile: dict[str, Any]) -> str:
+SPECULATIONS = re.compile(r'^omni_rtc_speculative_responses_total\{outcome="([a-z_]+)"\}$')
+
+
+def hostile_brief(hostile: dict[str, Any], server_moved: dict[str, float]) -> str:
+    """The hostile's headline, its errors, refusals and ends by kind, and the speculations the server started."""
     counts: dict[str, int] = hostile.get("counts", {})
     kinds = ("error ", "refused ", "session ended", "call ended", "call failed", "ended by the server")
     parts = [f"{key} ×{value}" for key, value in counts.items() if key.startswith(kinds)]
+    speculations = [f"{found[1]} {value:g}" for key, value in server_moved.items()
+                    if (found := SPECULATIONS.match(key))]
+    if speculations:
+        parts.append("server speculations: " + ", ".join(speculations))
     headline = hostile.get("figures", {}).get("headline")
-    notes = [note for note in hostile.get("notes", []) if note.startswith(("stopped", "no result", "the hostile"))]
+    notes = [note for note in hostile.get("notes", []) if note.startswith(("stopped", "cut short", "no result", "the hostile"))]
     return "; ".join(([headline] if headline else []) + parts + notes).replace("|", "/") or "-"
 
 
@@ -1147,7 +1201,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         lines.append(
             f"| {attack} | {result['polite_transport']} | {cell(base['text'])} | {cell(under['text'])} | {bounds[0]} "
             f"| {cell(base['audio'])} | {cell(under['audio'])} | {bounds[1]} | {result['verdict']} "
-            f"| {failed.replace('|', '/')} | {hostile_brief(result['hostile'])} |")
+            f"| {failed.replace('|', '/')} | {hostile_brief(result['hostile'], under['metrics_moved'])} |")
     return "\n".join(lines)
 
 
@@ -1169,7 +1223,7 @@ async def run(args: argparse.Namespace, url: str, pid: int, logs: Path) -> dict[
             print(f"{attack}: attack", flush=True)
             hostile = Hostile(attack, url, args, logs / f"hostile_{attack}.log")
             attacked, hostile_result = await measure(url, http, pid, transport, args, f"{attack}/attack", hostile)
-            results[attack] = attack_result(attack, transport, baseline, attacked, hostile_result or {})
+            results[attack] = attack_result(transport, baseline, attacked, hostile_result or {})
             print(table({attack: results[attack]}).splitlines()[-1], flush=True)
     return results
 
@@ -1182,11 +1236,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--polite", type=int, default=4, help="polite sessions per phase")
     parser.add_argument("--turns", type=int, default=6, help="measured turns per polite session (after a warm-up)")
-    parser.add_argument("--turn-timeout", type=float, default=30.0, help="seconds a polite turn may take before it fails")
+    parser.add_argument("--turn-timeout", type=float, default=30.0,
+                        help="seconds a polite turn may take before it fails")
     parser.add_argument("--phase-seconds", type=float, default=75.0, help="a phase's polite turns after this fail")
-    parser.add_argument("--hostile-seconds", type=float, default=150.0, help="a hostile client stops by itself after this")
+    parser.add_argument("--hostile-seconds", type=float, default=150.0,
+                        help="a hostile client stops by itself after this")
     parser.add_argument("--redos-chars", type=int, default=27, help="letters in the ReDoS tool call's argument")
-    parser.add_argument("--redos-attempts", type=int, default=6, help="tool_redos_ws: sessions calling the tool")
+    parser.add_argument("--redos-attempts", type=int, default=20,
+                        help="tool_redos_*: sessions (calls) calling the tool, one every 2 s at most, until stopped")
     parser.add_argument("--media-workers", type=int, default=2)
     parser.add_argument("--server-args", default="", help="extra `omni-rtc serve` flags, one string")
     parser.add_argument("--seed", type=int, default=45)
@@ -1223,7 +1280,8 @@ def main() -> None:
         "args": {key: str(value) for key, value in vars(args).items() if key not in ("hostile", "url")},
         "server": {"checkout": checkout(args.repo), "media_workers": args.media_workers,
                    "server_args": args.server_args, "log_tail": server_tail},
-        "rule": f"attack median <= {RULE_FACTOR:g} x baseline median + {RULE_MARGIN_MS:g} ms, first text and first audio",
+        "rule": f"attack median <= {RULE_FACTOR:g} x baseline median + {RULE_MARGIN_MS:g} ms, "
+                "first text and first audio",
         "machine": machine(),
         "seconds": round(time.monotonic() - started, 1),
         "all_pass": all(result["verdict"] == "pass" for result in results.values()),
