@@ -1,4 +1,5 @@
-"""The event gate: admits client events by size and by rate, before they are parsed.
+"""The event gate: admits client events by size and by rate, before they are parsed, and says
+how the refusals are answered.
 
 A refused event gets a :class:`Rejection`, which the session answers with an ``error`` event;
 the session goes on. An event pays the rate's bucket one token per ``max_bytes`` it holds (at most
@@ -6,12 +7,23 @@ a burst), refused ones too; an image event may be larger, but what it holds besi
 held to ``max_bytes`` once parsed. Audio appends pay by their audio (``app.realtime.input``), not
 here; an event that only looked like one pays once parsed (:meth:`EventGate.admit_parsed`). The
 bounds and why: docs/HARDENING.md, "Limits".
+
+Refusals for a bound (the event rate, appends faster than real time, an event too large:
+``BOUND_CODES``) are answered with an ``error`` each up to ``REPLY_BURST`` at once and
+``REPLIES_PER_SECOND`` after (:class:`RefusalReplies`; every other mistake is answered, within the
+event rate): a hostile client sent 23,000 malformed appends a second, and answering each cost the
+server more than refusing it (~17,000 error events a second; another visitor's first words came
+230 ms late against 20). The next reply says how many went unanswered. A client that has had
+``FLOOD_REFUSALS`` events refused within ``FLOOD_WINDOW_S`` is flooding: its session ends
+(``rate_limit_exceeded``, then the transport closes). No client that heeds a refusal comes near
+it: the event rate allows 50 a second.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -120,3 +132,45 @@ def too_large(size: int, max_bytes: int, max_image_event_bytes: int) -> Rejectio
         f"Event is {size} bytes; the limit is {max_bytes}, besides the input_image data URLs of a "
         f"conversation.item.create (at most {max_image_event_bytes} in all).",
     )
+
+
+# The errors that refuse an event for a bound, not for what it says.
+BOUND_CODES = frozenset({"rate_limit_exceeded", "input_audio_too_fast", "event_too_large"})
+REPLY_BURST = 20
+REPLIES_PER_SECOND = 2.0
+FLOOD_REFUSALS = 1_000
+FLOOD_WINDOW_S = 10.0
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """What to do about one refused event: ``reply`` with an error (noting ``unanswered`` refusals
+    before it), and whether the client is ``flooding`` (its session ends)."""
+
+    reply: bool
+    unanswered: int
+    flooding: bool
+
+
+class RefusalReplies:
+    """One session's refused events: which to answer, and when they are a flood."""
+
+    def __init__(self, now: float) -> None:
+        self._tokens = float(REPLY_BURST)
+        self._refilled_at = now
+        self._unanswered = 0
+        self._recent: deque[float] = deque()  # times of the refusals within the flood window
+
+    def refused(self, now: float) -> Refusal:
+        self._recent.append(now)
+        while self._recent and self._recent[0] <= now - FLOOD_WINDOW_S:
+            self._recent.popleft()
+        flooding = len(self._recent) >= FLOOD_REFUSALS
+        self._tokens = min(REPLY_BURST, self._tokens + (now - self._refilled_at) * REPLIES_PER_SECOND)
+        self._refilled_at = now
+        if self._tokens < 1 and not flooding:
+            self._unanswered += 1
+            return Refusal(reply=False, unanswered=0, flooding=False)
+        self._tokens = max(0.0, self._tokens - 1)
+        unanswered, self._unanswered = self._unanswered, 0
+        return Refusal(reply=True, unanswered=unanswered, flooding=flooding)

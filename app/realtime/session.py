@@ -28,7 +28,7 @@ import numpy as np
 
 from app.realtime.engine_share import EngineShare, answer_estimate
 from app.realtime.failures import failure_event
-from app.realtime.gate import EventGate
+from app.realtime.gate import BOUND_CODES, FLOOD_REFUSALS, FLOOD_WINDOW_S, EventGate, RefusalReplies
 from app.realtime.history import History, acknowledge_playback
 from app.realtime.input import (
     AppendDecoder,
@@ -199,6 +199,8 @@ class RealtimeSession:
         self._cut_by_speech: str | None = None
         self._closed = False
         self._finished = False  # session.finished sent: nothing more is taken or sent
+        self._refusals = RefusalReplies(time.monotonic())
+        self._flooding = False
         self._close_lock = asyncio.Lock()
         self._transcriptions = Transcriptions(engine, self.emit, self._history.holds, self.session_id, share=self._share)
         self._partials = PartialTranscripts(engine, self.emit, self._audio_content_index, session_id=self.session_id,
@@ -230,12 +232,12 @@ class RealtimeSession:
 
     async def handle_message(self, raw: str | bytes) -> None:
         """Handle one client event (JSON text); every mistake is answered with an ``error``."""
-        if self._closed or self._finished:
+        if self._closed or self._finished or self._flooding:
             return
         self._active_at = time.monotonic()
         rejection = self._gate.admit(raw)  # before parsing: a flood or a huge event costs nothing (appends: _parse)
         if rejection is not None:
-            self.emit(ProtocolError(rejection.code, rejection.message).to_event())
+            self._refuse(ProtocolError(rejection.code, rejection.message))
             return
         event_id: str | None = None
         try:
@@ -252,10 +254,40 @@ class RealtimeSession:
             await self._dispatch(event)
             self._speculator.check()  # the turn a commit would start may have changed
         except ProtocolError as exc:
-            self.emit(exc.to_event() if exc.event_id else exc.for_event(event_id).to_event())
+            self._refuse(exc if exc.event_id else exc.for_event(event_id))
         except Exception as exc:  # a bug of ours: the client hears of it, the session goes on
             where = f"session {self.session_id}: handling a client event"
             self.emit(failure_event("server_error", exc, where=where, client_event_id=event_id))
+
+    @property
+    def flooding(self) -> bool:
+        """The client had ``FLOOD_REFUSALS`` events refused within ``FLOOD_WINDOW_S``
+        (``app.realtime.gate``): nothing more is taken; its transport ends the call."""
+        return self._flooding
+
+    def _refuse(self, error: ProtocolError) -> None:
+        """A client event's ``error``; one refused for a bound within the replies' rate, and a
+        flood of those ends the session (``app.realtime.gate``)."""
+        if error.code not in BOUND_CODES:
+            self.emit(error.to_event())
+            return
+        refusal = self._refusals.refused(time.monotonic())
+        if refusal.flooding:
+            self._flooding = True
+            logger.warning("session %s: %d client events refused within %g s; closing it", self.session_id,
+                           FLOOD_REFUSALS, FLOOD_WINDOW_S)
+            self.emit(ProtocolError(
+                "rate_limit_exceeded",
+                f"{FLOOD_REFUSALS} of this session's events were refused within {FLOOD_WINDOW_S:g} s; the session is "
+                "closed.",
+            ).to_event())
+            return
+        if not refusal.reply:
+            return
+        if refusal.unanswered:
+            error = ProtocolError(error.code, f"{error.message} ({refusal.unanswered} more refused events were not "
+                                  "answered one by one.)", param=error.param, event_id=error.event_id, type=error.type)
+        self.emit(error.to_event())
 
     def _parse(self, raw: str | bytes) -> ClientEvent:
         """The event; one the gate let through as a possible audio append pays the event rate

@@ -418,3 +418,6 @@ class Call(CallLifecycle):
                 # The session answers bad input with an error event; an exception here is a bug.
                 # Log it and keep reading: one bad event must not end the call.
                 logger.exception("call %s: session failed on a client event", self.id)
+            if self._session.flooding:
+                self.end("client_flood")
+                return

@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 MAX_PENDING_BYTES = 16 * 1024 * 1024
 # How long queued events (the last deltas, session_expired) get to leave before the socket closes.
 FLUSH_TIMEOUT_S = 2.0
-CLOSE_CODES = {"client_not_reading": 1008, "server_shutdown": 1001}  # else 1000 (normal closure)
+CLOSE_CODES = {"client_not_reading": 1008, "client_flood": 1008, "server_shutdown": 1001}  # else 1000 (normal closure)
 _SESSION_FINISHED = event_type(SessionFinishedEvent)
 
 SocketSessionFactory = Callable[[AudioOutput, Callable[[dict[str, Any]], None]], Session]
@@ -138,6 +138,9 @@ class SocketCall(CallLifecycle):
                 await self._session.handle_message(text)
             except Exception:  # the session answers bad input itself; this is a bug: keep reading
                 logger.exception("%s: the session failed on a client event", self.id)
+            if self._session.flooding:
+                self.end("client_flood")
+                return
 
     async def _write(self) -> None:
         while True:

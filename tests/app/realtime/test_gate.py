@@ -1,8 +1,8 @@
-"""The event gate on its own: event size and rate, audio appends aside."""
+"""The event gate on its own: event size and rate, audio appends aside; how refusals are answered."""
 
 from __future__ import annotations
 
-from app.realtime.gate import EventGate
+from app.realtime.gate import FLOOD_REFUSALS, FLOOD_WINDOW_S, REPLY_BURST, EventGate, RefusalReplies
 from tests.clock import FakeClock
 
 
@@ -87,3 +87,22 @@ def test_gate_lets_an_append_with_its_usual_envelope_through_uncharged():
     for _ in range(5):
         assert gate.admit(append) is None and gate.admit_parsed(append, audio_chars=4) is None
     assert gate.admit("{}") is None
+
+
+def test_refusals_are_answered_up_to_a_rate_and_the_next_answer_counts_the_rest():
+    replies = RefusalReplies(now=0.0)
+    answered = [replies.refused(now=0.0).reply for _ in range(REPLY_BURST + 30)]
+    assert answered == [True] * REPLY_BURST + [False] * 30
+    later = replies.refused(now=1.0)  # REPLIES_PER_SECOND refilled: answered, naming what was not
+    assert later.reply and later.unanswered == 30 and not later.flooding
+
+
+def test_a_thousand_refusals_within_ten_seconds_are_a_flood_and_fewer_are_not():
+    steady = RefusalReplies(now=0.0)
+    # Just under the flood's pace for a minute: refused, never a flood.
+    interval = FLOOD_WINDOW_S / (FLOOD_REFUSALS - 10)
+    assert not any(steady.refused(now=step * interval).flooding for step in range(int(60 / interval)))
+    flood = RefusalReplies(now=0.0)
+    outcomes = [flood.refused(now=step * 0.001) for step in range(FLOOD_REFUSALS)]
+    assert not any(outcome.flooding for outcome in outcomes[:-1]) and outcomes[-1].flooding
+    assert outcomes[-1].reply  # the flood is told why the session ends

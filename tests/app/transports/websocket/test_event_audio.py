@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import soxr
 
+from app.realtime.gate import REPLIES_PER_SECOND, REPLY_BURST
 from app.realtime.history import History, acknowledge_playback
-from app.realtime.input import MAX_APPEND_AHEAD_MS
+from app.realtime.input import APPEND_RATE, MAX_APPEND_AHEAD_MS, MIN_APPEND_CHARGE_MS
 from app.realtime.playback import PlaybackLedger
 from app.realtime.protocol import PlaybackAckEvent
 from app.realtime.session_config import SessionConfig
@@ -223,13 +224,14 @@ async def test_30_s_of_10_ms_appends_in_real_time_are_all_taken_while_a_flood_of
     for number in range(3_000):  # 30 s, one append every 10 ms of the clock
         clock.now = number / 100
         await h.send(type="input_audio_buffer.append", audio=chunk, event_id=f"audio{number}")
-        for flood in range(2):  # 200 other events a second beside it
-            await h.send(type="conversation.item.retrieve", item_id="none", event_id=f"flood{number}.{flood}")
+        if number % 5 < 3:  # 60 other events a second beside it, past the 50 a second they may send
+            await h.send(type="conversation.item.retrieve", item_id="none", event_id=f"flood{number}")
 
     codes = [event["error"]["code"] for event in h.of_type("error")]
     assert "input_audio_too_fast" not in codes
-    assert codes.count("item_not_found") + codes.count("rate_limit_exceeded") == len(codes) == 6_000
+    assert set(codes) == {"item_not_found", "rate_limit_exceeded"}
     assert codes.count("item_not_found") <= 100 + 50 * 30  # the flood got its burst and 50 a second, no more
+    assert not h.session.flooding  # refused, answered at the replies' rate, and never a flood
     # Every append's audio reached the session: 30 s at 16 kHz, less what the resampler's filter
     # holds back (18 ms here).
     assert h.session.stats()["manual_buffer_samples"] >= (30_000 - 50) * RATE // 1000
@@ -271,3 +273,29 @@ def test_an_ack_of_a_segments_whole_milliseconds_is_all_of_it():
     acknowledge_playback(PlaybackAckEvent(type="playback.ack", played_ms=41, item_id="item_1"),
                          output.playback_reports, History(), PlaybackLedger(), "sess_1")
     assert output.played_samples == 1_000 and listener.stopped == 1
+
+
+async def test_a_flood_of_malformed_appends_is_answered_at_a_rate_then_the_session_ends():
+    clock = SteppedClock()
+    h = SocketSessionHarness(ScriptedEngine(REPLY), config=SessionConfig(turn_detection=None), clock=clock)
+    await h.session.start()
+    sent = 0
+    while not h.session.flooding and sent < 5_000:  # as fast as a client can: 1 ms apart
+        clock.now = sent / 1000
+        await h.send(type="input_audio_buffer.append", audio="!")
+        sent += 1
+    errors = h.of_type("error")
+    assert h.session.flooding and sent < 5_000
+    # Each malformed append costs the audio it claims, at least MIN_APPEND_CHARGE_MS: answered
+    # (invalid_value) while the audio's budget lasts, refused past it, and the refusals answered
+    # at the replies' rate, not one by one.
+    too_fast = [e for e in errors if e["error"]["code"] == "input_audio_too_fast"]
+    assert 0 < len(too_fast) <= REPLY_BURST + REPLIES_PER_SECOND * clock.now + 1
+    malformed = [e for e in errors if e["error"]["code"] == "invalid_value"]
+    budget = (MAX_APPEND_AHEAD_MS + APPEND_RATE * 1000 * clock.now) / MIN_APPEND_CHARGE_MS
+    assert len(malformed) <= budget + 1 < sent
+    last = errors[-1]["error"]
+    assert last["code"] == "rate_limit_exceeded" and "closed" in last["message"]
+    await h.send(type="conversation.item.retrieve", item_id="none")
+    assert len(h.of_type("error")) == len(errors)  # nothing more is taken
+    await h.session.close()
