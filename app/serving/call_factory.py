@@ -15,7 +15,9 @@ from app.metrics import Metrics
 from app.realtime.playback import AudioOutput
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
+from app.realtime.turn_report import SessionObservers
 from app.realtime.turn_taking import EngineTextJudge, TextJudge
+from app.recording import Recordings
 from app.tracing import Tracing
 from app.transports.webrtc.ice import IceServer, rest_api_credentials, rtc_configuration
 from app.transports.webrtc.peer_call import Call, SessionFactory, new_call_id
@@ -62,13 +64,15 @@ def session_factory(
     vad: SpeechModel,
     end_of_turn: EndOfTurnModel | None,
     tracing: Tracing | None,
+    recordings: Recordings | None,
     transport: str,
     session_fields: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
 ) -> Callable[[AudioOutput, Callable[[dict[str, Any]], None]], RealtimeSession]:
     """How a call of either transport, in either process, makes its session: ``session_engine``
     gives each session its engine (wrapped per session: ``app.serving.engines.for_session``),
     ``shared_engine`` is the engine the text judge asks (``text_judge``); the server's metrics
-    observe it, and this process's ``tracing`` (when it exports traces) draws its spans."""
+    observe it, this process's ``tracing`` (when it exports traces) draws its spans and its
+    ``recordings`` (when the server keeps them) record it."""
 
     def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
         return RealtimeSession(
@@ -79,7 +83,10 @@ def session_factory(
             end_of_turn=end_of_turn,
             text_judge=text_judge(settings, shared_engine),
             session_fields=session_fields,
-            observer=tracing.session_spans(transport) if tracing is not None else None,
+            observer=SessionObservers.of(
+                tracing.session_spans(transport) if tracing is not None else None,
+                recordings.session_recorder(transport) if recordings is not None else None,
+            ),
         )
 
     return make_session

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.calls.registry import CallRegistry
+from app.recording import Recordings
 from app.serving.engines import for_session
 from app.serving.media_workers import MediaWorkerPool
 from app.tracing import Tracing
@@ -27,6 +28,7 @@ class Runtime:
     workers: MediaWorkerPool | None = None  # --media-workers > 1
     dev_replies: tuple[str, ...] = ()  # --dev-replies
     tracing: Tracing | None = None  # this process's trace export; None: no OTLP endpoint configured
+    recordings: Recordings | None = None  # this process's session recordings; None: --record-dir not set
 
     def session_engine(self) -> Engine:
         """The engine one new session gets."""
