@@ -64,12 +64,14 @@ def recording_folders(root: Path) -> list[tuple[float, Path]]:
     return sorted(found, key=lambda pair: (pair[0], pair[1].name))
 
 
-def prune(root: Path, bounds: RetentionBounds, *, keep: Path, now: float | None = None) -> list[Path]:
+def prune(root: Path, bounds: RetentionBounds, *, keep: Path, live: frozenset[Path] = frozenset(),
+          now: float | None = None) -> list[Path]:
     """Removes the oldest recordings under ``root`` past ``bounds``, never ``keep`` (the one
-    starting), which counts toward the number; returns those removed. Blocking: a writer thread
-    runs it. Several processes may prune at once: a folder gone meanwhile is no error."""
+    starting, counted toward the number) nor ``live`` ones (still written by this process);
+    returns those removed. Blocking: a writer thread runs it. Several processes may prune at
+    once: a folder gone meanwhile is no error."""
     now = time.time() if now is None else now
-    others = [(started, path) for started, path in recording_folders(root) if path != keep]
+    others = [(started, path) for started, path in recording_folders(root) if path != keep and path not in live]
     removed: list[Path] = []
     sizes = {path: _size(path) for _, path in others}
     total = sum(sizes.values())
@@ -132,11 +134,16 @@ class Recordings:
         with self._lock:
             writer = RecordingWriter(
                 folder, start, secrets=self._secrets,
-                before=lambda: prune(self._root, self._bounds, keep=folder), on_done=self._finished,
+                before=lambda: prune(self._root, self._bounds, keep=folder, live=self._live()),
+                on_done=self._finished,
             )
             self._writers.add(writer)
         writer.start()
         return writer
+
+    def _live(self) -> frozenset[Path]:
+        with self._lock:
+            return frozenset(writer.folder for writer in self._writers)
 
     def _finished(self, writer: RecordingWriter) -> None:
         with self._lock:

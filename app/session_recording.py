@@ -106,6 +106,7 @@ class RecordingWriter:
         self._queued_bytes = 0
         self._dropped = 0
         self._finished = False
+        self._finish_taken = False  # the writer thread took the finish: nothing more comes
         self._thread = threading.Thread(target=self._run, name=f"recording {folder.name}", daemon=True)
 
     def start(self) -> None:
@@ -142,7 +143,8 @@ class RecordingWriter:
             self._write()
         except Exception:
             logger.exception("recording %s: writing failed; the recording stops here", self.folder)
-            self._drain()
+            if not self._finish_taken:
+                self._drain()
         finally:
             self._on_done(self)
 
@@ -168,6 +170,7 @@ class RecordingWriter:
                 with self._lock:
                     self._queued_bytes -= _size(item)
                 if isinstance(item, _Finish):
+                    self._finish_taken = True
                     finish = item
                     break
                 if isinstance(item, _Audio):

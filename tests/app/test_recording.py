@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -16,11 +18,12 @@ import numpy as np
 import pytest
 import soundfile
 
+from app.client.webrtc import RealtimeClient
 from app.client.websocket import RealtimeSocketClient
 from app.config import Settings
 from app.http.server import create_app
 from app.http.socket_route import websocket_server_options
-from app.recording import RetentionBounds, folder_name, prune, recording_folders
+from app.recording import Recordings, RetentionBounds, folder_name, prune, recording_folders
 from app.session_recording import redacted
 from media.rates import SPEECH_RATE, VOICE_RATE
 from tests.e2e.conftest import serving_in_process
@@ -189,6 +192,28 @@ def test_prune_removes_the_oldest_past_the_age_and_the_size(tmp_path):
     assert [path for _, path in recording_folders(tmp_path)] == [new]
 
 
+def test_a_recording_whose_folder_vanished_ends_and_the_server_stops(tmp_path):
+    """Another process pruning past tight bounds may remove a folder being written."""
+    recordings = Recordings(tmp_path, RetentionBounds(10, 10**6, 10**9), ())
+    recorder = recordings.session_recorder("websocket")
+    recorder.server_event({"type": "session.created", "session": {"id": "sess_x", "recording": {"enabled": True}}}, 0.0)
+    folder = recorder.folder
+    assert folder is not None
+    recorder.input_audio(np.zeros(160, dtype=np.float32))
+    for _ in range(500):
+        if (folder / "events.jsonl").exists():
+            break
+        time.sleep(0.01)
+    shutil.rmtree(folder)
+    recorder.client_event('{"type": "response.create"}', 0.5)
+    recorder.session_closed(1.0)
+    closing = threading.Thread(target=recordings.close)
+    closing.start()
+    closing.join(timeout=30)
+    assert not closing.is_alive()
+    assert not folder.exists()
+
+
 def test_secrets_and_payloads_are_never_kept():
     event = {
         "type": "response.output_audio.delta", "delta": "QUJD",
@@ -204,3 +229,29 @@ def test_secrets_and_payloads_are_never_kept():
         "headers": {"Authorization": "[redacted]"}, "note": "[redacted]", "text": "said [redacted] aloud",
         "item": {"content": [{"type": "input_image", "image_url": {"base64_chars": 26}}]},
     }
+
+
+@pytest.mark.e2e
+async def test_a_webrtc_call_on_a_media_worker_is_recorded_by_it(tmp_path):
+    record_dir = tmp_path / "recordings"
+    settings = Settings(ice_loopback=True, cache_dir=tmp_path, media_workers=2, record_dir=record_dir)
+    app = create_app(settings, engine=ScriptedEngine("Hi there"))
+    async with serving_in_process(app) as url:
+        async with RealtimeClient(url, ice_loopback=True) as client:
+            turn = await client.speak(load_fixture("hello"))
+            created = await client.wait_for("session.created")
+            received = list(client.events)
+    # The workers stopped with the server, each writing its recordings whole first.
+
+    assert turn.status == "completed" and created["session"]["recording"] == {"enabled": True}
+    (folder,) = [path for _, path in recording_folders(record_dir)]
+    summary = json.loads((folder / "session.json").read_text())
+    assert (summary["session_id"], summary["transport"]) == (created["session"]["id"], "webrtc")
+    events = _lines(folder / "events.jsonl")
+    recorded = [e["event"]["type"] for e in events if e["from"] == "server"]
+    assert recorded[: len(received)] == [e["type"] for e in received]
+    # The whole answer was played to the caller: the recording holds as much of it.
+    answered = soundfile.info(folder / "output.flac")
+    assert answered.duration == pytest.approx(turn.audible_seconds, abs=TOLERANCE_S)
+    heard = soundfile.info(folder / "input.flac")
+    assert heard.duration >= load_fixture("hello").size / SPEECH_RATE
