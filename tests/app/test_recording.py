@@ -232,7 +232,7 @@ def test_secrets_and_payloads_are_never_kept():
 
 
 @pytest.mark.e2e
-async def test_a_webrtc_call_on_a_media_worker_is_recorded_by_it(tmp_path):
+async def test_a_webrtc_call_on_a_media_worker_is_recorded_by_it_unless_its_offer_refuses(tmp_path):
     record_dir = tmp_path / "recordings"
     settings = Settings(ice_loopback=True, cache_dir=tmp_path, media_workers=2, record_dir=record_dir)
     app = create_app(settings, engine=ScriptedEngine("Hi there"))
@@ -241,9 +241,14 @@ async def test_a_webrtc_call_on_a_media_worker_is_recorded_by_it(tmp_path):
             turn = await client.speak(load_fixture("hello"))
             created = await client.wait_for("session.created")
             received = list(client.events)
+        # A call whose offer asks not to be recorded: nothing of it is ever written.
+        async with RealtimeClient(url, ice_loopback=True, session={"recording": {"enabled": False}}) as unrecorded:
+            refused = await unrecorded.speak(load_fixture("hello"))
+            unrecorded_created = await unrecorded.wait_for("session.created")
     # The workers stopped with the server, each writing its recordings whole first.
 
     assert turn.status == "completed" and created["session"]["recording"] == {"enabled": True}
+    assert refused.status == "completed" and unrecorded_created["session"]["recording"] == {"enabled": False}
     (folder,) = [path for _, path in recording_folders(record_dir)]
     summary = json.loads((folder / "session.json").read_text())
     assert (summary["session_id"], summary["transport"]) == (created["session"]["id"], "webrtc")
