@@ -74,8 +74,10 @@ frameworks-venv: $(FW_STAMP)
 turn-model: $(STAMP)
 	$(PY) scripts/fetch_turn_model.py
 
+# DEPTH=real: the real model's layer and expert counts at the dev model's tiny widths (docs/MODEL.md).
+DEPTH ?= tiny
 dev-model: $(STAMP)
-	$(VENV)/bin/omni-rtc dev-model
+	$(VENV)/bin/omni-rtc dev-model --depth $(DEPTH)
 
 fixtures: $(STAMP) system-deps
 	$(PY) tests/fixtures/make_fixtures.py

@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="fused",
         help="fused: transformers' own (default); hub: the published checkpoint's shards and per-expert tensors",
     )
+    dev_model.add_argument(
+        "--depth",
+        choices=["tiny", "real"],
+        default="tiny",
+        help="tiny: one or two layers per stage (default); real: Qwen3-Omni's layer and expert counts, tiny widths",
+    )
 
     call = commands.add_parser("call", help="call a server: say each WAV, save each answer")
     call.add_argument("url", help="server base URL, e.g. http://127.0.0.1:8000")
@@ -260,9 +266,9 @@ def _dev_model(args: argparse.Namespace) -> int:
     from pipeline.local.devmodel import build_dev_model, ensure_dev_model
 
     if args.out is not None:
-        path = build_dev_model(args.out, layout=args.layout)
+        path = build_dev_model(args.out, layout=args.layout, depth=args.depth)
     else:
-        path = ensure_dev_model(Settings().cache_dir, layout=args.layout)
+        path = ensure_dev_model(Settings().cache_dir, layout=args.layout, depth=args.depth)
     print(path)
     return 0
 

@@ -17,7 +17,7 @@ from hypothesis import settings
 
 import pipeline.local.devmodel
 import pipeline.local.tokenizer
-from pipeline.local.devmodel import ensure_dev_model
+from pipeline.local.devmodel import Depth, ensure_dev_model
 from pipeline.local.transformers_engine import TransformersEngine
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -45,9 +45,8 @@ def cache_root() -> Path:
     return Path(configured) if configured else REPO_ROOT / ".cache"
 
 
-@pytest.fixture(scope="session")
-def dev_model_dir() -> Path:
-    """The tiny Qwen3-Omni dev checkpoint, built once (about 15 s) and reused across runs.
+def built_dev_model(depth: Depth) -> Path:
+    """The dev checkpoint of ``depth``, built once and reused across runs.
 
     The test processes of one run (``make test`` starts two) wait for whichever builds it
     first instead of each building their own: on a fresh clone that was a build in each at once
@@ -56,7 +55,19 @@ def dev_model_dir() -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / "build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        return ensure_dev_model(cache, progress=logger.info)
+        return ensure_dev_model(cache, depth=depth, progress=logger.info)
+
+
+@pytest.fixture(scope="session")
+def dev_model_dir() -> Path:
+    """The tiny Qwen3-Omni dev checkpoint (about 15 s to build)."""
+    return built_dev_model("tiny")
+
+
+@pytest.fixture(scope="session")
+def real_depth_model_dir() -> Path:
+    """The dev checkpoint at the real model's layer and expert counts, tiny widths (docs/MODEL.md)."""
+    return built_dev_model("real")
 
 
 @contextlib.asynccontextmanager

@@ -54,3 +54,27 @@ def flat_png(width: int, height: int) -> bytes:
     idat = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
     header = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)  # 8-bit RGBA
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+# A regular expression that backtracking engines (Python's ``re``) take exponential time on: a
+# string of n characters without the final X costs ~2^n steps (29 characters ~10 s on the shared
+# development box). RE2 and other linear-time engines answer at once.
+CATASTROPHIC_PATTERN = "^(.+)+X$"
+
+
+def catastrophic_pattern_tool(name: str = "lookup") -> dict:
+    """A function tool whose one string parameter must match :data:`CATASTROPHIC_PATTERN`: checking
+    a call's arguments against it runs the pattern on whatever the model wrote."""
+    return {
+        "type": "function", "name": name, "description": "Looks a code up.",
+        "parameters": {"type": "object", "properties": {"code": {"type": "string", "pattern": CATASTROPHIC_PATTERN}},
+                       "required": ["code"]},
+    }
+
+
+def forced_tool_call(name: str, arguments: dict) -> str:
+    """The reply that makes the dev model call a tool (``omni-rtc serve --dev-replies``): Qwen's
+    tool-call markup, forced through the real tokenizer."""
+    import json
+
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"

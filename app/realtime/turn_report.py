@@ -1,7 +1,7 @@
 """What a session tells an observer of its turns: typed reports, with the monotonic times they came from.
 
-A :class:`SessionObserver` (``app.tracing``'s spans, ``app.recording``'s recorder, both through
-:class:`SessionObservers`, or none) hears a session start, each response end (:class:`TurnReport`,
+A :class:`SessionObserver` (``app.tracing``'s spans, ``app.turn_timelines``' timeline,
+``app.recording``'s recorder, together through :class:`SessionObservers`, or none) hears a session start, each response end (:class:`TurnReport`,
 at its ``response.done``), each answer's playback end (:class:`PlaybackReport`: played out, or
 cut) and the session close; and what passes through it: every client event as received, every
 server event as sent, the input audio as the session heard it and the answer's audio as written

@@ -21,6 +21,7 @@ from app.recording import Recordings
 from app.tracing import Tracing
 from app.transports.webrtc.ice import IceServer, rest_api_credentials, rtc_configuration
 from app.transports.webrtc.peer_call import Call, SessionFactory, new_call_id
+from app.turn_timelines import TurnTimelines
 from media.aiortc_version import UnsupportedAiortc
 from media.end_of_turn_model import EndOfTurnModel, SmartTurnModel, default_turn_model_path
 from media.receiver_tap import check_receiver_tap
@@ -67,11 +68,13 @@ def session_factory(
     recordings: Recordings | None,
     transport: str,
     session_fields: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
+    timelines: TurnTimelines | None = None,
 ) -> Callable[[AudioOutput, Callable[[dict[str, Any]], None]], RealtimeSession]:
     """How a call of either transport, in either process, makes its session: ``session_engine``
     gives each session its engine (wrapped per session: ``app.serving.engines.for_session``),
     ``shared_engine`` is the engine the text judge asks (``text_judge``); the server's metrics
-    observe it, this process's ``tracing`` (when it exports traces) draws its spans and its
+    observe it, this process's ``tracing`` (when it exports traces) draws its spans,
+    ``timelines`` (the server process's, for ``/debug/turns``) keeps its turns' timeline and its
     ``recordings`` (when the server keeps them) record it."""
 
     def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
@@ -85,6 +88,7 @@ def session_factory(
             session_fields=session_fields,
             observer=SessionObservers.of(
                 tracing.session_spans(transport) if tracing is not None else None,
+                timelines.new_session(transport) if timelines is not None else None,
                 recordings.session_recorder(transport) if recordings is not None else None,
             ),
         )

@@ -33,6 +33,7 @@ from app.serving.engines import for_session
 from app.serving.ipc import MessageTooLarge, post, receive
 from app.serving.worker_messages import (
     AskResources,
+    AskTurns,
     CallClosed,
     CallConnected,
     CancelGeneration,
@@ -52,9 +53,11 @@ from app.serving.worker_messages import (
     StartGeneration,
     Status,
     ToFront,
+    TurnsReport,
 )
 from app.tracing import Tracing, TracingEnvironment
 from app.transports.webrtc.peer_call import Call, OfferError
+from app.turn_timelines import TurnTimelines
 from media.end_of_turn_model import EndOfTurnModel
 from media.vad import SileroVad
 from pipeline.contract import EngineCapabilities, EngineError, EngineHealth, GenerationEvent, GenerationRequest
@@ -164,6 +167,7 @@ class MediaWorker:
         self._writer: asyncio.StreamWriter | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._dev_replies: tuple[str, ...] = ()
+        self._timelines = TurnTimelines()  # this worker's recent sessions, for the front's /debug/turns
 
     async def serve(self, socket_path: str) -> None:
         reader, writer = await asyncio.open_unix_connection(socket_path)
@@ -194,6 +198,8 @@ class MediaWorker:
                         self._start(self._hang_up(message, calls), f"hangup {message.call_id}")
                     case AskResources():  # psutil reads /proc: well under a millisecond
                         self._send(ResourcesReport(request=message.request, resources=process_resources()))
+                    case AskTurns():  # at most RECENT_SESSIONS sessions of MAX_TURNS turns each
+                        self._send(TurnsReport(request=message.request, sessions=self._timelines.to_json()))
                     case Shutdown():
                         break
                     case _:
@@ -247,7 +253,7 @@ class MediaWorker:
         make_session = session_factory(
             self._settings, metrics, message.config, session_engine=lambda: for_session(engine, self._dev_replies),
             shared_engine=engine, vad=vad, end_of_turn=end_of_turn, tracing=tracing, recordings=recordings,
-            transport=Call.transport,
+            transport=Call.transport, timelines=self._timelines,
         )
 
         call = calls.admit(

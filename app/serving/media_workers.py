@@ -36,6 +36,7 @@ from app.serving.ipc import MessageTooLarge, post, receive
 from app.serving.media_worker import STOP_SIGNALS, run_media_worker
 from app.serving.worker_messages import (
     AskResources,
+    AskTurns,
     CallClosed,
     CallConnected,
     CancelGeneration,
@@ -59,6 +60,7 @@ from app.serving.worker_messages import (
     StartGeneration,
     Status,
     ToWorker,
+    TurnsReport,
 )
 from app.tracing import TracingEnvironment
 from app.transports.webrtc.peer_call import OfferError
@@ -73,8 +75,9 @@ WORKER_START_TIMEOUT_S = 60.0
 # Answering an offer gathers loopback/host candidates: well under a second; a worker that takes
 # this long is stuck, and the client gets a 503 rather than waiting forever.
 OFFER_TIMEOUT_S = 30.0
-# A worker measures its resources in well under a millisecond; one silent this long is stuck
-# (or stopped), and /debug/resources reports it not alive rather than hang.
+# A worker measures its resources (or lists its turn timelines) in well under a millisecond; one
+# silent this long is stuck (or stopped), and /debug/resources reports it not alive (/debug/turns
+# leaves its sessions out) rather than hang.
 RESOURCES_TIMEOUT_S = 5.0
 # Asked to shut down, a worker closes its calls (each a few ms); past this it is killed.
 WORKER_STOP_TIMEOUT_S = 10.0
@@ -312,6 +315,23 @@ class MediaWorkerPool:
 
         return list(await asyncio.gather(*(one(worker) for worker in self._workers)))
 
+    async def turns(self) -> list[dict[str, Any]]:
+        """Every running worker's recent sessions' timelines (``app.turn_timelines``), asked over
+        IPC, each session with its ``worker``; a worker not running or not answering adds none."""
+
+        async def one(worker: WorkerHandle) -> list[dict[str, Any]]:
+            if not worker.takes_calls:
+                return []
+            try:
+                reply = await self._ask(worker, AskTurns, timeout_s=RESOURCES_TIMEOUT_S)
+            except WorkerUnavailable:
+                return []
+            if not isinstance(reply, TurnsReport):
+                raise TypeError(f"media worker {worker.index} replied to AskTurns with a {type(reply).__name__}")
+            return [{**session, "worker": str(worker.index)} for session in reply.sessions]
+
+        return [session for sessions in await asyncio.gather(*(one(w) for w in self._workers)) for session in sessions]
+
     def metric_samples(self) -> list[list[FamilySamples]]:
         return [worker.metrics for worker in self._workers if worker.ready and worker.metrics]
 
@@ -391,7 +411,7 @@ class MediaWorkerPool:
                 worker.calls.add(message.call_id)
                 self._call_worker[message.call_id] = worker
                 self._settle(future, message)
-            case OfferRefused() | OfferFailed() | HungUp() | ResourcesReport():
+            case OfferRefused() | OfferFailed() | HungUp() | ResourcesReport() | TurnsReport():
                 self._settle(worker.pending.pop(message.request, None), message)
             case CallConnected():
                 if message.call_id in worker.calls:

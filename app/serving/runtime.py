@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.calls.registry import CallRegistry
 from app.recording import Recordings
 from app.serving.engines import for_session
 from app.serving.media_workers import MediaWorkerPool
 from app.tracing import Tracing
+from app.turn_timelines import TurnTimelines
 from media.end_of_turn_model import EndOfTurnModel
 from media.vad import SileroVad
 from pipeline.contract import Engine
@@ -29,6 +30,8 @@ class Runtime:
     dev_replies: tuple[str, ...] = ()  # --dev-replies
     tracing: Tracing | None = None  # this process's trace export; None: no OTLP endpoint configured
     recordings: Recordings | None = None  # this process's session recordings; None: --record-dir not set
+    # Recent sessions' turns in this process (GET /debug/turns); the media workers' calls are not here.
+    timelines: TurnTimelines = field(default_factory=TurnTimelines)
 
     def session_engine(self) -> Engine:
         """The engine one new session gets."""

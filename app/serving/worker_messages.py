@@ -1,9 +1,9 @@
 """What the front process and its media workers say to each other over their connection (all picklable).
 
-The front asks (``Offer``, ``HangUp``, ``AskResources``: each carries a ``request`` number that its
+The front asks (``Offer``, ``HangUp``, ``AskResources``, ``AskTurns``: each carries a ``request`` number that its
 reply repeats), serves the workers' engine generations (``GenerationEventMessage``, ``GenerationEnd``,
 ``GenerationPromoted``) and stops them (``Shutdown``). A worker says who it is (``Hello``), replies
-(``OfferAnswered``, ``OfferRefused``, ``OfferFailed``, ``HungUp``, ``ResourcesReport``), tells of its
+(``OfferAnswered``, ``OfferRefused``, ``OfferFailed``, ``HungUp``, ``ResourcesReport``, ``TurnsReport``), tells of its
 calls (``CallConnected``, ``CallClosed``), reports every ``STATUS_INTERVAL_S`` (``Status``: its
 heartbeat) and runs generations on the front's engine (``StartGeneration``, ``CancelGeneration``, ``PromoteGeneration``).
 ``app.serving.ipc`` carries them; ``app.serving.media_workers`` and ``app.serving.media_worker``
@@ -44,6 +44,13 @@ class HangUp:
 @dataclass(frozen=True)
 class AskResources:
     """The worker's ``process_resources()`` (``/debug/resources``); replied with ``ResourcesReport``."""
+
+    request: int
+
+
+@dataclass(frozen=True)
+class AskTurns:
+    """The worker's recent sessions' turn timelines (``/debug/turns``); replied with ``TurnsReport``."""
 
     request: int
 
@@ -137,6 +144,12 @@ class ResourcesReport:
 
 
 @dataclass(frozen=True)
+class TurnsReport:
+    request: int
+    sessions: list[dict[str, Any]]  # app.turn_timelines.TurnTimelines.to_json()
+
+
+@dataclass(frozen=True)
 class CallConnected:
     call_id: str
 
@@ -177,8 +190,8 @@ class PromoteGeneration:
     preemptible_id: str
 
 
-FrontRequest = Offer | HangUp | AskResources
-Reply = OfferAnswered | OfferRefused | OfferFailed | HungUp | ResourcesReport
+FrontRequest = Offer | HangUp | AskResources | AskTurns
+Reply = OfferAnswered | OfferRefused | OfferFailed | HungUp | ResourcesReport | TurnsReport
 ToWorker = FrontRequest | GenerationEventMessage | GenerationEnd | GenerationPromoted | Shutdown
 ToFront = Hello | Reply | CallConnected | CallClosed | Status | StartGeneration | CancelGeneration | PromoteGeneration
 Message = ToWorker | ToFront

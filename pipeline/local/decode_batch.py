@@ -22,6 +22,7 @@ from pipeline.local.prompt import ThinkerInputs
 from pipeline.local.sampling import choose_rows
 from pipeline.local.stages import TalkerGeneration
 from pipeline.local.streaming import AudioChunker
+from pipeline.local.talker_positions import talker_prompt_positions
 from pipeline.local.thinker_prompt import ThinkerPrompt
 
 
@@ -82,7 +83,7 @@ class DecodeBatch(Generic[GenerationKey]):
         self._thinking: StageRows[GenerationKey] | None = None
         self._speaking: StageRows[GenerationKey] | None = None
         # None: a checkpoint loaded without audio output (text-only turns).
-        self._speech_model = TalkerDecoder(model) if getattr(model, "talker", None) is not None else None
+        self._speech_model = TalkerDecoder(model.talker) if getattr(model, "talker", None) is not None else None
         self._tts: TtsEmbeddings | None = None
         # Due chunks of one shape go through Code2Wav together on an accelerator, one call each on a CPU.
         code2wav = getattr(model, "code2wav", None)  # None: loaded without audio output
@@ -249,18 +250,8 @@ class DecodeBatch(Generic[GenerationKey]):
             if speaker_id is None:
                 raise ValueError(f"the checkpoint has no speaker {turn.params.voice!r}")
             prompt_embeds, prompt_ids = self._talker_prompt(turn, speaker_id, self._tts_embeds())
-            attention_mask = torch.ones(prompt_ids.shape, dtype=torch.long, device=device)
-            model_kwargs = {"attention_mask": attention_mask, "talker_input_ids": prompt_ids}
-            if turn.inputs.feature_attention_mask is not None:
-                model_kwargs["audio_feature_lengths"] = turn.inputs.feature_attention_mask.to(device).sum(dim=1)
-            if turn.inputs.image_grid_thw is not None and turn.inputs.feature_attention_mask is None:
-                # generate() passes the image grid to the Talker too, which then places images on
-                # the 3-D grid. With audio beside them, transformers 5.24's Talker reads an
-                # ``audio_config`` its config does not have and fails; such a prompt gets the
-                # positions an audio-only prompt gets: one after another (as generate() gives).
-                model_kwargs["image_grid_thw"] = turn.inputs.image_grid_thw.to(device)
             with torch.inference_mode():
-                prompts.append((prompt_embeds, talker._prepare_position_ids_for_generation(prompt_embeds, model_kwargs)))
+                prompts.append((prompt_embeds, talker_prompt_positions(model.thinker, prompt_ids, turn.inputs)))
         length = max(embeds.shape[1] for embeds, _ in prompts)
         pads = [length - embeds.shape[1] for embeds, _ in prompts]
         pad = torch.nn.functional.pad

@@ -42,7 +42,7 @@ class DecoderStack:
         """[rows, n, hidden] inputs -> [rows, n, hidden] normed outputs; ``cache`` advances by n."""
         if position_embeddings is None:
             position_embeddings = self.rotary(hidden, positions)
-        mask = cache.mask(hidden.shape[1], self.attention) if hidden.shape[1] == 1 else None
+        mask = cache.mask(hidden.shape[1], self.attention)
         for layer in self.layers:
             hidden = layer(hidden, attention_mask=mask, cache=cache, position_embeddings=position_embeddings)
         cache.advance(hidden.shape[1])
@@ -53,14 +53,15 @@ class TalkerDecoder:
     """The Talker's modules as a decoding step calls them: its decoder stack and the code
     predictor that completes each frame."""
 
-    def __init__(self, model) -> None:
-        self.talker = model.talker
-        self.stack = DecoderStack(self.talker.model)
-        predictor = self.talker.code_predictor
+    def __init__(self, talker) -> None:
+        """``talker``: the model's ``Qwen3OmniMoeTalkerForConditionalGeneration`` (``model.talker``)."""
+        self.talker = talker
+        self.stack = DecoderStack(talker.model)
+        predictor = talker.code_predictor
         self._predictor_stack = DecoderStack(predictor.model)
         self._predictor_heads = list(predictor.lm_head)
         self._predictor_embeddings = list(predictor.model.codec_embedding)
-        self.num_code_groups: int = model.config.talker_config.num_code_groups
+        self.num_code_groups: int = talker.config.num_code_groups
         self._predictor_caches: dict[int, KVCache] = {}
         self._predictor_rope: tuple[torch.Tensor, torch.Tensor] | None = None
 

@@ -4,8 +4,9 @@ Real weights need a GPU and cannot be downloaded here, so development, tests and
 this: the real ``Qwen3OmniMoeForConditionalGeneration`` class (thinker with audio encoder,
 talker with code predictor, code2wav), the real special-token and codec ids, the real
 tokenizer, a Whisper feature extractor and the ChatML template, all loaded through
-``from_pretrained(dir)`` exactly like a real checkpoint. Only the widths and depths are tiny;
-its words and sounds are noise.
+``from_pretrained(dir)`` exactly like a real checkpoint. Only the widths and depths are tiny
+(``depth="real"``: the real layer and expert counts at the same tiny widths); its words and
+sounds are noise.
 
 Two on-disk layouts (docs/MODEL.md): "fused", transformers 5's own (experts fused, loaded as
 is), and "hub", the published Qwen/Qwen3-Omni-30B-A3B-Instruct layout (safetensors shards and
@@ -24,6 +25,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -36,8 +38,18 @@ from transformers import (
     Qwen3OmniMoeTalkerConfig,
     WhisperFeatureExtractor,
 )
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
+    Qwen3OmniMoeAudioEncoderConfig,
+    Qwen3OmniMoeCode2WavConfig,
+    Qwen3OmniMoeTalkerCodePredictorConfig,
+    Qwen3OmniMoeTalkerTextConfig,
+    Qwen3OmniMoeTextConfig,
+    Qwen3OmniMoeThinkerConfig,
+    Qwen3OmniMoeVisionEncoderConfig,
+)
 
-from pipeline.local.qwen3_omni_config import talker_ids, thinker_ids, turn_ids
+from pipeline.local.qwen3_omni_config import instruct_config, talker_ids, thinker_ids, turn_ids
 from pipeline.local.tokenizer import build_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -49,7 +61,7 @@ DEV_MODEL_DIRNAME = "dev-model"
 # full scale, digital silence once sent as 16-bit PCM; version 3 calibrated with a gain that
 # depended on thread count; version 4 stored transformers' reverse-converted names in one file,
 # now the explicit "fused" layout; version 5 had no image processor config).
-DEV_MODEL_VERSION = "6"
+DEV_MODEL_VERSION = "7"
 # Written last by build_dev_model; ensure_dev_model renames only finished builds into place.
 VERSION_FILE = "omni-rtc-dev-model-version"
 
@@ -78,31 +90,111 @@ _MROPE = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [4
 
 
 
-def _moe_text_config(vocab_size: int, hidden_size: int, **shared_expert: int) -> dict[str, Any]:
+Depth = Literal["tiny", "real"]
+DEPTHS: tuple[Depth, ...] = ("tiny", "real")
+
+
+@dataclass(frozen=True)
+class StageDepths:
+    """How deep each stage is and how many experts its MoE layers route among."""
+
+    thinker_layers: int
+    thinker_experts: int
+    thinker_experts_per_token: int
+    # The Thinker layer whose hidden states the Talker reads for the user's audio and images.
+    accept_hidden_layer: int
+    talker_layers: int
+    talker_experts: int
+    talker_experts_per_token: int
+    code_predictor_layers: int
+    code2wav_layers: int
+    audio_encoder_layers: int
+    vision_depth: int
+    deepstack_visual_indexes: tuple[int, ...]
+
+
+# "tiny": every stage one or two layers deep, four experts (the dev model of every test).
+# The real model feeds layer 24 of 48 to the Talker: the middle, as here (1 of 2).
+TINY_DEPTHS = StageDepths(
+    thinker_layers=2,
+    thinker_experts=4,
+    thinker_experts_per_token=2,
+    accept_hidden_layer=1,
+    talker_layers=2,
+    talker_experts=4,
+    talker_experts_per_token=2,
+    code_predictor_layers=1,
+    code2wav_layers=1,
+    audio_encoder_layers=1,
+    vision_depth=1,
+    deepstack_visual_indexes=(0,),
+)
+
+
+def real_depths() -> StageDepths:
+    """Qwen3-Omni-30B-A3B-Instruct's depths and expert counts (``qwen3_omni_config``: Thinker 48
+    layers of 128 experts, 8 per token; Talker 20 of 128, 6 per token; code predictor 5; Code2Wav 8;
+    audio encoder 32; vision tower 27 blocks)."""
+    config = instruct_config()
+    thinker = cast(Qwen3OmniMoeThinkerConfig, config.thinker_config)
+    thinker_text = cast(Qwen3OmniMoeTextConfig, thinker.text_config)
+    audio = cast(Qwen3OmniMoeAudioEncoderConfig, thinker.audio_config)
+    vision = cast(Qwen3OmniMoeVisionEncoderConfig, thinker.vision_config)
+    talker = cast(Qwen3OmniMoeTalkerConfig, config.talker_config)
+    talker_text = cast(Qwen3OmniMoeTalkerTextConfig, talker.text_config)
+    predictor = cast(Qwen3OmniMoeTalkerCodePredictorConfig, talker.code_predictor_config)
+    code2wav = cast(Qwen3OmniMoeCode2WavConfig, config.code2wav_config)
+    return StageDepths(
+        thinker_layers=thinker_text.num_hidden_layers,
+        thinker_experts=thinker_text.num_experts,
+        thinker_experts_per_token=thinker_text.num_experts_per_tok,
+        accept_hidden_layer=talker.accept_hidden_layer,
+        talker_layers=talker_text.num_hidden_layers,
+        talker_experts=talker_text.num_experts,
+        talker_experts_per_token=talker_text.num_experts_per_tok,
+        code_predictor_layers=predictor.num_hidden_layers,
+        code2wav_layers=code2wav.num_hidden_layers,
+        audio_encoder_layers=audio.encoder_layers,
+        vision_depth=vision.depth,
+        deepstack_visual_indexes=tuple(vision.deepstack_visual_indexes),
+    )
+
+
+def stage_depths(depth: Depth) -> StageDepths:
+    if depth not in DEPTHS:
+        raise ValueError(f"unknown depth {depth!r}; expected one of {', '.join(DEPTHS)}")
+    return TINY_DEPTHS if depth == "tiny" else real_depths()
+
+
+def _moe_text_config(
+    vocab_size: int, hidden_size: int, *, layers: int, experts: int, experts_per_token: int, **shared_expert: int
+) -> dict[str, Any]:
     """The Thinker's and the Talker's text model alike: the same small MoE decoder under each one's
-    vocabulary and width (``shared_expert``: the Talker's shared expert)."""
+    vocabulary, width and depth (``shared_expert``: the Talker's shared expert)."""
     return {
         "vocab_size": vocab_size,
         "hidden_size": hidden_size,
         "intermediate_size": 64,
         "moe_intermediate_size": 32,
         **shared_expert,
-        "num_hidden_layers": 2,
+        "num_hidden_layers": layers,
         "num_attention_heads": 2,
         "num_key_value_heads": 1,
         "head_dim": _HEAD_DIM,
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
+        "num_experts": experts,
+        "num_experts_per_tok": experts_per_token,
         "max_position_embeddings": 65_536,
         "rope_parameters": dict(_MROPE),
     }
 
 
-def dev_model_config() -> Qwen3OmniMoeConfig:
-    """The real Qwen3-Omni-30B-A3B-Instruct config with every width and depth shrunk."""
+def dev_model_config(depth: Depth = "tiny") -> Qwen3OmniMoeConfig:
+    """The real Qwen3-Omni-30B-A3B-Instruct config with every width shrunk, and every depth too
+    unless ``depth`` is "real" (the real layer and expert counts at the tiny widths)."""
+    depths = stage_depths(depth)
     audio_config = {
         "num_mel_bins": 128,
-        "encoder_layers": 1,
+        "encoder_layers": depths.audio_encoder_layers,
         "encoder_attention_heads": 2,
         "encoder_ffn_dim": 64,
         "d_model": 32,
@@ -114,28 +206,40 @@ def dev_model_config() -> Qwen3OmniMoeConfig:
         "max_source_positions": 1500,
     }
     vision_config = {
-        "depth": 1,
+        "depth": depths.vision_depth,
         "hidden_size": 16,
         "intermediate_size": 32,
         "num_heads": 2,
         "out_hidden_size": _THINKER_HIDDEN,
-        "deepstack_visual_indexes": [0],
+        "deepstack_visual_indexes": list(depths.deepstack_visual_indexes),
         "num_position_embeddings": 64,
     }
-    thinker_text_config = _moe_text_config(vocab_size=152_064, hidden_size=_THINKER_HIDDEN)
+    thinker_text_config = _moe_text_config(
+        vocab_size=152_064,
+        hidden_size=_THINKER_HIDDEN,
+        layers=depths.thinker_layers,
+        experts=depths.thinker_experts,
+        experts_per_token=depths.thinker_experts_per_token,
+    )
     thinker_config = {
         "audio_config": audio_config,
         "vision_config": vision_config,
         "text_config": thinker_text_config,
         **thinker_ids(),
     }
-    talker_text_config = _moe_text_config(vocab_size=3072, hidden_size=_TALKER_HIDDEN,
-                                          shared_expert_intermediate_size=32)
+    talker_text_config = _moe_text_config(
+        vocab_size=3072,
+        hidden_size=_TALKER_HIDDEN,
+        layers=depths.talker_layers,
+        experts=depths.talker_experts,
+        experts_per_token=depths.talker_experts_per_token,
+        shared_expert_intermediate_size=32,
+    )
     code_predictor_config = {
         "vocab_size": 2048,
         "hidden_size": _TALKER_HIDDEN,
         "intermediate_size": 64,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": depths.code_predictor_layers,
         "num_attention_heads": 2,
         "num_key_value_heads": 1,
         "head_dim": _HEAD_DIM,
@@ -147,8 +251,7 @@ def dev_model_config() -> Qwen3OmniMoeConfig:
         "code_predictor_config": code_predictor_config,
         "num_code_groups": 16,
         "thinker_hidden_size": _THINKER_HIDDEN,
-        # The real model feeds layer 24 of 48 to the talker: the middle, as here (1 of 2).
-        "accept_hidden_layer": 1,
+        "accept_hidden_layer": depths.accept_hidden_layer,
         **talker_ids(),
     }
     code2wav_config = {
@@ -156,7 +259,7 @@ def dev_model_config() -> Qwen3OmniMoeConfig:
         "num_quantizers": 16,
         "hidden_size": 32,
         "intermediate_size": 64,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": depths.code2wav_layers,
         "num_attention_heads": 2,
         "num_key_value_heads": 2,
         "sliding_window": 72,
@@ -223,6 +326,13 @@ IMAGE_PROCESSOR_CONFIG = {
 }
 
 
+def dev_image_processor() -> Qwen2VLImageProcessorPil:
+    """The image processor ``preprocessor_config.json`` describes, built without a checkpoint directory."""
+    settings = {key: value for key, value in IMAGE_PROCESSOR_CONFIG.items()
+                if key not in ("image_processor_type", "processor_class")}
+    return Qwen2VLImageProcessorPil.from_dict(settings)
+
+
 def write_preprocessor_config(out_dir: Path) -> None:
     """``preprocessor_config.json`` as the published checkpoint has it: one file that both the
     Whisper feature extractor and the image processor read their settings from."""
@@ -232,10 +342,11 @@ def write_preprocessor_config(out_dir: Path) -> None:
     path.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
 
 
-def dev_model(*, seed: int = 0) -> Qwen3OmniMoeForConditionalGeneration:
-    """The dev model's weights: random from ``seed``, wired to end its turns (same seed, same weights)."""
+def dev_model(*, seed: int = 0, depth: Depth = "tiny") -> Qwen3OmniMoeForConditionalGeneration:
+    """The dev model's weights: random from ``seed``, wired to end its turns (same seed and depth,
+    same weights)."""
     torch.manual_seed(seed)
-    model = Qwen3OmniMoeForConditionalGeneration(dev_model_config())
+    model = Qwen3OmniMoeForConditionalGeneration(dev_model_config(depth))
     initialise_talker_experts(model)
     _wire_turn_endings(model)
     _calibrate_loudness(model)
@@ -411,11 +522,13 @@ def build_dev_model(
     *,
     seed: int = 0,
     layout: Layout = "fused",
+    depth: Depth = "tiny",
     progress: Callable[[str], None] | None = None,
 ) -> Path:
     """Write a complete dev checkpoint into ``out_dir`` (created if missing; its files are overwritten)."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+    stage_depths(depth)  # refuses an unknown depth before anything is written
     report = progress or logger.info
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -427,8 +540,8 @@ def build_dev_model(
     report("writing the preprocessor config (Whisper features, Qwen's image processor)")
     write_preprocessor_config(out_dir)
 
-    report(f"initialising a tiny Qwen3OmniMoeForConditionalGeneration (seed {seed})")
-    model = dev_model(seed=seed)
+    report(f"initialising a tiny-width Qwen3OmniMoeForConditionalGeneration of {depth} depth (seed {seed})")
+    model = dev_model(seed=seed, depth=depth)
     parameters = sum(p.numel() for p in model.parameters())
     report(f"saving {parameters / 1e6:.1f} M parameters in the {layout} layout")
     if layout == "hub":
@@ -444,28 +557,39 @@ def _is_current(model_dir: Path) -> bool:
     return version_file.is_file() and version_file.read_text().strip() == DEV_MODEL_VERSION
 
 
+def dev_model_dirname(layout: Layout = "fused", depth: Depth = "tiny") -> str:
+    """``dev-model``, with ``-real-depth`` for the real depths and ``-hub`` for the hub layout."""
+    return DEV_MODEL_DIRNAME + ("-real-depth" if depth == "real" else "") + ("" if layout == "fused" else f"-{layout}")
+
+
 def ensure_dev_model(
-    cache_dir: Path, *, layout: Layout = "fused", progress: Callable[[str], None] | None = None
+    cache_dir: Path,
+    *,
+    layout: Layout = "fused",
+    depth: Depth = "tiny",
+    progress: Callable[[str], None] | None = None,
 ) -> Path:
-    """``cache_dir/dev-model`` (``dev-model-hub`` for the hub layout), built on first use (into a
-    temp dir, then renamed), reused afterwards.
+    """``cache_dir/dev-model`` (``dev_model_dirname``: another name for the hub layout or the real
+    depths), built on first use (into a temp dir, then renamed), reused afterwards.
 
     A build from an older ``DEV_MODEL_VERSION`` is replaced.
     """
+    stage_depths(depth)  # refuses an unknown depth
     report = progress or logger.info
     cache_dir = Path(cache_dir)
-    dirname = DEV_MODEL_DIRNAME if layout == "fused" else f"{DEV_MODEL_DIRNAME}-{layout}"
+    dirname = dev_model_dirname(layout, depth)
     target = cache_dir / dirname
     if _is_current(target):
         report(f"using the dev model in {target}")
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
+    # Either depth: ~15 s on a 2-core box, mostly the tokenizer (docs/MODEL.md, "The dev model").
     report(f"building the dev model into {target} (once; about 15 s)")
     staging = Path(tempfile.mkdtemp(prefix=f".{dirname}-", dir=cache_dir))
     staging.chmod(0o755)  # mkdtemp's 0700 would hide the checkpoint from other users
     stale = cache_dir / f"{staging.name}-stale"
     try:
-        build_dev_model(staging, layout=layout, progress=report)
+        build_dev_model(staging, layout=layout, depth=depth, progress=report)
         if target.exists() and not _is_current(target):
             report(f"replacing the outdated dev model in {target}")
             os.rename(target, stale)

@@ -70,23 +70,32 @@ class KVCache:
         self.length += steps
 
     def mask(self, steps: int = 1, attention: str | None = "sdpa") -> torch.Tensor | None:
-        """The mask that hides each row's padding from ``steps`` new positions (a decoding step:
-        one), in the form the layers' ``attention`` implementation takes; None without padding.
+        """The mask for ``steps`` new positions (a decoding step: one; the code predictor's
+        prefill: two): each hides its row's padding and the new positions after it, in the form
+        the layers' ``attention`` implementation takes; None where there is nothing to hide.
 
-        - eager and sdpa: [rows, 1, 1, length + steps], 0 where a row attends and the dtype's
-          minimum over its padding (additive, as eager attention needs it; sdpa takes it too);
-        - flash attention: [rows, length + steps], 1 where a row attends and 0 over its padding:
-          transformers' ``_upad_input`` turns it into each row's ``cu_seqlens`` and keeps only
-          the real slots (a 4-D mask there keeps exactly the padding slots).
+        - eager and sdpa: [rows, 1, steps, length + steps], 0 where a position attends and the
+          dtype's minimum elsewhere (additive, as eager attention needs it; sdpa takes it too).
+          Without padding sdpa gets None, which it treats as causal for several positions
+          (``is_causal``, as transformers' own mask builder leaves it); eager treats None as
+          attend-to-all, so it always gets the causal part;
+        - flash attention: [rows, length + steps], 1 where a row attends and 0 over its padding,
+          or None without padding (flash attention is causal by itself): transformers'
+          ``_upad_input`` turns it into each row's ``cu_seqlens`` and keeps only the real slots
+          (a 4-D mask there keeps exactly the padding slots).
         """
-        if self._pad_tensor is None:
-            return None
-        slots = torch.arange(self.length + steps, device=self._pad_tensor.device)
-        padding = slots[None, :] < self._pad_tensor[:, None]
+        slots = torch.arange(self.length + steps, device=self._keys[0].device)
+        padding = None if self._pad_tensor is None else slots[None, :] < self._pad_tensor[:, None]
         if is_flash_attention_requested(requested_attention_implementation=attention):
-            return (~padding).to(torch.int32)
-        mask = torch.zeros(padding.shape, dtype=self._dtype, device=padding.device)
-        return mask.masked_fill(padding, torch.finfo(self._dtype).min)[:, None, None, :]
+            return None if padding is None else (~padding).to(torch.int32)
+        if padding is None and (steps == 1 or attention == "sdpa"):
+            return None
+        # [steps, slots]: new position i sits in slot length + i and sees no later slot.
+        later = slots[None, :] > (self.length + torch.arange(steps, device=slots.device))[:, None]
+        hidden = later[None] if padding is None else later[None] | padding[:, None, :]
+        hidden = hidden.expand(self.rows, -1, -1)
+        mask = torch.zeros(hidden.shape, dtype=self._dtype, device=hidden.device)
+        return mask.masked_fill(hidden, torch.finfo(self._dtype).min)[:, None]
 
     def _grow(self, needed: int) -> None:
         capacity = max(needed, 2 * self._keys[0].shape[2])

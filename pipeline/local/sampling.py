@@ -62,6 +62,38 @@ def thinker_sampling(generation_config, temperature: float | None) -> ThinkerSam
     )
 
 
+# generate()'s Talker sampling (Qwen3OmniMoeForConditionalGeneration.generate's talker_* defaults in
+# transformers 5.24), used for what the checkpoint's generation config does not name as talker_*.
+GENERATE_TALKER_TEMPERATURE = 0.9
+GENERATE_TALKER_TOP_K = 50
+GENERATE_TALKER_TOP_P = 1.0
+GENERATE_TALKER_REPETITION_PENALTY = 1.05
+
+
+@dataclass(frozen=True)
+class TalkerSampling:
+    temperature: float
+    top_k: int
+    top_p: float
+    repetition_penalty: float
+
+
+def talker_sampling(generation_config) -> TalkerSampling:
+    """The Talker's first-codebook sampling: the checkpoint's ``talker_*`` values where its
+    generation config names them, else ``generate()``'s."""
+
+    def configured(name: str, default):
+        value = getattr(generation_config, f"talker_{name}", None)
+        return default if value is None else value
+
+    return TalkerSampling(
+        temperature=configured("temperature", GENERATE_TALKER_TEMPERATURE),
+        top_k=configured("top_k", GENERATE_TALKER_TOP_K),
+        top_p=configured("top_p", GENERATE_TALKER_TOP_P),
+        repetition_penalty=configured("repetition_penalty", GENERATE_TALKER_REPETITION_PENALTY),
+    )
+
+
 def sampling_processors(
     *,
     do_sample: bool,

@@ -3,13 +3,11 @@ sampling (generate()'s processors for the turn's settings), and when each stage 
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from pipeline.contract import FinishReason
 from pipeline.local.params import GenerationParams
-from pipeline.local.sampling import Sampler, sampling_processors, thinker_sampling
+from pipeline.local.sampling import Sampler, sampling_processors, talker_sampling, thinker_sampling
 
 # max_output_tokens=None ("inf" in the protocol) still needs a bound; 4096 is the protocol's
 # largest numeric value.
@@ -17,8 +15,6 @@ UNBOUNDED_OUTPUT_TOKENS = 4096
 # Qwen3's <think> and </think> (tests/pipeline/local/test_tokenizer.py checks the ids): an Instruct
 # Thinker must never open a reasoning block that the Talker would then read aloud.
 THINK_TOKEN_IDS = (151667, 151668)
-# generate()'s talker sampling, used where the checkpoint's generation config names none.
-_TALKER_SAMPLING_DEFAULTS = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05}
 # generate() suppresses the top 1024 talker ids (special codec tokens) except codec EOS.
 _TALKER_SUPPRESSED_SPAN = 1024
 # generate()'s code predictor sampling (the talker's prepare_inputs_for_generation).
@@ -106,11 +102,7 @@ class TalkerGeneration:
         self._codec_eos = talker_config.codec_eos_token_id
         self._max_frames = params.max_audio_frames
         do_sample = params.talker_do_sample
-        generation_config = model.generation_config
-        sampling: dict[str, Any] = {}
-        for name, default in _TALKER_SAMPLING_DEFAULTS.items():
-            configured = getattr(generation_config, f"talker_{name}", None)
-            sampling[name] = default if configured is None else configured
+        sampling = talker_sampling(model.generation_config)
         vocab_size = talker_config.text_config.vocab_size
         processors = sampling_processors(
             do_sample=do_sample,
@@ -118,7 +110,10 @@ class TalkerGeneration:
                 i for i in range(vocab_size - _TALKER_SUPPRESSED_SPAN, vocab_size) if i != self._codec_eos
             ],
             device=device,
-            **sampling,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            repetition_penalty=sampling.repetition_penalty,
         )
         self.sampler = Sampler(processors, do_sample=do_sample, generator=generator)
         # generate() samples the code predictor with top-k 50 / top-p 0.8 whenever the talker samples.

@@ -59,6 +59,16 @@ SPECIAL_TOKENS: dict[int, tuple[str, bool]] = {
     151675: ("<|audio_pad|>", True),
 }
 
+MULTIMODAL_TOKENS: dict[str, str | AddedToken] = {
+    "audio_bos_token": "<|audio_start|>",
+    "audio_eos_token": "<|audio_end|>",
+    "audio_token": "<|audio_pad|>",
+    "image_token": "<|image_pad|>",
+    "video_token": "<|video_pad|>",
+    "vision_bos_token": "<|vision_start|>",
+    "vision_eos_token": "<|vision_end|>",
+}
+
 # ChatML as Qwen3-Omni renders it: string content, or a list of text/audio/image/video parts;
 # no default system message is injected (the caller passes Qwen's speech system prompt).
 CHAT_TEMPLATE = (
@@ -113,6 +123,11 @@ def build_tokenizer() -> Qwen2Tokenizer:
         actual = tokenizer.convert_tokens_to_ids(content)
         if actual != token_id:
             raise ValueError(f"{content} got id {actual}, expected {token_id}")
+    # The multimodal tokens by name: Qwen3OmniMoeProcessor reads them off the tokenizer
+    # (image_token, audio_bos_token, ...), so the published tokenizer_config.json names them.
+    # Named at construction they would be added first, at 151643-151649, as eos would; this is
+    # what construction does with such names, once the tokens have their ids.
+    tokenizer._set_model_specific_special_tokens(MULTIMODAL_TOKENS)
     tokenizer.eos_token = "<|im_end|>"
     tokenizer.pad_token = "<|endoftext|>"
     tokenizer.chat_template = CHAT_TEMPLATE

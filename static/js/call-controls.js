@@ -11,8 +11,9 @@ import { PageTools } from "./tools.js";
 const RECONNECT_DELAYS_MS = [1000, 2000, 4000, 8000, 16000];
 
 export class CallControls {
-  constructor({ view, transcript, signaling, sessionControls, hook, remoteAudio, camera }) {
+  constructor({ view, transcript, signaling, sessionControls, hook, remoteAudio, camera, timeline }) {
     this.camera = camera;
+    this.timeline = timeline;
     this.view = view;
     this.transcript = transcript;
     this.signaling = signaling;
@@ -69,6 +70,7 @@ export class CallControls {
       hook: this.hook,
       remoteAudio: this.remoteAudio,
       camera: this.camera,
+      timeline: this.timeline,
       owner: this,
     });
     this.call = thisCall;

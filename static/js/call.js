@@ -17,8 +17,9 @@ export class Call {
    * `owner` hears of the call's life: callOpened(call) once the event channel opens,
    * callDropped(call, reason) when the connection is lost.
    */
-  constructor({ signaling, conversation, view, hook, remoteAudio, camera, owner }) {
+  constructor({ signaling, conversation, view, hook, remoteAudio, camera, owner, timeline }) {
     this.camera = camera;
+    this.timeline = timeline;   // the call's turn timeline (timeline.js)
     this.signaling = signaling;
     this.conversation = conversation;
     this.view = view;
@@ -47,6 +48,7 @@ export class Call {
     }
     this.micStream = micStream;
     this.meter.start(micStream);
+    this.timeline.begin(micStream);
 
     // Asked for each call, after the microphone (whose prompt may wait long): TURN credentials are fresh.
     const iceServers = await this.signaling.iceServers();
@@ -57,6 +59,7 @@ export class Call {
     // delay (SetBaseMinimumPlayoutDelayMs, 0 when unset), so nothing lower can be asked for.
     this.pc.ontrack = (event) => {
       this.remoteAudio.srcObject = event.streams[0] ?? new MediaStream([event.track]);
+      this.timeline.remoteStream(this.remoteAudio.srcObject);
     };
     this.pc.onconnectionstatechange = () => this.onConnectionState();
     for (const track of this.micStream.getAudioTracks()) this.pc.addTrack(track, this.micStream);
@@ -101,6 +104,7 @@ export class Call {
     if (this.hook.dc === this.dc) this.hook.dc = null;
     this.remoteAudio.srcObject = null;
     this.meter.close();
+    this.timeline.end();
   }
 
   send(event) {
@@ -110,6 +114,7 @@ export class Call {
     }
     this.hook.sent.push(event);
     this.dc.send(JSON.stringify(event));
+    this.timeline.clientEvent(event, performance.now());
     return true;
   }
 
@@ -137,6 +142,7 @@ export class Call {
   }
 
   onChannelMessage(message) {
+    const arrivedAt = performance.now();
     let event;
     try {
       event = JSON.parse(message.data);
@@ -145,6 +151,8 @@ export class Call {
       return;
     }
     this.hook.events.push(event);
+    this.hook.eventTimes.push(arrivedAt);
+    this.timeline.serverEvent(event, arrivedAt);
     this.conversation.handle(event);
     this.renderState();
   }
@@ -175,6 +183,7 @@ export class Call {
     await sender.replaceTrack(track);
     for (const old of this.micStream.getTracks()) old.stop();
     this.micStream = stream;
+    this.timeline.microphone(stream);
     this.meter.stop();
     this.meter.start(stream);
   }

@@ -1,13 +1,15 @@
 // omni-rtc browser client: one WebRTC call to the server, speaking the OpenAI Realtime
 // protocol (GA event names) on the "oai-events" data channel, the way OpenAI's browser
 // example does (call.js). This entry builds the page's objects and hands each the others it
-// uses; the modules share no mutable globals. window.omniRtc is the test hook (test-hook.js).
+// uses; the modules share no mutable globals. window.omniRtc is the test hook (test-hook.js),
+// window.omniTimeline the turn timeline's data (timeline.js).
 
 import { CallControls } from "./call-controls.js";
 import { Camera } from "./camera.js";
 import { SessionControls } from "./session-controls.js";
 import { AccessKey, Signaling } from "./signaling.js";
 import { installTestHook } from "./test-hook.js";
+import { Timeline } from "./timeline.js";
 import { Transcript } from "./transcript.js";
 import { View, findElements, wireControls } from "./ui.js";
 
@@ -26,6 +28,7 @@ const sessionControls = new SessionControls(elements);
 const camera = new Camera({ toggle: elements.cameraToggle, selfView: elements.selfView, view });
 const calls = new CallControls({
   camera,
+  timeline: new Timeline(elements.timeline, window),
   view,
   transcript,
   signaling,

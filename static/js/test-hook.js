@@ -4,6 +4,7 @@
 //   window.omniRtc.dc         the current "oai-events" RTCDataChannel, or null
 //   window.omniRtc.callUrl    the last call's URL on the server (the answer's Location)
 //   window.omniRtc.events     every server event received since the page loaded, in order
+//   window.omniRtc.eventTimes each event's arrival, performance.now() ms, by the same index
 //   window.omniRtc.sent       every client event sent since the page loaded, in order
 //   window.omniRtc.state      the UI state: idle | connecting | listening | user-speaking |
 //                             thinking | speaking | reconnecting (also #status[data-state])
@@ -15,7 +16,7 @@
 //                             (inbound-rtp totalAudioEnergy first grew)}
 //
 // main.js creates the hook and hands it to the modules that write to it (call.js: pc, dc,
-// callUrl, events, sent; ui.js: state; latency.js: latencies); no module reads it back.
+// callUrl, events, eventTimes, sent; ui.js: state; latency.js: latencies); no module reads it back.
 
 /** Creates the hook, publishes it as `target.omniRtc` and returns it. */
 export function installTestHook(target) {
@@ -24,6 +25,7 @@ export function installTestHook(target) {
     dc: null,
     callUrl: null,
     events: [],
+    eventTimes: [],
     sent: [],
     state: "idle",
     latencies: [],

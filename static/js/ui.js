@@ -49,6 +49,7 @@ export function findElements(document) {
     accessForm: byId("access-form"),
     accessKey: byId("access-key"),
     announcer: byId("announcer"),
+    timeline: byId("timeline-turns"),
     access: document.querySelector("details.access"),
   };
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +17,13 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu-check.sh"
 STEPS = (
     "device",
+    "Qwen's files",
+    "processor ids, 5 conversations",
     "build",
+    "generation config",
     "engine turn",
+    "greedy stream vs generate(), float32",
+    "ASR round trip",
     "thinker prefill, 10 s audio",
     "TTFA",
     "per-frame cost",
@@ -45,6 +51,14 @@ def test_the_dry_run_on_cpu_measures_every_step_and_prints_one_table(tmp_path):
     assert list(rows) == list(STEPS)
     assert all(f"{step}  " in row and " ok " in row for step, row in rows.items())
     assert "6 tokens" in rows["engine turn"]
+    assert "no --model" in rows["Qwen's files"]
+    assert "5/5 equal (audio and history " in rows["processor ids, 5 conversations"]
+    # The dev model's generation config as it is, and the sampling the engine takes from it.
+    assert '"top_k": 20' in rows["generation config"] and "the Talker at temperature 0.9, top_k 50" in rows["generation config"]
+    frames = re.search(r"text equal \(6 tokens\); codec frames (\d+) of (\d+) equal from the first \(stream: (\d+)\)",
+                       rows["greedy stream vs generate(), float32"])
+    assert frames and int(frames[1]) == int(frames[2]) == int(frames[3]) > 0
+    assert "WER " in rows["ASR round trip"] and "random weights" in rows["ASR round trip"]
     assert "ms per frame: thinker token" in rows["per-frame cost"] and "(18 frames" in rows["per-frame cost"]
     assert all(f"{turns}: RTF" in rows["streaming RTF, turns together"] for turns in (1, 4, 8))
     report = json.loads((tmp_path / "gpu_check.json").read_text())

@@ -1,14 +1,24 @@
-"""``GET /debug/resources``: the soak test's view of the server process."""
+"""``GET /debug/resources``: the soak test's view of the server process; ``GET /debug/turns``:
+recent sessions' turn timelines."""
 
 from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
 
 import httpx
 from fastapi import FastAPI
 
+from app.client.websocket import RealtimeSocketClient
 from app.config import Settings
 from app.http.auth import Authenticator
 from app.http.debug import debug_router
 from app.http.errors import ApiError, api_error_handler
+from app.http.server import create_app
+from app.turn_timelines import RECENT_SESSIONS
+from tests.e2e.conftest import serving_in_process
+from tests.fakes import ScriptedEngine
 
 
 def build_app() -> FastAPI:
@@ -42,3 +52,79 @@ async def test_other_clients_are_refused():
     response = await get_resources("192.0.2.7")
     assert response.status_code == 403
     assert response.json()["error"]["code"] == "forbidden"
+
+
+# -- GET /debug/turns: a real server on 127.0.0.1 with a scripted engine, WebSocket sessions ----
+
+API_KEY = "sk-debug-test"
+
+
+async def text_turn(url: str) -> dict[str, Any]:
+    """One WebSocket session with one typed turn; its response.done."""
+    async with RealtimeSocketClient(url, api_key=API_KEY, timeout_s=30) as client:
+        await client.send({
+            "type": "conversation.item.create",
+            "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+        })
+        await client.send({"type": "response.create"})
+        return await client.wait_for("response.done")
+
+
+async def get_turns(url: str, headers: dict[str, str]) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=url) as client:
+        return await client.get("/debug/turns", headers=headers)
+
+
+async def test_turns_show_recent_sessions_timelines_behind_the_debug_key_rules():
+    app = create_app(Settings(api_key=API_KEY, media_workers=1), engine=ScriptedEngine())
+    async with serving_in_process(app) as url:
+        done = await text_turn(url)
+        for _ in range(RECENT_SESSIONS):  # as many again, each with nothing said: the first falls out
+            async with RealtimeSocketClient(url, api_key=API_KEY, timeout_s=30):
+                pass
+        await wait_until_closed(url)
+        local = await get_turns(url, {})
+        keyed_elsewhere = await get_turns(url, {"X-Forwarded-For": "192.0.2.7", "Authorization": f"Bearer {API_KEY}"})
+        elsewhere = await get_turns(url, {"X-Forwarded-For": "192.0.2.7"})
+    assert elsewhere.status_code == 403 and elsewhere.json()["error"]["code"] == "forbidden"
+    assert local.status_code == keyed_elsewhere.status_code == 200
+    sessions = local.json()["sessions"]
+    assert len(sessions) == RECENT_SESSIONS, "the ring keeps the last sessions only"
+    assert all(session["turns"] == [] and session["transport"] == "websocket" and session["worker"] == "front"
+               for session in sessions)
+    assert done["response"]["id"] not in json.dumps(sessions)
+
+
+async def test_a_sessions_turn_has_its_marks_spans_and_latency():
+    app = create_app(Settings(media_workers=1), engine=ScriptedEngine())
+    async with serving_in_process(app) as url:
+        done = await text_turn(url)
+        await wait_until_closed(url)
+        sessions = (await get_turns(url, {})).json()["sessions"]
+    [session] = sessions
+    assert session["model"] == "scripted-engine" and session["closed_ms"] is not None
+    [turn] = session["turns"]
+    assert turn["response_id"] == done["response"]["id"]
+    assert turn["status"] == "completed" and turn["latency"] == done["latency"]
+    kinds = [mark["kind"] for mark in turn["marks"]]
+    times = [mark["at_ms"] for mark in turn["marks"]]
+    assert times == sorted(times) and times[0] >= 0
+    for kind in ("response.created", "engine_started", "first_audio", "response.done", "playback_end"):
+        assert kind in kinds, kinds
+    assert kinds.index("response.created") < kinds.index("first_audio") < kinds.index("response.done")
+    audio = turn["answer_audio"]
+    first_audio = times[kinds.index("first_audio")]
+    assert audio["start_ms"] == first_audio <= audio["end_ms"] == times[kinds.index("playback_end")]
+    assert turn["user_speech"] is None  # a typed turn
+    assert turn["played_ms"] > 0 and turn["truncated"] is False
+
+
+async def wait_until_closed(url: str) -> None:
+    """Every session closed (the server closes a session a moment after its socket)."""
+    async with httpx.AsyncClient(base_url=url) as client:
+        for _ in range(200):
+            sessions = (await client.get("/debug/turns")).json()["sessions"]
+            if all(session["closed_ms"] is not None for session in sessions):
+                return
+            await asyncio.sleep(0.05)
+    raise AssertionError("sessions still open")

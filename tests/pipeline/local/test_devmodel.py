@@ -28,6 +28,7 @@ from pipeline.local.devmodel import (
 from pipeline.local.generation import stream_generation
 from pipeline.local.params import GenerationParams
 from pipeline.local.prompt import PromptRenderer
+from pipeline.local.qwen3_omni_config import instruct_config
 from pipeline.local.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.dev_model  # computes with the dev model: make test, not make test-unit
@@ -129,6 +130,31 @@ def test_generation_config_holds_thinker_and_talker_sampling(dev_model_dir):
     assert json.loads(generation.to_json_string())["talker_temperature"] == 0.9
 
 
+def test_the_real_depth_dev_model_has_the_real_layer_and_expert_counts(real_depth_model_dir):
+    config = AutoConfig.from_pretrained(real_depth_model_dir)
+    real = instruct_config()
+    thinker, talker = config.thinker_config, config.talker_config
+    assert (thinker.text_config.num_hidden_layers, thinker.text_config.num_experts) == (48, 128)
+    assert (thinker.text_config.num_experts_per_tok, talker.accept_hidden_layer) == (8, 24)
+    assert talker.code_predictor_config.num_hidden_layers == 5
+    for ours, theirs in (
+        (thinker.text_config, real.thinker_config.text_config),
+        (talker.text_config, real.talker_config.text_config),
+    ):
+        assert (ours.num_hidden_layers, ours.num_experts, ours.num_experts_per_tok) == (
+            theirs.num_hidden_layers,
+            theirs.num_experts,
+            theirs.num_experts_per_tok,
+        )
+    assert talker.code_predictor_config.num_hidden_layers == real.talker_config.code_predictor_config.num_hidden_layers
+    assert config.code2wav_config.num_hidden_layers == real.code2wav_config.num_hidden_layers
+    assert thinker.audio_config.encoder_layers == real.thinker_config.audio_config.encoder_layers
+    assert thinker.vision_config.depth == real.thinker_config.vision_config.depth
+    assert thinker.vision_config.deepstack_visual_indexes == real.thinker_config.vision_config.deepstack_visual_indexes
+    # The default dev model's tiny widths.
+    assert thinker.text_config.hidden_size == talker.text_config.hidden_size == 32
+
+
 def test_dev_model_stays_a_few_tens_of_megabytes(dev_model_dir):
     total = sum(path.stat().st_size for path in dev_model_dir.iterdir())
     assert total < 100 * 2**20
@@ -146,7 +172,7 @@ def test_ensure_reuses_a_built_model_without_rebuilding(dev_model_dir, monkeypat
     assert any("using" in message for message in messages)
 
 
-def _fake_build(out_dir, *, seed=0, layout="fused", progress=None):
+def _fake_build(out_dir, *, seed=0, layout="fused", depth="tiny", progress=None):
     (out_dir / "config.json").write_text("{}")
     (out_dir / VERSION_FILE).write_text(DEV_MODEL_VERSION)
     return out_dir
@@ -168,6 +194,23 @@ def test_ensure_replaces_a_build_from_an_older_version(tmp_path, monkeypatch):
     built = ensure_dev_model(tmp_path)
     assert (built / "config.json").read_text() == "{}"
     assert [path.name for path in tmp_path.iterdir()] == [DEV_MODEL_DIRNAME]
+
+
+def test_each_depth_and_layout_is_built_into_its_own_directory(tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline.local.devmodel, "build_dev_model", _fake_build)
+    built = {
+        (layout, depth): ensure_dev_model(tmp_path, layout=layout, depth=depth)
+        for layout in ("fused", "hub")
+        for depth in ("tiny", "real")
+    }
+    assert {path.name for path in built.values()} == {
+        "dev-model",
+        "dev-model-hub",
+        "dev-model-real-depth",
+        "dev-model-real-depth-hub",
+    }
+    with pytest.raises(ValueError, match="unknown depth"):
+        ensure_dev_model(tmp_path, depth="shallow")  # type: ignore[arg-type]
 
 
 def test_dev_model_ends_its_answer_and_its_speech_under_generate(dev_model_dir):

@@ -184,7 +184,21 @@ def assert_same_computation(events, recorder: Recorder, codes, reference_run, *,
     np.testing.assert_allclose(wave, reference_wave, rtol=0, atol=WAVEFORM_ATOL)
 
 
-@pytest.mark.parametrize("turn", ["inputs", "typed_inputs", "image_inputs"])
+def lend_the_talker_the_audio_window(model, monkeypatch) -> None:
+    """Lets transformers 5.25's generate() run a prompt with images and audio: its Talker's
+    ``get_rope_index`` (the Thinker's rule) reads the audio encoder's window from the Talker's
+    config, which has none, and raises. Qwen's release (4.57.1) wrote the window into the rule
+    (100 features, the real ``n_window`` 50 doubled): the Talker is lent the Thinker's audio config."""
+    monkeypatch.setattr(model.talker.config, "audio_config", model.config.thinker_config.audio_config, raising=False)
+
+
+@pytest.fixture
+def talker_reads_the_audio_window(model, monkeypatch):
+    lend_the_talker_the_audio_window(model, monkeypatch)
+
+
+@pytest.mark.usefixtures("talker_reads_the_audio_window")
+@pytest.mark.parametrize("turn", ["inputs", "typed_inputs", "image_inputs", "seen_and_heard_inputs"])
 def test_greedy_stream_computes_what_generate_computes(model, tokenizer, turn, request):
     inputs = request.getfixturevalue(turn)
     reference_run = reference(model, inputs, min_tokens=12, max_tokens=12, frames=40, eos_ids=[IM_END, END_OF_TEXT])
@@ -196,6 +210,75 @@ def test_greedy_stream_computes_what_generate_computes(model, tokenizer, turn, r
     assert done.text == tokenizer.decode(reference_run[0], skip_special_tokens=True)
     assert codes.shape[-1] >= 11  # the whole text spoken
     assert_same_computation(events, recorder, codes, reference_run, max_audio_frames=40)
+
+
+class TalkerPrefillPositions:
+    """Records the positions each Talker prefill (a forward over more than one position) is given."""
+
+    def __init__(self, model) -> None:
+        self.prefills: list[torch.Tensor] = []
+        self._handle = model.talker.register_forward_pre_hook(self._on_talker, with_kwargs=True)
+
+    def _on_talker(self, module, args, kwargs):
+        if kwargs["inputs_embeds"].shape[1] > 1:
+            self.prefills.append(kwargs["position_ids"].clone())
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+# The assistant preamble of the Talker's prompt (transformers 4.57.1 ``_get_talker_assistant_parts``):
+# <|im_start|> assistant \n, four <tts_pad>, <tts_bos>, the first answer token; its ids are <tts_pad>.
+ASSISTANT_PREAMBLE = 9
+
+
+def qwen_talker_ids(model, inputs) -> torch.Tensor:
+    """The Talker's ids as Qwen's release builds them (transformers 4.57.1 ``generate()``): every
+    user segment's ids (system segments and past answers left out), then <tts_pad> over the
+    assistant preamble."""
+    config = model.config
+    ids = inputs.input_ids[0].tolist()
+    starts = [i for i, token in enumerate(ids) if token == config.im_start_token_id] + [len(ids)]
+    user_ids = [
+        token
+        for start, end in zip(starts, starts[1:])
+        if ids[start + 1] == config.user_token_id
+        for token in ids[start:end]
+    ]
+    return torch.tensor([user_ids + [config.tts_pad_token_id] * ASSISTANT_PREAMBLE])
+
+
+def test_the_talker_places_a_camera_frame_beside_speech_on_its_grid(model, tokenizer, seen_and_heard_inputs):
+    # One exchange, a 512x384 frame (a 12 x 16 grid of merged patches), then speech: Qwen's rule is
+    # the Thinker's get_rope_index on the Talker's ids with the image grid and the clip's length.
+    inputs = seen_and_heard_inputs
+    recorder = TalkerPrefillPositions(model)
+    try:
+        run(model, tokenizer, inputs, **greedy(force_output_tokens=2, max_output_tokens=2, max_audio_frames=1))
+    finally:
+        recorder.close()
+    (positions,) = recorder.prefills
+    talker_ids = qwen_talker_ids(model, inputs)
+    assert positions.shape == (4, 1, talker_ids.shape[1])
+    expected, _ = model.thinker.get_rope_index(
+        talker_ids,
+        image_grid_thw=inputs.image_grid_thw,
+        attention_mask=torch.ones_like(talker_ids),
+        audio_seqlens=inputs.feature_attention_mask.sum(dim=1),
+    )
+    assert torch.equal(positions[1:], expected)
+    assert torch.equal(positions[0, 0], torch.arange(talker_ids.shape[1], dtype=positions.dtype))
+    # Read directly: the frame's tokens span 12 rows of 16 on one time step, and whatever comes
+    # after the frame goes on from its largest position + 1, so the prompt's last position is
+    # its length less the 192 image tokens plus the 16 the grid spans, less one.
+    image = (talker_ids[0] == model.config.thinker_config.image_token_id).nonzero().flatten()
+    assert len(image) == 192 == inputs.image_tokens
+    t, h, w = (positions[row, 0, image] - positions[row, 0, image[0]] for row in (1, 2, 3))
+    assert torch.equal(t, torch.zeros(192))
+    assert torch.equal(h, torch.arange(12).repeat_interleave(16).float())
+    assert torch.equal(w, torch.arange(16).repeat(12).float())
+    last = talker_ids.shape[1] - 192 + 16 - 1
+    assert positions[1:, 0, -1].tolist() == [last] * 3
 
 
 def test_greedy_stream_matches_generate_when_the_thinker_stops_by_itself(dev_model_dir, tokenizer, inputs):

@@ -63,3 +63,26 @@ def test_eager_and_sdpa_get_an_additive_mask_over_the_padding():
 def test_rows_without_padding_need_no_mask():
     cache = padded_batch([0, 0], length=8)
     assert cache.mask(1, "flash_attention_2") is None and cache.mask(1, "sdpa") is None
+
+
+def test_several_new_positions_each_see_none_after_them_under_eager():
+    # The code predictor's prefill: two positions into an empty cache. Eager attention reads no
+    # mask as attend-to-all, so it gets the causal part; sdpa and flash attention are causal
+    # given none.
+    cache = KVCache.empty(layers=1, rows=2, heads=HEADS, head_dim=HEAD_DIM, capacity=4, dtype=torch.float32, device="cpu")
+    mask = cache.mask(2, "eager")
+    assert mask is not None and mask.shape == (2, 1, 2, 2)
+    hidden = mask[:, 0] == torch.finfo(torch.float32).min
+    assert hidden.tolist() == [[[False, True], [False, False]]] * 2
+    assert cache.mask(2, "sdpa") is None and cache.mask(2, "flash_attention_2") is None
+
+
+def test_several_new_positions_of_padded_rows_hide_the_padding_and_what_follows():
+    cache = padded_batch([3, 0], length=8)
+    for attention in ("eager", "sdpa"):
+        mask = cache.mask(2, attention)
+        assert mask is not None and mask.shape == (2, 1, 2, 10)
+        hidden = mask[:, 0] == torch.finfo(torch.float32).min
+        assert hidden[0, 0].tolist() == [True] * 3 + [False] * 6 + [True]
+        assert hidden[0, 1].tolist() == [True] * 3 + [False] * 7
+        assert hidden[1, 0].tolist() == [False] * 9 + [True] and not hidden[1, 1].any()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,18 @@ from pipeline.local.prompt import PromptRenderer, ThinkerInputs
 from pipeline.token_bounds import audio_tokens
 from pipeline.tool_format import FunctionCall, FunctionOutput
 from tests.pictures import encoded
+from tests.qwen_template import (
+    FIVE_CONVERSATIONS,
+    GET_TIME,
+    QWEN_FILES,
+    TemplateCase,
+    answer_last,
+    expand_placeholders,
+    pad_runs,
+    template_text,
+    text_part,
+    transcription,
+)
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 AUDIO_START_ID, AUDIO_END_ID, AUDIO_PAD_ID = 151669, 151670, 151675
@@ -112,24 +125,6 @@ def test_render_writes_qwen_chatml_with_one_user_message_per_turn(renderer, toke
 def test_render_uses_qwens_speech_system_prompt_without_instructions(renderer, tokenizer):
     text = _prompt_text(tokenizer, renderer.render(Conversation((UserText("Hi"),))))
     assert text.startswith(f"<|im_start|>system\n{DEFAULT_SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\nHi")
-
-
-def test_render_matches_the_checkpoints_chat_template(renderer, tokenizer):
-    conversation = Conversation((_speech("weather"), AssistantText("Sunny, 21 °C."), _speech("hello")))
-    inputs = renderer.render(conversation)
-    messages = [
-        {"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
-        {"role": "user", "content": [{"type": "audio"}]},
-        {"role": "assistant", "content": "Sunny, 21 °C."},
-        {"role": "user", "content": [{"type": "audio"}]},
-    ]
-    template_text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    # What Qwen3OmniMoeProcessor does next: one <|audio_pad|> per encoder output frame, then tokenize.
-    pieces = template_text.split("<|audio_pad|>")
-    expanded = pieces[0] + "".join(
-        "<|audio_pad|>" * count + piece for count, piece in zip(_pad_runs(_ids(inputs)), pieces[1:], strict=True)
-    )
-    assert _ids(inputs) == tokenizer.encode(expanded, add_special_tokens=False)
 
 
 def test_second_turn_carries_the_first_turns_audio_and_answer(renderer, tokenizer):
@@ -358,18 +353,6 @@ def _image_spans(ids: list[int]) -> list[int]:
     return runs
 
 
-def test_images_render_before_the_audio_as_the_chat_template_places_them(renderer, tokenizer):
-    inputs = renderer.render(Conversation((_image(seed=1), _image(seed=2), _clip(1.0), UserText("What is this?"))))
-    ids = _ids(inputs)
-    collapsed = [t for i, t in enumerate(ids) if t not in (AUDIO_PAD_ID, IMAGE_PAD_ID) or ids[i - 1] != t]
-    messages = [
-        {"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
-        {"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "audio"}, {"type": "text", "text": "What is this?"}]},
-    ]
-    template = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert tokenizer.decode(collapsed) == template
-
-
 def test_image_pads_equal_the_processors_patch_grid_and_the_image_budget(renderer):
     images = (_image(512, 384, seed=1), _image(1600, 1200, seed=2, max_pixels=1_003_520), _image(40, 30, seed=3))
     inputs = renderer.render(Conversation((*images, UserText("?"))))
@@ -415,3 +398,44 @@ def test_end_of_turn_request_leaves_the_user_message_open(renderer, tokenizer):
     assert inputs.audio_tokens == 0 and inputs.input_features is None
     with pytest.raises(ValueError, match="one user text"):
         renderer.render_request(GenerationRequest(Conversation((_clip(1.0),)), task="end_of_turn"))
+
+
+# --- Qwen's own chat template (tests/fixtures/qwen3_omni/SOURCES.md) ------------------------------
+#
+# Each conversation is also written as the chat-completions messages Qwen's examples and vLLM-Omni
+# hand the template (tests/qwen_template.py), rendered by transformers' apply_chat_template with
+# Qwen3-Omni's chat_template.json, each placeholder expanded to the renderer's pad run as
+# Qwen3OmniMoeProcessor expands it, then tokenized: the renderer must give the same ids.
+
+
+def qwen_template_ids(renderer, tokenizer, case: TemplateCase) -> tuple[ThinkerInputs, str, list[int]]:
+    inputs = renderer.render_request(case.request)
+    text = template_text(tokenizer, case)
+    expanded = expand_placeholders(text, pad_runs(tokenizer, _ids(inputs)))
+    return inputs, text, tokenizer.encode(expanded, add_special_tokens=False)
+
+
+@pytest.mark.parametrize("case", [*FIVE_CONVERSATIONS.values(), answer_last], ids=[*FIVE_CONVERSATIONS, "answer last"])
+def test_the_renderer_gives_the_ids_qwens_chat_template_gives(renderer, tokenizer, case):
+    inputs, text, ids = qwen_template_ids(renderer, tokenizer, case())
+    assert _ids(inputs) == ids, f"renderer: {_prompt_text(tokenizer, inputs)!r}\ntemplate: {text!r}"
+
+
+def test_qwens_template_adds_no_system_message_of_its_own(renderer, tokenizer):
+    _, text, _ = qwen_template_ids(renderer, tokenizer, transcription())
+    assert text.startswith("<|im_start|>user\n<|audio_start|>")
+    # With tools and an empty system message, the tool block stands alone in the system message.
+    case = TemplateCase(
+        GenerationRequest(Conversation((UserText("Hi"),), instructions="", tools=(GET_TIME,))),
+        [{"role": "system", "content": ""}, {"role": "user", "content": [text_part("Hi")]}],
+        (GET_TIME,),
+    )
+    inputs, text, ids = qwen_template_ids(renderer, tokenizer, case)
+    assert text.startswith("<|im_start|>system\n\n\n# Tools\n")
+    assert _ids(inputs) == ids
+
+
+def test_the_dev_models_preprocessor_config_has_the_published_values(dev_model_dir):
+    listed = json.loads((QWEN_FILES / "preprocessor_config.listed.json").read_text())
+    written = json.loads((dev_model_dir / "preprocessor_config.json").read_text())
+    assert {key: written.get(key) for key in listed} == listed

@@ -1,14 +1,15 @@
-"""The Thinker's sampling: the checkpoint's generation config, Qwen's recommendation, the session's temperature."""
+"""Sampling: the checkpoint's generation config, Qwen's recommendation (Thinker) or generate()'s (Talker), the session's temperature."""
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 
-from transformers import GenerationConfig
+from transformers import GenerationConfig, Qwen3OmniMoeForConditionalGeneration
 
 from pipeline.local.devmodel import dev_generation_config
-from pipeline.local.sampling import thinker_sampling
+from pipeline.local.sampling import talker_sampling, thinker_sampling
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -65,3 +66,14 @@ def test_a_checkpoint_that_says_do_not_sample_is_greedy_unless_the_request_asks(
     config = GenerationConfig(do_sample=False, temperature=0.7)
     assert not thinker_sampling(config, None).do_sample
     assert thinker_sampling(config, 0.8).do_sample
+
+
+def test_a_generation_config_naming_no_talker_values_gets_generates_talker_sampling():
+    defaults = inspect.signature(Qwen3OmniMoeForConditionalGeneration.generate).parameters
+    expected = {name: defaults[f"talker_{name}"].default for name in ("temperature", "top_k", "top_p", "repetition_penalty")}
+    assert as_dict(talker_sampling(GenerationConfig())) == expected
+
+
+def test_the_talker_values_a_generation_config_names_are_followed():
+    config = GenerationConfig(talker_temperature=0.7, talker_top_k=30)
+    assert as_dict(talker_sampling(config)) == {"temperature": 0.7, "top_k": 30, "top_p": 1.0, "repetition_penalty": 1.05}

@@ -65,3 +65,10 @@ def test_chat_template_renders_chatml_with_audio_placeholders(tokenizer):
         "<|im_start|>assistant\nSure.<|im_end|>\n"
         "<|im_start|>assistant\n"
     )
+
+
+def test_the_multimodal_tokens_are_named_as_qwens_processor_reads_them(tokenizer):
+    """Qwen3OmniMoeProcessor takes each placeholder's token from the tokenizer by name."""
+    assert (tokenizer.audio_bos_token_id, tokenizer.audio_token_id, tokenizer.audio_eos_token_id) == (151669, 151675, 151670)
+    assert (tokenizer.vision_bos_token_id, tokenizer.image_token_id, tokenizer.video_token_id,
+            tokenizer.vision_eos_token_id) == (151652, 151655, 151656, 151653)
