@@ -82,12 +82,18 @@ def prune(root: Path, bounds: RetentionBounds, *, keep: Path, live: frozenset[Pa
         too_big = total > bounds.max_bytes
         if not (too_many or too_old or too_big):
             break  # the rest are newer: within the count and the size, and younger
-        shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(path, onerror=_removal_failed)
         total -= sizes[path]
         removed.append(path)
     if removed:
         logger.info("recordings: removed %d past the retention bounds (%s)", len(removed), bounds)
     return removed
+
+
+def _removal_failed(function: object, path: str, exc_info: tuple[type[BaseException], BaseException, object]) -> None:
+    """A file of a recording being removed: gone already (another process pruned it) is no error."""
+    if not isinstance(exc_info[1], FileNotFoundError):
+        logger.error("recordings: could not remove %s: %s", path, exc_info[1])
 
 
 def _size(folder: Path) -> int:
