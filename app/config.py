@@ -138,6 +138,24 @@ class Settings(BaseSettings):
         '(app/serving/media_workers.py); 1 keeps every call in the server process (docs/ARCHITECTURE.md "Processes")',
     )
 
+    # Off by default: a recording keeps what people said. 200 sessions, 7 days and 5 GiB bound it
+    # three ways; a 10-minute call is about 25 MB of FLAC (16 kHz in, 24 kHz out), so 5 GiB holds
+    # ~200 of them and the bounds agree; a week covers a demo's "what did it hear yesterday".
+    record_dir: Annotated[Path | None, Flag(Concern.SERVER, metavar="DIR")] = Field(
+        None,
+        description="keep each session's audio (both sides, FLAC), events and transcript in a folder of its own "
+        'here; a session may ask not to be (session.recording.enabled false; docs/OPERATING.md "Recordings")',
+    )
+    record_max_sessions: Annotated[int, Flag(Concern.SERVER, metavar="N")] = Field(
+        200, ge=1, description="recordings kept; the oldest go when a new one starts"
+    )
+    record_max_age_s: Annotated[float, Flag(Concern.SERVER)] = Field(
+        7 * 86_400.0, gt=0, description="recordings older than this go when a new one starts"
+    )
+    record_max_bytes: Annotated[int, Flag(Concern.SERVER, metavar="BYTES")] = Field(
+        5 * 2**30, ge=2**20, description="the recordings' total size; past it the oldest go when a new one starts"
+    )
+
     # -- the model, on either engine
     model: Annotated[str | None, Flag(Concern.MODEL, default="the built-in dev model")] = Field(
         None,

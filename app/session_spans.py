@@ -24,9 +24,11 @@ they are omni-rtc's own (``omni_rtc.*``).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+import numpy as np
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
@@ -213,6 +215,19 @@ class SessionSpans:
         self._session.set_attribute(SESSION_TURNS, self._turns)
         self._session.end(end_time=self._clock.ns(at))
         self._session = self._session_context = None
+
+    # Spans are drawn from the reports alone: the events and the audio are not theirs.
+    def client_event(self, raw: str | bytes, at: float) -> None:
+        pass
+
+    def server_event(self, event: Mapping[str, Any], at: float) -> None:
+        pass
+
+    def input_audio(self, pcm: np.ndarray) -> None:
+        pass
+
+    def output_audio(self, pcm: np.ndarray) -> None:
+        pass
 
     # -- spans -----------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """Recent sessions' turn timelines, kept in memory for the operator page (``GET /debug/turns``).
 
 Each session this process carries gets a :class:`SessionTimeline`: a ``SessionObserver``
-(``app.realtime.turn_report``) that also sees the events the session sends (``record_event``).
+(``app.realtime.turn_report``) that also reads the events the session sends (``server_event``,
+``record_event``).
 It keeps, per turn, the marks of those events as the session sent them, the report's own times
 (end of speech, engine start, first audio frame, playback end), the user's speech and the
 answer's audio as spans, and the ``latency`` block. Times are ``time.monotonic()`` seconds
@@ -17,6 +18,8 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import numpy as np
 
 from app.realtime.turn_report import PlaybackReport, SessionStart, TurnReport
 from media.rates import VOICE_RATE
@@ -148,6 +151,19 @@ class SessionTimeline:
 
     def session_closed(self, at: float) -> None:
         self.closed_ms = self._ms(at)
+
+    def server_event(self, event: Mapping[str, Any], at: float) -> None:
+        self.record_event(event)
+
+    # The timeline's lanes are drawn from the reports and the events: the audio itself is not kept.
+    def client_event(self, raw: str | bytes, at: float) -> None:
+        pass
+
+    def input_audio(self, pcm: np.ndarray) -> None:
+        pass
+
+    def output_audio(self, pcm: np.ndarray) -> None:
+        pass
 
     def to_json(self) -> dict[str, Any]:
         turns = []

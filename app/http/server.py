@@ -41,6 +41,7 @@ from app.realtime.session_config import (
     fitted,
     session_param,
 )
+from app.recording import Recordings
 from app.serving.call_factory import check_jitter_buffer, check_text_judge, ice_servers, load_end_of_turn_model
 from app.serving.engines import MeteredEngine, StallTimeoutEngine
 from app.serving.media_workers import MediaWorkerPool
@@ -87,6 +88,9 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             tracing = Tracing.start(tracing_environment, process="front")
             if tracing is not None:  # registered before the calls: their sessions' spans end first
                 stack.push_async_callback(asyncio.to_thread, tracing.shutdown)
+            recordings = Recordings.of(settings)
+            if recordings is not None:  # registered before the calls: their sessions' recordings finish first
+                stack.push_async_callback(asyncio.to_thread, recordings.close)
             calls = CallRegistry(
                 settings.max_sessions,
                 max_connecting_per_client=settings.max_connecting_per_client,
@@ -108,6 +112,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             app.state.runtime = Runtime(
                 engine=serving, for_sessions=for_sessions, model=model, vad=vad, calls=calls,
                 end_of_turn=end_of_turn, workers=workers, dev_replies=dev_replies, tracing=tracing,
+                recordings=recordings,
             )
             scheme = "https" if settings.tls or settings.ssl_certfile else "http"
             logger.info("serving %s on %s://%s:%d", model, scheme, settings.host, settings.port)
@@ -237,6 +242,7 @@ def _base_session_config(settings: Settings) -> SessionConfig:
         max_events_per_second=settings.max_events_per_second,
         max_event_burst=settings.max_event_burst,
         max_image_bytes=settings.max_image_bytes,
+        record_sessions=settings.record_dir is not None,
     )
 
 

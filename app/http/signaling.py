@@ -66,7 +66,8 @@ def signaling_router(
 
         make_session = session_factory(
             settings, metrics, config, session_engine=runtime.session_engine, shared_engine=runtime.for_sessions,
-            vad=runtime.vad, end_of_turn=runtime.end_of_turn, tracing=runtime.tracing, timelines=runtime.timelines, transport=Call.transport,
+            vad=runtime.vad, end_of_turn=runtime.end_of_turn, tracing=runtime.tracing, timelines=runtime.timelines,
+            recordings=runtime.recordings, transport=Call.transport,
         )
 
         def make_call(on_closed: OnClosed) -> Call:

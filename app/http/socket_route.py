@@ -117,6 +117,7 @@ def websocket_router(
             make_session = session_factory(
                 settings, metrics, config, session_engine=runtime.session_engine, shared_engine=runtime.for_sessions,
                 vad=runtime.vad, end_of_turn=runtime.end_of_turn, tracing=runtime.tracing, timelines=runtime.timelines,
+                recordings=runtime.recordings,
                 transport=SocketCall.transport, session_fields=None if dialect is None else dialect.session_fields,
             )
 

@@ -23,8 +23,8 @@ one union per direction, the event-type strings):
 - ``gate``: client events admitted by size and rate before they are parsed.
 - ``engine_share``: the session's share of the engine, in prompt tokens prefilled over time.
 - ``failures``: what a client is told when the server fails.
-- ``turn_report``: what the session tells an observer (traces) of its turns, with the times
-  their ``latency`` came from.
+- ``turn_report``: what the session tells an observer (traces, recordings) of its turns, with the
+  times their ``latency`` came from, and of its events and audio.
 
 One spoken turn: the transport pushes audio into ``session``; ``turn_taking`` hears speech
 start and end and asks the session to commit the user item (``history``) and respond;

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -207,8 +208,10 @@ PlaybackEvent = (
 class AnswerAudio:
     """The session's output and ledger: writes answers' audio and says what its playback did."""
 
-    def __init__(self, output: AudioOutput) -> None:
+    def __init__(self, output: AudioOutput, on_written: Callable[[np.ndarray], None] | None = None) -> None:
+        """``on_written``: each chunk of answer audio as it is written to ``output`` (a recording)."""
         self.output = output
+        self._on_written = on_written
         self.ledger = PlaybackLedger()
         self._speaking_response_id: str | None = None  # output_audio_buffer.started sent
         self.last_response_id: str | None = None  # the latest response started (cleared names it)
@@ -227,6 +230,8 @@ class AnswerAudio:
         """Queue response ``response_id``'s audio for its item ``item_id``."""
         self.ledger.write(item_id, response_id, pcm.size, self.output.played_samples)
         self.output.write(pcm)
+        if self._on_written is not None:
+            self._on_written(pcm)
 
     def started(self) -> OutputAudioBufferStartedEvent | None:
         """The output sent a first frame after being idle: ``output_audio_buffer.started`` when

@@ -192,7 +192,7 @@ class RealtimeSession:
         self._image_budget = DecodeBudget()
         self._response: ResponseRun | None = None  # generating, or queued behind a cancelling one
         self._runs: set[ResponseRun] = set()  # every run whose task is not over (a cancelled one finishing)
-        self._audio = AnswerAudio(output)
+        self._audio = AnswerAudio(output, on_written=observer.output_audio if observer is not None else None)
         self._response_context = ResponseContext(self.session_id, engine, self._history, self._audio)
         # The response the user's speech cancelled (barge-in), until another response starts:
         # a client's response.cancel for it is answered by its response.done.
@@ -235,6 +235,8 @@ class RealtimeSession:
         if self._closed or self._finished or self._flooding:
             return
         self._active_at = time.monotonic()
+        if self._observer is not None:
+            self._observer.client_event(raw, self._active_at)
         rejection = self._gate.admit(raw)  # before parsing: a flood or a huge event costs nothing (appends: _parse)
         if rejection is not None:
             self._refuse(ProtocolError(rejection.code, rejection.message))
@@ -313,6 +315,8 @@ class RealtimeSession:
             pcm = self._suppressor.process(pcm)
         if pcm.size == 0:
             return
+        if self._observer is not None:
+            self._observer.input_audio(pcm)
         turn_detection = self._config.turn_detection
         if turn_detection is None:
             self._turns.skip(pcm.size)
@@ -781,7 +785,11 @@ class RealtimeSession:
 
     def emit(self, event: ServerEvent) -> None:
         if not self._closed and not self._finished:
-            self._send(event.to_json())
+            sent = event.to_json()
+            # Observed first: sending may emit another event (playback started), which follows it.
+            if self._observer is not None:
+                self._observer.server_event(sent, time.monotonic())
+            self._send(sent)
 
 
 def _suppressor_for(config: SessionConfig) -> NoiseSuppressor | None:

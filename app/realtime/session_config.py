@@ -32,6 +32,7 @@ from app.realtime.protocol import (
     SessionAudioInput,
     SessionAudioOutput,
     SessionObject,
+    SessionRecording,
     SessionVideo,
     TokenLimits,
     TranscriptionObject,
@@ -218,6 +219,8 @@ class SessionConfig:
     tools: tuple[Tool, ...] = ()  # functions the model may call
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     video: VideoInput = field(default_factory=VideoInput)
+    # recording.enabled, an extension: false, the session asked not to be recorded (and stays so).
+    recording: bool = True
     truncation: Truncation = field(default_factory=Truncation)
     # Server-side, not in the protocol:
     # What a turn detection object that leaves out ``interrupt_response`` gets (OpenAI: true);
@@ -241,6 +244,13 @@ class SessionConfig:
     # audio.input.transcription.partials when a client's transcription leaves it out;
     # Settings.partial_transcripts.
     partial_transcripts: bool = True
+    # The server keeps recordings (Settings.record_dir): a session that does not refuse is recorded.
+    record_sessions: bool = False
+
+    @property
+    def recorded(self) -> bool:
+        """The session is recorded, as its session object's ``recording.enabled`` says."""
+        return self.record_sessions and self.recording
 
     @classmethod
     def from_session(cls, session: Mapping[str, Any], *, base: SessionConfig | None = None) -> SessionConfig:
@@ -273,6 +283,7 @@ class SessionConfig:
             expires_at=expires_at,
             temperature=self.temperature,
             video=self.video.to_object(),
+            recording=SessionRecording(enabled=self.recorded),
             truncation=self.truncation.to_object(),
             audio=SessionAudio(
                 input=SessionAudioInput(
@@ -373,6 +384,8 @@ class _SessionReader:
             self._audio(s["audio"])
         if "video" in s:
             self._changes["video"] = _video(s["video"], self._base.video, "session.video")
+        if "recording" in s:
+            self._changes["recording"] = _recording(s["recording"], self._base.recording, "session.recording")
         if "tools" in s:
             self._changes["tools"] = read_tools(s["tools"], "session.tools", max_chars=self._base.max_text_chars)
         if "tool_choice" in s:
@@ -555,6 +568,21 @@ def _video(value: Any, current: VideoInput, param: str) -> VideoInput:
             raise invalid_value(f"{param}.max_pixels", f"must be an integer from {MIN_PIXELS} to {MAX_VIDEO_PIXELS}")
         changes["max_pixels"] = pixels
     return dataclasses.replace(current, **changes)
+
+
+def _recording(value: Any, current: bool, param: str) -> bool:
+    """``recording``: ``{"enabled": false}`` asks not to be recorded; a session that asked stays
+    unrecorded (what was kept of it is deleted when it asks, docs/OPERATING.md "Recordings")."""
+    if not isinstance(value, Mapping):
+        raise invalid_value(param, "must be an object")
+    if "enabled" not in value:
+        return current
+    enabled = value["enabled"]
+    if not isinstance(enabled, bool):
+        raise invalid_value(f"{param}.enabled", "must be a boolean")
+    if enabled and not current:
+        raise invalid_value(f"{param}.enabled", "a session that asked not to be recorded stays unrecorded")
+    return enabled
 
 
 def _truncation(value: Any, param: str) -> Truncation:

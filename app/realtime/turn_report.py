@@ -1,8 +1,11 @@
 """What a session tells an observer of its turns: typed reports, with the monotonic times they came from.
 
-A :class:`SessionObserver` (``app.tracing``'s spans, or none) hears a session start, each response
-end (:class:`TurnReport`, at its ``response.done``), each answer's playback end
-(:class:`PlaybackReport`: played out, or cut) and the session close. The times are
+A :class:`SessionObserver` (``app.tracing``'s spans, ``app.turn_timelines``' timeline,
+``app.recording``'s recorder, together through :class:`SessionObservers`, or none) hears a session start, each response end (:class:`TurnReport`,
+at its ``response.done``), each answer's playback end (:class:`PlaybackReport`: played out, or
+cut) and the session close; and what passes through it: every client event as received, every
+server event as sent, the input audio as the session heard it and the answer's audio as written
+to the call. The times are
 ``time.monotonic()`` seconds, the very ones the ``latency`` block of ``response.done`` is computed
 from (``app.realtime.response.latency``), so whatever an observer draws from them matches it.
 Every call is made on the session's event loop and must not block it.
@@ -10,8 +13,11 @@ Every call is made on the session's event loop and must not block it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
+
+import numpy as np
 
 from app.realtime.protocol import ResponseLatency, ResponseStatus
 from pipeline.contract import FinishReason, GenerationTimings, Usage
@@ -104,12 +110,36 @@ class SessionObserver(Protocol):
         """The session is closed: every response has reported; playbacks not over never will be."""
         ...
 
+    def client_event(self, raw: str | bytes, at: float) -> None:
+        """A client event as received (before the session reads it; it may be refused)."""
+        ...
+
+    def server_event(self, event: Mapping[str, Any], at: float) -> None:
+        """A server event as sent; the mapping is the session's and is not changed afterwards."""
+        ...
+
+    def input_audio(self, pcm: np.ndarray) -> None:
+        """16 kHz float32 mono input as the VAD and the model hear it (after noise suppression)."""
+        ...
+
+    def output_audio(self, pcm: np.ndarray) -> None:
+        """24 kHz float32 mono answer audio as written to the call's output."""
+        ...
+
 
 class SessionObservers:
-    """Several observers heard as one (traces and the operator's timelines), in order."""
+    """Several observers as one: each hears every call, in order."""
 
-    def __init__(self, observers: tuple[SessionObserver, ...]) -> None:
-        self._observers = observers
+    def __init__(self, observers: Sequence[SessionObserver]) -> None:
+        self._observers = tuple(observers)
+
+    @staticmethod
+    def of(*observers: SessionObserver | None) -> SessionObserver | None:
+        """The observers given (None ones left out) as one, or None when there are none."""
+        present = [observer for observer in observers if observer is not None]
+        if not present:
+            return None
+        return present[0] if len(present) == 1 else SessionObservers(present)
 
     def session_started(self, start: SessionStart) -> None:
         for observer in self._observers:
@@ -126,3 +156,19 @@ class SessionObservers:
     def session_closed(self, at: float) -> None:
         for observer in self._observers:
             observer.session_closed(at)
+
+    def client_event(self, raw: str | bytes, at: float) -> None:
+        for observer in self._observers:
+            observer.client_event(raw, at)
+
+    def server_event(self, event: Mapping[str, Any], at: float) -> None:
+        for observer in self._observers:
+            observer.server_event(event, at)
+
+    def input_audio(self, pcm: np.ndarray) -> None:
+        for observer in self._observers:
+            observer.input_audio(pcm)
+
+    def output_audio(self, pcm: np.ndarray) -> None:
+        for observer in self._observers:
+            observer.output_audio(pcm)

@@ -15,8 +15,9 @@ from app.metrics import Metrics
 from app.realtime.playback import AudioOutput
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
-from app.realtime.turn_report import SessionObserver, SessionObservers
+from app.realtime.turn_report import SessionObservers
 from app.realtime.turn_taking import EngineTextJudge, TextJudge
+from app.recording import Recordings
 from app.tracing import Tracing
 from app.transports.webrtc.ice import IceServer, rest_api_credentials, rtc_configuration
 from app.transports.webrtc.peer_call import Call, SessionFactory, new_call_id
@@ -64,6 +65,7 @@ def session_factory(
     vad: SpeechModel,
     end_of_turn: EndOfTurnModel | None,
     tracing: Tracing | None,
+    recordings: Recordings | None,
     transport: str,
     session_fields: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
     timelines: TurnTimelines | None = None,
@@ -71,31 +73,24 @@ def session_factory(
     """How a call of either transport, in either process, makes its session: ``session_engine``
     gives each session its engine (wrapped per session: ``app.serving.engines.for_session``),
     ``shared_engine`` is the engine the text judge asks (``text_judge``); the server's metrics
-    observe it, this process's ``tracing`` (when it exports traces) draws its spans and
-    ``timelines`` (the server process's, for ``/debug/turns``) keeps its turns' timeline."""
+    observe it, this process's ``tracing`` (when it exports traces) draws its spans,
+    ``timelines`` (the server process's, for ``/debug/turns``) keeps its turns' timeline and its
+    ``recordings`` (when the server keeps them) record it."""
 
     def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
-        observers: list[SessionObserver] = []
-        if tracing is not None:
-            observers.append(tracing.session_spans(transport))
-        sent = send
-        if timelines is not None:
-            timeline = timelines.new_session(transport)
-            observers.append(timeline)
-
-            def sent(event: dict[str, Any]) -> None:
-                timeline.record_event(event)
-                send(event)
-
         return RealtimeSession(
-            engine=session_engine(), vad=vad, output=output, send=sent, config=config,
+            engine=session_engine(), vad=vad, output=output, send=send, config=config,
             on_ignored_speech=metrics.ignored_speech.inc, on_speculation=metrics.speculation,
             on_partial_transcript=metrics.partial_transcript, on_interruption=metrics.interruption,
             on_engine_tokens=metrics.session_engine_tokens.observe,
             end_of_turn=end_of_turn,
             text_judge=text_judge(settings, shared_engine),
             session_fields=session_fields,
-            observer=SessionObservers(tuple(observers)) if observers else None,
+            observer=SessionObservers.of(
+                tracing.session_spans(transport) if tracing is not None else None,
+                timelines.new_session(transport) if timelines is not None else None,
+                recordings.session_recorder(transport) if recordings is not None else None,
+            ),
         )
 
     return make_session

@@ -26,6 +26,7 @@ from typing import Any
 from app.calls.registry import CallRegistry, OpenSession
 from app.config import Settings, dev_replies_file, load_dev_replies
 from app.metrics import Metrics
+from app.recording import Recordings
 from app.resources import process_resources
 from app.serving.call_factory import load_end_of_turn_model, new_call, session_factory
 from app.serving.engines import for_session
@@ -177,6 +178,7 @@ class MediaWorker:
         self._dev_replies = await asyncio.to_thread(load_dev_replies, dev_replies_file(self._settings))
         metrics = Metrics(worker=str(self.index))
         tracing = Tracing.start(self._tracing_environment, process=f"media-worker-{self.index}")
+        recordings = Recordings.of(self._settings)
         engine = EngineProxy(self._engine_name, self._capabilities, self._send)
         # The front counts every worker's sessions and their ends (omni_rtc_sessions_open,
         # omni_rtc_calls): this registry only tells it when a call ends.
@@ -190,7 +192,7 @@ class MediaWorker:
                     case GenerationPromoted():
                         engine.promoted(message)
                     case Offer():
-                        answer = self._answer(message, calls, engine, vad, end_of_turn, metrics, tracing)
+                        answer = self._answer(message, calls, engine, vad, end_of_turn, metrics, tracing, recordings)
                         self._start(answer, f"offer {message.call_id}")
                     case HangUp():
                         self._start(self._hang_up(message, calls), f"hangup {message.call_id}")
@@ -211,6 +213,8 @@ class MediaWorker:
             await calls.close_all()
             if tracing is not None:  # its sessions' spans, sent before the process goes
                 await asyncio.to_thread(tracing.shutdown)
+            if recordings is not None:  # its sessions' recordings, written whole
+                await asyncio.to_thread(recordings.close)
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
@@ -244,11 +248,12 @@ class MediaWorker:
         end_of_turn: EndOfTurnModel | None,
         metrics: Metrics,
         tracing: Tracing | None,
+        recordings: Recordings | None,
     ) -> None:
         make_session = session_factory(
             self._settings, metrics, message.config, session_engine=lambda: for_session(engine, self._dev_replies),
-            shared_engine=engine, vad=vad, end_of_turn=end_of_turn, tracing=tracing, transport=Call.transport,
-            timelines=self._timelines,
+            shared_engine=engine, vad=vad, end_of_turn=end_of_turn, tracing=tracing, recordings=recordings,
+            transport=Call.transport, timelines=self._timelines,
         )
 
         call = calls.admit(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.calls.registry import CallRegistry
+from app.recording import Recordings
 from app.serving.engines import for_session
 from app.serving.media_workers import MediaWorkerPool
 from app.tracing import Tracing
@@ -28,6 +29,7 @@ class Runtime:
     workers: MediaWorkerPool | None = None  # --media-workers > 1
     dev_replies: tuple[str, ...] = ()  # --dev-replies
     tracing: Tracing | None = None  # this process's trace export; None: no OTLP endpoint configured
+    recordings: Recordings | None = None  # this process's session recordings; None: --record-dir not set
     # Recent sessions' turns in this process (GET /debug/turns); the media workers' calls are not here.
     timelines: TurnTimelines = field(default_factory=TurnTimelines)
 

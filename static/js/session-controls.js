@@ -16,6 +16,7 @@ export class SessionControls {
     this.serverVadFields = elements.serverVadFields;
     this.semanticVadFields = elements.semanticVadFields;
     this.note = elements.sessionNote;
+    this.recordingNote = elements.recordingNote;
     this.session = null;   // the effective session, kept across calls
     this.turnDetection.addEventListener("change", () => this.showTurnDetectionFields());
   }
@@ -68,6 +69,8 @@ export class SessionControls {
   setEffective(session, { updated }) {
     this.session = session;
     this.fill(session);
+    // The server says whether it keeps this call (session.recording, an extension; docs/OPERATING.md).
+    this.recordingNote.hidden = session.recording?.enabled !== true;
     if (updated) this.note.textContent = "Session updated.";
   }
 

@@ -44,6 +44,7 @@ export function findElements(document) {
     serverVadFields: byId("server-vad-fields"),
     semanticVadFields: byId("semantic-vad-fields"),
     sessionNote: byId("session-note"),
+    recordingNote: byId("recording-note"),
     remoteAudio: byId("remote-audio"),
     accessForm: byId("access-form"),
     accessKey: byId("access-key"),

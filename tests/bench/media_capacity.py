@@ -132,6 +132,8 @@ def serve(args: argparse.Namespace) -> None:
         extra["noise_reduction"] = args.noise_reduction
     if args.echo_cancellation is not None:
         extra["echo_cancellation"] = args.echo_cancellation
+    if args.record_dir is not None:  # every call recorded: the cost of recordings on the media plane
+        extra["record_dir"] = args.record_dir
     settings = Settings(port=args.port, ice_loopback=True, max_sessions=1000, log_level="warning", **extra)
     uvicorn.run(create_app(settings, engine=InstantReplyEngine()), host="127.0.0.1", port=args.port, log_level="warning")
 
@@ -363,6 +365,8 @@ def main() -> None:
                         help="the server's default noise reduction for the sessions (default: the server's)")
     parser.add_argument("--echo-cancellation", action=argparse.BooleanOptionalAction, default=None,
                         help="the server's echo cancellation for WebRTC calls (default: the server's)")
+    parser.add_argument("--record-dir", type=Path, metavar="DIR",
+                        help="the server records every call here (default: no recordings)")
     parser.add_argument("--label", default="", help="a note kept in the JSON (e.g. before/after)")
     parser.add_argument("--out", type=Path, default=REPO / "tests" / "bench" / "results" / "media_capacity.json")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # internal: be the server
@@ -390,6 +394,8 @@ def main() -> None:
         command += ["--noise-reduction", args.noise_reduction]
     if args.echo_cancellation is not None:
         command += ["--echo-cancellation" if args.echo_cancellation else "--no-echo-cancellation"]
+    if args.record_dir is not None:
+        command += ["--record-dir", str(args.record_dir)]
     if args.profile is not None:
         command += ["--profile", str(args.profile)]
     utterance = soxr.resample(read_utterance(FIXTURES / "hello.wav"), 16_000, 48_000).astype(np.float32)
@@ -426,6 +432,7 @@ def main() -> None:
         "server_repo": str(args.server_repo),
         "noise_reduction": args.noise_reduction,
         "echo_cancellation": args.echo_cancellation,
+        "record_dir": None if args.record_dir is None else str(args.record_dir),
         "server_cores": server_cores,
         "client_cores": client_cores,
         "server_affinity": server_affinity,  # as the server process reported it: the pinning took

@@ -426,6 +426,26 @@ async def test_page_notices_its_media_worker_dying_and_reconnects_to_a_live_one(
     assert sessions_while_reconnected == 1
 
 
+async def test_page_says_when_the_call_is_recorded(tmp_path: Path) -> None:
+    record_dir = tmp_path / "recordings"
+    settings = Settings(ice_loopback=True, cache_dir=tmp_path, media_workers=1, record_dir=record_dir)
+    app = create_app(settings, engine=ScriptedEngine())
+    async with serving_in_process(app) as url, page_with_a_silent_microphone(url, tmp_path) as page:
+        assert not await page.is_visible("#recording-note")
+        await connect(page)
+        assert await page.is_visible("#recording-note")
+        assert "recorded" in await page.inner_text("#recording-note")
+    assert [path for path in record_dir.iterdir()]  # the page's call has its folder
+
+
+async def test_page_says_nothing_of_recording_when_the_server_does_not_record(server_url: str, tmp_path: Path) -> None:
+    async with page_with_a_silent_microphone(server_url, tmp_path) as page:
+        await connect(page)
+        created = await page.evaluate("window.omniRtc.events.find((e) => e.type === 'session.created')")
+        assert created["session"]["recording"] == {"enabled": False}
+        assert not await page.is_visible("#recording-note")
+
+
 async def test_page_shows_the_framework_snippets_with_this_servers_address(server_url: str, tmp_path: Path) -> None:
     async with page_with_a_silent_microphone(server_url, tmp_path) as page:
         await page.click(".frameworks summary")

@@ -197,6 +197,13 @@ class SessionVideo(ServerModel):
     max_pixels: int
 
 
+class SessionRecording(ServerModel):
+    """Extension: whether this session is recorded (the server keeps recordings and the session
+    did not ask not to be; docs/OPERATING.md "Recordings")."""
+
+    enabled: bool
+
+
 class TokenLimits(ServerModel):
     post_instructions: int | None = None
 
@@ -229,6 +236,7 @@ class SessionObject(ServerModel):
     include: list[str] | None = None
     temperature: float  # extension (OpenAI's beta field): Qwen3-Omni samples with it
     video: SessionVideo  # extension: camera frames (SessionVideo)
+    recording: SessionRecording  # extension: whether the session is recorded
 
 
 # -- responses -----------------------------------------------------------------------------

@@ -66,3 +66,30 @@ def test_an_unknown_noise_reduction_type_is_refused_naming_it():
             assert exc.code == "invalid_value" and "noise_reduction" in (exc.param or "")
         else:
             raise AssertionError(f"noise_reduction {value!r} was taken")
+
+
+def _recording_of(config: SessionConfig) -> dict[str, bool]:
+    return config.to_session_object(session_id="sess_1", model="m", expires_at=0).model_dump()["recording"]
+
+
+def test_a_session_is_reported_recorded_when_the_server_records_and_it_did_not_refuse():
+    assert _recording_of(SessionConfig()) == {"enabled": False}  # the server keeps no recordings
+    recording_server = SessionConfig(record_sessions=True)
+    assert _recording_of(recording_server) == {"enabled": True}
+    assert _recording_of(recording_server.updated({"recording": {}})) == {"enabled": True}
+    refused = recording_server.updated({"recording": {"enabled": False}})
+    assert _recording_of(refused) == {"enabled": False}
+    assert _recording_of(refused.updated({"instructions": "Be brief."})) == {"enabled": False}
+
+
+def test_a_session_that_refused_recording_cannot_turn_it_back_on_and_bad_values_are_named():
+    refused = SessionConfig(record_sessions=True).updated({"recording": {"enabled": False}})
+    for session, param in (({"recording": {"enabled": True}}, "session.recording.enabled"),
+                           ({"recording": {"enabled": "no"}}, "session.recording.enabled"),
+                           ({"recording": False}, "session.recording")):
+        try:
+            refused.updated(session)
+        except ProtocolError as exc:
+            assert (exc.code, exc.param) == ("invalid_value", param)
+        else:
+            raise AssertionError(f"{session} was taken")
