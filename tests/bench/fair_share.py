@@ -867,14 +867,16 @@ async def append_flood(url: str, stop: asyncio.Event, tally: Tally, ready: Calla
             for mode, message in (("plain", plain), ("padded", padded)):
                 began = loop.time()
                 sent = 0
-                while not stop.is_set() and loop.time() - began < FLOOD_SWITCH_S:
-                    await socket.send_raw(message)
-                    sent += 1
-                    ready()
-                    if sent % 20 == 0:
-                        await asyncio.sleep(0)  # let the answers be read
-                tally.sent(f"append ({mode})", sent)
-                seconds[mode] += loop.time() - began
+                try:
+                    while not stop.is_set() and loop.time() - began < FLOOD_SWITCH_S:
+                        await socket.send_raw(message)
+                        sent += 1
+                        ready()
+                        if sent % 20 == 0:
+                            await asyncio.sleep(0)  # let the answers be read
+                finally:  # counted also when the server ends the session mid-flood
+                    tally.sent(f"append ({mode})", sent)
+                    seconds[mode] += loop.time() - began
 
     try:
         await hostile_sessions(url, stop, tally, body, SESSIONS_PER_ATTACK)

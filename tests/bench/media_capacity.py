@@ -83,6 +83,10 @@ class InstantReplyEngine:
     async def start(self) -> None:
         return None
 
+    async def promote(self, preemptible_id: str) -> bool:
+        """A speculative answer the session used: it runs on as any other (nothing to hold here)."""
+        return True
+
     async def close(self) -> None:
         return None
 
