@@ -49,6 +49,9 @@ class WantsFrames:
     async def handle_message(self, raw: str | bytes) -> None:
         pass
 
+    flooding = False
+    echo_cancellation = False
+
     def push_audio(self, pcm: Any) -> None:
         pass
 

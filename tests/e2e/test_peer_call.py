@@ -51,6 +51,7 @@ class RecordingSession:
         self.send({"type": "echo", "raw": self.messages[-1]})
 
     echo_cancellation = False  # the peer's audio as it arrives: what this test counts
+    flooding = False  # the flood these tests send is the channel's to bound, not the session's
 
     def push_audio(self, pcm: np.ndarray) -> None:
         self.audio_samples += len(pcm)

@@ -17,6 +17,7 @@ from tests.pipeline.local.test_generation import (  # noqa: F401 (fixtures)
     model,
     run,
     seen_and_heard_inputs,
+    step_batch,
     typed_inputs,
 )
 
@@ -25,21 +26,9 @@ pytestmark = [pytest.mark.dev_model, pytest.mark.usefixtures("one_thread")]
 FIXED = {"adaptive_chunks": False}
 
 
-def step(batch: DecodeBatch, events: dict) -> None:
-    """One decoding step of the whole batch, as the engine takes it."""
-    for key, event in batch.step_thinker():
-        events[key].append(event)
-    batch.step_talker()
-    if batch.chunks_due():
-        for key, event in batch.decode_chunks():
-            events[key].append(event)
-    for key in batch.finished_keys():
-        events[key].append(batch.finish(key))
-
-
 def decode(batch: DecodeBatch, events: dict) -> None:
     while batch.keys:
-        step(batch, events)
+        step_batch(batch, events)
 
 
 def chunked_alone(model, tokenizer, turn_inputs, params: dict, chunk: int) -> tuple[list, int]:  # noqa: F811 (test_generation's fixtures)
@@ -84,7 +73,7 @@ def test_decoding_turns_step_between_the_chunks_and_both_equal_their_turns_alone
     while not prefill.advance():
         before = len(events["decoding"])
         if batch.keys:
-            step(batch, events)
+            step_batch(batch, events)
         text_between_chunks += sum(isinstance(event, TextDelta) for event in events["decoding"][before:])
     assert text_between_chunks > 0  # the decoding turn did not wait for the whole prefill
     for key, event in batch.join_prefilled(prefill):

@@ -588,16 +588,21 @@ def drive(model, tokenizer, plan, *, cancel_at=None):
             if when == step and key in batch.keys:
                 events[key].append(batch.cancel(key))
         rows_seen.append((len(batch.thinker_rows), len(batch.talker_rows)))
-        for key, event in batch.step_thinker():
-            events[key].append(event)
-        batch.step_talker()
-        if batch.chunks_due():
-            for key, event in batch.decode_chunks():
-                events[key].append(event)
-        for key in batch.finished_keys():
-            events[key].append(batch.finish(key))
+        step_batch(batch, events)
         step += 1
     return events, rows_seen, batch
+
+
+def step_batch(batch: DecodeBatch, events: dict) -> None:
+    """One decoding step of the whole batch, as the engine takes it; each key's events into ``events``."""
+    for key, event in batch.step_thinker():
+        events[key].append(event)
+    batch.step_talker()
+    if batch.chunks_due():
+        for key, event in batch.decode_chunks():
+            events[key].append(event)
+    for key in batch.finished_keys():
+        events[key].append(batch.finish(key))
 
 
 def assert_same_turn(batched, alone, *, atol):
