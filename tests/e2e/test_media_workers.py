@@ -72,7 +72,8 @@ async def answered(client: RealtimeClient) -> None:
     turn = await client.speak(load_fixture("hello"))
     assert turn.status == "completed"
     assert turn.transcript == "Hi there"
-    assert turn.audible_seconds > 0
+    # Under load an answer once came with nothing audible: say what the client's jitter buffer did.
+    assert turn.audible_seconds > 0, client.receive_stats
 
 
 async def test_calls_spread_over_workers_and_hang_up_reaches_the_right_one(tmp_path) -> None:
