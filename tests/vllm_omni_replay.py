@@ -356,14 +356,7 @@ class ReplayServer:
             if finish == "length":  # the answer was cut: so was its speech
                 audio = audio[: len(audio) * len(words) // len(_tokens(self.answer_text))]
             plan.extend(self._audio_chunks(head, audio, prompt_tokens))
-        plan.sort(key=lambda entry: entry[0])
-        usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-                                 "completion_tokens": completion_tokens}
-        if audio_tokens:
-            usage["prompt_tokens_details"] = {"multimodal_tokens": {"audio": audio_tokens}}
-        end = plan[-1][0]
-        plan.append((end, _dump({**head, "choices": [], "usage": usage})))
-        plan.append((end, "[DONE]"))
+        _close_stream(plan, head, prompt_tokens, completion_tokens, audio_tokens)
         return self._spoil(plan, failure, head)
 
     def _tool_call_plan(
@@ -425,14 +418,7 @@ class ReplayServer:
                 plan[-1] = (plan[-1][0], _with_finish(plan[-1][1], finish))
                 audio[-1] = (audio[-1][0], _with_finish(audio[-1][1], None))
             plan.extend(audio)
-        plan.sort(key=lambda entry: entry[0])
-        usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-                                 "completion_tokens": completion_tokens}
-        if audio_tokens:
-            usage["prompt_tokens_details"] = {"multimodal_tokens": {"audio": audio_tokens}}
-        end = plan[-1][0]
-        plan.append((end, _dump({**head, "choices": [], "usage": usage})))
-        plan.append((end, "[DONE]"))
+        _close_stream(plan, head, prompt_tokens, completion_tokens, audio_tokens)
         return plan
 
     def _audio_chunks(self, head: dict[str, Any], audio: np.ndarray, prompt_tokens: int) -> list[tuple[float, str]]:
@@ -515,6 +501,19 @@ class ReplayServer:
             if received.done_at is None:
                 received.closed_at = time.monotonic()  # cancelled by the client's disconnect (or cut)
             received.ended.set()
+
+
+def _close_stream(plan: list[tuple[float, str]], head: dict[str, Any], prompt_tokens: int, completion_tokens: int,
+                  audio_tokens: int) -> None:
+    """Orders ``plan`` by time and ends it as serving_chat ends a stream: the usage chunk, then [DONE]."""
+    plan.sort(key=lambda entry: entry[0])
+    usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+                             "completion_tokens": completion_tokens}
+    if audio_tokens:
+        usage["prompt_tokens_details"] = {"multimodal_tokens": {"audio": audio_tokens}}
+    end = plan[-1][0]
+    plan.append((end, _dump({**head, "choices": [], "usage": usage})))
+    plan.append((end, "[DONE]"))
 
 
 def _dump(chunk: dict[str, Any]) -> str:
