@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import time
@@ -25,11 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(1, str(REPO))
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from tests.listening_ports import free_port as free_port  # noqa: E402  (the benches' servers' ports)
 
 
 def wait_until_healthy(url: str, server: subprocess.Popen[bytes], deadline_s: float, poll_s: float = 0.3) -> None:

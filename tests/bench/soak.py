@@ -30,7 +30,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -44,6 +43,7 @@ import soundfile as sf
 
 from app.client.webrtc import RealtimeClient
 from app.realtime.turn_taking import ECHO_TAIL_MS
+from tests.listening_ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -182,12 +182,6 @@ async def run_soak(
     return result
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 # The random dev model's Talker never says EOS: cap each answer at 2 s of speech.
 CAPPED_ANSWERS = json.dumps({"max_audio_frames": DEV_MODEL_AUDIO_FRAMES})
 
@@ -196,7 +190,7 @@ CAPPED_ANSWERS = json.dumps({"max_audio_frames": DEV_MODEL_AUDIO_FRAMES})
 def dev_model_server(*serve_args: str, generation: str | None = CAPPED_ANSWERS) -> Iterator[str]:
     """``omni-rtc serve`` with the dev model on a free loopback port (plus ``serve_args``, and
     ``--generation`` unless None); yields its URL once healthy, interrupts it afterwards."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     command = [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--device", "cpu", "--seed", "0",

@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,8 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from tests.listening_ports import free_port
+
 # Short, so a peer that vanishes is released quickly; every test client sends media
 # continuously (a paced microphone track, silence between utterances).
 DISCONNECT_TIMEOUT_S = 3.0
@@ -38,12 +39,6 @@ GENERATION = {"force_output_tokens": 12, "max_audio_frames": 50}
 # (server and engine process) and loads the model, on 2 shared cores.
 STARTUP_DEADLINE_S = 180.0
 SHUTDOWN_DEADLINE_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def get_json(url: str) -> dict:
@@ -72,9 +67,8 @@ async def serving_in_process(app: FastAPI, **config: Any) -> AsyncIterator[str]:
     As ``omni-rtc serve`` runs it: uvicorn reads no forwarded header (the app does, from its
     trusted proxies). ``config`` goes to uvicorn (``ssl_certfile``... for HTTPS).
     """
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", proxy_headers=False, **config)
+    server = uvicorn.Server(  # port 0: the kernel picks a free one as it binds
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", proxy_headers=False, **config)
     )
     serving = asyncio.create_task(server.serve())
     try:
@@ -83,6 +77,7 @@ async def serving_in_process(app: FastAPI, **config: Any) -> AsyncIterator[str]:
                 if serving.done():
                     serving.result()  # start-up failed: raise why
                 await asyncio.sleep(0.05)
+        port = server.servers[0].sockets[0].getsockname()[1]
         yield f"{'https' if config.get('ssl_certfile') else 'http'}://127.0.0.1:{port}"
     finally:
         server.should_exit = True

@@ -43,9 +43,10 @@ from app.client.webrtc import RealtimeClient
 from app.client.websocket import RealtimeSocketClient
 from app.http.tls import ensure_self_signed
 from tests.e2e.browser_chromium import Silence, launch_chromium, write_fake_microphone
-from tests.e2e.conftest import DISCONNECT_TIMEOUT_S, GENERATION, free_port
+from tests.e2e.conftest import DISCONNECT_TIMEOUT_S, GENERATION
 from tests.e2e.deploy_doc import deploy_block, env_file, unit_value
 from tests.e2e.processes import STARTUP_DEADLINE_S, Launch, healthy, listening, running, running_together
+from tests.listening_ports import free_port
 
 pytestmark = pytest.mark.e2e
 

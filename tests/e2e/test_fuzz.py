@@ -27,8 +27,8 @@ from tests.app.realtime.test_fuzz import (
     malformed_messages,
     valid_events,
 )
-from tests.e2e.conftest import free_port
 from tests.fakes import ScriptedEngine
+from tests.listening_ports import free_port
 
 pytestmark = pytest.mark.e2e
 

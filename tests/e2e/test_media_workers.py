@@ -27,8 +27,9 @@ from app.config import Settings
 from app.http.server import create_app
 from app.serving import media_workers
 from pipeline.conversation import HistoryLimits
-from tests.e2e.conftest import free_port, serving_in_process
+from tests.e2e.conftest import serving_in_process
 from tests.fakes import ScriptedEngine
+from tests.listening_ports import free_port
 from tests.speech import load_fixture
 
 # Worker processes start (imports, VAD) and report every 0.5 s; a restart takes as long as a start.

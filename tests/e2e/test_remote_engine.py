@@ -32,7 +32,8 @@ import soundfile
 from app.cli import read_utterance
 from app.client.webrtc import AUDIBLE_PEAK, RealtimeClient
 from app.client.websocket import RealtimeSocketClient
-from tests.e2e.conftest import SHUTDOWN_DEADLINE_S, free_port, get_json
+from tests.e2e.conftest import SHUTDOWN_DEADLINE_S, get_json
+from tests.listening_ports import free_port
 from tests.vllm_omni_replay import (
     ANSWER_TEXT,
     FAILURE_CODES,

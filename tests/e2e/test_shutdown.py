@@ -22,11 +22,11 @@ import pytest
 from app.client.webrtc import RealtimeClient
 from tests.e2e.conftest import (
     SHUTDOWN_DEADLINE_S,
-    free_port,
     server_command,
     server_env,
     wait_until_healthy,
 )
+from tests.listening_ports import free_port
 
 pytestmark = pytest.mark.e2e
 
