@@ -16,7 +16,6 @@ from app.cli import read_utterance
 from app.client.webrtc import AUDIBLE_PEAK, RealtimeClient
 from app.config import Settings
 from app.http.server import create_app
-from media.rates import WIRE_RATE
 from pipeline.conversation import UserAudio
 from tests.e2e.conftest import serving_in_process
 from tests.fakes import AUDIO_TOKENS_PER_SECOND, ScriptedEngine
@@ -48,7 +47,7 @@ async def test_a_minute_without_pauses_is_committed_in_order_and_answered_after_
     async with RealtimeClient(url, ice_loopback=True, timeout_s=180) as client:
         mark = client.frames_received
         turn = await client.speak(utterance)
-        received = client.audio_since(mark)  # 20 ms frames from the server, silence while idle
+        received = client.frames_since(mark)  # 20 ms frames from the server, silence while idle
 
     events = turn.events
     types = [event["type"] for event in events]
@@ -58,11 +57,12 @@ async def test_a_minute_without_pauses_is_committed_in_order_and_answered_after_
     # The answer starts only after the utterance ended: the VAD's end of speech comes first,
     # and the first audible answer frame came later than the utterance lasted.
     assert types.index("input_audio_buffer.speech_stopped") < types.index("response.created")
-    audible = np.flatnonzero(np.abs(received) >= AUDIBLE_PEAK)
+    audible = [frame for frame in received if frame.peak >= AUDIBLE_PEAK]
     # Under load an answer once came with nothing audible: say what the client's jitter buffer did.
-    assert audible.size, (turn.response["status"], client.receive_stats)
-    first_audible_s = audible[0] / WIRE_RATE
-    assert first_audible_s > utterance.size / RATE
+    assert audible, (turn.response["status"], client.receive_stats)
+    # By the clock, not by frames counted: after a stall the server's pacer moves on past the
+    # stalled slots, so a loaded run receives fewer frames than its seconds.
+    assert audible[0].arrived_at > turn.spoken_at
 
     # Three user items, committed in order: two 30 s segments and the rest.
     committed = [event for event in events if event["type"] == "input_audio_buffer.committed"]
