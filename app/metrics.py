@@ -333,7 +333,7 @@ class _PacingCollector:
         )
         skipped = CounterMetricFamily(
             "omni_rtc_outbound_frames_skipped",
-            "Outbound frame slots skipped when a stall moved the pacing schedule forward, per media worker.",
+            "Outbound frame slots skipped after a stall (the stream's timeline jumps over them), per media worker.",
             labels=["worker"],
         )
         overloaded = GaugeMetricFamily(

@@ -1,7 +1,7 @@
 """Real-time pacing of an outbound 48 kHz audio track, 20 ms per frame.
 
-``FramePacer`` sends frame *n* at ``start + n * 20 ms`` on one monotonic clock, moves the
-schedule forward after a stall instead of bursting, and sends a new answer's first frame at once
+``FramePacer`` sends frame *n* at ``start + n * 20 ms`` on one monotonic clock, skips the slots
+a stall took (its timeline jumps over them) instead of bursting, and sends a new answer's first frame at once
 (``wake()``), never two frames closer than ``MIN_FRAME_GAP_S``. Every pacer of a process may
 report to one :class:`PacingStats`: each frame's lateness, frames late, slots skipped, whether the
 process is overloaded (one warning per window). The rules and why: docs/NETWORK.md, "Outbound:
@@ -29,12 +29,12 @@ FRAME_SAMPLES = 960  # 20 ms at 48 kHz, one Opus frame
 TIME_BASE = Fraction(1, WIRE_RATE)
 # A woken frame (a new answer after silence) goes no sooner than this after the frame before it.
 MIN_FRAME_GAP_S = 0.01
-# Lateness beyond which the schedule moves forward instead of catching up: 3 frames.
-# Ordinary event-loop jitter is a few ms; a stall this long is worth a late packet, not a burst.
+# Lateness beyond which the slots missed are skipped instead of caught up: 3 frames.
+# Ordinary event-loop jitter is a few ms; a stall this long is worth a gap, not a burst.
 MAX_LATENESS_S = 0.06
 FRAME_S = FRAME_SAMPLES / WIRE_RATE
 # Upper bounds (seconds) of the lateness histogram: loop jitter is 0-5 ms; from one frame (20 ms)
-# on the peer's jitter buffer sees a hole; past 60 ms the schedule moves.
+# on the peer's jitter buffer sees a hole; past 60 ms the missed slots are skipped.
 LATENESS_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.2, 0.5, 1.0)
 # A frame handed out a whole frame period after it was due is "late": the listener hears a gap.
 LATE_S = FRAME_S
@@ -57,7 +57,7 @@ class PacingStats:
         self.lateness_sum_s = 0.0
         self.frames = 0
         self.late_frames = 0  # handed out LATE_S or more after they were due
-        self.skipped_frames = 0  # frame slots the schedule moved past after a stall
+        self.skipped_frames = 0  # frame slots skipped after a stall
         self._window_start = clock()
         self._window = (0, 0)  # frames, and late or skipped frames, since _window_start
         self._last_window: tuple[int, int] = (0, 0)
@@ -114,7 +114,8 @@ def _over(window: tuple[int, int]) -> bool:
 
 
 class FramePacer:
-    """Hands out 20 ms mono frames when they are due; ``pts`` counts the samples sent.
+    """Hands out 20 ms mono frames when they are due; ``pts`` is the stream's timeline in samples:
+    those sent, and the slots a stall skipped.
 
     ``sleep`` (tests: a fake clock's) replaces the loop's timer; either way ``wake()`` cuts the
     wait for the next frame short.
@@ -162,10 +163,15 @@ class FramePacer:
             elif self._stats is not None:
                 self._stats.record(max(self._clock() - due, 0.0))  # the sleep may overshoot: a busy loop
         elif now - due > MAX_LATENESS_S:
-            logger.debug("outbound audio %.0f ms late: moving the schedule instead of bursting", (now - due) * 1e3)
-            self._start += now - due
+            # The slots the stall took are skipped: the timeline (pts, hence the RTP timestamps) jumps
+            # over them, so the peer sees a gap in time, no packet lost, and the packets after it on
+            # time. With pts continuous every later packet would reach the peer's jitter buffer late
+            # by the stall, to be concealed and dropped while it remembers the earlier ones (2 s).
+            skipped = int((now - due) / FRAME_S + 1e-9)  # whole periods lost
+            logger.debug("outbound audio %.0f ms late: %d slots skipped instead of a burst", (now - due) * 1e3, skipped)
+            self.pts += skipped * FRAME_SAMPLES
             if self._stats is not None:
-                self._stats.record(now - due, skipped=int((now - due) / FRAME_S + 1e-9))  # whole periods lost
+                self._stats.record(now - due, skipped=skipped)
         elif self._stats is not None:
             self._stats.record(now - due)
         self._woken = False

@@ -63,14 +63,15 @@ async def test_small_lateness_is_caught_up_without_drift(track: OutboundAudioTra
     assert clock.now == pytest.approx(start + 0.10)
 
 
-async def test_stall_moves_the_schedule_instead_of_bursting(track: OutboundAudioTrack, clock: FakeClock) -> None:
+async def test_a_stall_skips_its_slots_instead_of_bursting(track: OutboundAudioTrack, clock: FakeClock) -> None:
     await receive(track, 2)
-    clock.now += 0.5  # the loop stalled for half a second
+    clock.now += 0.5  # the loop stalled for half a second: frame 2, due at +40 ms, goes at +520 ms
     late = await track.recv()
     clock.sleeps.clear()
     following = [await track.recv() for _ in range(3)]
     assert clock.sleeps == pytest.approx([0.02] * 3)  # no back-to-back frames after the stall
-    assert [frame.pts for frame in [late, *following]] == [1920, 2880, 3840, 4800]
+    # Stamped with when they go (24 slots skipped), so the peer sees them on time.
+    assert [frame.pts for frame in [late, *following]] == [24960, 25920, 26880, 27840]
 
 
 async def test_written_audio_is_sent_whole_and_counted(track: OutboundAudioTrack) -> None:

@@ -37,7 +37,7 @@ async def test_a_frame_a_whole_period_late_is_late_and_a_stall_skips_slots(clock
     clock.now += 0.045  # due at +20 ms, asked for at +45 ms: 25 ms late, caught up
     await frames(pacer, 1)
     assert (stats.late_frames, stats.skipped_frames) == (1, 0)
-    clock.now += 0.1  # a 100 ms stall: the schedule moves past 5 slots
+    clock.now += 0.1  # a 100 ms stall: 5 slots skipped
     await frames(pacer, 1)
     assert stats.skipped_frames == 5
     assert stats.late_frames == 2
@@ -61,3 +61,18 @@ async def test_overload_is_reported_warned_once_per_window_and_forgotten_when_id
     assert not stats.overloaded  # the last full window was on time
     clock.now += 3 * OVERLOAD_WINDOW_S
     assert not stats.overloaded
+
+
+async def test_a_stall_moves_the_timeline_over_the_slots_it_skipped(clock: FakeClock) -> None:
+    """The frame after a stall is stamped with its time: the peer sees a gap, not every later packet late."""
+    pacer = FramePacer(clock=clock, sleep=clock.sleep)
+    await frames(pacer, 3)  # frames 0-2, the last sent at +40 ms
+    started = clock.now - 0.04
+    clock.now += 0.3  # the loop stalled: frame 3 was due at +60 ms and goes at +340 ms
+    await pacer.wait_until_due()
+    assert pacer.pts == 17 * 960  # 14 slots skipped: stamped +340 ms
+    assert pacer.pts / 48_000 == pytest.approx(clock.now - started)
+    pacer.pts += 960
+    await frames(pacer, 3)  # back on the clock, 20 ms apart
+    assert clock.sleeps[-3:] == pytest.approx([0.02] * 3)
+    assert pacer.pts / 48_000 == pytest.approx(clock.now - started + 0.02)
