@@ -95,6 +95,15 @@ class _Clock:
     base: float = 0.0
     depth: float = START_DEPTH_S
 
+    def rebase(self) -> None:
+        """Forget every offset but the newest: a packet came after its slot was concealed, so the
+        stream now comes later than the fastest packets remembered said (a sender that stalled with
+        its timestamps going on, a longer route); the next faster packet takes the base down again."""
+        newest = self.offsets[-1]
+        self.offsets.clear()
+        self.offsets.append(newest)
+        self.base = newest
+
     def add(self, offset: float, frame_s: float) -> None:
         self.offsets.append(offset)
         self.base = min(self.offsets)
@@ -158,6 +167,7 @@ class AudioJitterBuffer:
         self._measure(stamp, arrival)
         if stamp < self._next_timestamp:
             self.stats.packets_late += 1
+            self._clock.rebase()
             return
         if len(self._buffer) >= MAX_BUFFERED_PACKETS:
             if not self.stats.packets_overrun:

@@ -131,6 +131,31 @@ def test_a_packet_after_its_deadline_is_dropped_and_counted_late() -> None:
     assert buffer.stats.packets_lost == 0  # it arrived: late, not lost
 
 
+def test_a_stream_that_comes_later_from_some_packet_on_loses_only_the_slots_concealed_meanwhile() -> None:
+    """A sender that stalled 300 ms with its timestamps going on: packets 30 on come 300 ms late.
+    The first late packet moves the deadline to them; the fastest packets of the last 2 s do not
+    keep every later one late."""
+    packets = speech_packets(0)
+    buffer = AudioJitterBuffer()
+    shift = 0.3
+    arrivals = [(T0 + sequence * FRAME_S + (shift if sequence >= 30 else 0.0), sequence)
+                for sequence in range(len(packets))]
+    played: list[PlayoutFrame] = []
+    now, end = T0, arrivals[-1][0] + 0.5
+    while now < end:  # a reader that pops every 5 ms, a packet as it arrives
+        while arrivals and arrivals[0][0] <= now:
+            _, sequence = arrivals.pop(0)
+            buffer.push(sequence, sequence * FRAME, packets[sequence], now)
+        played.extend(buffer.pop(now))
+        now += 0.005
+    # Concealed while nothing came: the depth's wait, then at most 200 ms, one frame per period.
+    assert buffer.stats.packets_late <= MAX_IDLE_CONCEAL_S / FRAME_S
+    decoded = [frame.timestamp // FRAME for frame in played if frame.origin == "packet"]
+    assert decoded[-1] == len(packets) - 1
+    assert len(decoded) == len(packets) - buffer.stats.packets_late
+    assert len(packets) - 30 > 2 * buffer.stats.packets_late  # most of what came late is heard
+
+
 def test_reordered_and_duplicated_packets_play_once_in_order() -> None:
     packets = speech_packets(0)
     buffer = AudioJitterBuffer()
