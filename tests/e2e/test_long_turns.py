@@ -60,8 +60,8 @@ async def test_a_minute_without_pauses_is_committed_in_order_and_answered_after_
     audible = [frame for frame in received if frame.peak >= AUDIBLE_PEAK]
     # Under load an answer once came with nothing audible: say what the client's jitter buffer did.
     assert audible, (turn.response["status"], client.receive_stats)
-    # By the clock, not by frames counted: after a stall the server's pacer moves on past the
-    # stalled slots, so a loaded run receives fewer frames than its seconds.
+    # By the clock, not by frames counted: a loaded run may receive fewer frames than its seconds
+    # (a gap of over a second is not filled, a late packet's slot is concealed once, not twice).
     assert audible[0].arrived_at > turn.spoken_at
 
     # Three user items, committed in order: two 30 s segments and the rest.
