@@ -73,7 +73,7 @@ class EngineShare:
         self._clock = clock
         self._tokens = float(burst)
         self._refilled_at = clock()
-        self.charged = 0  # every token charged since the session began (metrics, tests)
+        self.charged = 0  # every token charged since the bucket was made (metrics, tests)
 
     @property
     def available(self) -> float:
@@ -85,14 +85,6 @@ class EngineShare:
         self._refill()
         self._tokens -= tokens
         self.charged += tokens
-
-    def try_charge(self, tokens: int) -> bool:
-        """Work that runs only within the share: charged and True while the bucket ``holds``
-        ``tokens``, else False and nothing charged."""
-        if not self.holds(tokens):
-            return False
-        self.charge(tokens)
-        return True
 
     def holds(self, tokens: int) -> bool:
         """The bucket holds ``tokens``, or all of a full bucket (so a prompt larger than the burst
@@ -199,9 +191,9 @@ class SessionShare:
             self._client.charge(tokens)
 
     def charge_within(self, tokens: int, work: RefusedWork) -> ShareRefusal | None:
-        """Work that runs only within the share: charged to both and None while each bucket holds
-        ``tokens`` (all of a full bucket at most: ``EngineShare.try_charge``); else nothing is
-        charged, the refusal is reported and returned (the session's limit named first)."""
+        """Work that runs only within the share: charged to both and None while each bucket
+        ``holds`` ``tokens``; else nothing is charged, and the refusal is reported and returned
+        (the session's limit named first)."""
         refusal = _refusal(self._own, "session", tokens)
         if refusal is None and self._client is not None:
             refusal = _refusal(self._client, "client", tokens)

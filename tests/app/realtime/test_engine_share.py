@@ -26,15 +26,17 @@ LONG_INSTRUCTIONS = "word " * 4_800
 
 def test_work_someone_waits_for_is_charged_below_zero_and_throw_away_work_waits_for_the_refill():
     clock = FakeClock()
-    share = EngineShare(burst=1_000, per_second=100, clock=clock)
-    assert share.try_charge(600) and not share.try_charge(600)  # 400 left: refused, nothing charged
+    bucket = EngineShare(burst=1_000, per_second=100, clock=clock)
+    share = SessionShare(bucket)
+    assert share.charge_within(600, "response") is None
+    assert share.charge_within(600, "response") == ShareRefusal("session", 1_000, 100)  # 400 left: nothing charged
     share.charge(900)  # a spoken turn's answer runs whatever the share
-    assert share.available == -500
+    assert bucket.available == -500
     clock.now += 11
-    assert share.available == 600 and share.try_charge(600)
+    assert bucket.available == 600 and share.charge_within(600, "speculative_response") is None
     clock.now += 100
-    assert share.available == 1_000  # never more than the burst
-    assert share.try_charge(5_000)  # larger than the burst: it runs once the bucket is full
+    assert bucket.available == 1_000  # never more than the burst
+    assert share.charge_within(5_000, "partial_transcript") is None  # larger than the burst: runs once it is full
     assert share.charged == 600 + 900 + 600 + 5_000
 
 
