@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from app.realtime.engine_share import RefusedWork, ShareLimit
 from app.realtime.interruption import InterruptionOutcome
 from app.realtime.protocol import (
     InputAudioBufferCommittedEvent,
@@ -62,6 +63,8 @@ JITTER_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2)
 RTT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
 SPECULATION_OUTCOMES = ("started", "used", "discarded", "refused", "preempted")
 PARTIAL_OUTCOMES = ("started", "done", "superseded", "cancelled", "refused", "preempted", "failed")
+SHARE_LIMITS: tuple[ShareLimit, ...] = ("session", "client")
+REFUSED_WORK: tuple[RefusedWork, ...] = ("response", "speculative_response", "partial_transcript")
 
 
 # Prompt tokens one session has the engine prefill: a short chat (a few turns of ~1,000), a long
@@ -160,6 +163,18 @@ class Metrics:
             "app/realtime/engine_share.py). A session far right of the rest is the greedy one.",
             buckets=SESSION_TOKEN_BUCKETS, registry=r,
         )
+        # By limit, not by client: an address per label would name visitors and grow without bound.
+        self.engine_share_refusals = Counter(
+            "omni_rtc_engine_share_refusals",
+            "Work the engine share refused, by the limit that refused it (session: the session's own "
+            "share; client: its client's, across its sessions) and the work: response (a client's "
+            "response.create, answered engine_share_exceeded), speculative_response or partial_transcript "
+            "(throw-away work, skipped). app/realtime/engine_share.py.",
+            ["limit", "work"], registry=r,
+        )
+        for limit in SHARE_LIMITS:
+            for work in REFUSED_WORK:
+                self.engine_share_refusals.labels(limit=limit, work=work)
         self.end_of_utterance_delay = Histogram(
             "omni_rtc_end_of_utterance_delay_seconds",
             "From the end of speech to the server VAD's speech_stopped: the session's silence wait "
@@ -259,6 +274,10 @@ class Metrics:
             self.speculative_responses.labels(outcome=outcome).inc()
         if engine_seconds > 0:
             self.speculative_discarded_engine.inc(engine_seconds)
+
+    def share_refused(self, limit: ShareLimit, work: RefusedWork) -> None:
+        """A session's report of work its engine share refused (``app.realtime.engine_share.RefusalObserver``)."""
+        self.engine_share_refusals.labels(limit=limit, work=work).inc()
 
     def interruption(self, outcome: InterruptionOutcome) -> None:
         """A session's report of speech over an answer (``app.realtime.interruption``)."""

@@ -28,6 +28,7 @@ from typing import Any, Literal, Self
 
 import numpy as np
 
+from app.realtime.engine_share import ClientShares
 from app.realtime.protocol import server_event_adapter
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig, TurnDetection
@@ -361,6 +362,8 @@ class SessionHarness:
         session_fields: Any = None,
         clock: Callable[[], float] = time.monotonic,
         observer: SessionObserver | None = None,
+        client: str | None = None,
+        client_shares: ClientShares | None = None,
     ) -> None:
         self.engine = engine
         self.output = VirtualAudioOutput()
@@ -369,6 +372,7 @@ class SessionHarness:
         self.partials: list[tuple[str, float]] = []  # the session's on_partial_transcript reports
         self.engine_tokens: list[int] = []  # the session's on_engine_tokens report (at close)
         self.interruptions: list[str] = []  # the session's on_interruption reports
+        self.share_refusals: list[tuple[str, str]] = []  # the session's on_share_refused reports: (limit, work)
         self._new_event = asyncio.Event()
         self.session = RealtimeSession(
             engine=engine, vad=vad if vad is not None else EnergyVad(), output=self.output, send=self._record,
@@ -379,6 +383,8 @@ class SessionHarness:
             on_partial_transcript=lambda outcome, seconds: self.partials.append((outcome, seconds)),
             on_engine_tokens=self.engine_tokens.append,
             on_interruption=self.interruptions.append,
+            on_share_refused=lambda limit, work: self.share_refusals.append((limit, work)),
+            client=client, client_shares=client_shares,
             observer=observer,
         )
 

@@ -41,6 +41,13 @@ class Admission:
     bounded: bool
     connects: bool
 
+    @property
+    def client_key(self) -> str | None:
+        """The client whose share of the engine its sessions draw on, besides their own: a bounded
+        client's address; None (each session's own share only) for this machine's clients and the
+        API key's holder, which may serve many people from one address."""
+        return self.client if self.bounded else None
+
 
 class OpenSession(Protocol):
     """What the registry needs of an open session, over any transport."""

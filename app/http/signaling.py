@@ -67,7 +67,8 @@ def signaling_router(
         make_session = session_factory(
             settings, metrics, config, session_engine=runtime.session_engine, shared_engine=runtime.for_sessions,
             vad=runtime.vad, end_of_turn=runtime.end_of_turn, tracing=runtime.tracing, timelines=runtime.timelines,
-            recordings=runtime.recordings, transport=Call.transport,
+            recordings=runtime.recordings, transport=Call.transport, client_shares=runtime.client_shares,
+            client=admission.client_key if admission is not None else None,
         )
 
         def make_call(on_closed: OnClosed) -> Call:

@@ -114,10 +114,12 @@ def websocket_router(
             base = base_config if dialect is None else dialect.initial_config(base_config)
             config = await read_session_config(grant.session or {}, base)
 
+            admission = admission_of(websocket, grant, proxies, connects=False)
             make_session = session_factory(
                 settings, metrics, config, session_engine=runtime.session_engine, shared_engine=runtime.for_sessions,
                 vad=runtime.vad, end_of_turn=runtime.end_of_turn, tracing=runtime.tracing, timelines=runtime.timelines,
-                recordings=runtime.recordings,
+                recordings=runtime.recordings, client_shares=runtime.client_shares,
+                client=admission.client_key if admission is not None else None,
                 transport=SocketCall.transport, session_fields=None if dialect is None else dialect.session_fields,
             )
 
@@ -129,7 +131,7 @@ def websocket_router(
                         observer=metrics.observer(transport=SocketCall.transport), on_closed=on_closed,
                         dialect=dialect,
                     ),
-                    admission=admission_of(websocket, grant, proxies, connects=False),
+                    admission=admission,
                 )
             except (CapacityError, ClientLimitError) as exc:
                 raise call_refused(exc, settings, metrics) from None

@@ -1,5 +1,5 @@
-"""A session's share of the engine: the prompt tokens its work has the engine prefill and the
-steps it has it decode, bounded in time.
+"""A session's share of the engine, and its client's: the prompt tokens their work has the engine
+prefill and the steps it has it decode, bounded in time.
 
 Every engine generation a session causes is charged what its prompt costs to prefill (a bound
 read off its conversation: audio and images exact, text by its bytes; ``prompt_estimate``):
@@ -9,7 +9,9 @@ The share is a token bucket of ``ENGINE_SHARE_BURST`` tokens refilled at
 ``ENGINE_SHARE_PER_SECOND``. Work someone waits for (a spoken turn's answer, a transcription) is
 always run and charged, and may take the bucket below zero; a client's ``response.create`` is
 refused past it (``engine_share_exceeded``), and throw-away work (speculation, partials) runs only
-while the bucket holds its cost. docs/SESSION.md "The engine's share".
+while the bucket holds its cost. A session whose client is held to a share (``ClientShares``: one
+bucket per client in this process, across its sessions) is charged to both buckets, and refused
+by either (``SessionShare``). docs/SESSION.md "The engine's share".
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
 from pipeline.contract import GenerationRequest
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, Conversation
@@ -29,6 +33,18 @@ from pipeline.token_count import prompt_tokens_at_most
 # then one every four seconds.
 ENGINE_SHARE_BURST = 64_000
 ENGINE_SHARE_PER_SECOND = 4_000
+# A client's share across its sessions (up to --max-sessions-per-client, 4): the same burst, and
+# twice one session's rate. One person rarely keeps more than two sessions busy at once (a tab
+# speaking, one more answering); four sessions at a session's rate each would give one address
+# four visitors' share of the engine.
+CLIENT_SHARE_BURST = ENGINE_SHARE_BURST
+CLIENT_SHARE_PER_SECOND = 2 * ENGINE_SHARE_PER_SECOND
+
+ShareLimit = Literal["session", "client"]
+# The work a share refuses: a client's response.create, and throw-away work.
+RefusedWork = Literal["response", "speculative_response", "partial_transcript"]
+# A refusal's report (metrics): which limit refused which work.
+RefusalObserver = Callable[[ShareLimit, RefusedWork], None]
 
 
 def prompt_estimate(conversation: Conversation) -> int:
@@ -48,7 +64,7 @@ def answer_estimate(instructions: str | None, history_tokens: int) -> int:
 
 
 class EngineShare:
-    """One session's token bucket of prompt tokens."""
+    """One token bucket of prompt tokens: a session's, or a client's (``ClientShares``)."""
 
     def __init__(self, *, burst: int = ENGINE_SHARE_BURST, per_second: float = ENGINE_SHARE_PER_SECOND,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -57,7 +73,7 @@ class EngineShare:
         self._clock = clock
         self._tokens = float(burst)
         self._refilled_at = clock()
-        self.charged = 0  # every token charged since the session began (metrics, tests)
+        self.charged = 0  # every token charged since the bucket was made (metrics, tests)
 
     @property
     def available(self) -> float:
@@ -70,17 +86,126 @@ class EngineShare:
         self._tokens -= tokens
         self.charged += tokens
 
-    def try_charge(self, tokens: int) -> bool:
-        """Work that runs only within the share: charged and True while the bucket holds
-        ``tokens`` (all of a full bucket at most, so a prompt larger than the burst may run once
-        the bucket is full), else False and nothing charged."""
+    def holds(self, tokens: int) -> bool:
+        """The bucket holds ``tokens``, or all of a full bucket (so a prompt larger than the burst
+        may run once the bucket is full)."""
         self._refill()
-        if self._tokens < min(tokens, self.burst):
-            return False
-        self.charge(tokens)
-        return True
+        return self._tokens >= min(tokens, self.burst)
 
     def _refill(self) -> None:
         now = self._clock()
         self._tokens = min(float(self.burst), self._tokens + (now - self._refilled_at) * self.per_second)
         self._refilled_at = now
+
+
+@dataclass(frozen=True)
+class ShareRefusal:
+    """Work a share did not run: the limit that refused it, and that limit's size."""
+
+    limit: ShareLimit
+    burst: int
+    per_second: float
+
+
+class ClientShare:
+    """One session's hold on its client's bucket (``ClientShares.join``); ``leave`` at its close (safe twice)."""
+
+    def __init__(self, shares: ClientShares, client: str, bucket: EngineShare) -> None:
+        self.client = client
+        self.bucket = bucket
+        self._shares: ClientShares | None = shares
+
+    def leave(self) -> None:
+        shares, self._shares = self._shares, None
+        if shares is not None:
+            shares.left(self.client)
+
+
+class ClientShares:
+    """Every client's bucket in this process, by client key (its address, as admission names it).
+
+    A bucket is kept while a session of its client is open, and after the last one closes until it
+    has refilled (so a client that closes and reopens its sessions does not start afresh): the
+    buckets are at most the open sessions' clients plus those that spent within the last
+    ``burst / per_second`` seconds (more for one far below zero), each forgotten at the next
+    ``join`` or ``left`` past that.
+    """
+
+    def __init__(self, *, burst: int = CLIENT_SHARE_BURST, per_second: float = CLIENT_SHARE_PER_SECOND,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.burst = burst
+        self.per_second = per_second
+        self._clock = clock
+        self._buckets: dict[str, EngineShare] = {}
+        self._sessions: dict[str, int] = {}  # open sessions by client key
+
+    def __len__(self) -> int:
+        """Clients whose bucket is kept."""
+        return len(self._buckets)
+
+    def join(self, client: str) -> ClientShare:
+        """A session of ``client`` opens: its hold on the client's bucket (a full one for a client not kept)."""
+        self._forget_refilled()
+        bucket = self._buckets.get(client)
+        if bucket is None:
+            bucket = self._buckets[client] = EngineShare(burst=self.burst, per_second=self.per_second,
+                                                         clock=self._clock)
+        self._sessions[client] = self._sessions.get(client, 0) + 1
+        return ClientShare(self, client, bucket)
+
+    def left(self, client: str) -> None:
+        """A session of ``client`` closed (``ClientShare.leave``)."""
+        remaining = self._sessions.get(client, 0) - 1
+        if remaining > 0:
+            self._sessions[client] = remaining
+        else:
+            self._sessions.pop(client, None)
+        self._forget_refilled()
+
+    def _forget_refilled(self) -> None:
+        for client, bucket in list(self._buckets.items()):
+            if client not in self._sessions and bucket.available >= bucket.burst:
+                del self._buckets[client]
+
+
+class SessionShare:
+    """What one session's work is charged to: its own bucket and, when its client is held to a
+    share, its client's. Work that runs whatever the share (``charge``) is charged to both;
+    work that runs only within it (``charge_within``) runs while both hold its cost."""
+
+    def __init__(self, own: EngineShare, client: EngineShare | None = None, *,
+                 on_refused: RefusalObserver | None = None) -> None:
+        self._own = own
+        self._client = client
+        self._on_refused = on_refused
+
+    @property
+    def charged(self) -> int:
+        """Every token charged to the session since it began (metrics)."""
+        return self._own.charged
+
+    def charge(self, tokens: int) -> None:
+        """Work that runs whatever the share: charged to both buckets, which may go below zero."""
+        self._own.charge(tokens)
+        if self._client is not None:
+            self._client.charge(tokens)
+
+    def charge_within(self, tokens: int, work: RefusedWork) -> ShareRefusal | None:
+        """Work that runs only within the share: charged to both and None while each bucket
+        ``holds`` ``tokens``; else nothing is charged, and the refusal is reported and returned
+        (the session's limit named first)."""
+        refusal = _refusal(self._own, "session", tokens)
+        if refusal is None and self._client is not None:
+            refusal = _refusal(self._client, "client", tokens)
+        if refusal is not None:
+            if self._on_refused is not None:
+                self._on_refused(refusal.limit, work)
+            return refusal
+        self.charge(tokens)
+        return None
+
+
+def _refusal(bucket: EngineShare, limit: ShareLimit, tokens: int) -> ShareRefusal | None:
+    if bucket.holds(tokens):
+        return None
+    return ShareRefusal(limit, bucket.burst, bucket.per_second)

@@ -26,7 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from app.realtime.engine_share import EngineShare, answer_estimate
+from app.realtime.engine_share import (
+    ClientShare,
+    ClientShares,
+    EngineShare,
+    RefusalObserver,
+    SessionShare,
+    answer_estimate,
+)
 from app.realtime.failures import failure_event
 from app.realtime.gate import BOUND_CODES, FLOOD_REFUSALS, FLOOD_WINDOW_S, EventGate, RefusalReplies
 from app.realtime.history import History, acknowledge_playback
@@ -135,6 +142,9 @@ class RealtimeSession:
         on_partial_transcript: PartialObserver | None = None,
         on_interruption: InterruptionObserver | None = None,
         on_engine_tokens: Callable[[int], None] | None = None,
+        on_share_refused: RefusalObserver | None = None,
+        client: str | None = None,
+        client_shares: ClientShares | None = None,
         observer: SessionObserver | None = None,
     ) -> None:
         """``on_ignored_speech`` is called for each utterance half-duplex does not act on (metrics).
@@ -146,7 +156,10 @@ class RealtimeSession:
         ``on_partial_transcript``: each partial transcript's outcome (metrics, ``app.realtime.transcription``).
         ``on_interruption``: speech over an answer that was not an interruption (metrics,
         ``app.realtime.interruption``). ``on_engine_tokens``: at close, the prompt tokens the
-        session's work had the engine prefill (metrics, ``app.realtime.engine_share``).
+        session's work had the engine prefill (metrics, ``app.realtime.engine_share``);
+        ``on_share_refused``: each piece of work the engine share refused, by the limit that refused it.
+        ``client``: the key of the client held to a share across its sessions (its address; None:
+        none, the session's own share only), kept in ``client_shares`` (this process's).
         ``observer``: the session's start and close, each response and each answer's playback
         (traces, ``app.realtime.turn_report``).
         ``clock``: what the event gate and the appends' bound count time by (tests run it faster)."""
@@ -170,7 +183,12 @@ class RealtimeSession:
         )
         self._conversation_id = new_id("conv")
         self._expires_at = int(time.time()) + SESSION_LIFETIME_S
-        self._share = EngineShare(clock=clock)
+        self._client_share: ClientShare | None = (
+            client_shares.join(client) if client is not None and client_shares is not None else None
+        )
+        self._share = SessionShare(EngineShare(clock=clock),
+                                   self._client_share.bucket if self._client_share is not None else None,
+                                   on_refused=on_share_refused)
         self._speculator = Speculator(engine, self._speculative_answer, session_id=self.session_id, share=self._share,
                                       on_outcome=on_speculation, clock=clock)
         self._turns = TurnTaking(
@@ -342,12 +360,16 @@ class RealtimeSession:
             if closing and self._on_engine_tokens is not None:
                 self._on_engine_tokens(self._share.charged)
             self._closed = True
-            await self._transcriptions.close()  # first: an ending response would let them start
-            await self._partials.close()
-            await self._semantic.close()
-            for run in list(self._runs):
-                await run.close()
-            await self._speculator.close()  # last: a response ending hands its speculation back
+            try:
+                await self._transcriptions.close()  # first: an ending response would let them start
+                await self._partials.close()
+                await self._semantic.close()
+                for run in list(self._runs):
+                    await run.close()
+                await self._speculator.close()  # last: a response ending hands its speculation back
+            finally:
+                if self._client_share is not None:  # after the runs' ends were charged to it
+                    self._client_share.leave()
             if closing and self._observer is not None:  # every response has reported by now
                 self._observer.session_closed(time.monotonic())
 
@@ -538,11 +560,13 @@ class RealtimeSession:
                     return
                 self._refuse_second_response()  # server VAD may have started one meanwhile
         cost = answer_estimate(response.instructions, self._history.prompt_tokens())
-        if not self._share.try_charge(cost):
+        if (refusal := self._share.charge_within(cost, "response")) is not None:
+            whose = "This session has used its" if refusal.limit == "session" else (
+                "This client's sessions have used the client's")
             raise ProtocolError(
                 "engine_share_exceeded",
-                f"This session has used its share of the engine ({self._share.burst} prompt tokens at once, then "
-                f"{self._share.per_second:g} a second); this response ({cost} prompt tokens) was not started.",
+                f"{whose} share of the engine ({refusal.burst} prompt tokens at once, then {refusal.per_second:g} "
+                f"a second; the {refusal.limit} limit); this response ({cost} prompt tokens) was not started.",
             )
         self._start_response(response)
 

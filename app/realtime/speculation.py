@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.realtime.engine_share import EngineShare, request_estimate
+from app.realtime.engine_share import SessionShare, request_estimate
 from app.realtime.held_generation import HeldGeneration
 from app.realtime.protocol import new_id
 from pipeline.contract import PREEMPTIBLE_ENDS, Engine, GenerationRequest
@@ -220,7 +220,7 @@ class Speculator:
     """
 
     def __init__(self, engine: Engine, plan: Callable[[np.ndarray], SpeculativeAnswer | None], *,
-                 session_id: str, share: EngineShare, on_outcome: OutcomeObserver | None = None,
+                 session_id: str, share: SessionShare, on_outcome: OutcomeObserver | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._engine = engine
         self._plan = plan
@@ -267,8 +267,9 @@ class Speculator:
         self._discard()
         if turn is None or self._capacity_lost or not self._take_start():
             return
-        if not self._share.try_charge(request_estimate(turn.answer)):
-            logger.debug("session %s: no speculation: its share of the engine is spent", self._session_id)
+        if (refusal := self._share.charge_within(request_estimate(turn.answer), "speculative_response")) is not None:
+            logger.debug("session %s: no speculation: the %s's share of the engine is spent", self._session_id,
+                         refusal.limit)
             return
         self._report("started", 0.0)
         self._current = Speculation(self._engine, turn, self._candidate, session_id=self._session_id,

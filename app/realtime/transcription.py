@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.realtime.engine_share import EngineShare, request_estimate
+from app.realtime.engine_share import SessionShare, request_estimate
 from app.realtime.failures import FailureCode, transcription_failed_event
 from app.realtime.held_generation import HeldGeneration
 from app.realtime.history import Entry, UserEntry
@@ -124,13 +124,13 @@ class PartialTranscripts:
     """
 
     def __init__(self, engine: Engine, emit: EmitEvent, content_index: Callable[[], int], *,
-                 session_id: str, share: EngineShare, on_outcome: PartialObserver | None = None) -> None:
+                 session_id: str, share: SessionShare, on_outcome: PartialObserver | None = None) -> None:
         self._engine = engine
         self._emit = emit
         self._content_index = content_index
         self._session_id = session_id
         self._on_outcome = on_outcome
-        self._share = share  # a partial runs only within the session's share of the engine
+        self._share = share  # a partial runs only within the share of the engine (the session's and its client's)
         self._item_id: str | None = None  # the item being spoken
         self._text: PartialText | None = None  # what its partials have said
         self._next_due = 0  # its audio, in samples, at which the next partial is due
@@ -196,8 +196,8 @@ class PartialTranscripts:
             return  # digital silence (a muted microphone) holds no words
         request = dataclasses.replace(GenerationRequest.transcription(UserAudio(pcm), settings.hint()),
                                       preemptible_id=new_id("partial"))
-        if not self._share.try_charge(request_estimate(request)):
-            return  # throw-away work runs only within the session's share of the engine
+        if self._share.charge_within(request_estimate(request), "partial_transcript") is not None:
+            return  # throw-away work runs only within the share of the engine (the session's and its client's)
         self._report("started", 0.0)
         self._current = HeldGeneration(self._engine, request, name=f"partial transcript {speech.item_id}",
                                  on_end=self._ended)
@@ -269,7 +269,7 @@ class Transcriptions:
 
     def __init__(
         self, engine: Engine, emit: EmitEvent, holds_item: Callable[[Entry], bool], session_id: str, *,
-        share: EngineShare,
+        share: SessionShare,
     ) -> None:
         self._engine = engine
         self._share = share

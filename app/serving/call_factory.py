@@ -12,6 +12,7 @@ from typing import Any
 from app.calls.registry import OnClosed
 from app.config import Settings
 from app.metrics import Metrics
+from app.realtime.engine_share import ClientShares
 from app.realtime.playback import AudioOutput
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
@@ -67,6 +68,8 @@ def session_factory(
     tracing: Tracing | None,
     recordings: Recordings | None,
     transport: str,
+    client_shares: ClientShares,
+    client: str | None,
     session_fields: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
     timelines: TurnTimelines | None = None,
 ) -> Callable[[AudioOutput, Callable[[dict[str, Any]], None]], RealtimeSession]:
@@ -75,14 +78,17 @@ def session_factory(
     ``shared_engine`` is the engine the text judge asks (``text_judge``); the server's metrics
     observe it, this process's ``tracing`` (when it exports traces) draws its spans,
     ``timelines`` (the server process's, for ``/debug/turns``) keeps its turns' timeline and its
-    ``recordings`` (when the server keeps them) record it."""
+    ``recordings`` (when the server keeps them) record it. ``client``: the key of the client whose
+    share of the engine the session draws on too (``Admission.client_key``; None: its own share
+    only), kept in this process's ``client_shares``."""
 
     def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
         return RealtimeSession(
             engine=session_engine(), vad=vad, output=output, send=send, config=config,
             on_ignored_speech=metrics.ignored_speech.inc, on_speculation=metrics.speculation,
             on_partial_transcript=metrics.partial_transcript, on_interruption=metrics.interruption,
-            on_engine_tokens=metrics.session_engine_tokens.observe,
+            on_engine_tokens=metrics.session_engine_tokens.observe, on_share_refused=metrics.share_refused,
+            client=client, client_shares=client_shares,
             end_of_turn=end_of_turn,
             text_judge=text_judge(settings, shared_engine),
             session_fields=session_fields,

@@ -26,6 +26,7 @@ from typing import Any
 from app.calls.registry import CallRegistry, OpenSession
 from app.config import Settings, dev_replies_file, load_dev_replies
 from app.metrics import Metrics
+from app.realtime.engine_share import ClientShares
 from app.recording import Recordings
 from app.resources import process_resources
 from app.serving.call_factory import load_end_of_turn_model, new_call, session_factory
@@ -168,6 +169,7 @@ class MediaWorker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._dev_replies: tuple[str, ...] = ()
         self._timelines = TurnTimelines()  # this worker's recent sessions, for the front's /debug/turns
+        self._client_shares = ClientShares()  # the engine share of each client of this worker's calls
 
     async def serve(self, socket_path: str) -> None:
         reader, writer = await asyncio.open_unix_connection(socket_path)
@@ -253,7 +255,8 @@ class MediaWorker:
         make_session = session_factory(
             self._settings, metrics, message.config, session_engine=lambda: for_session(engine, self._dev_replies),
             shared_engine=engine, vad=vad, end_of_turn=end_of_turn, tracing=tracing, recordings=recordings,
-            transport=Call.transport, timelines=self._timelines,
+            transport=Call.transport, timelines=self._timelines, client_shares=self._client_shares,
+            client=message.client,
         )
 
         call = calls.admit(

@@ -2,8 +2,9 @@
 
 ``omni-rtc serve --media-workers N`` (N > 1; by default one per usable core) keeps HTTP, the
 page, auth, client secrets, signaling, the session count and the engine in this (front)
-process, and runs every call in one of N worker processes (``app.serving.media_worker``). A new call goes to the live worker with
-the fewest calls; its offer travels over IPC and the worker's SDP answer comes back, so the
+process, and runs every call in one of N worker processes (``app.serving.media_worker``). A new call goes to the live worker
+that holds its client's other calls (so that one process keeps the client's share of the engine,
+``app.realtime.engine_share.ClientShares``), else to the one with the fewest calls; its offer travels over IPC and the worker's SDP answer comes back, so the
 peer's media then flows to that worker's own UDP sockets. A worker reports every 0.5 s (its
 heartbeat); one silent for ``HEARTBEAT_TIMEOUT_S`` (stopped, or its loop stuck) gets no new
 calls, shows ``ready: false`` in /healthz, and an offer it was given goes to the next worker.
@@ -180,7 +181,9 @@ class MediaWorkerPool:
         self._context.set_forkserver_preload(["app.serving.media_worker"])
         self._workers = [WorkerHandle(index, process=self._context.Process()) for index in range(count)]
         self._call_worker: dict[str, WorkerHandle] = {}
+        self._offered_to: dict[str, WorkerHandle] = {}  # call id -> the worker its offer waits on
         self._remote: dict[str, RemoteCall] = {}  # offered or answered, until released
+        self._call_client: dict[str, str] = {}  # call id -> its client key (Admission.client_key), until released
         self._requests = 0
         self._directory: tempfile.TemporaryDirectory[str] | None = None
         self._server: asyncio.Server | None = None
@@ -196,7 +199,7 @@ class MediaWorkerPool:
 
     async def start(self) -> None:
         self._directory = tempfile.TemporaryDirectory(prefix="omni-rtc-")  # mode 0700: this user only
-        self._server = await asyncio.start_unix_server(self._on_connection, path=self.socket_path)
+        self._server = await asyncio.start_unix_server(self.serve_connection, path=self.socket_path)
         for worker in self._workers:
             self._spawn(worker)
         self._supervisor = asyncio.create_task(self._supervise(), name="media worker supervisor")
@@ -232,20 +235,23 @@ class MediaWorkerPool:
     async def place_call(
         self, call_id: str, sdp: str, config: SessionConfig, *, admission: Admission | None = None
     ) -> str:
-        """The SDP answer of the least loaded worker that answers; raises CapacityError
-        (--max-sessions), ClientLimitError or ConnectingLimitError (the client's bounds),
-        OfferError or WorkerUnavailable (no worker answered)."""
+        """The SDP answer of the worker that holds the client's other calls, else of the least
+        loaded worker that answers; raises CapacityError (--max-sessions), ClientLimitError or
+        ConnectingLimitError (the client's bounds), OfferError or WorkerUnavailable (no worker answered)."""
         if not any(worker.takes_calls for worker in self._workers):
             raise WorkerUnavailable("no media worker is answering")
         remote = self._calls.admit(lambda on_closed: RemoteCall(call_id, self, on_closed), admission=admission)
         self._remote[call_id] = remote
+        client = admission.client_key if admission is not None else None
+        if client is not None:
+            self._call_client[call_id] = client
         tried: set[int] = set()
         try:
             while candidates := [w for w in self._workers if w.takes_calls and w.index not in tried]:
-                worker = min(candidates, key=lambda w: (w.load, w.index))
+                worker = self._placement(candidates, client)
                 tried.add(worker.index)
                 try:
-                    reply = await self._offer(worker, call_id, sdp, config)
+                    reply = await self._offer(worker, call_id, sdp, config, client)
                 except WorkerUnavailable as exc:  # stopped, stuck or died while answering: the next one
                     logger.warning("call %s: %s; placing it on another worker", call_id, exc)
                     continue
@@ -261,12 +267,29 @@ class MediaWorkerPool:
             self._release(call_id, "bad_offer" if isinstance(exc, OfferError) else "signaling_failed")
             raise
 
-    async def _offer(self, worker: WorkerHandle, call_id: str, sdp: str, config: SessionConfig) -> Reply:
+    def _placement(self, candidates: list[WorkerHandle], client: str | None) -> WorkerHandle:
+        """Of the workers that take calls: the one holding (or being offered) the most of the
+        client's calls, so that one process keeps its share of the engine; else the least loaded."""
+        held: dict[int, int] = {}
+        if client is not None:
+            for call_id, key in self._call_client.items():
+                worker = self._call_worker.get(call_id) or self._offered_to.get(call_id)
+                if key == client and worker is not None:
+                    held[worker.index] = held.get(worker.index, 0) + 1
+        return min(candidates, key=lambda w: (-held.get(w.index, 0), w.load, w.index))
+
+    async def _offer(
+        self, worker: WorkerHandle, call_id: str, sdp: str, config: SessionConfig, client: str | None
+    ) -> Reply:
         worker.reserved += 1
+        self._offered_to[call_id] = worker
         try:
-            return await self._ask(worker, lambda request: Offer(request=request, call_id=call_id, sdp=sdp, config=config))
+            return await self._ask(
+                worker, lambda request: Offer(request=request, call_id=call_id, sdp=sdp, config=config, client=client)
+            )
         finally:
             worker.reserved -= 1
+            self._offered_to.pop(call_id, None)
 
     async def hang_up(self, call_id: str) -> bool:
         """Ends the call in its worker; False when no worker holds it."""
@@ -367,7 +390,9 @@ class MediaWorkerPool:
             # 255 is also what multiprocessing reports when the forkserver died before the worker.
             logger.warning("media worker %d (pid %s) exited with code %s", worker.index, process.pid, process.exitcode)
 
-    def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A worker connected to the pool's socket (``start`` listens for them): served, in a task
+        the pool holds, until the connection ends."""
         task = asyncio.create_task(self._serve_worker(reader, writer), name="media worker connection")
         self._connections.add(task)
         task.add_done_callback(self._connections.discard)
@@ -492,6 +517,7 @@ class MediaWorkerPool:
             self._release(call_id, reason)
 
     def _release(self, call_id: str, reason: str) -> None:
+        self._call_client.pop(call_id, None)
         remote = self._remote.pop(call_id, None)
         if remote is not None:
             remote.released(reason)

@@ -25,12 +25,14 @@ from pipeline.contract import EngineErrorCode, GenerationEvent, GenerationReques
 @dataclass(frozen=True)
 class Offer:
     """Answer this SDP offer with a new call ``call_id``; replied with ``OfferAnswered``,
-    ``OfferRefused`` or ``OfferFailed``."""
+    ``OfferRefused`` or ``OfferFailed``. ``client``: the key of the client whose share of the
+    engine its session draws on (``Admission.client_key``; None: its own share only)."""
 
     request: int
     call_id: str
     sdp: str
     config: SessionConfig
+    client: str | None
 
 
 @dataclass(frozen=True)

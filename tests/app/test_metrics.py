@@ -101,6 +101,19 @@ def test_speculations_and_partial_transcripts_are_counted_by_outcome_with_their_
     assert engine_seconds in text
 
 
+def test_engine_share_refusals_are_counted_by_limit_and_work_never_by_client():
+    metrics = Metrics()
+    metrics.share_refused("client", "response")
+    metrics.share_refused("client", "response")
+    metrics.share_refused("session", "speculative_response")
+    text = metrics.render().decode()
+
+    family = "omni_rtc_engine_share_refusals_total"
+    assert f'{family}{{limit="client",work="response"}} 2.0' in text
+    assert f'{family}{{limit="session",work="speculative_response"}} 1.0' in text
+    assert f'{family}{{limit="client",work="partial_transcript"}} 0.0' in text  # shown before it happens
+
+
 def test_error_events_are_counted_by_type_and_code():
     metrics = Metrics()
     observer = metrics.observer(Clock())

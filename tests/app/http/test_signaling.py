@@ -372,3 +372,20 @@ async def test_a_client_past_its_calls_still_connecting_gets_429_until_one_conne
     assert second.json()["error"]["code"] == "too_many_connecting_calls"
     assert second.headers["retry-after"] == "10"  # the connect timeout
     assert third.status_code == 201
+
+
+async def test_a_call_holds_its_clients_share_of_the_engine_until_it_ends():
+    app = create_app(Settings(ice_loopback=True, media_workers=1, api_key="sk-test"), engine=ScriptedEngine())
+    async with app.router.lifespan_context(app):
+        shares = app.state.runtime.client_shares
+        transport = httpx.ASGITransport(app=app, client=("198.51.100.7", 50_000))  # a visitor, not this machine
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            minted = await http.post("/v1/realtime/client_secrets", headers={"Authorization": "Bearer sk-test"})
+            call = await http.post("/v1/realtime/calls", content=await aiortc_offer(), headers={
+                "Content-Type": "application/sdp", "Authorization": f"Bearer {minted.json()['value']}"})
+            assert call.status_code == 201, call.text
+            held = len(shares)
+            hung_up = await http.delete(call.headers["location"], headers={"Authorization": "Bearer sk-test"})
+    assert held == 1  # the visitor's bucket, while its call is open
+    assert hung_up.status_code == 204
+    assert len(shares) == 0  # nothing spent: forgotten with its last session

@@ -1,10 +1,18 @@
-"""A session's share of the engine: prompt tokens charged per generation, bounded in time."""
+"""A session's share of the engine, and its client's: prompt tokens charged per generation, bounded in time."""
 
 from __future__ import annotations
 
 import asyncio
 
-from app.realtime.engine_share import ENGINE_SHARE_BURST, ENGINE_SHARE_PER_SECOND, EngineShare, prompt_estimate
+from app.realtime.engine_share import (
+    ENGINE_SHARE_BURST,
+    ENGINE_SHARE_PER_SECOND,
+    ClientShares,
+    EngineShare,
+    SessionShare,
+    ShareRefusal,
+    prompt_estimate,
+)
 from app.realtime.session_config import SessionConfig
 from pipeline.conversation import Conversation, UserAudio, UserText
 from tests.clock import FakeClock
@@ -18,16 +26,58 @@ LONG_INSTRUCTIONS = "word " * 4_800
 
 def test_work_someone_waits_for_is_charged_below_zero_and_throw_away_work_waits_for_the_refill():
     clock = FakeClock()
-    share = EngineShare(burst=1_000, per_second=100, clock=clock)
-    assert share.try_charge(600) and not share.try_charge(600)  # 400 left: refused, nothing charged
+    bucket = EngineShare(burst=1_000, per_second=100, clock=clock)
+    share = SessionShare(bucket)
+    assert share.charge_within(600, "response") is None
+    assert share.charge_within(600, "response") == ShareRefusal("session", 1_000, 100)  # 400 left: nothing charged
     share.charge(900)  # a spoken turn's answer runs whatever the share
-    assert share.available == -500
+    assert bucket.available == -500
     clock.now += 11
-    assert share.available == 600 and share.try_charge(600)
+    assert bucket.available == 600 and share.charge_within(600, "speculative_response") is None
     clock.now += 100
-    assert share.available == 1_000  # never more than the burst
-    assert share.try_charge(5_000)  # larger than the burst: it runs once the bucket is full
+    assert bucket.available == 1_000  # never more than the burst
+    assert share.charge_within(5_000, "partial_transcript") is None  # larger than the burst: runs once it is full
     assert share.charged == 600 + 900 + 600 + 5_000
+
+
+def test_two_sessions_of_one_client_draw_on_its_bucket_and_another_client_is_unaffected():
+    clock = FakeClock()
+    shares = ClientShares(burst=1_000, per_second=200, clock=clock)
+    refusals: list[tuple[str, str]] = []
+
+    def session_of(client: str) -> SessionShare:
+        own = EngineShare(burst=1_000, per_second=100, clock=clock)
+        return SessionShare(own, shares.join(client).bucket, on_refused=lambda limit, work: refusals.append((limit, work)))
+
+    first, second, other = session_of("198.51.100.7"), session_of("198.51.100.7"), session_of("203.0.113.9")
+    first.charge(900)  # a spoken turn's answer: charged to the session and to its client
+    assert second.charge_within(600, "response") == ShareRefusal("client", 1_000, 200)
+    assert second.charged == 0  # refused: nothing charged
+    assert other.charge_within(600, "speculative_response") is None and other.charged == 600
+    assert first.charge_within(600, "partial_transcript") == ShareRefusal("session", 1_000, 100)  # its own first
+    assert refusals == [("client", "response"), ("session", "partial_transcript")]
+    clock.now += 3  # the client's bucket refills at its own rate: 100 + 600
+    assert second.charge_within(600, "response") is None
+
+
+def test_a_clients_bucket_is_forgotten_once_its_last_session_closed_and_it_refilled():
+    clock = FakeClock()
+    shares = ClientShares(burst=1_000, per_second=100, clock=clock)
+    shares.join("203.0.113.9").leave()
+    assert len(shares) == 0  # nothing spent: forgotten at once
+
+    first, second = shares.join("198.51.100.7"), shares.join("198.51.100.7")
+    first.bucket.charge(500)
+    first.leave()
+    first.leave()  # twice: one session left
+    second.leave()
+    assert len(shares) == 1  # spent: kept, so that reopening a session does not start afresh
+    again = shares.join("198.51.100.7")
+    assert again.bucket.available == 500
+    again.leave()
+    clock.now += 5  # refilled: as good as a new one
+    shares.join("203.0.113.9").leave()
+    assert len(shares) == 0
 
 
 def test_the_estimate_is_a_bound_on_the_prompt():
@@ -118,3 +168,26 @@ async def test_an_answer_is_charged_its_decoded_tokens_and_frames_besides_its_pr
     long, long_decoded = await charged("one two three four five six seven eight nine ten")
     assert long_decoded > short_decoded > 0
     assert long - short == long_decoded - short_decoded  # the same prompt: the difference is what was decoded
+
+
+async def test_a_second_session_of_a_client_is_refused_at_the_clients_limit_and_another_client_is_served():
+    engine = ScriptedEngine("one two three")
+    clock = FakeClock()
+    shares = ClientShares(clock=clock)
+    config = SessionConfig(instructions=LONG_INSTRUCTIONS)
+    async with (
+        SessionHarness(engine, EnergyVad(), config, clock=clock, client="198.51.100.7", client_shares=shares) as first,
+        SessionHarness(engine, EnergyVad(), config, clock=clock, client="198.51.100.7", client_shares=shares) as second,
+        SessionHarness(engine, EnergyVad(), config, clock=clock, client="203.0.113.9", client_shares=shares) as other,
+    ):
+        while await created_and_cancelled(first) is None:  # the first spends its share and its client's
+            pass
+        assert first.share_refusals == [("session", "response")]
+
+        assert await created_and_cancelled(second) == "engine_share_exceeded"
+        (refused,) = [event["error"] for event in second.of_type("error") if event["error"]["code"] == "engine_share_exceeded"]
+        assert "client's sessions" in refused["message"] and "the client limit" in refused["message"]
+        assert second.share_refusals == [("client", "response")]
+        assert await created_and_cancelled(other) is None  # another client's session is served
+        assert other.share_refusals == []
+    assert len(shares) == 2  # the spent clients' buckets are kept until they refill
