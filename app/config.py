@@ -411,6 +411,14 @@ class Settings(BaseSettings):
         description="a response whose engine yields nothing for this long ends failed (engine_timeout) and the "
         "session serves the next turn",
     )
+    # The media workers' own bound is 5 s (a call's audio); the front's loop also parses every
+    # WebSocket session's events, so a loaded box may hold it a few seconds without being stuck.
+    loop_watchdog_s: Annotated[float, Flag(Concern.LIMITS)] = Field(
+        30.0,
+        ge=0,
+        description="the server process ends (status 70, for its supervisor to restart) when its event loop "
+        "has not answered for this long (app/serving/loop_watchdog.py); 0: never",
+    )
 
     # -- the edge (docs/DEPLOY.md): who may call, TLS, proxies whose forwarded headers are believed,
     # the Host names answered. Kept together so that trust decisions read in one place.

@@ -44,6 +44,7 @@ from app.realtime.session_config import (
 from app.recording import Recordings
 from app.serving.call_factory import check_jitter_buffer, check_text_judge, ice_servers, load_end_of_turn_model
 from app.serving.engines import MeteredEngine, StallTimeoutEngine
+from app.serving.loop_watchdog import LoopWatchdog
 from app.serving.media_workers import MediaWorkerPool
 from app.serving.runtime import Runtime
 from app.tracing import Tracing, TracingEnvironment
@@ -109,6 +110,10 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 stack.push_async_callback(workers.close)  # their calls end, then the engine
                 await workers.start()
                 metrics.pacing_snapshots = dict  # none here: each worker's metrics carry its own pacing
+            if settings.loop_watchdog_s > 0:
+                watchdog = LoopWatchdog(settings.loop_watchdog_s)
+                watchdog.start()
+                stack.push_async_callback(watchdog.close)  # stopped first: a long shutdown is not a stuck loop
             app.state.runtime = Runtime(
                 engine=serving, for_sessions=for_sessions, model=model, vad=vad, calls=calls,
                 end_of_turn=end_of_turn, workers=workers, dev_replies=dev_replies, tracing=tracing,
