@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app.realtime.engine_share import ENGINE_SHARE_BURST, ENGINE_SHARE_PER_SECOND, ShareSize
 from pipeline.local.devices import usable_cores
 from pipeline.local.engine_messages import DEFAULT_MAX_BATCH
 from pipeline.token_count import ANSWER_OPENING_TOKENS, DEFAULT_MAX_PROMPT_TOKENS
@@ -324,6 +325,18 @@ class Settings(BaseSettings):
         description="sessions (WebRTC and WebSocket together) one client address may hold open, as the trusted "
         "proxies name it; the next gets 429. Not for clients on this machine or with the API key",
     )
+    engine_share_tokens: Annotated[int, Flag(Concern.LIMITS, metavar="TOKENS")] = Field(
+        ENGINE_SHARE_BURST,
+        ge=1,
+        description="a session's share of the engine: prompt tokens (prefilled, and steps decoded) its work may "
+        "cost at once; past it response.create is refused (engine_share_exceeded) and speculation waits. A "
+        "client held to max_sessions_per_client shares one such bucket across its sessions (docs/SESSION.md)",
+    )
+    engine_share_tokens_per_second: Annotated[float, Flag(Concern.LIMITS, metavar="TOKENS")] = Field(
+        ENGINE_SHARE_PER_SECOND,
+        gt=0,
+        description="the rate a session's share refills at; a client's refills twice as fast",
+    )
     # Browsers send 3-8 KB.
     max_sdp_bytes: Annotated[int, Flag(Concern.LIMITS, metavar="BYTES")] = Field(
         65_536, ge=1_024, description="an offer's body; past it 413"
@@ -491,6 +504,11 @@ class Settings(BaseSettings):
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError(f"engine_urls: {url!r} is not an http:// or https:// URL (e.g. http://gpu-1:8091/v1)")
         return [url.rstrip("/") for url in urls]
+
+    @property
+    def engine_share_size(self) -> ShareSize:
+        """A session's share of the engine (``ShareSize.for_client``: its client's)."""
+        return ShareSize(self.engine_share_tokens, self.engine_share_tokens_per_second)
 
     @property
     def engine(self) -> EngineSettings:

@@ -28,7 +28,7 @@ import logging
 import re
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -253,8 +253,10 @@ class RealtimeClient(RealtimeClientBase):
         video: str | Path | MediaStreamTrack | None = None,
         video_fps: float | None = None,
         speakerphone: Speakerphone | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
-        """``url`` is the server's base URL; ``session`` goes with the offer (multipart).
+        """``url`` is the server's base URL; ``session`` goes with the offer (multipart);
+        ``headers`` go with every request (a proxy's ``X-Forwarded-For``, in tests and benches).
 
         The STUN/TURN servers are the server's (``GET /v1/realtime/ice_servers``, with fresh TURN
         credentials; none from a server without that route) unless ``ice_servers`` names others.
@@ -274,6 +276,7 @@ class RealtimeClient(RealtimeClientBase):
         """
         self.url = url.rstrip("/")
         self._api_key = api_key
+        self._headers = dict(headers or {})
         self._session = session
         self._ice_loopback = ice_loopback
         self._ice_servers = None if ice_servers is None else [IceServer(url) for url in ice_servers]
@@ -369,7 +372,8 @@ class RealtimeClient(RealtimeClientBase):
                 await http.delete(urljoin(self.url + "/", self.call_location), headers=self._authorization())
 
     def _authorization(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        """Every request's headers: the given ones, and the API key's."""
+        return {**self._headers, **({"Authorization": f"Bearer {self._api_key}"} if self._api_key else {})}
 
     @property
     def candidate_pair(self) -> CandidatePair | None:

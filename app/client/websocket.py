@@ -24,6 +24,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -69,11 +70,14 @@ class RealtimeSocketClient(RealtimeClientBase):
         model: str | None = None,
         acknowledge_playback: bool = False,
         timeout_s: float = 120.0,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
-        """``url`` is the server's base URL (http:// or ws://); ``session`` is sent as ``session.update``."""
+        """``url`` is the server's base URL (http:// or ws://); ``session`` is sent as ``session.update``;
+        ``headers`` go with the upgrade request (a proxy's ``X-Forwarded-For``, in tests and benches)."""
         base = url.rstrip("/").replace("http://", "ws://", 1).replace("https://", "wss://", 1)
         self.url = base + "/v1/realtime" + (f"?model={model}" if model else "")
         self._api_key = api_key
+        self._headers = dict(headers or {})
         self._session = session
         self._acknowledge = acknowledge_playback
         super().__init__(timeout_s)
@@ -84,7 +88,7 @@ class RealtimeSocketClient(RealtimeClientBase):
         self._receiver: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        headers = {**self._headers, **({"Authorization": f"Bearer {self._api_key}"} if self._api_key else {})}
         try:
             self._ws = await websockets.connect(self.url, additional_headers=headers, open_timeout=self._timeout_s)
         except InvalidStatus as exc:

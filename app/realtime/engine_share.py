@@ -37,8 +37,20 @@ ENGINE_SHARE_PER_SECOND = 4_000
 # twice one session's rate. One person rarely keeps more than two sessions busy at once (a tab
 # speaking, one more answering); four sessions at a session's rate each would give one address
 # four visitors' share of the engine.
-CLIENT_SHARE_BURST = ENGINE_SHARE_BURST
-CLIENT_SHARE_PER_SECOND = 2 * ENGINE_SHARE_PER_SECOND
+CLIENT_RATE_FACTOR = 2
+
+
+@dataclass(frozen=True)
+class ShareSize:
+    """A bucket's size: ``burst`` prompt tokens at once, refilled at ``per_second``
+    (``--engine-share-tokens``, ``--engine-share-tokens-per-second``: a session's)."""
+
+    burst: int = ENGINE_SHARE_BURST
+    per_second: float = ENGINE_SHARE_PER_SECOND
+
+    def for_client(self) -> ShareSize:
+        """A client's, across its sessions, when each of them has this size."""
+        return ShareSize(self.burst, CLIENT_RATE_FACTOR * self.per_second)
 
 ShareLimit = Literal["session", "client"]
 # The work a share refuses: a client's response.create, and throw-away work.
@@ -131,10 +143,10 @@ class ClientShares:
     ``join`` or ``left`` past that.
     """
 
-    def __init__(self, *, burst: int = CLIENT_SHARE_BURST, per_second: float = CLIENT_SHARE_PER_SECOND,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.burst = burst
-        self.per_second = per_second
+    def __init__(self, size: ShareSize = ShareSize().for_client(), *, clock: Callable[[], float] = time.monotonic) -> None:
+        """``size``: each client's bucket (``ShareSize.for_client`` of its sessions')."""
+        self.burst = size.burst
+        self.per_second = size.per_second
         self._clock = clock
         self._buckets: dict[str, EngineShare] = {}
         self._sessions: dict[str, int] = {}  # open sessions by client key

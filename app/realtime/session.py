@@ -32,6 +32,7 @@ from app.realtime.engine_share import (
     EngineShare,
     RefusalObserver,
     SessionShare,
+    ShareSize,
     answer_estimate,
 )
 from app.realtime.failures import failure_event
@@ -145,6 +146,7 @@ class RealtimeSession:
         on_share_refused: RefusalObserver | None = None,
         client: str | None = None,
         client_shares: ClientShares | None = None,
+        share_size: ShareSize = ShareSize(),
         observer: SessionObserver | None = None,
     ) -> None:
         """``on_ignored_speech`` is called for each utterance half-duplex does not act on (metrics).
@@ -159,7 +161,8 @@ class RealtimeSession:
         session's work had the engine prefill (metrics, ``app.realtime.engine_share``);
         ``on_share_refused``: each piece of work the engine share refused, by the limit that refused it.
         ``client``: the key of the client held to a share across its sessions (its address; None:
-        none, the session's own share only), kept in ``client_shares`` (this process's).
+        none, the session's own share only), kept in ``client_shares`` (this process's);
+        ``share_size``: the session's own bucket.
         ``observer``: the session's start and close, each response and each answer's playback
         (traces, ``app.realtime.turn_report``).
         ``clock``: what the event gate and the appends' bound count time by (tests run it faster)."""
@@ -186,7 +189,7 @@ class RealtimeSession:
         self._client_share: ClientShare | None = (
             client_shares.join(client) if client is not None and client_shares is not None else None
         )
-        self._share = SessionShare(EngineShare(clock=clock),
+        self._share = SessionShare(EngineShare(burst=share_size.burst, per_second=share_size.per_second, clock=clock),
                                    self._client_share.bucket if self._client_share is not None else None,
                                    on_refused=on_share_refused)
         self._speculator = Speculator(engine, self._speculative_answer, session_id=self.session_id, share=self._share,

@@ -88,7 +88,7 @@ def session_factory(
             on_ignored_speech=metrics.ignored_speech.inc, on_speculation=metrics.speculation,
             on_partial_transcript=metrics.partial_transcript, on_interruption=metrics.interruption,
             on_engine_tokens=metrics.session_engine_tokens.observe, on_share_refused=metrics.share_refused,
-            client=client, client_shares=client_shares,
+            client=client, client_shares=client_shares, share_size=settings.engine_share_size,
             end_of_turn=end_of_turn,
             text_judge=text_judge(settings, shared_engine),
             session_fields=session_fields,

@@ -278,12 +278,8 @@ class ForwardedCall(RealtimeClient):
     """A WebRTC call whose requests speak for ``address`` (``X-Forwarded-For``), as a trusted proxy's do."""
 
     def __init__(self, url: str, address: str, **options: Any) -> None:
-        super().__init__(url, ice_loopback=True, **options)
+        super().__init__(url, ice_loopback=True, headers={FORWARDED_FOR: address}, **options)
         self.address = address
-
-    def _authorization(self) -> dict[str, str]:
-        # The one place the client builds its request headers (offer, ICE servers, hang-up).
-        return {**super()._authorization(), FORWARDED_FOR: self.address}
 
 
 Client = ForwardedSocket | ForwardedCall

@@ -94,6 +94,35 @@ async def test_calls_spread_over_workers_and_hang_up_reaches_the_right_one(tmp_p
             await answered(first)  # the other worker's call goes on
 
 
+async def asked_for_a_response(client: RealtimeClient, response: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``response.create``: its ``response.done``, or the ``error`` that refused it."""
+    start = len(client.events)
+    await client.send({"type": "response.create", **({"response": response} if response else {})})
+    return await client.wait_for(lambda event: event["type"] in ("response.done", "error"), start=start)
+
+
+async def test_a_visitors_calls_share_one_worker_and_its_engine_share(tmp_path) -> None:
+    """Behind the trusted proxy, a visitor's second call joins the worker of its first, and the two
+    draw on one client bucket: once the first has spent it, the second is refused naming the
+    client's limit (its own bucket is full); another visitor's call is answered."""
+    visitor, other = {"X-Forwarded-For": "198.51.100.7"}, {"X-Forwarded-For": "203.0.113.9"}
+    # Buckets of 1,000 prompt tokens that take hours to refill: one long answer spends them.
+    async with front(tmp_path, trusted_proxies=["127.0.0.1"], allow_unauthenticated_public=True, engine_share_tokens=1_000,
+                     engine_share_tokens_per_second=0.01) as (url, http):
+        async with RealtimeClient(url, ice_loopback=True, headers=visitor) as first:
+            await until(http, lambda b: sessions_by_worker(b) == [1, 0])
+            async with RealtimeClient(url, ice_loopback=True, headers=visitor) as second:
+                await until(http, lambda b: sessions_by_worker(b) == [2, 0])  # not the emptier worker
+                async with RealtimeClient(url, ice_loopback=True, headers=other) as stranger:
+                    await until(http, lambda b: sessions_by_worker(b) == [2, 1])
+                    long_answer = {"instructions": "Answer in one short sentence. " * 200}  # ~6,000 tokens
+                    assert (await asked_for_a_response(first, long_answer))["type"] == "response.done"
+                    refused = await asked_for_a_response(second)
+                    assert refused["type"] == "error" and refused["error"]["code"] == "engine_share_exceeded"
+                    assert "the client limit" in refused["error"]["message"]
+                    assert (await asked_for_a_response(stranger))["type"] == "response.done"
+
+
 async def test_max_sessions_counts_the_calls_of_every_worker(tmp_path) -> None:
     async with front(tmp_path, max_sessions=2) as (url, http):
         async with RealtimeClient(url, ice_loopback=True), RealtimeClient(url, ice_loopback=True):

@@ -11,7 +11,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from app.config import Settings
 from app.http.server import create_app
-from app.realtime.engine_share import ClientShares
+from app.realtime.engine_share import ClientShares, ShareSize
 from tests.e2e.conftest import serving_in_process
 from tests.fakes import ScriptedEngine
 
@@ -41,7 +41,7 @@ async def test_websockets_of_one_client_share_its_engine_share_and_another_clien
     app = create_app(Settings(api_key=API_KEY, trusted_proxies=["127.0.0.1"], media_workers=1), engine=ScriptedEngine())
     async with serving_in_process(app) as url:
         # A client's bucket of one token: its first response runs, then it is spent (it refills in hours).
-        app.state.runtime.client_shares = ClientShares(burst=1, per_second=0.0001)
+        app.state.runtime.client_shares = ClientShares(ShareSize(burst=1, per_second=0.0001))
         ws_url = url.replace("http://", "ws://") + "/v1/realtime"
 
         def visitor(address: str, secret: str) -> Any:

@@ -11,6 +11,7 @@ from app.realtime.engine_share import (
     EngineShare,
     SessionShare,
     ShareRefusal,
+    ShareSize,
     prompt_estimate,
 )
 from app.realtime.session_config import SessionConfig
@@ -42,7 +43,7 @@ def test_work_someone_waits_for_is_charged_below_zero_and_throw_away_work_waits_
 
 def test_two_sessions_of_one_client_draw_on_its_bucket_and_another_client_is_unaffected():
     clock = FakeClock()
-    shares = ClientShares(burst=1_000, per_second=200, clock=clock)
+    shares = ClientShares(ShareSize(1_000, 200), clock=clock)
     refusals: list[tuple[str, str]] = []
 
     def session_of(client: str) -> SessionShare:
@@ -62,7 +63,7 @@ def test_two_sessions_of_one_client_draw_on_its_bucket_and_another_client_is_una
 
 def test_a_clients_bucket_is_forgotten_once_its_last_session_closed_and_it_refilled():
     clock = FakeClock()
-    shares = ClientShares(burst=1_000, per_second=100, clock=clock)
+    shares = ClientShares(ShareSize(1_000, 100), clock=clock)
     shares.join("203.0.113.9").leave()
     assert len(shares) == 0  # nothing spent: forgotten at once
 
