@@ -19,6 +19,7 @@ import json
 import math
 import struct
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -158,7 +159,10 @@ def wav_bytes(plan: WavPlan, first: int = 0, last: int | None = None) -> Iterato
     frame = max(0, first - WAV_HEADER_BYTES) // WAV_FRAME_BYTES // BLOCK_FRAMES * BLOCK_FRAMES
     skip = max(0, first - WAV_HEADER_BYTES) - frame * WAV_FRAME_BYTES
     end_frame = (last - WAV_HEADER_BYTES) // WAV_FRAME_BYTES + 1 if last >= WAV_HEADER_BYTES else 0
-    with soundfile.SoundFile(plan.left.path) as left, soundfile.SoundFile(plan.right.path) as right:
+    with ExitStack() as files:
+        # A side with no audio (a typed session's input) may have an empty file: not opened.
+        left, right = (files.enter_context(soundfile.SoundFile(side.path)) if side.segments else None
+                       for side in (plan.left, plan.right))
         while frame < end_frame:
             stop = min(frame + BLOCK_FRAMES, end_frame)
             block = np.stack([_block(plan.left, left, frame, stop), _block(plan.right, right, frame, stop)], axis=1)
@@ -169,9 +173,11 @@ def wav_bytes(plan: WavPlan, first: int = 0, last: int | None = None) -> Iterato
             frame = stop
 
 
-def _block(side: _Side, sound: soundfile.SoundFile, start: int, stop: int) -> np.ndarray:
+def _block(side: _Side, sound: soundfile.SoundFile | None, start: int, stop: int) -> np.ndarray:
     """WAV frames ``start`` to ``stop`` of one side."""
     out = np.zeros(stop - start, dtype=np.float32)
+    if sound is None:
+        return out
     for placed, first, count in side.segments:
         lo, hi = max(start, placed), min(stop, placed + side.frames(count))
         if lo >= hi:
