@@ -5,12 +5,13 @@ The folder (``app.recording`` names and prunes them) holds:
 - ``input.flac``: the user's audio as the session heard it, 16 kHz mono (after noise suppression);
 - ``output.flac``: the answer's audio as written to the call, 24 kHz mono (a cut answer's tail
   that was written and then cleared included: ``events.jsonl`` says where it was cut);
-- ``events.jsonl``: every client event as received and every server event the session sent, one
-  a line: ``{"t": seconds since the session started, "from": "client" | "server", "event": {...}}``;
+- ``events.jsonl``: every client event as received and every server event sent, one a line:
+  ``{"t": seconds since the session started, "from": "client" | "server", "event": {...}}``;
   base64 audio (``audio`` fields, audio ``delta``s) and images hold ``{"base64_chars": N}`` instead.
-  ``output_audio_buffer.*`` are there for either transport (a WebSocket does not carry them);
-  a WebSocket's ``response.output_audio.delta`` events, its transport's cut of the answer's
-  audio, are not (``output.flac`` holds that audio);
+  The server's are the session's and its transport's own (a WebSocket's
+  ``response.output_audio.delta`` events, whose audio ``output.flac`` holds; its answer to a
+  binary frame; a call's last word); ``output_audio_buffer.*`` are there for either transport
+  (a WebSocket does not carry them);
 - ``transcript.jsonl``: per item, the user's words (input transcription, input_text) and the
   assistant's (its audio transcript or text): ``{"t", "item_id", "role", "text"}``;
 - ``timeline.json``, written at the end: the session's turn timeline (``app.turn_timelines``, the

@@ -783,6 +783,12 @@ class RealtimeSession:
             session_id=self.session_id, model=self._engine.name, expires_at=self._expires_at
         )
 
+    def transport_sent(self, event: Mapping[str, Any]) -> None:
+        """An event the transport sent the client itself (a WebSocket's audio deltas, a refused
+        frame, the call's last word): the observers hear it as they hear the session's own."""
+        if self._observer is not None and not self._closed:
+            self._observer.server_event(event, time.monotonic())
+
     def emit(self, event: ServerEvent) -> None:
         if not self._closed and not self._finished:
             sent = event.to_json()

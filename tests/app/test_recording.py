@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import soundfile
+import websockets
 
 from app.client.webrtc import RealtimeClient
 from app.client.websocket import RealtimeSocketClient
@@ -105,11 +106,11 @@ async def test_a_recorded_session_keeps_both_sides_audio_every_event_and_the_tra
 
     events = _lines(folder / "events.jsonl")
     recorded = [e["event"]["type"] for e in events if e["from"] == "server"]
-    # Every event the session sent. output_audio_buffer.* are the session's too, though a WebSocket
-    # does not carry them (they tell when the answer played); response.output_audio.delta are the
-    # WebSocket's own cut of the answer's audio, which output.flac holds.
+    # Every event the client got (the transport's own audio deltas among them), and
+    # output_audio_buffer.*: the session's, which a WebSocket does not carry (they tell when the
+    # answer played).
     assert [kind for kind in recorded if not kind.startswith("output_audio_buffer.")] == [
-        e["type"] for e in server_events if e["type"] != "response.output_audio.delta"]
+        e["type"] for e in server_events]
     assert {"output_audio_buffer.started", "output_audio_buffer.stopped"} <= set(recorded)
     assert [e["event"]["type"] for e in events if e["from"] == "client"] == [e["type"] for e in client.sent]
     times = [e["t"] for e in events]
@@ -359,3 +360,28 @@ async def test_a_recordings_wav_puts_each_side_on_the_sessions_clock(tmp_path):
     # Any byte range is the same bytes as the whole.
     assert b"".join(wav_bytes(plan, 1_001, 250_002)) == wav[1_001:250_003]
     assert b"".join(wav_bytes(plan, 10)) == wav[10:]
+
+
+async def test_events_the_websocket_transport_writes_itself_are_recorded(tmp_path):
+    """Its audio deltas (as their lengths) and its answer to a binary frame, among the session's own."""
+    record_dir = tmp_path / "recordings"
+    settings = Settings(cache_dir=tmp_path, media_workers=1, record_dir=record_dir)
+    app = create_app(settings, engine=ScriptedEngine("Hi"))
+    async with serving_in_process(app, **websocket_server_options(settings)) as url:
+        async with websockets.connect(url.replace("http://", "ws://") + "/v1/realtime") as socket:
+            received = [json.loads(await socket.recv())]
+            await socket.send(b"\x00\x01 binary")
+            await socket.send(json.dumps({"type": "response.create"}))
+            while received[-1]["type"] != "response.done":
+                received.append(json.loads(await socket.recv()))
+    (folder,) = [path for _, path in recording_folders(record_dir)]
+    recorded = [e["event"] for e in _lines(folder / "events.jsonl")
+                if e["from"] == "server" and not e["event"]["type"].startswith("output_audio_buffer.")]
+    assert [event["type"] for event in recorded] == [event["type"] for event in received]
+    [refusal] = [event for event in recorded if event["type"] == "error"]
+    assert refusal["error"]["code"] == "invalid_frame"
+    deltas = [(sent, kept) for sent, kept in zip(received, recorded, strict=True)
+              if sent["type"] == "response.output_audio.delta"]
+    assert deltas
+    for sent, kept in deltas:
+        assert kept == {**sent, "delta": {"base64_chars": len(sent["delta"])}}

@@ -224,7 +224,7 @@ class Call(CallLifecycle):
         return self._session.idle_since() if self._session is not None else None
 
     async def _say_last(self, event: dict[str, Any]) -> None:
-        self._send(event)
+        self._send_own(event)
         channel = self._channel
         if channel is None or channel.readyState != "open":
             return
@@ -313,7 +313,7 @@ class Call(CallLifecycle):
                 )
                 self._dropped_logged_at = now
                 self._events_dropped = 0
-            self._send(
+            self._send_own(
                 ProtocolError(
                     "rate_limit_exceeded",
                     f"{MAX_QUEUED_MESSAGES} events are waiting to be handled; this event was dropped.",
@@ -377,6 +377,12 @@ class Call(CallLifecycle):
         return cleaned
 
     # -- events both ways ------------------------------------------------------------
+
+    def _send_own(self, event: dict[str, Any]) -> None:
+        """An event of the call's own (not the session's): the session's observers hear it too."""
+        if self._session is not None:
+            self._session.transport_sent(event)
+        self._send(event)
 
     def _send(self, event: dict[str, Any]) -> None:
         if self._network is not None:
