@@ -385,8 +385,9 @@ class Call(CallLifecycle):
         self._send(event)
 
     def _send(self, event: dict[str, Any]) -> None:
-        if self._network is not None:
-            self._network.annotate(event)
+        if self._network is not None and (network := self._network.annotate(event)) is not None:
+            if self._session is not None:  # its turn's report (traces, timelines) carries them too
+                self._session.network_reported(str(event["response"]["id"]), network)
         if self._observer is not None:
             self._observer.on_server_event(event)
         text = json.dumps(event, separators=(",", ":"))
