@@ -9,7 +9,8 @@ writer to finish (off the event loop) when the process stops serving.
 Retention (:func:`prune`): when a recording starts, its writer removes the oldest folders past
 the count, age and size bounds (``record_max_*``). Only folders named as recordings are touched
 (``20261205T070512Z-sess_...``: the UTC start, then the session id), oldest by that name first.
-What is recorded and what never is: ``app.session_recording``; docs/OPERATING.md "Recordings".
+What is recorded and what never is: ``app.session_recording``; reading them back (the operator
+page's): ``app.recording_playback``; docs/OPERATING.md "Recordings".
 """
 
 from __future__ import annotations

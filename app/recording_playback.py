@@ -60,7 +60,7 @@ class RecordingSummary:
     transport: str | None
     started: str  # UTC, ISO 8601
     ended: str | None  # None: still being written (or its process stopped before it could finish)
-    turns: int | None  # None: no timeline.json (yet)
+    turns: int | None  # None: not finished
     bytes: int
 
 
@@ -68,15 +68,14 @@ def list_recordings(root: Path) -> list[RecordingSummary]:
     """The recordings under ``root``, newest first."""
     found = []
     for started, folder in reversed(recording_folders(root)):
-        summary = _read_json(folder / "session.json")
-        timeline = _read_json(folder / "timeline.json")
-        turns = timeline.get("turns") if timeline is not None else None
+        summary = _read_json(folder / "session.json") or {}  # written last: the recording is whole
+        turns = summary.get("turns")
         found.append(RecordingSummary(
-            session_id=str(summary["session_id"]) if summary else folder.name.split("-", 1)[1],
-            transport=str(summary["transport"]) if summary else None,
-            started=str(summary["started"]) if summary else datetime.fromtimestamp(started, UTC).isoformat(),
-            ended=str(summary["ended"]) if summary else None,
-            turns=len(turns) if isinstance(turns, list) else None,
+            session_id=str(summary.get("session_id") or folder.name.split("-", 1)[1]),
+            transport=str(summary["transport"]) if "transport" in summary else None,
+            started=str(summary.get("started") or datetime.fromtimestamp(started, UTC).isoformat()),
+            ended=str(summary["ended"]) if "ended" in summary else None,
+            turns=turns if isinstance(turns, int) else None,
             bytes=folder_size(folder),
         ))
     return found

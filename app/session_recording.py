@@ -18,7 +18,8 @@ The folder (``app.recording`` names and prunes them) holds:
   shape ``GET /debug/turns`` gives a session), and ``audio``: where each side's audio lies on the
   session's clock (:class:`AudioPlacement`), so that a player puts both files on it;
 - ``session.json``, written last: the session id, transport, start and end (UTC), the rates,
-  and how many queued writes were dropped (``dropped``, 0 unless the disk fell behind).
+  how many queued writes were dropped (``dropped``, 0 unless the disk fell behind), and how
+  many turns ``timeline.json`` holds (``turns``).
 
 The session's clock is the one of ``events.jsonl``'s ``t``: seconds since ``session.created`` was
 sent (the timeline's ms count from the same moment).
@@ -269,6 +270,7 @@ class RecordingWriter:
             "session_id": self._session_id, "transport": self._transport,
             "started": _utc(self._started), "ended": _utc(ended),
             "input_rate": SPEECH_RATE, "output_rate": VOICE_RATE, "dropped": self._dropped,
+            "turns": len(timeline["turns"]),
         }
         (self.folder / "session.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 
