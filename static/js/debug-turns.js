@@ -129,7 +129,13 @@ function showRecordings(listing) {
 async function replay(sessionId) {
   const base = `/debug/recordings/${encodeURIComponent(sessionId)}`;
   errorElement.textContent = "";
-  const response = await fetch(`${base}/timeline.json`, { headers: accessHeaders() });
+  let response;
+  try {
+    response = await fetch(`${base}/timeline.json`, { headers: accessHeaders() });
+  } catch (error) {
+    errorElement.textContent = `The server did not answer: ${error.message}`;
+    return;
+  }
   if (!response.ok) {
     errorElement.textContent = `GET ${base}/timeline.json: HTTP ${response.status}`;
     return;
@@ -163,10 +169,17 @@ async function replay(sessionId) {
   player.src = `${base}/audio.wav`;
   // An <audio> sends no Authorization header: where the key is needed, the WAV is fetched whole.
   player.onerror = async () => {
-    if (!Object.keys(accessHeaders()).length || player.src.startsWith("blob:")) return;
-    const wav = await fetch(`${base}/audio.wav`, { headers: accessHeaders() });
-    if (wav.ok) player.src = URL.createObjectURL(await wav.blob());
-    else errorElement.textContent = `GET ${base}/audio.wav: HTTP ${wav.status}`;
+    if (!Object.keys(accessHeaders()).length || player.src.startsWith("blob:")) {
+      errorElement.textContent = `The recording's audio did not load (GET ${base}/audio.wav).`;
+      return;
+    }
+    try {
+      const wav = await fetch(`${base}/audio.wav`, { headers: accessHeaders() });
+      if (wav.ok) player.src = URL.createObjectURL(await wav.blob());
+      else errorElement.textContent = `GET ${base}/audio.wav: HTTP ${wav.status}`;
+    } catch (error) {
+      errorElement.textContent = `The server did not answer: ${error.message}`;
+    }
   };
 }
 
