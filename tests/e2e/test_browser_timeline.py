@@ -6,7 +6,8 @@ The server runs in this process with a scripted engine whose answer is a tone (c
 after Opus); the page, its lanes and marks are what is tested. After the call, the operator
 page (``/debug/timeline.html``, from ``GET /debug/turns``) shows the call, which a media worker
 carried and recorded; the page plays the recording (``GET /debug/recordings``) over its timeline.
-A second call barges in on a long answer: the cut is marked on the answer it cut. The
+A second call barges in on a long answer: the cut is marked on the answer it cut, and its
+recording plays the cut answer only up to the cut. The
 screenshots are saved to ``test-output/browser-timeline.png``, ``browser-timeline-barge-in.png``,
 ``debug-timeline.png`` and ``debug-replay.png`` for a person (and CI's artifacts) to look at.
 """
@@ -284,7 +285,7 @@ async def barge_in(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         [Silence(2.5), FIXTURES / "hello.wav", Silence(2.0), FIXTURES / "hello.wav", Silence(3.0)],
     )
     engine = ScriptedEngine(" ".join(["word"] * 100), waveform="tone")  # 100 frames of 80 ms
-    app = create_app(Settings(ice_loopback=True), engine=engine)
+    app = create_app(Settings(ice_loopback=True, cache_dir=folder, record_dir=folder / "recordings"), engine=engine)
     async with serving_in_process(app) as url, async_playwright() as playwright:
         browser = await launch_chromium(playwright, microphone=microphone)
         page = await browser.new_page(viewport={"width": 1100, "height": 900})
@@ -297,6 +298,11 @@ async def barge_in(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             read = await page.evaluate(SCRIPT_READ)
             await page.locator("#timeline").screenshot(path=TEST_OUTPUT / "browser-timeline-barge-in.png")
             await page.click("#hangup")
+            [recording] = await finished_recordings(url)
+            async with httpx.AsyncClient(base_url=url) as client:
+                base = f"/debug/recordings/{recording['session_id']}"
+                read["recorded"] = (await client.get(f"{base}/timeline.json")).json()
+                read["wav"] = (await client.get(f"{base}/audio.wav")).content
         except Exception:
             await save_diagnostics(page)
             raise
@@ -322,3 +328,20 @@ def test_a_barge_in_cut_is_marked_on_the_answer_it_cut(barge_in: dict[str, Any])
     assert loud(cut["assistant"], heard, cleared)
     assert not loud(cut["assistant"], cleared + PLAYOUT_TAIL_MS, mark_at(second, "response.created"))
     assert loud(second["assistant"], mark_at(second, "answer_heard"), float("inf"))
+
+
+def test_a_recorded_barge_in_plays_the_cut_answer_up_to_its_cut_only(barge_in: dict[str, Any]) -> None:
+    """The cut answer's tail, written to the call and never played, is in output.flac but not on
+    the session's clock: the assistant is silent from the cut to the next answer."""
+    cut, second = [turn for turn in barge_in["recorded"]["turns"] if turn["status"] is not None][:2]
+    cleared = next(mark["at_ms"] for mark in cut["marks"] if mark["kind"] == "output_audio_buffer.cleared")
+    next_audio = next(mark["at_ms"] for mark in second["marks"] if mark["kind"] == "first_audio")
+    stereo, rate = soundfile.read(io.BytesIO(barge_in["wav"]), dtype="float32")
+    assistant = np.abs(stereo[:, 1])
+
+    def loud(start_ms: float, end_ms: float) -> bool:
+        return bool((assistant[round(start_ms * rate / 1000):round(end_ms * rate / 1000)] > 0.01).any())
+
+    assert loud(cleared - 500, cleared), "the cut answer played until the cut"
+    assert not loud(cleared + MARK_TOLERANCE_MS, next_audio - MARK_TOLERANCE_MS), "nothing of it after the cut"
+    assert loud(next_audio, next_audio + 500), "the next answer where it was sent"
