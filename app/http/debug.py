@@ -15,7 +15,8 @@ call's peer, session and tasks live in its worker.
 All answer a local client (``app.http.edge.is_local_client``: loopback, not a trusted proxy, no
 forwarding header: a proxy on this host also connects from 127.0.0.1), or the API key: the
 figures (open files, task count) help whoever probes for weaknesses, the timelines tell who
-spoke when, and a leak check runs on the server's own machine anyway.
+spoke when, the recordings hold what was said, and a leak check runs on the server's own machine
+anyway.
 """
 
 from __future__ import annotations
