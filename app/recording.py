@@ -9,7 +9,8 @@ writer to finish (off the event loop) when the process stops serving.
 Retention (:func:`prune`): when a recording starts, its writer removes the oldest folders past
 the count, age and size bounds (``record_max_*``). Only folders named as recordings are touched
 (``20261205T070512Z-sess_...``: the UTC start, then the session id), oldest by that name first.
-What is recorded and what never is: ``app.session_recording``; docs/OPERATING.md "Recordings".
+What is recorded and what never is: ``app.session_recording``; reading them back (the operator
+page's): ``app.recording_playback``; docs/OPERATING.md "Recordings".
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def prune(root: Path, bounds: RetentionBounds, *, keep: Path, live: frozenset[Pa
     now = time.time() if now is None else now
     others = [(started, path) for started, path in recording_folders(root) if path != keep and path not in live]
     removed: list[Path] = []
-    sizes = {path: _size(path) for _, path in others}
+    sizes = {path: folder_size(path) for _, path in others}
     total = sum(sizes.values())
     for index, (started, path) in enumerate(others):
         left = len(others) - index  # this one and the newer others
@@ -96,7 +97,8 @@ def _removal_failed(function: object, path: str, exc_info: tuple[type[BaseExcept
         logger.error("recordings: could not remove %s: %s", path, exc_info[1])
 
 
-def _size(folder: Path) -> int:
+def folder_size(folder: Path) -> int:
+    """The bytes of a recording's files (those removed meanwhile not counted)."""
     size = 0
     for path in folder.rglob("*"):
         try:

@@ -5,16 +5,24 @@ The folder (``app.recording`` names and prunes them) holds:
 - ``input.flac``: the user's audio as the session heard it, 16 kHz mono (after noise suppression);
 - ``output.flac``: the answer's audio as written to the call, 24 kHz mono (a cut answer's tail
   that was written and then cleared included: ``events.jsonl`` says where it was cut);
-- ``events.jsonl``: every client event as received and every server event the session sent, one
-  a line: ``{"t": seconds since the session started, "from": "client" | "server", "event": {...}}``;
+- ``events.jsonl``: every client event as received and every server event sent, one a line:
+  ``{"t": seconds since the session started, "from": "client" | "server", "event": {...}}``;
   base64 audio (``audio`` fields, audio ``delta``s) and images hold ``{"base64_chars": N}`` instead.
-  ``output_audio_buffer.*`` are there for either transport (a WebSocket does not carry them);
-  a WebSocket's ``response.output_audio.delta`` events, its transport's cut of the answer's
-  audio, are not (``output.flac`` holds that audio);
+  The server's are the session's and its transport's own (a WebSocket's
+  ``response.output_audio.delta`` events, whose audio ``output.flac`` holds; its answer to a
+  binary frame; a call's last word); ``output_audio_buffer.*`` are there for either transport
+  (a WebSocket does not carry them);
 - ``transcript.jsonl``: per item, the user's words (input transcription, input_text) and the
   assistant's (its audio transcript or text): ``{"t", "item_id", "role", "text"}``;
+- ``timeline.json``, written at the end: the session's turn timeline (``app.turn_timelines``, the
+  shape ``GET /debug/turns`` gives a session), and ``audio``: where each side's audio lies on the
+  session's clock (:class:`AudioPlacement`), so that a player puts both files on it;
 - ``session.json``, written last: the session id, transport, start and end (UTC), the rates,
-  and how many queued writes were dropped (``dropped``, 0 unless the disk fell behind).
+  how many queued writes were dropped (``dropped``, 0 unless the disk fell behind), and how
+  many turns ``timeline.json`` holds (``turns``).
+
+The session's clock is the one of ``events.jsonl``'s ``t``: seconds since ``session.created`` was
+sent (the timeline's ms count from the same moment).
 
 Never written: client secrets (``client_secret`` objects, any ``ek_`` string), ``authorization``,
 ``api_key``, TURN ``username``/``credential`` fields, and the server's own secrets (the access key,
@@ -33,7 +41,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -42,6 +50,7 @@ import numpy as np
 import soundfile
 
 from app.realtime.turn_report import PlaybackReport, SessionStart, TurnReport
+from app.turn_timelines import SessionTimeline
 from media.rates import SPEECH_RATE, VOICE_RATE
 
 logger = logging.getLogger(__name__)
@@ -52,7 +61,56 @@ MAX_QUEUED_BYTES = 32 * 2**20
 REDACTED = "[redacted]"
 SECRET_KEYS = frozenset({"client_secret", "authorization", "api_key", "credential", "username", "password"})
 CLIENT_SECRET_PREFIX = "ek_"
+# A side's chunk that begins within this of where its audio so far ends joins it (two WebRTC
+# frames of arrival jitter); one later starts a segment of its own, at its own time.
+CONTIGUOUS_S = 0.04
 Side = Literal["client", "server"]
+
+
+@dataclass
+class AudioPlacement:
+    """Where one side's audio file lies on the session's clock: ``segments`` of
+    ``[start_ms, first_sample, samples]``, each ``samples`` of the file from ``first_sample`` on
+    playing from ``start_ms``; in order, never overlapping.
+
+    A chunk is placed at ``candidate_s`` (the input's: its arrival less its length, as heard
+    live; the answer's: when it was written, as played from then on), but never before where the
+    side's audio so far ends: a client that sends faster than real time, and an answer written
+    ahead of its playback, queue behind what came before. ``cut`` ends the audio at a moment
+    (a cut answer's tail, written and never played, stays in the file unplaced)."""
+
+    rate: int
+    segments: list[list[float]] = field(default_factory=list)
+    written: int = 0  # the file's samples so far
+
+    def add(self, candidate_s: float, samples: int) -> None:
+        if samples <= 0:
+            return
+        end_s = 0.0
+        if self.segments:
+            start_ms, first, count = self.segments[-1]
+            end_s = start_ms / 1000 + count / self.rate
+            if first + count == self.written and candidate_s - end_s <= CONTIGUOUS_S:
+                self.segments[-1][2] = count + samples
+                self.written += samples
+                return
+        self.segments.append([round(max(candidate_s, end_s) * 1000, 1), self.written, samples])
+        self.written += samples
+
+    def cut(self, at_s: float) -> None:
+        """Nothing of what was written plays past ``at_s``."""
+        while self.segments:
+            start_ms, first, count = self.segments[-1]
+            played = max(0, round((at_s - start_ms / 1000) * self.rate))
+            if played >= count:
+                return
+            if played > 0:
+                self.segments[-1][2] = played
+                return
+            self.segments.pop()
+
+    def to_json(self) -> list[list[float]]:
+        return [[start_ms, int(first), int(count)] for start_ms, first, count in self.segments]
 
 
 @dataclass(frozen=True)
@@ -64,17 +122,24 @@ class _Event:
 
 @dataclass(frozen=True)
 class _Audio:
+    at: float  # when the recorder got it (monotonic)
     output: bool  # the answer's (24 kHz); else the input (16 kHz)
     pcm: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Cut:
+    at: float  # the answer's playback was cut here: what was written past it never played
 
 
 @dataclass(frozen=True)
 class _Finish:
     at: float
     discard: bool  # the session asked not to be recorded: the folder goes
+    timeline: dict[str, Any] | None = None  # the session's SessionTimeline.to_json(); None: the process stopped first
 
 
-_Item = _Event | _Audio | _Finish
+_Item = _Event | _Audio | _Cut | _Finish
 
 
 @dataclass(frozen=True)
@@ -107,6 +172,8 @@ class RecordingWriter:
         self._dropped = 0
         self._finished = False
         self._finish_taken = False  # the writer thread took the finish: nothing more comes
+        self._heard = AudioPlacement(SPEECH_RATE)  # the writer thread's
+        self._answered = AudioPlacement(VOICE_RATE)
         self._thread = threading.Thread(target=self._run, name=f"recording {folder.name}", daemon=True)
 
     def start(self) -> None:
@@ -175,6 +242,10 @@ class RecordingWriter:
                     break
                 if isinstance(item, _Audio):
                     (answered if item.output else heard).write(np.clip(item.pcm, -1.0, 1.0))
+                    self._place(item)
+                    continue
+                if isinstance(item, _Cut):
+                    self._answered.cut(item.at - self._monotonic_start)
                     continue
                 at = round(item.at - self._monotonic_start, 3)
                 event = self._readable(item)
@@ -187,12 +258,28 @@ class RecordingWriter:
             logger.info("recording %s: deleted, as its session asked", self.folder)
             return
         ended = self._started + (finish.at - self._monotonic_start)
+        timeline = finish.timeline or {
+            "session_id": self._session_id, "transport": self._transport, "model": "",
+            "started_at": round(self._started, 3), "closed_ms": round((finish.at - self._monotonic_start) * 1000, 1),
+            "turns": [],
+        }
+        audio = {"input_rate": SPEECH_RATE, "output_rate": VOICE_RATE,
+                 "input": self._heard.to_json(), "output": self._answered.to_json()}
+        (self.folder / "timeline.json").write_text(json.dumps({**timeline, "audio": audio}) + "\n", encoding="utf-8")
         summary = {
             "session_id": self._session_id, "transport": self._transport,
             "started": _utc(self._started), "ended": _utc(ended),
             "input_rate": SPEECH_RATE, "output_rate": VOICE_RATE, "dropped": self._dropped,
+            "turns": len(timeline["turns"]),
         }
         (self.folder / "session.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+
+    def _place(self, item: _Audio) -> None:
+        at = item.at - self._monotonic_start
+        if item.output:
+            self._answered.add(at, item.pcm.size)
+        else:
+            self._heard.add(at - item.pcm.size / SPEECH_RATE, item.pcm.size)
 
     def _readable(self, item: _Event) -> Any:
         """The event as written: parsed, its audio and images as lengths, its secrets redacted."""
@@ -269,11 +356,16 @@ def _utc(unix_s: float) -> str:
 class SessionRecorder:
     """A ``SessionObserver`` that records its session (see the module docstring); never blocks."""
 
-    def __init__(self, start_writer: Callable[[WriterStart], RecordingWriter], *, transport: str) -> None:
-        """``start_writer``: a started writer for the session (``app.recording.Recordings``)."""
+    def __init__(self, start_writer: Callable[[WriterStart], RecordingWriter], *, transport: str,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``start_writer``: a started writer for the session (``app.recording.Recordings``);
+        ``clock``: when audio comes (the observer's audio calls carry no time)."""
         self._start_writer = start_writer
         self._transport = transport
+        self._clock = clock
         self._writer: RecordingWriter | None = None
+        self._timeline: SessionTimeline | None = None  # the recorded session's own, for timeline.json
+        self._started_at = 0.0  # session.created's, the recording's clock's zero
         self._decided = False  # session.created was seen: recorded (a writer) or not
 
     @property
@@ -284,18 +376,25 @@ class SessionRecorder:
     # -- SessionObserver -------------------------------------------------------------------
 
     def session_started(self, start: SessionStart) -> None:
-        pass  # session.created, just sent, decided
+        if self._timeline is not None:  # on the events' clock: from session.created
+            self._timeline.session_started(replace(start, at=self._started_at))
 
     def turn_done(self, report: TurnReport) -> None:
-        pass  # its response.done is among the events
+        if self._timeline is not None:
+            self._timeline.turn_done(report)
 
     def playback_over(self, report: PlaybackReport) -> None:
-        pass  # output_audio_buffer.stopped / cleared are among the events
+        if self._timeline is not None:
+            self._timeline.playback_over(report)
+        if self._writer is not None and report.truncated:
+            self._writer.put(_Cut(report.ended_at))
 
     def session_closed(self, at: float) -> None:
-        if self._writer is not None:
-            self._writer.put(_Finish(at, discard=False))
-            self._writer = None
+        if self._writer is not None and self._timeline is not None:
+            self._timeline.session_closed(at)
+            self._writer.put(_Finish(at, discard=False, timeline=self._timeline.to_json()))
+        self._writer = None
+        self._timeline = None
         self._decided = True
 
     def client_event(self, raw: str | bytes, at: float) -> None:
@@ -308,11 +407,18 @@ class SessionRecorder:
             self._decided = True
             session = event.get("session") or {}
             if _recorded(session):
-                self._writer = self._start_writer(WriterStart(str(session.get("id")), self._transport, at, time.time()))
+                start = WriterStart(str(session.get("id")), self._transport, at, time.time())
+                self._writer = self._start_writer(start)
+                self._timeline = SessionTimeline(self._transport, clock=self._clock)
+                self._timeline.started_unix = start.unix_s
+                self._started_at = at
         elif kind == "session.updated" and self._writer is not None and not _recorded(event.get("session") or {}):
             self._writer.put(_Finish(at, discard=True))
             self._writer = None
+            self._timeline = None
             return
+        if self._timeline is not None:
+            self._timeline.server_event(event, at)
         if self._writer is not None:
             if isinstance(kind, str) and kind.endswith("audio.delta"):
                 # The delta's audio is output.flac's: only its length is kept, taken here (cheap)
@@ -322,11 +428,11 @@ class SessionRecorder:
 
     def input_audio(self, pcm: np.ndarray) -> None:
         if self._writer is not None:
-            self._writer.put(_Audio(output=False, pcm=np.array(pcm, dtype=np.float32)))
+            self._writer.put(_Audio(self._clock(), output=False, pcm=np.array(pcm, dtype=np.float32)))
 
     def output_audio(self, pcm: np.ndarray) -> None:
         if self._writer is not None:
-            self._writer.put(_Audio(output=True, pcm=np.array(pcm, dtype=np.float32)))
+            self._writer.put(_Audio(self._clock(), output=True, pcm=np.array(pcm, dtype=np.float32)))
 
 
 def _recorded(session: Mapping[str, Any]) -> bool:

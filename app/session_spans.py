@@ -91,6 +91,16 @@ LATENCY_ENGINE_FIRST_AUDIO_MS = "omni_rtc.latency.engine_first_audio_ms"
 LATENCY_QUEUE_WAIT_MS = "omni_rtc.latency.queue_wait_ms"
 LATENCY_OTHER_MS = "omni_rtc.latency.other_ms"
 LATENCY_SPECULATION_HIDDEN_MS = "omni_rtc.latency.speculation_hidden_ms"
+# Its network part (WebRTC calls: the call's figures so far, cumulative), field by field.
+LATENCY_NETWORK_INBOUND_PACKETS_LOST = "omni_rtc.latency.network.inbound_packets_lost"
+LATENCY_NETWORK_INBOUND_PACKETS_LATE = "omni_rtc.latency.network.inbound_packets_late"
+LATENCY_NETWORK_INBOUND_PACKETS_OVERRUN = "omni_rtc.latency.network.inbound_packets_overrun"
+LATENCY_NETWORK_INBOUND_FRAMES_RECOVERED = "omni_rtc.latency.network.inbound_frames_recovered"
+LATENCY_NETWORK_INBOUND_FRAMES_CONCEALED = "omni_rtc.latency.network.inbound_frames_concealed"
+LATENCY_NETWORK_INBOUND_JITTER_MS = "omni_rtc.latency.network.inbound_jitter_ms"
+LATENCY_NETWORK_OUTBOUND_PACKETS_LOST = "omni_rtc.latency.network.outbound_packets_lost"
+LATENCY_NETWORK_OUTBOUND_FEC_LOSS_PERCENT = "omni_rtc.latency.network.outbound_fec_loss_percent"
+LATENCY_NETWORK_RTT_MS = "omni_rtc.latency.network.rtt_ms"  # only once measured
 # The usage of response.done beyond gen_ai.usage's two totals.
 USAGE_INPUT_TEXT_TOKENS = "omni_rtc.usage.input_text_tokens"
 USAGE_INPUT_AUDIO_TOKENS = "omni_rtc.usage.input_audio_tokens"
@@ -315,6 +325,19 @@ def _latency_attributes(latency: ResponseLatency) -> Attributes:
     }
     if latency.engine_first_audio_ms is not None:
         attributes[LATENCY_ENGINE_FIRST_AUDIO_MS] = latency.engine_first_audio_ms
+    if (network := latency.network) is not None:
+        attributes.update({
+            LATENCY_NETWORK_INBOUND_PACKETS_LOST: network.inbound_packets_lost,
+            LATENCY_NETWORK_INBOUND_PACKETS_LATE: network.inbound_packets_late,
+            LATENCY_NETWORK_INBOUND_PACKETS_OVERRUN: network.inbound_packets_overrun,
+            LATENCY_NETWORK_INBOUND_FRAMES_RECOVERED: network.inbound_frames_recovered,
+            LATENCY_NETWORK_INBOUND_FRAMES_CONCEALED: network.inbound_frames_concealed,
+            LATENCY_NETWORK_INBOUND_JITTER_MS: network.inbound_jitter_ms,
+            LATENCY_NETWORK_OUTBOUND_PACKETS_LOST: network.outbound_packets_lost,
+            LATENCY_NETWORK_OUTBOUND_FEC_LOSS_PERCENT: network.outbound_fec_loss_percent,
+        })
+        if network.rtt_ms is not None:
+            attributes[LATENCY_NETWORK_RTT_MS] = network.rtt_ms
     return attributes
 
 

@@ -64,7 +64,7 @@ class TimelineTurn:
     status: str | None = None  # response.done's, once it came
     status_reason: str | None = None
     speculative: bool = False
-    latency: dict[str, Any] | None = None  # the session's latency block (a WebRTC call adds ``network`` to the event's)
+    latency: dict[str, Any] | None = None  # response.done's latency block (``network``: a WebRTC call's figures)
     user_speech: Span | None = None  # speech started (or the end of speech, when not seen) to the end of speech
     answer_audio: Span | None = None  # the first frame handed to the transport to the playback's end
     played_ms: float | None = None

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from app.calls.registry import OnClosed
-from app.realtime.protocol import ProtocolError
+from app.realtime.protocol import NetworkLatency, ProtocolError
 from media.frames import FramePlan, SampledFrame
 
 logger = logging.getLogger(__name__)
@@ -43,6 +43,8 @@ class Session(Protocol):
     def flooding(self) -> bool: ...
     def on_playback_started(self) -> None: ...
     def on_playback_stopped(self) -> None: ...
+    def transport_sent(self, event: dict[str, Any]) -> None: ...
+    def network_reported(self, response_id: str, network: NetworkLatency) -> None: ...
 
 
 class EventObserver(Protocol):

@@ -22,6 +22,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -61,6 +62,7 @@ from app.realtime.protocol import (
     InputAudioBufferClearEvent,
     InputAudioBufferCommitEvent,
     InputImageBufferAppendEvent,
+    NetworkLatency,
     OutputAudioBufferClearEvent,
     PlaybackAckEvent,
     ProtocolError,
@@ -218,6 +220,9 @@ class RealtimeSession:
         # The response the user's speech cancelled (barge-in), until another response starts:
         # a client's response.cancel for it is answered by its response.done.
         self._cut_by_speech: str | None = None
+        # The call's network figures its transport added to a response.done as it sent it (WebRTC),
+        # by response id, until that response reports (at once: it sent its response.done first).
+        self._sent_network: dict[str, NetworkLatency] = {}
         self._closed = False
         self._finished = False  # session.finished sent: nothing more is taken or sent
         self._refusals = RefusalReplies(time.monotonic())
@@ -740,7 +745,11 @@ class RealtimeSession:
         run.start(previous)
 
     def response_done(self, run: ResponseRun, report: TurnReport) -> None:
-        """``run`` sent its ``response.done``: what it decoded is charged to the session's share."""
+        """``run`` sent its ``response.done``: what it decoded is charged to the session's share;
+        its report carries the network figures the transport added to the event (``network_reported``)."""
+        network = self._sent_network.pop(report.response_id, None)
+        if network is not None and report.latency is not None:
+            report = replace(report, latency=report.latency.model_copy(update={"network": network}))
         if self._observer is not None:
             self._observer.turn_done(report)
         self._active_at = time.monotonic()
@@ -809,6 +818,17 @@ class RealtimeSession:
         return self._config.to_session_object(
             session_id=self.session_id, model=self._engine.name, expires_at=self._expires_at
         )
+
+    def network_reported(self, response_id: str, network: NetworkLatency) -> None:
+        """The transport added the call's network figures to ``response_id``'s ``response.done`` as
+        it sent it (a WebRTC call): the response's report to the observers carries them too."""
+        self._sent_network[response_id] = network
+
+    def transport_sent(self, event: Mapping[str, Any]) -> None:
+        """An event the transport sent the client itself (a WebSocket's audio deltas, a refused
+        frame, the call's last word): the observers hear it as they hear the session's own."""
+        if self._observer is not None and not self._closed:
+            self._observer.server_event(event, time.monotonic())
 
     def emit(self, event: ServerEvent) -> None:
         if not self._closed and not self._finished:

@@ -115,7 +115,8 @@ class SessionObserver(Protocol):
         ...
 
     def server_event(self, event: Mapping[str, Any], at: float) -> None:
-        """A server event as sent; the mapping is the session's and is not changed afterwards."""
+        """A server event as sent: the session's, or one its transport sent itself (a WebSocket's
+        audio deltas, a refusal, the call's last word); the mapping is not changed afterwards."""
         ...
 
     def input_audio(self, pcm: np.ndarray) -> None:

@@ -1,8 +1,11 @@
 // The operator page (static/debug/timeline.html): recent sessions' turn timelines from
-// GET /debug/turns, drawn as the call page draws its own (timeline-draw.js). The API key, when
-// the server asks for one, is the call page's remembered one (localStorage) or typed here.
+// GET /debug/turns, drawn as the call page draws its own (timeline-draw.js), and the recordings
+// (GET /debug/recordings): one chosen, its timeline.json is drawn the same way and its audio.wav
+// (both sides on the session's clock) plays, a playhead following it over the turns; clicking a
+// turn seeks there. The API key, when the server asks for one, is the call page's remembered
+// one (localStorage) or typed here.
 
-import { drawTurn } from "./timeline-draw.js";
+import { drawTurn, turnScale } from "./timeline-draw.js";
 
 const ACCESS_KEY_STORAGE = "omni-rtc.apiKey";   // the call page's (signaling.js)
 const SPAN_STEP_MS = 20;        // a span is drawn as a level this often
@@ -12,6 +15,21 @@ const sessionsElement = document.getElementById("sessions");
 const errorElement = document.getElementById("debug-error");
 const keyForm = document.getElementById("debug-key");
 const keyInput = document.getElementById("debug-key-input");
+const recordingsElement = document.getElementById("recordings");
+const replayElement = document.getElementById("replay");
+const replayTitle = document.getElementById("replay-title");
+const replayTurns = document.getElementById("replay-turns");
+const player = document.getElementById("replay-audio");
+const playheadNote = document.getElementById("replay-at");
+
+// The chosen recording's drawn turns: {figure, playhead, scale}; and what the tests read.
+let replayed = [];
+window.omniReplay = { sessionId: null, playheadMs: null, moves: 0 };
+
+function accessHeaders() {
+  const key = keyInput.value || localStorage.getItem(ACCESS_KEY_STORAGE);
+  return key ? { Authorization: `Bearer ${key}` } : {};
+}
 
 /** A span {start_ms, end_ms} as lane points. */
 function spanPoints(span) {
@@ -36,6 +54,23 @@ export function drawable(turn, index) {
   };
 }
 
+/** One turn's figure: its canvas (in a box a playhead may cover) and caption, drawn. */
+function turnFigure(turn, index) {
+  const figure = document.createElement("figure");
+  figure.className = "turn-timeline";
+  figure.dataset.responseId = turn.response_id;
+  const box = document.createElement("div");
+  box.className = "turn-canvas";
+  const canvas = document.createElement("canvas");
+  const caption = document.createElement("figcaption");
+  box.append(canvas);
+  figure.append(box, caption);
+  const drawn = drawable(turn, index);
+  drawTurn(canvas, caption, drawn, drawn.endMs);
+  caption.textContent += ` · ${turn.status ?? "no response.done"}${turn.truncated ? " · cut" : ""}`;
+  return { figure, box, canvas, drawn };
+}
+
 function showSessions(sessions) {
   sessionsElement.replaceChildren();
   for (const session of [...sessions].reverse()) {
@@ -52,25 +87,135 @@ function showSessions(sessions) {
       none.textContent = "No turns.";
       section.append(none);
     }
-    session.turns.forEach((turn, index) => {
-      const figure = document.createElement("figure");
-      figure.className = "turn-timeline";
-      figure.dataset.responseId = turn.response_id;
-      const canvas = document.createElement("canvas");
-      const caption = document.createElement("figcaption");
-      figure.append(canvas, caption);
-      section.append(figure);
-      const drawn = drawable(turn, index);
-      drawTurn(canvas, caption, drawn, drawn.endMs);
-      caption.textContent += ` · ${turn.status ?? "no response.done"}${turn.truncated ? " · cut" : ""}`;
-    });
+    session.turns.forEach((turn, index) => section.append(turnFigure(turn, index).figure));
     sessionsElement.append(section);
   }
 }
 
+// -- recordings ----------------------------------------------------------------------------
+
+function showRecordings(listing) {
+  recordingsElement.replaceChildren();
+  if (!listing.recordings.length) {
+    const none = document.createElement("p");
+    none.className = "note";
+    none.textContent = listing.recording ? "No recordings yet." : "The server records nothing (no --record-dir).";
+    recordingsElement.append(none);
+    return;
+  }
+  const list = document.createElement("ul");
+  list.className = "recording-list";
+  for (const recording of listing.recordings) {
+    const item = document.createElement("li");
+    const button = document.createElement("button");
+    button.type = "button";
+    button.dataset.sessionId = recording.session_id;
+    button.textContent = recording.session_id;
+    button.disabled = recording.ended === null;
+    button.addEventListener("click", () => replay(recording.session_id));
+    const about = document.createElement("span");
+    about.className = "note";
+    const started = recording.started.replace("T", " ").slice(0, 19);
+    const length = recording.ended === null ? "still being written"
+      : `${((Date.parse(recording.ended) - Date.parse(recording.started)) / 1000).toFixed(1)} s`;
+    about.textContent = ` ${recording.transport ?? "?"} · ${started} UTC · ${length} · ${recording.turns ?? "?"} turns`
+      + ` · ${(recording.bytes / 1024).toFixed(0)} KiB`;
+    item.append(button, about);
+    list.append(item);
+  }
+  recordingsElement.append(list);
+}
+
+async function replay(sessionId) {
+  const base = `/debug/recordings/${encodeURIComponent(sessionId)}`;
+  errorElement.textContent = "";
+  let response;
+  try {
+    response = await fetch(`${base}/timeline.json`, { headers: accessHeaders() });
+  } catch (error) {
+    errorElement.textContent = `The server did not answer: ${error.message}`;
+    return;
+  }
+  if (!response.ok) {
+    errorElement.textContent = `GET ${base}/timeline.json: HTTP ${response.status}`;
+    return;
+  }
+  const timeline = await response.json();
+  replayTitle.textContent = `${sessionId} · ${timeline.transport} · ${timeline.turns.length} turns`;
+  replayTurns.replaceChildren();
+  replayed = timeline.turns.map((turn, index) => {
+    const { figure, box, canvas, drawn } = turnFigure(turn, index);
+    const playhead = document.createElement("div");
+    playhead.className = "playhead";
+    playhead.hidden = true;
+    box.append(playhead);
+    const scale = turnScale(drawn, drawn.endMs);
+    canvas.addEventListener("click", (event) => {
+      const fraction = event.offsetX / canvas.clientWidth;
+      player.currentTime = Math.max(0, scale.timeAt(fraction) / 1000);
+      movePlayhead();
+    });
+    replayTurns.append(figure);
+    return { playhead, scale };
+  });
+  if (!replayTurns.children.length) {
+    const none = document.createElement("p");
+    none.className = "note";
+    none.textContent = "No turns.";
+    replayTurns.append(none);
+  }
+  replayElement.hidden = false;
+  window.omniReplay = { sessionId, playheadMs: null, moves: 0 };
+  player.src = `${base}/audio.wav`;
+  // An <audio> sends no Authorization header: where the key is needed, the WAV is fetched whole.
+  player.onerror = async () => {
+    if (!Object.keys(accessHeaders()).length || player.src.startsWith("blob:")) {
+      errorElement.textContent = `The recording's audio did not load (GET ${base}/audio.wav).`;
+      return;
+    }
+    try {
+      const wav = await fetch(`${base}/audio.wav`, { headers: accessHeaders() });
+      if (wav.ok) player.src = URL.createObjectURL(await wav.blob());
+      else errorElement.textContent = `GET ${base}/audio.wav: HTTP ${wav.status}`;
+    } catch (error) {
+      errorElement.textContent = `The server did not answer: ${error.message}`;
+    }
+  };
+}
+
+/** The playhead at the player's time on the turn that shows it. */
+function movePlayhead() {
+  const ms = player.currentTime * 1000;
+  for (const { playhead, scale } of replayed) {
+    const shown = ms >= scale.from && ms <= scale.to;
+    playhead.hidden = !shown;
+    if (shown) playhead.style.left = `${(scale.fraction(ms) * 100).toFixed(3)}%`;
+  }
+  playheadNote.textContent = `${(ms / 1000).toFixed(2)} s`;
+  if (window.omniReplay.playheadMs !== ms) window.omniReplay.moves += 1;
+  window.omniReplay.playheadMs = ms;
+}
+
+function followPlayback() {
+  movePlayhead();
+  if (!player.paused && !player.ended) requestAnimationFrame(followPlayback);
+}
+
+player.addEventListener("play", () => requestAnimationFrame(followPlayback));
+player.addEventListener("seeked", movePlayhead);
+player.addEventListener("timeupdate", movePlayhead);
+
+async function loadRecordings(headers) {
+  const response = await fetch("/debug/recordings", { headers });
+  if (!response.ok) {
+    errorElement.textContent = `GET /debug/recordings: HTTP ${response.status}`;
+    return;
+  }
+  showRecordings(await response.json());
+}
+
 async function load() {
-  const key = keyInput.value || localStorage.getItem(ACCESS_KEY_STORAGE);
-  const headers = key ? { Authorization: `Bearer ${key}` } : {};
+  const headers = accessHeaders();
   errorElement.textContent = "";
   let response;
   try {
@@ -90,6 +235,7 @@ async function load() {
   }
   keyForm.hidden = true;
   showSessions((await response.json()).sessions);
+  await loadRecordings(headers);
   document.body.dataset.loaded = "true";
 }
 

@@ -43,6 +43,20 @@ export function turnWindow(turn, nowMs) {
   return { from: Math.min(first, ...times) - PAD_MS, to: Math.max(end, ...times) + PAD_MS };
 }
 
+/** A drawn turn's time axis: where a time (ms) falls, as a fraction of the canvas's width, and
+ * which time a fraction of it shows (the operator page's playhead and seeking). */
+export function turnScale(turn, nowMs) {
+  const { from, to } = turnWindow(turn, nowMs);
+  const span = Math.max(1, to - from);
+  const plot = WIDTH - LEFT - 8;
+  return {
+    from,
+    to,
+    fraction: (t) => (LEFT + ((t - from) / span) * plot) / WIDTH,
+    timeAt: (fraction) => from + ((fraction * WIDTH - LEFT) / plot) * span,
+  };
+}
+
 export function drawTurn(canvas, caption, turn, nowMs) {
   const ratio = window.devicePixelRatio || 1;
   canvas.width = WIDTH * ratio;
@@ -52,8 +66,9 @@ export function drawTurn(canvas, caption, turn, nowMs) {
   const g = canvas.getContext("2d");
   g.scale(ratio, ratio);
   g.clearRect(0, 0, WIDTH, HEIGHT);
-  const { from, to } = turnWindow(turn, nowMs);
-  const x = (t) => LEFT + ((t - from) / Math.max(1, to - from)) * (WIDTH - LEFT - 8);
+  const scale = turnScale(turn, nowMs);
+  const { from, to } = scale;
+  const x = (t) => scale.fraction(t) * WIDTH;
   g.font = "11px system-ui, sans-serif";
   g.textBaseline = "middle";
   lane(g, "you", turn.user, TOP, "#1b6ac9", x);

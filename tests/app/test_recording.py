@@ -6,7 +6,9 @@ The server has stopped (and so flushed every recording) before a folder is read.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import io
 import json
 import shutil
 import threading
@@ -17,14 +19,17 @@ from typing import Any
 import numpy as np
 import pytest
 import soundfile
+import websockets
 
 from app.client.webrtc import RealtimeClient
 from app.client.websocket import RealtimeSocketClient
 from app.config import Settings
 from app.http.server import create_app
 from app.http.socket_route import websocket_server_options
+from app.realtime.turn_report import PlaybackReport, SessionStart
 from app.recording import Recordings, RetentionBounds, folder_name, prune, recording_folders
-from app.session_recording import redacted
+from app.recording_playback import WAV_RATE, wav_bytes, wav_plan
+from app.session_recording import AudioPlacement, RecordingWriter, SessionRecorder, WriterStart, redacted
 from media.rates import SPEECH_RATE, VOICE_RATE
 from tests.e2e.conftest import serving_in_process
 from tests.fakes import ScriptedEngine
@@ -33,7 +38,7 @@ from tests.speech import load_fixture
 KEY = "sk-recording-test-key-0123456789"
 CLIENT_SECRET = "ek_recording_test_secret_42"
 TOLERANCE_S = 0.1
-FILES = {"input.flac", "output.flac", "events.jsonl", "transcript.jsonl", "session.json"}
+FILES = {"input.flac", "output.flac", "events.jsonl", "transcript.jsonl", "session.json", "timeline.json"}
 
 
 class CountingClient(RealtimeSocketClient):
@@ -101,11 +106,11 @@ async def test_a_recorded_session_keeps_both_sides_audio_every_event_and_the_tra
 
     events = _lines(folder / "events.jsonl")
     recorded = [e["event"]["type"] for e in events if e["from"] == "server"]
-    # Every event the session sent. output_audio_buffer.* are the session's too, though a WebSocket
-    # does not carry them (they tell when the answer played); response.output_audio.delta are the
-    # WebSocket's own cut of the answer's audio, which output.flac holds.
+    # Every event the client got (the transport's own audio deltas among them), and
+    # output_audio_buffer.*: the session's, which a WebSocket does not carry (they tell when the
+    # answer played).
     assert [kind for kind in recorded if not kind.startswith("output_audio_buffer.")] == [
-        e["type"] for e in server_events if e["type"] != "response.output_audio.delta"]
+        e["type"] for e in server_events]
     assert {"output_audio_buffer.started", "output_audio_buffer.stopped"} <= set(recorded)
     assert [e["event"]["type"] for e in events if e["from"] == "client"] == [e["type"] for e in client.sent]
     times = [e["t"] for e in events]
@@ -260,3 +265,123 @@ async def test_a_webrtc_call_on_a_media_worker_is_recorded_by_it_unless_its_offe
     assert answered.duration == pytest.approx(turn.audible_seconds, abs=TOLERANCE_S)
     heard = soundfile.info(folder / "input.flac")
     assert heard.duration >= load_fixture("hello").size / SPEECH_RATE
+
+
+# -- where each side's audio lies on the session's clock (timeline.json) ------------------------
+
+
+def test_audio_placement_joins_contiguous_chunks_queues_early_ones_and_starts_late_ones_anew():
+    placement = AudioPlacement(1000)
+    placement.add(1.0, 20)  # 20 ms from 1 s
+    placement.add(1.030, 20)  # 10 ms late: jitter, joins it
+    placement.add(0.5, 100)  # early (sent ahead of real time): queued behind
+    placement.add(2.0, 10)  # long after the end: a segment of its own
+    assert placement.to_json() == [[1000.0, 0, 140], [2000.0, 140, 10]]
+    placement.cut(2.004)  # 4 of the last 10 samples played
+    placement.add(2.005, 10)  # right after the cut, yet not the file's next samples: a new segment
+    assert placement.to_json() == [[1000.0, 0, 140], [2000.0, 140, 4], [2005.0, 150, 10]]
+    placement.cut(1.5)  # before the last two began: they never played
+    assert placement.to_json() == [[1000.0, 0, 140]]
+
+
+def test_a_recorders_timeline_json_holds_the_turn_timeline_and_each_sides_segments(tmp_path):
+    now = [100.0]
+    writers: list[RecordingWriter] = []
+
+    def start_writer(start: WriterStart) -> RecordingWriter:
+        writers.append(RecordingWriter(tmp_path / "recording", start, secrets=(), before=lambda: None,
+                                       on_done=lambda writer: None))
+        writers[-1].start()
+        return writers[-1]
+
+    recorder = SessionRecorder(start_writer, transport="webrtc", clock=lambda: now[0])  # the audio calls' clock
+    recorder.server_event({"type": "session.created", "session": {"id": "sess_t", "recording": {"enabled": True}}}, 100.0)
+    recorder.session_started(SessionStart("sess_t", "conv_1", "scripted-engine", 100.001))
+    for frame in range(50):  # 1 s of input, 20 ms frames arriving in real time from 0.5 s on
+        now[0] = 100.5 + 0.02 * (frame + 1)
+        recorder.input_audio(np.zeros(SPEECH_RATE // 50, dtype=np.float32))
+    now[0] = 102.0
+    recorder.server_event({"type": "response.created", "response": {"id": "resp_1"}}, 102.0)
+    now[0] = 102.2
+    recorder.output_audio(np.zeros(VOICE_RATE, dtype=np.float32))  # 1 s written at once at 2.2 s
+    recorder.output_audio(np.zeros(VOICE_RATE, dtype=np.float32))  # and 1 s more: played after it
+    recorder.playback_over(PlaybackReport("resp_1", "item_1", ended_at=103.7, played_samples=36_000,
+                                          written_samples=48_000, truncated=True, interrupted=True))
+    recorder.session_closed(105.0)
+    [writer] = writers
+    writer.join()
+    timeline = json.loads((writer.folder / "timeline.json").read_text())
+    assert (timeline["session_id"], timeline["transport"], timeline["model"]) == ("sess_t", "webrtc", "scripted-engine")
+    assert timeline["closed_ms"] == 5000.0
+    [turn] = timeline["turns"]
+    assert turn["response_id"] == "resp_1" and turn["truncated"] is True
+    assert [(mark["kind"], mark["at_ms"]) for mark in turn["marks"]][-1] == ("playback_end", 3700.0)
+    assert timeline["audio"] == {
+        "input_rate": SPEECH_RATE, "output_rate": VOICE_RATE,
+        "input": [[500.0, 0, SPEECH_RATE]],
+        "output": [[2200.0, 0, 36_000]],  # cut at 3.7 s: 1.5 s of the 2 s written played
+    }
+
+
+def _first_loud_ms(channel: np.ndarray, after_ms: float = 0.0) -> float:
+    start = round(after_ms * WAV_RATE / 1000)
+    return (start + int(np.argmax(np.abs(channel[start:]) > 0.01))) * 1000 / WAV_RATE
+
+
+async def test_a_recordings_wav_puts_each_side_on_the_sessions_clock(tmp_path):
+    record_dir = tmp_path / "recordings"
+    settings = Settings(cache_dir=tmp_path, media_workers=1, record_dir=record_dir)
+    app = create_app(settings, engine=ScriptedEngine("Hello there friend", waveform="tone"))
+    async with serving_in_process(app, **websocket_server_options(settings)) as url:
+        async with RealtimeSocketClient(url) as client:
+            await asyncio.sleep(0.5)  # the session's clock runs before anything is said
+            turn = await client.speak(load_fixture("hello"))
+            await asyncio.sleep(0.3)
+    assert turn.status == "completed"
+    (folder,) = [path for _, path in recording_folders(record_dir)]
+    timeline = json.loads((folder / "timeline.json").read_text())
+    [answer] = timeline["turns"]
+    marks = {mark["kind"]: mark["at_ms"] for mark in answer["marks"]}
+    plan = wav_plan(folder)
+    assert plan is not None
+    wav = b"".join(wav_bytes(plan))
+    assert len(wav) == plan.size
+    stereo, rate = soundfile.read(io.BytesIO(wav), dtype="float32")
+    assert rate == WAV_RATE and stereo.shape[1] == 2
+    assert stereo.shape[0] / rate == pytest.approx(timeline["closed_ms"] / 1000, abs=0.05)
+    user, assistant = stereo[:, 0], stereo[:, 1]
+    # The answer's audio begins where the session wrote its first audio.
+    assert _first_loud_ms(assistant) == pytest.approx(marks["first_audio"], abs=50)
+    # The user's speech lies before the VAD's start of speech report and ends before its end.
+    spoken_ms = _first_loud_ms(user)
+    assert 500 < spoken_ms < marks["input_audio_buffer.speech_started"]
+    loud = np.flatnonzero(np.abs(user) > 0.01)
+    assert loud[-1] * 1000 / WAV_RATE < marks["input_audio_buffer.speech_stopped"]
+    # Any byte range is the same bytes as the whole.
+    assert b"".join(wav_bytes(plan, 1_001, 250_002)) == wav[1_001:250_003]
+    assert b"".join(wav_bytes(plan, 10)) == wav[10:]
+
+
+async def test_events_the_websocket_transport_writes_itself_are_recorded(tmp_path):
+    """Its audio deltas (as their lengths) and its answer to a binary frame, among the session's own."""
+    record_dir = tmp_path / "recordings"
+    settings = Settings(cache_dir=tmp_path, media_workers=1, record_dir=record_dir)
+    app = create_app(settings, engine=ScriptedEngine("Hi"))
+    async with serving_in_process(app, **websocket_server_options(settings)) as url:
+        async with websockets.connect(url.replace("http://", "ws://") + "/v1/realtime") as socket:
+            received = [json.loads(await socket.recv())]
+            await socket.send(b"\x00\x01 binary")
+            await socket.send(json.dumps({"type": "response.create"}))
+            while received[-1]["type"] != "response.done":
+                received.append(json.loads(await socket.recv()))
+    (folder,) = [path for _, path in recording_folders(record_dir)]
+    recorded = [e["event"] for e in _lines(folder / "events.jsonl")
+                if e["from"] == "server" and not e["event"]["type"].startswith("output_audio_buffer.")]
+    assert [event["type"] for event in recorded] == [event["type"] for event in received]
+    [refusal] = [event for event in recorded if event["type"] == "error"]
+    assert refusal["error"]["code"] == "invalid_frame"
+    deltas = [(sent, kept) for sent, kept in zip(received, recorded, strict=True)
+              if sent["type"] == "response.output_audio.delta"]
+    assert deltas
+    for sent, kept in deltas:
+        assert kept == {**sent, "delta": {"base64_chars": len(sent["delta"])}}

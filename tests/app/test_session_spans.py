@@ -7,6 +7,7 @@ SDK's in-memory exporter. The collector end of the path: tests/app/test_tracing.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -14,6 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
+from app.realtime.protocol import NetworkLatency
 from app.realtime.session_config import SessionConfig, TurnDetection
 from app.session_spans import SessionSpans, WallClock
 from media.vad import SileroVad
@@ -108,3 +110,50 @@ async def test_a_failed_response_is_an_error_span_with_its_code(vad, exported):
     assert turn.status.status_code == StatusCode.ERROR
     assert turn.attributes is not None and turn.attributes["error.type"] == "engine_error"
     assert turn.attributes["gen_ai.response.finish_reasons"] == ("error",)
+
+
+NETWORK = NetworkLatency(
+    inbound_packets_lost=3, inbound_packets_late=1, inbound_packets_overrun=0, inbound_frames_recovered=2,
+    inbound_frames_concealed=1, inbound_jitter_ms=4.5, outbound_packets_lost=5, outbound_fec_loss_percent=10,
+    rtt_ms=42.0,
+)
+
+
+class WebRtcLikeHarness(SessionHarness):
+    """Its transport adds the call's network figures to response.done as it sends it, and tells the
+    session, as a WebRTC call does (app.transports.webrtc.peer_call)."""
+
+    def _record(self, event: dict[str, Any]) -> None:
+        if event["type"] == "response.done" and isinstance(event.get("latency"), dict):
+            event["latency"]["network"] = NETWORK.model_dump()
+            self.session.network_reported(event["response"]["id"], NETWORK)
+        super()._record(event)
+
+
+async def test_a_webrtc_calls_network_figures_are_on_the_turn_span(vad, exported):
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    spans = SessionSpans(provider.get_tracer("test"), WallClock.now(), "webrtc")
+    async with WebRtcLikeHarness(ScriptedEngine("one two"), vad, observer=spans) as h:
+        h.push(load_fixture("hello"))
+        h.push(silence(800))
+        await h.turn_done()
+
+    (turn,) = named(exported, "omni_rtc.turn")
+    assert turn.attributes is not None
+    network = {key.removeprefix("omni_rtc.latency.network."): value for key, value in turn.attributes.items()
+               if key.startswith("omni_rtc.latency.network.")}
+    assert network == NETWORK.model_dump()
+    assert h.of_type("response.done")[0]["latency"]["network"] == network  # as the client got them
+
+
+async def test_a_turn_without_network_figures_has_no_network_attributes(vad, exported):
+    async with harness(ScriptedEngine("one two"), vad, exported) as h:
+        h.push(load_fixture("hello"))
+        h.push(silence(800))
+        await h.turn_done()
+
+    (turn,) = named(exported, "omni_rtc.turn")
+    assert turn.attributes is not None
+    assert not [key for key in turn.attributes if key.startswith("omni_rtc.latency.network.")]
+    assert "omni_rtc.latency.end_of_speech_to_first_audio_ms" in turn.attributes

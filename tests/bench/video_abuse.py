@@ -70,6 +70,9 @@ class WantsFrames:
     def on_playback_stopped(self) -> None:
         pass
 
+    def transport_sent(self, event: dict[str, Any]) -> None:
+        pass
+
 
 async def measure(size: int, seconds: float, fps: float) -> dict[str, Any]:
     frames = hostile_video.coded_frames("libvpx", size, size, count=10)

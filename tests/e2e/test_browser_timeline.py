@@ -5,19 +5,24 @@ answer plays out, the test opens the timeline and reads ``window.omniTimeline``
 The server runs in this process with a scripted engine whose answer is a tone (clearly audible
 after Opus); the page, its lanes and marks are what is tested. After the call, the operator
 page (``/debug/timeline.html``, from ``GET /debug/turns``) shows the call, which a media worker
-carried. A second call barges in on a long answer: the cut is marked on the answer it cut. The
-screenshots are saved to ``test-output/browser-timeline.png``, ``browser-timeline-barge-in.png``
-and ``debug-timeline.png`` for a person (and CI's artifacts) to look at.
+carried and recorded; the page plays the recording (``GET /debug/recordings``) over its timeline.
+A second call barges in on a long answer: the cut is marked on the answer it cut, and its
+recording plays the cut answer only up to the cut. The
+screenshots are saved to ``test-output/browser-timeline.png``, ``browser-timeline-barge-in.png``,
+``debug-timeline.png`` and ``debug-replay.png`` for a person (and CI's artifacts) to look at.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
+import soundfile
 from playwright.async_api import async_playwright
 
 from app.config import Settings
@@ -39,6 +44,18 @@ PLAYOUT_TAIL_MS = 400.0
 
 SCRIPT_PLAYED_OUT = """() => window.omniRtc.events.some((e) => e.type === "output_audio_buffer.stopped")
   && window.omniRtc.events.some((e) => e.type === "response.done")"""
+SCRIPT_REPLAY_LOADED = """() => {
+  const audio = document.getElementById("replay-audio");
+  return audio.readyState >= 1 && Number.isFinite(audio.duration) && document.querySelectorAll("#replay-turns canvas").length > 0;
+}"""
+SCRIPT_READ_REPLAY = """() => {
+  const audio = document.getElementById("replay-audio");
+  const playheads = [...document.querySelectorAll("#replay-turns .playhead")];
+  return {
+    duration: audio.duration, currentTime: audio.currentTime, paused: audio.paused, replay: window.omniReplay,
+    playheads: playheads.map((p) => ({ hidden: p.hidden, left: p.style.left })),
+  };
+}"""
 SCRIPT_READ = """() => ({
   timeline: window.omniTimeline,
   events: window.omniRtc.events.map((e) => e.type),
@@ -55,7 +72,7 @@ async def timeline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     # lets the answer play out with nothing more said.
     microphone = write_fake_microphone(folder / "microphone.wav", [Silence(2.5), FIXTURES / "hello.wav", Silence(5.0)])
     engine = ScriptedEngine("Hello there, how can I help you today?", waveform="tone")
-    app = create_app(Settings(ice_loopback=True), engine=engine)
+    app = create_app(Settings(ice_loopback=True, cache_dir=folder, record_dir=folder / "recordings"), engine=engine)
     TEST_OUTPUT.mkdir(exist_ok=True)
     async with serving_in_process(app) as url, async_playwright() as playwright:
         browser = await launch_chromium(playwright, microphone=microphone)
@@ -77,6 +94,7 @@ async def timeline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             read["debugFigures"] = await page.evaluate(
                 "[...document.querySelectorAll('figure[data-response-id]')].map((f) => f.dataset.responseId)")
             await page.locator("#sessions").screenshot(path=TEST_OUTPUT / "debug-timeline.png")
+            read.update(await replayed(page, url))
         except Exception:
             await save_diagnostics(page)
             raise
@@ -94,6 +112,44 @@ async def closed_sessions(url: str) -> list[dict[str, Any]]:
                 return sessions
             await asyncio.sleep(0.05)
     raise AssertionError(f"sessions still open: {sessions}")
+
+
+async def finished_recordings(url: str) -> list[dict[str, Any]]:
+    """``GET /debug/recordings`` once every one is written whole (its writer ends it after its session)."""
+    async with httpx.AsyncClient(base_url=url) as client:
+        for _ in range(200):
+            listed: list[dict[str, Any]] = (await client.get("/debug/recordings")).json()["recordings"]
+            if listed and all(recording["ended"] is not None for recording in listed):
+                return listed
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"recordings not finished: {listed}")
+
+
+async def replayed(page: Any, url: str) -> dict[str, Any]:
+    """The operator page plays the call's recording: picked from the list, played a moment,
+    then a click on the middle of its turn seeks there."""
+    [recording] = await finished_recordings(url)
+    session_id = recording["session_id"]
+    async with httpx.AsyncClient(base_url=url) as client:
+        recorded = (await client.get(f"/debug/recordings/{session_id}/timeline.json")).json()
+        wav = (await client.get(f"/debug/recordings/{session_id}/audio.wav")).content
+    await page.reload()  # lists the recording, now written whole
+    await page.wait_for_selector("body[data-loaded]", timeout=DEADLINE_MS)
+    await page.click(f"#recordings button[data-session-id='{session_id}']")
+    await page.wait_for_function(SCRIPT_REPLAY_LOADED, timeout=DEADLINE_MS)
+    loaded = await page.evaluate(SCRIPT_READ_REPLAY)
+    await page.evaluate("document.getElementById('replay-audio').play()")  # after the click: allowed
+    await page.wait_for_timeout(1_500)
+    playing = await page.evaluate(SCRIPT_READ_REPLAY)
+    await page.evaluate("document.getElementById('replay-audio').pause()")
+    canvas = page.locator("#replay-turns canvas").first
+    box = await canvas.bounding_box()
+    assert box is not None
+    await canvas.click(position={"x": box["width"] / 2, "y": box["height"] / 2})
+    await page.wait_for_timeout(200)
+    sought = await page.evaluate(SCRIPT_READ_REPLAY)
+    await page.locator("#replay").screenshot(path=TEST_OUTPUT / "debug-replay.png")
+    return {"recorded": recorded, "wav": wav, "replayLoaded": loaded, "replayPlaying": playing, "replaySought": sought}
 
 
 def spoken_turn(read: dict[str, Any]) -> dict[str, Any]:
@@ -166,8 +222,9 @@ def test_operator_page_shows_the_call_from_its_media_worker(timeline: dict[str, 
     [turn] = session["turns"]
     response_id = timeline["responseDone"]["response"]["id"]
     assert turn["response_id"] == response_id
-    # The session's own block: the network figures the call adds to response.done are not in it.
-    assert turn["latency"] == {**timeline["responseDone"]["latency"], "network": None}
+    # The block response.done carried, with the network figures the call added to it.
+    assert turn["latency"] == timeline["responseDone"]["latency"]
+    assert turn["latency"]["network"] is not None
     kinds = [mark["kind"] for mark in turn["marks"]]
     for kind in ("input_audio_buffer.speech_started", "end_of_speech", "input_audio_buffer.committed",
                  "response.created", "first_audio", "output_audio_buffer.started", "playback_end"):
@@ -193,6 +250,29 @@ def test_operator_marks_match_the_pages_within_50_ms(timeline: dict[str, Any]) -
         assert abs(server_ms - page_ms) <= MARK_TOLERANCE_MS, (kind, server_ms, page_ms)
 
 
+def test_operator_page_plays_the_recording_with_a_playhead_over_its_timeline(timeline: dict[str, Any]) -> None:
+    session_s = timeline["recorded"]["closed_ms"] / 1000
+    loaded, playing, sought = timeline["replayLoaded"], timeline["replayPlaying"], timeline["replaySought"]
+    assert loaded["duration"] == pytest.approx(session_s, abs=0.1), "the audio is the session's length"
+    assert not playing["paused"] and playing["currentTime"] > 0.5, playing
+    assert playing["replay"]["moves"] >= 2 and playing["replay"]["playheadMs"] > 0, "the playhead followed it"
+    # The click on the middle of the turn's canvas sought there: its playhead is in the middle.
+    first = sought["playheads"][0]
+    assert not first["hidden"] and float(first["left"].rstrip("%")) == pytest.approx(50, abs=1), sought
+    assert sought["currentTime"] != playing["currentTime"]
+
+
+def test_the_recordings_audio_places_the_answer_where_it_was_sent(timeline: dict[str, Any]) -> None:
+    stereo, rate = soundfile.read(io.BytesIO(timeline["wav"]), dtype="float32")
+    [turn] = timeline["recorded"]["turns"]
+    first_audio = next(mark["at_ms"] for mark in turn["marks"] if mark["kind"] == "first_audio")
+    answer = stereo[:, 1]
+    assert float(np.argmax(np.abs(answer) > 0.01)) * 1000 / rate == pytest.approx(first_audio, abs=MARK_TOLERANCE_MS)
+    speech = np.flatnonzero(np.abs(stereo[:, 0]) > 0.01) * 1000 / rate
+    started = next(mark["at_ms"] for mark in turn["marks"] if mark["kind"] == "input_audio_buffer.speech_started")
+    assert speech.size and speech[0] < started < speech[-1], "the user's speech around the VAD's report of it"
+
+
 SCRIPT_SECOND_ANSWER_PLAYS = """() => window.omniRtc.events.filter((e) => e.type === "output_audio_buffer.started").length >= 2"""
 
 
@@ -205,7 +285,7 @@ async def barge_in(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         [Silence(2.5), FIXTURES / "hello.wav", Silence(2.0), FIXTURES / "hello.wav", Silence(3.0)],
     )
     engine = ScriptedEngine(" ".join(["word"] * 100), waveform="tone")  # 100 frames of 80 ms
-    app = create_app(Settings(ice_loopback=True), engine=engine)
+    app = create_app(Settings(ice_loopback=True, cache_dir=folder, record_dir=folder / "recordings"), engine=engine)
     async with serving_in_process(app) as url, async_playwright() as playwright:
         browser = await launch_chromium(playwright, microphone=microphone)
         page = await browser.new_page(viewport={"width": 1100, "height": 900})
@@ -218,6 +298,11 @@ async def barge_in(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             read = await page.evaluate(SCRIPT_READ)
             await page.locator("#timeline").screenshot(path=TEST_OUTPUT / "browser-timeline-barge-in.png")
             await page.click("#hangup")
+            [recording] = await finished_recordings(url)
+            async with httpx.AsyncClient(base_url=url) as client:
+                base = f"/debug/recordings/{recording['session_id']}"
+                read["recorded"] = (await client.get(f"{base}/timeline.json")).json()
+                read["wav"] = (await client.get(f"{base}/audio.wav")).content
         except Exception:
             await save_diagnostics(page)
             raise
@@ -243,3 +328,20 @@ def test_a_barge_in_cut_is_marked_on_the_answer_it_cut(barge_in: dict[str, Any])
     assert loud(cut["assistant"], heard, cleared)
     assert not loud(cut["assistant"], cleared + PLAYOUT_TAIL_MS, mark_at(second, "response.created"))
     assert loud(second["assistant"], mark_at(second, "answer_heard"), float("inf"))
+
+
+def test_a_recorded_barge_in_plays_the_cut_answer_up_to_its_cut_only(barge_in: dict[str, Any]) -> None:
+    """The cut answer's tail, written to the call and never played, is in output.flac but not on
+    the session's clock: the assistant is silent from the cut to the next answer."""
+    cut, second = [turn for turn in barge_in["recorded"]["turns"] if turn["status"] is not None][:2]
+    cleared = next(mark["at_ms"] for mark in cut["marks"] if mark["kind"] == "output_audio_buffer.cleared")
+    next_audio = next(mark["at_ms"] for mark in second["marks"] if mark["kind"] == "first_audio")
+    stereo, rate = soundfile.read(io.BytesIO(barge_in["wav"]), dtype="float32")
+    assistant = np.abs(stereo[:, 1])
+
+    def loud(start_ms: float, end_ms: float) -> bool:
+        return bool((assistant[round(start_ms * rate / 1000):round(end_ms * rate / 1000)] > 0.01).any())
+
+    assert loud(cleared - 500, cleared), "the cut answer played until the cut"
+    assert not loud(cleared + MARK_TOLERANCE_MS, next_audio - MARK_TOLERANCE_MS), "nothing of it after the cut"
+    assert loud(next_audio, next_audio + 500), "the next answer where it was sent"

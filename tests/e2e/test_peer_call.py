@@ -39,6 +39,7 @@ class RecordingSession:
         self.audio_samples = 0
         self.audio_dtypes: set[str] = set()
         self.closed = False
+        self.transport_events: list[dict[str, Any]] = []  # what the call sent of its own
 
     async def start(self) -> None:
         for number in range(3):
@@ -71,6 +72,9 @@ class RecordingSession:
 
     def on_playback_stopped(self) -> None:
         pass
+
+    def transport_sent(self, event: dict[str, Any]) -> None:
+        self.transport_events.append(event)
 
 
 class WatchingSession(RecordingSession):
@@ -172,6 +176,8 @@ async def test_a_flood_of_client_events_is_bounded_and_the_excess_answered_with_
         await until(lambda: len(sessions[0].messages) + len(errors) == flood)
     assert {event["error"]["code"] for event in errors} == {"rate_limit_exceeded"}
     assert len(sessions[0].messages) + len(errors) == flood
+    # The call's own refusals reach the session's observers (a recording, the traces) as sent.
+    assert sessions[0].transport_events == errors
     assert [json.loads(raw)["n"] for raw in sessions[0].messages] == sorted(json.loads(raw)["n"] for raw in sessions[0].messages)
 
 

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from aiortc import MediaStreamTrack, RTCPeerConnection
 
-from app.realtime.protocol import ResponseDoneEvent, event_type
+from app.realtime.protocol import NetworkLatency, ResponseDoneEvent, event_type
 from media.jitter_buffer import ReceiveStats
 from media.opus import OpusTrack
 
@@ -140,10 +140,14 @@ class CallNetwork:
         if self._observer is not None:
             self._observer.on_network_closed(self.figures)
 
-    def annotate(self, event: dict[str, Any]) -> None:
-        """Adds the figures to a ``response.done`` event's latency block (other events are left alone)."""
+    def annotate(self, event: dict[str, Any]) -> NetworkLatency | None:
+        """Adds the figures to a ``response.done`` event's latency block and returns them (other
+        events are left alone: None)."""
         if event.get("type") == _RESPONSE_DONE and isinstance(event.get("latency"), dict):
-            event["latency"]["network"] = self.figures.latency_extension()
+            added = self.figures.latency_extension()
+            event["latency"]["network"] = added
+            return NetworkLatency.model_validate(added)
+        return None
 
     async def _run(self) -> None:
         while True:

@@ -224,7 +224,7 @@ class Call(CallLifecycle):
         return self._session.idle_since() if self._session is not None else None
 
     async def _say_last(self, event: dict[str, Any]) -> None:
-        self._send(event)
+        self._send_own(event)
         channel = self._channel
         if channel is None or channel.readyState != "open":
             return
@@ -313,7 +313,7 @@ class Call(CallLifecycle):
                 )
                 self._dropped_logged_at = now
                 self._events_dropped = 0
-            self._send(
+            self._send_own(
                 ProtocolError(
                     "rate_limit_exceeded",
                     f"{MAX_QUEUED_MESSAGES} events are waiting to be handled; this event was dropped.",
@@ -378,9 +378,16 @@ class Call(CallLifecycle):
 
     # -- events both ways ------------------------------------------------------------
 
+    def _send_own(self, event: dict[str, Any]) -> None:
+        """An event of the call's own (not the session's): the session's observers hear it too."""
+        if self._session is not None:
+            self._session.transport_sent(event)
+        self._send(event)
+
     def _send(self, event: dict[str, Any]) -> None:
-        if self._network is not None:
-            self._network.annotate(event)
+        if self._network is not None and (network := self._network.annotate(event)) is not None:
+            if self._session is not None:  # its turn's report (traces, timelines) carries them too
+                self._session.network_reported(str(event["response"]["id"]), network)
         if self._observer is not None:
             self._observer.on_server_event(event)
         text = json.dumps(event, separators=(",", ":"))

@@ -73,7 +73,7 @@ class SocketCall(CallLifecycle):
         self._observer = observer
         self._outgoing: asyncio.Queue[str | None] = asyncio.Queue()
         self._pending_bytes = 0
-        self._output = EventAudioOutput(self._enqueue)
+        self._output = EventAudioOutput(self._send_audio)
         self._session = make_session(self._output, self._send_event)
         self._subprotocol: str | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -98,7 +98,7 @@ class SocketCall(CallLifecycle):
         return self._session.idle_since() if self._session is not None else None
 
     async def _say_last(self, event: dict[str, Any]) -> None:
-        self._send_event(event)  # the release lets it leave (_flush)
+        self._send_own(event)  # the release lets it leave (_flush)
 
     async def _release_transport(self, reason: str) -> None:
         if self._reader is not None:
@@ -126,7 +126,7 @@ class SocketCall(CallLifecycle):
                 return
             text = message.get("text")
             if text is None:
-                self._send_event(
+                self._send_own(
                     ProtocolError(
                         "invalid_frame",
                         "Binary frames carry no events here: send each event as JSON in a text frame "
@@ -163,6 +163,17 @@ class SocketCall(CallLifecycle):
             self._enqueue(event)
         if event.get("type") == _SESSION_FINISHED:
             self.end("session_finished")  # the release lets it leave first
+
+    def _send_own(self, event: dict[str, Any]) -> None:
+        """An event of the call's own (not the session's): the session's observers hear it too."""
+        self._session.transport_sent(event)
+        self._send_event(event)
+
+    def _send_audio(self, event: dict[str, Any]) -> None:
+        """The output's audio deltas: the session's observers hear them (a recording keeps their
+        length), the client gets them."""
+        self._session.transport_sent(event)
+        self._enqueue(event)
 
     def _enqueue(self, event: dict[str, Any]) -> None:
         if self._end_reason == "client_not_reading":

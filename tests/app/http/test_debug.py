@@ -128,3 +128,62 @@ async def wait_until_closed(url: str) -> None:
                 return
             await asyncio.sleep(0.05)
     raise AssertionError("sessions still open")
+
+
+# -- GET /debug/recordings: a real server recording into a folder -------------------------------
+
+
+async def finished_recordings(client: httpx.AsyncClient) -> list[dict[str, Any]]:
+    """The listed recordings once every one is written whole (its writer thread ends it a moment
+    after its session)."""
+    for _ in range(200):
+        listed: list[dict[str, Any]] = (await client.get("/debug/recordings")).json()["recordings"]
+        if listed and all(recording["ended"] is not None for recording in listed):
+            return listed
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"recordings not finished: {listed}")
+
+
+async def test_recordings_are_listed_and_their_files_served_behind_the_debug_key_rules(tmp_path):
+    settings = Settings(api_key=API_KEY, media_workers=1, cache_dir=tmp_path, record_dir=tmp_path / "recordings")
+    app = create_app(settings, engine=ScriptedEngine())
+    async with serving_in_process(app) as url, httpx.AsyncClient(base_url=url) as client:
+        done = await text_turn(url)
+        await wait_until_closed(url)
+        [recording] = await finished_recordings(client)
+        session_id = recording["session_id"]
+        base = f"/debug/recordings/{session_id}"
+        timeline = await client.get(f"{base}/timeline.json")
+        transcript = await client.get(f"{base}/transcript.jsonl")
+        wav = await client.get(f"{base}/audio.wav")
+        wav_range = await client.get(f"{base}/audio.wav", headers={"Range": "bytes=40-59"})
+        unknown = await client.get(f"{base}/notes.txt")
+        traversal = await client.get("/debug/recordings/%2E%2E/session.json")  # the session id ".."
+        elsewhere = await client.get("/debug/recordings", headers={"X-Forwarded-For": "192.0.2.7"})
+        file_elsewhere = await client.get(f"{base}/session.json", headers={"X-Forwarded-For": "192.0.2.7"})
+        keyed_elsewhere = await client.get(
+            f"{base}/session.json", headers={"X-Forwarded-For": "192.0.2.7", "Authorization": f"Bearer {API_KEY}"})
+    assert recording["transport"] == "websocket" and recording["turns"] == 1 and recording["bytes"] > 0
+    assert recording["started"] < recording["ended"]
+    assert timeline.status_code == 200
+    [turn] = timeline.json()["turns"]
+    assert turn["response_id"] == done["response"]["id"] and turn["latency"] == done["latency"]
+    assert timeline.json()["audio"]["output"], "the answer's audio is placed"
+    assert transcript.status_code == 200 and transcript.headers["content-type"] == "application/x-ndjson"
+    assert wav.status_code == 200 and wav.headers["content-type"] == "audio/wav"
+    assert wav.content[:4] == b"RIFF" and int(wav.headers["content-length"]) == len(wav.content)
+    assert wav_range.status_code == 206 and wav_range.content == wav.content[40:60]
+    assert wav_range.headers["content-range"] == f"bytes 40-59/{len(wav.content)}"
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "recording_file_unknown"
+    assert traversal.status_code == 404 and traversal.json()["error"]["code"] == "recording_not_found"
+    assert elsewhere.status_code == file_elsewhere.status_code == 403
+    assert keyed_elsewhere.status_code == 200 and keyed_elsewhere.json()["session_id"] == session_id
+
+
+async def test_without_a_record_dir_the_recordings_are_an_empty_list():
+    transport = httpx.ASGITransport(app=build_app(), client=("127.0.0.1", 50_000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        listed = await client.get("/debug/recordings")
+        one = await client.get("/debug/recordings/sess_x/session.json")
+    assert listed.status_code == 200 and listed.json() == {"recordings": [], "recording": False}
+    assert one.status_code == 404 and one.json()["error"]["code"] == "recording_not_found"

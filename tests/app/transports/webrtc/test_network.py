@@ -95,12 +95,13 @@ async def test_response_done_carries_the_figures_and_close_reports_them_once() -
     await sampled_once(network, samples)
     done = {"type": "response.done", "latency": {"end_of_speech_to_first_audio_ms": 500.0}}
     other = {"type": "response.created"}
-    network.annotate(done)
-    network.annotate(other)
+    added = network.annotate(done)
+    assert network.annotate(other) is None
     assert done["latency"]["network"]["inbound_packets_lost"] == 3
     assert done["latency"]["network"]["inbound_packets_overrun"] == 7
     assert done["latency"]["network"]["rtt_ms"] == 42.0
-    NetworkLatency.model_validate(done["latency"]["network"])  # the protocol's schema for it
+    # The protocol's schema for it; what the call hands its session for the turn's report.
+    assert added == NetworkLatency.model_validate(done["latency"]["network"])
     assert other == {"type": "response.created"}
     await network.close()
     await network.close()
