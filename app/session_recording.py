@@ -34,6 +34,7 @@ writer thread parses, redacts, encodes and writes.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import queue
@@ -424,6 +425,10 @@ class SessionRecorder:
                 # The delta's audio is output.flac's: only its length is kept, taken here (cheap)
                 # so that the queue does not hold the base64 twice.
                 event = {**event, "delta": {"base64_chars": len(str(event.get("delta", "")))}}
+            else:
+                # A copy for the writer's thread: the transport may still add to the event on the
+                # loop as it sends it (a WebRTC call's response.done gets latency.network).
+                event = copy.deepcopy(event)
             self._writer.put(_Event(at, "server", event))
 
     def input_audio(self, pcm: np.ndarray) -> None:

@@ -323,6 +323,30 @@ def test_a_recorders_timeline_json_holds_the_turn_timeline_and_each_sides_segmen
     }
 
 
+def test_an_event_is_recorded_as_observed_whatever_is_added_to_it_as_it_is_sent(tmp_path):
+    """The writer's thread writes later; the transport adds to an event on the loop as it sends it."""
+    writing = threading.Event()  # the writer thread waits for it before it writes anything
+    writers: list[RecordingWriter] = []
+
+    def start_writer(start: WriterStart) -> RecordingWriter:
+        writers.append(RecordingWriter(tmp_path / "recording", start, secrets=(), before=writing.wait,
+                                       on_done=lambda writer: None))
+        writers[-1].start()
+        return writers[-1]
+
+    recorder = SessionRecorder(start_writer, transport="webrtc")
+    recorder.server_event({"type": "session.created", "session": {"id": "sess_t", "recording": {"enabled": True}}}, 100.0)
+    done = {"type": "response.done", "response": {"id": "resp_1", "latency": {"end_to_first_audio_ms": 500}}}
+    recorder.server_event(done, 101.0)
+    done["response"]["latency"]["network"] = {"rtt_ms": 40}  # as a WebRTC call annotates it, sending it
+    writing.set()
+    recorder.session_closed(102.0)
+    [writer] = writers
+    writer.join()
+    recorded = [line["event"] for line in _lines(writer.folder / "events.jsonl") if line["event"]["type"] == "response.done"]
+    assert recorded == [{"type": "response.done", "response": {"id": "resp_1", "latency": {"end_to_first_audio_ms": 500}}}]
+
+
 def _first_loud_ms(channel: np.ndarray, after_ms: float = 0.0) -> float:
     start = round(after_ms * WAV_RATE / 1000)
     return (start + int(np.argmax(np.abs(channel[start:]) > 0.01))) * 1000 / WAV_RATE
