@@ -365,8 +365,6 @@ class RealtimeSession:
         """Cancel the running response and await every task; safe to call twice."""
         async with self._close_lock:
             closing = not self._closed
-            if closing and self._on_engine_tokens is not None:
-                self._on_engine_tokens(self._share.charged)
             self._closed = True
             try:
                 await self._transcriptions.close()  # first: an ending response would let them start
@@ -378,6 +376,8 @@ class RealtimeSession:
             finally:
                 if self._client_share is not None:  # after the runs' ends were charged to it
                     self._client_share.leave()
+            if closing and self._on_engine_tokens is not None:  # the runs' decoded steps included
+                self._on_engine_tokens(self._share.charged)
             if closing and self._observer is not None:  # every response has reported by now
                 self._observer.session_closed(time.monotonic())
 

@@ -12,6 +12,7 @@ from app.realtime.engine_share import (
     SessionShare,
     ShareRefusal,
     ShareSize,
+    answer_estimate,
     prompt_estimate,
 )
 from app.realtime.session_config import SessionConfig
@@ -169,6 +170,18 @@ async def test_an_answer_is_charged_its_decoded_tokens_and_frames_besides_its_pr
     long, long_decoded = await charged("one two three four five six seven eight nine ten")
     assert long_decoded > short_decoded > 0
     assert long - short == long_decoded - short_decoded  # the same prompt: the difference is what was decoded
+
+
+async def test_an_answer_cut_by_the_sessions_close_counts_what_it_decoded_in_the_sessions_figure():
+    engine = ScriptedEngine("one two three four five six seven eight nine ten")
+    engine.hold = asyncio.Event()  # each turn waits after its first word: still running at the close
+    h = SessionHarness(engine, EnergyVad(), SessionConfig(instructions="Be brief."))
+    await h.session.start()
+    await h.send(type="response.create")
+    await h.until("response.output_audio_transcript.delta")
+    await h.session.close()
+    (tokens,) = h.engine_tokens
+    assert tokens > answer_estimate("Be brief.", 0)  # the prompt, and the word and frame it decoded
 
 
 async def test_a_second_session_of_a_client_is_refused_at_the_clients_limit_and_another_client_is_served():
