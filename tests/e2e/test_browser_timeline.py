@@ -14,7 +14,6 @@ screenshots are saved to ``test-output/browser-timeline.png``, ``browser-timelin
 
 from __future__ import annotations
 
-import asyncio
 import io
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from tests.e2e.browser_chromium import Silence, launch_chromium, write_fake_micr
 from tests.e2e.conftest import serving_in_process
 from tests.e2e.test_browser import TEST_OUTPUT, save_diagnostics
 from tests.fakes import ScriptedEngine
+from tests.operator_routes import closed_sessions, finished_recordings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -103,26 +103,6 @@ async def timeline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return read
 
 
-async def closed_sessions(url: str) -> list[dict[str, Any]]:
-    """``GET /debug/turns``' sessions once all are closed (a call's worker closes it a moment after the hang-up)."""
-    async with httpx.AsyncClient(base_url=url) as client:
-        for _ in range(200):
-            sessions: list[dict[str, Any]] = (await client.get("/debug/turns")).json()["sessions"]
-            if sessions and all(session["closed_ms"] is not None for session in sessions):
-                return sessions
-            await asyncio.sleep(0.05)
-    raise AssertionError(f"sessions still open: {sessions}")
-
-
-async def finished_recordings(url: str) -> list[dict[str, Any]]:
-    """``GET /debug/recordings`` once every one is written whole (its writer ends it after its session)."""
-    async with httpx.AsyncClient(base_url=url) as client:
-        for _ in range(200):
-            listed: list[dict[str, Any]] = (await client.get("/debug/recordings")).json()["recordings"]
-            if listed and all(recording["ended"] is not None for recording in listed):
-                return listed
-            await asyncio.sleep(0.05)
-    raise AssertionError(f"recordings not finished: {listed}")
 
 
 async def replayed(page: Any, url: str) -> dict[str, Any]:

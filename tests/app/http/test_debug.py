@@ -3,7 +3,6 @@ recent sessions' turn timelines."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -19,6 +18,7 @@ from app.http.server import create_app
 from app.turn_timelines import RECENT_SESSIONS
 from tests.e2e.conftest import serving_in_process
 from tests.fakes import ScriptedEngine
+from tests.operator_routes import closed_sessions, finished_recordings
 
 
 def build_app() -> FastAPI:
@@ -82,7 +82,7 @@ async def test_turns_show_recent_sessions_timelines_behind_the_debug_key_rules()
         for _ in range(RECENT_SESSIONS):  # as many again, each with nothing said: the first falls out
             async with RealtimeSocketClient(url, api_key=API_KEY, timeout_s=30):
                 pass
-        await wait_until_closed(url)
+        await closed_sessions(url)
         local = await get_turns(url, {})
         keyed_elsewhere = await get_turns(url, {"X-Forwarded-For": "192.0.2.7", "Authorization": f"Bearer {API_KEY}"})
         elsewhere = await get_turns(url, {"X-Forwarded-For": "192.0.2.7"})
@@ -99,7 +99,7 @@ async def test_a_sessions_turn_has_its_marks_spans_and_latency():
     app = create_app(Settings(media_workers=1), engine=ScriptedEngine())
     async with serving_in_process(app) as url:
         done = await text_turn(url)
-        await wait_until_closed(url)
+        await closed_sessions(url)
         sessions = (await get_turns(url, {})).json()["sessions"]
     [session] = sessions
     assert session["model"] == "scripted-engine" and session["closed_ms"] is not None
@@ -119,29 +119,9 @@ async def test_a_sessions_turn_has_its_marks_spans_and_latency():
     assert turn["played_ms"] > 0 and turn["truncated"] is False
 
 
-async def wait_until_closed(url: str) -> None:
-    """Every session closed (the server closes a session a moment after its socket)."""
-    async with httpx.AsyncClient(base_url=url) as client:
-        for _ in range(200):
-            sessions = (await client.get("/debug/turns")).json()["sessions"]
-            if all(session["closed_ms"] is not None for session in sessions):
-                return
-            await asyncio.sleep(0.05)
-    raise AssertionError("sessions still open")
-
 
 # -- GET /debug/recordings: a real server recording into a folder -------------------------------
 
-
-async def finished_recordings(client: httpx.AsyncClient) -> list[dict[str, Any]]:
-    """The listed recordings once every one is written whole (its writer thread ends it a moment
-    after its session)."""
-    for _ in range(200):
-        listed: list[dict[str, Any]] = (await client.get("/debug/recordings")).json()["recordings"]
-        if listed and all(recording["ended"] is not None for recording in listed):
-            return listed
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"recordings not finished: {listed}")
 
 
 async def test_recordings_are_listed_and_their_files_served_behind_the_debug_key_rules(tmp_path):
@@ -149,8 +129,8 @@ async def test_recordings_are_listed_and_their_files_served_behind_the_debug_key
     app = create_app(settings, engine=ScriptedEngine())
     async with serving_in_process(app) as url, httpx.AsyncClient(base_url=url) as client:
         done = await text_turn(url)
-        await wait_until_closed(url)
-        [recording] = await finished_recordings(client)
+        await closed_sessions(url)
+        [recording] = await finished_recordings(url)
         session_id = recording["session_id"]
         base = f"/debug/recordings/{session_id}"
         timeline = await client.get(f"{base}/timeline.json")
