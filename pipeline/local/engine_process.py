@@ -399,7 +399,7 @@ class _BatchServer:
         self._finish_decoded()
 
     def _score_end_of_turn(self, submit: Submit) -> None:
-        from pipeline.local.thinker_prompt import message_end_probability
+        from pipeline.local.end_of_turn import message_end_probability
 
         renderer = self._loaded.renderer
         try:
