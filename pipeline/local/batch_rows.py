@@ -84,7 +84,8 @@ class BatchGeneration(Generic[GenerationKey]):
         self._tokens_held = 0  # answer tokens pushed since the last delta (held-back UTF-8 pieces)
         # Function calls: from the first <tool_call> on the answer is calls, no longer speech.
         self.calls = ToolCallStream(tokenizer, inputs.answer_prefix)
-        # Set by the Talker's prefill: the turn speaks.
+        # Set when the Talker's prefill begins: the turn speaks. A chunked Talker prefill joins
+        # the Talker's rows later; the Thinker's tokens wait in ``speech.talker.trailing`` meanwhile.
         self.speech: GenerationSpeech | None = None
         # Set by the Thinker's prefill for the Talker's: the prompt's input embeddings (audio
         # merged in) and the hidden states at the layer the Talker listens to.

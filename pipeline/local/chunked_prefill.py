@@ -1,11 +1,13 @@
-"""A long prompt's Thinker prefill, a chunk of positions at a time, so that the turns already
-decoding take their steps between its chunks and a cancel is seen between them.
+"""A long prompt's prefill, a chunk of positions at a time, so that the turns already decoding
+take their steps between its chunks and a cancel is seen between them: the Thinker's
+(``ChunkedPrefill``) and the Talker's (``ChunkedTalkerPrefill``).
 
-The prompt's embeddings are made once (text, audio and images merged as the Thinker's own
-forward merges them); then each ``advance()`` runs the Thinker's text model over the next
-``chunk`` positions on the growing cache, with the positions, the DeepStack image features
-and the hidden states the Talker needs sliced to the chunk. Causal attention over the cache
-makes the result the whole prompt's prefill, up to float rounding.
+The prompt's embeddings are made once (for the Thinker: text, audio and images merged as its
+own forward merges them; the Talker's prompt is embeddings already); then each ``advance()``
+runs the stage's text model over the next ``chunk`` positions on the growing cache, with the
+positions (and for the Thinker the DeepStack image features and the hidden states the Talker
+needs) sliced to the chunk. Causal attention over the cache makes the result the whole
+prompt's prefill, up to float rounding.
 """
 
 from __future__ import annotations
@@ -96,6 +98,57 @@ class ChunkedPrefill:
         if self._keep_hidden:
             hidden = tuple(torch.cat(layer, dim=1) for layer in zip(*self._hidden))
         return PrefillOutput(self._last_hidden, hidden, self._cache)
+
+
+class ChunkedTalkerPrefill:
+    """One turn's Talker prompt (``embeds`` [1, T, hidden], ``positions`` [4, 1, T], built as
+    generate() builds them) prefilled in chunks of ``chunk`` positions; ``advance()`` until done.
+    ``output()``'s ``last_hidden`` is the last layer's output at the last position, what the codec
+    head and the code predictor read."""
+
+    def __init__(self, talker, embeds: torch.Tensor, positions: torch.Tensor, *, chunk: int = PREFILL_CHUNK_POSITIONS) -> None:
+        if embeds.shape[0] != 1:
+            raise ValueError("a chunked prefill takes one prompt")
+        if chunk < 1:
+            raise ValueError(f"chunk must be at least 1, got {chunk}")
+        self._talker = talker
+        self.embeds = embeds
+        self.positions = positions
+        self._attention_mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
+        self._chunk = chunk
+        self._done = 0
+        self._cache = DynamicCache()
+        self._last_hidden: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return int(self.embeds.shape[1])
+
+    @property
+    def done(self) -> bool:
+        return self._done >= self.length
+
+    def advance(self) -> bool:
+        """Prefill the next chunk; True once the whole prompt is in the cache."""
+        start, end = self._done, min(self._done + self._chunk, self.length)
+        with torch.inference_mode():
+            # The Talker's text model, not its forward: that one scores every position with the
+            # codec head, and a one-position chunk would pass for a decoding step there.
+            output = self._talker.model(
+                inputs_embeds=self.embeds[:, start:end],
+                attention_mask=self._attention_mask[:, :end],
+                position_ids=self.positions[:, :, start:end],
+                cache=self._cache,
+                use_cache=True,
+            )
+        self._last_hidden = output.last_hidden_state[:, -1:]
+        self._done = end
+        return self.done
+
+    def output(self) -> PrefillOutput:
+        if not self.done or self._last_hidden is None:
+            raise RuntimeError("the prefill is not over")
+        return PrefillOutput(self._last_hidden, None, self._cache)
 
 
 def _merged_embeddings(thinker, prompt: ThinkerPrompt) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor] | None]:

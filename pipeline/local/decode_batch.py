@@ -13,7 +13,7 @@ import torch
 
 from pipeline.contract import AudioChunk, GenerationDone, GenerationEvent, Usage
 from pipeline.local.batch_rows import BatchGeneration, GenerationKey, GenerationSpeech, StageRows
-from pipeline.local.chunked_prefill import PREFILL_CHUNK_POSITIONS, ChunkedPrefill, PrefillOutput
+from pipeline.local.chunked_prefill import PREFILL_CHUNK_POSITIONS, ChunkedPrefill, ChunkedTalkerPrefill, PrefillOutput
 from pipeline.local.code2wav import StreamingCode2Wav
 from pipeline.local.decoder import DecoderStack, TalkerDecoder
 from pipeline.local.kv_cache import KVCache
@@ -52,12 +52,32 @@ class PrefillInProgress(Generic[GenerationKey]):
         return self.chunks.advance()
 
 
+@dataclass
+class TalkerPrefillInProgress(Generic[GenerationKey]):
+    """A turn in the Thinker's rows whose Talker prefill runs a chunk at a time before it joins
+    the Talker's rows (``DecodeBatch.join_talker_prefilled``)."""
+
+    turn: BatchGeneration[GenerationKey]
+    chunks: ChunkedTalkerPrefill
+
+    @property
+    def key(self) -> GenerationKey:
+        return self.turn.key
+
+    def advance(self) -> bool:
+        """The next chunk; True once the whole Talker prompt is prefilled."""
+        return self.chunks.advance()
+
+
 class DecodeBatch(Generic[GenerationKey]):
     """Turns decoded together: one Thinker forward, one Talker forward and one code-predictor
     loop per step for every turn that needs it, and Code2Wav for the chunks that are due.
 
     A turn joins with ``prefill_thinker`` (and ``prefill_talker`` when it speaks), between
-    steps; it leaves the Thinker's rows when its text ends and the Talker's when its audio
+    steps; a prompt longer than ``prefill_chunk`` positions is prefilled a chunk at a time
+    between steps instead (``begin_prefill``, ``begin_talker_prefills``), and until its Talker
+    prefill is over the turn decodes its text in the Thinker's rows alone, each token kept for
+    the Talker. It leaves the Thinker's rows when its text ends and the Talker's when its audio
     does, and ``finish`` or ``cancel`` forget it. Each stage keeps one left-padded
     ``KVCache`` for its rows, with each row's own (multimodal RoPE) positions: joining
     right-aligns the new turn's cache with the others, leaving drops its row and the padding
@@ -166,6 +186,11 @@ class DecodeBatch(Generic[GenerationKey]):
                                       output.cache)
         return self._join_thinkers(turns, rows, batch, prefilled)
 
+    @property
+    def prefill_chunk(self) -> int:
+        """Positions per chunk of a long prompt's prefill."""
+        return self._prefill_chunk
+
     def chunked(self, inputs: ThinkerInputs) -> bool:
         """The prompt is longer than a chunk: it is prefilled alone, a chunk at a time
         (``begin_prefill``), never padded into other turns' batched prefill."""
@@ -239,19 +264,68 @@ class DecodeBatch(Generic[GenerationKey]):
 
     def prefill_talkers(self, keys: list[GenerationKey]) -> None:
         """``prefill_talker`` for several turns in one Talker forward (prompts left-padded,
-        each row with the positions it has alone)."""
-        model, talker = self._model, self._speech().talker
-        talker_config = model.config.talker_config
+        each row with the positions it has alone), whatever their length."""
         turns = [self._turns[key] for key in keys]
+        self._prefill_talker_prompts(turns, [self._talker_prompt_of(turn) for turn in turns])
+
+    def begin_talker_prefills(self, keys: list[GenerationKey]) -> list[TalkerPrefillInProgress[GenerationKey]]:
+        """The Talker's prefill for turns that just joined the Thinker's rows. The Talker prompts
+        that fit a chunk go through one forward together (as ``prefill_talkers``) and their turns
+        join the Talker's rows now. Each longer one (its prompt holds the user parts of the whole
+        conversation) is returned, to run a chunk at a time between the batch's steps
+        (``TalkerPrefillInProgress.advance``, then ``join_talker_prefilled``); its turn speaks from
+        now on, so the tokens its Thinker decodes meanwhile wait, in order, as the Talker's
+        trailing text, and none is lost."""
+        turns = [self._turns[key] for key in keys]
+        prompts = [self._talker_prompt_of(turn) for turn in turns]
+        fits = [row for row, (embeds, _) in enumerate(prompts) if embeds.shape[1] <= self._prefill_chunk]
+        if fits:
+            self._prefill_talker_prompts([turns[row] for row in fits], [prompts[row] for row in fits])
+        talker = self._speech().talker
+        started: list[TalkerPrefillInProgress[GenerationKey]] = []
+        for row, (turn, (embeds, positions)) in enumerate(zip(turns, prompts)):
+            if row in fits:
+                continue
+            turn.speech = self._new_speech(turn)
+            started.append(TalkerPrefillInProgress(turn, ChunkedTalkerPrefill(talker, embeds, positions, chunk=self._prefill_chunk)))
+        return started
+
+    def join_talker_prefilled(self, prefill: TalkerPrefillInProgress[GenerationKey]) -> None:
+        """The turn whose chunked Talker prefill is over samples its first code and joins the Talker's rows."""
+        turn = prefill.turn
+        if self._turns.get(turn.key) is not turn:
+            raise ValueError(f"turn {turn.key!r} is no longer in the batch")
+        output = prefill.chunks.output()
+        with torch.inference_mode():
+            logits = self._speech().talker.codec_head(output.last_hidden)[:, -1, :]
+            cache = KVCache.of(output.cache)
+        self._join_talkers([turn], [turn.speaking()], logits, output.last_hidden, cache,
+                           prefill.chunks.positions[-3:, :, -1:])
+
+    def _talker_prompt_of(self, turn: BatchGeneration[GenerationKey]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The turn's Talker prompt: embeddings [1, T, hidden] and positions [4, 1, T]."""
+        speaker_id = self._model.config.talker_config.speaker_id.get(turn.params.voice.lower())
+        if speaker_id is None:
+            raise ValueError(f"the checkpoint has no speaker {turn.params.voice!r}")
+        prompt_embeds, prompt_ids = self._talker_prompt(turn, speaker_id, self._tts_embeds())
+        with torch.inference_mode():
+            positions = talker_prompt_positions(self._model.thinker, prompt_ids, turn.inputs)
+        # Drop what only the Talker's prompt needed.
+        turn.prompt_embeds = turn.prompt_hidden = None
+        return prompt_embeds, positions
+
+    def _new_speech(self, turn: BatchGeneration[GenerationKey]) -> GenerationSpeech:
+        return GenerationSpeech(
+            TalkerGeneration(self._model, turn.params, turn.generator),
+            AudioChunker(self._streaming_code2wav(), turn.params, turn.clock),
+        )
+
+    def _prefill_talker_prompts(
+        self, turns: list[BatchGeneration[GenerationKey]], prompts: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> None:
+        """One Talker forward over the turns' prompts (embeddings, positions), left-padded; they join the Talker's rows."""
+        talker = self._speech().talker
         device = talker.device
-        prompts: list[tuple[torch.Tensor, torch.Tensor]] = []  # per turn: embeds [1, T, hidden], positions [4, 1, T]
-        for turn in turns:
-            speaker_id = talker_config.speaker_id.get(turn.params.voice.lower())
-            if speaker_id is None:
-                raise ValueError(f"the checkpoint has no speaker {turn.params.voice!r}")
-            prompt_embeds, prompt_ids = self._talker_prompt(turn, speaker_id, self._tts_embeds())
-            with torch.inference_mode():
-                prompts.append((prompt_embeds, talker_prompt_positions(model.thinker, prompt_ids, turn.inputs)))
         length = max(embeds.shape[1] for embeds, _ in prompts)
         pads = [length - embeds.shape[1] for embeds, _ in prompts]
         pad = torch.nn.functional.pad
@@ -271,27 +345,32 @@ class DecodeBatch(Generic[GenerationKey]):
             )
             # generate() feeds the code predictor the last layer's output at the last position.
             hidden = output.hidden_states[0][-1][:, -1:]
-            speeches = [
-                GenerationSpeech(
-                    TalkerGeneration(model, turn.params, turn.generator),
-                    AudioChunker(self._streaming_code2wav(), turn.params, turn.clock),
-                )
-                for turn in turns
-            ]
-            logits = output.logits[:, -1, :]
+            cache = KVCache.of(output.cache, pads)
+        self._join_talkers(turns, [self._new_speech(turn) for turn in turns], output.logits[:, -1, :], hidden, cache,
+                           position_ids[-3:, :, -1:])
+
+    def _join_talkers(
+        self,
+        turns: list[BatchGeneration[GenerationKey]],
+        speeches: list[GenerationSpeech],
+        logits: torch.Tensor,
+        hidden: torch.Tensor,
+        cache: KVCache,
+        positions: torch.Tensor,
+    ) -> None:
+        """After the Talker's prefill of ``turns`` (``logits`` [rows, vocab] and ``hidden`` [rows, 1,
+        hidden] at each row's last position): each samples its first code and joins the Talker's rows."""
+        with torch.inference_mode():
             scores = torch.cat(
                 [speech.talker.scores(logits[row : row + 1], consumed_through=-1) for row, speech in enumerate(speeches)]
             )
             codes = choose_rows([speech.talker.sampler for speech in speeches], scores)
             for row, speech in enumerate(speeches):
                 speech.talker.accept(codes[row : row + 1])
-            cache = KVCache.of(output.cache, pads)
         for turn, speech, code_id in zip(turns, speeches, codes[:, 0].tolist()):
             speech.talker.absorb_code(code_id)
             turn.speech = speech
-            # Drop what only the prefill needed.
-            turn.prompt_embeds = turn.prompt_hidden = None
-        joining = StageRows(turns, cache, position_ids[-3:, :, -1:], codes, hidden)
+        joining = StageRows(turns, cache, positions, codes, hidden)
         self._speaking = joining if self._speaking is None else self._speaking.joined(joining)
 
     def _tts_embeds(self) -> TtsEmbeddings:

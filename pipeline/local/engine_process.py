@@ -25,8 +25,9 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from pipeline.contract import AudioChunk, GenerationDone, GenerationEvent, TextDelta, Usage
 from pipeline.local.checkpoint import LoadedCheckpoint, forced_tokens, load_checkpoint
@@ -46,9 +47,13 @@ from pipeline.local.warmup import WarmUpReport, warm_up_generations, warm_up_par
 from pipeline.token_count import PromptTooLong
 
 if TYPE_CHECKING:
-    from pipeline.local.decode_batch import PrefillInProgress
+    from pipeline.local.decode_batch import PrefillInProgress, TalkerPrefillInProgress
+    from pipeline.local.end_of_turn import ChunkedMessageEndProbability
     from pipeline.local.params import GenerationParams
     from pipeline.local.prompt import ThinkerInputs
+
+    # A long prompt's work done a chunk at a time between the batch's steps.
+    _ChunkedWork: TypeAlias = "PrefillInProgress[int] | TalkerPrefillInProgress[int] | _ScoreInProgress"
 
 logger = logging.getLogger(__name__)
 
@@ -202,15 +207,36 @@ def warm_up(loaded: LoadedCheckpoint) -> WarmUpReport:
     return report
 
 
+@dataclass
+class _ScoreInProgress:
+    """An end-of-turn score of a prompt longer than a prefill chunk, computed a chunk at a time."""
+
+    generation_id: int
+    inputs: ThinkerInputs
+    score: ChunkedMessageEndProbability
+
+    @property
+    def key(self) -> int:
+        return self.generation_id
+
+    def advance(self) -> bool:
+        return self.score.advance()
+
+
 class _BatchServer:
     """Decodes every admitted generation together, one ``DecodeBatch`` step at a time.
 
     Between steps: cancelled generations leave the batch (their ``GenerationDone`` says "cancelled"),
-    then the waiting generations whose prompts fit a prefill chunk are prefilled together and join,
-    and one chunk of one longer prompt is prefilled (the long ones take turns, chunk by chunk; each
-    joins when its last chunk is in). So a joining generation delays the decoding ones by one short
-    prefill and one chunk, never by a whole long prompt or a whole answer; a short prompt is never
-    padded to a long one's length; a cancel lands between chunks. The parent submits at most
+    then the waiting generations whose prompts fit a prefill chunk (512 positions) are prefilled
+    together and join, and one chunk of one longer prompt's work is computed: its Thinker's prefill,
+    its Talker's prefill, or its end-of-turn score (the long ones take turns, chunk by chunk). A
+    generation joins the Thinker's rows when its Thinker's last chunk is in and the Talker's when its
+    Talker's is, its text decoding meanwhile; a score is sent when its last chunk is in. The Talker's
+    prompt holds the user parts of the whole conversation, so it is nearly as long as the Thinker's:
+    prefilled whole, it would hold every other generation for as long as the Thinker's would. So a
+    joining generation delays the decoding ones by one short prefill and one chunk, never by a whole
+    long prompt or a whole answer; a short prompt is never padded to a long one's length; a cancel
+    lands between chunks. The parent submits at most
     ``max_batch`` generations at a time; any beyond that wait here in FIFO order. A generation whose
     rendering or prefill fails fails alone; a failure inside a batched step cannot be
     blamed on one generation, so it fails every generation in the batch and the next ones start afresh.
@@ -237,8 +263,8 @@ class _BatchServer:
         self._new_batch = lambda: DecodeBatch[int](loaded.model, loaded.tokenizer)  # noqa: E731
         self._batch = self._new_batch()
         self._waiting: collections.deque[Submit] = collections.deque()
-        # Long prompts being prefilled a chunk at a time, the next to take a chunk first.
-        self._chunking: collections.deque[PrefillInProgress[int]] = collections.deque()
+        # Long prompts' work done a chunk at a time, the next to take a chunk first.
+        self._chunking: collections.deque[_ChunkedWork] = collections.deque()
         self._emulated = EmulatedGenerations[int](self._send_now)
         self._closing = False
 
@@ -255,8 +281,8 @@ class _BatchServer:
                 for key in self._batch.keys:
                     self._emulated.cancel(key)
                     self._send_now(key, self._batch.cancel(key))
-                for prefill in self._chunking:
-                    self._send_cancelled_before_start(prefill)
+                for work in self._chunking:
+                    self._end_unfinished(work)
                 self._chunking.clear()
                 for key in self._emulated.holds_done():
                     self._send_cancelled(key)
@@ -265,7 +291,7 @@ class _BatchServer:
             # Every waiting generation that fits joins in one batched prefill per gap between steps:
             # decoding generations wait for one prefill (four cost ~1.5 one), joining generations for none.
             joining: list[Submit] = []
-            while self._waiting and len(self._batch.keys) + len(self._chunking) + len(joining) < self._max_batch:
+            while self._waiting and self._in_flight() + len(joining) < self._max_batch:
                 joining.append(self._waiting.popleft())
             if joining:
                 self._admit(joining)
@@ -274,6 +300,10 @@ class _BatchServer:
             if self._batch.keys:
                 self._step()
             self._emulated.release_due()
+
+    def _in_flight(self) -> int:
+        """Generations admitted and not over: decoding, or with work in chunks (each counted once)."""
+        return len(set(self._batch.keys) | {work.key for work in self._chunking})
 
     def _collect_commands(self, *, block: bool, timeout: float | None) -> None:
         """Take what was submitted; when ``block``, wait for it, at most ``timeout`` seconds."""
@@ -321,21 +351,29 @@ class _BatchServer:
         for key in self._emulated.holds_done():
             if self._commands.is_cancelled(key):
                 self._send_cancelled(key)
-        for prefill in [prefill for prefill in self._chunking if self._commands.is_cancelled(prefill.key)]:
-            self._chunking.remove(prefill)
-            self._send_cancelled_before_start(prefill)
+        for work in [work for work in self._chunking if self._commands.is_cancelled(work.key)]:
+            self._chunking.remove(work)
+            self._end_unfinished(work)
         for submit in [submit for submit in self._waiting if self._commands.is_cancelled(submit.generation_id)]:
             self._waiting.remove(submit)
             self._send_now(submit.generation_id, GenerationDone(text="", usage=Usage(0, 0, 0), finish_reason="cancelled"))
 
-    def _send_cancelled_before_start(self, prefill: PrefillInProgress[int]) -> None:
-        self._emulated.cancel(prefill.key)
-        self._send_now(prefill.key, self._batch.cancelled_before_start(prefill.turn.inputs))
+    def _end_unfinished(self, work: _ChunkedWork) -> None:
+        """Chunked work left before its last chunk (cancelled, or the process stopping) ends as "cancelled"."""
+        from pipeline.local.decode_batch import PrefillInProgress
+
+        if isinstance(work, PrefillInProgress):
+            self._emulated.cancel(work.key)
+            self._send_now(work.key, self._batch.cancelled_before_start(work.turn.inputs))
+        elif isinstance(work, _ScoreInProgress):
+            self._send_now(work.key, GenerationDone(text="", usage=self._score_usage(work.inputs), finish_reason="cancelled"))
+        # A Talker prefill's generation is in the batch: leaving the batch ended it.
 
     def _admit(self, submits: list[Submit]) -> None:
         """Prefill the generations whose prompts fit a chunk together; if that fails, one at a time,
         so a bad generation fails alone. Longer prompts begin their chunked prefill
-        (``_advance_chunked``). End-of-turn scores take one forward each and never join the batch."""
+        (``_advance_chunked``). End-of-turn scores never join the batch: one forward each, or
+        chunk by chunk for a longer prompt."""
         for submit in [submit for submit in submits if submit.request.task == "end_of_turn"]:
             self._score_end_of_turn(submit)
         submits = [submit for submit in submits if submit.request.task != "end_of_turn"]
@@ -378,40 +416,65 @@ class _BatchServer:
         self._finish_decoded()
 
     def _advance_chunked(self) -> None:
-        """One chunk of the next long prompt; the last one's generation joins the batch. The
-        long prompts take turns: one session's cannot hold another's back by its length."""
-        prefill = self._chunking.popleft()
+        """One chunk of the next long prompt's work; when it was the last, the work's result (the
+        generation joins the Thinker's or the Talker's rows, or the score is sent). The long prompts
+        take turns: one session's cannot hold another's back by its length."""
+        work = self._chunking.popleft()
         try:
-            if not prefill.advance():
-                self._chunking.append(prefill)
+            if not work.advance():
+                self._chunking.append(work)
                 return
-            events = self._batch.join_prefilled(prefill)
-            if self._batch.wants_talker(prefill.key):
-                self._batch.prefill_talkers([prefill.key])
+            events = self._finish_chunked(work)
         except Exception as exc:
-            logger.exception("generation %d failed", prefill.key)
-            if prefill.key in self._batch.keys:
-                self._batch.cancel(prefill.key)
-            self._fail(prefill.key, exc)
+            logger.exception("generation %d failed", work.key)
+            if work.key in self._batch.keys:
+                self._batch.cancel(work.key)
+            self._fail(work.key, exc)
             return
         for generation_id, event in events:
             self._send(generation_id, event)
         self._finish_decoded()
 
+    def _finish_chunked(self, work: _ChunkedWork) -> list[tuple[int, GenerationEvent]]:
+        """What work whose last chunk is in gives: a Thinker prefill's first token (and its Talker's
+        prefill begins, chunked too when long), a Talker prefill's turn speaking, a score."""
+        from pipeline.local.decode_batch import PrefillInProgress, TalkerPrefillInProgress
+
+        if isinstance(work, PrefillInProgress):
+            events = self._batch.join_prefilled(work)
+            if self._batch.wants_talker(work.key):
+                self._chunking.extend(self._batch.begin_talker_prefills([work.key]))
+            return events
+        if isinstance(work, TalkerPrefillInProgress):
+            self._batch.join_talker_prefilled(work)
+            return []
+        done = GenerationDone(text="", usage=self._score_usage(work.inputs), finish_reason="stop",
+                              end_of_turn_probability=work.score.probability())
+        return [(work.key, done)]
+
     def _score_end_of_turn(self, submit: Submit) -> None:
-        from pipeline.local.thinker_prompt import message_end_probability
+        """One forward for a prompt that fits a prefill chunk; a longer one is scored a chunk at a time."""
+        from pipeline.local.end_of_turn import ChunkedMessageEndProbability, message_end_probability
 
         renderer = self._loaded.renderer
         try:
             inputs = renderer.render_request(submit.request)
+            if self._batch.chunked(inputs):
+                score = ChunkedMessageEndProbability(self._loaded.model, inputs, renderer.message_end_id,
+                                                     chunk=self._batch.prefill_chunk)
+                self._chunking.append(_ScoreInProgress(submit.generation_id, inputs, score))
+                return
             probability = message_end_probability(self._loaded.model, inputs, renderer.message_end_id)
         except Exception as exc:
             logger.exception("generation %d failed", submit.generation_id)
             self._fail(submit.generation_id, exc)
             return
-        usage = Usage(input_text_tokens=inputs.text_tokens, input_audio_tokens=0, output_text_tokens=0)
-        self._send(submit.generation_id, GenerationDone(text="", usage=usage, finish_reason="stop",
-                                            end_of_turn_probability=probability))
+        self._send(submit.generation_id, GenerationDone(text="", usage=self._score_usage(inputs), finish_reason="stop",
+                                                        end_of_turn_probability=probability))
+
+    @staticmethod
+    def _score_usage(inputs: ThinkerInputs) -> Usage:
+        return Usage(input_text_tokens=inputs.text_tokens, input_audio_tokens=0, output_text_tokens=0)
 
     def _render(self, submit: Submit) -> tuple[int, ThinkerInputs, GenerationParams] | None:
         """The generation's Thinker inputs and settings; None (and the generation failed) when it cannot start."""
@@ -443,11 +506,12 @@ class _BatchServer:
             return None
 
     def _prefill(self, rendered: list[tuple[int, ThinkerInputs, GenerationParams]]) -> None:
-        """Both prefills, then the first tokens' text (none is sent if either prefill fails)."""
+        """Both prefills (a Talker prompt longer than a chunk only begun: ``_advance_chunked``), then
+        the first tokens' text (none is sent if either fails)."""
         events = self._batch.prefill_thinkers(rendered)
         speaking = [generation_id for generation_id, _, _ in rendered if self._batch.wants_talker(generation_id)]
         if speaking:
-            self._batch.prefill_talkers(speaking)
+            self._chunking.extend(self._batch.begin_talker_prefills(speaking))
         for generation_id, event in events:
             self._send(generation_id, event)
 
@@ -462,8 +526,11 @@ class _BatchServer:
                     self._send(key, event)
         except Exception as exc:
             logger.exception("a decoding step failed; failing the %d generation(s) in the batch", len(batch.keys))
-            for key in batch.keys:
+            failed = batch.keys
+            for key in failed:
                 self._fail(key, exc)
+            # Their Talker prefills in progress go with them.
+            self._chunking = collections.deque(work for work in self._chunking if work.key not in failed)
             self._batch = self._new_batch()
             return
         self._finish_decoded()

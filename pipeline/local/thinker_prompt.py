@@ -1,5 +1,4 @@
-"""A Thinker prefill's inputs, one turn's or several turns' left-padded together, and the
-one-forward end-of-message probability that semantic VAD's text judge asks for."""
+"""A Thinker prefill's inputs, one turn's or several turns' left-padded together."""
 
 from __future__ import annotations
 
@@ -80,17 +79,3 @@ class ThinkerPrompt:
         pixel_values = torch.cat([row.pixel_values for row in seen]) if seen else None  # type: ignore[misc]
         image_grid_thw = torch.cat([row.image_grid_thw for row in seen]) if seen else None  # type: ignore[misc]
         return cls(input_ids, attention_mask, position_ids, features, feature_mask, pads, pixel_values, image_grid_thw)
-
-
-def message_end_probability(model, inputs: ThinkerInputs, end_id: int) -> float:
-    """The Thinker's probability that ``end_id`` (``<|im_end|>``) comes next after ``inputs``: one
-    forward pass without a cache, the LM head on the last position only (semantic VAD's text
-    judge, task "end_of_turn")."""
-    thinker = model.thinker
-    with torch.inference_mode():
-        prompt = ThinkerPrompt.of(thinker, inputs)
-        output = thinker.model(input_ids=prompt.input_ids, attention_mask=prompt.attention_mask,
-                               position_ids=prompt.position_ids, use_cache=False, output_router_logits=False,
-                               use_audio_in_video=False)
-        logits = thinker.lm_head(output.last_hidden_state[:, -1:])[0, -1].float()
-        return float(torch.softmax(logits, dim=-1)[end_id])
