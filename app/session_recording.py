@@ -15,8 +15,10 @@ The folder (``app.recording`` names and prunes them) holds:
 - ``transcript.jsonl``: per item, the user's words (input transcription, input_text) and the
   assistant's (its audio transcript or text): ``{"t", "item_id", "role", "text"}``;
 - ``timeline.json``, written at the end: the session's turn timeline (``app.turn_timelines``, the
-  shape ``GET /debug/turns`` gives a session), and ``audio``: where each side's audio lies on the
-  session's clock (:class:`AudioPlacement`), so that a player puts both files on it;
+  shape ``GET /debug/turns`` gives a session), ``audio``: where each side's audio lies on the
+  session's clock (:class:`AudioPlacement`), so that a player puts both files on it, and
+  ``levels``: each side's level per 50 ms on that clock as placed, a cut tail not heard
+  (``app.recording_levels``, at most 72,000 whole dB a side);
 - ``session.json``, written last: the session id, transport, start and end (UTC), the rates,
   how many queued writes were dropped (``dropped``, 0 unless the disk fell behind), and how
   many turns ``timeline.json`` holds (``turns``).
@@ -51,6 +53,7 @@ import numpy as np
 import soundfile
 
 from app.realtime.turn_report import PlaybackReport, SessionStart, TurnReport
+from app.recording_levels import LevelTrack, levels_json
 from app.turn_timelines import SessionTimeline
 from media.rates import SPEECH_RATE, VOICE_RATE
 
@@ -84,19 +87,22 @@ class AudioPlacement:
     segments: list[list[float]] = field(default_factory=list)
     written: int = 0  # the file's samples so far
 
-    def add(self, candidate_s: float, samples: int) -> None:
-        if samples <= 0:
-            return
+    def add(self, candidate_s: float, samples: int) -> float:
+        """Places the file's next ``samples``; returns where they start on the session's clock."""
         end_s = 0.0
         if self.segments:
             start_ms, first, count = self.segments[-1]
             end_s = start_ms / 1000 + count / self.rate
             if first + count == self.written and candidate_s - end_s <= CONTIGUOUS_S:
-                self.segments[-1][2] = count + samples
-                self.written += samples
-                return
-        self.segments.append([round(max(candidate_s, end_s) * 1000, 1), self.written, samples])
-        self.written += samples
+                if samples > 0:
+                    self.segments[-1][2] = count + samples
+                    self.written += samples
+                return end_s
+        start_ms = round(max(candidate_s, end_s) * 1000, 1)
+        if samples > 0:
+            self.segments.append([start_ms, self.written, samples])
+            self.written += samples
+        return start_ms / 1000
 
     def cut(self, at_s: float) -> None:
         """Nothing of what was written plays past ``at_s``."""
@@ -175,6 +181,8 @@ class RecordingWriter:
         self._finish_taken = False  # the writer thread took the finish: nothing more comes
         self._heard = AudioPlacement(SPEECH_RATE)  # the writer thread's
         self._answered = AudioPlacement(VOICE_RATE)
+        self._heard_levels = LevelTrack(SPEECH_RATE)  # the writer thread's, on the placements' clock
+        self._answered_levels = LevelTrack(VOICE_RATE)
         self._thread = threading.Thread(target=self._run, name=f"recording {folder.name}", daemon=True)
 
     def start(self) -> None:
@@ -242,11 +250,13 @@ class RecordingWriter:
                     finish = item
                     break
                 if isinstance(item, _Audio):
-                    (answered if item.output else heard).write(np.clip(item.pcm, -1.0, 1.0))
-                    self._place(item)
+                    pcm = np.clip(item.pcm, -1.0, 1.0)
+                    (answered if item.output else heard).write(pcm)
+                    self._place(item, pcm)
                     continue
                 if isinstance(item, _Cut):
                     self._answered.cut(item.at - self._monotonic_start)
+                    self._answered_levels.cut(item.at - self._monotonic_start)
                     continue
                 at = round(item.at - self._monotonic_start, 3)
                 event = self._readable(item)
@@ -258,15 +268,19 @@ class RecordingWriter:
             shutil.rmtree(self.folder, ignore_errors=True)
             logger.info("recording %s: deleted, as its session asked", self.folder)
             return
-        ended = self._started + (finish.at - self._monotonic_start)
+        closed_s = finish.at - self._monotonic_start
+        ended = self._started + closed_s
         timeline = finish.timeline or {
             "session_id": self._session_id, "transport": self._transport, "model": "",
-            "started_at": round(self._started, 3), "closed_ms": round((finish.at - self._monotonic_start) * 1000, 1),
+            "started_at": round(self._started, 3), "closed_ms": round(closed_s * 1000, 1),
             "turns": [],
         }
         audio = {"input_rate": SPEECH_RATE, "output_rate": VOICE_RATE,
                  "input": self._heard.to_json(), "output": self._answered.to_json()}
-        (self.folder / "timeline.json").write_text(json.dumps({**timeline, "audio": audio}) + "\n", encoding="utf-8")
+        levels = levels_json(self._heard_levels, self._answered_levels, closed_s * 1000)
+        # Compact: the levels are most of the file (an hour's are 144,000 numbers).
+        written = json.dumps({**timeline, "audio": audio, "levels": levels}, separators=(",", ":"))
+        (self.folder / "timeline.json").write_text(written + "\n", encoding="utf-8")
         summary = {
             "session_id": self._session_id, "transport": self._transport,
             "started": _utc(self._started), "ended": _utc(ended),
@@ -275,12 +289,13 @@ class RecordingWriter:
         }
         (self.folder / "session.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 
-    def _place(self, item: _Audio) -> None:
+    def _place(self, item: _Audio, pcm: np.ndarray) -> None:
+        """Places the chunk on the session's clock, and its level where it was placed."""
         at = item.at - self._monotonic_start
         if item.output:
-            self._answered.add(at, item.pcm.size)
+            self._answered_levels.add(self._answered.add(at, pcm.size), pcm)
         else:
-            self._heard.add(at - item.pcm.size / SPEECH_RATE, item.pcm.size)
+            self._heard_levels.add(self._heard.add(at - pcm.size / SPEECH_RATE, pcm.size), pcm)
 
     def _readable(self, item: _Event) -> Any:
         """The event as written: parsed, its audio and images as lengths, its secrets redacted."""

@@ -4,12 +4,24 @@
 // (both sides on the session's clock) plays, a playhead following it over the turns; clicking a
 // turn seeks there. The API key, when the server asks for one, is the call page's remembered
 // one (localStorage) or typed here.
+//
+// A recording's lanes are its measured levels (timeline.json's levels: dBFS per step_ms on the
+// session's clock); /debug/turns keeps no audio, so its lanes are the speech and answer spans
+// at a constant level.
+//
+// window.omniReplay (read by tests/e2e/test_browser_timeline.py): sessionId (the recording
+// shown, or null), playheadMs and moves (the playhead's last time and how often it moved), turns
+// (as drawn, the shape of the call page's window.omniTimeline turns: {index, startMs, endMs,
+// marks: [{kind, atMs, label}], user / assistant: [{t, db}], latency}, ms on the session's clock).
 
 import { drawTurn, turnScale } from "./timeline-draw.js";
 
 const ACCESS_KEY_STORAGE = "omni-rtc.apiKey";   // the call page's (signaling.js)
 const SPAN_STEP_MS = 20;        // a span is drawn as a level this often
 const SPAN_LEVEL_DB = -20;      // ... at this level: the server keeps spans, not levels
+// A recording's turn shows its levels from this long before its first mark (the VAD reports
+// speech a few hundred ms after it began; the call page's lanes take as much).
+const LEVEL_PRE_ROLL_MS = 1000;
 
 const sessionsElement = document.getElementById("sessions");
 const errorElement = document.getElementById("debug-error");
@@ -24,7 +36,7 @@ const playheadNote = document.getElementById("replay-at");
 
 // The chosen recording's drawn turns: {figure, playhead, scale}; and what the tests read.
 let replayed = [];
-window.omniReplay = { sessionId: null, playheadMs: null, moves: 0 };
+window.omniReplay = { sessionId: null, playheadMs: null, moves: 0, turns: [] };
 
 function accessHeaders() {
   const key = keyInput.value || localStorage.getItem(ACCESS_KEY_STORAGE);
@@ -39,23 +51,38 @@ function spanPoints(span) {
   return points;
 }
 
-/** A turn of /debug/turns as drawTurn takes it. */
-export function drawable(turn, index) {
+/** One side's levels (a recording's timeline.json levels.input or .output) from `fromMs` to `toMs` as lane points. */
+function levelPoints(levels, values, fromMs, toMs) {
+  const step = levels.step_ms;
+  const points = [];
+  for (let i = Math.max(0, Math.floor(fromMs / step)); i < values.length && i * step <= toMs; i += 1) {
+    points.push({ t: i * step, db: values[i] });
+  }
+  return points;
+}
+
+/** A turn of /debug/turns or of a recording as drawTurn takes it: its lanes from `levels`
+ * (timeline.json's) when given, else from its spans. */
+export function drawable(turn, index, levels = null) {
   const marks = turn.marks.map((mark) => ({ kind: mark.kind, atMs: mark.at_ms, label: mark.label }));
   const times = marks.map((mark) => mark.atMs);
+  const startMs = Math.min(...times);
+  const endMs = Math.max(...times);
   return {
     index,
-    startMs: Math.min(...times),
-    endMs: Math.max(...times),
+    startMs,
+    endMs,
     marks,
-    user: spanPoints(turn.user_speech),
-    assistant: spanPoints(turn.answer_audio),
+    user: levels ? levelPoints(levels, levels.input, startMs - LEVEL_PRE_ROLL_MS, endMs) : spanPoints(turn.user_speech),
+    assistant: levels ? levelPoints(levels, levels.output, startMs - LEVEL_PRE_ROLL_MS, endMs)
+      : spanPoints(turn.answer_audio),
     latency: turn.latency,
   };
 }
 
-/** One turn's figure: its canvas (in a box a playhead may cover) and caption, drawn. */
-function turnFigure(turn, index) {
+/** One turn's figure: its canvas (in a box a playhead may cover) and caption, drawn; its lanes
+ * from `levels` when given (a recording's). */
+function turnFigure(turn, index, levels = null) {
   const figure = document.createElement("figure");
   figure.className = "turn-timeline";
   figure.dataset.responseId = turn.response_id;
@@ -65,7 +92,7 @@ function turnFigure(turn, index) {
   const caption = document.createElement("figcaption");
   box.append(canvas);
   figure.append(box, caption);
-  const drawn = drawable(turn, index);
+  const drawn = drawable(turn, index, levels);
   drawTurn(canvas, caption, drawn, drawn.endMs);
   caption.textContent += ` · ${turn.status ?? "no response.done"}${turn.truncated ? " · cut" : ""}`;
   return { figure, box, canvas, drawn };
@@ -143,8 +170,12 @@ async function replay(sessionId) {
   const timeline = await response.json();
   replayTitle.textContent = `${sessionId} · ${timeline.transport} · ${timeline.turns.length} turns`;
   replayTurns.replaceChildren();
+  // A timeline.json with no levels is drawn from its spans, as /debug/turns is.
+  const levels = timeline.levels ?? null;
+  const drawnTurns = [];
   replayed = timeline.turns.map((turn, index) => {
-    const { figure, box, canvas, drawn } = turnFigure(turn, index);
+    const { figure, box, canvas, drawn } = turnFigure(turn, index, levels);
+    drawnTurns.push(drawn);
     const playhead = document.createElement("div");
     playhead.className = "playhead";
     playhead.hidden = true;
@@ -165,7 +196,7 @@ async function replay(sessionId) {
     replayTurns.append(none);
   }
   replayElement.hidden = false;
-  window.omniReplay = { sessionId, playheadMs: null, moves: 0 };
+  window.omniReplay = { sessionId, playheadMs: null, moves: 0, turns: drawnTurns };
   player.src = `${base}/audio.wav`;
   // An <audio> sends no Authorization header: where the key is needed, the WAV is fetched whole.
   player.onerror = async () => {

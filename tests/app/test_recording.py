@@ -28,6 +28,7 @@ from app.http.server import create_app
 from app.http.socket_route import websocket_server_options
 from app.realtime.turn_report import PlaybackReport, SessionStart
 from app.recording import Recordings, RetentionBounds, folder_name, prune, recording_folders
+from app.recording_levels import FLOOR_DB, LevelTrack, levels_json
 from app.recording_playback import WAV_RATE, wav_bytes, wav_plan
 from app.session_recording import AudioPlacement, RecordingWriter, SessionRecorder, WriterStart, redacted
 from media.rates import SPEECH_RATE, VOICE_RATE
@@ -321,6 +322,60 @@ def test_a_recorders_timeline_json_holds_the_turn_timeline_and_each_sides_segmen
         "input": [[500.0, 0, SPEECH_RATE]],
         "output": [[2200.0, 0, 36_000]],  # cut at 3.7 s: 1.5 s of the 2 s written played
     }
+
+
+def _tone(seconds: float, rate: int, amplitude: float) -> np.ndarray:
+    """250 Hz: 12.5 periods a 50 ms step, so a step's RMS is the tone's (amplitude / sqrt 2)."""
+    return (amplitude * np.sin(2 * np.pi * 250 * np.arange(round(seconds * rate)) / rate)).astype(np.float32)
+
+
+def test_a_recordings_levels_show_each_sides_sound_where_it_was_placed_and_no_cut_tail(tmp_path):
+    now = [100.0]
+    writers: list[RecordingWriter] = []
+
+    def start_writer(start: WriterStart) -> RecordingWriter:
+        writers.append(RecordingWriter(tmp_path / "recording", start, secrets=(), before=lambda: None,
+                                       on_done=lambda writer: None))
+        writers[-1].start()
+        return writers[-1]
+
+    recorder = SessionRecorder(start_writer, transport="webrtc", clock=lambda: now[0])
+    recorder.server_event({"type": "session.created", "session": {"id": "sess_t", "recording": {"enabled": True}}}, 100.0)
+    heard = np.zeros(SPEECH_RATE, dtype=np.float32)  # 1 s from 0.5 s: silence, and from 1.0 s to 1.2 s
+    heard[SPEECH_RATE // 2:SPEECH_RATE // 2 + SPEECH_RATE // 5] = _tone(0.2, SPEECH_RATE, 0.1)  # -23 dBFS
+    for frame, pcm in enumerate(np.split(heard, 50)):  # 20 ms frames arriving in real time
+        now[0] = 100.5 + 0.02 * (frame + 1)
+        recorder.input_audio(pcm)
+    now[0] = 102.2
+    answer = _tone(2.0, VOICE_RATE, 0.5)  # -9 dBFS, written at once at 2.2 s: plays to 4.2 s
+    recorder.output_audio(answer[:VOICE_RATE])
+    recorder.output_audio(answer[VOICE_RATE:])
+    recorder.playback_over(PlaybackReport("resp_1", "item_1", ended_at=103.7, played_samples=36_000,
+                                          written_samples=48_000, truncated=True, interrupted=True))
+    recorder.session_closed(105.0)
+    [writer] = writers
+    writer.join()
+    levels = json.loads((writer.folder / "timeline.json").read_text())["levels"]
+    assert (levels["step_ms"], levels["floor_db"]) == (50, FLOOR_DB)
+    heard_db, answered_db = levels["input"], levels["output"]
+    assert len(heard_db) == len(answered_db) == 100  # to the close at 5 s
+    silent = [FLOOR_DB]
+    # The tone from 1.0 s to 1.2 s: steps 20 to 23, at its level; silence sent before and after it.
+    assert all(abs(db + 23) <= 1 for db in heard_db[20:24]), heard_db[18:26]
+    assert heard_db[:20] == silent * 20 and heard_db[24:] == silent * 76
+    # The answer from 2.2 s until its cut at 3.7 s; the 0.5 s written past the cut never played.
+    assert answered_db[:44] == silent * 44
+    assert all(abs(db + 9) <= 1 for db in answered_db[44:74]), answered_db[42:76]
+    assert answered_db[74:] == silent * 26
+
+
+def test_a_long_sessions_levels_widen_their_step_to_hold_an_hours_count():
+    heard, answered = LevelTrack(SPEECH_RATE), LevelTrack(VOICE_RATE)
+    answered.add(7_199.0, np.full(VOICE_RATE, 0.5, dtype=np.float32))  # -6 dBFS, the last second of two hours
+    levels = levels_json(heard, answered, until_ms=7_200_000.0)
+    assert levels["step_ms"] == 100 and len(levels["input"]) == len(levels["output"]) == 72_000
+    assert levels["output"][-11:] == [FLOOR_DB] + [-6] * 10
+    assert set(levels["input"]) == {FLOOR_DB}
 
 
 def test_an_event_is_recorded_as_observed_whatever_is_added_to_it_as_it_is_sent(tmp_path):

@@ -5,7 +5,8 @@ answer plays out, the test opens the timeline and reads ``window.omniTimeline``
 The server runs in this process with a scripted engine whose answer is a tone (clearly audible
 after Opus); the page, its lanes and marks are what is tested. After the call, the operator
 page (``/debug/timeline.html``, from ``GET /debug/turns``) shows the call, which a media worker
-carried and recorded; the page plays the recording (``GET /debug/recordings``) over its timeline.
+carried and recorded; the page plays the recording (``GET /debug/recordings``) over its timeline,
+whose lanes are the recording's measured levels (``window.omniReplay``, static/js/debug-turns.js).
 A second call barges in on a long answer: the cut is marked on the answer it cut, and its
 recording plays the cut answer only up to the cut. The
 screenshots are saved to ``test-output/browser-timeline.png``, ``browser-timeline-barge-in.png``,
@@ -242,6 +243,27 @@ def test_operator_page_plays_the_recording_with_a_playhead_over_its_timeline(tim
     assert sought["currentTime"] != playing["currentTime"]
 
 
+def test_the_recordings_lanes_show_its_levels_where_the_test_spoke_and_the_answer_played(
+        timeline: dict[str, Any]) -> None:
+    levels = timeline["recorded"]["levels"]
+    step = levels["step_ms"]
+    [recorded_turn] = timeline["recorded"]["turns"]
+    [turn] = timeline["replayLoaded"]["replay"]["turns"]
+    # The lanes drawn are timeline.json's levels, step by step (not the spans at one level).
+    for lane, side in (("user", "input"), ("assistant", "output")):
+        assert turn[lane] and all(p["db"] == levels[side][round(p["t"] / step)] for p in turn[lane]), lane
+    marks = {mark["kind"]: mark["at_ms"] for mark in recorded_turn["marks"]}
+    started, committed = marks["input_audio_buffer.speech_started"], marks["input_audio_buffer.committed"]
+    # The VAD reports speech a few hundred ms after it began; after the commit the microphone is silent.
+    assert loud(turn["user"], started - 600, marks["end_of_speech"])
+    assert not loud(turn["user"], committed + MARK_TOLERANCE_MS, float("inf"))
+    first_audio, played_out = marks["first_audio"], marks["playback_end"]
+    assert not loud(turn["assistant"], float("-inf"), marks["response.created"] - step), "quiet before the answer"
+    # A step holds the 50 ms from its time: most of those from the first frame to the played-out mark are loud.
+    playing = [p for p in turn["assistant"] if first_audio <= p["t"] <= played_out - step]
+    assert playing and len(loud(playing, first_audio, played_out)) >= 0.6 * len(playing), playing
+
+
 def test_the_recordings_audio_places_the_answer_where_it_was_sent(timeline: dict[str, Any]) -> None:
     stereo, rate = soundfile.read(io.BytesIO(timeline["wav"]), dtype="float32")
     [turn] = timeline["recorded"]["turns"]
@@ -325,3 +347,10 @@ def test_a_recorded_barge_in_plays_the_cut_answer_up_to_its_cut_only(barge_in: d
     assert loud(cleared - 500, cleared), "the cut answer played until the cut"
     assert not loud(cleared + MARK_TOLERANCE_MS, next_audio - MARK_TOLERANCE_MS), "nothing of it after the cut"
     assert loud(next_audio, next_audio + 500), "the next answer where it was sent"
+    # Its levels the same: loud up to the cut, at the floor from it to the next answer.
+    levels = barge_in["recorded"]["levels"]
+    step = levels["step_ms"]
+    steps = [(index * step, db) for index, db in enumerate(levels["output"])]
+    assert max(db for at, db in steps if cleared - 500 <= at <= cleared - step) > HEARD_FLOOR_DB
+    tail = [db for at, db in steps if cleared + MARK_TOLERANCE_MS <= at <= next_audio - MARK_TOLERANCE_MS - step]
+    assert tail and set(tail) == {levels["floor_db"]}, tail
