@@ -184,6 +184,15 @@ class AppendDecoder:
             self._resampler = soxr.ResampleStream(rate, SPEECH_RATE, 1, dtype="float32")
         return self._resampler.resample_chunk(pcm)
 
+    def flush(self) -> np.ndarray:
+        """What the resampler still holds of the appends so far (its filter's delay: ~9 ms at
+        24 kHz), at 16 kHz; the next append starts a new stream. A commit takes it, so that 100 ms
+        appended is 100 ms committed; a clear drops it."""
+        resampler, self._resampler = self._resampler, None
+        if resampler is None:
+            return np.zeros(0, dtype=np.float32)
+        return resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+
     def _admit(self, audio_ms: float) -> None:
         now = self._clock()
         self._budget_ms = min(self._max_ahead_ms, self._budget_ms + (now - self._refilled_at) * 1000 * APPEND_RATE)

@@ -506,9 +506,13 @@ class RealtimeSession:
                 "turn_detection_enabled",
                 "Server VAD commits by itself; set audio.input.turn_detection to null to commit manually.",
             )
+        held = self._appends.flush()
+        if held.size:
+            self.push_audio(held)
         self._commit_user_audio(new_id("item"), self._manual.take())
 
     def _clear_input(self) -> None:
+        self._appends.flush()  # what the resampler held of the cleared appends goes with them
         self._manual.clear()
         self._on_turn(self._turns.clear())
         self.emit(InputAudioBufferClearedEvent())

@@ -283,6 +283,21 @@ async def test_manual_mode_commit_then_response_create():
     await h.session.close()
 
 
+async def test_a_commit_of_100_ms_appended_at_once_holds_all_of_it():
+    """OpenAI's minimum commit is 100 ms: the resampler's held samples are committed too."""
+    h = await started(SessionConfig(turn_detection=None))
+    pcm24 = (0.3 * np.sin(2 * np.pi * 220 * np.arange(2_400) / 24_000) * 32767).astype(np.int16)  # 100 ms
+    await h.send(type="input_audio_buffer.append", audio=base64.b64encode(pcm24.tobytes()).decode())
+    await h.send(type="input_audio_buffer.commit", event_id="c1")
+    assert "error" not in h.types()
+    assert h.last("input_audio_buffer.committed")
+    await h.send(type="response.create")
+    await h.turn_done()
+    (clip,) = h.engine.requests[0].conversation.items
+    assert isinstance(clip, UserAudio) and abs(clip.pcm.size - 100 * RATE // 1000) <= 2
+    await h.session.close()
+
+
 async def test_manual_commit_of_empty_buffer_is_an_error():
     h = await started(SessionConfig(turn_detection=None))
     await h.send(type="input_audio_buffer.commit", event_id="c1")
