@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from app.realtime.engine_share import RefusedWork, ShareLimit
+from app.realtime.gate import RateLimit
 from app.realtime.interruption import InterruptionOutcome
 from app.realtime.protocol import (
     InputAudioBufferCommittedEvent,
@@ -65,6 +66,7 @@ SPECULATION_OUTCOMES = ("started", "used", "discarded", "refused", "preempted")
 PARTIAL_OUTCOMES = ("started", "done", "superseded", "cancelled", "refused", "preempted", "failed")
 SHARE_LIMITS: tuple[ShareLimit, ...] = ("session", "client")
 REFUSED_WORK: tuple[RefusedWork, ...] = ("response", "speculative_response", "partial_transcript")
+RATE_LIMITS: tuple[RateLimit, ...] = ("session", "client")
 
 
 # Prompt tokens one session has the engine prefill: a short chat (a few turns of ~1,000), a long
@@ -175,6 +177,15 @@ class Metrics:
         for limit in SHARE_LIMITS:
             for work in REFUSED_WORK:
                 self.engine_share_refusals.labels(limit=limit, work=work)
+        self.event_rate_refusals = Counter(
+            "omni_rtc_event_rate_refusals",
+            "Client events the event rate refused (rate_limit_exceeded, answered or not), by the limit that "
+            "refused them (session: the session's own rate; client: its client's, across its sessions). "
+            "app/realtime/gate.py.",
+            ["limit"], registry=r,
+        )
+        for rate_limit in RATE_LIMITS:
+            self.event_rate_refusals.labels(limit=rate_limit)
         self.end_of_utterance_delay = Histogram(
             "omni_rtc_end_of_utterance_delay_seconds",
             "From the end of speech to the server VAD's speech_stopped: the session's silence wait "
@@ -278,6 +289,10 @@ class Metrics:
     def share_refused(self, limit: ShareLimit, work: RefusedWork) -> None:
         """A session's report of work its engine share refused (``app.realtime.engine_share.RefusalObserver``)."""
         self.engine_share_refusals.labels(limit=limit, work=work).inc()
+
+    def rate_refused(self, limit: RateLimit) -> None:
+        """A session's report of a client event its event rate refused (``app.realtime.gate.RateObserver``)."""
+        self.event_rate_refusals.labels(limit=limit).inc()
 
     def interruption(self, outcome: InterruptionOutcome) -> None:
         """A session's report of speech over an answer (``app.realtime.interruption``)."""

@@ -118,7 +118,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             app.state.runtime = Runtime(
                 engine=serving, for_sessions=for_sessions, model=model, vad=vad, calls=calls,
                 end_of_turn=end_of_turn, workers=workers, dev_replies=dev_replies, tracing=tracing,
-                recordings=recordings, client_shares=ClientShares(settings.engine_share_size.for_client()),
+                recordings=recordings, client_shares=ClientShares(settings.engine_share_size.for_client(),
+                                                                             settings.event_rate.for_client()),
             )
             scheme = "https" if settings.tls or settings.ssl_certfile else "http"
             logger.info("serving %s on %s://%s:%d", model, scheme, settings.host, settings.port)

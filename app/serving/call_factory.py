@@ -79,8 +79,8 @@ def session_factory(
     observe it, this process's ``tracing`` (when it exports traces) draws its spans,
     ``timelines`` (the server process's, for ``/debug/turns``) keeps its turns' timeline and its
     ``recordings`` (when the server keeps them) record it. ``client``: the key of the client whose
-    share of the engine the session draws on too (``Admission.client_key``; None: its own share
-    only), kept in this process's ``client_shares``."""
+    share of the engine and event rate the session draws on too (``Admission.client_key``; None:
+    its own only), kept in this process's ``client_shares``."""
 
     def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
         return RealtimeSession(
@@ -88,6 +88,7 @@ def session_factory(
             on_ignored_speech=metrics.ignored_speech.inc, on_speculation=metrics.speculation,
             on_partial_transcript=metrics.partial_transcript, on_interruption=metrics.interruption,
             on_engine_tokens=metrics.session_engine_tokens.observe, on_share_refused=metrics.share_refused,
+            on_rate_refused=metrics.rate_refused,
             client=client, client_shares=client_shares, share_size=settings.engine_share_size,
             end_of_turn=end_of_turn,
             text_judge=text_judge(settings, shared_engine),
