@@ -20,8 +20,8 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from app.realtime.engine_share import ENGINE_SHARE_BURST, ENGINE_SHARE_PER_SECOND, ShareSize
 from app.realtime.gate import MAX_EVENT_BURST, MAX_EVENTS_PER_SECOND, EventRate
+from app.realtime.shares import ENGINE_SHARE_BURST, ENGINE_SHARE_PER_SECOND, ShareSize
 from pipeline.local.devices import usable_cores
 from pipeline.local.engine_messages import DEFAULT_MAX_BATCH
 from pipeline.token_count import ANSWER_OPENING_TOKENS, DEFAULT_MAX_PROMPT_TOKENS

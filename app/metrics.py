@@ -27,7 +27,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from app.realtime.engine_share import RefusedWork, ShareLimit
 from app.realtime.gate import RateLimit
 from app.realtime.interruption import InterruptionOutcome
 from app.realtime.protocol import (
@@ -40,6 +39,7 @@ from app.realtime.protocol import (
     SessionUpdatedEvent,
     event_type,
 )
+from app.realtime.shares import RefusedWork, ShareLimit
 from app.transports.webrtc.network import NetworkFigures
 from media.pacing import LATENESS_BUCKETS_S, PacingStats
 from media.rates import SPEECH_RATE
@@ -162,7 +162,7 @@ class Metrics:
             "omni_rtc_session_engine_tokens",
             "Per session, observed when it closes: the prompt tokens its work had the engine prefill "
             "(answers, cancelled or not, speculative answers, transcriptions, partial transcripts; "
-            "app/realtime/engine_share.py). A session far right of the rest is the greedy one.",
+            "app/realtime/shares.py). A session far right of the rest is the greedy one.",
             buckets=SESSION_TOKEN_BUCKETS, registry=r,
         )
         # By limit, not by client: an address per label would name visitors and grow without bound.
@@ -171,7 +171,7 @@ class Metrics:
             "Work the engine share refused, by the limit that refused it (session: the session's own "
             "share; client: its client's, across its sessions) and the work: response (a client's "
             "response.create, answered engine_share_exceeded), speculative_response or partial_transcript "
-            "(throw-away work, skipped). app/realtime/engine_share.py.",
+            "(throw-away work, skipped). app/realtime/shares.py.",
             ["limit", "work"], registry=r,
         )
         for limit in SHARE_LIMITS:
@@ -287,7 +287,7 @@ class Metrics:
             self.speculative_discarded_engine.inc(engine_seconds)
 
     def share_refused(self, limit: ShareLimit, work: RefusedWork) -> None:
-        """A session's report of work its engine share refused (``app.realtime.engine_share.RefusalObserver``)."""
+        """A session's report of work its engine share refused (``app.realtime.shares.RefusalObserver``)."""
         self.engine_share_refusals.labels(limit=limit, work=work).inc()
 
     def rate_refused(self, limit: RateLimit) -> None:

@@ -67,7 +67,7 @@ class EventRate:
 
 class EventBucket:
     """One token bucket of events: a session's (its gate's own), or a client's (kept per client
-    across its sessions, ``app.realtime.engine_share.ClientShares``)."""
+    across its sessions, ``app.realtime.shares.ClientShares``)."""
 
     def __init__(self, rate: EventRate, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.rate = rate

@@ -27,15 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from app.realtime.engine_share import (
-    ClientShare,
-    ClientShares,
-    EngineShare,
-    RefusalObserver,
-    SessionShare,
-    ShareSize,
-    answer_estimate,
-)
 from app.realtime.failures import failure_event
 from app.realtime.gate import BOUND_CODES, FLOOD_REFUSALS, FLOOD_WINDOW_S, EventGate, RateObserver, RefusalReplies
 from app.realtime.history import History, acknowledge_playback
@@ -90,6 +81,15 @@ from app.realtime.session_config import (
     first_config,
     fitted,
     session_param,
+)
+from app.realtime.shares import (
+    ClientShare,
+    ClientShares,
+    EngineShare,
+    RefusalObserver,
+    SessionShare,
+    ShareSize,
+    answer_estimate,
 )
 from app.realtime.speculation import OutcomeObserver, Speculation, SpeculativeAnswer, Speculator
 from app.realtime.transcription import PartialObserver, PartialTranscripts, Transcriptions
@@ -161,7 +161,7 @@ class RealtimeSession:
         ``on_partial_transcript``: each partial transcript's outcome (metrics, ``app.realtime.transcription``).
         ``on_interruption``: speech over an answer that was not an interruption (metrics,
         ``app.realtime.interruption``). ``on_engine_tokens``: at close, the prompt tokens the
-        session's work had the engine prefill (metrics, ``app.realtime.engine_share``);
+        session's work had the engine prefill (metrics, ``app.realtime.shares``);
         ``on_share_refused``: each piece of work the engine share refused, by the limit that refused it;
         ``on_rate_refused``: each client event the event rate refused, by its limit.
         ``client``: the key of the client held to a share (of the engine, and of the event rate)

@@ -12,10 +12,10 @@ from typing import Any
 from app.calls.registry import OnClosed
 from app.config import Settings
 from app.metrics import Metrics
-from app.realtime.engine_share import ClientShares
 from app.realtime.playback import AudioOutput
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
+from app.realtime.shares import ClientShares
 from app.realtime.turn_report import SessionObservers
 from app.realtime.turn_taking import EngineTextJudge, TextJudge
 from app.recording import Recordings

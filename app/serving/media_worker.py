@@ -26,7 +26,7 @@ from typing import Any
 from app.calls.registry import CallRegistry, OpenSession
 from app.config import Settings, dev_replies_file, load_dev_replies
 from app.metrics import Metrics
-from app.realtime.engine_share import ClientShares
+from app.realtime.shares import ClientShares
 from app.recording import Recordings
 from app.resources import process_resources
 from app.serving.call_factory import load_end_of_turn_model, new_call, session_factory

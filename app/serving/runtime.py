@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.calls.registry import CallRegistry
-from app.realtime.engine_share import ClientShares
+from app.realtime.shares import ClientShares
 from app.recording import Recordings
 from app.serving.engines import for_session
 from app.serving.media_workers import MediaWorkerPool

@@ -11,8 +11,8 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from app.config import Settings
 from app.http.server import create_app
-from app.realtime.engine_share import ClientShares, ShareSize
 from app.realtime.gate import EventRate
+from app.realtime.shares import ClientShares, ShareSize
 from tests.e2e.conftest import serving_in_process
 from tests.fakes import ScriptedEngine
 

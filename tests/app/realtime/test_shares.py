@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from app.realtime.engine_share import (
+from app.realtime.gate import EventRate
+from app.realtime.session_config import SessionConfig
+from app.realtime.shares import (
     ENGINE_SHARE_BURST,
     ENGINE_SHARE_PER_SECOND,
     ClientShares,
@@ -15,8 +17,6 @@ from app.realtime.engine_share import (
     answer_estimate,
     prompt_estimate,
 )
-from app.realtime.gate import EventRate
-from app.realtime.session_config import SessionConfig
 from pipeline.conversation import Conversation, UserAudio, UserText
 from tests.clock import FakeClock
 from tests.fakes import EnergyVad, ScriptedEngine, SessionHarness

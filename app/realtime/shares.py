@@ -1,5 +1,6 @@
-"""A session's share of the engine, and its client's: the prompt tokens their work has the engine
-prefill and the steps it has it decode, bounded in time.
+"""What a session and its client draw on: each one's share of the engine (the prompt tokens their
+work has the engine prefill and the steps it has it decode, bounded in time) and, in one registry
+per process, each client's budgets (its engine share and its event rate).
 
 Every engine generation a session causes is charged what its prompt costs to prefill (a bound
 read off its conversation: audio and images exact, text by its bytes; ``prompt_estimate``):
