@@ -348,7 +348,8 @@ class Settings(BaseSettings):
     )
     max_events_per_second: Annotated[float, Flag(Concern.LIMITS, metavar="N")] = Field(
         MAX_EVENTS_PER_SECOND, gt=0,
-        description="a session's sustained client event rate; past it the error rate_limit_exceeded"
+        description="a session's sustained client event rate (a client held to max_sessions_per_client: twice it, "
+        "and twice max_event_burst, across its sessions); past it the error rate_limit_exceeded"
     )
     max_event_burst: Annotated[int, Flag(Concern.LIMITS, metavar="N")] = Field(
         MAX_EVENT_BURST, ge=1, description="client events accepted at once before max_events_per_second applies"
