@@ -20,7 +20,8 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from app.realtime.engine_share import ENGINE_SHARE_BURST, ENGINE_SHARE_PER_SECOND, ShareSize
+from app.realtime.gate import MAX_EVENT_BURST, MAX_EVENTS_PER_SECOND, EventRate
+from app.realtime.shares import ENGINE_SHARE_BURST, ENGINE_SHARE_PER_SECOND, ShareSize
 from pipeline.local.devices import usable_cores
 from pipeline.local.engine_messages import DEFAULT_MAX_BATCH
 from pipeline.token_count import ANSWER_OPENING_TOKENS, DEFAULT_MAX_PROMPT_TOKENS
@@ -346,10 +347,12 @@ class Settings(BaseSettings):
         262_144, ge=1_024, description="one client event; past it the error event_too_large"
     )
     max_events_per_second: Annotated[float, Flag(Concern.LIMITS, metavar="N")] = Field(
-        50.0, gt=0, description="a session's sustained client event rate; past it the error rate_limit_exceeded"
+        MAX_EVENTS_PER_SECOND, gt=0,
+        description="a session's sustained client event rate (a client held to max_sessions_per_client: twice it, "
+        "and twice max_event_burst, across its sessions); past it the error rate_limit_exceeded"
     )
     max_event_burst: Annotated[int, Flag(Concern.LIMITS, metavar="N")] = Field(
-        100, ge=1, description="client events accepted at once before max_events_per_second applies"
+        MAX_EVENT_BURST, ge=1, description="client events accepted at once before max_events_per_second applies"
     )
     # 10 MiB holds any phone photo; over WebRTC the data channel takes 256 KiB messages at most.
     max_image_bytes: Annotated[int, Flag(Concern.LIMITS, metavar="BYTES")] = Field(
@@ -509,6 +512,11 @@ class Settings(BaseSettings):
     def engine_share_size(self) -> ShareSize:
         """A session's share of the engine (``ShareSize.for_client``: its client's)."""
         return ShareSize(self.engine_share_tokens, self.engine_share_tokens_per_second)
+
+    @property
+    def event_rate(self) -> EventRate:
+        """A session's client event rate (``EventRate.for_client``: its client's)."""
+        return EventRate(self.max_events_per_second, self.max_event_burst)
 
     @property
     def engine(self) -> EngineSettings:

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from app.realtime.engine_share import RefusedWork, ShareLimit
+from app.realtime.gate import RateLimit
 from app.realtime.interruption import InterruptionOutcome
 from app.realtime.protocol import (
     InputAudioBufferCommittedEvent,
@@ -39,6 +39,7 @@ from app.realtime.protocol import (
     SessionUpdatedEvent,
     event_type,
 )
+from app.realtime.shares import RefusedWork, ShareLimit
 from app.transports.webrtc.network import NetworkFigures
 from media.pacing import LATENESS_BUCKETS_S, PacingStats
 from media.rates import SPEECH_RATE
@@ -65,6 +66,7 @@ SPECULATION_OUTCOMES = ("started", "used", "discarded", "refused", "preempted")
 PARTIAL_OUTCOMES = ("started", "done", "superseded", "cancelled", "refused", "preempted", "failed")
 SHARE_LIMITS: tuple[ShareLimit, ...] = ("session", "client")
 REFUSED_WORK: tuple[RefusedWork, ...] = ("response", "speculative_response", "partial_transcript")
+RATE_LIMITS: tuple[RateLimit, ...] = ("session", "client")
 
 
 # Prompt tokens one session has the engine prefill: a short chat (a few turns of ~1,000), a long
@@ -160,7 +162,7 @@ class Metrics:
             "omni_rtc_session_engine_tokens",
             "Per session, observed when it closes: the prompt tokens its work had the engine prefill "
             "(answers, cancelled or not, speculative answers, transcriptions, partial transcripts; "
-            "app/realtime/engine_share.py). A session far right of the rest is the greedy one.",
+            "app/realtime/shares.py). A session far right of the rest is the greedy one.",
             buckets=SESSION_TOKEN_BUCKETS, registry=r,
         )
         # By limit, not by client: an address per label would name visitors and grow without bound.
@@ -169,12 +171,21 @@ class Metrics:
             "Work the engine share refused, by the limit that refused it (session: the session's own "
             "share; client: its client's, across its sessions) and the work: response (a client's "
             "response.create, answered engine_share_exceeded), speculative_response or partial_transcript "
-            "(throw-away work, skipped). app/realtime/engine_share.py.",
+            "(throw-away work, skipped). app/realtime/shares.py.",
             ["limit", "work"], registry=r,
         )
         for limit in SHARE_LIMITS:
             for work in REFUSED_WORK:
                 self.engine_share_refusals.labels(limit=limit, work=work)
+        self.event_rate_refusals = Counter(
+            "omni_rtc_event_rate_refusals",
+            "Client events the event rate refused (rate_limit_exceeded, answered or not), by the limit that "
+            "refused them (session: the session's own rate; client: its client's, across its sessions). "
+            "app/realtime/gate.py.",
+            ["limit"], registry=r,
+        )
+        for rate_limit in RATE_LIMITS:
+            self.event_rate_refusals.labels(limit=rate_limit)
         self.end_of_utterance_delay = Histogram(
             "omni_rtc_end_of_utterance_delay_seconds",
             "From the end of speech to the server VAD's speech_stopped: the session's silence wait "
@@ -276,8 +287,12 @@ class Metrics:
             self.speculative_discarded_engine.inc(engine_seconds)
 
     def share_refused(self, limit: ShareLimit, work: RefusedWork) -> None:
-        """A session's report of work its engine share refused (``app.realtime.engine_share.RefusalObserver``)."""
+        """A session's report of work its engine share refused (``app.realtime.shares.RefusalObserver``)."""
         self.engine_share_refusals.labels(limit=limit, work=work).inc()
+
+    def rate_refused(self, limit: RateLimit) -> None:
+        """A session's report of a client event its event rate refused (``app.realtime.gate.RateObserver``)."""
+        self.event_rate_refusals.labels(limit=limit).inc()
 
     def interruption(self, outcome: InterruptionOutcome) -> None:
         """A session's report of speech over an answer (``app.realtime.interruption``)."""

@@ -28,10 +28,10 @@ from typing import Any, Literal, Self
 
 import numpy as np
 
-from app.realtime.engine_share import ClientShares
 from app.realtime.protocol import server_event_adapter
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig, TurnDetection
+from app.realtime.shares import ClientShares
 from app.realtime.turn_report import SessionObserver
 from app.transports.websocket.event_audio import EventAudioOutput
 from media.rates import SPEECH_RATE, VOICE_RATE

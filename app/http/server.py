@@ -32,7 +32,6 @@ from app.http.signaling import signaling_router
 from app.http.socket_route import websocket_router
 from app.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from app.metrics import Metrics
-from app.realtime.engine_share import ClientShares
 from app.realtime.protocol import ProtocolError
 from app.realtime.session_config import (
     SessionConfig,
@@ -42,6 +41,7 @@ from app.realtime.session_config import (
     fitted,
     session_param,
 )
+from app.realtime.shares import ClientShares
 from app.recording import Recordings
 from app.serving.call_factory import check_jitter_buffer, check_text_judge, ice_servers, load_end_of_turn_model
 from app.serving.engines import MeteredEngine, StallTimeoutEngine
@@ -118,7 +118,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             app.state.runtime = Runtime(
                 engine=serving, for_sessions=for_sessions, model=model, vad=vad, calls=calls,
                 end_of_turn=end_of_turn, workers=workers, dev_replies=dev_replies, tracing=tracing,
-                recordings=recordings, client_shares=ClientShares(settings.engine_share_size.for_client()),
+                recordings=recordings, client_shares=ClientShares(settings.engine_share_size.for_client(),
+                                                                             settings.event_rate.for_client()),
             )
             scheme = "https" if settings.tls or settings.ssl_certfile else "http"
             logger.info("serving %s on %s://%s:%d", model, scheme, settings.host, settings.port)

@@ -21,7 +21,8 @@ one union per direction, the event-type strings):
 - ``history``: the conversation's items as the user heard them, pruned to the session's limits.
 - ``playback``: the answers' audio on its way to the listener, and what of it was played.
 - ``gate``: client events admitted by size and rate before they are parsed.
-- ``engine_share``: the session's share of the engine, and its client's, in prompt tokens prefilled over time.
+- ``shares``: the session's share of the engine, and its client's, in prompt tokens prefilled over
+  time; each client's budgets in one registry (its engine share, its event rate).
 - ``failures``: what a client is told when the server fails.
 - ``turn_report``: what the session tells an observer (traces, recordings) of its turns, with the
   times their ``latency`` came from, and of its events and audio.

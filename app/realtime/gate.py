@@ -5,8 +5,10 @@ A refused event gets a :class:`Rejection`, which the session answers with an ``e
 the session goes on. An event pays the rate's bucket one token per ``max_bytes`` it holds (at most
 a burst), refused ones too; an image event may be larger, but what it holds beside its images is
 held to ``max_bytes`` once parsed. Audio appends pay by their audio (``app.realtime.input``), not
-here; an event that only looked like one pays once parsed (:meth:`EventGate.admit_parsed`). The
-bounds and why: docs/HARDENING.md, "Limits".
+here; an event that only looked like one pays once parsed (:meth:`EventGate.admit_parsed`). A
+session whose client is held to a share pays its client's bucket too (:class:`EventBucket`, one per
+client across its sessions, twice a session's size: :meth:`EventRate.for_client`), and is refused
+by either, the refusal naming which. The bounds and why: docs/HARDENING.md, "Limits".
 
 Refusals for a bound (the event rate, appends faster than real time, an event too large:
 ``BOUND_CODES``) are answered with an ``error`` each up to ``REPLY_BURST`` at once and
@@ -26,6 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from app.realtime.protocol import APPEND_EVENT_TYPE
 
@@ -34,6 +37,60 @@ _APPEND_MARK = APPEND_EVENT_TYPE
 # ~100 bytes (openai-python, the page, DashScope's SDK).
 APPEND_ENVELOPE_BYTES = 1_024
 _APPEND_MARK_BYTES = APPEND_EVENT_TYPE.encode()
+
+
+# A session's event rate, by default (Settings.max_events_per_second, max_event_burst).
+MAX_EVENTS_PER_SECOND = 50.0
+MAX_EVENT_BURST = 100
+# A client's, across its sessions (up to --max-sessions-per-client, 4): twice a session's rate and
+# burst. One person rarely keeps more than two sessions busy at once (a tab speaking, one more
+# answering); four sessions at a session's rate each would let one address send 200 events a second.
+CLIENT_EVENT_FACTOR = 2
+
+# Whose event rate refused an event: the session's own, or its client's across its sessions.
+RateLimit = Literal["session", "client"]
+# A refusal's report (metrics): which limit refused an event.
+RateObserver = Callable[[RateLimit], None]
+
+
+@dataclass(frozen=True)
+class EventRate:
+    """A bucket's size: ``burst`` events at once, refilled at ``per_second``."""
+
+    per_second: float = MAX_EVENTS_PER_SECOND
+    burst: int = MAX_EVENT_BURST
+
+    def for_client(self) -> EventRate:
+        """A client's, across its sessions, when each of them has this size."""
+        return EventRate(CLIENT_EVENT_FACTOR * self.per_second, CLIENT_EVENT_FACTOR * self.burst)
+
+
+class EventBucket:
+    """One token bucket of events: a session's (its gate's own), or a client's (kept per client
+    across its sessions, ``app.realtime.shares.ClientShares``)."""
+
+    def __init__(self, rate: EventRate, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self._clock = clock
+        self._tokens = float(rate.burst)
+        self._refilled_at = clock()
+
+    @property
+    def full(self) -> bool:
+        return self._refill() >= self.rate.burst
+
+    def holds(self, cost: int) -> bool:
+        return self._refill() >= cost
+
+    def take(self, cost: int) -> None:
+        """Spends ``cost`` tokens the bucket ``holds``."""
+        self._tokens = self._refill() - cost
+
+    def _refill(self) -> float:
+        now = self._clock()
+        self._tokens = min(float(self.rate.burst), self._tokens + (now - self._refilled_at) * self.rate.per_second)
+        self._refilled_at = now
+        return self._tokens
 
 
 @dataclass(frozen=True)
@@ -45,7 +102,8 @@ class Rejection:
 
 
 class EventGate:
-    """Admits client events by size and by rate (a token bucket), before they are parsed."""
+    """Admits client events by size and by rate (a token bucket, and its client's when it has
+    one), before they are parsed."""
 
     def __init__(
         self,
@@ -54,15 +112,17 @@ class EventGate:
         per_second: float,
         burst: int,
         max_image_event_bytes: int | None = None,
+        client: EventBucket | None = None,
+        on_refused: RateObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``client``: the bucket of the session's client, shared with its other sessions (None:
+        the session's own rate only); ``on_refused``: each event the rate refused, by its limit."""
         self._max_bytes = max_bytes
         self._max_image_event_bytes = max(max_bytes, max_image_event_bytes or 0)
-        self._per_second = per_second
-        self._burst = burst
-        self._clock = clock
-        self._tokens = float(burst)
-        self._refilled_at = clock()
+        self._own = EventBucket(EventRate(per_second, burst), clock=clock)
+        self._client = client
+        self._on_refused = on_refused
 
     def admit(self, raw: str | bytes) -> Rejection | None:
         """Before parsing: the size of every event; the rate of every event that cannot be an audio append."""
@@ -90,19 +150,20 @@ class EventGate:
         )
 
     def _charge(self, size: int) -> Rejection | None:
-        now = self._clock()
-        self._tokens = min(self._burst, self._tokens + (now - self._refilled_at) * self._per_second)
-        self._refilled_at = now
         # What receiving it cost, as many events of max_bytes: one past the largest event the
         # session takes pays as much as that one (it is refused unread; its frame was bounded).
-        cost = min(self._burst, max(1, math.ceil(min(size, self._max_image_event_bytes) / self._max_bytes)))
-        if self._tokens < cost:
-            return Rejection(
-                "rate_limit_exceeded",
-                f"More than {self._per_second:g} events per second (bursts of {self._burst}); "
-                "this event was dropped. Audio appends are not counted: they are bounded by their duration.",
-            )
-        self._tokens -= cost
+        cost = max(1, math.ceil(min(size, self._max_image_event_bytes) / self._max_bytes))
+        buckets: list[tuple[RateLimit, EventBucket]] = [("session", self._own)]
+        if self._client is not None:
+            buckets.append(("client", self._client))
+        # Both buckets pay, or neither (a refused event is dropped); the session's limit is named first.
+        for limit, bucket in buckets:
+            if not bucket.holds(min(cost, bucket.rate.burst)):
+                if self._on_refused is not None:
+                    self._on_refused(limit)
+                return _rate_refusal(limit, bucket.rate)
+        for _, bucket in buckets:
+            bucket.take(min(cost, bucket.rate.burst))
         if size > self._max_image_event_bytes:
             return too_large(size, self._max_bytes, self._max_image_event_bytes)
         return None
@@ -114,6 +175,15 @@ class EventGate:
         if size - image_chars <= self._max_bytes:
             return None
         return too_large(size, self._max_bytes, self._max_image_event_bytes)
+
+
+def _rate_refusal(limit: RateLimit, rate: EventRate) -> Rejection:
+    whose = "from this session" if limit == "session" else "from this client's sessions together"
+    return Rejection(
+        "rate_limit_exceeded",
+        f"More than {rate.per_second:g} events per second (bursts of {rate.burst}) {whose} (the {limit} limit); "
+        "this event was dropped. Audio appends are not counted: they are bounded by their duration.",
+    )
 
 
 def _size(raw: str | bytes) -> int:

@@ -27,17 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from app.realtime.engine_share import (
-    ClientShare,
-    ClientShares,
-    EngineShare,
-    RefusalObserver,
-    SessionShare,
-    ShareSize,
-    answer_estimate,
-)
 from app.realtime.failures import failure_event
-from app.realtime.gate import BOUND_CODES, FLOOD_REFUSALS, FLOOD_WINDOW_S, EventGate, RefusalReplies
+from app.realtime.gate import BOUND_CODES, FLOOD_REFUSALS, FLOOD_WINDOW_S, EventGate, RateObserver, RefusalReplies
 from app.realtime.history import History, acknowledge_playback
 from app.realtime.input import (
     AppendDecoder,
@@ -90,6 +81,15 @@ from app.realtime.session_config import (
     first_config,
     fitted,
     session_param,
+)
+from app.realtime.shares import (
+    ClientShare,
+    ClientShares,
+    EngineShare,
+    RefusalObserver,
+    SessionShare,
+    ShareSize,
+    answer_estimate,
 )
 from app.realtime.speculation import OutcomeObserver, Speculation, SpeculativeAnswer, Speculator
 from app.realtime.transcription import PartialObserver, PartialTranscripts, Transcriptions
@@ -146,6 +146,7 @@ class RealtimeSession:
         on_interruption: InterruptionObserver | None = None,
         on_engine_tokens: Callable[[int], None] | None = None,
         on_share_refused: RefusalObserver | None = None,
+        on_rate_refused: RateObserver | None = None,
         client: str | None = None,
         client_shares: ClientShares | None = None,
         share_size: ShareSize = ShareSize(),
@@ -160,10 +161,12 @@ class RealtimeSession:
         ``on_partial_transcript``: each partial transcript's outcome (metrics, ``app.realtime.transcription``).
         ``on_interruption``: speech over an answer that was not an interruption (metrics,
         ``app.realtime.interruption``). ``on_engine_tokens``: at close, the prompt tokens the
-        session's work had the engine prefill (metrics, ``app.realtime.engine_share``);
-        ``on_share_refused``: each piece of work the engine share refused, by the limit that refused it.
-        ``client``: the key of the client held to a share across its sessions (its address; None:
-        none, the session's own share only), kept in ``client_shares`` (this process's);
+        session's work had the engine prefill (metrics, ``app.realtime.shares``);
+        ``on_share_refused``: each piece of work the engine share refused, by the limit that refused it;
+        ``on_rate_refused``: each client event the event rate refused, by its limit.
+        ``client``: the key of the client held to a share (of the engine, and of the event rate)
+        across its sessions (its address; None: none, the session's own only), kept in
+        ``client_shares`` (this process's);
         ``share_size``: the session's own bucket.
         ``observer``: the session's start and close, each response and each answer's playback
         (traces, ``app.realtime.turn_report``).
@@ -179,20 +182,23 @@ class RealtimeSession:
         first, unfit = first_config(config or SessionConfig(), self._capabilities)
         self._config, unavailable = self._semantic.runnable(first)
         self._start_errors = [error for error in (unfit, unavailable) if error is not None]
+        self._client_share: ClientShare | None = (
+            client_shares.join(client) if client is not None and client_shares is not None else None
+        )
+        client_budget = self._client_share.budget if self._client_share is not None else None
         self._gate = EventGate(
             max_bytes=self._config.max_event_bytes,
             per_second=self._config.max_events_per_second,
             burst=self._config.max_event_burst,
             max_image_event_bytes=self._config.max_image_event_bytes,
+            client=client_budget.events if client_budget is not None else None,
+            on_refused=on_rate_refused,
             clock=clock,
         )
         self._conversation_id = new_id("conv")
         self._expires_at = int(time.time()) + SESSION_LIFETIME_S
-        self._client_share: ClientShare | None = (
-            client_shares.join(client) if client is not None and client_shares is not None else None
-        )
         self._share = SessionShare(EngineShare(burst=share_size.burst, per_second=share_size.per_second, clock=clock),
-                                   self._client_share.bucket if self._client_share is not None else None,
+                                   client_budget.engine if client_budget is not None else None,
                                    on_refused=on_share_refused)
         self._speculator = Speculator(engine, self._speculative_answer, session_id=self.session_id, share=self._share,
                                       on_outcome=on_speculation, clock=clock)

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from app.realtime.gate import MAX_EVENT_BURST, MAX_EVENTS_PER_SECOND
 from app.realtime.protocol import (
     AudioFormat,
     ClientItem,
@@ -234,8 +235,8 @@ class SessionConfig:
     # Client events past these are answered with an error and dropped (app.realtime.gate.EventGate);
     # Settings.max_event_bytes, max_events_per_second, max_event_burst.
     max_event_bytes: int = 262_144
-    max_events_per_second: float = 50.0
-    max_event_burst: int = 100
+    max_events_per_second: float = MAX_EVENTS_PER_SECOND
+    max_event_burst: int = MAX_EVENT_BURST
     # One input_image's bytes (decoded from its data URL); Settings.max_image_bytes.
     max_image_bytes: int = 10_485_760
     # turn_detection.speculative_response when a client's turn detection leaves it out;

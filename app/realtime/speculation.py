@@ -44,9 +44,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.realtime.engine_share import SessionShare, request_estimate
 from app.realtime.held_generation import HeldGeneration
 from app.realtime.protocol import new_id
+from app.realtime.shares import SessionShare, request_estimate
 from pipeline.contract import PREEMPTIBLE_ENDS, Engine, GenerationRequest
 from pipeline.conversation import Conversation, ConversationItem, UserAudio, bound_history
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.realtime.engine_share import SessionShare, request_estimate
 from app.realtime.failures import FailureCode, transcription_failed_event
 from app.realtime.held_generation import HeldGeneration
 from app.realtime.history import Entry, UserEntry
@@ -34,6 +33,7 @@ from app.realtime.protocol import (
     new_id,
 )
 from app.realtime.session_config import InputTranscription
+from app.realtime.shares import SessionShare, request_estimate
 from app.realtime.turn_taking import SpeechSoFar
 from media.rates import SPEECH_RATE
 from pipeline.contract import (

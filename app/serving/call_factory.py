@@ -12,10 +12,10 @@ from typing import Any
 from app.calls.registry import OnClosed
 from app.config import Settings
 from app.metrics import Metrics
-from app.realtime.engine_share import ClientShares
 from app.realtime.playback import AudioOutput
 from app.realtime.session import RealtimeSession
 from app.realtime.session_config import SessionConfig
+from app.realtime.shares import ClientShares
 from app.realtime.turn_report import SessionObservers
 from app.realtime.turn_taking import EngineTextJudge, TextJudge
 from app.recording import Recordings
@@ -79,8 +79,8 @@ def session_factory(
     observe it, this process's ``tracing`` (when it exports traces) draws its spans,
     ``timelines`` (the server process's, for ``/debug/turns``) keeps its turns' timeline and its
     ``recordings`` (when the server keeps them) record it. ``client``: the key of the client whose
-    share of the engine the session draws on too (``Admission.client_key``; None: its own share
-    only), kept in this process's ``client_shares``."""
+    share of the engine and event rate the session draws on too (``Admission.client_key``; None:
+    its own only), kept in this process's ``client_shares``."""
 
     def make_session(output: AudioOutput, send: Callable[[dict[str, Any]], None]) -> RealtimeSession:
         return RealtimeSession(
@@ -88,6 +88,7 @@ def session_factory(
             on_ignored_speech=metrics.ignored_speech.inc, on_speculation=metrics.speculation,
             on_partial_transcript=metrics.partial_transcript, on_interruption=metrics.interruption,
             on_engine_tokens=metrics.session_engine_tokens.observe, on_share_refused=metrics.share_refused,
+            on_rate_refused=metrics.rate_refused,
             client=client, client_shares=client_shares, share_size=settings.engine_share_size,
             end_of_turn=end_of_turn,
             text_judge=text_judge(settings, shared_engine),

@@ -26,7 +26,7 @@ from typing import Any
 from app.calls.registry import CallRegistry, OpenSession
 from app.config import Settings, dev_replies_file, load_dev_replies
 from app.metrics import Metrics
-from app.realtime.engine_share import ClientShares
+from app.realtime.shares import ClientShares
 from app.recording import Recordings
 from app.resources import process_resources
 from app.serving.call_factory import load_end_of_turn_model, new_call, session_factory
@@ -169,8 +169,8 @@ class MediaWorker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._dev_replies: tuple[str, ...] = ()
         self._timelines = TurnTimelines()  # this worker's recent sessions, for the front's /debug/turns
-        # The engine share of each client of this worker's calls.
-        self._client_shares = ClientShares(settings.engine_share_size.for_client())
+        # The engine share and the event rate of each client of this worker's calls.
+        self._client_shares = ClientShares(settings.engine_share_size.for_client(), settings.event_rate.for_client())
 
     async def serve(self, socket_path: str) -> None:
         reader, writer = await asyncio.open_unix_connection(socket_path)

@@ -4,7 +4,7 @@
 page, auth, client secrets, signaling, the session count and the engine in this (front)
 process, and runs every call in one of N worker processes (``app.serving.media_worker``). A new call goes to the live worker
 that holds its client's other calls (so that one process keeps the client's share of the engine,
-``app.realtime.engine_share.ClientShares``), else to the one with the fewest calls; its offer travels over IPC and the worker's SDP answer comes back, so the
+``app.realtime.shares.ClientShares``), else to the one with the fewest calls; its offer travels over IPC and the worker's SDP answer comes back, so the
 peer's media then flows to that worker's own UDP sockets. A worker reports every 0.5 s (its
 heartbeat); one silent for ``HEARTBEAT_TIMEOUT_S`` (stopped, or its loop stuck) gets no new
 calls, shows ``ready: false`` in /healthz, and an offer it was given goes to the next worker.

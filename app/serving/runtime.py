@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.calls.registry import CallRegistry
-from app.realtime.engine_share import ClientShares
+from app.realtime.shares import ClientShares
 from app.recording import Recordings
 from app.serving.engines import for_session
 from app.serving.media_workers import MediaWorkerPool
@@ -33,7 +33,7 @@ class Runtime:
     recordings: Recordings | None = None  # this process's session recordings; None: --record-dir not set
     # Recent sessions' turns in this process (GET /debug/turns); the media workers' calls are not here.
     timelines: TurnTimelines = field(default_factory=TurnTimelines)
-    # The engine share of each client of this process's sessions (the media workers keep their own).
+    # The engine share and event rate of each client of this process's sessions (the media workers keep their own).
     client_shares: ClientShares = field(default_factory=ClientShares)
 
     def session_engine(self) -> Engine:

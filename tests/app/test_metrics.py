@@ -114,6 +114,16 @@ def test_engine_share_refusals_are_counted_by_limit_and_work_never_by_client():
     assert f'{family}{{limit="client",work="partial_transcript"}} 0.0' in text  # shown before it happens
 
 
+def test_event_rate_refusals_are_counted_by_limit_never_by_client():
+    metrics = Metrics()
+    metrics.rate_refused("client")
+    metrics.rate_refused("client")
+    text = metrics.render().decode()
+
+    assert 'omni_rtc_event_rate_refusals_total{limit="client"} 2.0' in text
+    assert 'omni_rtc_event_rate_refusals_total{limit="session"} 0.0' in text  # shown before it happens
+
+
 def test_error_events_are_counted_by_type_and_code():
     metrics = Metrics()
     observer = metrics.observer(Clock())

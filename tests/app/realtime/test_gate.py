@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from app.realtime.gate import FLOOD_REFUSALS, FLOOD_WINDOW_S, REPLY_BURST, EventGate, RefusalReplies
+from app.realtime.gate import (
+    FLOOD_REFUSALS,
+    FLOOD_WINDOW_S,
+    REPLY_BURST,
+    EventBucket,
+    EventGate,
+    EventRate,
+    RefusalReplies,
+)
 from tests.clock import FakeClock
 
 
@@ -106,3 +114,29 @@ def test_a_thousand_refusals_within_ten_seconds_are_a_flood_and_fewer_are_not():
     outcomes = [flood.refused(now=step * 0.001) for step in range(FLOOD_REFUSALS)]
     assert not any(outcome.flooding for outcome in outcomes[:-1]) and outcomes[-1].flooding
     assert outcomes[-1].reply  # the flood is told why the session ends
+
+
+def test_gates_of_one_client_share_its_bucket_and_another_clients_is_unaffected():
+    clock = FakeClock()
+    refusals: list[str] = []
+
+    def gate_of(client: EventBucket) -> EventGate:
+        return EventGate(max_bytes=100, per_second=10, burst=3, client=client, on_refused=refusals.append, clock=clock)
+
+    one_client, another_client = EventBucket(EventRate(15, 4), clock=clock), EventBucket(EventRate(15, 4), clock=clock)
+    first, second, other = gate_of(one_client), gate_of(one_client), gate_of(another_client)
+    assert [first.admit("{}") for _ in range(3)] == [None, None, None]  # each within its own burst of 3
+    assert second.admit("{}") is None  # the client's fourth
+    refused = second.admit("{}")
+    assert refused is not None and refused.code == "rate_limit_exceeded"
+    assert "(the client limit)" in refused.message and "15 events per second (bursts of 4)" in refused.message
+    assert [other.admit("{}") for _ in range(3)] == [None, None, None]  # another client's bucket is whole
+    refused = first.admit("{}")
+    assert refused is not None and "(the session limit)" in refused.message  # its own first
+    assert refusals == ["client", "session"]
+    clock.now += 0.1  # one token each: the session's at 10 a second, the client's at 15
+    assert second.admit("{}") is None and first.admit("{}") is not None  # the client's is spent again
+
+
+def test_a_clients_bucket_is_twice_a_sessions():
+    assert EventRate(50, 100).for_client() == EventRate(100, 200)

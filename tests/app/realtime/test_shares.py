@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from app.realtime.engine_share import (
+from app.realtime.gate import EventRate
+from app.realtime.session_config import SessionConfig
+from app.realtime.shares import (
     ENGINE_SHARE_BURST,
     ENGINE_SHARE_PER_SECOND,
     ClientShares,
@@ -15,7 +17,6 @@ from app.realtime.engine_share import (
     answer_estimate,
     prompt_estimate,
 )
-from app.realtime.session_config import SessionConfig
 from pipeline.conversation import Conversation, UserAudio, UserText
 from tests.clock import FakeClock
 from tests.fakes import EnergyVad, ScriptedEngine, SessionHarness
@@ -49,7 +50,7 @@ def test_two_sessions_of_one_client_draw_on_its_bucket_and_another_client_is_una
 
     def session_of(client: str) -> SessionShare:
         own = EngineShare(burst=1_000, per_second=100, clock=clock)
-        return SessionShare(own, shares.join(client).bucket, on_refused=lambda limit, work: refusals.append((limit, work)))
+        return SessionShare(own, shares.join(client).budget.engine, on_refused=lambda limit, work: refusals.append((limit, work)))
 
     first, second, other = session_of("198.51.100.7"), session_of("198.51.100.7"), session_of("203.0.113.9")
     first.charge(900)  # a spoken turn's answer: charged to the session and to its client
@@ -69,15 +70,30 @@ def test_a_clients_bucket_is_forgotten_once_its_last_session_closed_and_it_refil
     assert len(shares) == 0  # nothing spent: forgotten at once
 
     first, second = shares.join("198.51.100.7"), shares.join("198.51.100.7")
-    first.bucket.charge(500)
+    first.budget.engine.charge(500)
     first.leave()
     first.leave()  # twice: one session left
     second.leave()
     assert len(shares) == 1  # spent: kept, so that reopening a session does not start afresh
     again = shares.join("198.51.100.7")
-    assert again.bucket.available == 500
+    assert again.budget.engine.available == 500
     again.leave()
     clock.now += 5  # refilled: as good as a new one
+    shares.join("203.0.113.9").leave()
+    assert len(shares) == 0
+
+
+def test_a_clients_budget_is_kept_until_its_event_rate_refilled_too():
+    clock = FakeClock()
+    shares = ClientShares(ShareSize(1_000, 100), EventRate(per_second=2, burst=4), clock=clock)
+    held = shares.join("198.51.100.7")
+    held.budget.events.take(4)  # its sessions' events spent the client's rate; its engine share is whole
+    held.leave()
+    assert len(shares) == 1
+    again = shares.join("198.51.100.7")
+    assert not again.budget.events.holds(1)  # reopening a session does not refill it
+    again.leave()
+    clock.now += 2  # refilled at 2 a second: as good as a new one
     shares.join("203.0.113.9").leave()
     assert len(shares) == 0
 

@@ -1,5 +1,6 @@
-"""A session's share of the engine, and its client's: the prompt tokens their work has the engine
-prefill and the steps it has it decode, bounded in time.
+"""What a session and its client draw on: each one's share of the engine (the prompt tokens their
+work has the engine prefill and the steps it has it decode, bounded in time) and, in one registry
+per process, each client's budgets (its engine share and its event rate).
 
 Every engine generation a session causes is charged what its prompt costs to prefill (a bound
 read off its conversation: audio and images exact, text by its bytes; ``prompt_estimate``):
@@ -11,7 +12,9 @@ always run and charged, and may take the bucket below zero; a client's ``respons
 refused past it (``engine_share_exceeded``), and throw-away work (speculation, partials) runs only
 while the bucket holds its cost. A session whose client is held to a share (``ClientShares``: one
 bucket per client in this process, across its sessions) is charged to both buckets, and refused
-by either (``SessionShare``). docs/SESSION.md "The engine's share".
+by either (``SessionShare``). ``ClientShares`` keeps each such client's event rate beside its
+engine share (``ClientBudget``: the gate's bucket, ``app.realtime.gate``). docs/SESSION.md "The
+engine's share".
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from app.realtime.gate import EventBucket, EventRate
 from pipeline.contract import GenerationRequest
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, Conversation
 from pipeline.token_count import prompt_tokens_at_most
@@ -119,12 +123,25 @@ class ShareRefusal:
     per_second: float
 
 
-class ClientShare:
-    """One session's hold on its client's bucket (``ClientShares.join``); ``leave`` at its close (safe twice)."""
+@dataclass(frozen=True)
+class ClientBudget:
+    """One client's buckets in this process, shared by its sessions: its share of the engine and
+    its event rate."""
 
-    def __init__(self, shares: ClientShares, client: str, bucket: EngineShare) -> None:
+    engine: EngineShare
+    events: EventBucket
+
+    @property
+    def refilled(self) -> bool:
+        return self.engine.available >= self.engine.burst and self.events.full
+
+
+class ClientShare:
+    """One session's hold on its client's budget (``ClientShares.join``); ``leave`` at its close (safe twice)."""
+
+    def __init__(self, shares: ClientShares, client: str, budget: ClientBudget) -> None:
         self.client = client
-        self.bucket = bucket
+        self.budget = budget
         self._shares: ClientShares | None = shares
 
     def leave(self) -> None:
@@ -134,36 +151,41 @@ class ClientShare:
 
 
 class ClientShares:
-    """Every client's bucket in this process, by client key (its address, as admission names it).
+    """Every client's budget in this process, by client key (its address, as admission names it).
 
-    A bucket is kept while a session of its client is open, and after the last one closes until it
-    has refilled (so a client that closes and reopens its sessions does not start afresh): the
-    buckets are at most the open sessions' clients plus those that spent within the last
-    ``burst / per_second`` seconds (more for one far below zero), each forgotten at the next
-    ``join`` or ``left`` past that.
+    A budget is kept while a session of its client is open, and after the last one closes until
+    both its buckets have refilled (so a client that closes and reopens its sessions does not start
+    afresh): the budgets are at most the open sessions' clients plus those that spent within the
+    last ``burst / per_second`` seconds of either bucket (more for an engine share far below zero),
+    each forgotten at the next ``join`` or ``left`` past that.
     """
 
-    def __init__(self, size: ShareSize = ShareSize().for_client(), *, clock: Callable[[], float] = time.monotonic) -> None:
-        """``size``: each client's bucket (``ShareSize.for_client`` of its sessions')."""
+    def __init__(self, size: ShareSize = ShareSize().for_client(), events: EventRate = EventRate().for_client(), *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``size``: each client's engine share (``ShareSize.for_client`` of its sessions');
+        ``events``: each client's event rate (``EventRate.for_client`` of its sessions')."""
         self.burst = size.burst
         self.per_second = size.per_second
+        self.events = events
         self._clock = clock
-        self._buckets: dict[str, EngineShare] = {}
+        self._budgets: dict[str, ClientBudget] = {}
         self._sessions: dict[str, int] = {}  # open sessions by client key
 
     def __len__(self) -> int:
-        """Clients whose bucket is kept."""
-        return len(self._buckets)
+        """Clients whose budget is kept."""
+        return len(self._budgets)
 
     def join(self, client: str) -> ClientShare:
-        """A session of ``client`` opens: its hold on the client's bucket (a full one for a client not kept)."""
+        """A session of ``client`` opens: its hold on the client's budget (a full one for a client not kept)."""
         self._forget_refilled()
-        bucket = self._buckets.get(client)
-        if bucket is None:
-            bucket = self._buckets[client] = EngineShare(burst=self.burst, per_second=self.per_second,
-                                                         clock=self._clock)
+        budget = self._budgets.get(client)
+        if budget is None:
+            budget = self._budgets[client] = ClientBudget(
+                EngineShare(burst=self.burst, per_second=self.per_second, clock=self._clock),
+                EventBucket(self.events, clock=self._clock),
+            )
         self._sessions[client] = self._sessions.get(client, 0) + 1
-        return ClientShare(self, client, bucket)
+        return ClientShare(self, client, budget)
 
     def left(self, client: str) -> None:
         """A session of ``client`` closed (``ClientShare.leave``)."""
@@ -175,9 +197,9 @@ class ClientShares:
         self._forget_refilled()
 
     def _forget_refilled(self) -> None:
-        for client, bucket in list(self._buckets.items()):
-            if client not in self._sessions and bucket.available >= bucket.burst:
-                del self._buckets[client]
+        for client, budget in list(self._budgets.items()):
+            if client not in self._sessions and budget.refilled:
+                del self._budgets[client]
 
 
 class SessionShare:
