@@ -80,29 +80,40 @@ class AudioPlacement:
     A chunk is placed at ``candidate_s`` (the input's: its arrival less its length, as heard
     live; the answer's: when it was written, as played from then on), but never before where the
     side's audio so far ends: a client that sends faster than real time, and an answer written
-    ahead of its playback, queue behind what came before. ``cut`` ends the audio at a moment
-    (a cut answer's tail, written and never played, stays in the file unplaced)."""
+    ahead of its playback, queue behind what came before. A chunk within ``CONTIGUOUS_S`` of the
+    end joins its run. With ``heard_late`` (the input: a chunk arrives after it was said, never
+    before), a run starts at the earliest its chunks allow, as a jitter buffer's clock follows its
+    fastest packets: one delayed first chunk (a stalled loop's backlog, a slow start) does not push
+    the whole call late. ``cut`` ends the audio at a moment (a cut answer's tail, written and never
+    played, stays in the file unplaced)."""
 
     rate: int
+    heard_late: bool = False
     segments: list[list[float]] = field(default_factory=list)
     written: int = 0  # the file's samples so far
 
-    def add(self, candidate_s: float, samples: int) -> float:
-        """Places the file's next ``samples``; returns where they start on the session's clock."""
+    def add(self, candidate_s: float, samples: int) -> None:
+        """Places the file's next ``samples``."""
         end_s = 0.0
         if self.segments:
             start_ms, first, count = self.segments[-1]
             end_s = start_ms / 1000 + count / self.rate
             if first + count == self.written and candidate_s - end_s <= CONTIGUOUS_S:
+                if self.heard_late and candidate_s < end_s:
+                    # This chunk, ``count`` samples into the run, was said by candidate_s.
+                    before = self.segments[-2] if len(self.segments) > 1 else None
+                    floor_s = 0.0 if before is None else before[0] / 1000 + before[2] / self.rate
+                    earliest_s = max(candidate_s - count / self.rate, floor_s)
+                    if earliest_s < start_ms / 1000:
+                        self.segments[-1][0] = round(earliest_s * 1000, 1)
                 if samples > 0:
                     self.segments[-1][2] = count + samples
                     self.written += samples
-                return end_s
+                return
         start_ms = round(max(candidate_s, end_s) * 1000, 1)
         if samples > 0:
             self.segments.append([start_ms, self.written, samples])
             self.written += samples
-        return start_ms / 1000
 
     def cut(self, at_s: float) -> None:
         """Nothing of what was written plays past ``at_s``."""
@@ -179,9 +190,9 @@ class RecordingWriter:
         self._dropped = 0
         self._finished = False
         self._finish_taken = False  # the writer thread took the finish: nothing more comes
-        self._heard = AudioPlacement(SPEECH_RATE)  # the writer thread's
+        self._heard = AudioPlacement(SPEECH_RATE, heard_late=True)  # the writer thread's
         self._answered = AudioPlacement(VOICE_RATE)
-        self._heard_levels = LevelTrack(SPEECH_RATE)  # the writer thread's, on the placements' clock
+        self._heard_levels = LevelTrack(SPEECH_RATE)  # the writer thread's, placed at the end
         self._answered_levels = LevelTrack(VOICE_RATE)
         self._thread = threading.Thread(target=self._run, name=f"recording {folder.name}", daemon=True)
 
@@ -256,7 +267,6 @@ class RecordingWriter:
                     continue
                 if isinstance(item, _Cut):
                     self._answered.cut(item.at - self._monotonic_start)
-                    self._answered_levels.cut(item.at - self._monotonic_start)
                     continue
                 at = round(item.at - self._monotonic_start, 3)
                 event = self._readable(item)
@@ -277,7 +287,8 @@ class RecordingWriter:
         }
         audio = {"input_rate": SPEECH_RATE, "output_rate": VOICE_RATE,
                  "input": self._heard.to_json(), "output": self._answered.to_json()}
-        levels = levels_json(self._heard_levels, self._answered_levels, closed_s * 1000)
+        levels = levels_json(self._heard_levels, self._heard.segments, self._answered_levels, self._answered.segments,
+                             closed_s * 1000)
         # Compact: the levels are most of the file (an hour's are 144,000 numbers).
         written = json.dumps({**timeline, "audio": audio, "levels": levels}, separators=(",", ":"))
         (self.folder / "timeline.json").write_text(written + "\n", encoding="utf-8")
@@ -290,12 +301,14 @@ class RecordingWriter:
         (self.folder / "session.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 
     def _place(self, item: _Audio, pcm: np.ndarray) -> None:
-        """Places the chunk on the session's clock, and its level where it was placed."""
+        """Places the chunk on the session's clock; its level is placed with it at the end."""
         at = item.at - self._monotonic_start
         if item.output:
-            self._answered_levels.add(self._answered.add(at, pcm.size), pcm)
+            self._answered.add(at, pcm.size)
+            self._answered_levels.add(pcm)
         else:
-            self._heard_levels.add(self._heard.add(at - pcm.size / SPEECH_RATE, pcm.size), pcm)
+            self._heard.add(at - pcm.size / SPEECH_RATE, pcm.size)
+            self._heard_levels.add(pcm)
 
     def _readable(self, item: _Event) -> Any:
         """The event as written: parsed, its audio and images as lengths, its secrets redacted."""

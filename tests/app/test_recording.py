@@ -285,6 +285,20 @@ def test_audio_placement_joins_contiguous_chunks_queues_early_ones_and_starts_la
     assert placement.to_json() == [[1000.0, 0, 140]]
 
 
+def test_heard_audio_starts_where_its_least_delayed_chunk_says_it_was_said():
+    """A call's input: its first frames arrive in a burst 120 ms late (a stalled loop's backlog),
+    the rest on time; the run is placed where the on-time frames say, not 120 ms late."""
+    placement = AudioPlacement(1000, heard_late=True)
+    said = [1.0 + 0.02 * frame for frame in range(20)]  # 20 ms frames said from 1 s on
+    arrived = [max(at + 0.02, 1.14) for at in said]  # the first six together at 1.14 s
+    for frame_arrived in arrived:
+        placement.add(frame_arrived - 0.02, 20)
+    assert placement.to_json() == [[1000.0, 0, 400]]
+    placement.add(1.5, 20)  # after a pause: a run of its own, never before the first one ends
+    placement.add(1.39, 20)  # said before the second run's placement allows: held to the first's end
+    assert placement.to_json() == [[1000.0, 0, 400], [1400.0, 400, 40]]
+
+
 def test_a_recorders_timeline_json_holds_the_turn_timeline_and_each_sides_segments(tmp_path):
     now = [100.0]
     writers: list[RecordingWriter] = []
@@ -371,8 +385,8 @@ def test_a_recordings_levels_show_each_sides_sound_where_it_was_placed_and_no_cu
 
 def test_a_long_sessions_levels_widen_their_step_to_hold_an_hours_count():
     heard, answered = LevelTrack(SPEECH_RATE), LevelTrack(VOICE_RATE)
-    answered.add(7_199.0, np.full(VOICE_RATE, 0.5, dtype=np.float32))  # -6 dBFS, the last second of two hours
-    levels = levels_json(heard, answered, until_ms=7_200_000.0)
+    answered.add(np.full(VOICE_RATE, 0.5, dtype=np.float32))  # -6 dBFS, the last second of two hours
+    levels = levels_json(heard, [], answered, [[7_199_000.0, 0, VOICE_RATE]], until_ms=7_200_000.0)
     assert levels["step_ms"] == 100 and len(levels["input"]) == len(levels["output"]) == 72_000
     assert levels["output"][-11:] == [FLOOR_DB] + [-6] * 10
     assert set(levels["input"]) == {FLOOR_DB}
