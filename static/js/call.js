@@ -8,6 +8,10 @@ import { LevelMeter, openMicrophone } from "./microphone.js";
 // ICE "disconnected" often heals by itself within a few seconds (Wi-Fi hiccup); only a
 // disconnect that lasts this long is treated as a dropped call.
 const DISCONNECT_GRACE_MS = 4000;
+// The event channel opens a round trip or two after the connection does (SCTP over DTLS); a call
+// whose channel is still closed this long after its connection came up cannot be used (no event
+// either way) and is treated as dropped, so that the page tries again instead of waiting for ever.
+const CHANNEL_OPEN_DEADLINE_MS = 10000;
 // getStats() poll period while an answer's first sound is awaited: the browser latency
 // figure is accurate to about this much.
 const STATS_POLL_MS = 50;
@@ -32,6 +36,7 @@ export class Call {
     this.meter = new LevelMeter((percent) => view.setMeter(percent));
     this.statsTimer = null;
     this.disconnectTimer = null;
+    this.channelTimer = null;
     this.closed = false;
     this.location = null;         // the call's URL on the server (Location of the answer)
   }
@@ -91,6 +96,7 @@ export class Call {
     this.closed = true;
     clearInterval(this.statsTimer);
     clearTimeout(this.disconnectTimer);
+    clearTimeout(this.channelTimer);
     if (this.dc) this.dc.close();
     if (this.pc) {
       this.camera.detach();
@@ -128,6 +134,11 @@ export class Call {
     if (state === "connected") {
       clearTimeout(this.disconnectTimer);
       this.disconnectTimer = null;
+      if (!this.isOpen && this.channelTimer === null) {
+        this.channelTimer = setTimeout(() => {
+          if (!this.isOpen) this.dropped("the event channel did not open");
+        }, CHANNEL_OPEN_DEADLINE_MS);
+      }
     } else if (state === "failed") {
       this.dropped("the connection failed");
     } else if (state === "disconnected" && this.disconnectTimer === null) {

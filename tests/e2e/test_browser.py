@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 from playwright.async_api import Page, async_playwright
+from playwright.async_api import TimeoutError as PlaywrightTimeoutError
 
 from app.config import Settings
 from app.http.call_refusals import capacity_error
@@ -346,14 +347,16 @@ def end_call_on_server(url: str) -> int:
 
 
 @contextlib.asynccontextmanager
-async def page_with_a_silent_microphone(server_url: str, tmp_path: Path) -> AsyncIterator[Page]:
-    """The page, loaded and not yet connected, in a browser whose microphone hears a quiet room."""
+async def page_with_a_silent_microphone(server_url: str, tmp_path: Path, *init_scripts: str) -> AsyncIterator[Page]:
+    """The page, loaded and not yet connected, in a browser whose microphone hears a quiet room
+    (``init_scripts`` run in it before the page's own)."""
     microphone = write_fake_microphone(tmp_path / "silence.wav", [Silence(60.0)])
     async with async_playwright() as playwright:
         browser = await launch_chromium(playwright, microphone=microphone)
         try:
             page = await browser.new_page()
-            await page.add_init_script(SCRIPT_WATCH_DISPLAY)
+            for script in (SCRIPT_WATCH_DISPLAY, *init_scripts):
+                await page.add_init_script(script)
             await page.goto(server_url)
             yield page
         finally:
@@ -378,11 +381,16 @@ async def connect_for_form_changes(page: Page) -> None:
 async def reconnected(page: Page, url: str) -> tuple[str, list[str], str, int]:
     """Wait for the page's second call to listen; its URL, the states it went through, the first
     error it showed and the server's open sessions then. Hangs up."""
-    await page.wait_for_function(
-        "window.omniRtc.events.filter((e) => e.type === 'session.created').length === 2"
-        " && window.omniRtc.state === 'listening'",
-        timeout=TURN_DEADLINE_MS,
-    )
+    try:
+        await page.wait_for_function(
+            "window.omniRtc.events.filter((e) => e.type === 'session.created').length === 2"
+            " && window.omniRtc.state === 'listening'",
+            timeout=TURN_DEADLINE_MS,
+        )
+    except PlaywrightTimeoutError:
+        seen = await page.evaluate("({state: window.omniRtc.state, states: window.watched.states,"
+                                   " events: window.omniRtc.events.map((e) => e.type).slice(-30)})")
+        raise AssertionError(f"the page did not listen on a second call: {seen}") from None
     second_call = await page.evaluate("window.omniRtc.callUrl")
     states = await page.evaluate("window.watched.states")
     error = await page.locator("#errors .error span").first.inner_text()
@@ -424,6 +432,30 @@ async def test_page_notices_its_media_worker_dying_and_reconnects_to_a_live_one(
     assert states == ["connecting", "listening", "reconnecting", "listening"]
     assert error == "Call dropped: the connection was interrupted."
     assert sessions_while_reconnected == 1
+
+
+# As a call whose SCTP association never comes up over a connected transport: the page's event
+# channel never says it opened.
+SCRIPT_EVENT_CHANNEL_NEVER_OPENS = """
+Object.defineProperty(RTCDataChannel.prototype, "onopen", {set() {}, get() { return null; }, configurable: true});
+Object.defineProperty(RTCDataChannel.prototype, "readyState", {get() { return "connecting"; }, configurable: true});
+"""
+
+
+async def test_a_call_whose_event_channel_never_opens_is_dropped_and_placed_again(server_url: str, tmp_path: Path) -> None:
+    async with page_with_a_silent_microphone(server_url, tmp_path, SCRIPT_EVENT_CHANNEL_NEVER_OPENS) as page:
+        await page.click("#connect")
+        await page.wait_for_function(
+            "document.querySelector('#errors')?.textContent.includes('the event channel did not open')",
+            timeout=TURN_DEADLINE_MS,
+        )
+        first_call = await page.evaluate("window.omniRtc.callUrl")
+        # Placed again after the backoff's first second: a new call, the dropped one ended.
+        await page.wait_for_function(f"window.omniRtc.callUrl && window.omniRtc.callUrl !== {first_call!r}",
+                                     timeout=TURN_DEADLINE_MS)
+        assert await asyncio.to_thread(wait_for_sessions, server_url, 1) == 1
+        await page.click("#hangup")
+    assert await asyncio.to_thread(wait_for_sessions, server_url, 0) == 0
 
 
 async def test_page_says_when_the_call_is_recorded(tmp_path: Path) -> None:
