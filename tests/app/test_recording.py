@@ -13,6 +13,7 @@ import json
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -271,6 +272,21 @@ async def test_a_webrtc_call_on_a_media_worker_is_recorded_by_it_unless_its_offe
 # -- where each side's audio lies on the session's clock (timeline.json) ------------------------
 
 
+def started_writers(
+    folder: Path, before: Callable[[], object] = lambda: None
+) -> tuple[Callable[[WriterStart], RecordingWriter], list[RecordingWriter]]:
+    """A recorder's ``start_writer`` writing into ``folder`` (``before``: first in its thread), and
+    the writers it started."""
+    writers: list[RecordingWriter] = []
+
+    def start_writer(start: WriterStart) -> RecordingWriter:
+        writers.append(RecordingWriter(folder, start, secrets=(), before=before, on_done=lambda writer: None))
+        writers[-1].start()
+        return writers[-1]
+
+    return start_writer, writers
+
+
 def test_audio_placement_joins_contiguous_chunks_queues_early_ones_and_starts_late_ones_anew():
     placement = AudioPlacement(1000)
     placement.add(1.0, 20)  # 20 ms from 1 s
@@ -301,13 +317,7 @@ def test_heard_audio_starts_where_its_least_delayed_chunk_says_it_was_said():
 
 def test_a_recorders_timeline_json_holds_the_turn_timeline_and_each_sides_segments(tmp_path):
     now = [100.0]
-    writers: list[RecordingWriter] = []
-
-    def start_writer(start: WriterStart) -> RecordingWriter:
-        writers.append(RecordingWriter(tmp_path / "recording", start, secrets=(), before=lambda: None,
-                                       on_done=lambda writer: None))
-        writers[-1].start()
-        return writers[-1]
+    start_writer, writers = started_writers(tmp_path / "recording")
 
     recorder = SessionRecorder(start_writer, transport="webrtc", clock=lambda: now[0])  # the audio calls' clock
     recorder.server_event({"type": "session.created", "session": {"id": "sess_t", "recording": {"enabled": True}}}, 100.0)
@@ -345,13 +355,7 @@ def _tone(seconds: float, rate: int, amplitude: float) -> np.ndarray:
 
 def test_a_recordings_levels_show_each_sides_sound_where_it_was_placed_and_no_cut_tail(tmp_path):
     now = [100.0]
-    writers: list[RecordingWriter] = []
-
-    def start_writer(start: WriterStart) -> RecordingWriter:
-        writers.append(RecordingWriter(tmp_path / "recording", start, secrets=(), before=lambda: None,
-                                       on_done=lambda writer: None))
-        writers[-1].start()
-        return writers[-1]
+    start_writer, writers = started_writers(tmp_path / "recording")
 
     recorder = SessionRecorder(start_writer, transport="webrtc", clock=lambda: now[0])
     recorder.server_event({"type": "session.created", "session": {"id": "sess_t", "recording": {"enabled": True}}}, 100.0)
@@ -395,13 +399,7 @@ def test_a_long_sessions_levels_widen_their_step_to_hold_an_hours_count():
 def test_an_event_is_recorded_as_observed_whatever_is_added_to_it_as_it_is_sent(tmp_path):
     """The writer's thread writes later; the transport adds to an event on the loop as it sends it."""
     writing = threading.Event()  # the writer thread waits for it before it writes anything
-    writers: list[RecordingWriter] = []
-
-    def start_writer(start: WriterStart) -> RecordingWriter:
-        writers.append(RecordingWriter(tmp_path / "recording", start, secrets=(), before=writing.wait,
-                                       on_done=lambda writer: None))
-        writers[-1].start()
-        return writers[-1]
+    start_writer, writers = started_writers(tmp_path / "recording", before=writing.wait)
 
     recorder = SessionRecorder(start_writer, transport="webrtc")
     recorder.server_event({"type": "session.created", "session": {"id": "sess_t", "recording": {"enabled": True}}}, 100.0)

@@ -32,6 +32,12 @@ async def next_of(ws: ClientConnection, *types: str) -> dict[str, Any]:
     return event
 
 
+def visitor(url: str, address: str, secret: str) -> Any:
+    """A WebSocket session of the client at ``address`` behind the trusted proxy, with a client secret."""
+    ws_url = url.replace("http://", "ws://") + "/v1/realtime"
+    return connect(ws_url, additional_headers={"Authorization": f"Bearer {secret}", "X-Forwarded-For": address})
+
+
 async def asked_for_a_response(ws: ClientConnection) -> dict[str, Any]:
     """``response.create``: its ``response.done``, or the ``error`` that refused it."""
     await ws.send(json.dumps({"type": "response.create"}))
@@ -43,15 +49,10 @@ async def test_websockets_of_one_client_share_its_engine_share_and_another_clien
     async with serving_in_process(app) as url:
         # A client's bucket of one token: its first response runs, then it is spent (it refills in hours).
         app.state.runtime.client_shares = ClientShares(ShareSize(burst=1, per_second=0.0001))
-        ws_url = url.replace("http://", "ws://") + "/v1/realtime"
-
-        def visitor(address: str, secret: str) -> Any:
-            return connect(ws_url, additional_headers={"Authorization": f"Bearer {secret}", "X-Forwarded-For": address})
-
         async with (
-            visitor("198.51.100.7", await client_secret(url)) as first,
-            visitor("198.51.100.7", await client_secret(url)) as second,
-            visitor("203.0.113.9", await client_secret(url)) as other,
+            visitor(url, "198.51.100.7", await client_secret(url)) as first,
+            visitor(url, "198.51.100.7", await client_secret(url)) as second,
+            visitor(url, "203.0.113.9", await client_secret(url)) as other,
         ):
             assert (await asked_for_a_response(first))["type"] == "response.done"
             refused = await asked_for_a_response(second)
@@ -71,15 +72,10 @@ async def test_websockets_of_one_client_are_refused_past_the_clients_event_rate_
     async with serving_in_process(app) as url:
         # A client's event rate of 3 at once (it refills in hours); each session's own stays 100 at once.
         app.state.runtime.client_shares = ClientShares(events=EventRate(per_second=0.0001, burst=3))
-        ws_url = url.replace("http://", "ws://") + "/v1/realtime"
-
-        def visitor(address: str, secret: str) -> Any:
-            return connect(ws_url, additional_headers={"Authorization": f"Bearer {secret}", "X-Forwarded-For": address})
-
         async with (
-            visitor("198.51.100.7", await client_secret(url)) as first,
-            visitor("198.51.100.7", await client_secret(url)) as second,
-            visitor("203.0.113.9", await client_secret(url)) as other,
+            visitor(url, "198.51.100.7", await client_secret(url)) as first,
+            visitor(url, "198.51.100.7", await client_secret(url)) as second,
+            visitor(url, "203.0.113.9", await client_secret(url)) as other,
         ):
             assert [(await cleared(first))["type"] for _ in range(2)] == ["input_audio_buffer.cleared"] * 2
             assert (await cleared(second))["type"] == "input_audio_buffer.cleared"
