@@ -13,7 +13,7 @@ in-process engine (seed 0, answers capped at 25 codec frames, ``OMP_NUM_THREADS=
 workers, ``--trusted-proxy 127.0.0.1 --allow-unauthenticated-public``, and ``--dev-replies`` holding one
 reply, a call of the ReDoS tool (below). Every client names an address of its own in
 ``X-Forwarded-For``, as visitors behind a deployment's proxy do (documentation addresses: the polite
-sessions 198.51.100.1-4, the hostile 203.0.113.66), so that bounds per client apply as they would
+sessions 198.51.100.1-4, each attack's hostile one of its own from 203.0.113.66), so that bounds per client apply as they would
 there. Each session's first response says the scripted reply, then the model's own: the polite
 sessions' first response is their unmeasured warm-up (the tool is not theirs, so it is no call).
 
@@ -131,7 +131,7 @@ POLITE_OVER_WEBRTC = ("tool_redos_rtc",)
 DEFAULT_OUT = REPO / "tests" / "bench" / "results" / "fair_share.json"
 
 FORWARDED_FOR = "X-Forwarded-For"
-HOSTILE_ADDRESS = "203.0.113.66"  # TEST-NET-3 (RFC 5737)
+HOSTILE_ADDRESSES = "203.0.113.{}"  # TEST-NET-3 (RFC 5737), one per attack
 POLITE_ADDRESS = "198.51.100.{}"  # TEST-NET-2, one per polite session
 # Lower priority for the hostile client's process: on this shared box its own CPU would otherwise
 # be taken from the server, which a visitor's machine never is.
@@ -561,13 +561,20 @@ Attack = Callable[[str, asyncio.Event, Tally, Callable[[], None], argparse.Names
 SessionBody = Callable[[ForwardedSocket], Awaitable[None]]
 
 
-async def hostile_sessions(url: str, stop: asyncio.Event, tally: Tally, body: SessionBody, limit: int) -> None:
+def hostile_address(attack: str) -> str:
+    """The attack's own client address: what one attack spends of a client's share or rate is not
+    the next attack's to meet."""
+    return HOSTILE_ADDRESSES.format(66 + ATTACKS.index(attack))
+
+
+async def hostile_sessions(url: str, stop: asyncio.Event, tally: Tally, body: SessionBody, limit: int,
+                           *, address: str) -> None:
     """``body`` on a fresh WebSocket session, and again on another when it returns or the server ends
     it, until stopped or ``limit`` sessions; a refused session is tried again a second later."""
     for _ in range(limit):
         if stop.is_set():
             break
-        socket = ForwardedSocket(url, HOSTILE_ADDRESS, on_event=tally.event)
+        socket = ForwardedSocket(url, address, on_event=tally.event)
         try:
             await socket.connect()
         except Refused as exc:
@@ -664,7 +671,7 @@ async def cancel_loop(url: str, stop: asyncio.Event, tally: Tally, ready: Callab
             await socket.wait_for("response.done", start=start, timeout_s=HOSTILE_WAIT_S)
 
     try:
-        await hostile_sessions(url, stop, tally, body, SESSIONS_PER_ATTACK)
+        await hostile_sessions(url, stop, tally, body, SESSIONS_PER_ATTACK, address=hostile_address(options.hostile))
     finally:
         tally.figures["responses_started"] = responses
         tally.figures["headline"] = (f"{responses} responses started (instructions and tool: "
@@ -720,7 +727,7 @@ async def speculation_loop(url: str, stop: asyncio.Event, tally: Tally, ready: C
             ready()
 
     try:
-        await hostile_sessions(url, stop, tally, body, SESSIONS_PER_ATTACK)
+        await hostile_sessions(url, stop, tally, body, SESSIONS_PER_ATTACK, address=hostile_address(options.hostile))
     finally:
         tally.figures["utterances"] = cycles
         tally.figures["headline"] = f"{cycles} utterances, {cycles * (SPECULATION_RESTARTS + 1)} speculation chances"
@@ -756,7 +763,7 @@ async def transcription_flood(url: str, stop: asyncio.Event, tally: Tally, ready
             await asyncio.sleep(max(0.0, due - loop.time()))
 
     try:
-        await hostile_sessions(url, stop, tally, body, SESSIONS_PER_ATTACK)
+        await hostile_sessions(url, stop, tally, body, SESSIONS_PER_ATTACK, address=hostile_address(options.hostile))
     finally:
         tally.sent("input_audio_buffer.commit", commits)
         completed = tally.counts["received conversation.item.input_audio_transcription.completed"]
@@ -796,7 +803,7 @@ async def tool_redos_ws(url: str, stop: asyncio.Event, tally: Tally, ready: Call
         await wait_or_stop(stop, asked_at + REDOS_INTERVAL_S - time.monotonic())
 
     try:
-        await hostile_sessions(url, stop, tally, body, options.redos_attempts)
+        await hostile_sessions(url, stop, tally, body, options.redos_attempts, address=hostile_address(options.hostile))
     finally:
         tally.figures["calls"] = attempts
         tally.figures["headline"] = redos_headline(tally, attempts)
@@ -817,7 +824,7 @@ async def tool_redos_rtc(url: str, stop: asyncio.Event, tally: Tally, ready: Cal
         for _ in range(options.redos_attempts):
             if stop.is_set():
                 break
-            call = ForwardedCall(url, HOSTILE_ADDRESS, timeout_s=HOSTILE_WAIT_S)
+            call = ForwardedCall(url, hostile_address(options.hostile), timeout_s=HOSTILE_WAIT_S)
             asked_at = time.monotonic()
             try:
                 await call.connect()
@@ -875,7 +882,7 @@ async def append_flood(url: str, stop: asyncio.Event, tally: Tally, ready: Calla
                     seconds[mode] += loop.time() - began
 
     try:
-        await hostile_sessions(url, stop, tally, body, SESSIONS_PER_ATTACK)
+        await hostile_sessions(url, stop, tally, body, SESSIONS_PER_ATTACK, address=hostile_address(options.hostile))
     finally:
         answers = sum(value for key, value in tally.counts.items() if key.startswith("received "))
         rates = {mode: round(tally.counts[f"sent append ({mode})"] / spent) for mode, spent in seconds.items() if spent}
@@ -891,7 +898,7 @@ async def slot_filling(url: str, stop: asyncio.Event, tally: Tally, ready: Calla
     held: list[ForwardedSocket] = []
     try:
         for _ in range(SLOTS):
-            socket = ForwardedSocket(url, HOSTILE_ADDRESS, on_event=tally.event)
+            socket = ForwardedSocket(url, hostile_address(options.hostile), on_event=tally.event)
             try:
                 await socket.connect()
             except Refused as exc:
