@@ -364,8 +364,15 @@ async def page_with_a_silent_microphone(server_url: str, tmp_path: Path, *init_s
 
 
 async def connect(page: Page) -> None:
+    """Connects and waits until the call is up at both ends: the page listens (its event channel
+    is open, which Chrome says once SCTP is up, before the server has seen the channel) and the
+    server's session.created has arrived. A test that drops the call or reads the session any
+    sooner races the server's first event (a worker killed then had sent nothing yet)."""
     await page.click("#connect")
-    await page.wait_for_function("window.omniRtc.state === 'listening'", timeout=TURN_DEADLINE_MS)
+    await page.wait_for_function(
+        "window.omniRtc.state === 'listening' && window.omniRtc.events.some((e) => e.type === 'session.created')",
+        timeout=TURN_DEADLINE_MS,
+    )
 
 
 async def connect_for_form_changes(page: Page) -> None:
