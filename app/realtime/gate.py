@@ -6,7 +6,7 @@ the session goes on. An event pays the rate's bucket one token per ``max_bytes``
 a burst), refused ones too; an image event may be larger, but what it holds beside its images is
 held to ``max_bytes`` once parsed. Audio appends pay by their audio (``app.realtime.input``), not
 here; an event that only looked like one pays once parsed (:meth:`EventGate.admit_parsed`). A
-session whose client is held to a share pays its client's bucket too (:class:`EventBucket`, one per
+session whose client is held to a share pays its client's bucket too (``app.token_bucket``, one per
 client across its sessions, twice a session's size: :meth:`EventRate.for_client`), and is refused
 by either, the refusal naming which. The bounds and why: docs/HARDENING.md, "Limits".
 
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from app.realtime.protocol import APPEND_EVENT_TYPE
+from app.token_bucket import TokenBucket
 
 _APPEND_MARK = APPEND_EVENT_TYPE
 # What an append may carry beside its audio: its type, an event_id and JSON's punctuation take
@@ -64,33 +65,10 @@ class EventRate:
         """A client's, across its sessions, when each of them has this size."""
         return EventRate(CLIENT_EVENT_FACTOR * self.per_second, CLIENT_EVENT_FACTOR * self.burst)
 
-
-class EventBucket:
-    """One token bucket of events: a session's (its gate's own), or a client's (kept per client
-    across its sessions, ``app.realtime.shares.ClientShares``)."""
-
-    def __init__(self, rate: EventRate, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.rate = rate
-        self._clock = clock
-        self._tokens = float(rate.burst)
-        self._refilled_at = clock()
-
-    @property
-    def full(self) -> bool:
-        return self._refill() >= self.rate.burst
-
-    def holds(self, cost: int) -> bool:
-        return self._refill() >= cost
-
-    def take(self, cost: int) -> None:
-        """Spends ``cost`` tokens the bucket ``holds``."""
-        self._tokens = self._refill() - cost
-
-    def _refill(self) -> float:
-        now = self._clock()
-        self._tokens = min(float(self.rate.burst), self._tokens + (now - self._refilled_at) * self.rate.per_second)
-        self._refilled_at = now
-        return self._tokens
+    def bucket(self, *, clock: Callable[[], float] = time.monotonic) -> TokenBucket:
+        """A bucket of this size: a session's (its gate's own), or a client's (kept per client
+        across its sessions, ``app.realtime.shares.ClientShares``)."""
+        return TokenBucket(self.burst, self.per_second, clock=clock)
 
 
 @dataclass(frozen=True)
@@ -112,7 +90,7 @@ class EventGate:
         per_second: float,
         burst: int,
         max_image_event_bytes: int | None = None,
-        client: EventBucket | None = None,
+        client: TokenBucket | None = None,
         on_refused: RateObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -120,7 +98,7 @@ class EventGate:
         the session's own rate only); ``on_refused``: each event the rate refused, by its limit."""
         self._max_bytes = max_bytes
         self._max_image_event_bytes = max(max_bytes, max_image_event_bytes or 0)
-        self._own = EventBucket(EventRate(per_second, burst), clock=clock)
+        self._own = EventRate(per_second, burst).bucket(clock=clock)
         self._client = client
         self._on_refused = on_refused
 
@@ -153,17 +131,17 @@ class EventGate:
         # What receiving it cost, as many events of max_bytes: one past the largest event the
         # session takes pays as much as that one (it is refused unread; its frame was bounded).
         cost = max(1, math.ceil(min(size, self._max_image_event_bytes) / self._max_bytes))
-        buckets: list[tuple[RateLimit, EventBucket]] = [("session", self._own)]
+        buckets: list[tuple[RateLimit, TokenBucket]] = [("session", self._own)]
         if self._client is not None:
             buckets.append(("client", self._client))
         # Both buckets pay, or neither (a refused event is dropped); the session's limit is named first.
         for limit, bucket in buckets:
-            if not bucket.holds(min(cost, bucket.rate.burst)):
+            if not bucket.holds(min(cost, bucket.burst)):
                 if self._on_refused is not None:
                     self._on_refused(limit)
-                return _rate_refusal(limit, bucket.rate)
+                return _rate_refusal(limit, bucket)
         for _, bucket in buckets:
-            bucket.take(min(cost, bucket.rate.burst))
+            bucket.take(min(cost, bucket.burst))
         if size > self._max_image_event_bytes:
             return too_large(size, self._max_bytes, self._max_image_event_bytes)
         return None
@@ -177,11 +155,11 @@ class EventGate:
         return too_large(size, self._max_bytes, self._max_image_event_bytes)
 
 
-def _rate_refusal(limit: RateLimit, rate: EventRate) -> Rejection:
+def _rate_refusal(limit: RateLimit, bucket: TokenBucket) -> Rejection:
     whose = "from this session" if limit == "session" else "from this client's sessions together"
     return Rejection(
         "rate_limit_exceeded",
-        f"More than {rate.per_second:g} events per second (bursts of {rate.burst}) {whose} (the {limit} limit); "
+        f"More than {bucket.per_second:g} events per second (bursts of {bucket.burst:g}) {whose} (the {limit} limit); "
         "this event was dropped. Audio appends are not counted: they are bounded by their duration.",
     )
 
@@ -225,22 +203,20 @@ class Refusal:
 class RefusalReplies:
     """One session's refused events: which to answer, and when they are a flood."""
 
-    def __init__(self, now: float) -> None:
-        self._tokens = float(REPLY_BURST)
-        self._refilled_at = now
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._replies = TokenBucket(REPLY_BURST, REPLIES_PER_SECOND, clock=clock)
         self._unanswered = 0
         self._recent: deque[float] = deque()  # times of the refusals within the flood window
 
-    def refused(self, now: float) -> Refusal:
+    def refused(self) -> Refusal:
+        now = self._clock()
         self._recent.append(now)
         while self._recent and self._recent[0] <= now - FLOOD_WINDOW_S:
             self._recent.popleft()
         flooding = len(self._recent) >= FLOOD_REFUSALS
-        self._tokens = min(REPLY_BURST, self._tokens + (now - self._refilled_at) * REPLIES_PER_SECOND)
-        self._refilled_at = now
-        if self._tokens < 1 and not flooding:
+        if not self._replies.take(1) and not flooding:
             self._unanswered += 1
             return Refusal(reply=False, unanswered=0, flooding=False)
-        self._tokens = max(0.0, self._tokens - 1)
         unanswered, self._unanswered = self._unanswered, 0
         return Refusal(reply=True, unanswered=unanswered, flooding=flooding)

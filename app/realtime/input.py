@@ -6,7 +6,7 @@
   most twice real time); :class:`ManualBuffer` keeps manual mode's uncommitted audio (60 s).
 - Images: ``input_image`` data URLs and pushed frames checked by their header, decoded in a
   worker thread and fitted to the pixel budget (:func:`read_item_images`, :func:`read_frame`),
-  within a per-session decode budget (:class:`DecodeBudget`).
+  within a per-session decode budget (:func:`decode_budget`).
 - Camera frames: which sampled frames join the utterance being committed (:class:`TurnFrames`).
 Every problem is a ``ProtocolError`` naming the ``param``. docs/SESSION.md "Over a WebSocket" and
 "Images and the camera".
@@ -31,6 +31,7 @@ from app.realtime.protocol import (
     ProtocolError,
 )
 from app.realtime.session_config import DETAIL_MAX_PIXELS, VideoInput
+from app.token_bucket import TokenBucket
 from media import g711
 from media.frames import FramePlan, SampledFrame
 from media.rates import SPEECH_RATE, VOICE_RATE
@@ -167,10 +168,8 @@ class AppendDecoder:
     bucket of audio milliseconds; each append costs at least ``MIN_APPEND_CHARGE_MS``)."""
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic, max_ahead_ms: int = MAX_APPEND_AHEAD_MS) -> None:
-        self._clock = clock
         self._max_ahead_ms = max_ahead_ms
-        self._budget_ms = float(max_ahead_ms)
-        self._refilled_at = clock()
+        self._audio_budget = TokenBucket(max_ahead_ms, 1000 * APPEND_RATE, clock=clock)
         self._format: tuple[str, int] | None = None
         self._resampler: soxr.ResampleStream | None = None
 
@@ -194,10 +193,7 @@ class AppendDecoder:
         return resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
 
     def _admit(self, audio_ms: float) -> None:
-        now = self._clock()
-        self._budget_ms = min(self._max_ahead_ms, self._budget_ms + (now - self._refilled_at) * 1000 * APPEND_RATE)
-        self._refilled_at = now
-        if audio_ms > self._budget_ms:
+        if not self._audio_budget.take(audio_ms):
             raise ProtocolError(
                 "input_audio_too_fast",
                 f"Input audio is arriving too fast: {self._max_ahead_ms / 1000:g} s at once, then at most "
@@ -205,7 +201,6 @@ class AppendDecoder:
                 f"{MIN_APPEND_CHARGE_MS:g} ms); this append ({audio_ms:.0f} ms) was dropped.",
                 param="audio",
             )
-        self._budget_ms -= audio_ms
 
 
 # ---- input_images ----
@@ -223,32 +218,14 @@ DECODE_BYTES_PER_SECOND = 16 * 1024 * 1024
 DECODE_BURST_BYTES = 4 * MAX_DECODE_BYTES
 
 
-class DecodeBudget:
-    """A token bucket of decoding (bytes of pixels decoded), one per session."""
-
-    def __init__(
-        self, *, per_second: float = DECODE_BYTES_PER_SECOND, burst: int = DECODE_BURST_BYTES,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.per_second = per_second
-        self.burst = burst
-        self._clock = clock
-        self._available = float(burst)
-        self._refilled_at = clock()
-
-    def take(self, cost: int) -> bool:
-        """Whether ``cost`` may be decoded now (then it is spent)."""
-        now = self._clock()
-        self._available = min(self.burst, self._available + (now - self._refilled_at) * self.per_second)
-        self._refilled_at = now
-        if cost > self._available:
-            return False
-        self._available -= cost
-        return True
+def decode_budget(*, clock: Callable[[], float] = time.monotonic) -> TokenBucket:
+    """A session's budget of decoding (bytes of pixels decoded): ``DECODE_BURST_BYTES`` at once,
+    then ``DECODE_BYTES_PER_SECOND``; an image is decoded only if the budget takes its cost."""
+    return TokenBucket(DECODE_BURST_BYTES, DECODE_BYTES_PER_SECOND, clock=clock)
 
 
 async def read_item_images(
-    content: Sequence[ClientContentPart], *, max_bytes: int, budget: DecodeBudget
+    content: Sequence[ClientContentPart], *, max_bytes: int, budget: TokenBucket
 ) -> dict[int, UserImage]:
     """The images of a user message's ``content``, by part index; decoded in a worker thread,
     once their headers say ``budget`` holds what decoding them takes."""
@@ -262,7 +239,7 @@ async def read_item_images(
     return await asyncio.to_thread(_read_all, indexed, max_bytes, budget)
 
 
-def _read_all(indexed: list[tuple[int, ClientContentPart]], max_bytes: int, budget: DecodeBudget) -> dict[int, UserImage]:
+def _read_all(indexed: list[tuple[int, ClientContentPart]], max_bytes: int, budget: TokenBucket) -> dict[int, UserImage]:
     checked = [(index, *check_image(part.image_url, part.detail, max_bytes=max_bytes, param=f"item.content[{index}]"))
                for index, part in indexed]
     cost = sum(cost for *_, cost in checked)
@@ -277,7 +254,7 @@ def _read_all(indexed: list[tuple[int, ClientContentPart]], max_bytes: int, budg
             for index, data, info, max_pixels, _ in checked}
 
 
-def read_frame(image: str, *, max_bytes: int, max_pixels: int, budget: DecodeBudget, param: str = "image") -> UserImage:
+def read_frame(image: str, *, max_bytes: int, max_pixels: int, budget: TokenBucket, param: str = "image") -> UserImage:
     """A camera frame a client pushed (``input_image_buffer.append``): base64 JPEG or PNG bytes, no
     data URL; checked, decoded and fitted to ``max_pixels`` (the session's ``video`` budget) when
     ``budget`` holds its decoding. Blocking."""

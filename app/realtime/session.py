@@ -32,9 +32,9 @@ from app.realtime.gate import BOUND_CODES, FLOOD_REFUSALS, FLOOD_WINDOW_S, Event
 from app.realtime.history import History, acknowledge_playback
 from app.realtime.input import (
     AppendDecoder,
-    DecodeBudget,
     ManualBuffer,
     TurnFrames,
+    decode_budget,
     read_frame,
     read_item_audio,
     read_item_images,
@@ -218,7 +218,7 @@ class RealtimeSession:
         self._appends = AppendDecoder(clock=clock)
         self._history = History()
         self._frames = TurnFrames()
-        self._image_budget = DecodeBudget()
+        self._image_budget = decode_budget()
         self._response: ResponseRun | None = None  # generating, or queued behind a cancelling one
         self._runs: set[ResponseRun] = set()  # every run whose task is not over (a cancelled one finishing)
         self._audio = AnswerAudio(output, on_written=observer.output_audio if observer is not None else None)
@@ -231,7 +231,7 @@ class RealtimeSession:
         self._sent_network: dict[str, NetworkLatency] = {}
         self._closed = False
         self._finished = False  # session.finished sent: nothing more is taken or sent
-        self._refusals = RefusalReplies(time.monotonic())
+        self._refusals = RefusalReplies()
         self._flooding = False
         self._close_lock = asyncio.Lock()
         self._transcriptions = Transcriptions(engine, self.emit, self._history.holds, self.session_id, share=self._share)
@@ -305,7 +305,7 @@ class RealtimeSession:
         if error.code not in BOUND_CODES:
             self.emit(error.to_event())
             return
-        refusal = self._refusals.refused(time.monotonic())
+        refusal = self._refusals.refused()
         if refusal.flooding:
             self._flooding = True
             logger.warning("session %s: %d client events refused within %g s; closing it", self.session_id,

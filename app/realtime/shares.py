@@ -25,7 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from app.realtime.gate import EventBucket, EventRate
+from app.realtime.gate import EventRate
+from app.token_bucket import TokenBucket
 from pipeline.contract import GenerationRequest
 from pipeline.conversation import DEFAULT_SYSTEM_PROMPT, Conversation
 from pipeline.token_count import prompt_tokens_at_most
@@ -80,38 +81,32 @@ def answer_estimate(instructions: str | None, history_tokens: int) -> int:
 
 
 class EngineShare:
-    """One token bucket of prompt tokens: a session's, or a client's (``ClientShares``)."""
+    """One bucket of prompt tokens (``app.token_bucket``): a session's, or a client's (``ClientShares``)."""
 
     def __init__(self, *, burst: int = ENGINE_SHARE_BURST, per_second: float = ENGINE_SHARE_PER_SECOND,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        self._bucket = TokenBucket(burst, per_second, clock=clock)
         self.burst = burst
         self.per_second = per_second
-        self._clock = clock
-        self._tokens = float(burst)
-        self._refilled_at = clock()
         self.charged = 0  # every token charged since the bucket was made (metrics, tests)
 
     @property
     def available(self) -> float:
-        self._refill()
-        return self._tokens
+        return self._bucket.tokens
+
+    @property
+    def full(self) -> bool:
+        return self._bucket.full
 
     def charge(self, tokens: int) -> None:
         """Work that runs whatever the share: charged, the bucket may go below zero."""
-        self._refill()
-        self._tokens -= tokens
+        self._bucket.charge(tokens)
         self.charged += tokens
 
     def holds(self, tokens: int) -> bool:
         """The bucket holds ``tokens``, or all of a full bucket (so a prompt larger than the burst
         may run once the bucket is full)."""
-        self._refill()
-        return self._tokens >= min(tokens, self.burst)
-
-    def _refill(self) -> None:
-        now = self._clock()
-        self._tokens = min(float(self.burst), self._tokens + (now - self._refilled_at) * self.per_second)
-        self._refilled_at = now
+        return self._bucket.holds(min(tokens, self.burst))
 
 
 @dataclass(frozen=True)
@@ -129,11 +124,11 @@ class ClientBudget:
     its event rate."""
 
     engine: EngineShare
-    events: EventBucket
+    events: TokenBucket
 
     @property
     def refilled(self) -> bool:
-        return self.engine.available >= self.engine.burst and self.events.full
+        return self.engine.full and self.events.full
 
 
 class ClientShare:
@@ -182,7 +177,7 @@ class ClientShares:
         if budget is None:
             budget = self._budgets[client] = ClientBudget(
                 EngineShare(burst=self.burst, per_second=self.per_second, clock=self._clock),
-                EventBucket(self.events, clock=self._clock),
+                self.events.bucket(clock=self._clock),
             )
         self._sessions[client] = self._sessions.get(client, 0) + 1
         return ClientShare(self, client, budget)

@@ -47,6 +47,7 @@ import numpy as np
 from app.realtime.held_generation import HeldGeneration
 from app.realtime.protocol import new_id
 from app.realtime.shares import SessionShare, request_estimate
+from app.token_bucket import TokenBucket
 from pipeline.contract import PREEMPTIBLE_ENDS, Engine, GenerationRequest
 from pipeline.conversation import Conversation, ConversationItem, UserAudio, bound_history
 
@@ -229,9 +230,7 @@ class Speculator:
         self._candidate: np.ndarray | None = None  # the utterance at its candidate end; None: speech goes on
         self._current: Speculation | None = None
         self._share = share
-        self._clock = clock
-        self._starts = float(SPECULATION_BURST)  # a token bucket of starts
-        self._refilled_at = clock()
+        self._starts = TokenBucket(SPECULATION_BURST, SPECULATIONS_PER_SECOND, clock=clock)
         self._capacity_lost = False  # refused or preempted in this utterance: none starts again
         self._stopping: list[Speculation] = []  # cancelled, their turns maybe still stopping
         self._closed = False
@@ -276,14 +275,10 @@ class Speculator:
                                     report=self._report, on_failed=self._failed)
 
     def _take_start(self) -> bool:
-        now = self._clock()
-        self._starts = min(SPECULATION_BURST, self._starts + (now - self._refilled_at) * SPECULATIONS_PER_SECOND)
-        self._refilled_at = now
-        if self._starts < 1:
+        if not self._starts.take(1):
             logger.debug("session %s: no speculative start left (%g a second)", self._session_id,
                          SPECULATIONS_PER_SECOND)
             return False
-        self._starts -= 1
         return True
 
     def take(self) -> Speculation | None:

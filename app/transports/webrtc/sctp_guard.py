@@ -77,6 +77,7 @@ from aiortc.rtcsctptransport import (
 )
 from aiortc.utils import uint16_gt, uint32_gt, uint32_gte
 
+from app.token_bucket import TokenBucket
 from media.aiortc_version import UnsupportedAiortc, check_aiortc
 
 # Twice the window aiortc advertises (1 MiB). A peer that keeps to the window never holds more
@@ -148,10 +149,7 @@ class SctpGuard:
         self._max_tsn_ahead = max_tsn_ahead
         self._max_dropped_ahead = max_dropped_ahead
         self._max_streams = max_streams
-        self._forward_tsn_per_s = forward_tsn_per_s
-        self._forward_tsn_tokens = 2 * forward_tsn_per_s
-        self._clock = clock
-        self._refilled_at = clock()
+        self._forward_tsns = TokenBucket(2 * forward_tsn_per_s, forward_tsn_per_s, clock=clock)
         self._window: int = transport._advertised_rwnd
         self._forward_tsn_handler: Callable[[ForwardTsnChunk], Awaitable[None]] = getattr(
             transport, _FORWARD_TSN_HANDLER
@@ -278,22 +276,12 @@ class SctpGuard:
                 f"a FORWARD TSN naming {len(named)} streams ({len(set(named))} distinct; at most {self._max_streams})",
             )
             return
-        if not self._take_forward_tsn_token():
+        if not self._forward_tsns.take(1):
             self.chunks_dropped += 1
             return
         self._dropped_since_progress = 0
         await self._forward_tsn_handler(chunk)
         self._check_held()
-
-    def _take_forward_tsn_token(self) -> bool:
-        now = self._clock()
-        burst = 2 * self._forward_tsn_per_s
-        self._forward_tsn_tokens = min(burst, self._forward_tsn_tokens + (now - self._refilled_at) * self._forward_tsn_per_s)
-        self._refilled_at = now
-        if self._forward_tsn_tokens < 1:
-            return False
-        self._forward_tsn_tokens -= 1
-        return True
 
     # -- bounds ----------------------------------------------------------------------
 

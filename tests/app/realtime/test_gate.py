@@ -6,12 +6,18 @@ from app.realtime.gate import (
     FLOOD_REFUSALS,
     FLOOD_WINDOW_S,
     REPLY_BURST,
-    EventBucket,
     EventGate,
     EventRate,
+    Refusal,
     RefusalReplies,
 )
+from app.token_bucket import TokenBucket
 from tests.clock import FakeClock
+
+
+def refused_at(replies: RefusalReplies, clock: FakeClock, now: float) -> Refusal:
+    clock.now = now
+    return replies.refused()
 
 
 def test_gate_admits_small_events():
@@ -98,20 +104,24 @@ def test_gate_lets_an_append_with_its_usual_envelope_through_uncharged():
 
 
 def test_refusals_are_answered_up_to_a_rate_and_the_next_answer_counts_the_rest():
-    replies = RefusalReplies(now=0.0)
-    answered = [replies.refused(now=0.0).reply for _ in range(REPLY_BURST + 30)]
+    clock = FakeClock(0.0)
+    replies = RefusalReplies(clock=clock)
+    answered = [replies.refused().reply for _ in range(REPLY_BURST + 30)]
     assert answered == [True] * REPLY_BURST + [False] * 30
-    later = replies.refused(now=1.0)  # REPLIES_PER_SECOND refilled: answered, naming what was not
+    clock.now = 1.0
+    later = replies.refused()  # REPLIES_PER_SECOND refilled: answered, naming what was not
     assert later.reply and later.unanswered == 30 and not later.flooding
 
 
 def test_a_thousand_refusals_within_ten_seconds_are_a_flood_and_fewer_are_not():
-    steady = RefusalReplies(now=0.0)
+    clock = FakeClock(0.0)
+    steady = RefusalReplies(clock=clock)
     # Just under the flood's pace for a minute: refused, never a flood.
     interval = FLOOD_WINDOW_S / (FLOOD_REFUSALS - 10)
-    assert not any(steady.refused(now=step * interval).flooding for step in range(int(60 / interval)))
-    flood = RefusalReplies(now=0.0)
-    outcomes = [flood.refused(now=step * 0.001) for step in range(FLOOD_REFUSALS)]
+    assert not any(refused_at(steady, clock, step * interval).flooding for step in range(int(60 / interval)))
+    clock.now = 0.0
+    flood = RefusalReplies(clock=clock)
+    outcomes = [refused_at(flood, clock, step * 0.001) for step in range(FLOOD_REFUSALS)]
     assert not any(outcome.flooding for outcome in outcomes[:-1]) and outcomes[-1].flooding
     assert outcomes[-1].reply  # the flood is told why the session ends
 
@@ -120,10 +130,10 @@ def test_gates_of_one_client_share_its_bucket_and_another_clients_is_unaffected(
     clock = FakeClock()
     refusals: list[str] = []
 
-    def gate_of(client: EventBucket) -> EventGate:
+    def gate_of(client: TokenBucket) -> EventGate:
         return EventGate(max_bytes=100, per_second=10, burst=3, client=client, on_refused=refusals.append, clock=clock)
 
-    one_client, another_client = EventBucket(EventRate(15, 4), clock=clock), EventBucket(EventRate(15, 4), clock=clock)
+    one_client, another_client = EventRate(15, 4).bucket(clock=clock), EventRate(15, 4).bucket(clock=clock)
     first, second, other = gate_of(one_client), gate_of(one_client), gate_of(another_client)
     assert [first.admit("{}") for _ in range(3)] == [None, None, None]  # each within its own burst of 3
     assert second.admit("{}") is None  # the client's fourth

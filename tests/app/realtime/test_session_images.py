@@ -12,9 +12,10 @@ import json
 import pytest
 import pytest_asyncio
 
-from app.realtime.input import DecodeBudget, TurnFrames, read_item_images
+from app.realtime.input import TurnFrames, read_item_images
 from app.realtime.protocol import ClientContentPart, ProtocolError
 from app.realtime.session_config import DETAIL_MAX_PIXELS, SessionConfig, VideoInput
+from app.token_bucket import TokenBucket
 from media.frames import SampledFrame
 from pipeline.conversation import IMAGE_NOTE, HistoryLimits, UserAudio, UserImage, UserText
 from pipeline.images import probe
@@ -161,7 +162,7 @@ async def test_a_50_mp_rgba_png_is_refused_from_its_header_and_the_session_goes_
 
 async def test_a_sessions_image_decoding_is_held_to_its_rate_before_anything_is_decoded():
     clock = FakeClock()
-    budget = DecodeBudget(per_second=10 * 2**20, burst=40 * 2**20, clock=clock)
+    budget = TokenBucket(40 * 2**20, 10 * 2**20, clock=clock)
     png = data_url(flat_png(1600, 1200), "image/png")  # 15 MiB to decode: RGBA and its RGB copy
     content = [ClientContentPart(type="input_image", image_url=png)]
     assert len(await read_item_images(content * 2, max_bytes=2**20, budget=budget)) == 2
