@@ -34,7 +34,7 @@ from app.config import Settings
 from app.http.auth import Authenticator
 from app.http.edge import TrustedProxies, is_local_client
 from app.http.errors import ApiError
-from app.http.session_start import runtime_of
+from app.http.session_start import runtime_of, serving_runtime
 from app.recording_playback import RECORDING_FILES, find_recording, list_recordings, wav_bytes, wav_plan
 from app.resources import process_resources
 from app.turn_timelines import RECENT_SESSIONS
@@ -57,7 +57,7 @@ def debug_router(settings: Settings, authenticator: Authenticator) -> APIRouter:
     async def resources(request: Request) -> dict[str, Any]:
         check_access(request)
         figures = process_resources()
-        runtime = getattr(request.app.state, "runtime", None)
+        runtime = serving_runtime(request.app.state)
         workers = runtime.workers if runtime is not None else None
         if workers is not None:
             figures["workers"] = await workers.resources()

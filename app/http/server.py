@@ -28,6 +28,7 @@ from app.http.debug import debug_router
 from app.http.edge import EdgeMiddleware
 from app.http.errors import ApiError
 from app.http.ice_servers import ice_servers_router
+from app.http.session_start import serving_runtime
 from app.http.signaling import signaling_router
 from app.http.socket_route import websocket_router
 from app.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -134,7 +135,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     async def resolve_session(partial: dict[str, Any] | None) -> dict[str, Any]:
         """The effective session a client secret's call will start with (``ValueError`` when wrong,
         or when it asks what the engine cannot do)."""
-        runtime = getattr(app.state, "runtime", None)
+        runtime = serving_runtime(app.state)
         try:
             config = SessionConfig.from_session(partial or {}, base=base_config)
             await check_session(config, since=base_config, param=session_param(partial or {}))
@@ -172,7 +173,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     @app.get("/healthz")
     async def healthz(request: Request) -> JSONResponse:
-        runtime = getattr(request.app.state, "runtime", None)
+        runtime = serving_runtime(request.app.state)
         if runtime is None:
             return JSONResponse({"status": "starting", "sessions": 0}, status_code=503)
         health = runtime.engine.health()
@@ -210,7 +211,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 401, "/metrics needs the API key (or the server's --metrics-public).", type="authentication_error",
                 code="missing_credentials", headers={"WWW-Authenticate": "Bearer"},
             )
-        runtime = getattr(request.app.state, "runtime", None)
+        runtime = serving_runtime(request.app.state)
         workers = runtime.workers if runtime is not None else None
         return Response(
             metrics.render(workers.metric_samples() if workers is not None else None), media_type=METRICS_CONTENT_TYPE

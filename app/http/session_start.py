@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from starlette.datastructures import State
 from starlette.requests import HTTPConnection
 
 from app.calls.registry import Admission
@@ -16,9 +17,17 @@ from app.realtime.session_config import SessionConfig, check_session, session_pa
 from app.serving.runtime import Runtime
 
 
+def serving_runtime(state: State) -> Runtime | None:
+    """The runtime on an app's ``state`` while it serves (``app.http.server``'s lifespan puts it
+    there); None while the server starts or stops. The one reader of it: Starlette's ``State``
+    holds anything, so its type is checked here."""
+    runtime = getattr(state, "runtime", None)
+    return runtime if isinstance(runtime, Runtime) else None
+
+
 def runtime_of(connection: HTTPConnection) -> Runtime:
     """The serving runtime (a request's or a WebSocket's), or 503 while the server starts or stops."""
-    runtime: Runtime | None = getattr(connection.app.state, "runtime", None)
+    runtime = serving_runtime(connection.app.state)
     if runtime is None:
         raise ApiError(503, "The server is starting or stopping.", type="server_error", code="unavailable")
     return runtime
