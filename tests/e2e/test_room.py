@@ -30,7 +30,7 @@ from tests.speech import load_fixture
 
 pytestmark = pytest.mark.e2e
 
-REPLY = " ".join(f"word{n}" for n in range(100))  # 100 codec frames: 8 s of the recorded voice
+REPLY_WORDS = 100  # 100 codec frames: 8 s of the recorded voice, generated in 4 s
 TURN_S = 60.0  # a guard against hangs, not a speed limit
 BARGE_IN = {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad", "interrupt_response": True}}}}
 
@@ -38,8 +38,9 @@ BARGE_IN = {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "
 class SpeakingEngine(ScriptedEngine):
     """A scripted engine whose audio is a recorded voice: each codec frame is the next 80 ms of it."""
 
-    def __init__(self) -> None:
-        super().__init__(REPLY, text_first=True, frames_per_chunk=5, chunk_interval_s=0.2)
+    def __init__(self, words: int = REPLY_WORDS) -> None:
+        reply = " ".join(f"word{n}" for n in range(words))
+        super().__init__(reply, text_first=True, frames_per_chunk=5, chunk_interval_s=0.2)
         story = np.concatenate([load_fixture("five_second_story"), load_fixture("long_story")])
         self._voice = soxr.resample(story, SPEECH_RATE, VOICE_RATE).astype(np.float32)
         self._at = 0
@@ -55,6 +56,17 @@ class SpeakingEngine(ScriptedEngine):
 @pytest_asyncio.fixture(loop_scope="function")
 async def server_url(tmp_path: Path) -> AsyncIterator[str]:
     app = create_app(Settings(ice_loopback=True, cache_dir=tmp_path), engine=SpeakingEngine())
+    async with serving_in_process(app) as url:
+        yield url
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def long_answer_server_url(tmp_path: Path) -> AsyncIterator[str]:
+    """A server whose answers are still being generated 12 s after they start: an interruption
+    a few seconds in cancels the response (``turn_detected``) however late a loaded run hears
+    it. With the 4 s answers of ``server_url`` one confirmed more than ~1 s late found the
+    response completed, and cut only its audio (``output_audio_buffer.cleared``)."""
+    app = create_app(Settings(ice_loopback=True, cache_dir=tmp_path), engine=SpeakingEngine(words=3 * REPLY_WORDS))
     async with serving_in_process(app) as url:
         yield url
 
@@ -107,8 +119,8 @@ async def test_the_answers_own_echo_through_a_speakerphone_does_not_cut_it(serve
     assert await counter(server_url, "omni_rtc_false_interruptions_resumed_total") - resumed_before <= 2
 
 
-async def test_a_real_interruption_over_the_echo_is_honoured(server_url: str) -> None:
-    async with RealtimeClient(server_url, ice_loopback=True, session=BARGE_IN, timeout_s=TURN_S,
+async def test_a_real_interruption_over_the_echo_is_honoured(long_answer_server_url: str) -> None:
+    async with RealtimeClient(long_answer_server_url, ice_loopback=True, session=BARGE_IN, timeout_s=TURN_S,
                               speakerphone=Speakerphone(delay_ms=150, gain_db=-12.0)) as client:
         started = await answer_playing(client, load_fixture("hello"))
         await asyncio.sleep(2.0)
