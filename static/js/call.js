@@ -126,7 +126,8 @@ export class Call {
 
   renderState() {
     if (this.closed) return;
-    this.view.setState(this.conversation.state(this.isOpen));
+    const state = this.conversation.state(this.isOpen);
+    if (state !== null) this.view.setState(state);
   }
 
   onConnectionState() {

@@ -16,6 +16,9 @@ export class Conversation {
     this.awaitingAnswer = false;
     this.audioPlaying = false;
     this.responseActive = false;  // between response.created and response.done
+    // Chrome says the event channel is open once SCTP is up, before the server has seen the
+    // channel: the call is up at both ends once the server's session.created has come.
+    this.sessionCreated = false;
   }
 
   /** True while an answer plays or is being generated: a new turn has to interrupt it. */
@@ -29,9 +32,13 @@ export class Conversation {
     this.awaitingAnswer = true;
   }
 
-  /** The UI state to show; `channelOpen`: the event channel is open. */
+  /**
+   * The UI state to show, or null while the call is not up (`channelOpen`: the event channel is
+   * open; and the server's session.created has come): the page keeps showing connecting or
+   * reconnecting until then.
+   */
   state(channelOpen) {
-    if (!channelOpen) return "connecting";
+    if (!channelOpen || !this.sessionCreated) return null;
     if (this.userSpeaking) return "user-speaking";
     if (this.audioPlaying) return "speaking";
     if (this.awaitingAnswer) return "thinking";
@@ -43,6 +50,7 @@ export class Conversation {
     switch (event.type) {
       case "session.created":
       case "session.updated":
+        if (event.type === "session.created") this.sessionCreated = true;
         this.sessionControls.setEffective(event.session, { updated: event.type === "session.updated" });
         break;
       case "input_audio_buffer.speech_started":

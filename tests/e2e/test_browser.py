@@ -364,11 +364,15 @@ async def page_with_a_silent_microphone(server_url: str, tmp_path: Path, *init_s
 
 
 async def connect(page: Page) -> None:
-    """Connects and waits until the call is up at both ends: the page listens (its event channel
-    is open, which Chrome says once SCTP is up, before the server has seen the channel) and the
-    server's session.created has arrived. A test that drops the call or reads the session any
-    sooner races the server's first event (a worker killed then had sent nothing yet)."""
     await page.click("#connect")
+    await wait_until_listening(page)
+
+
+async def wait_until_listening(page: Page) -> None:
+    """Waits until the call is up at both ends: the page listens and the server's session.created
+    has come (the page says "connecting" until then, though Chrome calls the event channel open
+    once SCTP is up, before the server has seen the channel). A test that drops the call or reads
+    the session any sooner races the server's first event."""
     await page.wait_for_function(
         "window.omniRtc.state === 'listening' && window.omniRtc.events.some((e) => e.type === 'session.created')",
         timeout=TURN_DEADLINE_MS,
@@ -463,6 +467,44 @@ async def test_a_call_whose_event_channel_never_opens_is_dropped_and_placed_agai
         assert await asyncio.to_thread(wait_for_sessions, server_url, 1) == 1
         await page.click("#hangup")
     assert await asyncio.to_thread(wait_for_sessions, server_url, 0) == 0
+
+
+# As a server that has not yet seen the event channel that the browser already calls open: the
+# first message and all after it are held back EVENTS_HELD_MS, then delivered in order.
+EVENTS_HELD_MS = 2000
+SCRIPT_EVENTS_HELD_AFTER_OPEN = f"const HELD_MS = {EVENTS_HELD_MS};" + """
+const onmessage = Object.getOwnPropertyDescriptor(RTCDataChannel.prototype, "onmessage");
+Object.defineProperty(RTCDataChannel.prototype, "onmessage", {
+  configurable: true,
+  get() { return onmessage.get.call(this); },
+  set(handler) {
+    let releaseAt = null;
+    window.heldEvents = 0;
+    onmessage.set.call(this, (message) => {
+      releaseAt ??= performance.now() + HELD_MS;
+      const wait = releaseAt - performance.now();
+      if (wait <= 0) return handler(message);
+      window.heldEvents += 1;
+      setTimeout(() => handler(message), wait);
+    });
+  },
+});
+"""
+
+
+async def test_page_says_connecting_until_the_servers_session_has_come(server_url: str, tmp_path: Path) -> None:
+    """Chrome calls the event channel open once SCTP is up, before the server has seen it: the
+    page listens only once session.created has come."""
+    async with page_with_a_silent_microphone(server_url, tmp_path, SCRIPT_EVENTS_HELD_AFTER_OPEN) as page:
+        await page.click("#connect")
+        await page.wait_for_function("window.omniRtc.dc?.readyState === 'open' && window.heldEvents > 0",
+                                     timeout=TURN_DEADLINE_MS)
+        held = await page.evaluate("({state: window.omniRtc.state, events: window.omniRtc.events.length})")
+        await wait_until_listening(page)
+        states = await page.evaluate("window.watched.states")
+        await page.click("#hangup")
+    assert held == {"state": "connecting", "events": 0}
+    assert states == ["connecting", "listening"]
 
 
 async def test_page_says_when_the_call_is_recorded(tmp_path: Path) -> None:
