@@ -36,28 +36,20 @@ class PrefillOutput:
     cache: DynamicCache
 
 
-class ChunkedPrefill:
-    """One prompt's Thinker prefill in chunks of ``chunk`` positions; ``advance()`` until done."""
+class _Chunks:
+    """What both stages' chunked prefills share: a prompt of ``length`` positions, prefilled
+    ``chunk`` at a time on one growing cache by the stage's ``_forward``; ``advance()`` until done."""
 
-    def __init__(self, thinker, prompt: ThinkerPrompt, *, keep_hidden: bool, chunk: int = PREFILL_CHUNK_POSITIONS) -> None:
-        if prompt.input_ids.shape[0] != 1:
+    def __init__(self, rows: int, length: int, chunk: int) -> None:
+        if rows != 1:
             raise ValueError("a chunked prefill takes one prompt")
         if chunk < 1:
             raise ValueError(f"chunk must be at least 1, got {chunk}")
-        self.prompt = prompt
-        self._thinker = thinker
-        self._keep_hidden = keep_hidden
+        self.length = length
         self._chunk = chunk
         self._done = 0
         self._cache = DynamicCache()
-        self._hidden: list[tuple[torch.Tensor, ...]] = []
         self._last_hidden: torch.Tensor | None = None
-        with torch.inference_mode():
-            self._embeds, self._visual_mask, self._deepstack = _merged_embeddings(thinker, prompt)
-
-    @property
-    def length(self) -> int:
-        return int(self.prompt.input_ids.shape[1])
 
     @property
     def done(self) -> bool:
@@ -66,6 +58,38 @@ class ChunkedPrefill:
     def advance(self) -> bool:
         """Prefill the next chunk; True once the whole prompt is in the cache."""
         start, end = self._done, min(self._done + self._chunk, self.length)
+        with torch.inference_mode():
+            last_hidden_state = self._forward(start, end)
+        self._last_hidden = last_hidden_state[:, -1:]
+        self._done = end
+        return self.done
+
+    def output(self) -> PrefillOutput:
+        if not self.done or self._last_hidden is None:
+            raise RuntimeError("the prefill is not over")
+        return PrefillOutput(self._last_hidden, self._hidden_states(), self._cache)
+
+    def _forward(self, start: int, end: int) -> torch.Tensor:
+        """The stage's text model over positions ``start:end`` on the cache: its last hidden state."""
+        raise NotImplementedError
+
+    def _hidden_states(self) -> tuple[torch.Tensor, ...] | None:
+        return None
+
+
+class ChunkedPrefill(_Chunks):
+    """One prompt's Thinker prefill in chunks of ``chunk`` positions; ``advance()`` until done."""
+
+    def __init__(self, thinker, prompt: ThinkerPrompt, *, keep_hidden: bool, chunk: int = PREFILL_CHUNK_POSITIONS) -> None:
+        super().__init__(prompt.input_ids.shape[0], int(prompt.input_ids.shape[1]), chunk)
+        self.prompt = prompt
+        self._thinker = thinker
+        self._keep_hidden = keep_hidden
+        self._hidden: list[tuple[torch.Tensor, ...]] = []
+        with torch.inference_mode():
+            self._embeds, self._visual_mask, self._deepstack = _merged_embeddings(thinker, prompt)
+
+    def _forward(self, start: int, end: int) -> torch.Tensor:
         deepstack = visual_mask = None
         if self._visual_mask is not None and self._deepstack is not None:
             before = int(self._visual_mask[:, :start].sum())
@@ -73,82 +97,51 @@ class ChunkedPrefill:
             if inside:
                 visual_mask = self._visual_mask[:, start:end]
                 deepstack = [features[before : before + inside] for features in self._deepstack]
-        with torch.inference_mode():
-            output = self._thinker.model.language_model(
-                inputs_embeds=self._embeds[:, start:end],
-                attention_mask=self.prompt.attention_mask[:, :end],
-                position_ids=self.prompt.position_ids[:, :, start:end],
-                cache=self._cache,
-                use_cache=True,
-                output_hidden_states=self._keep_hidden,
-                output_router_logits=False,
-                visual_pos_masks=visual_mask,
-                deepstack_visual_embeds=deepstack,
-            )
+        output = self._thinker.model.language_model(
+            inputs_embeds=self._embeds[:, start:end],
+            attention_mask=self.prompt.attention_mask[:, :end],
+            position_ids=self.prompt.position_ids[:, :, start:end],
+            cache=self._cache,
+            use_cache=True,
+            output_hidden_states=self._keep_hidden,
+            output_router_logits=False,
+            visual_pos_masks=visual_mask,
+            deepstack_visual_embeds=deepstack,
+        )
         if self._keep_hidden:
             self._hidden.append(output.hidden_states)
-        self._last_hidden = output.last_hidden_state[:, -1:]
-        self._done = end
-        return self.done
+        return output.last_hidden_state
 
-    def output(self) -> PrefillOutput:
-        if not self.done or self._last_hidden is None:
-            raise RuntimeError("the prefill is not over")
-        hidden = None
-        if self._keep_hidden:
-            hidden = tuple(torch.cat(layer, dim=1) for layer in zip(*self._hidden))
-        return PrefillOutput(self._last_hidden, hidden, self._cache)
+    def _hidden_states(self) -> tuple[torch.Tensor, ...] | None:
+        if not self._keep_hidden:
+            return None
+        return tuple(torch.cat(layer, dim=1) for layer in zip(*self._hidden))
 
 
-class ChunkedTalkerPrefill:
+class ChunkedTalkerPrefill(_Chunks):
     """One turn's Talker prompt (``embeds`` [1, T, hidden], ``positions`` [4, 1, T], built as
     generate() builds them) prefilled in chunks of ``chunk`` positions; ``advance()`` until done.
     ``output()``'s ``last_hidden`` is the last layer's output at the last position, what the codec
     head and the code predictor read."""
 
     def __init__(self, talker, embeds: torch.Tensor, positions: torch.Tensor, *, chunk: int = PREFILL_CHUNK_POSITIONS) -> None:
-        if embeds.shape[0] != 1:
-            raise ValueError("a chunked prefill takes one prompt")
-        if chunk < 1:
-            raise ValueError(f"chunk must be at least 1, got {chunk}")
+        super().__init__(embeds.shape[0], int(embeds.shape[1]), chunk)
         self._talker = talker
         self.embeds = embeds
         self.positions = positions
         self._attention_mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
-        self._chunk = chunk
-        self._done = 0
-        self._cache = DynamicCache()
-        self._last_hidden: torch.Tensor | None = None
 
-    @property
-    def length(self) -> int:
-        return int(self.embeds.shape[1])
-
-    @property
-    def done(self) -> bool:
-        return self._done >= self.length
-
-    def advance(self) -> bool:
-        """Prefill the next chunk; True once the whole prompt is in the cache."""
-        start, end = self._done, min(self._done + self._chunk, self.length)
-        with torch.inference_mode():
-            # The Talker's text model, not its forward: that one scores every position with the
-            # codec head, and a one-position chunk would pass for a decoding step there.
-            output = self._talker.model(
-                inputs_embeds=self.embeds[:, start:end],
-                attention_mask=self._attention_mask[:, :end],
-                position_ids=self.positions[:, :, start:end],
-                cache=self._cache,
-                use_cache=True,
-            )
-        self._last_hidden = output.last_hidden_state[:, -1:]
-        self._done = end
-        return self.done
-
-    def output(self) -> PrefillOutput:
-        if not self.done or self._last_hidden is None:
-            raise RuntimeError("the prefill is not over")
-        return PrefillOutput(self._last_hidden, None, self._cache)
+    def _forward(self, start: int, end: int) -> torch.Tensor:
+        # The Talker's text model, not its forward: that one scores every position with the
+        # codec head, and a one-position chunk would pass for a decoding step there.
+        output = self._talker.model(
+            inputs_embeds=self.embeds[:, start:end],
+            attention_mask=self._attention_mask[:, :end],
+            position_ids=self.positions[:, :, start:end],
+            cache=self._cache,
+            use_cache=True,
+        )
+        return output.last_hidden_state
 
 
 def _merged_embeddings(thinker, prompt: ThinkerPrompt) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor] | None]:
